@@ -1,0 +1,141 @@
+"""The shared translation data-set loader, on the embedded corpora and on small local files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import datasets
+import pytest
+
+from vanilla_transformer.corpora import (
+    EMBEDDED_CORPORA,
+    iter_texts,
+    language_keys,
+    load_translation_dataset,
+    resolve_languages,
+    text_pairs,
+)
+
+ROWS = [
+    {"id": "a", "translation": {"en": "In the beginning, “God” said.", "es": "En el principio crió Dios."}},
+    {"id": "b", "translation": {"en": "It’s light — 光 😀", "es": "Sea la luz: y fué la luz."}},
+]
+
+
+def write_jsonl(path, rows):
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wt", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("name, pair", [("bible-en-es", ("en", "es")), ("bible-en-fr", ("en", "fr"))])
+def test_embedded_corpora(name, pair):
+    corpus = EMBEDDED_CORPORA[name]
+    assert (corpus.source_lang, corpus.target_lang) == pair
+    data = load_translation_dataset(name)
+    assert set(data) == {"train", "validation", "test"}
+    assert len(data["train"]) > 28_000 and len(data["validation"]) > 600 and len(data["test"]) > 600
+    assert language_keys(data["train"]) == list(pair)
+    assert resolve_languages(data["validation"]) == pair
+    src, tgt = text_pairs(data["validation"], *pair)
+    assert len(src) == len(tgt) == len(data["validation"])
+    assert all(isinstance(s, str) and s for s in src + tgt)
+
+
+def test_iter_texts_reads_both_sides_of_train_only():
+    data = load_translation_dataset("bible-en-es")
+    texts = list(iter_texts(data))
+    assert len(texts) == 2 * len(data["train"])
+    assert texts[0] == data["train"][0]["translation"]["en"]
+    assert texts[len(data["train"])] == data["train"][0]["translation"]["es"]
+    assert len(list(iter_texts(data, ["es"], splits=("validation",)))) == len(data["validation"])
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".json"])
+def test_single_json_file_becomes_train_split(tmp_path, suffix):
+    path = write_jsonl(tmp_path / f"pairs{suffix}", ROWS)
+    data = load_translation_dataset(path)
+    assert list(data) == ["train"]
+    assert text_pairs(data["train"], "en", "es") == (
+        [r["translation"]["en"] for r in ROWS],
+        [r["translation"]["es"] for r in ROWS],
+    )
+
+
+def test_plain_columns_are_normalised(tmp_path):
+    flat = [{"id": r["id"], **r["translation"]} for r in ROWS]
+    csv_path = tmp_path / "pairs.csv"
+    datasets.Dataset.from_list(flat).to_csv(csv_path, index=False)
+    tsv_path = tmp_path / "pairs.tsv"
+    tsv_path.write_text("en\tes\n" + "".join(f"{r['en']}\t{r['es']}\n" for r in flat), encoding="utf-8")
+    parquet_path = tmp_path / "pairs.parquet"
+    datasets.Dataset.from_list(flat).to_parquet(parquet_path)
+    for path in (csv_path, tsv_path, parquet_path):
+        data = load_translation_dataset(path, source_lang="es", target_lang="en")
+        assert "translation" in data["train"].column_names, path
+        assert text_pairs(data["train"], "es", "en")[1] == [r["en"] for r in flat], path
+
+
+def test_folder_of_split_files_and_save_to_disk(tmp_path):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl.gz", ROWS)
+    write_jsonl(folder / "validation.jsonl", ROWS[:1])
+    data = load_translation_dataset(folder)
+    assert {k: len(v) for k, v in data.items()} == {"train": 2, "validation": 1}
+
+    data.save_to_disk(tmp_path / "saved")
+    again = load_translation_dataset(tmp_path / "saved")
+    assert text_pairs(again["train"], "en", "es") == text_pairs(data["train"], "en", "es")
+
+
+def test_missing_path_names_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_translation_dataset(tmp_path / "nope.jsonl")
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_translation_dataset(str(tmp_path / "nope.jsonl"))
+
+
+def test_missing_language_lists_existing_keys():
+    with pytest.raises(ValueError, match=r"target_lang='de'.*\['en', 'es'\]"):
+        load_translation_dataset("bible-en-es", target_lang="de")
+    data = load_translation_dataset("bible-en-fr")
+    with pytest.raises(ValueError, match=r"\['en', 'fr'\]"):
+        text_pairs(data["test"], "en", "es")
+    with pytest.raises(ValueError, match=r"\['en', 'fr'\]"):
+        list(iter_texts(data, ["de"]))
+
+
+def test_empty_and_unreadable_files(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.touch()
+    with pytest.raises(ValueError, match="empty"):
+        load_translation_dataset(empty)
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(b"not gzip at all")
+    with pytest.raises(ValueError, match="broken.jsonl.gz"):
+        load_translation_dataset(broken)
+    unknown = tmp_path / "pairs.txt"
+    unknown.write_text("hello\n")
+    with pytest.raises(ValueError, match="unknown file type"):
+        load_translation_dataset(unknown)
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl.gz", ROWS)
+    write_jsonl(folder / "test.jsonl.gz", [])
+    with pytest.raises(ValueError, match="no rows"):
+        load_translation_dataset(folder)
+    header_only = tmp_path / "header.csv"
+    header_only.write_text("en,es\n")
+    with pytest.raises(ValueError, match="header.csv"):
+        load_translation_dataset(header_only)
+
+
+def test_unknown_name_offline_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    with pytest.raises(FileNotFoundError, match="not an embedded corpus"):
+        load_translation_dataset("surely-not-a-dataset-xyz")

@@ -1,0 +1,279 @@
+"""One loader for every translation data set the package reads.
+
+`load_translation_dataset` turns any of these into a `datasets.DatasetDict`:
+
+- an embedded corpus by short name (`"bible-en-es"`, `"bible-en-fr"`, see
+  `EMBEDDED_CORPORA`), shipped inside the package so that everything works
+  offline;
+- a local file (.json, .jsonl, .csv, .tsv, .parquet, each optionally .gz),
+  which becomes the "train" split;
+- a folder of split files (train.jsonl.gz, validation.csv, test.parquet, ...);
+- a folder written by `save_to_disk`;
+- a Hugging Face Hub data set name (needs the network).
+
+Rows come in one of two layouts, and both are normalised to the first:
+
+    {"translation": {"en": "...", "es": "..."}}   # the layout of the Hub's translation sets
+    {"en": "...", "es": "..."}                     # plain columns named after the languages
+
+Downstream code then reads strings with `text_pairs` (training pairs) or
+`iter_texts` (tokenizer training), never touching the layout itself.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+
+__all__ = [
+    "EMBEDDED_CORPORA",
+    "EmbeddedCorpus",
+    "iter_texts",
+    "language_keys",
+    "load_translation_dataset",
+    "resolve_languages",
+    "text_pairs",
+]
+
+_DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+@dataclass(frozen=True)
+class EmbeddedCorpus:
+    """A corpus shipped inside the package: a folder of {train,validation,test}.jsonl.gz."""
+
+    path: Path
+    source_lang: str
+    target_lang: str
+
+
+EMBEDDED_CORPORA: dict[str, EmbeddedCorpus] = {
+    "bible-en-es": EmbeddedCorpus(_DATA_DIR / "en-es", "en", "es"),
+    "bible-en-fr": EmbeddedCorpus(_DATA_DIR / "en-fr", "en", "fr"),
+}
+
+SPLITS = ("train", "validation", "test")
+
+# File suffix (after an optional .gz) -> (datasets builder, builder options).
+# TSV is read without quote handling: verses contain bare " characters.
+_BUILDERS: dict[str, tuple[str, dict]] = {
+    ".json": ("json", {}),
+    ".jsonl": ("json", {}),
+    ".csv": ("csv", {}),
+    ".tsv": ("csv", {"delimiter": "\t", "quoting": csv.QUOTE_NONE}),
+    ".parquet": ("parquet", {}),
+}
+
+# Columns that are never a language side in the plain-column layout.
+_METADATA_COLUMNS = {"id", "idx", "index"}
+
+
+def _file_suffix(path: Path) -> str:
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] == ".gz":
+        suffixes.pop()
+    return suffixes[-1] if suffixes else ""
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or Path(name).suffix.lower() in {*_BUILDERS, ".gz"}
+
+
+def _is_blank(path: Path) -> bool:
+    """True for a file (compressed or not) that holds nothing but white space."""
+    opener = gzip.open if path.suffix.lower() == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            return not f.read(1 << 16).strip()
+    except OSError as err:  # e.g. a .gz that is not gzip
+        raise ValueError(f"could not read {path}: {err}") from err
+
+
+def _load_files(files: dict[str, Path]) -> datasets.DatasetDict:
+    """Read one file per split; all files must share a format."""
+    builders = {_BUILDERS[_file_suffix(path)][0] for path in files.values()}
+    if len(builders) > 1:
+        raise ValueError(f"split files must share one format, got {sorted(str(p) for p in files.values())}")
+    first = next(iter(files.values()))
+    builder, options = _BUILDERS[_file_suffix(first)]
+    for split, path in files.items():
+        if _is_blank(path):
+            raise ValueError(f"{path} is empty: the {split!r} split has no rows")
+    try:
+        return datasets.load_dataset(builder, data_files={s: str(p) for s, p in files.items()}, **options)
+    except StopIteration:  # what the json builder raises on a compressed file with no rows
+        raise ValueError(f"a data file in {', '.join(str(p) for p in files.values())} has no rows") from None
+    except (OSError, ValueError, datasets.exceptions.DatasetGenerationError) as err:
+        names = ", ".join(str(p) for p in files.values())
+        raise ValueError(f"could not read {names} as {builder}: {err}") from err
+
+
+def _split_files(folder: Path) -> dict[str, Path]:
+    files = {}
+    for split in SPLITS:
+        found = sorted(p for p in folder.glob(f"{split}.*") if _file_suffix(p) in _BUILDERS)
+        if len(found) > 1:
+            raise ValueError(f"{folder} has several files for the {split!r} split: {[p.name for p in found]}")
+        if found:
+            files[split] = found[0]
+    if not files:
+        raise FileNotFoundError(
+            f"{folder} holds neither split files ({', '.join(s + '.jsonl.gz' for s in SPLITS)}, "
+            f"or .json/.csv/.tsv/.parquet) nor a dataset written by save_to_disk"
+        )
+    return files
+
+
+def _load_raw(name_or_path: str | Path, config_name: str | None) -> datasets.DatasetDict:
+    """Load without normalising: decide what `name_or_path` names, then read it."""
+    name = str(name_or_path)
+    if name in EMBEDDED_CORPORA:
+        return _load_files(_split_files(EMBEDDED_CORPORA[name].path))
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
+            try:
+                loaded = datasets.load_from_disk(str(path))
+            except Exception as err:  # datasets raises many types here (IndexError on an empty save)
+                raise ValueError(f"could not load the save_to_disk folder {path}: {err!r}") from err
+            return loaded if isinstance(loaded, datasets.DatasetDict) else datasets.DatasetDict(train=loaded)
+        return _load_files(_split_files(path))
+    if path.is_file():
+        if _file_suffix(path) not in _BUILDERS:
+            raise ValueError(f"{path}: unknown file type; expected one of {sorted(_BUILDERS)} (optionally .gz)")
+        return _load_files({"train": path})
+    if isinstance(name_or_path, Path) or _looks_like_path(name):
+        raise FileNotFoundError(f"no such file or folder: {path}")
+    try:
+        loaded = datasets.load_dataset(name, config_name)
+    except (ConnectionError, FileNotFoundError) as err:
+        raise FileNotFoundError(
+            f"{name!r} is not an embedded corpus ({', '.join(EMBEDDED_CORPORA)}), a local path, "
+            f"or a data set the Hub could provide here: {err}"
+        ) from err
+    return loaded if isinstance(loaded, datasets.DatasetDict) else datasets.DatasetDict(train=loaded)
+
+
+def language_keys(dataset: datasets.Dataset) -> list[str]:
+    """The language keys of a data set, in either layout, in the order it lists them."""
+    features = dataset.features
+    if "translation" in features:
+        feature = features["translation"]
+        if isinstance(feature, datasets.Translation):
+            return list(feature.languages)
+        if isinstance(feature, dict):
+            return list(feature)
+        raise ValueError(f"the 'translation' column has an unsupported type: {feature}")
+    return [
+        name
+        for name, feature in features.items()
+        if name not in _METADATA_COLUMNS and isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
+    ]
+
+
+def resolve_languages(
+    dataset: datasets.Dataset, source_lang: str | None = None, target_lang: str | None = None
+) -> tuple[str, str]:
+    """Check (or, when omitted, infer) the source and target language keys of `dataset`.
+
+    An omitted side is taken from the data set's keys in their listed order,
+    which is only unambiguous when there are exactly two.
+    """
+    keys = language_keys(dataset)
+    for arg, lang in (("source_lang", source_lang), ("target_lang", target_lang)):
+        if lang is not None and lang not in keys:
+            raise ValueError(f"{arg}={lang!r} is not in the data set; its language keys are {keys}")
+    if source_lang is None or target_lang is None:
+        if len(keys) != 2:
+            raise ValueError(f"cannot infer the language pair from keys {keys}; pass source_lang and target_lang")
+        source_lang = source_lang or next(k for k in keys if k != target_lang)
+        target_lang = target_lang or next(k for k in keys if k != source_lang)
+    if source_lang == target_lang:
+        raise ValueError(f"source_lang and target_lang are both {source_lang!r}")
+    return source_lang, target_lang
+
+
+def _to_translation_layout(dataset: datasets.Dataset, languages: list[str]) -> datasets.Dataset:
+    def pack(batch: dict) -> dict:
+        columns = [batch[lang] for lang in languages]
+        return {"translation": [dict(zip(languages, row)) for row in zip(*columns)]}
+
+    return dataset.map(pack, batched=True, remove_columns=languages, desc="translation layout")
+
+
+def load_translation_dataset(
+    name_or_path: str | Path,
+    config_name: str | None = None,
+    *,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
+) -> datasets.DatasetDict:
+    """Load a translation data set into the `{"translation": {lang: text}}` layout.
+
+    `source_lang`/`target_lang`, when given, must be among the data set's
+    language keys (ValueError lists the keys that exist). For embedded corpora
+    they default to the corpus pair. Raises FileNotFoundError for a path that
+    does not exist and ValueError for an empty split or an unreadable file.
+    """
+    if str(name_or_path) in EMBEDDED_CORPORA:
+        corpus = EMBEDDED_CORPORA[str(name_or_path)]
+        source_lang, target_lang = source_lang or corpus.source_lang, target_lang or corpus.target_lang
+    dataset = _load_raw(name_or_path, config_name)
+    for split, data in dataset.items():
+        if len(data) == 0:
+            raise ValueError(f"the {split!r} split of {name_or_path} has no rows")
+        if source_lang or target_lang:
+            resolve_languages(data, source_lang, target_lang)
+        if "translation" not in data.column_names:
+            chosen = [lang for lang in (source_lang, target_lang) if lang] or language_keys(data)
+            if not chosen:
+                raise ValueError(
+                    f"the {split!r} split of {name_or_path} has no 'translation' column and no text columns; "
+                    f"columns are {data.column_names}"
+                )
+            dataset[split] = _to_translation_layout(data, chosen)
+    return dataset
+
+
+def text_pairs(dataset: datasets.Dataset, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
+    """The source and target sides of a (normalised) split as two lists of strings."""
+    resolve_languages(dataset, source_lang, target_lang)
+    flat = dataset.select_columns(["translation"]).flatten()
+    return list(flat[f"translation.{source_lang}"]), list(flat[f"translation.{target_lang}"])
+
+
+def iter_texts(
+    dataset: datasets.Dataset | datasets.DatasetDict,
+    languages: list[str] | tuple[str, ...] | None = None,
+    *,
+    splits: tuple[str, ...] = ("train",),
+) -> Iterator[str]:
+    """Yield every text of the given language sides (all sides by default), for tokenizer training.
+
+    A DatasetDict contributes only `splits` (the train split by default), so
+    the vocabulary never sees validation or test text. Missing values (None)
+    are skipped.
+    """
+    if isinstance(dataset, datasets.DatasetDict):
+        missing = [s for s in splits if s not in dataset]
+        if missing:
+            raise ValueError(f"splits {missing} not in the data set; it has {list(dataset)}")
+        parts = [dataset[s] for s in splits]
+    else:
+        parts = [dataset]
+    for part in parts:
+        keys = language_keys(part)
+        wanted = list(languages) if languages else keys
+        absent = [lang for lang in wanted if lang not in keys]
+        if absent:
+            raise ValueError(f"language keys {absent} are not in the data set; it has {keys}")
+        flat = part.select_columns(["translation"]).flatten()
+        for lang in wanted:
+            for text in flat[f"translation.{lang}"]:
+                if text is not None:
+                    yield text
