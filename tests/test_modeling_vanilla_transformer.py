@@ -1,0 +1,354 @@
+import math
+
+import pytest
+import torch
+
+from vanilla_transformer import (
+    VanillaTransformerConfig,
+    VanillaTransformerForConditionalGeneration,
+    VanillaTransformerModel,
+)
+from vanilla_transformer.configuration_vanilla_transformer import ATTENTION_SCORES
+from vanilla_transformer.modeling_vanilla_transformer import attend, shift_tokens_right, sinusoidal_encoding
+
+VOCAB = 40
+PAD, BOS, EOS = 0, 1, 2
+
+
+def make_model(seed=0, **overrides):
+    torch.manual_seed(seed)
+    config = VanillaTransformerConfig.tiny(vocab_size=VOCAB, **overrides)
+    return VanillaTransformerForConditionalGeneration(config).eval()
+
+
+def batch(seed=0):
+    """Two sources (the second padded by 3) and two decoder inputs."""
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(3, VOCAB, (2, 9), generator=g)
+    attention_mask = torch.ones_like(input_ids)
+    input_ids[1, 6:], attention_mask[1, 6:] = PAD, 0
+    decoder_input_ids = torch.randint(3, VOCAB, (2, 7), generator=g)
+    decoder_input_ids[:, 0] = PAD  # the decoder start token
+    return input_ids, attention_mask, decoder_input_ids
+
+
+def test_shapes_and_outputs():
+    model = make_model()
+    input_ids, attention_mask, decoder_input_ids = batch()
+    out = model(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                output_attentions=True, output_hidden_states=True)
+    config = model.config
+    assert out.logits.shape == (2, 7, VOCAB)
+    assert out.encoder_last_hidden_state.shape == (2, 9, config.d_model)
+    assert len(out.encoder_attentions) == config.encoder_layers
+    assert len(out.decoder_attentions) == len(out.cross_attentions) == config.decoder_layers
+    assert out.encoder_attentions[0].shape == (2, config.num_heads, 9, 9)
+    assert out.decoder_attentions[0].shape == (2, config.num_heads, 7, 7)
+    assert out.cross_attentions[0].shape == (2, config.num_heads, 7, 9)
+    assert len(out.encoder_hidden_states) == config.encoder_layers + 1
+    base = VanillaTransformerModel(config).eval()
+    hidden = base(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).last_hidden_state
+    assert hidden.shape == (2, 7, config.d_model)
+
+
+def test_config_resolves_standard_names():
+    config = VanillaTransformerConfig.base()
+    assert (config.hidden_size, config.num_attention_heads, config.num_hidden_layers) == (512, 8, 6)
+    assert config.head_dim == 64
+
+
+@pytest.mark.parametrize("name,expected", [("base", 65e6), ("big", 213e6)])
+def test_paper_parameter_counts(name, expected):
+    """Table 3: 65M (base) and 213M (big) with a shared 37k vocabulary."""
+    with torch.device("meta"):
+        model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset(name, vocab_size=37000))
+    count = sum(p.numel() for p in model.parameters())  # tied matrices counted once
+    assert abs(count - expected) / expected < 0.04, count
+
+
+def test_no_information_from_future_positions():
+    model = make_model()
+    input_ids, attention_mask, decoder_input_ids = batch()
+    logits = model(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
+    for t in range(decoder_input_ids.size(1) - 1):
+        changed = decoder_input_ids.clone()
+        changed[:, t + 1 :] = (changed[:, t + 1 :] + 7) % (VOCAB - 3) + 3
+        new = model(input_ids, attention_mask=attention_mask, decoder_input_ids=changed).logits
+        torch.testing.assert_close(new[:, : t + 1], logits[:, : t + 1], rtol=0, atol=1e-6)
+        assert not torch.allclose(new[:, t + 1 :], logits[:, t + 1 :])
+
+
+def test_padding_invariance():
+    model = make_model()
+    input_ids, attention_mask, decoder_input_ids = batch()
+    logits = model(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
+    # Five more pad tokens on the source, and three on the target.
+    padded_ids = torch.cat([input_ids, torch.full((2, 5), PAD)], dim=1)
+    padded_mask = torch.cat([attention_mask, torch.zeros(2, 5, dtype=torch.long)], dim=1)
+    padded_decoder = torch.cat([decoder_input_ids, torch.full((2, 3), PAD)], dim=1)
+    padded = model(padded_ids, attention_mask=padded_mask, decoder_input_ids=padded_decoder).logits
+    torch.testing.assert_close(padded[:, :7], logits, rtol=0, atol=1e-5)
+    # The padded row alone gives what it gives in the batch.
+    alone = model(input_ids[1:, :6], decoder_input_ids=decoder_input_ids[1:]).logits
+    torch.testing.assert_close(alone, logits[1:], rtol=0, atol=1e-5)
+
+
+def test_attention_rows_sum_to_one_and_masked_positions_are_zero():
+    model = make_model()
+    input_ids, attention_mask, decoder_input_ids = batch()
+    out = model(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids, output_attentions=True)
+    for weights in out.encoder_attentions + out.decoder_attentions + out.cross_attentions:
+        real_rows = weights[0]  # the first sequence has no padding on either side
+        torch.testing.assert_close(real_rows.sum(-1), torch.ones_like(real_rows.sum(-1)))
+    for weights in out.encoder_attentions + out.cross_attentions:
+        assert torch.all(weights[1, :, :, 6:] == 0)  # padded source keys
+    for weights in out.decoder_attentions:
+        assert torch.all(weights.triu(diagonal=1) == 0)  # future target positions
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fully_padded_rows_stay_finite_in_half_precision(dtype):
+    q, k, v = (torch.randn(2, 4, 3, 8, dtype=dtype) for _ in range(3))
+    mask = torch.ones(2, 1, 1, 3, dtype=torch.bool)
+    mask[1] = False  # a sequence that is all padding
+    module = make_model().model.encoder.layers[0].self_attn
+    for need_weights in (False, True):
+        out, weights = attend(module, q, k, v, mask, 0.0, need_weights)
+        assert torch.isfinite(out).all()
+        if need_weights:
+            assert torch.all(weights[1] == 0)
+    model = make_model().to(torch.bfloat16)
+    input_ids, attention_mask, decoder_input_ids = batch()
+    attention_mask[1] = 0
+    out = model(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids, output_attentions=True)
+    assert torch.isfinite(out.logits).all()
+
+
+def test_sdpa_path_equals_explicit_path():
+    for score in ("scaled_dot", "dot"):
+        model = make_model(attention_score=score)
+        input_ids, attention_mask, decoder_input_ids = batch()
+        fast = model(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
+        explicit = model(
+            input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids, output_attentions=True
+        ).logits
+        torch.testing.assert_close(fast, explicit, rtol=0, atol=1e-5)
+
+
+def test_incremental_decoding_equals_full_recomputation():
+    model = make_model()
+    input_ids, attention_mask, decoder_input_ids = batch()
+    full = model(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids, use_cache=False).logits
+    encoder_outputs = model.get_encoder()(input_ids, attention_mask)
+    cache, steps = None, []
+    for t in range(decoder_input_ids.size(1)):
+        out = model(encoder_outputs=encoder_outputs, attention_mask=attention_mask,
+                    decoder_input_ids=decoder_input_ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_generate_with_and_without_cache_gives_identical_tokens(num_beams):
+    model = make_model()
+    input_ids, attention_mask, _ = batch()
+    kwargs = dict(attention_mask=attention_mask, num_beams=num_beams, max_new_tokens=8, do_sample=False)
+    with_cache = model.generate(input_ids, use_cache=True, **kwargs)
+    without_cache = model.generate(input_ids, use_cache=False, **kwargs)
+    assert torch.equal(with_cache, without_cache)
+    assert torch.all(with_cache[:, 0] == model.config.decoder_start_token_id)
+
+
+def test_generate_returns_every_attention():
+    model = make_model()
+    input_ids, attention_mask, _ = batch()
+    out = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=3, min_new_tokens=3,
+                         output_attentions=True, return_dict_in_generate=True)
+    config = model.config
+    assert len(out.encoder_attentions) == config.encoder_layers
+    assert len(out.decoder_attentions) == len(out.cross_attentions) == 3  # one tuple per generated token
+    for step, (self_attn, cross_attn) in enumerate(zip(out.decoder_attentions, out.cross_attentions)):
+        assert len(self_attn) == len(cross_attn) == config.decoder_layers
+        assert self_attn[0].shape == (2, config.num_heads, 1, step + 1)
+        assert cross_attn[0].shape == (2, config.num_heads, 1, 9)
+        assert all(w is not None for w in self_attn + cross_attn)
+
+
+def test_labels_give_loss_and_shifted_decoder_inputs():
+    model = make_model()
+    input_ids, attention_mask, decoder_input_ids = batch()
+    labels = decoder_input_ids.roll(-1, dims=1)
+    labels[1, 4:] = -100
+    out = model(input_ids, attention_mask=attention_mask, labels=labels)
+    shifted = shift_tokens_right(labels, PAD, model.config.decoder_start_token_id)
+    assert shifted[0, 0] == PAD and torch.equal(shifted[0, 1:], labels[0, :-1]) and shifted[1, 5] == PAD
+    logits = model(input_ids, attention_mask=attention_mask, decoder_input_ids=shifted).logits
+    expected = torch.nn.functional.cross_entropy(logits.view(-1, VOCAB), labels.view(-1), ignore_index=-100)
+    torch.testing.assert_close(out.loss, expected)
+    # Label smoothing (§5.4): (1 - eps) * NLL + eps * mean over the vocabulary of -log p, on real tokens only.
+    smoothed = make_model(label_smoothing=0.1)(input_ids, attention_mask=attention_mask, labels=labels).loss
+    log_probs = logits.log_softmax(-1)[labels != -100]
+    uniform_term = -log_probs.mean(-1).mean()
+    torch.testing.assert_close(smoothed, 0.9 * expected + 0.1 * uniform_term)
+
+
+@pytest.mark.parametrize("score", ATTENTION_SCORES)
+def test_each_score_function_trains_without_nan(score):
+    model = make_model(attention_score=score).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    input_ids, attention_mask, decoder_input_ids = batch()
+    labels = decoder_input_ids.roll(-1, dims=1)
+    losses = []
+    for _ in range(3):
+        loss = model(input_ids, attention_mask=attention_mask, labels=labels).loss
+        loss.backward()
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+    out = model.eval()(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids, output_attentions=True)
+    torch.testing.assert_close(out.cross_attentions[0][0].sum(-1), torch.ones(4, 7))
+
+
+def test_score_functions_match_their_formulas():
+    model = make_model(attention_score="additive")
+    module = model.model.encoder.layers[0].self_attn
+    q, k = torch.randn(1, 4, 2, 16), torch.randn(1, 4, 3, 16)
+    from vanilla_transformer.modeling_vanilla_transformer import additive_score, cosine_score, scaled_dot_score
+
+    h, i, j = 2, 1, 2
+    expected = module.score_vector[h] @ torch.tanh(
+        q[0, h, i] @ module.score_query_weight[h] + k[0, h, j] @ module.score_key_weight[h]
+    )
+    torch.testing.assert_close(additive_score(module, q, k)[0, h, i, j], expected)
+    torch.testing.assert_close(scaled_dot_score(None, q, k)[0, h, i, j], q[0, h, i] @ k[0, h, j] / 4.0)
+    module = make_model(attention_score="cosine").model.encoder.layers[0].self_attn
+    cosine = torch.nn.functional.cosine_similarity(q[0, h, i], k[0, h, j], dim=0)
+    torch.testing.assert_close(cosine_score(module, q, k)[0, h, i, j], cosine * 4.0)
+
+
+def test_sinusoidal_encoding_is_the_papers_formula():
+    positions = torch.tensor([0, 1, 7, 5000])
+    pe = sinusoidal_encoding(positions, 16)
+    for row, pos in enumerate(positions.tolist()):
+        for i in range(8):
+            angle = pos / 10000 ** (2 * i / 16)
+            assert pe[row, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-4)
+            assert pe[row, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-4)
+
+
+def test_sinusoidal_works_past_max_positions_and_learned_fails_clearly():
+    model = make_model(max_position_embeddings=8)
+    long = torch.randint(3, VOCAB, (1, 20))
+    assert model(long, decoder_input_ids=long).logits.shape == (1, 20, VOCAB)
+    learned = make_model(max_position_embeddings=8, position_encoding="learned")
+    assert learned(long[:, :8], decoder_input_ids=long[:, :8]).logits.shape == (1, 8, VOCAB)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        learned(long[:, :8], decoder_input_ids=long)
+
+
+def test_pre_norm_and_untied_embeddings():
+    model = make_model(norm_position="pre", tie_word_embeddings=False)
+    assert model.model.encoder.final_norm is not None
+    assert model.lm_head.weight is not model.model.encoder.embeddings.embed_tokens.weight
+    assert model.model.encoder.embeddings.embed_tokens is not model.model.decoder.embeddings.embed_tokens
+    input_ids, attention_mask, decoder_input_ids = batch()
+    assert torch.isfinite(model(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits).all()
+    tied = make_model()
+    assert tied.lm_head.weight is tied.model.shared.weight is tied.model.decoder.embeddings.embed_tokens.weight
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    input_ids, attention_mask, decoder_input_ids = batch()
+    labels = decoder_input_ids.roll(-1, dims=1)
+    grads = []
+    for checkpointing in (False, True):
+        model = make_model(dropout=0.0).train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+            assert model.model.encoder.gradient_checkpointing
+        model(input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_bad_input_names_the_argument():
+    model = make_model()
+    input_ids, attention_mask, decoder_input_ids = batch()
+    with pytest.raises(ValueError, match=r"`input_ids` holds id 40.*0\.\.39"):
+        model(input_ids.clamp(max=VOCAB - 1) + 1, decoder_input_ids=decoder_input_ids)
+    with pytest.raises(ValueError, match="`decoder_input_ids` holds id -1"):
+        model(input_ids, decoder_input_ids=decoder_input_ids - 1)
+    with pytest.raises(ValueError, match="`labels` holds id"):
+        model(input_ids, labels=decoder_input_ids + VOCAB)
+    with pytest.raises(ValueError, match="`attention_mask` has shape"):
+        model(input_ids, attention_mask=attention_mask[:, :4], decoder_input_ids=decoder_input_ids)
+    with pytest.raises(ValueError, match="`decoder_input_ids` has batch size 1"):
+        model(input_ids, decoder_input_ids=decoder_input_ids[:1])
+    with pytest.raises(ValueError, match="`input_ids` must have shape"):
+        model(input_ids[0], decoder_input_ids=decoder_input_ids)
+    with pytest.raises(ValueError, match="must hold integer"):
+        model(input_ids.float(), decoder_input_ids=decoder_input_ids)
+
+
+@pytest.mark.parametrize(
+    "field,value,allowed",
+    [("attention_score", "luong", "'scaled_dot', 'dot', 'general', 'additive', 'cosine'"),
+     ("position_encoding", "rotary", "'sinusoidal', 'learned'"),
+     ("norm_position", "sandwich", "'post', 'pre'"),
+     ("activation", "swish", "'relu', 'gelu'")],
+)
+def test_bad_config_names_field_and_choices(field, value, allowed):
+    with pytest.raises(ValueError, match=f"`{field}` must be one of {allowed}; got '{value}'"):
+        VanillaTransformerConfig(**{field: value})
+
+
+def test_bad_preset_and_shapes():
+    with pytest.raises(ValueError, match="`preset` must be one of 'base', 'big', 'tiny'; got 'huge'"):
+        VanillaTransformerConfig.from_preset("huge")
+    with pytest.raises(ValueError, match="divisible"):
+        VanillaTransformerConfig(d_model=100, num_heads=8)
+
+
+def test_save_load_round_trip_is_bit_identical(tmp_path):
+    model = make_model(attention_score="general", tie_word_embeddings=False)
+    model.save_pretrained(tmp_path)
+    loaded = VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path).eval()
+    input_ids, attention_mask, decoder_input_ids = batch()
+    args = dict(attention_mask=attention_mask, decoder_input_ids=decoder_input_ids)
+    assert torch.equal(model(input_ids, **args).logits, loaded(input_ids, **args).logits)
+    assert (tmp_path / "model.safetensors").exists()
+
+
+def test_saved_folder_loads_with_auto_classes_without_the_package(tmp_path, run_without_package):
+    model = make_model()
+    model.save_pretrained(tmp_path / "model")
+    config = (tmp_path / "model" / "config.json").read_text()
+    for auto_class in ("AutoConfig", "AutoModel", "AutoModelForSeq2SeqLM"):
+        assert f'"{auto_class}"' in config
+    input_ids, attention_mask, decoder_input_ids = batch()
+    torch.save({"inputs": (input_ids, attention_mask, decoder_input_ids),
+                "logits": model(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits,
+                "tokens": model.generate(input_ids, attention_mask=attention_mask, num_beams=2, max_new_tokens=5)},
+               tmp_path / "expected.pt")
+    out = run_without_package(
+        """
+        import torch
+        from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+        expected = torch.load("expected.pt")
+        input_ids, attention_mask, decoder_input_ids = expected["inputs"]
+        config = AutoConfig.from_pretrained("model", trust_remote_code=True)
+        model = AutoModelForSeq2SeqLM.from_pretrained("model", trust_remote_code=True).eval()
+        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        logits = model(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
+        assert torch.equal(logits, expected["logits"])
+        tokens = model.generate(input_ids, attention_mask=attention_mask, num_beams=2, max_new_tokens=5)
+        assert torch.equal(tokens, expected["tokens"])
+        base = AutoModel.from_pretrained("model", trust_remote_code=True)
+        print(type(config).__name__, type(base).__name__, type(model).__name__)
+        """,
+        cwd=tmp_path,
+    )
+    assert out.split() == ["VanillaTransformerConfig", "VanillaTransformerModel", "VanillaTransformerForConditionalGeneration"]

@@ -1,0 +1,160 @@
+"""Configuration of the Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+The defaults are the paper's base model (Table 3, row "base"); `big` and `tiny`
+are named presets, as fairseq names its architectures:
+
+    config = VanillaTransformerConfig.base(vocab_size=37000)
+    config = VanillaTransformerConfig.from_preset("big", vocab_size=37000)
+
+This file ships with saved models and is loaded with `trust_remote_code=True`:
+it imports only transformers.
+"""
+
+from transformers import PretrainedConfig
+
+ATTENTION_SCORES = ("scaled_dot", "dot", "general", "additive", "cosine")
+POSITION_ENCODINGS = ("sinusoidal", "learned")
+NORM_POSITIONS = ("post", "pre")
+ACTIVATIONS = ("relu", "gelu")
+
+# Table 3 of the paper. N = layers, d_model, d_ff, h = heads, P_drop = dropout.
+# "big" uses P_drop 0.3 as for EN-DE (§6.1; the EN-FR big model used 0.1).
+PRESETS = {
+    "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, num_heads=8, d_ff=2048, dropout=0.1),
+    "big": dict(d_model=1024, encoder_layers=6, decoder_layers=6, num_heads=16, d_ff=4096, dropout=0.3),
+    # Not in the paper: small enough for unit tests and a CPU quickstart.
+    "tiny": dict(d_model=64, encoder_layers=2, decoder_layers=2, num_heads=4, d_ff=128, dropout=0.1),
+}
+
+
+def _check_choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"`{name}` must be one of {', '.join(map(repr, allowed))}; got {value!r}.")
+
+
+class VanillaTransformerConfig(PretrainedConfig):
+    r"""
+    Args:
+        vocab_size: size of the shared source/target BPE vocabulary (§5.1).
+        d_model: width of every sub-layer output and embedding (§3.1).
+        encoder_layers / decoder_layers: N, the number of stacked layers (§3.1).
+        num_heads: h, the number of attention heads; d_k = d_v = d_model / h (§3.2.2).
+        d_ff: inner width of the position-wise feed-forward network (§3.3).
+        dropout: P_drop, applied to each sub-layer output and to the sums of embeddings and positions (§5.4).
+        attention_dropout: dropout on attention weights. The paper does not use it (0.0).
+        activation: "relu" as in the paper (§3.3), or "gelu".
+        max_position_embeddings: longest sequence a "learned" position table holds. The "sinusoidal"
+            encoding has no limit; the number is then only a hint for tokenizers and generation.
+        position_encoding: "sinusoidal" (§3.5) or "learned" (the paper's Table 3, row E).
+        norm_position: "post", LayerNorm(x + Sublayer(x)) as in §3.1, or "pre", x + Sublayer(LayerNorm(x)),
+            which adds a final LayerNorm to each stack and trains more stably without warm-up.
+        scale_embedding: multiply embeddings by sqrt(d_model) (§3.4).
+        tie_word_embeddings: one matrix for source embeddings, target embeddings and the pre-softmax
+            projection (§3.4). If False, the three are separate.
+        attention_score: how a query is compared with the keys: "scaled_dot" (the paper, §3.2.1), "dot"
+            (Luong), "general" (Luong, learned W_a), "additive" (Bahdanau), "cosine" (Graves).
+        layer_norm_eps: epsilon of every LayerNorm.
+        label_smoothing: epsilon_ls used when `labels` are given to the model. The paper trains with 0.1
+            (§5.4); the model's default is 0 so that its loss is the plain negative log-likelihood, and
+            the training script passes 0.1.
+    """
+
+    model_type = "vanilla_transformer"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "hidden_size": "d_model",
+        "num_attention_heads": "num_heads",
+        # Caches are built for the decoder, whose layers hold them.
+        "num_hidden_layers": "decoder_layers",
+    }
+
+    def __init__(
+        self,
+        vocab_size: int = 37000,
+        d_model: int = 512,
+        encoder_layers: int = 6,
+        decoder_layers: int = 6,
+        num_heads: int = 8,
+        d_ff: int = 2048,
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        activation: str = "relu",
+        max_position_embeddings: int = 1024,
+        position_encoding: str = "sinusoidal",
+        norm_position: str = "post",
+        scale_embedding: bool = True,
+        tie_word_embeddings: bool = True,
+        attention_score: str = "scaled_dot",
+        layer_norm_eps: float = 1e-5,
+        label_smoothing: float = 0.0,
+        pad_token_id: int = 0,
+        bos_token_id: int = 1,
+        eos_token_id: int = 2,
+        decoder_start_token_id: int | None = None,
+        use_cache: bool = True,
+        is_encoder_decoder: bool = True,
+        **kwargs,
+    ):
+        _check_choice("attention_score", attention_score, ATTENTION_SCORES)
+        _check_choice("position_encoding", position_encoding, POSITION_ENCODINGS)
+        _check_choice("norm_position", norm_position, NORM_POSITIONS)
+        _check_choice("activation", activation, ACTIVATIONS)
+        if d_model % num_heads:
+            raise ValueError(f"`d_model` ({d_model}) must be divisible by `num_heads` ({num_heads}).")
+        for name, value in (("vocab_size", vocab_size), ("encoder_layers", encoder_layers),
+                            ("decoder_layers", decoder_layers), ("d_ff", d_ff),
+                            ("max_position_embeddings", max_position_embeddings)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"`label_smoothing` must be in [0, 1); got {label_smoothing!r}.")
+
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.encoder_layers = encoder_layers
+        self.decoder_layers = decoder_layers
+        self.num_heads = num_heads
+        self.d_ff = d_ff
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.activation = activation
+        self.max_position_embeddings = max_position_embeddings
+        self.position_encoding = position_encoding
+        self.norm_position = norm_position
+        self.scale_embedding = scale_embedding
+        self.attention_score = attention_score
+        self.layer_norm_eps = layer_norm_eps
+        self.label_smoothing = label_smoothing
+        self.pad_token_id = pad_token_id
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        # Like Marian and fairseq, the decoder starts from a token that never appears as output.
+        self.decoder_start_token_id = pad_token_id if decoder_start_token_id is None else decoder_start_token_id
+        self.use_cache = use_cache
+        self.tie_word_embeddings = tie_word_embeddings
+        super().__init__(is_encoder_decoder=is_encoder_decoder, **kwargs)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "VanillaTransformerConfig":
+        """A named architecture ("base", "big" or "tiny") with any field overridden."""
+        _check_choice("preset", name, tuple(PRESETS))
+        return cls(**{**PRESETS[name], **overrides})
+
+    @classmethod
+    def base(cls, **overrides) -> "VanillaTransformerConfig":
+        return cls.from_preset("base", **overrides)
+
+    @classmethod
+    def big(cls, **overrides) -> "VanillaTransformerConfig":
+        return cls.from_preset("big", **overrides)
+
+    @classmethod
+    def tiny(cls, **overrides) -> "VanillaTransformerConfig":
+        return cls.from_preset("tiny", **overrides)
+
+
+__all__ = ["VanillaTransformerConfig"]

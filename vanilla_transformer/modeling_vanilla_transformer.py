@@ -1,0 +1,661 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), written from scratch.
+
+Section numbers (§) refer to the paper. Shapes: B batch, T target length, S source length,
+H heads, Dh = d_model / H. Masks are boolean, True where attention is allowed.
+
+This file ships with saved models and is loaded with `trust_remote_code=True`: it imports
+only the standard library, torch and the public API of transformers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+
+from .configuration_vanilla_transformer import VanillaTransformerConfig
+
+
+# --------------------------------------------------------------------------------------
+# §3.2.1 and the classic score functions: compare queries (B, H, T, Dh) with keys
+# (B, H, S, Dh) and return scores (B, H, T, S). `module` holds any learned parameters.
+# --------------------------------------------------------------------------------------
+
+
+def scaled_dot_score(module, q, k):
+    """Vaswani et al. 2017: q·k / sqrt(d_k), which keeps softmax out of its flat regions."""
+    return q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+
+
+def dot_score(module, q, k):
+    """Luong et al. 2015: q·k."""
+    return q @ k.transpose(-1, -2)
+
+
+def general_score(module, q, k):
+    """Luong et al. 2015: q^T W_a k, one W_a per head.
+
+    Behind learned query/key projections W_a adds parameters but no expressiveness
+    (q^T W_a k = (W_a^T q)^T k); it is here to compare score functions.
+    """
+    return (q @ module.score_weight) @ k.transpose(-1, -2)
+
+
+def additive_score(module, q, k):
+    """Bahdanau et al. 2015: v_a^T tanh(W_a [q; k]) = v_a^T tanh(W_q q + W_k k).
+
+    Memory grows as B·H·T·S·Dh: fine for study, slow for long inputs.
+    """
+    query_part = (q @ module.score_query_weight).unsqueeze(-2)  # (B, H, T, 1, Dh)
+    key_part = (k @ module.score_key_weight).unsqueeze(-3)  # (B, H, 1, S, Dh)
+    hidden = torch.tanh(query_part + key_part)  # (B, H, T, S, Dh)
+    return torch.einsum("bhtsd,hd->bhts", hidden, module.score_vector)
+
+
+def cosine_score(module, q, k):
+    """Graves et al. 2014 (content-based): cosine(q, k) times a learned strength per head.
+
+    Graves sharpens with a key strength beta; without it softmax over values in [-1, 1] is
+    nearly uniform and the model cannot attend.
+    """
+    cosine = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
+    return cosine * module.score_strength.view(1, -1, 1, 1)
+
+
+ATTENTION_SCORES = {
+    "scaled_dot": scaled_dot_score,
+    "dot": dot_score,
+    "general": general_score,
+    "additive": additive_score,
+    "cosine": cosine_score,
+}
+
+# Scores that are a plain dot product up to a constant run on torch's fused kernel
+# (`scaled_dot_product_attention`); the value is its `scale` argument (None = 1/sqrt(Dh)).
+SDPA_SCALES = {"scaled_dot": None, "dot": 1.0}
+
+
+def attend(module, q, k, v, mask, dropout, need_weights):
+    """Softmax(score(q, k)) · v. Returns the output (B, H, T, Dh) and the weights (B, H, T, S) or None.
+
+    The fused kernel never returns weights, so asking for them takes the explicit path, which
+    computes the same numbers (tested to 1e-5 in fp32).
+    """
+    if not need_weights and module.score_name in SDPA_SCALES:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=SDPA_SCALES[module.score_name])
+        return out, None
+    scores = ATTENTION_SCORES[module.score_name](module, q, k)
+    if mask is not None:
+        # The dtype's own minimum, not -inf: exp() of it is exactly 0 in fp32, fp16 and bf16, and
+        # a row with every key masked stays finite instead of becoming NaN.
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(dim=-1, dtype=torch.float32).to(v.dtype)
+    if mask is not None:
+        # A fully masked row (a sequence that is all padding) would otherwise spread its weight
+        # evenly over padding; it gets zeros, and every masked position gets exactly 0.
+        weights = weights.masked_fill(~mask, 0.0)
+    out = F.dropout(weights, p=dropout, training=dropout > 0) @ v
+    return out, weights
+
+
+class MultiHeadAttention(nn.Module):
+    """§3.2.2: MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    The h per-head projections are one d_model × d_model matrix each for Q and for K, V together
+    (one matmul instead of 2h). Like fairseq, tensor2tensor and Marian, the projections have biases.
+    Used three ways (§3.2.3): encoder self-attention, masked decoder self-attention, and
+    encoder-decoder (cross) attention whose keys and values come from the encoder output.
+    """
+
+    def __init__(self, config: VanillaTransformerConfig, is_cross_attention: bool = False, layer_idx: int | None = None):
+        super().__init__()
+        self.num_heads, self.head_dim = config.num_heads, config.head_dim
+        self.is_cross_attention = is_cross_attention
+        self.layer_idx = layer_idx
+        self.attention_dropout = config.attention_dropout
+        self.score_name = config.attention_score
+        d_model = config.d_model
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.kv_proj = nn.Linear(d_model, 2 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)  # W^O
+        heads, dh = self.num_heads, self.head_dim
+        if self.score_name == "general":
+            self.score_weight = nn.Parameter(torch.empty(heads, dh, dh))
+        elif self.score_name == "additive":
+            self.score_query_weight = nn.Parameter(torch.empty(heads, dh, dh))
+            self.score_key_weight = nn.Parameter(torch.empty(heads, dh, dh))
+            self.score_vector = nn.Parameter(torch.empty(heads, dh))
+        elif self.score_name == "cosine":
+            self.score_strength = nn.Parameter(torch.empty(heads))
+
+    def reset_score_parameters(self) -> None:
+        # N(0, 1/Dh) keeps x @ W at the scale of x. (torch.nn.init, not in-place tensor ops: when a
+        # checkpoint is loaded, transformers makes these calls skip the weights that were loaded.)
+        if self.score_name == "general":
+            nn.init.normal_(self.score_weight, std=self.head_dim**-0.5)
+        elif self.score_name == "additive":
+            for weight in (self.score_query_weight, self.score_key_weight, self.score_vector):
+                nn.init.normal_(weight, std=self.head_dim**-0.5)
+        elif self.score_name == "cosine":
+            # sqrt(Dh): the scale a scaled dot product of unit-variance vectors would have.
+            nn.init.constant_(self.score_strength, math.sqrt(self.head_dim))
+
+    def _split_heads(self, x: torch.Tensor, parts: int) -> torch.Tensor:
+        batch, length, _ = x.shape
+        x = x.view(batch, length, parts, self.num_heads, self.head_dim)
+        return x.permute(2, 0, 3, 1, 4)  # (parts, B, H, length, Dh)
+
+    def forward(self, hidden_states, key_value_states=None, mask=None, cache=None, output_attentions=False):
+        batch, length, d_model = hidden_states.shape
+        (q,) = self._split_heads(self.q_proj(hidden_states), 1)  # (B, H, T, Dh)
+        if self.is_cross_attention and cache is not None and cache.is_updated.get(self.layer_idx):
+            # The encoder output does not change while decoding: project it once, reuse it every step.
+            layer = cache.cross_attention_cache.layers[self.layer_idx]
+            k, v = layer.keys, layer.values
+        else:
+            source = key_value_states if self.is_cross_attention else hidden_states
+            k, v = self._split_heads(self.kv_proj(source), 2)  # (B, H, S, Dh) each
+            if cache is not None:
+                if self.is_cross_attention:
+                    k, v = cache.cross_attention_cache.update(k, v, self.layer_idx)
+                    cache.is_updated[self.layer_idx] = True
+                else:
+                    k, v = cache.self_attention_cache.update(k, v, self.layer_idx)
+        dropout = self.attention_dropout if self.training else 0.0
+        out, weights = attend(self, q, k, v, mask, dropout, output_attentions)
+        out = out.transpose(1, 2).reshape(batch, length, d_model)  # concatenate heads: (B, T, d_model)
+        return self.out_proj(out), weights
+
+
+class FeedForward(nn.Module):
+    """§3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to each position separately."""
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model, config.d_ff)
+        self.fc2 = nn.Linear(config.d_ff, config.d_model)
+        self.activation = F.relu if config.activation == "relu" else F.gelu
+
+    def forward(self, x):
+        return self.fc2(self.activation(self.fc1(x)))
+
+
+class Residual(nn.Module):
+    """§3.1 and §5.4: LayerNorm(x + Dropout(Sublayer(x))) ("post", the paper).
+
+    "pre" computes x + Dropout(Sublayer(LayerNorm(x))) instead (Wang et al. 2019), a deviation
+    from the paper that is only taken when the config asks for it.
+    """
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__()
+        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+        self.pre_norm = config.norm_position == "pre"
+
+    def forward(self, x, sublayer):
+        """`sublayer` maps a (B, T, d_model) tensor to (output, extra); extra is passed through."""
+        if self.pre_norm:
+            out, extra = sublayer(self.norm(x))
+            return x + self.dropout(out), extra
+        out, extra = sublayer(x)
+        return self.norm(x + self.dropout(out)), extra
+
+
+class EncoderLayer(nn.Module):
+    """§3.1: self-attention, then the feed-forward network, each wrapped in a residual connection."""
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config)
+        self.self_attn_residual = Residual(config)
+        self.feed_forward = FeedForward(config)
+        self.feed_forward_residual = Residual(config)
+
+    def forward(self, x, mask, output_attentions=False):
+        x, weights = self.self_attn_residual(x, lambda h: self.self_attn(h, mask=mask, output_attentions=output_attentions))
+        x, _ = self.feed_forward_residual(x, lambda h: (self.feed_forward(h), None))
+        return x, weights
+
+
+class DecoderLayer(nn.Module):
+    """§3.1: masked self-attention, attention over the encoder output, feed-forward network."""
+
+    def __init__(self, config: VanillaTransformerConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config, layer_idx=layer_idx)
+        self.self_attn_residual = Residual(config)
+        self.cross_attn = MultiHeadAttention(config, is_cross_attention=True, layer_idx=layer_idx)
+        self.cross_attn_residual = Residual(config)
+        self.feed_forward = FeedForward(config)
+        self.feed_forward_residual = Residual(config)
+
+    def forward(self, x, memory, self_mask, memory_mask, cache=None, output_attentions=False):
+        x, self_weights = self.self_attn_residual(
+            x, lambda h: self.self_attn(h, mask=self_mask, cache=cache, output_attentions=output_attentions)
+        )
+        x, cross_weights = self.cross_attn_residual(
+            x,
+            lambda h: self.cross_attn(
+                h, key_value_states=memory, mask=memory_mask, cache=cache, output_attentions=output_attentions
+            ),
+        )
+        x, _ = self.feed_forward_residual(x, lambda h: (self.feed_forward(h), None))
+        return x, self_weights, cross_weights
+
+
+def sinusoidal_encoding(positions: torch.Tensor, d_model: int) -> torch.Tensor:
+    """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
+
+    Computed from the positions themselves, so any length works. (T,) -> (T, d_model).
+    """
+    inverse_frequency = torch.exp(
+        torch.arange(0, d_model, 2, device=positions.device, dtype=torch.float32) * (-math.log(10000.0) / d_model)
+    )
+    angles = positions.float().unsqueeze(-1) * inverse_frequency  # (T, d_model / 2)
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # interleaved: sin, cos, sin, ...
+
+
+class Embeddings(nn.Module):
+    """§3.4 and §3.5: token embedding · sqrt(d_model) + positional encoding, then dropout (§5.4)."""
+
+    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding):
+        super().__init__()
+        self.embed_tokens = embed_tokens
+        self.scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.dropout = nn.Dropout(config.dropout)
+        self.d_model = config.d_model
+        # Table 3 row (E): learned positions do about as well as sinusoids, but have a fixed size.
+        self.learned_positions = (
+            nn.Embedding(config.max_position_embeddings, config.d_model)
+            if config.position_encoding == "learned"
+            else None
+        )
+
+    def forward(self, input_ids, past_length: int = 0):
+        length = input_ids.size(1)
+        positions = torch.arange(past_length, past_length + length, device=input_ids.device)
+        if self.learned_positions is None:
+            position_encoding = sinusoidal_encoding(positions, self.d_model)
+        else:
+            table_size = self.learned_positions.num_embeddings
+            if past_length + length > table_size:
+                raise ValueError(
+                    f"Sequence of {past_length + length} positions is longer than the learned position table "
+                    f"(`max_position_embeddings`={table_size}). Use shorter inputs, a larger table, or "
+                    f'position_encoding="sinusoidal", which has no limit.'
+                )
+            position_encoding = self.learned_positions(positions)
+        x = self.embed_tokens(input_ids) * self.scale + position_encoding.to(self.embed_tokens.weight.dtype)
+        return self.dropout(x)
+
+
+def _run_layer(stack: nn.Module, layer: nn.Module, *args):
+    """Call a layer, recomputing its activations in the backward pass when gradient checkpointing is on."""
+    if stack.gradient_checkpointing and stack.training:
+        return checkpoint(layer, *args, use_reentrant=False)
+    return layer(*args)
+
+
+class VanillaTransformerEncoder(nn.Module):
+    """§3.1: a stack of N identical layers over the embedded source."""
+
+    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding):
+        super().__init__()
+        self.embeddings = Embeddings(config, embed_tokens)
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.encoder_layers))
+        # Pre-norm leaves the residual stream unnormalised; the stack's output needs one more LayerNorm.
+        self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
+        self.gradient_checkpointing = False
+
+    def get_input_embeddings(self):
+        return self.embeddings.embed_tokens
+
+    def forward(
+        self, input_ids, attention_mask=None, output_attentions=False, output_hidden_states=False, return_dict=None
+    ) -> BaseModelOutput:
+        """`return_dict` is accepted for `generate()`, which passes it; the output is always a ModelOutput."""
+        x = self.embeddings(input_ids)
+        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+        hidden_states, attentions = [], []
+        for layer in self.layers:
+            if output_hidden_states:
+                hidden_states.append(x)
+            x, weights = _run_layer(self, layer, x, mask, output_attentions)
+            attentions.append(weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        if output_hidden_states:
+            hidden_states.append(x)
+        return BaseModelOutput(
+            last_hidden_state=x,
+            hidden_states=tuple(hidden_states) if output_hidden_states else None,
+            attentions=tuple(attentions) if output_attentions else None,
+        )
+
+
+class VanillaTransformerDecoder(nn.Module):
+    """§3.1: a stack of N identical layers; position i sees only outputs before i and the whole source."""
+
+    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding):
+        super().__init__()
+        self.embeddings = Embeddings(config, embed_tokens)
+        self.layers = nn.ModuleList(DecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers))
+        self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
+        self.gradient_checkpointing = False
+
+    def get_input_embeddings(self):
+        return self.embeddings.embed_tokens
+
+    def forward(
+        self,
+        input_ids,
+        encoder_hidden_states,
+        encoder_attention_mask=None,
+        attention_mask=None,
+        past_key_values: EncoderDecoderCache | None = None,
+        output_attentions=False,
+        output_hidden_states=False,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        length = input_ids.size(1)
+        x = self.embeddings(input_ids, past_length)
+        # §3.2.3 look-ahead mask: query t (at absolute position past_length + t) sees keys 0..past_length + t.
+        self_mask = torch.ones(length, past_length + length, dtype=torch.bool, device=x.device).tril(past_length)
+        if attention_mask is not None:  # (B, past_length + T), only needed for left-padded decoder inputs
+            self_mask = self_mask & attention_mask.bool()[:, None, None, -(past_length + length) :]
+        memory_mask = None if encoder_attention_mask is None else encoder_attention_mask.bool()[:, None, None, :]
+        hidden_states, self_attentions, cross_attentions = [], [], []
+        for layer in self.layers:
+            if output_hidden_states:
+                hidden_states.append(x)
+            x, self_weights, cross_weights = _run_layer(
+                self, layer, x, encoder_hidden_states, self_mask, memory_mask, past_key_values, output_attentions
+            )
+            self_attentions.append(self_weights)
+            cross_attentions.append(cross_weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        if output_hidden_states:
+            hidden_states.append(x)
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=x,
+            past_key_values=past_key_values,
+            hidden_states=tuple(hidden_states) if output_hidden_states else None,
+            attentions=tuple(self_attentions) if output_attentions else None,
+            cross_attentions=tuple(cross_attentions) if output_attentions else None,
+        )
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Teacher forcing: the decoder reads <start> y_1 ... y_{n-1} and predicts y_1 ... y_n."""
+    shifted = labels.new_full(labels.shape, pad_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)  # -100 marks ignored label positions
+
+
+def _check_ids(name: str, ids: torch.Tensor, vocab_size: int, allow_ignore_index: bool = False) -> None:
+    if ids.dim() != 2:
+        raise ValueError(f"`{name}` must have shape (batch, length); got {tuple(ids.shape)}.")
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"`{name}` must hold integer token ids; got dtype {ids.dtype}.")
+    valid = (ids >= 0) & (ids < vocab_size)
+    if allow_ignore_index:
+        valid |= ids == -100
+    if not bool(valid.all()):
+        bad = ids[~valid][0].item()
+        allowed = f"0..{vocab_size - 1}" + (" or -100" if allow_ignore_index else "")
+        raise ValueError(f"`{name}` holds id {bad}, outside the vocabulary ({allowed}; `vocab_size`={vocab_size}).")
+
+
+def _check_same_shape(name: str, tensor, reference_name: str, reference) -> None:
+    if tensor is not None and tuple(tensor.shape) != tuple(reference.shape):
+        raise ValueError(
+            f"`{name}` has shape {tuple(tensor.shape)} but `{reference_name}` has shape {tuple(reference.shape)}; "
+            "they must match."
+        )
+
+
+# Every Auto class that can load a saved folder. `register_for_auto_class` records only the class
+# that is being saved, so a folder saved from the seq2seq model would not load with AutoModel.
+AUTO_MAP = {
+    "AutoConfig": "configuration_vanilla_transformer.VanillaTransformerConfig",
+    "AutoModel": "modeling_vanilla_transformer.VanillaTransformerModel",
+    "AutoModelForSeq2SeqLM": "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration",
+}
+
+
+class VanillaTransformerPreTrainedModel(PreTrainedModel):
+    config_class = VanillaTransformerConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["EncoderLayer", "DecoderLayer"]
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        """Xavier-uniform projections (as tensor2tensor and fairseq); embeddings N(0, d_model^-0.5),
+        so that after the sqrt(d_model) scaling of §3.4 they have unit variance."""
+        if isinstance(module, nn.Linear):
+            nn.init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.d_model**-0.5)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, MultiHeadAttention):
+            module.reset_score_parameters()
+
+
+def _shared_embeddings(config: VanillaTransformerConfig) -> tuple[nn.Embedding | None, nn.Embedding, nn.Embedding]:
+    """§3.4: with tied embeddings one matrix serves the source, the target and the output projection."""
+    if config.tie_word_embeddings:
+        shared = nn.Embedding(config.vocab_size, config.d_model)
+        return shared, shared, shared
+    return None, nn.Embedding(config.vocab_size, config.d_model), nn.Embedding(config.vocab_size, config.d_model)
+
+
+class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
+    """Encoder and decoder without the output projection (for `AutoModel`)."""
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__(config)
+        self.shared, source_embeddings, target_embeddings = _shared_embeddings(config)
+        self.encoder = VanillaTransformerEncoder(config, source_embeddings)
+        self.decoder = VanillaTransformerDecoder(config, target_embeddings)
+        if config.tie_word_embeddings:
+            self._tied_weights_keys = {
+                "encoder.embeddings.embed_tokens.weight": "shared.weight",
+                "decoder.embeddings.embed_tokens.weight": "shared.weight",
+            }
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.encoder.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        if self.config.tie_word_embeddings:
+            self.shared = value
+            self.decoder.embeddings.embed_tokens = value
+        self.encoder.embeddings.embed_tokens = value
+
+    def get_encoder(self, modality=None):
+        return self.encoder
+
+    def get_decoder(self):
+        return self.decoder
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        decoder_input_ids=None,
+        decoder_attention_mask=None,
+        encoder_outputs=None,
+        past_key_values=None,
+        use_cache=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+    ) -> Seq2SeqModelOutput:
+        """`return_dict` is accepted for `generate()` and ignored: outputs are always `ModelOutput`s,
+        which also index like tuples. Positions come from the cache length."""
+        config = self.config
+        output_attentions = config.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        use_cache = (config.use_cache and not self.training) if use_cache is None else use_cache
+
+        if encoder_outputs is None:
+            if input_ids is None:
+                raise ValueError("Pass `input_ids` (the source token ids) or precomputed `encoder_outputs`.")
+            _check_ids("input_ids", input_ids, config.vocab_size)
+            _check_same_shape("attention_mask", attention_mask, "input_ids", input_ids)
+            encoder_outputs = self.encoder(input_ids, attention_mask, output_attentions, output_hidden_states)
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
+        memory = encoder_outputs.last_hidden_state
+
+        if decoder_input_ids is None:
+            raise ValueError("Pass `decoder_input_ids`, or `labels` to the ForConditionalGeneration model.")
+        if past_key_values is None or past_key_values.get_seq_length() == 0:
+            # Once decoding has started the ids come from the model itself; checking is a sync per step.
+            _check_ids("decoder_input_ids", decoder_input_ids, config.vocab_size)
+        if decoder_input_ids.size(0) != memory.size(0):
+            raise ValueError(
+                f"`decoder_input_ids` has batch size {decoder_input_ids.size(0)} but the source has {memory.size(0)}."
+            )
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+        decoder_outputs = self.decoder(
+            decoder_input_ids,
+            memory,
+            encoder_attention_mask=attention_mask,
+            attention_mask=decoder_attention_mask,
+            past_key_values=past_key_values if use_cache else None,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=memory,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
+    """The full translation model: encoder, decoder and the pre-softmax projection (§3.4), for
+    `AutoModelForSeq2SeqLM`. Given `labels`, returns the (optionally label-smoothed, §5.4) loss."""
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__(config)
+        self.model = VanillaTransformerModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self._tied_weights_keys = {
+                "lm_head.weight": "model.shared.weight",
+                "model.encoder.embeddings.embed_tokens.weight": "model.shared.weight",
+                "model.decoder.embeddings.embed_tokens.weight": "model.shared.weight",
+            }
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.model.set_input_embeddings(value)
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def get_encoder(self, modality=None):
+        return self.model.encoder
+
+    def get_decoder(self):
+        return self.model.decoder
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        decoder_input_ids=None,
+        decoder_attention_mask=None,
+        encoder_outputs=None,
+        past_key_values=None,
+        labels=None,
+        use_cache=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+    ) -> Seq2SeqLMOutput:
+        if labels is not None:
+            _check_ids("labels", labels, self.config.vocab_size, allow_ignore_index=True)
+            if decoder_input_ids is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+            _check_same_shape("labels", labels, "decoder_input_ids", decoder_input_ids)
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, vocab)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits.float().view(-1, logits.size(-1)),
+                labels.view(-1),
+                ignore_index=-100,
+                label_smoothing=self.config.label_smoothing,
+            )
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+
+__all__ = [
+    "VanillaTransformerForConditionalGeneration",
+    "VanillaTransformerModel",
+    "VanillaTransformerPreTrainedModel",
+]
