@@ -77,6 +77,14 @@ def test_plain_columns_are_normalised(tmp_path):
         data = load_translation_dataset(path, source_lang="es", target_lang="en")
         assert "translation" in data["train"].column_names, path
         assert text_pairs(data["train"], "es", "en")[1] == [r["en"] for r in flat], path
+    # Naming one side is enough when there are two: the other one is kept too.
+    data = load_translation_dataset(csv_path, target_lang="en")
+    assert resolve_languages(data["train"], target_lang="en") == ("es", "en")
+    assert language_keys(load_translation_dataset(parquet_path)["train"]) == ["en", "es"]
+    # The helpers read the plain-column layout too, before any normalising.
+    raw = datasets.Dataset.from_list(flat)
+    assert text_pairs(raw, "en", "es")[0] == [r["en"] for r in flat]
+    assert list(iter_texts(raw, ["es"])) == [r["es"] for r in flat]
 
 
 def test_folder_of_split_files_and_save_to_disk(tmp_path):

@@ -172,7 +172,9 @@ def language_keys(dataset: datasets.Dataset) -> list[str]:
     return [
         name
         for name, feature in features.items()
-        if name not in _METADATA_COLUMNS and isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
+        if name not in _METADATA_COLUMNS
+        and isinstance(feature, datasets.Value)
+        and feature.dtype in ("string", "large_string")
     ]
 
 
@@ -227,10 +229,10 @@ def load_translation_dataset(
     for split, data in dataset.items():
         if len(data) == 0:
             raise ValueError(f"the {split!r} split of {name_or_path} has no rows")
-        if source_lang or target_lang:
-            resolve_languages(data, source_lang, target_lang)
+        # With a language named, check (and complete) the pair; otherwise keep every language key.
+        chosen = list(resolve_languages(data, source_lang, target_lang)) if source_lang or target_lang else None
         if "translation" not in data.column_names:
-            chosen = [lang for lang in (source_lang, target_lang) if lang] or language_keys(data)
+            chosen = chosen or language_keys(data)
             if not chosen:
                 raise ValueError(
                     f"the {split!r} split of {name_or_path} has no 'translation' column and no text columns; "
@@ -240,11 +242,17 @@ def load_translation_dataset(
     return dataset
 
 
+def _side(dataset: datasets.Dataset, lang: str) -> list[str]:
+    """One language side as a list, read column-wise through Arrow (fast), in either layout."""
+    if "translation" not in dataset.column_names:
+        return list(dataset[lang])
+    return list(dataset.select_columns(["translation"]).flatten()[f"translation.{lang}"])
+
+
 def text_pairs(dataset: datasets.Dataset, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
-    """The source and target sides of a (normalised) split as two lists of strings."""
+    """The source and target sides of a split as two lists of strings."""
     resolve_languages(dataset, source_lang, target_lang)
-    flat = dataset.select_columns(["translation"]).flatten()
-    return list(flat[f"translation.{source_lang}"]), list(flat[f"translation.{target_lang}"])
+    return _side(dataset, source_lang), _side(dataset, target_lang)
 
 
 def iter_texts(
@@ -272,8 +280,5 @@ def iter_texts(
         absent = [lang for lang in wanted if lang not in keys]
         if absent:
             raise ValueError(f"language keys {absent} are not in the data set; it has {keys}")
-        flat = part.select_columns(["translation"]).flatten()
         for lang in wanted:
-            for text in flat[f"translation.{lang}"]:
-                if text is not None:
-                    yield text
+            yield from (text for text in _side(part, lang) if text is not None)
