@@ -1,8 +1,9 @@
 """Differential test against a peer: transformers' MarianMTModel is the same architecture.
 
 Marian, like the paper, is post-LN with sinusoidal positions and scaled, tied embeddings. We
-build one with a matching configuration, copy its weights into ours and require the same logits
-(1e-5, fp32) and the same beam-search output. The details that differ and how they are mapped:
+build one with a matching configuration, copy its weights into ours with
+`vanilla_transformer.convert_marian.from_marian` and require the same logits (1e-5, fp32) and the
+same beam-search output. The details that differ and how they are mapped (see convert_marian.py):
 
 - Positions: the paper interleaves sin and cos (dimension 2i is sin, 2i+1 is cos); Marian puts all
   sines in the first half and all cosines in the second. The two are the same encoding up to a
@@ -16,62 +17,14 @@ build one with a matching configuration, copy its weights into ours and require 
 - Marian's activation defaults to swish; we set relu, the paper's.
 """
 
+import pytest
 import torch
 from transformers import MarianConfig, MarianMTModel
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.convert_marian import from_marian, parameter_map, to_marian
 
 D_MODEL, VOCAB = 32, 60
-
-
-def paper_from_marian_permutation(d_model: int) -> torch.Tensor:
-    """ours[2i] = marian[i] (sin), ours[2i + 1] = marian[d/2 + i] (cos)."""
-    half = torch.arange(d_model // 2)
-    return torch.stack((half, half + d_model // 2), dim=1).flatten()
-
-
-def copy_marian_into_ours(marian: MarianMTModel, ours: VanillaTransformerForConditionalGeneration) -> None:
-    P = paper_from_marian_permutation(D_MODEL)
-    source = marian.model
-
-    def reads_stream(linear):  # input columns follow the residual stream
-        return linear.weight[:, P], linear.bias
-
-    def writes_stream(linear):  # output rows follow the residual stream
-        return linear.weight[P], linear.bias[P]
-
-    def set_linear(target, weight_bias):
-        target.weight.copy_(weight_bias[0])
-        target.bias.copy_(weight_bias[1])
-
-    def set_norm(target, norm):
-        target.weight.copy_(norm.weight[P])
-        target.bias.copy_(norm.bias[P])
-
-    def set_attention(target, attn):
-        set_linear(target.q_proj, reads_stream(attn.q_proj))
-        (k_w, k_b), (v_w, v_b) = reads_stream(attn.k_proj), reads_stream(attn.v_proj)
-        set_linear(target.kv_proj, (torch.cat([k_w, v_w]), torch.cat([k_b, v_b])))
-        set_linear(target.out_proj, writes_stream(attn.out_proj))
-
-    def set_feed_forward(target, layer):
-        set_linear(target.fc1, reads_stream(layer.fc1))
-        set_linear(target.fc2, writes_stream(layer.fc2))
-
-    with torch.no_grad():
-        ours.model.shared.weight.copy_(source.shared.weight[:, P])
-        for ours_layer, layer in zip(ours.model.encoder.layers, source.encoder.layers):
-            set_attention(ours_layer.self_attn, layer.self_attn)
-            set_norm(ours_layer.self_attn_residual.norm, layer.self_attn_layer_norm)
-            set_feed_forward(ours_layer.feed_forward, layer)
-            set_norm(ours_layer.feed_forward_residual.norm, layer.final_layer_norm)
-        for ours_layer, layer in zip(ours.model.decoder.layers, source.decoder.layers):
-            set_attention(ours_layer.self_attn, layer.self_attn)
-            set_norm(ours_layer.self_attn_residual.norm, layer.self_attn_layer_norm)
-            set_attention(ours_layer.cross_attn, layer.encoder_attn)
-            set_norm(ours_layer.cross_attn_residual.norm, layer.encoder_attn_layer_norm)
-            set_feed_forward(ours_layer.feed_forward, layer)
-            set_norm(ours_layer.feed_forward_residual.norm, layer.final_layer_norm)
 
 
 def build_pair():
@@ -88,12 +41,7 @@ def build_pair():
         for name, p in marian.named_parameters():
             if p.dim() == 2 and "embed_positions" not in name:
                 p.normal_(0, 0.3)
-    ours = VanillaTransformerForConditionalGeneration(
-        VanillaTransformerConfig(vocab_size=VOCAB, d_model=D_MODEL, encoder_layers=2, decoder_layers=2, num_heads=4,
-                                 d_ff=64, dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    ).eval()
-    copy_marian_into_ours(marian, ours)
-    return marian, ours
+    return marian, from_marian(marian).eval()
 
 
 def inputs():
@@ -126,3 +74,54 @@ def test_same_beam_search_output_as_marian():
     assert torch.equal(ours.generate(input_ids, **args), expected)
     greedy = dict(attention_mask=attention_mask, num_beams=1, max_new_tokens=12, do_sample=False)
     assert torch.equal(ours.generate(input_ids, **greedy), marian.generate(input_ids, **greedy))
+
+
+def _logits(model, input_ids, attention_mask):
+    decoder_input_ids = torch.randint(3, VOCAB, (3, 9), generator=torch.Generator().manual_seed(2))
+    decoder_input_ids[:, 0] = 0
+    return model(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
+
+
+def test_mapping_covers_every_parameter():
+    marian, ours = build_pair()
+    mapped_ours = {name for name, _, _ in parameter_map(ours.config)}
+    mapped_marian = {name for _, names, _ in parameter_map(ours.config) for name in names}
+    assert mapped_ours == {name for name, _ in ours.named_parameters()}  # tied weights count once
+    assert mapped_marian == {name for name, _ in marian.named_parameters() if "embed_positions" not in name}
+
+
+def test_round_trip_ours_to_marian_to_ours():
+    torch.manual_seed(3)
+    config = VanillaTransformerConfig.tiny(vocab_size=VOCAB, d_model=D_MODEL, dropout=0.0)
+    ours = VanillaTransformerForConditionalGeneration(config).eval()
+    marian = to_marian(ours)
+    assert isinstance(marian, MarianMTModel) and not marian.training
+    back = from_marian(marian)
+    input_ids, attention_mask = inputs()
+    expected = _logits(ours, input_ids, attention_mask)
+    torch.testing.assert_close(_logits(marian, input_ids, attention_mask), expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(_logits(back, input_ids, attention_mask), expected, rtol=0, atol=1e-6)
+    for name, parameter in ours.named_parameters():  # the permutation and the K/V split invert exactly
+        assert torch.equal(back.get_parameter(name), parameter), name
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        (dict(norm_position="pre"), "norm_position"),
+        (dict(position_encoding="learned"), "position_encoding"),
+        (dict(attention_score="additive"), "attention_score"),
+        (dict(tie_word_embeddings=False), "tie_word_embeddings"),
+    ],
+)
+def test_configurations_marian_cannot_express_raise(override, named):
+    ours = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=VOCAB, **override))
+    with pytest.raises(ValueError, match=named):
+        to_marian(ours)
+
+
+def test_marian_with_a_logits_bias_raises():
+    marian, _ = build_pair()
+    marian.final_logits_bias.fill_(0.5)
+    with pytest.raises(ValueError, match="final_logits_bias"):
+        from_marian(marian)
