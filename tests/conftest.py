@@ -36,3 +36,56 @@ def run_without_package(code: str, cwd=None, timeout: int = 300) -> str:
 @pytest.fixture(name="run_without_package")
 def run_without_package_fixture():
     return run_without_package
+
+
+# --- issue 5 (pipeline, attention maps, Hub folder): one tiny trained model for those tests ---
+
+HUB_EXAMPLE = "In the beginning God created the heavens and the earth."
+
+
+@pytest.fixture(scope="session")
+def hub_tiny_model():
+    """A tiny en-es model (d_model 64, 2+2 layers, 4 heads) and its tokenizer, trained for a few
+    seconds on real Bible verses: it translates badly but emits real, varied tokens."""
+    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+    from vanilla_transformer.corpora import load_translation_dataset, text_pairs
+    from vanilla_transformer.tokenization_vanilla_transformer import train_tokenizer
+
+    torch.manual_seed(0)
+    train = load_translation_dataset("bible-en-es")["train"].select(range(3000))
+    sources, targets = text_pairs(train, "en", "es")
+    tokenizer = train_tokenizer(sources + targets, vocab_size=600)
+    config = VanillaTransformerConfig.tiny(vocab_size=len(tokenizer), dropout=0.0)
+    model = VanillaTransformerForConditionalGeneration(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    short = [(s, t) for s, t in zip(sources, targets) if len(s) < 80 and len(t) < 80]
+    model.train()
+    for step in range(60):
+        batch = short[(step * 32) % len(short) :][:32]
+        inputs = tokenizer([s for s, _ in batch], padding=True, return_tensors="pt")
+        labels = tokenizer([t for _, t in batch], padding=True, return_tensors="pt")["input_ids"]
+        labels[labels == tokenizer.pad_token_id] = -100
+        loss = model(**inputs, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    return model, tokenizer
+
+
+@pytest.fixture(scope="session")
+def hub_tiny_folder(hub_tiny_model, tmp_path_factory):
+    """The tiny model saved as a complete Hub folder (weights, code, tokenizer, pipeline, card, image)."""
+    from vanilla_transformer.hub import save_for_hub
+
+    model, tokenizer = hub_tiny_model
+    results = {"split": "test", "bleu": 1.23, "chrf": 12.34, "sacrebleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"}
+    return save_for_hub(
+        model,
+        tokenizer,
+        tmp_path_factory.mktemp("hub") / "tiny-en-es",
+        results=results,
+        dataset="bible-en-es",
+        hyperparameters={"steps": 60, "batch_size": 32, "learning_rate": 3e-3},
+        example=HUB_EXAMPLE,
+    )

@@ -1,0 +1,125 @@
+"""The `translation` pipeline that ships inside saved folders (transformers 5 has none built in)."""
+
+import json
+
+import pytest
+import torch
+
+from vanilla_transformer.pipeline_vanilla_transformer import TranslationPipeline
+
+SENTENCES = ["In the beginning God created the heavens and the earth.", "Jesus wept.", "And God said, Let there be light."]
+
+
+def test_pipeline_loads_from_the_folder_without_the_package(hub_tiny_folder, run_without_package):
+    """`pipeline("translation", model=folder, trust_remote_code=True)` in a process that cannot import
+    vanilla_transformer: strings and lists, batching, generation options, attention weights."""
+    out = run_without_package(
+        f"""
+        import json, torch
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+        folder = {str(hub_tiny_folder)!r}
+        sentences = {SENTENCES!r}
+        translate = pipeline("translation", model=folder, trust_remote_code=True)
+        single = translate(sentences[0])
+        batched = translate(sentences, batch_size=2, num_beams=1, max_new_tokens=12)
+        one_by_one = [translate(s, num_beams=1, max_new_tokens=12)[0] for s in sentences]
+        short = translate(sentences[0], num_beams=1, max_new_tokens=3)
+        # the same as generate() by hand, beam search and length penalty passed through
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+        model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True)
+        ids = model.generate(**tokenizer(sentences[:1], return_tensors="pt"), num_beams=3, length_penalty=2.0, max_new_tokens=20)
+        by_hand = tokenizer.decode(ids[0], skip_special_tokens=True)
+        piped = translate(sentences[0], num_beams=3, length_penalty=2.0, max_new_tokens=20)[0]["translation_text"]
+        with_weights = translate(sentences[:2], batch_size=2, num_beams=1, return_attentions=True)
+        weights = with_weights[1]["attentions"]
+        print(json.dumps(dict(
+            type=type(translate).__name__, single=single, batched=batched, one_by_one=one_by_one,
+            short_tokens=len(tokenizer(short[0]["translation_text"], add_special_tokens=False)["input_ids"]),
+            by_hand=by_hand, piped=piped, keys=sorted(with_weights[1]),
+            shapes={{k: list(v.shape) for k, v in weights.items() if torch.is_tensor(v)}},
+            encoder_tokens=weights["encoder_tokens"], decoder_tokens=weights["decoder_tokens"],
+            source_tokens=tokenizer.convert_ids_to_tokens(tokenizer(sentences[1])["input_ids"]),
+            row_sums=[float(weights[k].sum(-1).sub(1).abs().max()) for k in ("encoder_attention", "decoder_attention", "cross_attention")],
+        )))
+        """
+    )
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["type"] == "TranslationPipeline"
+    assert len(result["single"]) == 1 and set(result["single"][0]) == {"translation_text"}
+    assert result["single"][0]["translation_text"].strip()
+    assert [r["translation_text"] for r in result["batched"]] == [r["translation_text"] for r in result["one_by_one"]]
+    assert result["short_tokens"] <= 3
+    assert result["piped"] == result["by_hand"]
+    assert result["keys"] == ["attentions", "translation_text"]
+    # The second text of the batch was padded; its weights are trimmed to its own tokens.
+    source = len(result["source_tokens"])
+    assert result["encoder_tokens"] == result["source_tokens"]
+    target = len(result["decoder_tokens"])
+    assert result["decoder_tokens"][0] == "<pad>"  # the decoder start token
+    assert result["shapes"] == {
+        "encoder_attention": [2, 4, source, source],
+        "decoder_attention": [2, 4, target, target],
+        "cross_attention": [2, 4, target, source],
+    }
+    assert max(result["row_sums"]) < 1e-5
+
+
+@pytest.fixture(scope="module")
+def translate(hub_tiny_model):
+    model, tokenizer = hub_tiny_model
+    return TranslationPipeline(model=model, tokenizer=tokenizer)
+
+
+def test_attention_weights_equal_those_of_step_by_step_decoding(translate, hub_tiny_model):
+    """The teacher-forced pass gives exactly the weights generate() computes one step at a time."""
+    model, tokenizer = hub_tiny_model
+    inputs = tokenizer(SENTENCES[0], return_tensors="pt")
+    steps = model.generate(
+        **inputs, num_beams=1, max_new_tokens=8, output_attentions=True, return_dict_in_generate=True
+    )
+    weights = translate(SENTENCES[0], num_beams=1, max_new_tokens=8, return_attentions=True)[0]["attentions"]
+    assert len(weights["decoder_tokens"]) == len(steps.cross_attentions)
+    for step, (cross, self_attention) in enumerate(zip(steps.cross_attentions, steps.decoder_attentions)):
+        for layer in range(model.config.decoder_layers):
+            torch.testing.assert_close(weights["cross_attention"][layer, :, step], cross[layer][0, :, -1], atol=1e-5, rtol=0)
+            torch.testing.assert_close(
+                weights["decoder_attention"][layer, :, step, : step + 1], self_attention[layer][0, :, -1], atol=1e-5, rtol=0
+            )
+    # Causal: no position attends to a later one.
+    assert torch.all(weights["decoder_attention"].triu(1) == 0)
+
+
+@pytest.mark.parametrize(
+    "bad, error, message",
+    [
+        ("", ValueError, "empty"),
+        ("   ", ValueError, "empty"),
+        ([], ValueError, "empty list"),
+        (42, TypeError, "must be a string"),
+        (["fine", None], TypeError, r"inputs\[1\]"),
+        ([b"bytes"], TypeError, "must be a string"),
+    ],
+)
+def test_bad_input_is_refused_clearly(translate, bad, error, message):
+    with pytest.raises(error, match=message):
+        translate(bad)
+
+
+def test_too_long_text_is_truncated_with_a_warning_or_refused(translate):
+    tokenizer = translate.tokenizer
+    old_limit = tokenizer.model_max_length
+    tokenizer.model_max_length = 16
+    try:
+        long_text = " ".join(["And the earth was without form, and void."] * 6)
+        with pytest.warns(UserWarning, match="truncated to the model's limit of 16 tokens"):
+            result = translate(long_text, num_beams=1, max_new_tokens=4)
+        assert result[0]["translation_text"] is not None
+        with pytest.raises(ValueError, match="at most 16"):
+            translate(long_text, truncation=False)
+    finally:
+        tokenizer.model_max_length = old_limit
+
+
+def test_more_than_one_return_sequence_is_refused(translate):
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        translate("Jesus wept.", num_return_sequences=2)

@@ -1,0 +1,261 @@
+"""Look inside a translation: heat maps of every attention layer and head.
+
+    record = collect_attentions(model, tokenizer, "In the beginning God created the heavens.")
+    paths = save_attention_maps(record, "maps/")    # one PNG per layer and kind, an overview, bertviz data
+
+The model translates the sentence (beam search, as the pipeline does), then its decoder is run once,
+teacher-forced, over the tokens it read while generating (see
+`pipeline_vanilla_transformer.teacher_forced_attentions`). That gives the same weights as step-by-step
+decoding, but decoder self-attention as a full lower-triangular square instead of one row per step,
+and no per-beam bookkeeping.
+
+Three kinds of attention (§3.2.3), each (layers, heads, queries, keys):
+
+- "encoder": encoder self-attention, source tokens against source tokens;
+- "decoder": masked decoder self-attention, target tokens against earlier target tokens;
+- "cross": encoder-decoder attention, each target position over the source tokens.
+
+Rows are queries and sum to 1. Decoder rows are labelled with the token the decoder read at that
+position; that row's output predicts the next token.
+
+`bertviz.pt` holds the same weights as bertviz's `model_view`/`head_view` take them for an
+encoder-decoder model, so in a notebook:
+
+    from bertviz import model_view
+    model_view(**torch.load("maps/bertviz.pt"))
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, source_length_limit, teacher_forced_attentions
+
+__all__ = ["AttentionRecord", "KINDS", "bertviz_data", "collect_attentions", "plot_layer", "plot_overview", "save_attention_maps"]
+
+KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
+
+
+@dataclass
+class AttentionRecord:
+    """The attention weights behind one translation; tensors are (layers, heads, queries, keys)."""
+
+    source: str
+    translation: str
+    encoder_tokens: list[str]  # raw tokenizer tokens (bertviz prettifies them itself)
+    decoder_tokens: list[str]
+    encoder_attention: torch.Tensor
+    decoder_attention: torch.Tensor
+    cross_attention: torch.Tensor
+    source_labels: list[str]  # readable tick labels for the plots
+    target_labels: list[str]
+
+    def weights(self, kind: str) -> torch.Tensor:
+        if kind not in KINDS:
+            raise ValueError(f"`kind` must be one of {', '.join(KINDS)}; got {kind!r}")
+        return getattr(self, f"{kind}_attention")
+
+    def axes(self, kind: str) -> tuple[list[str], list[str]]:
+        """Tick labels (queries, keys) of a kind of attention."""
+        if kind == "encoder":
+            return self.source_labels, self.source_labels
+        if kind == "decoder":
+            return self.target_labels, self.target_labels
+        return self.target_labels, self.source_labels
+
+    @property
+    def num_decoder_layers(self) -> int:
+        return self.decoder_attention.size(0)
+
+
+def _labels(tokenizer, ids: list[int], start_id: int | None = None) -> list[str]:
+    """Each token as the text it stands for (byte-level BPE tokens are unreadable raw), spaces trimmed."""
+    labels = []
+    for position, token_id in enumerate(ids):
+        if position == 0 and start_id is not None and token_id == start_id:
+            labels.append("<start>")  # the decoder's start token is <pad>; call it what it does
+            continue
+        text = tokenizer.decode([token_id]).strip()
+        labels.append(text or repr(tokenizer.decode([token_id])))
+    return labels
+
+
+@torch.no_grad()
+def collect_attentions(model, tokenizer, text: str, num_beams: int | None = None, max_new_tokens: int | None = None) -> AttentionRecord:
+    """Translate `text` and return the attention weights of every layer and head behind the translation.
+
+    A text longer than the model reads is refused (a heat map of a truncated text would mislead).
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"`text` must be a string; got {type(text).__name__}")
+    if not text.strip():
+        raise ValueError("`text` is empty: give a sentence to translate.")
+    model.eval()
+    device = next(model.parameters()).device
+    input_ids = tokenizer(text, return_tensors="pt")["input_ids"].to(device)
+    limit = source_length_limit(model, tokenizer)
+    if input_ids.size(1) > limit:
+        raise ValueError(f"`text` is {input_ids.size(1)} tokens long; the model reads at most {limit}. Give one sentence.")
+    generate_kwargs = {"max_new_tokens": max_new_tokens or input_ids.size(1) + EXTRA_OUTPUT_TOKENS}
+    if num_beams is not None:
+        generate_kwargs["num_beams"] = num_beams
+    output_ids = model.generate(input_ids=input_ids, **generate_kwargs)
+    weights = teacher_forced_attentions(model, input_ids, output_ids)
+    start_id = model.config.decoder_start_token_id
+    return AttentionRecord(
+        source=text,
+        translation=tokenizer.decode(output_ids[0], skip_special_tokens=True),
+        encoder_tokens=tokenizer.convert_ids_to_tokens(weights["input_ids"]),
+        decoder_tokens=tokenizer.convert_ids_to_tokens(weights["decoder_input_ids"]),
+        encoder_attention=weights["encoder_attention"],
+        decoder_attention=weights["decoder_attention"],
+        cross_attention=weights["cross_attention"],
+        source_labels=_labels(tokenizer, weights["input_ids"]),
+        target_labels=_labels(tokenizer, weights["decoder_input_ids"], start_id),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Drawing (matplotlib, Agg backend: files only, no display needed)
+# ----------------------------------------------------------------------------------------------
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _grid(count: int) -> tuple[int, int]:
+    """Rows and columns for `count` panels: at most 4 across, as in the classic 8-head figures (2 × 4)."""
+    columns = min(count, 4)
+    return math.ceil(count / columns), columns
+
+
+def _draw(ax, matrix, row_labels, column_labels, vmax, fontsize):
+    image = ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(len(column_labels)))
+    ax.set_xticklabels(column_labels, rotation=90, fontsize=fontsize)
+    ax.set_yticks(range(len(row_labels)))
+    ax.set_yticklabels(row_labels, fontsize=fontsize)
+    ax.tick_params(length=0)
+    return image
+
+
+def _font_size(tokens: int) -> float:
+    return max(5.0, min(10.0, 220.0 / max(tokens, 1)))
+
+
+def plot_layer(record: AttentionRecord, kind: str, layer: int, path: str | os.PathLike) -> Path:
+    """One PNG of one layer: every head's heat map in a grid, tokens on the axes, one shared colour bar.
+
+    Rows are queries, columns keys. All heads share the colour scale (0 to the layer's largest weight),
+    so heads can be compared at a glance.
+    """
+    weights = record.weights(kind)
+    if not 0 <= layer < weights.size(0):
+        raise ValueError(f"`layer` must be in 0..{weights.size(0) - 1} for {KINDS[kind]}; got {layer}")
+    plt = _pyplot()
+    rows, keys = record.axes(kind)
+    heads = weights.size(1)
+    grid_rows, grid_columns = _grid(heads)
+    cell = max(2.8, 0.2 * max(len(rows), len(keys)) + 1.2)  # inches per head: room for the tick labels
+    fig, axes = plt.subplots(grid_rows, grid_columns, figsize=(cell * grid_columns + 1.2, cell * grid_rows + 0.9), squeeze=False)
+    vmax = float(weights[layer].max())
+    fontsize = _font_size(max(len(rows), len(keys)))
+    for head, ax in enumerate(axes.flat):
+        if head >= heads:
+            ax.axis("off")
+            continue
+        image = _draw(ax, weights[layer, head].numpy(), rows, keys, vmax, fontsize)
+        ax.set_title(f"head {head + 1}", fontsize=10)
+    fig.suptitle(f"{KINDS[kind]}, layer {layer + 1} of {weights.size(0)}\n{_caption(record)}", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 0.93, 1))
+    fig.colorbar(image, ax=list(axes.flat), fraction=0.02, pad=0.02, label="attention weight")
+    return _save(fig, path)
+
+
+def plot_overview(record: AttentionRecord, path: str | os.PathLike) -> Path:
+    """One PNG with a row per kind of attention and a column per layer, each panel the heads' mean."""
+    plt = _pyplot()
+    layers = max(record.encoder_attention.size(0), record.decoder_attention.size(0))
+    longest = max(len(record.source_labels), len(record.target_labels))
+    cell = max(2.8, 0.17 * longest + 1.2)
+    fig, axes = plt.subplots(len(KINDS), layers, figsize=(cell * layers + 1.2, cell * len(KINDS) + 0.9), squeeze=False)
+    fontsize = _font_size(longest)
+    for row, kind in enumerate(KINDS):
+        weights = record.weights(kind)
+        rows, keys = record.axes(kind)
+        for layer in range(layers):
+            ax = axes[row, layer]
+            if layer >= weights.size(0):
+                ax.axis("off")
+                continue
+            image = _draw(ax, weights[layer].mean(0).numpy(), rows, keys, 1.0, fontsize)
+            ax.set_title(f"{KINDS[kind]}, layer {layer + 1}", fontsize=10)
+    fig.suptitle(f"Mean over heads, every layer\n{_caption(record)}", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 0.93, 1))
+    fig.colorbar(image, ax=list(axes.flat), fraction=0.02, pad=0.02, label="attention weight (mean of heads)")
+    return _save(fig, path)
+
+
+def _caption(record: AttentionRecord, width: int = 90) -> str:
+    def cut(text: str) -> str:
+        return text if len(text) <= width else text[: width - 1] + "…"
+
+    return f"{cut(record.source)}  →  {cut(record.translation)}"
+
+
+def _save(fig, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def bertviz_data(record: AttentionRecord) -> dict:
+    """The keyword arguments of bertviz's `model_view`/`head_view` for an encoder-decoder model:
+    per-layer tuples of (batch=1, heads, queries, keys) tensors, and the two token lists."""
+    return {
+        "encoder_attention": tuple(layer[None] for layer in record.encoder_attention),
+        "decoder_attention": tuple(layer[None] for layer in record.decoder_attention),
+        "cross_attention": tuple(layer[None] for layer in record.cross_attention),
+        "encoder_tokens": list(record.encoder_tokens),
+        "decoder_tokens": list(record.decoder_tokens),
+    }
+
+
+def save_attention_maps(record: AttentionRecord, output_dir: str | os.PathLike) -> list[Path]:
+    """Write `<kind>_layer<N>.png` for every layer of each kind, `overview.png` and `bertviz.pt`.
+
+    Files are drawn in a temporary folder beside `output_dir` and then moved in, so a failure
+    leaves no partial set.
+    """
+    import shutil
+    import tempfile
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".attention.", dir=output_dir))
+    try:
+        for kind in KINDS:
+            for layer in range(record.weights(kind).size(0)):
+                plot_layer(record, kind, layer, staging / f"{kind}_layer{layer + 1}.png")
+        plot_overview(record, staging / "overview.png")
+        torch.save(bertviz_data(record), staging / "bertviz.pt")
+        paths = []
+        for file in sorted(staging.iterdir()):
+            os.replace(file, output_dir / file.name)
+            paths.append(output_dir / file.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return paths

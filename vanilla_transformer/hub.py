@@ -1,0 +1,252 @@
+"""Write a complete Hugging Face Hub folder for a trained model, and upload it.
+
+`save_for_hub` is the one function that writes such a folder:
+
+    model.safetensors, config.json, generation_config.json     the weights and settings
+    configuration_/modeling_vanilla_transformer.py               the model code (config `auto_map`)
+    pipeline_vanilla_transformer.py                              the `translation` pipeline (config `custom_pipelines`)
+    tokenizer.json, tokenizer_config.json                        the tokenizer (stock transformers class)
+    results.json, README.md, attention.png                       the scores, the model card and one heat map
+
+so that the folder, or a Hub repository made from it, loads with no copy of this package:
+
+    AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True)
+    pipeline("translation", model=folder, trust_remote_code=True)
+
+`push_folder` checks such a folder and uploads it in one commit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+from .pipeline_vanilla_transformer import __file__ as _PIPELINE_FILE
+from .pipeline_vanilla_transformer import source_length_limit
+
+__all__ = ["PIPELINE_TASK", "check_hub_folder", "check_repo_id", "push_folder", "save_for_hub"]
+
+PIPELINE_TASK = "translation"
+# What transformers' `pipeline()` reads from config.json: "impl" is "<module file>.<class>" inside the
+# model folder (loaded with get_class_from_dynamic_module), "pt" the Auto class names it loads the model with.
+CUSTOM_PIPELINES = {
+    PIPELINE_TASK: {
+        "impl": "pipeline_vanilla_transformer.TranslationPipeline",
+        "pt": ["AutoModelForSeq2SeqLM"],
+        "tf": [],
+        "type": "text",
+    }
+}
+# §6.1: "we used beam search with a beam size of 4 and length penalty α = 0.6". (transformers divides a
+# hypothesis' log-probability by length**length_penalty; the paper's GNMT penalty is ((5 + length) / 6)**α.
+# Both favour longer outputs as α grows; the numbers are close, not identical.)
+PAPER_BEAM_SIZE = 4
+PAPER_LENGTH_PENALTY = 0.6
+
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+_STALE_WEIGHTS = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+ATTENTION_IMAGE = "attention.png"
+
+
+def save_for_hub(
+    model,
+    tokenizer,
+    output_dir: str | os.PathLike,
+    results: dict | None = None,
+    *,
+    dataset: str | None = None,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
+    hyperparameters: dict | None = None,
+    example: str | None = None,
+    repo_id: str | None = None,
+    license: str = "apache-2.0",
+) -> Path:
+    """Write `model` and `tokenizer` as a complete Hub folder at `output_dir` and return its path.
+
+    `results` are the scores to report, a flat dict such as `{"split": "test", "bleu": 27.3,
+    "chrf": 55.1, "sacrebleu_signature": "nrefs:1|...", "validation_perplexity": 9.8}`; they go to
+    results.json as given and, for the known metrics, into the card's `model-index`. `dataset` (an
+    embedded corpus name, which also gives the languages, or a Hub data set id), `source_lang`,
+    `target_lang`, `hyperparameters` (the training settings to list), `example` (a source sentence whose
+    attention heat map goes into the card) and `repo_id` (used in the card's snippets) describe the model.
+
+    Everything is written to a temporary folder first and then renamed into place, so `output_dir` is
+    never half written. If `output_dir` already holds files (say, training checkpoints), the new files
+    replace their namesakes, stale weight files are removed, and everything else is kept.
+    """
+    from .model_card import build_model_card
+
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise NotADirectoryError(f"`output_dir` exists and is not a folder: {output_dir}")
+    if results is not None and not isinstance(results, dict):
+        raise TypeError(f"`results` must be a dict of scores; got {type(results).__name__}")
+    if repo_id is not None:
+        check_repo_id(repo_id)
+    source_lang, target_lang = _languages(dataset, source_lang, target_lang)
+
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    try:
+        _write_generation_defaults(model)
+        model.save_pretrained(staging)  # weights, config.json with auto_map, generation_config.json, code files
+        tokenizer.save_pretrained(staging)
+        shutil.copyfile(_PIPELINE_FILE, staging / "pipeline_vanilla_transformer.py")
+        config_path = staging / "config.json"
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config["custom_pipelines"] = CUSTOM_PIPELINES
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        (staging / "results.json").write_text(json.dumps(results or {}, indent=2) + "\n", encoding="utf-8")
+
+        image = None
+        if example:
+            from .attention_maps import collect_attentions, plot_layer
+
+            record = collect_attentions(model, tokenizer, example)
+            # The last decoder layer's attention over the source: the closest thing to a word alignment.
+            plot_layer(record, "cross", record.num_decoder_layers - 1, staging / ATTENTION_IMAGE)
+            image = ATTENTION_IMAGE
+        card = build_model_card(
+            model.config,
+            results=results,
+            dataset=dataset,
+            source_lang=source_lang,
+            target_lang=target_lang,
+            hyperparameters=hyperparameters,
+            repo_id=repo_id or f"your-name/{output_dir.name}",
+            license=license,
+            image=image,
+            num_parameters=model.num_parameters(),
+            example=example,
+            max_length=source_length_limit(model, tokenizer),
+        )
+        card.save(staging / "README.md")
+        _move_into_place(staging, output_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return output_dir
+
+
+def _languages(dataset, source_lang, target_lang) -> tuple[str | None, str | None]:
+    from .corpora import EMBEDDED_CORPORA
+
+    corpus = EMBEDDED_CORPORA.get(dataset or "")
+    if corpus is not None:
+        return source_lang or corpus.source_lang, target_lang or corpus.target_lang
+    return source_lang, target_lang
+
+
+def _write_generation_defaults(model) -> None:
+    """Give an untouched generation config the paper's beam search (§6.1); keep a caller's choices."""
+    generation = model.generation_config
+    if generation.num_beams in (None, 1):
+        generation.num_beams = PAPER_BEAM_SIZE
+        generation.length_penalty = PAPER_LENGTH_PENALTY
+    generation.decoder_start_token_id = model.config.decoder_start_token_id
+    generation.pad_token_id = model.config.pad_token_id
+    generation.eos_token_id = model.config.eos_token_id
+
+
+def _move_into_place(staging: Path, output_dir: Path) -> None:
+    if not output_dir.exists() or not any(output_dir.iterdir()):
+        if output_dir.exists():
+            output_dir.rmdir()
+        staging.rename(output_dir)  # one atomic step
+        return
+    new_names = {entry.name for entry in staging.iterdir()}
+    for entry in output_dir.iterdir():  # weights of another shape (say, sharded) must not linger
+        if entry.name not in new_names and _STALE_WEIGHTS.match(entry.name):
+            entry.unlink()
+    for entry in staging.iterdir():
+        os.replace(entry, output_dir / entry.name)
+
+
+# ----------------------------------------------------------------------------------------------
+# Upload
+# ----------------------------------------------------------------------------------------------
+
+
+def check_repo_id(repo_id) -> str:
+    """A Hub model id must read "user-or-org/name"."""
+    if not isinstance(repo_id, str) or not _REPO_ID.match(repo_id) or "--" in repo_id or ".." in repo_id:
+        raise ValueError(
+            f"`repo_id` must look like 'user-or-org/model-name' (letters, digits, '-', '_', '.'; one '/'); "
+            f"got {repo_id!r}"
+        )
+    return repo_id
+
+
+def check_hub_folder(folder: str | os.PathLike) -> Path:
+    """Check that `folder` holds everything a Hub model repository needs; raise ValueError naming what is missing."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"`folder` is not a folder: {folder}")
+    missing = []
+    if not any((folder / name).is_file() for name in _WEIGHT_FILES):
+        missing.append("weights (model.safetensors)")
+    config = {}
+    if not (folder / "config.json").is_file():
+        missing.append("config.json")
+    else:
+        try:
+            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{folder / 'config.json'} is not valid JSON: {err}") from err
+    if not (folder / "tokenizer.json").is_file() or not (folder / "tokenizer_config.json").is_file():
+        missing.append("tokenizer (tokenizer.json and tokenizer_config.json)")
+    references = list((config.get("auto_map") or {}).values())
+    references += [task["impl"] for task in (config.get("custom_pipelines") or {}).values()]
+    if config and not references:
+        missing.append("auto_map in config.json (save the model with vanilla_transformer imported)")
+    for reference in references:
+        code_file = reference.split("--")[-1].rsplit(".", 1)[0] + ".py"
+        if not (folder / code_file).is_file():
+            missing.append(code_file)
+    if missing:
+        raise ValueError(
+            f"{folder} is not a complete model folder; missing: {', '.join(dict.fromkeys(missing))}. "
+            "Write it with `save_for_hub` (or `vanilla-transformer train`)."
+        )
+    return folder
+
+
+def push_folder(
+    folder: str | os.PathLike,
+    repo_id: str,
+    token: str | None = None,
+    private: bool = False,
+    commit_message: str = "Upload vanilla-transformer model",
+) -> str:
+    """Upload a folder written by `save_for_hub` to the Hub model repository `repo_id`; return its URL.
+
+    The folder and the repo id are checked before anything is sent. `upload_folder` makes one commit,
+    so an interrupted upload leaves the repository as it was. The token is found the usual way when
+    not given: the HF_TOKEN environment variable, or the one saved by `hf auth login`.
+    """
+    import huggingface_hub
+
+    check_repo_id(repo_id)
+    folder = check_hub_folder(folder)
+    if token is None and huggingface_hub.get_token() is None:
+        raise ValueError(
+            "No Hugging Face token: set HF_TOKEN, run `hf auth login`, or pass `token=`. "
+            "Nothing was uploaded."
+        )
+    repo_url = huggingface_hub.create_repo(repo_id, token=token, private=private, repo_type="model", exist_ok=True)
+    huggingface_hub.upload_folder(
+        repo_id=repo_id,
+        folder_path=str(folder),
+        repo_type="model",
+        token=token,
+        commit_message=commit_message,
+        # Training leftovers that do not belong in a model repository.
+        ignore_patterns=["checkpoint-*", "checkpoint-*/**", "runs/**", ".*", "**/.*", "*.tmp"],
+    )
+    return str(repo_url)

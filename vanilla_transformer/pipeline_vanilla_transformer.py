@@ -1,0 +1,169 @@
+"""A `translation` pipeline for the Transformer of "Attention Is All You Need".
+
+transformers 5 dropped its built-in `translation` and `text2text-generation` pipelines. This file
+is saved next to the model's code and recorded under `custom_pipelines` in config.json, so that
+
+    from transformers import pipeline
+    translate = pipeline("translation", model="user/model-or-folder", trust_remote_code=True)
+    translate("In the beginning God created the heaven and the earth.")
+    # [{'translation_text': 'En el principio creó Dios los cielos y la tierra.'}]
+
+works on any machine with transformers, without this package. It imports only the standard
+library, torch and the public API of transformers.
+
+Inputs: one string or a list of strings (`batch_size=` batches them). Generation options such as
+`num_beams`, `max_new_tokens` and `length_penalty` go to `model.generate`. Unless `max_new_tokens`
+or `max_length` is given, the output may be up to the input length + 50 tokens long (§6.1 of the
+paper). `return_attentions=True` adds the attention weights behind each translation.
+
+Texts longer than the model's limit (the tokenizer's `model_max_length`, and the position table
+for learned positions) are truncated to it with a warning, as the old transformers pipelines did,
+rather than failing a whole batch for one long line.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from transformers import Pipeline
+
+# §6.1: "We set the maximum output length during inference to input length + 50".
+EXTRA_OUTPUT_TOKENS = 50
+
+
+def source_length_limit(model, tokenizer) -> int:
+    """The longest source, in tokens, that the model reads: the tokenizer's `model_max_length`,
+    and for learned positions (which have a fixed table) `max_position_embeddings`."""
+    limit = tokenizer.model_max_length
+    if getattr(model.config, "position_encoding", None) == "learned":
+        limit = min(limit, model.config.max_position_embeddings)
+    return limit
+
+
+@torch.no_grad()
+def teacher_forced_attentions(model, input_ids, output_ids) -> dict:
+    """The attention weights behind one translation, as full matrices.
+
+    `input_ids` (1, S) is the source, `output_ids` (1, T+1) what `generate` returned: the start
+    token, the translation and usually `</s>`. The decoder is run once, teacher-forced, over the
+    T tokens it read while generating (everything but the last output token). With the causal
+    mask (§3.2.3) and no dropout this gives exactly the weights of step-by-step decoding, but as
+    square (T, T) decoder maps in one pass, and without the per-beam bookkeeping that
+    `generate(output_attentions=True)` needs under beam search.
+
+    Returns per-layer stacks, layer first, without batch: encoder (L, H, S, S), decoder (L, H, T, T),
+    cross (L, H, T, S), and the token strings of both axes (`encoder_tokens`, `decoder_tokens`).
+    """
+    decoder_input_ids = output_ids[:, :-1]
+    outputs = model(
+        input_ids=input_ids,
+        decoder_input_ids=decoder_input_ids,
+        output_attentions=True,
+        use_cache=False,
+    )
+    return {
+        "encoder_attention": torch.cat(outputs.encoder_attentions).float().cpu(),
+        "decoder_attention": torch.cat(outputs.decoder_attentions).float().cpu(),
+        "cross_attention": torch.cat(outputs.cross_attentions).float().cpu(),
+        "input_ids": input_ids[0].tolist(),
+        "decoder_input_ids": decoder_input_ids[0].tolist(),
+    }
+
+
+def _trim(ids: torch.Tensor, stop_ids: set[int], keep_first: bool) -> torch.Tensor:
+    """Cut a generated sequence (T,) after its first stop token (kept), dropping batch padding."""
+    for position in range(1 if keep_first else 0, ids.size(0)):
+        if int(ids[position]) in stop_ids:
+            return ids[: position + 1]
+    return ids
+
+
+class TranslationPipeline(Pipeline):
+    """Translate text with a sequence-to-sequence model; returns `[{"translation_text": ...}]`."""
+
+    def _sanitize_parameters(self, return_attentions=None, truncation=None, **generate_kwargs):
+        preprocess_params, forward_params, postprocess_params = {}, {}, {}
+        if truncation is not None:
+            preprocess_params["truncation"] = truncation
+        if return_attentions is not None:
+            forward_params["return_attentions"] = return_attentions
+            postprocess_params["return_attentions"] = return_attentions
+        if generate_kwargs.get("num_return_sequences", 1) != 1:
+            raise ValueError("`num_return_sequences` other than 1 is not supported by this pipeline.")
+        forward_params["generate_kwargs"] = generate_kwargs
+        return preprocess_params, forward_params, postprocess_params
+
+    def __call__(self, inputs, **kwargs):
+        """Translate `inputs`, a string or a list of strings.
+
+        Returns a list with one `{"translation_text": ...}` per input (for a single string, a list of
+        one). Keyword arguments: `batch_size`, `return_attentions`, `truncation` (default True) and any
+        option of `model.generate` (`num_beams`, `max_new_tokens`, `length_penalty`, ...).
+        """
+        if isinstance(inputs, tuple):
+            inputs = list(inputs)
+        if isinstance(inputs, list):
+            if not inputs:
+                raise ValueError("`inputs` is an empty list: give at least one text to translate.")
+            for index, text in enumerate(inputs):
+                _check_text(text, f"inputs[{index}]")
+            results = super().__call__(inputs, **kwargs)
+            return [result[0] for result in results]
+        _check_text(inputs, "inputs")
+        return super().__call__(inputs, **kwargs)
+
+    def preprocess(self, text, truncation=True):
+        limit = source_length_limit(self.model, self.tokenizer)
+        encoded = self.tokenizer(text, return_tensors="pt", truncation=False)
+        length = encoded["input_ids"].size(1)
+        if length > limit:
+            if not truncation:
+                raise ValueError(
+                    f"The text is {length} tokens long; the model reads at most {limit}. Split it, or pass "
+                    "truncation=True to translate its first tokens only."
+                )
+            warnings.warn(
+                f"A text of {length} tokens was truncated to the model's limit of {limit} tokens; only its "
+                "beginning is translated. Split long texts into sentences.",
+                stacklevel=2,
+            )
+            encoded = self.tokenizer(text, return_tensors="pt", truncation=True, max_length=limit)
+        return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+
+    def _forward(self, model_inputs, generate_kwargs=None, return_attentions=False):
+        generate_kwargs = dict(generate_kwargs or {})
+        if "max_new_tokens" not in generate_kwargs and "max_length" not in generate_kwargs:
+            generate_kwargs["max_new_tokens"] = model_inputs["input_ids"].size(1) + EXTRA_OUTPUT_TOKENS
+        output_ids = self.model.generate(**model_inputs, **generate_kwargs)
+        outputs = {"output_ids": output_ids}
+        if return_attentions:
+            stops = {self.model.generation_config.eos_token_id, self.model.config.pad_token_id}
+            per_text = []
+            for row in range(output_ids.size(0)):
+                source = model_inputs["input_ids"][row][model_inputs["attention_mask"][row].bool()]
+                target = _trim(output_ids[row], stops, keep_first=True)
+                if target.size(0) < 2:  # nothing was generated: nothing was attended
+                    target = torch.cat([target, target.new_tensor([self.model.generation_config.eos_token_id])])
+                per_text.append(teacher_forced_attentions(self.model, source[None], target[None]))
+            # A list: when batching, the pipeline's unbatching hands each text its own entry.
+            outputs["attention_weights"] = per_text
+        return outputs
+
+    def postprocess(self, model_outputs, return_attentions=False):
+        text = self.tokenizer.decode(model_outputs["output_ids"][0], skip_special_tokens=True)
+        result = {"translation_text": text}
+        if return_attentions:
+            weights = model_outputs["attention_weights"]
+            weights = dict(weights[0] if isinstance(weights, list) else weights)
+            weights["encoder_tokens"] = self.tokenizer.convert_ids_to_tokens(weights.pop("input_ids"))
+            weights["decoder_tokens"] = self.tokenizer.convert_ids_to_tokens(weights.pop("decoder_input_ids"))
+            result["attentions"] = weights
+        return [result]
+
+
+def _check_text(text, name: str) -> None:
+    if not isinstance(text, str):
+        raise TypeError(f"`{name}` must be a string to translate; got {type(text).__name__}: {text!r:.80}")
+    if not text.strip():
+        raise ValueError(f"`{name}` is an empty or blank string: there is nothing to translate.")
