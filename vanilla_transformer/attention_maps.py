@@ -141,7 +141,7 @@ def _grid(count: int) -> tuple[int, int]:
 
 
 def _draw(ax, matrix, row_labels, column_labels, vmax, fontsize):
-    image = ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest")
+    image = ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=vmax, aspect="equal", interpolation="nearest")
     ax.set_xticks(range(len(column_labels)))
     ax.set_xticklabels(column_labels, rotation=90, fontsize=fontsize)
     ax.set_yticks(range(len(row_labels)))
@@ -150,8 +150,22 @@ def _draw(ax, matrix, row_labels, column_labels, vmax, fontsize):
     return image
 
 
-def _font_size(tokens: int) -> float:
-    return max(5.0, min(10.0, 220.0 / max(tokens, 1)))
+def _figure(plt, grid_rows: int, grid_columns: int, queries: int, keys: int):
+    """A figure whose panels give every token cell the same size, with room for the labels."""
+    cell = 0.24 if max(queries, keys) <= 30 else 0.16  # inches per token
+    panel_width, panel_height = cell * keys + 1.1, cell * queries + 1.1
+    fig, axes = plt.subplots(
+        grid_rows, grid_columns, squeeze=False,
+        figsize=(panel_width * grid_columns + 1.0, panel_height * grid_rows + 1.0),
+    )
+    return fig, axes, 8.0 if cell > 0.2 else 6.0
+
+
+def _finish(fig, image, title: str, label: str):
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0, 0.92, 0.97))
+    colour_bar_axes = fig.add_axes((0.935, 0.15, 0.015, 0.7))
+    fig.colorbar(image, cax=colour_bar_axes, label=label)
 
 
 def plot_layer(record: AttentionRecord, kind: str, layer: int, path: str | os.PathLike) -> Path:
@@ -167,19 +181,16 @@ def plot_layer(record: AttentionRecord, kind: str, layer: int, path: str | os.Pa
     rows, keys = record.axes(kind)
     heads = weights.size(1)
     grid_rows, grid_columns = _grid(heads)
-    cell = max(2.8, 0.2 * max(len(rows), len(keys)) + 1.2)  # inches per head: room for the tick labels
-    fig, axes = plt.subplots(grid_rows, grid_columns, figsize=(cell * grid_columns + 1.2, cell * grid_rows + 0.9), squeeze=False)
+    fig, axes, fontsize = _figure(plt, grid_rows, grid_columns, len(rows), len(keys))
     vmax = float(weights[layer].max())
-    fontsize = _font_size(max(len(rows), len(keys)))
     for head, ax in enumerate(axes.flat):
         if head >= heads:
             ax.axis("off")
             continue
         image = _draw(ax, weights[layer, head].numpy(), rows, keys, vmax, fontsize)
         ax.set_title(f"head {head + 1}", fontsize=10)
-    fig.suptitle(f"{KINDS[kind]}, layer {layer + 1} of {weights.size(0)}\n{_caption(record)}", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 0.93, 1))
-    fig.colorbar(image, ax=list(axes.flat), fraction=0.02, pad=0.02, label="attention weight")
+    title = f"{KINDS[kind]}, layer {layer + 1} of {weights.size(0)} (rows: queries, columns: keys)\n{_caption(record)}"
+    _finish(fig, image, title, "attention weight")
     return _save(fig, path)
 
 
@@ -188,9 +199,7 @@ def plot_overview(record: AttentionRecord, path: str | os.PathLike) -> Path:
     plt = _pyplot()
     layers = max(record.encoder_attention.size(0), record.decoder_attention.size(0))
     longest = max(len(record.source_labels), len(record.target_labels))
-    cell = max(2.8, 0.17 * longest + 1.2)
-    fig, axes = plt.subplots(len(KINDS), layers, figsize=(cell * layers + 1.2, cell * len(KINDS) + 0.9), squeeze=False)
-    fontsize = _font_size(longest)
+    fig, axes, fontsize = _figure(plt, len(KINDS), layers, longest, longest)
     for row, kind in enumerate(KINDS):
         weights = record.weights(kind)
         rows, keys = record.axes(kind)
@@ -201,13 +210,11 @@ def plot_overview(record: AttentionRecord, path: str | os.PathLike) -> Path:
                 continue
             image = _draw(ax, weights[layer].mean(0).numpy(), rows, keys, 1.0, fontsize)
             ax.set_title(f"{KINDS[kind]}, layer {layer + 1}", fontsize=10)
-    fig.suptitle(f"Mean over heads, every layer\n{_caption(record)}", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 0.93, 1))
-    fig.colorbar(image, ax=list(axes.flat), fraction=0.02, pad=0.02, label="attention weight (mean of heads)")
+    _finish(fig, image, f"Every layer, mean of the heads\n{_caption(record)}", "attention weight (mean of heads)")
     return _save(fig, path)
 
 
-def _caption(record: AttentionRecord, width: int = 90) -> str:
+def _caption(record: AttentionRecord, width: int = 70) -> str:
     def cut(text: str) -> str:
         return text if len(text) <= width else text[: width - 1] + "…"
 

@@ -1,0 +1,88 @@
+"""Attention heat maps: one PNG per layer and kind, an overview, and bertviz's data layout."""
+
+import matplotlib.image
+import pytest
+import torch
+
+from vanilla_transformer.attention_maps import KINDS, bertviz_data, collect_attentions, plot_layer, save_attention_maps
+
+
+@pytest.fixture(scope="module")
+def record(hub_tiny_model):
+    from conftest import HUB_EXAMPLE
+
+    model, tokenizer = hub_tiny_model
+    return collect_attentions(model, tokenizer, HUB_EXAMPLE, num_beams=1, max_new_tokens=12)
+
+
+def test_weights_are_probabilities_over_the_right_tokens(record, hub_tiny_model):
+    model, tokenizer = hub_tiny_model
+    config = model.config
+    source, target = len(record.encoder_tokens), len(record.decoder_tokens)
+    assert record.encoder_tokens == tokenizer.convert_ids_to_tokens(tokenizer(record.source)["input_ids"])
+    assert record.encoder_tokens[-1] == "</s>"
+    # The decoder read the start token and all but the last output token (at most 12 were generated).
+    assert record.decoder_tokens[0] == tokenizer.convert_ids_to_tokens(config.decoder_start_token_id)
+    assert 2 <= target <= 12
+    assert record.target_labels[0] == "<start>" and len(record.target_labels) == target
+    assert record.encoder_attention.shape == (config.encoder_layers, config.num_heads, source, source)
+    assert record.decoder_attention.shape == (config.decoder_layers, config.num_heads, target, target)
+    assert record.cross_attention.shape == (config.decoder_layers, config.num_heads, target, source)
+    for kind in KINDS:
+        torch.testing.assert_close(record.weights(kind).sum(-1), torch.ones(record.weights(kind).shape[:-1]))
+    assert torch.all(record.decoder_attention.triu(1) == 0)  # no peeking ahead (§3.2.3)
+    # The heat map's target axis is what the decoder read: the translation minus its last token.
+    read_so_far = tokenizer.decode(tokenizer.convert_tokens_to_ids(record.decoder_tokens[1:]), skip_special_tokens=True)
+    assert record.translation.startswith(read_so_far)
+
+
+def test_one_png_per_layer_and_kind_plus_overview_and_bertviz_data(record, hub_tiny_model, tmp_path):
+    model, _ = hub_tiny_model
+    paths = save_attention_maps(record, tmp_path / "maps")
+    names = sorted(p.name for p in paths)
+    expected = [f"{kind}_layer{n}.png" for kind, layers in
+                (("encoder", model.config.encoder_layers), ("decoder", model.config.decoder_layers), ("cross", model.config.decoder_layers))
+                for n in range(1, layers + 1)]
+    assert names == sorted(expected + ["overview.png", "bertviz.pt"])
+    assert sorted(p.name for p in (tmp_path / "maps").iterdir()) == names  # no staging folder left behind
+    for name in expected + ["overview.png"]:
+        image = matplotlib.image.imread(tmp_path / "maps" / name)
+        assert image.shape[0] > 300 and image.shape[1] > 300
+        assert image[..., :3].std() > 0.05  # drawn, not blank
+
+
+def test_bertviz_data_has_the_layout_bertviz_takes(record, tmp_path):
+    """bertviz's model_view/head_view for encoder-decoder models take per-layer tuples of
+    (batch=1, heads, queries, keys) tensors and token lists whose lengths match the axes."""
+    path = tmp_path / "bertviz.pt"
+    torch.save(bertviz_data(record), path)
+    data = torch.load(path)
+    assert set(data) == {"encoder_attention", "decoder_attention", "cross_attention", "encoder_tokens", "decoder_tokens"}
+    source, target = len(data["encoder_tokens"]), len(data["decoder_tokens"])
+    for key, (queries, keys) in {"encoder_attention": (source, source), "decoder_attention": (target, target),
+                                 "cross_attention": (target, source)}.items():
+        assert isinstance(data[key], tuple)
+        for layer in data[key]:
+            assert torch.is_tensor(layer) and layer.dim() == 4
+            assert layer.shape[0] == 1 and layer.shape[2:] == (queries, keys)
+            # bertviz squeezes the batch and lists the weights: rows must be distributions
+            torch.testing.assert_close(layer.squeeze(0).sum(-1), torch.ones(layer.shape[1], queries))
+
+
+def test_bad_input(record, hub_tiny_model, tmp_path):
+    model, tokenizer = hub_tiny_model
+    with pytest.raises(ValueError, match="empty"):
+        collect_attentions(model, tokenizer, "  ")
+    with pytest.raises(TypeError, match="must be a string"):
+        collect_attentions(model, tokenizer, ["a list"])
+    with pytest.raises(ValueError, match="`kind` must be one of"):
+        plot_layer(record, "self", 0, tmp_path / "x.png")
+    with pytest.raises(ValueError, match="`layer` must be in 0..1"):
+        plot_layer(record, "cross", 5, tmp_path / "x.png")
+    old = tokenizer.model_max_length
+    tokenizer.model_max_length = 8
+    try:
+        with pytest.raises(ValueError, match="at most 8"):
+            collect_attentions(model, tokenizer, "And God said, Let there be light: and there was light.")
+    finally:
+        tokenizer.model_max_length = old
