@@ -25,6 +25,7 @@ from transformers.modeling_outputs import (
 )
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
+from .generation_vanilla_transformer import generate as _paper_generate
 
 
 # --------------------------------------------------------------------------------------
@@ -598,6 +599,13 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
 
     def get_decoder(self):
         return self.model.decoder
+
+    def generate(self, inputs=None, generation_config=None, logits_processor=None, **kwargs):
+        """transformers' `generate`, plus two generation-config attributes for decoding as in §6.1:
+        `length_penalty_style="gnmt"` ranks beams by log P / ((5 + |Y|) / 6) ** length_penalty, and
+        `max_length_offset` (default 50) caps each sentence at its source length + offset new tokens
+        when no max_new_tokens / max_length is given. See generation_vanilla_transformer.py."""
+        return _paper_generate(self, super().generate, inputs, generation_config, logits_processor, **kwargs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

@@ -1,0 +1,290 @@
+"""Decoding as the paper does it (§6.1): GNMT length penalty, per-sentence length cap, batching.
+
+As fairseq tests its generator, a scripted decoder with fixed next-token probabilities (no
+training) makes the best hypothesis under each penalty a matter of hand arithmetic.
+"""
+
+import copy
+import itertools
+import math
+
+import pytest
+import torch
+from torch import nn
+from transformers import GenerationConfig
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
+
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.generation_vanilla_transformer import gnmt_beam_search, paper_generation_config
+
+PAD, BOS, EOS, A, B, C = range(6)  # PAD is also the decoder start token
+VOCAB = 6
+
+# Next-token probabilities by (first source token, generated prefix). Tokens a row leaves out
+# share what is left of the mass equally; a prefix that is not listed gets a uniform row.
+TABLE = {
+    # Sentence X: "A </s>" (short) against "B C A </s>" (long).
+    (A, ()): {A: 0.5, B: 0.4},
+    (A, (A,)): {EOS: 0.6, C: 0.38},
+    (A, (A, C)): {EOS: 0.5, B: 0.3},
+    (A, (B,)): {C: 0.9},
+    (A, (B, C)): {A: 0.9},
+    (A, (B, C, A)): {EOS: 0.7},
+    # Sentence Y: "C C </s>".
+    (B, ()): {C: 0.7, A: 0.2},
+    (B, (C,)): {C: 0.7},
+    (B, (C, C)): {EOS: 0.8},
+    # Sentence Z never wants to stop: </s> has 0.1% wherever it is not listed (see `row`).
+}
+SHORT, LONG = [A, EOS], [B, C, A, EOS]
+LOG_P_SHORT = math.log(0.5) + math.log(0.6)  # -1.20397
+LOG_P_LONG = math.log(0.4) + math.log(0.9) + math.log(0.9) + math.log(0.7)  # -1.48369
+
+
+def row(sentence: int, prefix: tuple) -> torch.Tensor:
+    listed = TABLE.get((sentence, prefix), {})
+    if sentence == C:
+        listed = {EOS: 0.001, A: 0.5}
+    rest = [t for t in range(VOCAB) if t not in listed]
+    share = (1.0 - sum(listed.values())) / len(rest) if rest else 0.0
+    return torch.tensor([listed.get(t, share) for t in range(VOCAB)], dtype=torch.float64)
+
+
+class SourceIds(nn.Module):
+    """The scripted encoder: its output is the source ids, so the decoder knows the sentence."""
+
+    def forward(self, input_ids, attention_mask=None, **kwargs):
+        return BaseModelOutput(last_hidden_state=input_ids.float().unsqueeze(-1))
+
+
+class ScriptedModel(VanillaTransformerForConditionalGeneration):
+    """Our model with its network replaced by TABLE. The generated prefix is read back from the
+    self-attention cache (the ids are stored there as keys), so beam reordering of the cache is
+    exercised as with the real network."""
+
+    def __init__(self):
+        super().__init__(VanillaTransformerConfig(vocab_size=VOCAB, d_model=8, encoder_layers=1, decoder_layers=1,
+                                                  num_heads=2, d_ff=8))
+        self.source_ids = SourceIds()
+
+    def get_encoder(self, modality=None):
+        return self.source_ids
+
+    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, encoder_outputs=None,
+                past_key_values=None, use_cache=None, **kwargs):
+        sentences = encoder_outputs[0][:, 0, 0].long().tolist()
+        prefixes = decoder_input_ids
+        if use_cache is not False and past_key_values is not None:
+            ids = decoder_input_ids.float()[:, None, :, None]
+            prefixes = past_key_values.self_attention_cache.update(ids, ids, 0)[0][:, 0, :, 0].long()
+        rows = [row(s, tuple(p[1:].tolist())) for s, p in zip(sentences, prefixes)]
+        logits = torch.stack(rows).log().float()[:, None, :]  # log-probabilities; softmax leaves them as they are
+        return Seq2SeqLMOutput(logits=logits, past_key_values=past_key_values)
+
+
+def gnmt(length, alpha):
+    return ((5 + length) / 6) ** alpha
+
+
+def transformers_penalty(length, alpha):
+    return length**alpha
+
+
+def exhaustive_best(sentence: int, penalty, alpha: float, max_new_tokens: int):
+    """The best complete hypothesis over all outputs of at most `max_new_tokens` tokens."""
+    best = (-math.inf, None)
+    for length in range(1, max_new_tokens + 1):
+        for body in itertools.product([t for t in range(VOCAB) if t != EOS], repeat=length - 1):
+            hypothesis = (*body, EOS)
+            log_p = sum(math.log(row(sentence, hypothesis[:i])[t]) for i, t in enumerate(hypothesis))
+            best = max(best, (log_p / penalty(length, alpha), list(hypothesis)))
+    return best
+
+
+def scripted_generate(model, sources, style, alpha, num_beams=2, **kwargs):
+    input_ids = torch.tensor(sources)
+    out = model.generate(input_ids, attention_mask=(input_ids != PAD).long(), num_beams=num_beams,
+                         length_penalty=alpha, length_penalty_style=style, max_length_offset=3,
+                         return_dict_in_generate=True, output_scores=True, **kwargs)
+    return out
+
+
+# Sentence X has 2 source tokens, so with max_length_offset=3 it may generate up to 5.
+# Long beats short iff LOG_P_LONG / lp(4) > LOG_P_SHORT / lp(2), i.e. iff lp(4) / lp(2) > 1.2324 (= LOG_P_LONG / LOG_P_SHORT):
+#   alpha = 0:   both penalties are 1                              -> short, score -1.20397
+#   alpha = 0.6: GNMT (9/7)^0.6 = 1.1627 -> short, -1.20397 / (7/6)^0.6 = -1.09763
+#                transformers 2^0.6 = 1.5157 -> long,  -1.48369 / 4^0.6 = -0.64582
+#   alpha = 1:   GNMT 9/7 = 1.2857       -> long,  -1.48369 / (9/6) = -0.98912
+#                transformers 2          -> long,  -1.48369 / 4 = -0.37092
+# Beam size 2 finds them: after "A" / "B", step 2 finishes "A </s>" (-1.204, rank 2 of the
+# candidates) and keeps "B C" (-1.022) and "A C" (-1.661); step 3 keeps "B C A" (-1.127); step 4
+# finishes "B C A </s>" (-1.484).
+EXPECTED = {
+    ("gnmt", 0.0): (SHORT, LOG_P_SHORT),
+    ("transformers", 0.0): (SHORT, LOG_P_SHORT),
+    ("gnmt", 0.6): (SHORT, LOG_P_SHORT / (7 / 6) ** 0.6),
+    ("transformers", 0.6): (LONG, LOG_P_LONG / 4**0.6),
+    ("gnmt", 1.0): (LONG, LOG_P_LONG / 1.5),
+    ("transformers", 1.0): (LONG, LOG_P_LONG / 4),
+}
+
+
+@pytest.mark.parametrize("style,alpha", list(EXPECTED))
+@pytest.mark.parametrize("num_beams", [2, 4])
+def test_best_hypothesis_and_score_are_the_hand_worked_ones(style, alpha, num_beams):
+    tokens, score = EXPECTED[style, alpha]
+    out = scripted_generate(ScriptedModel().eval(), [[A, EOS]], style, alpha, num_beams)
+    assert out.sequences[0].tolist() == [PAD, *tokens]
+    assert out.sequences_scores[0].item() == pytest.approx(score, abs=1e-6)
+    # ... and it is the best of all outputs, not only of those the beam kept.
+    penalty = gnmt if style == "gnmt" else transformers_penalty
+    assert exhaustive_best(A, penalty, alpha, 5) == (pytest.approx(score, abs=1e-6), tokens)
+
+
+def test_the_two_penalties_differ_exactly_where_the_arithmetic_says():
+    model = ScriptedModel().eval()
+    for alpha, same in ((0.0, True), (0.6, False), (1.0, True)):
+        ours = scripted_generate(model, [[A, EOS]], "gnmt", alpha).sequences
+        theirs = scripted_generate(model, [[A, EOS]], "transformers", alpha).sequences
+        assert torch.equal(ours, theirs) == same, alpha
+
+
+def test_sequence_scores_are_sums_of_the_transition_scores_over_lp():
+    model = ScriptedModel().eval()
+    out = scripted_generate(model, [[A, EOS, PAD], [B, A, EOS]], "gnmt", 0.6, num_beams=3, num_return_sequences=2)
+    transitions = model.compute_transition_scores(out.sequences, out.scores, out.beam_indices)
+    lengths = (out.beam_indices >= 0).sum(1)
+    torch.testing.assert_close(transitions.sum(1) / gnmt(lengths, 0.6), out.sequences_scores)
+    assert out.sequences_scores[0] >= out.sequences_scores[1] and out.sequences_scores[2] >= out.sequences_scores[3]
+
+
+def test_same_output_alone_and_in_a_padded_batch_of_mixed_lengths():
+    model = ScriptedModel().eval()
+    batch = [[A, EOS, PAD, PAD, PAD], [B, A, A, A, EOS], [C, EOS, PAD, PAD, PAD]]
+    together = scripted_generate(model, batch, "gnmt", 0.6, num_beams=4)
+    for i, source in enumerate(batch):
+        alone = scripted_generate(model, [[t for t in source if t != PAD]], "gnmt", 0.6, num_beams=4)
+        n = alone.sequences.size(1)
+        assert together.sequences[i, :n].tolist() == alone.sequences[0].tolist()
+        assert (together.sequences[i, n:] == PAD).all()
+        assert together.sequences_scores[i].item() == pytest.approx(alone.sequences_scores[0].item(), abs=1e-6)
+    assert together.sequences[1, :4].tolist() == [PAD, C, C, EOS]
+
+
+def padded_sources(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(3, 40, (len(lengths), max(lengths)), generator=g)
+    attention_mask = torch.zeros_like(input_ids)
+    for i, n in enumerate(lengths):
+        input_ids[i, n - 1], input_ids[i, n:], attention_mask[i, :n] = EOS, PAD, 1
+    return input_ids, attention_mask
+
+
+@pytest.fixture(scope="module")
+def toy_model():
+    """A tiny network trained for 80 steps (3 s) to reverse its input: half-learnt, so it emits
+    varied tokens and </s>, and beam search and greedy search disagree on some sentences."""
+    torch.manual_seed(0)
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=40, dropout=0.0))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    lengths = torch.randint(2, 10, (80, 32), generator=torch.Generator().manual_seed(0)).tolist()
+    for step, batch_lengths in enumerate(lengths):
+        input_ids, attention_mask = padded_sources(batch_lengths, seed=step + 100)
+        labels = torch.full_like(input_ids, -100)
+        for i, n in enumerate(batch_lengths):
+            labels[i, : n - 1], labels[i, n - 1] = input_ids[i, : n - 1].flip(0), EOS
+        loss = model(input_ids, attention_mask=attention_mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+def test_real_network_same_output_alone_and_in_a_batch(toy_model):
+    model = toy_model
+    input_ids, attention_mask = padded_sources([9, 3, 6, 1])
+    args = dict(num_beams=4, length_penalty=0.6, length_penalty_style="gnmt", max_length_offset=4,
+                return_dict_in_generate=True)
+    together = model.generate(input_ids, attention_mask=attention_mask, **args)
+    for i, n in enumerate(attention_mask.sum(1).tolist()):
+        alone = model.generate(input_ids[i : i + 1, :n], **args)
+        width = alone.sequences.size(1)
+        assert together.sequences[i, :width].tolist() == alone.sequences[0].tolist()
+        assert (together.sequences[i, width:] == PAD).all()
+        assert together.sequences_scores[i].item() == pytest.approx(alone.sequences_scores[0].item(), abs=1e-4)
+
+
+def test_beam_size_one_is_greedy_search(toy_model):
+    model = toy_model
+    input_ids, attention_mask = padded_sources([7, 2, 5])
+    greedy = model.generate(input_ids, attention_mask=attention_mask, num_beams=1, max_length_offset=3)
+    ours = model.generate(input_ids, attention_mask=attention_mask, num_beams=1, max_length_offset=3,
+                          custom_generate=gnmt_beam_search)
+    assert torch.equal(ours, greedy)
+    assert len(set(greedy[0].tolist())) > 3  # not a trivial output
+
+
+@pytest.mark.parametrize("mode", [dict(num_beams=1), dict(num_beams=3, length_penalty_style="transformers"),
+                                  dict(num_beams=3, length_penalty_style="gnmt"), dict(do_sample=True, top_k=3)])
+def test_each_sentence_is_capped_at_its_source_length_plus_the_offset(mode):
+    model = ScriptedModel().eval()  # sentence Z never wants to stop
+    input_ids = torch.tensor([[C, EOS, PAD, PAD], [C, A, A, EOS], [C, A, EOS, PAD]])
+    out = model.generate(input_ids, attention_mask=(input_ids != PAD).long(), max_length_offset=2, **mode)
+    generated = out[:, 1:]  # transformers' beam search pads with </s> when pad_token_id is 0
+    lengths = [row.tolist().index(EOS) + 1 for row in generated]
+    assert lengths == [2 + 2, 4 + 2, 3 + 2]
+    # The paper's default offset is 50, and an explicit length wins over the cap.
+    assert model.generate(input_ids[:1, :2], **mode).size(1) == 1 + 2 + 50
+    assert model.generate(input_ids, max_new_tokens=3, **mode).size(1) == 1 + 3
+
+
+def test_style_comes_from_the_generation_config_and_transformers_is_the_default():
+    model = ScriptedModel().eval()
+    input_ids = torch.tensor([[A, EOS]])
+    args = dict(num_beams=2, length_penalty=0.6, max_length_offset=3)
+    assert model.generate(input_ids, **args)[0].tolist() == [PAD, *LONG]  # transformers' |Y|^alpha
+    model.generation_config.length_penalty_style = "gnmt"
+    assert model.generate(input_ids, **args)[0].tolist() == [PAD, *SHORT]
+    assert model.generate(input_ids, length_penalty_style="transformers", **args)[0].tolist() == [PAD, *LONG]
+    with pytest.raises(ValueError, match="length_penalty_style"):
+        model.generate(input_ids, length_penalty_style="wu", **args)
+    with pytest.raises(ValueError, match="max_length_offset"):
+        model.generate(input_ids, num_beams=2, max_length_offset=-1)
+
+
+def test_attentions_and_hidden_states_come_back(toy_model):
+    model = toy_model
+    input_ids, attention_mask = padded_sources([5, 3])
+    out = model.generate(input_ids, attention_mask=attention_mask, num_beams=3, length_penalty_style="gnmt",
+                         max_new_tokens=4, output_attentions=True, output_hidden_states=True,
+                         return_dict_in_generate=True)
+    assert len(out.cross_attentions) == out.beam_indices.size(1) == 4
+    assert out.cross_attentions[0][0].shape == (2 * 3, 4, 1, 5)  # (batch * beams, heads, 1, source)
+    assert len(out.encoder_attentions) == 2 and len(out.decoder_hidden_states[0]) == 3
+
+
+def test_saved_folder_decodes_the_papers_way_without_the_package(toy_model, tmp_path, run_without_package):
+    model = copy.deepcopy(toy_model)
+    model.generation_config = paper_generation_config(model.config, max_length_offset=5)
+    model.save_pretrained(tmp_path / "model")
+    assert (tmp_path / "model" / "generation_vanilla_transformer.py").exists()
+    saved = GenerationConfig.from_pretrained(tmp_path / "model")
+    assert (saved.num_beams, saved.length_penalty, saved.length_penalty_style, saved.max_length_offset) == (4, 0.6, "gnmt", 5)
+    input_ids, attention_mask = padded_sources([8, 3])
+    expected = model.generate(input_ids, attention_mask=attention_mask)
+    torch.save({"inputs": (input_ids, attention_mask), "tokens": expected}, tmp_path / "expected.pt")
+    out = run_without_package(
+        """
+        import torch
+        from transformers import AutoModelForSeq2SeqLM
+        expected = torch.load("expected.pt")
+        input_ids, attention_mask = expected["inputs"]
+        model = AutoModelForSeq2SeqLM.from_pretrained("model", trust_remote_code=True).eval()
+        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        tokens = model.generate(input_ids, attention_mask=attention_mask)
+        assert torch.equal(tokens, expected["tokens"]), (tokens, expected["tokens"])
+        print("ok")
+        """,
+        cwd=tmp_path,
+    )
+    assert out.split() == ["ok"]
