@@ -97,19 +97,176 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_translate(sub: argparse._SubParsersAction) -> None:
-    pass  # issue 5
+    p = sub.add_parser(
+        "translate",
+        help="translate text from arguments, a file or standard input",
+        description="Translate each text (each argument, or each line of --input-file or standard input) and "
+        "write one line per input line to standard output. Blank lines stay blank. Uses the GPU when there is one.",
+    )
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to translate (default: read lines from --input-file or standard input)")
+    p.add_argument("--model", required=True, help="model folder (written by training or save_for_hub) or Hub id user/name")
+    p.add_argument("--input-file", help="UTF-8 text file, one text per line ('-' = standard input)")
+    _add_decoding_options(p)
+
+    def run(args: argparse.Namespace) -> int:
+        from .inference import load_model, translate_texts
+
+        try:
+            if args.texts and args.input_file:
+                raise ValueError("give texts as arguments or --input-file, not both")
+            texts = args.texts or _read_lines(args.input_file or "-")
+            model, tokenizer = load_model(args.model, args.device)
+            translations = translate_texts(model, tokenizer, texts, **_decoding_options(args))
+        except (OSError, ValueError, TypeError) as err:
+            p.error(str(err))
+        for line in translations:
+            print(line)
+        return 0
+
+    p.set_defaults(func=run)
+
+
+def _add_decoding_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch-size", type=int, default=32, help="texts per batch (default: %(default)s)")
+    p.add_argument("--num-beams", type=int, help="beam size (default: the model's, 4 as in the paper §6.1)")
+    p.add_argument("--length-penalty", type=float, help="beam length penalty (default: the model's, 0.6)")
+    p.add_argument("--max-new-tokens", type=int, help="longest translation in tokens (default: input length + 50, §6.1)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the GPU when there is one)")
+
+
+def _decoding_options(args: argparse.Namespace) -> dict:
+    for name in ("batch_size", "num_beams", "max_new_tokens"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1; got {value}")
+    return {"batch_size": args.batch_size, "num_beams": args.num_beams,
+            "length_penalty": args.length_penalty, "max_new_tokens": args.max_new_tokens}
+
+
+def _read_lines(path: str) -> list[str]:
+    if path == "-":
+        return [line.rstrip("\r\n") for line in sys.stdin]
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\r\n") for line in f]
 
 
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
-    pass  # issue 5
+    p = sub.add_parser(
+        "evaluate",
+        help="BLEU and chrF of a model on a data set split (sacrebleu)",
+        description="Translate the source side of a data set split and score it against the target side with "
+        "sacrebleu's corpus BLEU and chrF (its command line's defaults: 13a tokenisation, detokenised text), "
+        "printing the scores and their signatures. The same numbers come from "
+        "`sacrebleu REFERENCES -i HYPOTHESES -m bleu chrf` on the files that --hypotheses-out and --references-out write.",
+    )
+    p.add_argument("--model", required=True, help="model folder or Hub id user/name")
+    p.add_argument("--dataset", default="bible-en-es", help="data set, as for `train` (default: %(default)s)")
+    p.add_argument("--dataset-config", help="Hub data set configuration, e.g. de-en")
+    p.add_argument("--split", default="test", help="split to score (default: %(default)s)")
+    p.add_argument("--source-lang", help="source language key (default: the corpus pair)")
+    p.add_argument("--target-lang", help="target language key")
+    p.add_argument("--max-samples", type=int, help="score only the first N pairs (a quick look)")
+    p.add_argument("--hypotheses-out", help="write the translations here, one per line")
+    p.add_argument("--references-out", help="write the references here, one per line")
+    _add_decoding_options(p)
+
+    def run(args: argparse.Namespace) -> int:
+        import time
+
+        from .corpora import load_translation_dataset, resolve_languages, text_pairs
+        from .inference import load_model, score_translations, translate_texts
+
+        try:
+            data = load_translation_dataset(
+                args.dataset, args.dataset_config, source_lang=args.source_lang, target_lang=args.target_lang
+            )
+            if args.split not in data:
+                raise ValueError(f"--split {args.split!r} is not in {args.dataset}; it has {', '.join(data)}")
+            split = data[args.split]
+            source_lang, target_lang = resolve_languages(split, args.source_lang, args.target_lang)
+            sources, references = text_pairs(split, source_lang, target_lang)
+            if args.max_samples is not None:
+                if args.max_samples < 1:
+                    raise ValueError(f"--max-samples must be at least 1; got {args.max_samples}")
+                sources, references = sources[: args.max_samples], references[: args.max_samples]
+            # sacrebleu reads one segment per line: a newline inside a reference would shift every line after it.
+            references = [" ".join(text.splitlines()) for text in references]
+            model, tokenizer = load_model(args.model, args.device)
+            start = time.perf_counter()
+            hypotheses = translate_texts(model, tokenizer, sources, **_decoding_options(args))
+            seconds = time.perf_counter() - start
+            scores = score_translations(hypotheses, references)
+            for path, lines in ((args.hypotheses_out, hypotheses), (args.references_out, references)):
+                if path:
+                    with open(path, "w", encoding="utf-8") as f:
+                        f.writelines(line + "\n" for line in lines)
+        except (OSError, ValueError, TypeError) as err:
+            p.error(str(err))
+        print(f"{args.dataset} {args.split} {source_lang}->{target_lang}: {len(sources)} segments translated in {seconds:.1f} s")
+        print(scores["bleu_text"])
+        print(f"  signature: {scores['bleu_signature']}")
+        print(scores["chrf_text"])
+        print(f"  signature: {scores['chrf_signature']}")
+        return 0
+
+    p.set_defaults(func=run)
 
 
 def _add_attention(sub: argparse._SubParsersAction) -> None:
-    pass  # issue 5
+    p = sub.add_parser(
+        "attention",
+        help="translate a sentence and draw every attention layer and head",
+        description="Translate one sentence and write heat maps of encoder self-attention, decoder "
+        "self-attention and cross-attention: <kind>_layer<N>.png (every head of one layer in a grid), "
+        "overview.png (every layer, mean of heads), and bertviz.pt for bertviz in a notebook: "
+        "`model_view(**torch.load('bertviz.pt'))`.",
+    )
+    p.add_argument("text", help="the sentence to translate")
+    p.add_argument("--model", required=True, help="model folder or Hub id user/name")
+    p.add_argument("--output-dir", default="attention", help="folder for the images (default: %(default)s)")
+    p.add_argument("--num-beams", type=int, help="beam size (default: the model's)")
+    p.add_argument("--device", help="cpu, cuda, ... (default: the GPU when there is one)")
+
+    def run(args: argparse.Namespace) -> int:
+        from .attention_maps import collect_attentions, save_attention_maps
+        from .inference import load_model
+
+        try:
+            model, tokenizer = load_model(args.model, args.device)
+            record = collect_attentions(model, tokenizer, args.text, num_beams=args.num_beams)
+            paths = save_attention_maps(record, args.output_dir)
+        except (OSError, ValueError, TypeError) as err:
+            p.error(str(err))
+        print(f"{record.source}\n-> {record.translation}")
+        print(f"{len(paths)} files written to {args.output_dir}:", " ".join(path.name for path in paths))
+        return 0
+
+    p.set_defaults(func=run)
 
 
 def _add_push(sub: argparse._SubParsersAction) -> None:
-    pass  # issue 5
+    p = sub.add_parser(
+        "push",
+        help="upload a saved model folder to the Hugging Face Hub",
+        description="Check that a folder written by training (or save_for_hub) is complete, then upload all of "
+        "it (weights, code, tokenizer, pipeline, card, images) to a Hub model repository in one commit. The "
+        "token comes from HF_TOKEN or `hf auth login`.",
+    )
+    p.add_argument("--folder", required=True, help="the model folder")
+    p.add_argument("--repo-id", required=True, help="Hub repository, user-or-org/name (created if missing)")
+    p.add_argument("--private", action="store_true", help="create the repository as private")
+
+    def run(args: argparse.Namespace) -> int:
+        from .hub import push_folder
+
+        try:
+            url = push_folder(args.folder, args.repo_id, private=args.private)
+        except (OSError, ValueError) as err:
+            p.error(str(err))
+        print(f"uploaded {args.folder} to {url}")
+        return 0
+
+    p.set_defaults(func=run)
 
 
 def _add_quickstart(sub: argparse._SubParsersAction) -> None:

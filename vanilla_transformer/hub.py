@@ -71,7 +71,8 @@ def save_for_hub(
     """Write `model` and `tokenizer` as a complete Hub folder at `output_dir` and return its path.
 
     `results` are the scores to report, a flat dict such as `{"split": "test", "bleu": 27.3,
-    "chrf": 55.1, "sacrebleu_signature": "nrefs:1|...", "validation_perplexity": 9.8}`; they go to
+    "chrf": 55.1, "bleu_signature": "nrefs:1|...", "chrf_signature": "...", "validation_perplexity": 9.8}`
+    (`score_translations` returns these keys; one "sacrebleu_signature" is accepted too); they go to
     results.json as given and, for the known metrics, into the card's `model-index`. `dataset` (an
     embedded corpus name, which also gives the languages, or a Hub data set id), `source_lang`,
     `target_lang`, `hyperparameters` (the training settings to list), `example` (a source sentence whose

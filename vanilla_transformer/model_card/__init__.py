@@ -37,6 +37,14 @@ def metrics_from_results(results: dict | None) -> list[dict]:
     return sorted(found, key=lambda m: (list(METRICS).index(m["type"]), m["split"]))
 
 
+def _signature(results: dict | None, metric: str) -> str | None:
+    """sacrebleu's signature of a metric: `<metric>_signature`, or one `sacrebleu_signature` for all."""
+    results = results or {}
+    if metric not in ("bleu", "chrf", "ter"):
+        return None
+    return results.get(f"{metric}_signature") or results.get("sacrebleu_signature")
+
+
 def build_model_card(
     config,
     *,
@@ -75,7 +83,7 @@ def build_model_card(
             metric_type=metric["type"],
             metric_name=metric["name"],
             metric_value=metric["value"],
-            metric_config=(results or {}).get("sacrebleu_signature") if metric["type"] in ("bleu", "chrf") else None,
+            metric_config=_signature(results, metric["type"]),
         )
         for metric in metrics
     ]
@@ -104,7 +112,7 @@ def build_model_card(
         bible=bool(dataset and dataset.startswith("bible-")),
         hyperparameters=hyperparameters,
         metrics=metrics,
-        signature=(results or {}).get("sacrebleu_signature"),
+        signatures=sorted({s for s in (_signature(results, m) for m in ("bleu", "chrf")) if s}),
         repo_id=repo_id,
         example=(example or _EXAMPLES.get(source_lang or "en", "...")).replace('"', '\\"'),
         image=image,

@@ -1,0 +1,112 @@
+"""The translate, evaluate, attention and push commands, run on the tiny Hub folder."""
+
+import os
+import subprocess
+import sys
+
+import huggingface_hub
+import pytest
+
+from vanilla_transformer.cli import main
+from vanilla_transformer.inference import score_translations, translate_texts
+
+LINES = ["In the beginning God created the heavens and the earth.", "", "Jesus wept.", "And God said, Let there be light."]
+GREEDY = ["--num-beams", "1", "--max-new-tokens", "12"]
+
+
+def test_translate_reads_standard_input_and_writes_one_line_per_line(hub_tiny_folder, hub_tiny_model):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "vanilla_transformer.cli", "translate", "--model", str(hub_tiny_folder), "--batch-size", "2", *GREEDY],
+        input="\n".join(LINES) + "\n", capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    output = result.stdout.split("\n")
+    assert output[-1] == "" and len(output) - 1 == len(LINES)
+    model, tokenizer = hub_tiny_model
+    expected = translate_texts(model, tokenizer, LINES, num_beams=1, max_new_tokens=12)
+    assert output[:-1] == expected
+    assert output[1] == "" and all(output[i] for i in (0, 2, 3))  # a blank line stays blank, in place
+
+
+def test_translate_from_arguments_and_from_a_file(hub_tiny_folder, tmp_path, capsys):
+    assert main(["translate", "--model", str(hub_tiny_folder), *GREEDY, LINES[0], LINES[2]]) == 0
+    from_arguments = capsys.readouterr().out.splitlines()
+    (tmp_path / "in.txt").write_text(f"{LINES[0]}\n{LINES[2]}\n", encoding="utf-8")
+    assert main(["translate", "--model", str(hub_tiny_folder), *GREEDY, "--input-file", str(tmp_path / "in.txt")]) == 0
+    assert capsys.readouterr().out.splitlines() == from_arguments
+    assert len(from_arguments) == 2
+
+
+def test_evaluate_prints_the_numbers_of_the_sacrebleu_command_line(hub_tiny_folder, tmp_path, capsys):
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    assert main(["evaluate", "--model", str(hub_tiny_folder), "--max-samples", "8", *GREEDY,
+                 "--hypotheses-out", str(hyp), "--references-out", str(ref)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert len(hyp.read_text(encoding="utf-8").splitlines()) == len(ref.read_text(encoding="utf-8").splitlines()) == 8
+    from vanilla_transformer.corpora import load_translation_dataset, text_pairs
+
+    assert ref.read_text(encoding="utf-8").splitlines() == text_pairs(load_translation_dataset("bible-en-es")["test"], "en", "es")[1][:8]
+    ours = {line.split(" = ")[0]: line.split(" = ")[1].split()[0] for line in printed if " = " in line}
+    signatures = [line.split("signature: ")[1] for line in printed if "signature: " in line]
+    def sacrebleu_command_line(width):
+        lines = subprocess.run(
+            [sys.executable, "-m", "sacrebleu", str(ref), "-i", str(hyp), "-m", "bleu", "chrf", "-f", "text", "-w", str(width)],
+            capture_output=True, text=True, check=True,
+        ).stdout.splitlines()
+        return {line.split("|")[0].strip(): line.split(" = ")[1].split()[0] for line in lines if " = " in line}
+
+    assert set(ours) == {"BLEU", "chrF2"}
+    assert ours == sacrebleu_command_line(2)  # what evaluate prints
+    exact = score_translations(hyp.read_text(encoding="utf-8").splitlines(), ref.read_text(encoding="utf-8").splitlines())
+    assert sacrebleu_command_line(6) == {"BLEU": f"{exact['bleu']:.6f}", "chrF2": f"{exact['chrf']:.6f}"}
+    assert float(ours["BLEU"]) == round(exact["bleu"], 2)
+    assert signatures[0].startswith("nrefs:1|case:mixed|eff:no|tok:13a") and "nc:6" in signatures[1]
+
+
+def test_attention_writes_the_maps(hub_tiny_folder, tmp_path, capsys):
+    assert main(["attention", "--model", str(hub_tiny_folder), "Jesus wept.", "--output-dir", str(tmp_path / "maps"), "--num-beams", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "Jesus wept." in out and "-> " in out
+    names = sorted(p.name for p in (tmp_path / "maps").iterdir())
+    assert names == sorted(["bertviz.pt", "overview.png"] + [f"{k}_layer{n}.png" for k in ("encoder", "decoder", "cross") for n in (1, 2)])
+
+
+def test_push_uploads_the_folder(hub_tiny_folder, monkeypatch, capsys):
+    calls = []
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    monkeypatch.setattr(huggingface_hub, "create_repo", lambda repo_id, **kw: calls.append(repo_id) or f"https://huggingface.co/{repo_id}")
+    monkeypatch.setattr(huggingface_hub, "upload_folder", lambda **kw: calls.append((kw["repo_id"], kw["folder_path"])))
+    assert main(["push", "--folder", str(hub_tiny_folder), "--repo-id", "someone/tiny-en-es"]) == 0
+    assert calls == ["someone/tiny-en-es", ("someone/tiny-en-es", str(hub_tiny_folder))]
+    assert "https://huggingface.co/someone/tiny-en-es" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["push", "--folder", "{folder}", "--repo-id", "tiny"], "`repo_id` must look like"),
+    (["push", "--folder", "{empty}", "--repo-id", "someone/tiny"], "missing: weights"),
+    (["translate", "--model", "{empty}", "x"], "lacks config.json, weights"),
+    (["translate", "--model", "{no_tokenizer}", "x"], "lacks tokenizer"),
+    (["translate", "--model", "./no/such/folder", "x"], "neither a folder nor a Hub id"),
+    (["translate", "--model", "{folder}", "--input-file", "{empty}/none.txt"], "none.txt"),
+    (["translate", "--model", "{folder}", "--batch-size", "0", "x"], "--batch-size must be at least 1"),
+    (["evaluate", "--model", "{folder}", "--split", "dev"], "--split 'dev' is not in"),
+    (["attention", "--model", "{folder}", " "], "empty"),
+])
+def test_bad_input_is_a_usage_error_and_nothing_is_uploaded(argv, message, hub_tiny_folder, tmp_path, monkeypatch, capsys):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the Hub was called")
+
+    monkeypatch.setattr(huggingface_hub, "create_repo", refuse)
+    monkeypatch.setattr(huggingface_hub, "upload_folder", refuse)
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    (tmp_path / "empty").mkdir()
+    no_tokenizer = tmp_path / "no_tokenizer"
+    no_tokenizer.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (no_tokenizer / name).write_bytes((hub_tiny_folder / name).read_bytes())
+    paths = {"folder": hub_tiny_folder, "empty": tmp_path / "empty", "no_tokenizer": no_tokenizer}
+    with pytest.raises(SystemExit) as exit_info:
+        main([arg.format(**paths) for arg in argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
