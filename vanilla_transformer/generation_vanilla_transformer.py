@@ -14,11 +14,12 @@ attributes and saves them in generation_config.json; they can also be passed to 
     length_penalty_style: "gnmt" runs `gnmt_beam_search` below for plain beam search (num_beams > 1,
         no sampling, groups or constraints); "transformers" (the default when unset) leaves every
         mode to transformers. Greedy search and sampling are unaffected by a length penalty.
-    max_length_offset: when the caller sets neither `max_new_tokens` nor `max_length` (in the call or
-        in the generation config), sentence i may generate at most
+    max_length_offset: when the call sets neither `max_new_tokens` nor `max_length` (as arguments or
+        in a `generation_config` argument), sentence i may generate at most
         (number of non-padding source tokens of i) + max_length_offset new tokens, </s> included;
         </s> is forced at the last allowed step. Default 50, the paper's; it holds for every mode
-        (greedy, sampling, either beam search), per sentence in a batch.
+        (greedy, sampling, either beam search), per sentence in a batch. A max_length or
+        max_new_tokens stored in the model's generation config is then a ceiling on top of it.
 
 The search runs inside transformers' `generate` as a `custom_generate` callable, so input
 preparation (encoder run once, beam expansion, cache, logits processors, stopping criteria) is
@@ -31,6 +32,7 @@ standard library, torch and the public API of transformers.
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -100,35 +102,36 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
 
     `base_generate` is transformers' `GenerationMixin.generate` bound to `model`.
     """
-    style = kwargs.pop("length_penalty_style", None) or _setting(
-        "length_penalty_style", {}, generation_config, model.generation_config, "transformers"
-    )
+    style = _setting("length_penalty_style", kwargs, generation_config, model.generation_config, "transformers")
+    offset = _setting("max_length_offset", kwargs, generation_config, model.generation_config, DEFAULT_MAX_LENGTH_OFFSET)
+    for name in ("length_penalty_style", "max_length_offset"):  # ours, not model inputs
+        kwargs.pop(name, None)
     if style not in LENGTH_PENALTY_STYLES:
         raise ValueError(f"`length_penalty_style` must be one of {LENGTH_PENALTY_STYLES}; got {style!r}.")
-    offset = kwargs.pop("max_length_offset", None)
-    offset = _setting("max_length_offset", {"max_length_offset": offset}, generation_config, model.generation_config,
-                      DEFAULT_MAX_LENGTH_OFFSET)
     if not isinstance(offset, int) or offset < 1:
         raise ValueError(f"`max_length_offset` must be a positive integer; got {offset!r}.")
 
-    length_set = any(
-        _setting(name, kwargs, generation_config, model.generation_config) is not None
-        for name in ("max_new_tokens", "max_length")
-    )
+    lengths_in_call = (kwargs, vars(generation_config) if generation_config is not None else {})
     source = inputs if inputs is not None else kwargs.get("input_ids")
-    if not length_set and source is not None:
+    if source is not None and all(c.get(n) is None for c in lengths_in_call for n in ("max_new_tokens", "max_length")):
         mask = kwargs.get("attention_mask")
         lengths = mask.sum(1) if mask is not None else (source != model.config.pad_token_id).sum(1)
-        # Learned position tables end at max_position_embeddings; sinusoids take it as a hint.
-        limits = (lengths + offset).clamp(max=model.config.max_position_embeddings - 1)
-        eos = _setting("eos_token_id", kwargs, generation_config, model.generation_config)
+        prompt = kwargs["decoder_input_ids"].size(1) if kwargs.get("decoder_input_ids") is not None else 1
+        # A length in the model's own generation config is a ceiling; learned position tables end
+        # at max_position_embeddings (sinusoids take it as a hint).
+        stored = model.generation_config
+        ceiling = stored.max_new_tokens or (stored.max_length - prompt if stored.max_length else None)
+        limits = (lengths + offset).clamp(max=min(ceiling or math.inf, model.config.max_position_embeddings - prompt))
+        eos = _setting("eos_token_id", kwargs, generation_config, stored)
         eos = eos[0] if isinstance(eos, (list, tuple)) else eos
-        logits_processor = LogitsProcessorList([*(logits_processor or []), SourceLengthCap(limits, eos)])
+        logits_processor = LogitsProcessorList([*(logits_processor or []), SourceLengthCap(limits, eos, prompt)])
+        # Name the longest output as the stored config does, or transformers warns that both are set.
+        name, value = ("max_new_tokens", int(limits.max())) if stored.max_new_tokens else ("max_length", prompt + int(limits.max()))
         if generation_config is None:
-            kwargs["max_new_tokens"] = int(limits.max())
-        else:  # set it on the config: transformers warns about a config and length kwargs together
+            kwargs[name] = value
+        else:  # on the config: transformers warns about a config and generation kwargs together
             generation_config = copy.deepcopy(generation_config)
-            generation_config.max_new_tokens = int(limits.max())
+            setattr(generation_config, name, value)
 
     plain_beam_search = (
         _setting("num_beams", kwargs, generation_config, model.generation_config, 1) > 1
