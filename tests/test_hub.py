@@ -30,7 +30,7 @@ def test_folder_is_complete(hub_tiny_folder):
     assert config["custom_pipelines"]["translation"]["impl"] == "pipeline_vanilla_transformer.TranslationPipeline"
     assert config["auto_map"]["AutoModelForSeq2SeqLM"].startswith("modeling_vanilla_transformer.")
     generation = json.loads((hub_tiny_folder / "generation_config.json").read_text())
-    assert (generation["num_beams"], generation["length_penalty"]) == (4, 0.6)  # §6.1
+    assert (generation["num_beams"], generation["length_penalty"], generation["length_penalty_style"]) == (4, 0.6, "gnmt")  # §6.1
     assert json.loads((hub_tiny_folder / "results.json").read_text())["bleu"] == 1.23
     check_hub_folder(hub_tiny_folder)
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from .pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, source_length_limit, teacher_forced_attentions
+from .pipeline_vanilla_transformer import source_length_limit, teacher_forced_attentions
 
 __all__ = ["AttentionRecord", "KINDS", "bertviz_data", "collect_attentions", "plot_layer", "plot_overview", "save_attention_maps"]
 
@@ -101,9 +101,8 @@ def collect_attentions(model, tokenizer, text: str, num_beams: int | None = None
     limit = source_length_limit(model, tokenizer)
     if input_ids.size(1) > limit:
         raise ValueError(f"`text` is {input_ids.size(1)} tokens long; the model reads at most {limit}. Give one sentence.")
-    generate_kwargs = {"max_new_tokens": max_new_tokens or input_ids.size(1) + EXTRA_OUTPUT_TOKENS}
-    if num_beams is not None:
-        generate_kwargs["num_beams"] = num_beams
+    options = {"num_beams": num_beams, "max_new_tokens": max_new_tokens}  # None: the model's §6.1 defaults
+    generate_kwargs = {key: value for key, value in options.items() if value is not None}
     output_ids = model.generate(input_ids=input_ids, **generate_kwargs)
     weights = teacher_forced_attentions(model, input_ids, output_ids)
     start_id = model.config.decoder_start_token_id

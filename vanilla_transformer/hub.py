@@ -42,11 +42,6 @@ CUSTOM_PIPELINES = {
         "type": "text",
     }
 }
-# §6.1: "we used beam search with a beam size of 4 and length penalty α = 0.6". (transformers divides a
-# hypothesis' log-probability by length**length_penalty; the paper's GNMT penalty is ((5 + length) / 6)**α.
-# Both favour longer outputs as α grows; the numbers are close, not identical.)
-PAPER_BEAM_SIZE = 4
-PAPER_LENGTH_PENALTY = 0.6
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 _STALE_WEIGHTS = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")
@@ -145,14 +140,12 @@ def _languages(dataset, source_lang, target_lang) -> tuple[str | None, str | Non
 
 
 def _write_generation_defaults(model) -> None:
-    """Give an untouched generation config the paper's beam search (§6.1); keep a caller's choices."""
-    generation = model.generation_config
-    if generation.num_beams in (None, 1):
-        generation.num_beams = PAPER_BEAM_SIZE
-        generation.length_penalty = PAPER_LENGTH_PENALTY
-    generation.decoder_start_token_id = model.config.decoder_start_token_id
-    generation.pad_token_id = model.config.pad_token_id
-    generation.eos_token_id = model.config.eos_token_id
+    """Give a model that was never told how to decode the paper's beam search (§6.1: beam 4, GNMT length
+    penalty 0.6, at most source length + 50 tokens); keep the settings of one that was."""
+    from .generation_vanilla_transformer import paper_generation_config
+
+    if model.generation_config.num_beams in (None, 1):
+        model.generation_config = paper_generation_config(model.config)
 
 
 def _move_into_place(staging: Path, output_dir: Path) -> None:

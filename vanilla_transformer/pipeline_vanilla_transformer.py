@@ -12,9 +12,10 @@ works on any machine with transformers, without this package. It imports only th
 library, torch and the public API of transformers.
 
 Inputs: one string or a list of strings (`batch_size=` batches them). Generation options such as
-`num_beams`, `max_new_tokens` and `length_penalty` go to `model.generate`. Unless `max_new_tokens`
-or `max_length` is given, the output may be up to the input length + 50 tokens long (§6.1 of the
-paper). `return_attentions=True` adds the attention weights behind each translation.
+`num_beams`, `max_new_tokens` and `length_penalty` go to `model.generate`, whose defaults (the saved
+generation config and the model's own `generate`) decode as in §6.1 of the paper: beam size 4, length
+penalty 0.6, each output at most its source length + 50 tokens. `return_attentions=True` adds the
+attention weights behind each translation.
 
 Texts longer than the model's limit (the tokenizer's `model_max_length`, and the position table
 for learned positions) are truncated to it with a warning, as the old transformers pipelines did,
@@ -27,10 +28,6 @@ import warnings
 
 import torch
 from transformers import Pipeline
-
-# §6.1: "We set the maximum output length during inference to input length + 50".
-EXTRA_OUTPUT_TOKENS = 50
-
 
 def source_length_limit(model, tokenizer) -> int:
     """The longest source, in tokens, that the model reads: the tokenizer's `model_max_length`,
@@ -132,10 +129,8 @@ class TranslationPipeline(Pipeline):
         return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
 
     def _forward(self, model_inputs, generate_kwargs=None, return_attentions=False):
-        generate_kwargs = dict(generate_kwargs or {})
-        if "max_new_tokens" not in generate_kwargs and "max_length" not in generate_kwargs:
-            generate_kwargs["max_new_tokens"] = model_inputs["input_ids"].size(1) + EXTRA_OUTPUT_TOKENS
-        output_ids = self.model.generate(**model_inputs, **generate_kwargs)
+        # No length default here: the model's generate caps each text of the batch at its own length + 50.
+        output_ids = self.model.generate(**model_inputs, **(generate_kwargs or {}))
         outputs = {"output_ids": output_ids}
         if return_attentions:
             stops = {self.model.generation_config.eos_token_id, self.model.config.pad_token_id}
