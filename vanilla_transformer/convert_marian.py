@@ -27,7 +27,7 @@ from transformers import MarianConfig, MarianMTModel
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
-__all__ = ["from_marian", "to_marian"]
+__all__ = ["from_marian", "marian_config", "to_marian"]
 
 # Which dimension of a tensor runs along the residual stream (and so is permuted), if any.
 COLUMNS, ROWS, NEITHER = 1, 0, None
@@ -93,38 +93,41 @@ def _check_convertible(config: VanillaTransformerConfig) -> None:
         raise ValueError(f"MarianMTModel cannot express `activation`={config.activation!r}; use 'relu' or 'gelu'.")
 
 
+def marian_config(config: VanillaTransformerConfig) -> MarianConfig:
+    """The `MarianConfig` of the same architecture as `config`."""
+    _check_convertible(config)
+    return MarianConfig(
+        vocab_size=config.vocab_size,
+        decoder_vocab_size=config.vocab_size,
+        d_model=config.d_model,
+        encoder_layers=config.encoder_layers,
+        decoder_layers=config.decoder_layers,
+        encoder_attention_heads=config.num_heads,
+        decoder_attention_heads=config.num_heads,
+        encoder_ffn_dim=config.d_ff,
+        decoder_ffn_dim=config.d_ff,
+        activation_function=config.activation,
+        dropout=config.dropout,
+        attention_dropout=config.attention_dropout,
+        activation_dropout=0.0,
+        max_position_embeddings=config.max_position_embeddings,
+        scale_embedding=config.scale_embedding,
+        pad_token_id=config.pad_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        decoder_start_token_id=config.decoder_start_token_id,
+        forced_eos_token_id=None,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+    )
+
+
 def to_marian(model: VanillaTransformerForConditionalGeneration) -> MarianMTModel:
     """A `MarianMTModel` computing the same function as `model` (fp32, eval mode)."""
     if not isinstance(model, VanillaTransformerForConditionalGeneration):
         raise ValueError(f"`model` must be a VanillaTransformerForConditionalGeneration; got {type(model).__name__}.")
     config = model.config
-    _check_convertible(config)
-    marian = MarianMTModel(
-        MarianConfig(
-            vocab_size=config.vocab_size,
-            decoder_vocab_size=config.vocab_size,
-            d_model=config.d_model,
-            encoder_layers=config.encoder_layers,
-            decoder_layers=config.decoder_layers,
-            encoder_attention_heads=config.num_heads,
-            decoder_attention_heads=config.num_heads,
-            encoder_ffn_dim=config.d_ff,
-            decoder_ffn_dim=config.d_ff,
-            activation_function=config.activation,
-            dropout=config.dropout,
-            attention_dropout=config.attention_dropout,
-            activation_dropout=0.0,
-            max_position_embeddings=config.max_position_embeddings,
-            scale_embedding=config.scale_embedding,
-            pad_token_id=config.pad_token_id,
-            bos_token_id=config.bos_token_id,
-            eos_token_id=config.eos_token_id,
-            decoder_start_token_id=config.decoder_start_token_id,
-            forced_eos_token_id=None,
-            share_encoder_decoder_embeddings=True,
-            tie_word_embeddings=True,
-        )
-    )
+    marian = MarianMTModel(marian_config(config))
     marian_from_paper = paper_from_marian_permutation(config.d_model).argsort()
     with torch.no_grad():
         for ours_name, marian_names, stream_dim in parameter_map(config):

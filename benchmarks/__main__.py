@@ -1,0 +1,231 @@
+"""Side-by-side benchmarks in one run: ours against the implementations people would otherwise use.
+
+    python -m benchmarks                      # tiny,base on CPU; base,big on a GPU
+    python -m benchmarks --sizes tiny --quick # the CI smoke run: seconds, numbers meaningless
+    python -m benchmarks --out DIR            # DIR/benchmarks-<date>-<device>.{json,md}
+
+Training: ours vs transformers' MarianMTModel of the same shape (benchmarks/training.py).
+Generation: ours vs MarianMTModel and CTranslate2 with the same weights (benchmarks/generation.py).
+Tokenizer: benchmarks/tokenizer.py. Ratios are measured in the same run, contenders interleaved,
+so they hold under a changing machine load; absolute numbers do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from . import generation, tokenizer as tokenizer_benchmark, training
+from .common import benchmark_tokenizer, environment
+
+# Per size and device: target tokens per training batch, test sentences generated, brief training
+# steps before generating. Chosen so that `--sizes tiny,base` on 2 CPU cores takes under 10 minutes.
+SETTINGS = {
+    "cpu": {
+        "tiny": dict(train_tokens=2048, sentences=634, generation_train_steps=300),
+        "base": dict(train_tokens=1024, sentences=96, generation_train_steps=60),
+        "big": dict(train_tokens=512, sentences=32, generation_train_steps=20),
+    },
+    "cuda": {
+        "tiny": dict(train_tokens=8192, sentences=634, generation_train_steps=300),
+        "base": dict(train_tokens=16384, sentences=634, generation_train_steps=400),
+        "big": dict(train_tokens=16384, sentences=634, generation_train_steps=400),
+    },
+}
+QUICK = dict(train_tokens=256, sentences=32, generation_train_steps=30)
+
+
+def _parse_sizes(text: str) -> list[str]:
+    sizes = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in sizes if s not in SETTINGS["cpu"]]
+    if not sizes or unknown:
+        raise argparse.ArgumentTypeError(f"--sizes takes a comma-separated subset of tiny,base,big; got {text!r}")
+    return sizes
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=_parse_sizes, help="default: tiny,base on CPU, base,big on a GPU")
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny only, few repeats, small inputs")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch and CTranslate2 threads")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for the JSON and Markdown")
+    args = parser.parse_args(argv)
+    if args.threads < 1:
+        parser.error(f"--threads must be at least 1; got {args.threads}")
+    kind = "cuda" if args.device.startswith("cuda") else "cpu"
+    sizes = ["tiny"] if args.quick else args.sizes or (["base", "big"] if kind == "cuda" else ["tiny", "base"])
+    if args.quick and args.sizes and args.sizes != ["tiny"]:
+        parser.error("--quick runs the tiny size only")
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+
+    repeats = dict(warmup=1, steps=2, rounds=1, generation_repeats=1, max_new_tokens=16) if args.quick else dict(
+        warmup=2, steps=4, rounds=2, generation_repeats=3, max_new_tokens=64
+    )
+    vocab_size, tokenizer_pairs = (1000, 2000) if args.quick else (8000, None)
+    tokenizer = benchmark_tokenizer(vocab_size, tokenizer_pairs)
+    report = {
+        "environment": environment(args.device, args.threads),
+        "settings": {
+            "sizes": sizes,
+            "quick": args.quick,
+            "vocab_size": len(tokenizer),
+            "per_size": {size: QUICK if args.quick else SETTINGS[kind][size] for size in sizes},
+            **repeats,
+            "training_precision": "bf16 autocast" if kind == "cuda" else "fp32",
+            "generation_precision": "bf16 (agreement checked in fp32)" if kind == "cuda" else "fp32",
+            "generation_batch_size": generation.BATCH_SIZE,
+            "length_penalty": generation.LENGTH_PENALTY,
+        },
+    }
+    if kind == "cuda":
+        report["environment"]["matmul_bf16_tflops"] = training.matmul_peak_tflops(args.device)
+
+    report["training"], report["generation"], report["part_seconds"] = {}, {}, {}
+
+    def timed(part, fn):
+        start = time.perf_counter()
+        result = fn()
+        report["part_seconds"][part] = round(time.perf_counter() - start, 1)
+        return result
+
+    for size in sizes:
+        settings = QUICK if args.quick else SETTINGS[kind][size]
+        report["training"].update(timed(f"training {size}", lambda: training.run(
+            tokenizer, [size], args.device, args.threads, settings["train_tokens"], repeats["warmup"],
+            repeats["steps"], repeats["rounds"], report["environment"].get("matmul_bf16_tflops"),
+        )))
+        report["generation"].update(timed(f"generation {size}", lambda: generation.run(
+            tokenizer, [size], args.device, args.threads, settings["sentences"], repeats["max_new_tokens"],
+            repeats["generation_repeats"], {size: settings["generation_train_steps"]},
+        )))
+    report["tokenizer"] = timed("tokenizer", lambda: tokenizer_benchmark.run(
+        vocab_size=vocab_size, repeats=1 if args.quick else 3))
+    report["seconds"] = time.perf_counter() - started
+    json_path, md_path = write_report(report, args.out)
+    print(md_path.read_text())
+    print(f"wrote {json_path} and {md_path}")
+    return report
+
+
+def write_report(report: dict, out: Path) -> tuple[Path, Path]:
+    env = report["environment"]
+    device = env.get("gpu", "cpu").replace(" ", "-").lower()
+    stem = f"benchmarks-{env['date']}-{device}" + ("-quick" if report["settings"]["quick"] else "")
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for suffix, text in ((".json", json.dumps(report, indent=2) + "\n"), (".md", markdown(report))):
+        path = out / (stem + suffix)
+        with tempfile.NamedTemporaryFile("w", dir=out, delete=False, suffix=".tmp") as tmp:
+            tmp.write(text)
+        os.replace(tmp.name, path)  # never a half-written report
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def _rate(r: dict) -> str:
+    return f"{r['median']:,.0f} [{r['min']:,.0f}–{r['max']:,.0f}]"
+
+
+def _ratio(r: dict) -> str:
+    return f"{r['median']:.2f}× [{r['min']:.2f}–{r['max']:.2f}]"
+
+
+def markdown(report: dict) -> str:
+    env, settings = report["environment"], report["settings"]
+    lines = [
+        f"# Benchmarks, {env['date']}, {env.get('gpu') or env['cpu']}",
+        "",
+        f"Machine: {env['cpu']}, {env['cpu_count']} cores, {env['threads']} threads; {env['platform']}. "
+        f"Python {env['python']}, torch {env['torch']}, transformers {env['transformers']}, "
+        f"CTranslate2 {env['ctranslate2']}" + (f", CUDA {env['cuda']}, bf16 matmul peak "
+                                                f"{env['matmul_bf16_tflops']:.0f} TFLOP/s" if "gpu" in env else "")
+        + f". Vocabulary {settings['vocab_size']} (joint BPE, en-es). Run took {report['seconds']:.0f} s ("
+        + ", ".join(f"{part} {seconds:.0f} s" for part, seconds in report["part_seconds"].items()) + ")"
+        + (" (--quick: smoke run, numbers meaningless)" if settings["quick"] else "") + ".",
+        "",
+        f"Values are median [min–max]; ratios are paired per round (contenders interleaved). "
+        f"Training: forward + backward + Adam, {settings['training_precision']}, {settings['warmup']} warm-up "
+        f"and {settings['steps']} timed steps per process × {settings['rounds']} rounds; tokens are non-padding "
+        "target tokens. Memory: peak resident memory of the contender's own process above the interpreter with "
+        "torch imported (CPU), or `torch.cuda.max_memory_allocated` (GPU). MFU = 6 × parameters × target "
+        "tokens/s / measured bf16 matmul peak.",
+        "",
+        "## Training",
+        "",
+        "| size | contender | tokens/batch | target tokens/s | vs Marian | peak memory (MB) | MFU | attention |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for size, r in report["training"].items():
+        for name in training.CONTENDERS:
+            lines.append(_training_row(size, name, r))
+    lines += [
+        "",
+        f"## Generation (en-es test split, batch {settings['generation_batch_size']}, "
+        f"max {settings['max_new_tokens']} new tokens, {settings['generation_precision']})",
+        "",
+        "Beam 4 uses transformers' scoring (length penalty 0.6 as |Y|^α, early stopping) for ours and Marian; "
+        "CTranslate2 its own (|Y|^α); ours-gnmt is our search with the GNMT penalty ((5+|Y|)/6)^α. "
+        "'agrees' is the share of sentences with the same tokens as ours in fp32.",
+        "",
+        "| size | sentences | mode | contender | generated tokens/s | vs Marian | agrees |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for size, r in report["generation"].items():
+        n = settings["per_size"][size]["sentences"]
+        for mode, m in r["modes"].items():
+            contenders = m["contenders"]
+            marian_rate = contenders["marian"]["tokens_per_s"]["median"]
+            for name, c in contenders.items():
+                if name == "speedup_vs_marian":
+                    continue
+                versus = _ratio(contenders["speedup_vs_marian"]) if name == "ours" else (
+                    f"{c['tokens_per_s']['median'] / marian_rate:.2f}×")
+                lines.append(f"| {size} | {n} | {mode} | {name} | {_rate(c['tokens_per_s'])} | {versus} | "
+                             f"{c['agrees_with_ours']:.0%} |")
+    lines += ["", "Generation checks (fp32, before timing):", ""]
+    for size, r in report["generation"].items():
+        for mode, m in r["modes"].items():
+            lines.append(
+                f"- {size} {mode}: ours = Marian on {m['ours_equals_marian']:.0%} of sentences; "
+                f"{m['distinct_outputs']} distinct outputs, mean {m['mean_output_tokens']:.1f} tokens, "
+                f"{m['ended_with_eos']:.0%} end in </s> (weights: {r['train_steps']} training steps, "
+                f"loss {r['train_loss']:.2f})."
+            )
+        kernels = r["attention_kernels"]
+        lines.append(f"- {size} attention kernels in generation: ours {', '.join(kernels['ours'])}; "
+                     f"Marian {', '.join(kernels['marian'])}.")
+        lines.append(f"- CTranslate2 conversion: {r['ctranslate2_conversion']}.")
+    tok = report["tokenizer"]
+    lines += [
+        "",
+        "## Tokenizer",
+        "",
+        f"{tok['corpus']}, vocabulary {tok['vocab_size']}: trained in {tok['train_seconds']} s on "
+        f"{tok['train_pairs']} pairs; encodes {tok['encode_sentences_per_s']:,} sentences/s (transformers "
+        f"tokenizer, one batch), {tok['backend_encode_sentences_per_s']:,} sentences/s (Rust backend alone).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _training_row(size: str, name: str, r: dict) -> str:
+    c = r[name]
+    gpu = "peak_gpu_memory_mb" in c
+    memory = c["peak_gpu_memory_mb"] if gpu else c["peak_rss_above_imports_mb"]
+    memory_text = f"{memory:,.0f}" + (f" ({r['memory_ratio_vs_marian']:.2f}×)" if name == "ours" else "")
+    versus = _ratio(r["speedup_vs_marian"]) if name == "ours" else "1"
+    mfu = f"{c['mfu']:.1%}" if "mfu" in c else "–"
+    return (f"| {size} | {name} | {c['target_tokens_per_batch']} | {_rate(c['tokens_per_s'])} | {versus} | "
+            f"{memory_text} | {mfu} | {', '.join(c['attention_kernels'])} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""What every benchmark shares: the data all contenders see, timing statistics, the machine."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+
+import torch
+import transformers
+
+from vanilla_transformer import VanillaTransformerConfig
+from vanilla_transformer.corpora import load_translation_dataset, text_pairs
+from vanilla_transformer.tokenization_vanilla_transformer import train_tokenizer
+
+CORPUS, SOURCE, TARGET = "bible-en-es", "en", "es"
+MAX_TOKENS = 128  # longer sentences are cut: the few outliers would dominate padded batches
+
+
+def pairs(split: str) -> tuple[list[str], list[str]]:
+    return text_pairs(load_translation_dataset(CORPUS)[split], SOURCE, TARGET)
+
+
+def benchmark_tokenizer(vocab_size: int, train_pairs: int | None = None):
+    """The joint BPE vocabulary all models share, learned from (the first `train_pairs` of) the train split."""
+    source, target = pairs("train")
+    if train_pairs is not None:
+        source, target = source[:train_pairs], target[:train_pairs]
+    return train_tokenizer(source + target, vocab_size=vocab_size)
+
+
+def model_config(size: str, tokenizer, **overrides) -> VanillaTransformerConfig:
+    return VanillaTransformerConfig.from_preset(
+        size,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **overrides,
+    )
+
+
+def encode(tokenizer, texts: list[str]) -> dict[str, torch.Tensor]:
+    return tokenizer(texts, padding=True, truncation=True, max_length=MAX_TOKENS, return_tensors="pt")
+
+
+def token_batch(tokenizer, source: list[str], target: list[str], target_tokens: int, start: int = 0) -> dict:
+    """Consecutive pairs from `start` until their targets hold `target_tokens` real tokens: the fixed
+    token batch of §5.1 (which used ~25k source and ~25k target tokens per batch)."""
+    end, count = start, 0
+    while count < target_tokens:
+        count += len(tokenizer(target[end % len(target)], truncation=True, max_length=MAX_TOKENS)["input_ids"])
+        end += 1
+    indices = [i % len(source) for i in range(start, end)]
+    batch = encode(tokenizer, [source[i] for i in indices])
+    labels = encode(tokenizer, [target[i] for i in indices])["input_ids"]
+    return {
+        "input_ids": batch["input_ids"],
+        "attention_mask": batch["attention_mask"],
+        "labels": labels.masked_fill(labels == tokenizer.pad_token_id, -100),
+    }
+
+
+def summary(values: list[float]) -> dict:
+    """Median and spread (min, max) of repeated measurements."""
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+class Timer:
+    """Wall time of a block, synchronising the GPU on both ends so that queued kernels are counted."""
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def __enter__(self):
+        self._sync()
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self._sync()
+        self.seconds = time.perf_counter() - self.start
+
+
+SDPA_KERNELS = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "sdpa:flash(cpu)",
+    "aten::_scaled_dot_product_flash_attention": "sdpa:flash",
+    "aten::_scaled_dot_product_efficient_attention": "sdpa:efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "sdpa:cudnn",
+    "aten::_scaled_dot_product_attention_math": "sdpa:math",
+    "aten::_scaled_dot_product_fused_attention_overrideable": "sdpa:overrideable",
+}
+
+
+def attention_kernels(fn) -> list[str]:
+    """Which attention kernels `fn()` ran, read from the profiler's op names. "explicit" is the
+    softmax path (no fused kernel), seen as a softmax op outside any SDPA call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        fn()
+    names = {event.key for event in prof.key_averages()}
+    kernels = sorted({label for op, label in SDPA_KERNELS.items() if op in names})
+    if not kernels and ("aten::softmax" in names or "aten::_softmax" in names):
+        kernels = ["explicit"]
+    return kernels
+
+
+def environment(device: str, threads: int) -> dict:
+    info = {
+        "date": time.strftime("%Y-%m-%d"),
+        "device": device,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "threads": threads,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            info["cpu"] = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        import ctranslate2
+
+        info["ctranslate2"] = ctranslate2.__version__
+    except ImportError:
+        info["ctranslate2"] = None
+    if device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["cuda"] = torch.version.cuda
+    return info

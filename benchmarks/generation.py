@@ -1,0 +1,230 @@
+"""Generation throughput on the en-es test split: ours, MarianMTModel with the same weights, CTranslate2.
+
+The weights: our model trained briefly on the en-es train split (random weights repeat one token
+until the length limit, which times no realistic search), then copied into a MarianMTModel
+(`convert_marian.to_marian`) and converted from that to CTranslate2 (fp32 and int8). Before any
+timing, ours and Marian must produce identical tokens in fp32; CTranslate2's agreement is reported.
+
+Throughput counts generated tokens (</s> included, the start token not). Greedy and beam 4 use
+transformers' beam scoring with explicit options for both PyTorch models; our GNMT-penalty search
+(`length_penalty_style="gnmt"`) is timed as well, when the model has it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+
+import torch
+from transformers import GenerationMixin
+
+from vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer.convert_marian import to_marian
+
+from .common import Timer, attention_kernels, encode, model_config, pairs, summary, token_batch
+
+BATCH_SIZE = 32
+LENGTH_PENALTY = 0.6
+MODES = {
+    "greedy": dict(num_beams=1),
+    "beam4": dict(num_beams=4, length_penalty=LENGTH_PENALTY, early_stopping=True),
+}
+
+
+def train_briefly(model, tokenizer, steps: int, target_tokens: int = 2048, lr: float = 1e-3) -> float:
+    """A few hundred Adam steps with warm-up (§5.3), enough for sentence-like outputs that end in </s>.
+    Returns the last loss."""
+    source, target = pairs("train")
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9)
+    warmup = max(1, steps // 5)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    model.train()
+    start, loss = 0, float("nan")
+    for _ in range(steps):
+        batch = token_batch(tokenizer, source, target, target_tokens, start)
+        start += batch["input_ids"].size(0)
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss.item()
+    return loss
+
+
+def generated_lengths(sequences: torch.Tensor, eos_token_id: int, pad_token_id: int) -> torch.Tensor:
+    """Tokens each row generated: up to and including the first </s>, the start token not counted."""
+    generated = sequences[:, 1:]
+    is_eos = generated == eos_token_id
+    first_eos = is_eos.int().argmax(dim=1)
+    return torch.where(is_eos.any(dim=1), first_eos + 1, (generated != pad_token_id).sum(dim=1))
+
+
+def _trim(sequences: torch.Tensor, eos_token_id: int, pad_token_id: int) -> list[list[int]]:
+    lengths = generated_lengths(sequences, eos_token_id, pad_token_id)
+    return [row[1 : 1 + n].tolist() for row, n in zip(sequences, lengths.tolist())]
+
+
+def _ctranslate2_models(model, tokenizer, folder: str, quantizations) -> dict:
+    """Converted through CTranslate2's own TransformersConverter from a saved MarianMTModel folder.
+
+    Its Marian loader expects transformers' Marian layout: it drops the last vocabulary row of the
+    embeddings (Marian checkpoints append <pad> there), reads token strings, </s> and <unk> from the
+    tokenizer saved alongside, and starts the decoder from a zero vector instead of the embedding of
+    the start token. So the folder gets one extra (dropped) row, and our start token (<pad>) has a
+    zero embedding (see `run`).
+    """
+    if not quantizations:
+        return {}
+    import ctranslate2
+
+    marian = to_marian(model)
+    marian.resize_token_embeddings(model.config.vocab_size + 1)
+    source = os.path.join(folder, "marian")
+    marian.save_pretrained(source)
+    tokenizer.save_pretrained(source)
+    converted = {}
+    for quantization in quantizations:
+        output = os.path.join(folder, f"ct2-{quantization}")
+        ctranslate2.converters.TransformersConverter(source).convert(output, quantization=quantization)
+        converted[quantization] = output
+    return converted
+
+
+def run(tokenizer, sizes, device: str, threads: int, sentences: int, max_new_tokens: int, repeats: int,
+        train_steps: dict, ctranslate2_quantizations=("float32", "int8")) -> dict:
+    source, _ = pairs("test")
+    source = source[:sentences]
+    batches = [encode(tokenizer, source[i : i + BATCH_SIZE]) for i in range(0, len(source), BATCH_SIZE)]
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    results = {}
+    for size in sizes:
+        torch.manual_seed(0)
+        ours = VanillaTransformerForConditionalGeneration(model_config(size, tokenizer))
+        steps = train_steps.get(size, 0)
+        loss = train_briefly(ours, tokenizer, steps) if steps else None
+        ours.eval()
+        with torch.no_grad():
+            # The decoder starts from <pad>; a zero row there is what Marian keeps (padding_idx) and
+            # what CTranslate2 assumes (it starts from a zero vector). It changes no other output.
+            ours.get_input_embeddings().weight[pad].zero_()
+        marian = to_marian(ours).eval()
+        entry = {"train_steps": steps, "train_loss": loss, "modes": {}}
+
+        # Agreement first, in fp32 on the CPU: identical tokens or the timing compares different work.
+        references = {}
+        with torch.no_grad():
+            for mode, options in MODES.items():
+                args = dict(do_sample=False, max_new_tokens=max_new_tokens, **options)
+                ours_out = [_trim(ours.generate(**b, **args), eos, pad) for b in batches]
+                marian_out = [_trim(marian.generate(**b, **args), eos, pad) for b in batches]
+                ours_flat = [row for batch in ours_out for row in batch]
+                marian_flat = [row for batch in marian_out for row in batch]
+                references[mode] = ours_flat
+                entry["modes"][mode] = {
+                    "ours_equals_marian": sum(a == b for a, b in zip(ours_flat, marian_flat)) / len(ours_flat),
+                    "distinct_outputs": len({tuple(row) for row in ours_flat}),
+                    "mean_output_tokens": sum(map(len, ours_flat)) / len(ours_flat),
+                    "ended_with_eos": sum(bool(row) and row[-1] == eos for row in ours_flat) / len(ours_flat),
+                }
+
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        contenders = {
+            "ours": _hf_runner(ours.to(device, dtype), batches, device, max_new_tokens, eos, pad),
+            "marian": _hf_runner(marian.to(device, dtype), batches, device, max_new_tokens, eos, pad),
+        }
+        gnmt = type(ours).generate is not GenerationMixin.generate
+        if importlib.util.find_spec("ctranslate2") is None:  # an extra: pip install -e ".[bench]"
+            ctranslate2_quantizations = ()
+        with tempfile.TemporaryDirectory() as folder:
+            converted = _ctranslate2_models(ours.float().cpu(), tokenizer, folder, ctranslate2_quantizations)
+            ours.to(device, dtype)
+            for quantization, path in converted.items():
+                contenders[f"ctranslate2-{quantization}"] = _ctranslate2_runner(
+                    path, quantization, tokenizer, batches, device, threads, max_new_tokens
+                )
+            for mode, options in MODES.items():
+                mode_runners = {name: (lambda r=runner: r(options)) for name, runner in contenders.items()}
+                if gnmt and mode == "beam4":
+                    mode_runners["ours-gnmt"] = lambda: contenders["ours"](dict(options, length_penalty_style="gnmt"))
+                entry["modes"][mode].update(_time(mode_runners, repeats, references[mode], device))
+        entry["attention_kernels"] = {
+            "ours": attention_kernels(lambda: contenders["ours"](MODES["greedy"], batches[:1])),
+            "marian": attention_kernels(lambda: contenders["marian"](MODES["greedy"], batches[:1])),
+        }
+        entry["ctranslate2_conversion"] = "not installed" if not converted else (
+            "to_marian -> MarianMTModel.save_pretrained (+1 dropped vocabulary row, tokenizer alongside) -> "
+            "ctranslate2.converters.TransformersConverter(quantization=...)"
+        )
+        results[size] = entry
+        del ours, marian, contenders
+    return results
+
+
+def _hf_runner(model, batches, device, max_new_tokens, eos, pad):
+    def generate(options, subset=None):
+        outputs = []
+        with torch.no_grad():
+            for batch in subset or batches:
+                batch = {k: v.to(device) for k, v in batch.items()}
+                sequences = model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens, **options)
+                outputs.extend(_trim(sequences.cpu(), eos, pad))
+        return outputs
+
+    return generate
+
+
+def _ctranslate2_runner(path, quantization, tokenizer, batches, device, threads, max_new_tokens):
+    import ctranslate2
+
+    ct2_device = "cuda" if device.startswith("cuda") else "cpu"
+    translator = ctranslate2.Translator(path, device=ct2_device, compute_type=quantization,
+                                        inter_threads=1, intra_threads=threads)
+    token_batches = [
+        [tokenizer.convert_ids_to_tokens(ids[mask.bool()].tolist()) for ids, mask in
+         zip(batch["input_ids"], batch["attention_mask"])]
+        for batch in batches
+    ]
+
+    def generate(options, subset=None):
+        outputs = []
+        for tokens in token_batches[: len(subset)] if subset else token_batches:
+            results = translator.translate_batch(
+                tokens,
+                beam_size=options["num_beams"],
+                length_penalty=options.get("length_penalty", 1.0),
+                max_decoding_length=max_new_tokens,
+                return_end_token=True,
+                max_batch_size=BATCH_SIZE,
+            )
+            outputs.extend(tokenizer.convert_tokens_to_ids(r.hypotheses[0]) for r in results)
+        return outputs
+
+    return generate
+
+
+def _time(runners: dict, repeats: int, reference, device) -> dict:
+    """Each contender once as warm-up, then `repeats` rounds in rotating order."""
+    outputs = {name: runner() for name, runner in runners.items()}
+    seconds = {name: [] for name in runners}
+    names = list(runners)
+    for round_index in range(repeats):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            with Timer(device) as timer:
+                runners[name]()
+            seconds[name].append(timer.seconds)
+    timed = {}
+    for name, output in outputs.items():
+        tokens = sum(map(len, output))
+        s = summary(seconds[name])
+        timed[name] = {
+            "generated_tokens": tokens,
+            "seconds": s,
+            "tokens_per_s": {"median": tokens / s["median"], "min": tokens / s["max"], "max": tokens / s["min"]},
+            "agrees_with_ours": sum(a == b for a, b in zip(output, reference)) / len(reference),
+        }
+    ours_seconds = seconds["ours"]
+    timed["speedup_vs_marian"] = summary([m / o for o, m in zip(ours_seconds, seconds["marian"])])
+    return {"contenders": timed}

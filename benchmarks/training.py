@@ -1,0 +1,167 @@
+"""Training throughput and peak memory: ours against transformers' MarianMTModel of the same shape.
+
+One step is forward + backward + Adam step (§5.3's optimiser) on a fixed token batch of real en-es
+pairs; throughput counts non-padding target tokens. Each contender runs in its own process, so
+that its peak resident memory (CPU) is its own, and contenders alternate (ABBA...) so that a
+change in machine load hits both. On a GPU: bf16 autocast, synchronised timing,
+`torch.cuda.max_memory_allocated`, and model FLOPs utilisation against a measured matmul peak.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+from .common import Timer, attention_kernels, model_config, pairs, summary, token_batch
+
+CONTENDERS = ("ours", "marian")
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _build(contender: str, config_dict: dict):
+    from transformers import MarianMTModel
+
+    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+    from vanilla_transformer.convert_marian import marian_config
+
+    config = VanillaTransformerConfig(**config_dict)
+    torch.manual_seed(0)
+    if contender == "ours":
+        return VanillaTransformerForConditionalGeneration(config)
+    return MarianMTModel(marian_config(config))
+
+
+def worker(spec: dict) -> dict:
+    """One contender's training loop, in a fresh process. Returns its step times and memory."""
+    torch.set_num_threads(spec["threads"])
+    rss_before_model = _peak_rss_mb()  # the interpreter with torch and transformers imported
+    device = torch.device(spec["device"])
+    cuda = device.type == "cuda"
+    batch = {name: tensor.to(device) for name, tensor in torch.load(spec["batch"]).items()}
+    model = _build(spec["contender"], spec["config"]).to(device).train()
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(parameters, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def forward():
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            return model(**batch).loss
+
+    def step():
+        forward().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(spec["warmup"]):
+        step()
+    times = []
+    for _ in range(spec["steps"]):
+        with Timer(device) as timer:
+            step()
+        times.append(timer.seconds)
+    result = {
+        "step_seconds": times,
+        "target_tokens": int((batch["labels"] != -100).sum()),
+        "source_tokens": int(batch["attention_mask"].sum()),
+        "parameters": sum(p.numel() for p in parameters),
+        "peak_rss_mb": _peak_rss_mb(),
+        "rss_before_model_mb": rss_before_model,
+    }
+    if cuda:
+        result["peak_gpu_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    with torch.no_grad():
+        result["attention_kernels"] = attention_kernels(forward)
+    return result
+
+
+def _spawn(spec: dict) -> dict:
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.training", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    if completed.returncode != 0:
+        raise RuntimeError(f"training worker for {spec['contender']} failed:\n{completed.stderr[-3000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def matmul_peak_tflops(device: str, n: int = 8192, repeats: int = 20) -> float:
+    """The bf16 matrix-multiply throughput this GPU actually reaches: the denominator of MFU."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    with Timer(device) as timer:
+        for _ in range(repeats):
+            a @ b
+    return 2 * n**3 * repeats / timer.seconds / 1e12
+
+
+def run(tokenizer, sizes, device: str, threads: int, target_tokens: int, warmup: int, steps: int, rounds: int,
+        matmul_tflops: float | None = None) -> dict:
+    source, target = pairs("train")
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in sizes:
+            config = model_config(size, tokenizer)
+            batch_path = os.path.join(tmp, f"{size}.pt")
+            torch.save(token_batch(tokenizer, source, target, target_tokens), batch_path)
+            runs = {name: [] for name in CONTENDERS}
+            for round_index in range(rounds):
+                order = CONTENDERS if round_index % 2 == 0 else CONTENDERS[::-1]
+                for contender in order:
+                    spec = dict(contender=contender, config=config.to_dict(), batch=batch_path, device=device,
+                                threads=threads, warmup=warmup, steps=steps)
+                    runs[contender].append(_spawn(spec))
+            results[size] = _summarise(runs, config, matmul_tflops)
+    return results
+
+
+def _summarise(runs: dict, config, matmul_tflops) -> dict:
+    out = {"config": {k: getattr(config, k) for k in ("d_model", "encoder_layers", "decoder_layers", "num_heads",
+                                                      "d_ff", "vocab_size", "dropout")}}
+    round_medians = {}
+    for contender, worker_runs in runs.items():
+        tokens = worker_runs[0]["target_tokens"]
+        times = [t for run in worker_runs for t in run["step_seconds"]]
+        round_medians[contender] = [summary(run["step_seconds"])["median"] for run in worker_runs]
+        step = summary(times)
+        entry = {
+            "target_tokens_per_batch": tokens,
+            "source_tokens_per_batch": worker_runs[0]["source_tokens"],
+            "parameters": worker_runs[0]["parameters"],
+            "step_seconds": step,
+            "tokens_per_s": {"median": tokens / step["median"], "min": tokens / step["max"],
+                             "max": tokens / step["min"]},
+            "peak_rss_mb": max(run["peak_rss_mb"] for run in worker_runs),
+            # What the model, its optimiser and activations added to the interpreter with torch imported.
+            "peak_rss_above_imports_mb": max(run["peak_rss_mb"] - run["rss_before_model_mb"] for run in worker_runs),
+            "attention_kernels": worker_runs[0]["attention_kernels"],
+        }
+        if "peak_gpu_memory_mb" in worker_runs[0]:
+            entry["peak_gpu_memory_mb"] = max(run["peak_gpu_memory_mb"] for run in worker_runs)
+        if matmul_tflops:
+            # The issue's definition: 6 x parameters x (target) tokens/s over the measured bf16 peak.
+            entry["mfu"] = 6 * entry["parameters"] * entry["tokens_per_s"]["median"] / (matmul_tflops * 1e12)
+        out[contender] = entry
+    # Paired per round: both contenders ran back to back under the same load.
+    paired = [m / o for o, m in zip(round_medians["ours"], round_medians["marian"])]
+    out["speedup_vs_marian"] = summary(paired)
+    memory_key = "peak_gpu_memory_mb" if "peak_gpu_memory_mb" in out["ours"] else "peak_rss_above_imports_mb"
+    out["memory_ratio_vs_marian"] = out["ours"][memory_key] / out["marian"][memory_key]
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(worker(json.loads(sys.argv[1]))))

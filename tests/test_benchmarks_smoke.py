@@ -1,0 +1,56 @@
+"""Smoke run of `python -m benchmarks --quick`: the command works end to end and writes its report.
+
+The numbers of a quick run mean nothing (tiny inputs, one repeat, a loaded CI machine); what is
+checked is that every part ran, the contenders did the same work, and the report names its settings.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_quick_benchmark_writes_json_and_markdown(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--threads", "1", "--out", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    (json_path,) = tmp_path.glob("benchmarks-*-cpu-quick.json")
+    (md_path,) = tmp_path.glob("benchmarks-*-cpu-quick.md")
+    assert not list(tmp_path.glob("*.tmp"))
+    report = json.loads(json_path.read_text())
+
+    env_info = report["environment"]
+    assert env_info["threads"] == 1 and env_info["torch"] and env_info["transformers"]
+    assert report["settings"]["quick"] and report["settings"]["sizes"] == ["tiny"]
+
+    train = report["training"]["tiny"]
+    for name in ("ours", "marian"):
+        assert train[name]["tokens_per_s"]["median"] > 0
+        assert train[name]["peak_rss_mb"] > train[name]["peak_rss_above_imports_mb"] > 0
+        assert train[name]["attention_kernels"]  # a kernel was seen by the profiler
+    assert train["ours"]["parameters"] == train["marian"]["parameters"]  # the same architecture
+    assert train["ours"]["target_tokens_per_batch"] == train["marian"]["target_tokens_per_batch"]
+    assert train["speedup_vs_marian"]["median"] > 0
+
+    generation = report["generation"]["tiny"]
+    contenders = {"ours", "marian"}
+    if importlib.util.find_spec("ctranslate2") is not None:
+        contenders |= {"ctranslate2-float32", "ctranslate2-int8"}
+    for mode in ("greedy", "beam4"):
+        result = generation["modes"][mode]
+        assert result["ours_equals_marian"] == 1.0  # same weights, fp32: the same tokens
+        assert contenders <= set(result["contenders"])
+        for name in contenders:
+            assert result["contenders"][name]["tokens_per_s"]["median"] > 0
+        assert result["contenders"]["marian"]["agrees_with_ours"] == 1.0
+    assert report["tokenizer"]["encode_sentences_per_s"] > 0
+
+    markdown = md_path.read_text()
+    assert "| tiny | ours |" in markdown and "## Generation" in markdown and "## Tokenizer" in markdown
