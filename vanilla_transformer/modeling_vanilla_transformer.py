@@ -87,15 +87,21 @@ ATTENTION_SCORES = {
 SDPA_SCALES = {"scaled_dot": None, "dot": 1.0}
 
 
-def attend(module, q, k, v, mask, dropout, need_weights):
+def attend(module, q, k, v, mask, dropout, need_weights, causal=False):
     """Softmax(score(q, k)) · v. Returns the output (B, H, T, Dh) and the weights (B, H, T, S) or None.
 
     The fused kernel never returns weights, so asking for them takes the explicit path, which
-    computes the same numbers (tested to 1e-5 in fp32).
+    computes the same numbers (tested to 1e-5 in fp32). `causal` (with no `mask`, T == S) is the
+    look-ahead mask of §3.2.3 without building it: the fused kernel then skips the masked half and,
+    on a GPU, can run flash attention, which takes no explicit mask.
     """
     if not need_weights and module.score_name in SDPA_SCALES:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=SDPA_SCALES[module.score_name])
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=SDPA_SCALES[module.score_name]
+        )
         return out, None
+    if causal:
+        mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
     scores = ATTENTION_SCORES[module.score_name](module, q, k)
     if mask is not None:
         # The dtype's own minimum, not -inf: exp() of it is exactly 0 in fp32, fp16 and bf16, and
@@ -157,7 +163,8 @@ class MultiHeadAttention(nn.Module):
         x = x.view(batch, length, parts, self.num_heads, self.head_dim)
         return x.permute(2, 0, 3, 1, 4)  # (parts, B, H, length, Dh)
 
-    def forward(self, hidden_states, key_value_states=None, mask=None, cache=None, output_attentions=False):
+    def forward(self, hidden_states, key_value_states=None, mask=None, cache=None, output_attentions=False,
+                causal=False):
         batch, length, d_model = hidden_states.shape
         (q,) = self._split_heads(self.q_proj(hidden_states), 1)  # (B, H, T, Dh)
         if self.is_cross_attention and cache is not None and cache.is_updated.get(self.layer_idx):
@@ -174,7 +181,7 @@ class MultiHeadAttention(nn.Module):
                 else:
                     k, v = cache.self_attention_cache.update(k, v, self.layer_idx)
         dropout = self.attention_dropout if self.training else 0.0
-        out, weights = attend(self, q, k, v, mask, dropout, output_attentions)
+        out, weights = attend(self, q, k, v, mask, dropout, output_attentions, causal)
         out = out.transpose(1, 2).reshape(batch, length, d_model)  # concatenate heads: (B, T, d_model)
         return self.out_proj(out), weights
 
@@ -242,9 +249,10 @@ class DecoderLayer(nn.Module):
         self.feed_forward = FeedForward(config)
         self.feed_forward_residual = Residual(config)
 
-    def forward(self, x, memory, self_mask, memory_mask, cache=None, output_attentions=False):
+    def forward(self, x, memory, self_mask, memory_mask, cache=None, output_attentions=False, causal=False):
         x, self_weights = self.self_attn_residual(
-            x, lambda h: self.self_attn(h, mask=self_mask, cache=cache, output_attentions=output_attentions)
+            x,
+            lambda h: self.self_attn(h, mask=self_mask, cache=cache, output_attentions=output_attentions, causal=causal),
         )
         x, cross_weights = self.cross_attn_residual(
             x,
@@ -373,16 +381,23 @@ class VanillaTransformerDecoder(nn.Module):
         length = input_ids.size(1)
         x = self.embeddings(input_ids, past_length)
         # §3.2.3 look-ahead mask: query t (at absolute position past_length + t) sees keys 0..past_length + t.
-        self_mask = torch.ones(length, past_length + length, dtype=torch.bool, device=x.device).tril(past_length)
-        if attention_mask is not None:  # (B, past_length + T), only needed for left-padded decoder inputs
-            self_mask = self_mask & attention_mask.bool()[:, None, None, -(past_length + length) :]
+        if attention_mask is None and (past_length == 0 or length == 1):
+            # Without decoder padding that is plain causality, which the attention kernel applies
+            # itself (training), or nothing at all (one new token sees every cached one): no mask
+            # is built, per step or per batch.
+            self_mask, causal = None, length > 1
+        else:
+            self_mask = torch.ones(length, past_length + length, dtype=torch.bool, device=x.device).tril(past_length)
+            causal = False
+            if attention_mask is not None:  # (B, past_length + T), only needed for left-padded decoder inputs
+                self_mask = self_mask & attention_mask.bool()[:, None, None, -(past_length + length) :]
         memory_mask = None if encoder_attention_mask is None else encoder_attention_mask.bool()[:, None, None, :]
         hidden_states, self_attentions, cross_attentions = [], [], []
         for layer in self.layers:
             if output_hidden_states:
                 hidden_states.append(x)
             x, self_weights, cross_weights = _run_layer(
-                self, layer, x, encoder_hidden_states, self_mask, memory_mask, past_key_values, output_attentions
+                self, layer, x, encoder_hidden_states, self_mask, memory_mask, past_key_values, output_attentions, causal
             )
             self_attentions.append(self_weights)
             cross_attentions.append(cross_weights)
