@@ -93,7 +93,118 @@ def _add_train_tokenizer(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    pass  # issue 4
+    p = sub.add_parser(
+        "train",
+        help="train a model from scratch, fine-tune one, or resume a run (also under `accelerate launch`)",
+        description="Train the paper's Transformer with its recipe (§5): token-count batches, Adam with the "
+        "warm-up / inverse-square-root schedule, label smoothing, checkpoint averaging, beam-search BLEU. "
+        "Runs on one CPU or GPU as is, and on several processes under `accelerate launch -m "
+        "vanilla_transformer.cli train ...`. The output folder ends as a complete Hub repository.",
+    )
+    data = p.add_argument_group("data")
+    data.add_argument(
+        "--dataset", default="bible-en-es",
+        help="embedded corpus (bible-en-es, bible-en-fr), local .json/.jsonl/.csv/.tsv/.parquet file or folder of "
+        "split files ({'translation': {lang: text}} rows or one column per language), or Hub data set name "
+        "(default: %(default)s). Without a validation split 2%% of train (at most 1000 pairs) is held out",
+    )
+    data.add_argument("--dataset-config", help="Hub data set configuration, e.g. de-en")
+    data.add_argument("--source-lang", help="source language key (default: the corpus pair, or the two keys there are)")
+    data.add_argument("--target-lang", help="target language key")
+    data.add_argument("--max-length", type=int, default=256, help="tokens per side, </s> included (default: %(default)s)")
+    data.add_argument("--truncate", action="store_true", help="cut longer training pairs to --max-length instead of dropping them")
+    data.add_argument(
+        "--tokenizer",
+        help="tokenizer folder (default: the one in --output-dir, else the fine-tuned model's, else a new joint BPE "
+        "learnt on the train split and saved to --output-dir)",
+    )
+    data.add_argument("--vocab-size", type=int, default=8000, help="size of a new tokenizer (default: %(default)s)")
+
+    model = p.add_argument_group("model")
+    model.add_argument(
+        "--preset", default="tiny", choices=("tiny", "base", "big"),
+        help="architecture trained from scratch (default: %(default)s, which trains in minutes on a CPU; "
+        "base and big are Table 3's)",
+    )
+    model.add_argument(
+        "--config-overrides", default="", metavar="KEY=VALUE,...",
+        help="config fields to change, e.g. 'd_model=256,encoder_layers=3,decoder_layers=3,d_ff=1024,dropout=0.1'",
+    )
+    model.add_argument("--model-name-or-path", help="saved model folder to fine-tune instead of a preset")
+
+    steps = p.add_argument_group("batches and steps (training stops at the first limit reached)")
+    steps.add_argument(
+        "--max-tokens", type=int, default=4096,
+        help="tokens per batch and process, per side, padding included (the paper: ~25000) (default: %(default)s)",
+    )
+    steps.add_argument("--gradient-accumulation-steps", type=int, default=1, help="batches per optimiser step (default: %(default)s)")
+    steps.add_argument("--max-steps", type=int, default=100_000, help="optimiser steps (the paper's base: %(default)s)")
+    steps.add_argument("--num-epochs", type=int, help="passes over the training data")
+    steps.add_argument("--time-limit", type=float, metavar="MINUTES", help="stop (with a checkpoint) after this long")
+    steps.add_argument("--seed", type=int, default=0, help="seeds weights, data order and dropout (default: %(default)s)")
+
+    optim = p.add_argument_group("optimisation (§5.3, §5.4)")
+    optim.add_argument(
+        "--warmup-steps", type=int, default=4000,
+        help="linear warm-up steps (the paper: %(default)s; a short CPU run wants a few hundred)",
+    )
+    optim.add_argument("--lr-scale", type=float, default=1.0, help="factor on d_model^-0.5 * min(...) (default: %(default)s)")
+    optim.add_argument("--label-smoothing", type=float, default=0.1, help="epsilon_ls (default: %(default)s)")
+    optim.add_argument("--max-grad-norm", type=float, help="clip the gradient norm (not in the paper; default: off)")
+    optim.add_argument(
+        "--mixed-precision", choices=("no", "fp16", "bf16"),
+        help="default: what `accelerate launch`/`accelerate config` say, else no",
+    )
+
+    ckpt = p.add_argument_group("checkpoints and evaluation")
+    ckpt.add_argument("--save-steps", type=int, default=1000, help="checkpoint every N steps (default: %(default)s)")
+    ckpt.add_argument("--keep-checkpoints", type=int, default=5, help="newest checkpoints kept (default: %(default)s)")
+    ckpt.add_argument(
+        "--average-last", type=int, default=1,
+        help="final weights = mean of the last K checkpoints (the paper: 5 for base models) (default: %(default)s)",
+    )
+    ckpt.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output-dir")
+    ckpt.add_argument("--eval-steps", type=int, default=1000, help="validate every N steps (default: %(default)s)")
+    ckpt.add_argument(
+        "--eval-samples", type=int, default=500,
+        help="validation pairs translated for BLEU/chrF at each evaluation, 0 for none (default: %(default)s); "
+        "the final scores use the whole validation and test splits",
+    )
+    ckpt.add_argument("--num-beams", type=int, default=4, help="beam size when scoring (the paper: %(default)s)")
+    ckpt.add_argument("--length-penalty", type=float, default=0.6, help="alpha when scoring (the paper: %(default)s)")
+    ckpt.add_argument("--log-steps", type=int, default=50, help="tracker logging interval (default: %(default)s)")
+    ckpt.add_argument("--report-to", choices=("tensorboard",), help="tracker, logging under OUTPUT_DIR/runs")
+    p.add_argument("--output-dir", required=True, help="the run's folder: checkpoints/ while training, then a Hub repository")
+
+    def run(args: argparse.Namespace) -> int:
+        import json
+
+        from .training.loop import TrainingArguments, train
+
+        def parse_overrides(text: str) -> dict:
+            overrides = {}
+            for item in filter(None, (part.strip() for part in text.split(","))):
+                key, sep, value = item.partition("=")
+                if not sep or not key.strip():
+                    p.error(f"--config-overrides: expected KEY=VALUE pairs separated by commas; got {item!r}")
+                try:
+                    overrides[key.strip()] = json.loads(value)
+                except json.JSONDecodeError:
+                    overrides[key.strip()] = value.strip()  # a bare string such as position_encoding=learned
+            return overrides
+
+        options = {k: v for k, v in vars(args).items() if k not in ("command", "func")}
+        options["config_overrides"] = parse_overrides(args.config_overrides)
+        try:  # bad input is a usage error: one clear line, exit status 2
+            train(TrainingArguments(**options))
+        except (OSError, ValueError) as err:
+            p.error(str(err))
+        except FloatingPointError as err:
+            print(f"vanilla-transformer train: error: {err}", file=sys.stderr)
+            return 1
+        return 0
+
+    p.set_defaults(func=run)
 
 
 def _add_translate(sub: argparse._SubParsersAction) -> None:

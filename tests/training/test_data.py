@@ -1,0 +1,101 @@
+import datasets
+import numpy as np
+import pytest
+
+from vanilla_transformer.tokenization_vanilla_transformer import train_tokenizer
+from vanilla_transformer.training.data import PadCollator, TokenBatchSampler, tokenize_pairs
+from vanilla_transformer.training.loss import IGNORE_INDEX, label_smoothed_loss
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    words = ["in the beginning", "god created", "the heaven and the earth", "en el principio", "creó dios"]
+    return train_tokenizer(words * 20, vocab_size=300)
+
+
+def pairs(rows):
+    return datasets.Dataset.from_list([{"translation": {"en": en, "es": es}} for en, es in rows])
+
+
+def test_tokenize_drops_empty_and_long_pairs_and_counts_them(tokenizer):
+    data = pairs([("in the beginning", "en el principio"), ("", "creó"), ("god", "   "[:0]),
+                  ("the heaven and the earth " * 20, "creó")])
+    split = tokenize_pairs(data, tokenizer, "en", "es", max_length=16)
+    assert (len(split.dataset), split.total, split.empty, split.too_long) == (1, 4, 2, 1)
+    row = split.dataset[0]
+    assert row["input_ids"][-1] == tokenizer.eos_token_id and row["labels"][-1] == tokenizer.eos_token_id
+    assert row["length"] == max(len(row["input_ids"]), len(row["labels"]))
+    assert "1 of 4 pairs kept; 2 dropped with an empty side, 1 dropped" in split.describe("train", 16, False)
+
+    cut = tokenize_pairs(data, tokenizer, "en", "es", max_length=16, truncate=True, keep_references=True)
+    assert (len(cut.dataset), cut.too_long) == (2, 1)
+    assert len(cut.dataset[1]["input_ids"]) == 16 and cut.dataset[1]["input_ids"][-1] == tokenizer.eos_token_id
+    assert cut.dataset[1]["reference"] == "creó"
+
+
+def test_pairs_that_tokenise_to_nothing_are_a_clear_error(tokenizer):
+    with pytest.raises(ValueError, match="no pairs left in the train split.*2 dropped with an empty side"):
+        tokenize_pairs(pairs([("", "x"), ("y", "")]), tokenizer, "en", "es", 16, name="train")
+
+
+def test_collator_pads_sources_and_ignores_padded_labels():
+    batch = PadCollator(0)({"input_ids": [[5, 2], [5, 6, 7, 2]], "labels": [[9, 9, 2], [8, 2]]})
+    assert batch["input_ids"].tolist() == [[5, 2, 0, 0], [5, 6, 7, 2]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
+    assert batch["labels"].tolist() == [[9, 9, 2], [8, 2, IGNORE_INDEX]]
+
+
+def test_loss_is_a_sum_over_non_padding_tokens():
+    import torch
+
+    logits = torch.randn(2, 3, 11)
+    labels = torch.tensor([[1, 2, IGNORE_INDEX], [3, IGNORE_INDEX, IGNORE_INDEX]])
+    loss, nll = label_smoothed_loss(logits, labels, epsilon=0.0)
+    expected = -sum(logits[b, t].log_softmax(-1)[labels[b, t]] for b, t in ((0, 0), (0, 1), (1, 0)))
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5) and nll.item() == pytest.approx(loss.item())
+    smoothed, _ = label_smoothed_loss(logits, labels, epsilon=0.1)
+    uniform = -sum(logits[b, t].log_softmax(-1).mean() for b, t in ((0, 0), (0, 1), (1, 0)))
+    assert smoothed.item() == pytest.approx(0.9 * expected.item() + 0.1 * uniform.item(), rel=1e-5)
+
+
+LENGTHS = np.random.default_rng(0).integers(2, 60, size=500)
+
+
+def test_batches_hold_at_most_max_tokens_and_cover_every_pair_once():
+    sampler = TokenBatchSampler(LENGTHS, max_tokens=200, seed=1)
+    batches = list(sampler)
+    assert all(len(b) * LENGTHS[b].max() <= 200 for b in batches)
+    assert sorted(i for b in batches for i in b) == list(range(500))
+    # Similar lengths together: a batch's padding is far below that of random batches.
+    spread = np.mean([LENGTHS[b].max() - LENGTHS[b].min() for b in batches if len(b) > 1])
+    assert spread < 5
+
+
+def test_order_is_seeded_changes_per_epoch_and_resumes_mid_epoch():
+    a, b = TokenBatchSampler(LENGTHS, 200, seed=1), TokenBatchSampler(LENGTHS, 200, seed=1)
+    assert list(a) == list(b)
+    assert list(a) != list(TokenBatchSampler(LENGTHS, 200, seed=2))
+    first = list(a)
+    a.set_epoch(1)
+    assert list(a) != first
+    whole = list(a)
+    b.set_epoch(1, start=5)
+    assert list(b) == whole[5:] and len(b) == len(whole) - 5
+
+
+def test_processes_share_out_the_batches_one_process_would_accumulate():
+    one = TokenBatchSampler(LENGTHS, 200, seed=3, num_replicas=2, rank=0).global_batches(0)
+    ranks = [list(TokenBatchSampler(LENGTHS, 200, seed=3, num_replicas=2, rank=r)) for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) and len(one) % 2 == 0
+    interleaved = [batch for pair in zip(*ranks) for batch in pair]
+    assert interleaved == [b.tolist() for b in one]
+
+
+def test_evaluation_batches_cover_everything_across_processes():
+    ranks = [list(TokenBatchSampler(LENGTHS, 200, shuffle=False, num_replicas=3, rank=r)) for r in range(3)]
+    assert sorted(i for r in ranks for b in r for i in b) == list(range(500))
+
+
+def test_sampler_refuses_a_budget_below_the_longest_pair():
+    with pytest.raises(ValueError, match="max_tokens.*longest sequence"):
+        TokenBatchSampler(LENGTHS, max_tokens=10)

@@ -1,0 +1,209 @@
+"""End-to-end training through the real `vanilla-transformer train` entry point."""
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vanilla_transformer.cli import main
+from vanilla_transformer.corpora import load_translation_dataset
+from vanilla_transformer.training import loop
+from vanilla_transformer.training.checkpoints import latest_checkpoint, list_checkpoints, read_state
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A port no one listens on: the default 29500 may be taken by another run on this machine."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def weights(checkpoint) -> dict:
+    return load_file(str(Path(checkpoint) / "model.safetensors"))
+
+
+def test_tiny_model_learns_to_copy_and_folder_loads_without_package(tmp_path, write_synthetic_task, run_without_package):
+    data = write_synthetic_task(tmp_path / "data", n_train=2000, n_eval=100)
+    out = tmp_path / "model"
+    main([
+        "train", "--dataset", str(data), "--output-dir", str(out), "--vocab-size", "300", "--preset", "tiny",
+        "--config-overrides", "dropout=0", "--label-smoothing", "0", "--max-tokens", "1024", "--max-steps", "500",
+        "--warmup-steps", "100", "--lr-scale", "0.5", "--eval-steps", "250", "--eval-samples", "20",
+        "--save-steps", "250", "--num-beams", "1",
+    ])
+    results = json.loads((out / "results.json").read_text())
+    assert results["split"] == "test" and results["steps"] == 500
+    assert results["sacrebleu_signature"].startswith("nrefs:1|case:mixed")
+    # Validation was scored during training, and improved.
+    history = [h for h in results["history"] if h["split"] == "validation"]
+    assert history[0]["step"] == 250 and history[-1]["loss"] < history[0]["loss"]
+
+    # A user with only the folder: Auto classes, remote code, the saved generation defaults.
+    out_text = run_without_package(f"""
+        import json
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
+        folder = {str(out)!r}
+        tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+        model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+        gen = GenerationConfig.from_pretrained(folder)
+        assert (gen.num_beams, gen.length_penalty, gen.max_length_offset) == (4, 0.6, 50), gen
+        pairs = [json.loads(line)["translation"] for line in open({str(data / "test.jsonl")!r})]
+        batch = tok([p["src"] for p in pairs], return_tensors="pt", padding=True)
+        out = model.generate(**batch)  # the saved defaults: beam 4, length penalty 0.6
+        hyps = tok.batch_decode(out, skip_special_tokens=True)
+        print(json.dumps(sum(h == p["tgt"] for h, p in zip(hyps, pairs)) / len(pairs)))
+    """)
+    exact_match = json.loads(out_text.strip().splitlines()[-1])
+    assert exact_match >= 0.99
+
+
+def _run(tmp_path, name, data, small_run, *extra):
+    out = tmp_path / name
+    main(["train", "--dataset", str(data), "--output-dir", str(out), *small_run, *extra])
+    return out
+
+
+def test_resume_gives_the_same_parameters_as_an_uninterrupted_run(tmp_path, small_task, small_run):
+    # Dropout on: the resumed run must also restore the RNG states.
+    small_run[small_run.index("--config-overrides") + 1] += ",dropout=0.1"
+    small_run += ["--max-tokens", "1024"]  # about 4 batches per epoch: the 8 steps cross epochs
+    whole = _run(tmp_path, "whole", small_task, small_run, "--max-steps", "8", "--save-steps", "4")
+    part = _run(tmp_path, "part", small_task, small_run, "--max-steps", "4", "--save-steps", "4")
+    assert [p.name for p in list_checkpoints(part / "checkpoints")] == ["checkpoint-00000004"]
+    # A checkpoint that was being written when the process died is never taken for the newest.
+    (part / "checkpoints" / ".tmp-checkpoint-00000006").mkdir()
+    (part / "checkpoints" / ".tmp-checkpoint-00000006" / "model.safetensors").write_bytes(b"half written")
+    main(["train", "--dataset", str(small_task), "--output-dir", str(part), *small_run, "--max-steps", "8",
+          "--save-steps", "4", "--resume"])
+    a, b = weights(latest_checkpoint(whole / "checkpoints")), weights(latest_checkpoint(part / "checkpoints"))
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    state_a, state_b = read_state(latest_checkpoint(whole / "checkpoints")), read_state(latest_checkpoint(part / "checkpoints"))
+    assert (state_a["step"], state_a["epoch"], state_a["batches_done"], state_a["train_tokens"]) == (
+        state_b["step"], state_b["epoch"], state_b["batches_done"], state_b["train_tokens"])
+    # Crossing an epoch boundary was part of the test: the small task has fewer than 8 batches.
+    assert state_a["epoch"] >= 1
+
+
+def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, small_task, small_run):
+    small_run[small_run.index("--config-overrides") + 1] += ",dropout=0"
+    args = ["--dataset", str(small_task), *small_run, "--max-steps", "4", "--save-steps", "4"]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    launched = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+         "-m", "vanilla_transformer.cli", "train", "--output-dir", str(tmp_path / "two"), *args],
+        env=env, capture_output=True, text=True, timeout=180, cwd=REPO,
+    )
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    results = json.loads((tmp_path / "two" / "results.json").read_text())
+    checksums = results["replica_checksums"]
+    assert len(checksums) == 2 and checksums[0] == checksums[1]  # both ranks hold the same weights
+
+    # One process accumulating two batches sees exactly the batches the two processes saw together.
+    main(["train", "--output-dir", str(tmp_path / "one"), *args, "--gradient-accumulation-steps", "2"])
+    two, one = weights(tmp_path / "two" / "checkpoints" / "checkpoint-00000004"), weights(
+        tmp_path / "one" / "checkpoints" / "checkpoint-00000004")
+    # Only the order of float32 sums differs (DDP's all-reduce vs accumulation in .grad), so the
+    # weights agree to rounding: measured max difference ~1e-7 after 4 Adam steps of size ~lr ~1e-2.
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-5, msg=name)
+    assert read_state(tmp_path / "one" / "checkpoints" / "checkpoint-00000004")["train_tokens"] == read_state(
+        tmp_path / "two" / "checkpoints" / "checkpoint-00000004")["train_tokens"]
+
+
+def test_embedded_corpus_lowers_validation_loss(tmp_path):
+    # A slice of the embedded en-es corpus (the whole test split would take long to beam-search).
+    corpus = load_translation_dataset("bible-en-es")
+    data = tmp_path / "bible"
+    data.mkdir()
+    for split, n in (("train", 3000), ("validation", 40), ("test", 20)):
+        corpus[split].select(range(n)).to_json(data / f"{split}.jsonl", force_ascii=False)
+    out = tmp_path / "model"
+    main([
+        "train", "--dataset", str(data), "--output-dir", str(out), "--vocab-size", "1000", "--preset", "tiny",
+        "--max-steps", "60", "--warmup-steps", "30", "--lr-scale", "0.3", "--eval-steps", "20", "--eval-samples", "0",
+        "--save-steps", "30", "--keep-checkpoints", "2", "--average-last", "2", "--num-beams", "1",
+        "--log-steps", "10",
+    ])
+    results = json.loads((out / "results.json").read_text())
+    losses = [h["loss"] for h in results["history"] if h["split"] == "validation"][:3]
+    # Measured: 5.95, 5.69, 5.44 at steps 20, 40, 60 (label-smoothed loss per target token).
+    assert len(losses) == 3 and losses[0] > losses[1] > losses[2] and losses[2] < losses[0] - 0.25
+    assert results["averaged_checkpoints"] == ["checkpoint-00000030", "checkpoint-00000060"]
+    assert math.isfinite(results["test"]["loss"]) and "bleu" in results["test"]
+
+
+def _usage_error(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["--source-lang", "de"], "source_lang='de' is not in the data set; its language keys are"),
+        (["--dataset", "no/such/file.jsonl"], "no such file or folder"),
+        (["--preset", "huge"], "invalid choice: 'huge'"),
+        (["--config-overrides", "d_modle=8"], "unknown config fields ['d_modle']"),
+        (["--resume"], "no complete checkpoint"),
+        (["--tokenizer", "no/such/tokenizer"], "no tokenizer folder"),
+        (["--max-tokens", "8", "--max-length", "16"], "must be at least `max_length`"),
+    ],
+)
+def test_bad_input_is_a_clear_usage_error(tmp_path, small_task, small_run, capsys, extra, expected):
+    err = _usage_error(capsys, ["train", "--dataset", str(small_task), "--output-dir", str(tmp_path / "out"),
+                                *small_run, "--max-steps", "2", *extra])
+    assert expected in err
+    assert not list_checkpoints(tmp_path / "out" / "checkpoints")
+
+
+def test_bad_data_files_are_clear_errors(tmp_path, small_run, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "train.jsonl").write_text(json.dumps({"translation": {"en": "a", "es": "b"}}) + "\n")
+    (empty / "validation.jsonl").write_text("")
+    assert "'validation' split has no rows" in _usage_error(
+        capsys, ["train", "--dataset", str(empty), "--output-dir", str(tmp_path / "o1"), *small_run])
+
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("".join(json.dumps({"en": "", "es": "x" * (i + 1)}) + "\n" for i in range(60)))
+    assert "no pairs left in the train split" in _usage_error(
+        capsys, ["train", "--dataset", str(blank), "--output-dir", str(tmp_path / "o2"), *small_run])
+
+    columns = tmp_path / "columns.csv"
+    columns.write_text("id,text\n1,hello\n2,world\n")
+    assert "cannot infer the language pair" in _usage_error(
+        capsys, ["train", "--dataset", str(columns), "--output-dir", str(tmp_path / "o3"), *small_run])
+
+
+def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, small_task, small_run, monkeypatch, capsys):
+    real_loss, calls = loop.label_smoothed_loss, []
+
+    def loss_that_breaks_at_step_3(logits, labels, epsilon):
+        calls.append(1)
+        loss, nll = real_loss(logits, labels, epsilon)
+        return (loss * float("nan"), nll) if len(calls) == 3 else (loss, nll)
+
+    monkeypatch.setattr(loop, "label_smoothed_loss", loss_that_breaks_at_step_3)
+    out = tmp_path / "out"
+    code = main(["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run,
+                 "--max-steps", "5", "--save-steps", "2"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "loss became nan at step 3" in err and "checkpoint-00000002" in err
+    assert [p.name for p in list_checkpoints(out / "checkpoints")] == ["checkpoint-00000002"]
+    assert all(torch.isfinite(t).all() for t in weights(out / "checkpoints" / "checkpoint-00000002").values())
+    assert not (out / "model.safetensors").exists()  # no final folder from a broken run

@@ -1,0 +1,199 @@
+"""Training data: tokenise pairs, drop what cannot be trained on, batch by token count.
+
+§5.1: "Sentence pairs were batched together by approximate sequence length. Each
+training batch contained a set of sentence pairs containing approximately 25000
+source tokens and 25000 target tokens." `TokenBatchSampler` does this as fairseq's
+`--max-tokens` does: pairs of similar length go together and a batch holds at most
+`max_tokens` tokens per side, padding included (batch size × longest sequence).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import datasets
+import numpy as np
+import torch
+
+from .loss import IGNORE_INDEX
+
+__all__ = ["PadCollator", "TokenBatchSampler", "TokenizedSplit", "tokenize_pairs"]
+
+
+@dataclass
+class TokenizedSplit:
+    """A split ready for training, with what was left out of it and why."""
+
+    dataset: datasets.Dataset  # columns: input_ids, labels, length
+    total: int  # pairs before filtering
+    empty: int  # pairs with a side that tokenises to nothing (only </s>)
+    too_long: int  # pairs with a side over max_length (dropped, or truncated when truncate=True)
+
+    def describe(self, name: str, max_length: int, truncate: bool) -> str:
+        kept = len(self.dataset)
+        action = "truncated" if truncate else "dropped"
+        return (
+            f"{name}: {kept:,} of {self.total:,} pairs kept; {self.empty:,} dropped with an empty side, "
+            f"{self.too_long:,} {action} for a side over {max_length} tokens"
+        )
+
+
+def tokenize_pairs(
+    dataset: datasets.Dataset,
+    tokenizer,
+    source_lang: str,
+    target_lang: str,
+    max_length: int,
+    truncate: bool = False,
+    name: str = "split",
+    keep_references: bool = False,
+) -> TokenizedSplit:
+    """Tokenise the `translation` column with `Dataset.map` (batched; cached on disk for file-backed data).
+
+    Both sides are encoded with the one joint tokenizer, which appends </s>. A pair whose
+    source or target is empty is dropped; a pair with a side longer than `max_length` tokens
+    is dropped, or cut to `max_length` (keeping </s>) when `truncate`. `keep_references` keeps
+    the target text in a `reference` column, to score translations against.
+    """
+    if max_length < 2:
+        raise ValueError(f"`max_length` must be at least 2 (a token and </s>); got {max_length!r}.")
+
+    def encode(batch):
+        pairs = batch["translation"]
+        sources = [(p or {}).get(source_lang) or "" for p in pairs]
+        targets = [(p or {}).get(target_lang) or "" for p in pairs]
+        options = dict(truncation=True, max_length=max_length) if truncate else {}
+        src = tokenizer(sources, **options)["input_ids"]
+        tgt = tokenizer(targets, **options)["input_ids"]
+        raw_src = tokenizer(sources)["input_ids"] if truncate else src
+        raw_tgt = tokenizer(targets)["input_ids"] if truncate else tgt
+        references = {"reference": targets} if keep_references else {}
+        return {
+            **references,
+            "input_ids": src,
+            "labels": tgt,
+            "length": [max(len(s), len(t)) for s, t in zip(src, tgt)],
+            "min_length": [min(len(s), len(t)) for s, t in zip(src, tgt)],
+            "raw_length": [max(len(s), len(t)) for s, t in zip(raw_src, raw_tgt)],
+        }
+
+    encoded = dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc=f"tokenising {name}")
+    min_length = np.asarray(encoded["min_length"])
+    raw_length = np.asarray(encoded["raw_length"])
+    empty = min_length <= 1  # nothing but </s>
+    too_long = ~empty & (raw_length > max_length)
+    keep = ~empty if truncate else ~empty & ~too_long
+    kept = encoded.select(np.flatnonzero(keep)).remove_columns(["min_length", "raw_length"])
+    split = TokenizedSplit(kept, len(encoded), int(empty.sum()), int(too_long.sum()))
+    if len(kept) == 0:
+        raise ValueError(
+            f"no pairs left in the {name} split: {split.describe(name, max_length, truncate)}. Check the "
+            f"language keys ({source_lang!r}, {target_lang!r}), `max_length`, or pass `truncate`."
+        )
+    return split
+
+
+class PadCollator:
+    """Pad a batch of examples into tensors: sources with <pad> and a mask, labels with IGNORE_INDEX."""
+
+    def __init__(self, pad_token_id: int):
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, columns: dict[str, list]) -> dict[str, torch.Tensor]:
+        """`columns` is what `dataset[indices]` returns: {"input_ids": [[...], ...], "labels": [[...], ...]}."""
+
+        def pad(rows, value):
+            out = torch.full((len(rows), max(map(len, rows))), value, dtype=torch.long)
+            for i, row in enumerate(rows):
+                out[i, : len(row)] = torch.as_tensor(row)
+            return out
+
+        input_ids = pad(columns["input_ids"], self.pad_token_id)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": (input_ids != self.pad_token_id).long(),
+            "labels": pad(columns["labels"], IGNORE_INDEX),
+        }
+
+
+class TokenBatchSampler:
+    """Batches of pair indices holding at most `max_tokens` tokens (batch size × longest side).
+
+    Training (`shuffle=True`): in each epoch the pairs are shuffled, stably sorted by length
+    (so equal lengths mix differently every epoch), cut into batches greedily, and the batches
+    are shuffled; everything is drawn from a generator seeded with (seed, epoch), so the
+    order is the same on every run and every process. With several processes the batch list
+    is cut to a multiple of `num_replicas` and process r takes batches r, r + n, r + 2n, ...:
+    an optimiser step over n processes sees the same batches as one process accumulating n.
+
+    Evaluation (`shuffle=False`): batches in length order, every pair exactly once over all
+    processes (nothing cut).
+
+    `set_epoch(epoch, start)` picks the epoch and skips its first `start` local batches,
+    which is how a resumed run continues exactly where it stopped.
+    """
+
+    def __init__(
+        self,
+        lengths,
+        max_tokens: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: int = 1,
+        rank: int = 0,
+    ):
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        if self.lengths.size == 0:
+            raise ValueError("cannot batch an empty data set")
+        longest = int(self.lengths.max())
+        if max_tokens < longest:
+            raise ValueError(f"`max_tokens` ({max_tokens}) must be at least the longest sequence ({longest} tokens).")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is not in [0, {num_replicas}).")
+        self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
+        self.num_replicas, self.rank = num_replicas, rank
+        self.epoch, self.start = 0, 0
+        self._cached: tuple[int | None, list] = (None, [])
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
+
+    def global_batches(self, epoch: int) -> list[np.ndarray]:
+        """Every batch of `epoch`, over all processes, in the order they are consumed."""
+        if self.shuffle:
+            rng = np.random.default_rng([self.seed, epoch])
+            permutation = rng.permutation(len(self.lengths))
+            order = permutation[np.argsort(self.lengths[permutation], kind="stable")]
+        else:
+            order = np.argsort(self.lengths, kind="stable")
+        batches, begin, longest = [], 0, 0
+        for end, index in enumerate(order):
+            longest_with = max(longest, self.lengths[index])
+            if (end - begin + 1) * longest_with > self.max_tokens:
+                batches.append(order[begin:end])
+                begin, longest_with = end, self.lengths[index]
+            longest = longest_with
+        batches.append(order[begin:])
+        if self.shuffle:
+            rng.shuffle(batches)
+            if len(batches) < self.num_replicas:
+                raise ValueError(
+                    f"{len(batches)} batch(es) of at most {self.max_tokens} tokens cannot feed {self.num_replicas} "
+                    "processes; lower `max_tokens` or use fewer processes."
+                )
+            batches = batches[: len(batches) - len(batches) % self.num_replicas]
+        return batches
+
+    def local_batches(self, epoch: int) -> list[np.ndarray]:
+        if self._cached[0] != epoch:
+            self._cached = (epoch, self.global_batches(epoch)[self.rank :: self.num_replicas])
+        return self._cached[1]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.local_batches(self.epoch)[self.start :]:
+            yield batch.tolist()
+
+    def __len__(self) -> int:
+        return max(len(self.local_batches(self.epoch)) - self.start, 0)

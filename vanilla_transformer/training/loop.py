@@ -1,0 +1,586 @@
+"""The training driver: `train(TrainingArguments(...))`, on one CPU, one GPU or many, with Accelerate.
+
+    vanilla-transformer train --output-dir runs/en-es --preset tiny --warmup-steps 400 --time-limit 15
+    accelerate launch -m vanilla_transformer.cli train ...        # the same, on every process
+
+One optimiser step (§5.2) takes `gradient_accumulation_steps` batches of at most `max_tokens`
+tokens on every process, sums the label-smoothed loss (§5.4) over their non-padding target
+tokens and divides by the number of those tokens in the whole step (see loss.py). Adam and the
+warm-up / inverse-square-root schedule are §5.3's (schedule.py). Every `save_steps` the full state
+is checkpointed (checkpoints.py); every `eval_steps` the validation split is scored: loss,
+perplexity, and BLEU and chrF of beam-search translations (sacrebleu). At the end the last
+`average_last` checkpoints are averaged (§6.1), the test split is scored, and `output_dir`
+becomes a complete Hub repository.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from itertools import islice
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+from accelerate.utils import set_seed
+from tqdm.auto import tqdm
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
+
+from ..configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
+from ..corpora import load_translation_dataset, resolve_languages
+from ..modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
+from ..tokenization_vanilla_transformer import DEFAULT_VOCAB_SIZE, train_tokenizer
+from .checkpoints import average_checkpoints, latest_checkpoint, list_checkpoints, read_state, save_checkpoint
+from .data import PadCollator, TokenBatchSampler, TokenizedSplit, tokenize_pairs
+from .loss import IGNORE_INDEX, label_smoothed_loss
+from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler
+
+__all__ = ["TrainingArguments", "evaluate", "train", "write_output_folder"]
+
+logger = get_logger(__name__)  # logs on the main process only
+
+CHECKPOINTS = "checkpoints"  # sub-folder of output_dir
+RESULTS_FILE = "results.json"
+
+
+@dataclass
+class TrainingArguments:
+    """Every option of `train`; the command line mirrors these one to one."""
+
+    output_dir: str
+    # Data
+    dataset: str = "bible-en-es"  # embedded corpus, local file or folder, or Hub data set
+    dataset_config: str | None = None
+    source_lang: str | None = None  # default: the corpus pair, or the data set's two keys
+    target_lang: str | None = None
+    max_length: int = 256  # tokens per side, </s> included; longer training pairs are dropped ...
+    truncate: bool = False  # ... or cut to max_length
+    # Tokenizer: a folder; default the one in output_dir (resuming), the model's (fine-tuning), or a new one
+    tokenizer: str | None = None
+    vocab_size: int = DEFAULT_VOCAB_SIZE  # for a new tokenizer
+    # Model: a preset trained from scratch, or a saved model to fine-tune
+    preset: str = "tiny"
+    config_overrides: dict = field(default_factory=dict)  # e.g. {"d_model": 256, "dropout": 0.0}
+    model_name_or_path: str | None = None
+    # Batches and steps (§5.1, §5.2)
+    max_tokens: int = 4096  # per batch and process, per side, padding included
+    gradient_accumulation_steps: int = 1
+    max_steps: int | None = 100_000  # the paper's base model; at least one of the three limits is needed
+    num_epochs: int | None = None
+    time_limit: float | None = None  # minutes
+    seed: int = 0
+    # Optimisation (§5.3, §5.4)
+    warmup_steps: int = PAPER_WARMUP_STEPS
+    lr_scale: float = 1.0
+    label_smoothing: float = 0.1
+    max_grad_norm: float | None = None  # not in the paper
+    mixed_precision: str | None = None  # "no", "fp16", "bf16"; None: what `accelerate launch` was told
+    # Checkpoints (§6.1 averages the last 5 of a base model)
+    save_steps: int = 1000
+    keep_checkpoints: int = 5
+    average_last: int = 1
+    resume: bool = False
+    # Evaluation (§6.1: beam 4, length penalty 0.6, at most input length + 50 tokens)
+    eval_steps: int = 1000
+    eval_samples: int | None = 500  # validation pairs translated for BLEU during training (0: none, None: all)
+    num_beams: int = 4
+    length_penalty: float = 0.6
+    # Logging
+    log_steps: int = 50
+    report_to: str | None = None  # "tensorboard": logs under output_dir/runs
+
+    def validate(self) -> None:
+        """Fail early, naming the option and what it accepts."""
+        positive = ("max_length", "vocab_size", "max_tokens", "gradient_accumulation_steps", "warmup_steps",
+                    "save_steps", "keep_checkpoints", "average_last", "eval_steps", "num_beams", "log_steps")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
+        for name in ("max_steps", "num_epochs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"`{name}` must be a positive integer or None; got {value!r}.")
+        if self.eval_samples is not None and (not isinstance(self.eval_samples, int) or self.eval_samples < 0):
+            raise ValueError(f"`eval_samples` must be a non-negative integer or None; got {self.eval_samples!r}.")
+        known = [name for name in inspect.signature(VanillaTransformerConfig).parameters if name != "kwargs"]
+        unknown = sorted(set(self.config_overrides) - set(known))
+        if unknown:
+            raise ValueError(f"`config_overrides`: unknown config fields {unknown}; the fields are {', '.join(known)}")
+        if self.max_steps is None and self.num_epochs is None and self.time_limit is None:
+            raise ValueError("give at least one of `max_steps`, `num_epochs` and `time_limit`, or training never ends.")
+        if self.model_name_or_path is None and self.preset not in PRESETS:
+            raise ValueError(f"`preset` must be one of {', '.join(map(repr, PRESETS))}; got {self.preset!r}.")
+        if self.average_last > self.keep_checkpoints:
+            raise ValueError(
+                f"`average_last` ({self.average_last}) cannot exceed `keep_checkpoints` ({self.keep_checkpoints}): "
+                "older checkpoints are deleted."
+            )
+        if self.max_tokens < self.max_length:
+            raise ValueError(f"`max_tokens` ({self.max_tokens}) must be at least `max_length` ({self.max_length}).")
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"`label_smoothing` must be in [0, 1); got {self.label_smoothing!r}.")
+        if self.mixed_precision not in (None, "no", "fp16", "bf16"):
+            raise ValueError(f"`mixed_precision` must be 'no', 'fp16' or 'bf16'; got {self.mixed_precision!r}.")
+        if self.report_to not in (None, "tensorboard"):
+            raise ValueError(f"`report_to` must be 'tensorboard' or None; got {self.report_to!r}.")
+        if self.time_limit is not None and self.time_limit <= 0:
+            raise ValueError(f"`time_limit` must be a positive number of minutes; got {self.time_limit!r}.")
+
+
+# ------------------------------------------------------------------------------------------
+# Setting up: data, tokenizer, model
+# ------------------------------------------------------------------------------------------
+
+
+def _load_splits(args: TrainingArguments):
+    data = load_translation_dataset(
+        args.dataset, args.dataset_config, source_lang=args.source_lang, target_lang=args.target_lang
+    )
+    if "train" not in data:
+        raise ValueError(f"{args.dataset} has no 'train' split; its splits are {list(data)}")
+    source_lang, target_lang = resolve_languages(data["train"], args.source_lang, args.target_lang)
+    if "validation" not in data:
+        # Hold out a small, seeded slice of the training data so that there is something to validate on.
+        size = min(1000, max(1, len(data["train"]) // 50))
+        if len(data["train"]) < 2:
+            raise ValueError(f"{args.dataset} has no 'validation' split and too few pairs to hold some out")
+        held = data["train"].train_test_split(test_size=size, seed=args.seed)
+        data["train"], data["validation"] = held["train"], held["test"]
+        logger.info(f"no validation split: {size} training pairs held out for validation (seed {args.seed})")
+    return data, source_lang, target_lang
+
+
+def _load_tokenizer(args: TrainingArguments, data, source_lang: str, target_lang: str):
+    """An existing tokenizer folder, else the one saved in output_dir or with the model, else a new one."""
+    output_dir = Path(args.output_dir)
+    if args.tokenizer is not None:
+        if not Path(args.tokenizer).is_dir():
+            raise FileNotFoundError(f"`tokenizer`: no tokenizer folder at {args.tokenizer}")
+        return AutoTokenizer.from_pretrained(args.tokenizer)
+    for folder in (output_dir, args.model_name_or_path):
+        if folder is not None and (Path(folder) / "tokenizer.json").is_file():
+            return AutoTokenizer.from_pretrained(folder)
+    logger.info(f"training a {args.vocab_size}-token joint BPE tokenizer on the train split; saved to {output_dir}")
+    return train_tokenizer(
+        data["train"], languages=[source_lang, target_lang], vocab_size=args.vocab_size, output_dir=output_dir
+    )
+
+
+def _load_model(args: TrainingArguments, tokenizer, resume_from: Path | None):
+    config_file = Path(args.output_dir) / CHECKPOINTS / "config.json"
+    if resume_from is not None:  # the architecture of the run being resumed; its weights come with load_state
+        return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_json_file(config_file))
+    if args.model_name_or_path is not None:
+        if not Path(args.model_name_or_path).is_dir():
+            raise FileNotFoundError(f"`model_name_or_path`: no saved model folder at {args.model_name_or_path}")
+        model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, **args.config_overrides)
+        if len(tokenizer) > model.config.vocab_size:
+            raise ValueError(
+                f"the tokenizer has {len(tokenizer)} tokens but the model {args.model_name_or_path} only "
+                f"{model.config.vocab_size}; fine-tune with the model's own tokenizer"
+            )
+        return model
+    config = VanillaTransformerConfig.from_preset(
+        args.preset,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **args.config_overrides,
+    )
+    return VanillaTransformerForConditionalGeneration(config)
+
+
+def _batches(split: TokenizedSplit, sampler: TokenBatchSampler, collate: PadCollator, device):
+    """Padded batches in the sampler's order. (No DataLoader: its iterators draw from torch's global
+    RNG, which would make a resumed run's dropout differ from an uninterrupted one.)"""
+    for indices in sampler:
+        yield {name: tensor.to(device) for name, tensor in collate(split.dataset[indices]).items()}
+
+
+# ------------------------------------------------------------------------------------------
+# Evaluation
+# ------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: TrainingArguments, translate_samples=None) -> dict:
+    """Loss, perplexity and (unless `translate_samples` is 0) BLEU and chrF of beam-search translations.
+
+    Each process scores its share of the batches; `gather_for_metrics` brings the sums and the
+    translations together. `loss` is the label-smoothed training objective per target token,
+    `perplexity` exp(NLL per target token) without smoothing.
+    """
+    import sacrebleu
+
+    model = accelerator.unwrap_model(model)
+    was_training = model.training
+    model.eval()
+    collate = PadCollator(tokenizer.pad_token_id)
+    shard = dict(shuffle=False, num_replicas=accelerator.num_processes, rank=accelerator.process_index)
+    sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss, nll, tokens
+    sampler = TokenBatchSampler(split.dataset["length"], args.max_tokens, **shard)
+    for batch in _batches(split, sampler, collate, accelerator.device):
+        logits = _forward(model, batch)
+        loss, nll = label_smoothed_loss(logits, batch["labels"], args.label_smoothing)
+        sums += torch.stack([loss.double(), nll.double(), (batch["labels"] != IGNORE_INDEX).sum().double()])
+    loss, nll, tokens = accelerator.gather_for_metrics(sums.unsqueeze(0)).sum(0).tolist()
+    metrics = {"loss": loss / tokens, "nll": nll / tokens, "perplexity": math.exp(min(nll / tokens, 100.0))}
+
+    count = len(split.dataset) if translate_samples is None else min(translate_samples, len(split.dataset))
+    if count:
+        subset = TokenizedSplit(split.dataset.select(range(count)), count, 0, 0)
+        # Beam search holds num_beams hypotheses per sentence: fewer sentences per batch.
+        budget = max(args.max_tokens // args.num_beams, max(subset.dataset["length"]))
+        sampler = TokenBatchSampler(subset.dataset["length"], budget, **shard)
+        translations = []
+        for indices in sampler:
+            batch = {k: v.to(accelerator.device) for k, v in collate(subset.dataset[indices]).items()}
+            generated = model.generate(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                num_beams=args.num_beams,
+                length_penalty=args.length_penalty,
+                max_new_tokens=batch["input_ids"].size(1) + 50,  # §6.1: input length + 50
+            )
+            texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
+            translations += list(zip(indices, texts))
+        translations = sorted(accelerator.gather_for_metrics(translations, use_gather_object=True))
+        hypotheses = [text for _, text in translations]
+        references = [subset.dataset[i]["reference"] for i, _ in translations]
+        bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+        metrics.update(
+            bleu=bleu.corpus_score(hypotheses, [references]).score,
+            chrf=chrf.corpus_score(hypotheses, [references]).score,
+            bleu_signature=str(bleu.get_signature()),
+            chrf_signature=str(chrf.get_signature()),
+            translated=len(hypotheses),
+            examples=[{"reference": r, "translation": h} for r, h in zip(references[:3], hypotheses[:3])],
+        )
+    model.train(was_training)
+    return metrics
+
+
+def _forward(model, batch) -> torch.Tensor:
+    config = getattr(model, "module", model).config
+    decoder_input_ids = shift_tokens_right(batch["labels"], config.pad_token_id, config.decoder_start_token_id)
+    return model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], decoder_input_ids=decoder_input_ids
+    ).logits
+
+
+def _describe(metrics: dict) -> str:
+    text = f"loss {metrics['loss']:.4f}, perplexity {metrics['perplexity']:.2f}"
+    if "bleu" in metrics:
+        text += f", BLEU {metrics['bleu']:.2f}, chrF {metrics['chrf']:.2f} ({metrics['translated']} sentences)"
+    return text
+
+
+# ------------------------------------------------------------------------------------------
+# The output folder
+# ------------------------------------------------------------------------------------------
+
+
+def write_output_folder(
+    model, tokenizer, output_dir, results: dict, generation_config: GenerationConfig, **card
+) -> Path:
+    """Make `output_dir` a complete Hub repository: weights, config with auto_map, code files,
+    tokenizer, generation_config.json, results.json (and, with hub.save_for_hub, the pipeline
+    file and a model card; `card` holds its dataset/languages/hyperparameters/example).
+
+    Nothing is half written: files go to a staging folder first and are then renamed into
+    place; the checkpoints/ sub-folder stays where it is.
+    """
+    model.generation_config = generation_config
+    try:
+        from ..hub import save_for_hub
+    except ImportError:  # the package without hub.py: write the essentials ourselves
+        save_for_hub = None
+    if save_for_hub is not None:
+        return save_for_hub(model, tokenizer, output_dir, results, **card)
+    output_dir = Path(output_dir)
+    staging = output_dir / ".tmp-final"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / RESULTS_FILE).write_text(json.dumps(results, indent=2, ensure_ascii=False))
+        for file in staging.iterdir():
+            os.replace(file, output_dir / file.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return output_dir
+
+
+def paper_generation_config(model, max_length: int) -> GenerationConfig:
+    """§6.1's decoding: beam size 4, length penalty α = 0.6, at most input length + 50 tokens.
+
+    `max_length_offset` records the "+ 50"; until `generate` reads it, `max_length` caps the
+    output at the training length limit + 50.
+    """
+    config = model.config
+    return GenerationConfig(
+        num_beams=4,
+        length_penalty=0.6,
+        # early_stopping stays False, the heuristic that stops when no live beam can beat the best
+        # finished one. True stops at the first num_beams finished hypotheses, however short: on a
+        # copy task it cut the last word of 10 % of outputs.
+        max_length=max_length + 50,
+        max_length_offset=50,
+        decoder_start_token_id=config.decoder_start_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# Training
+# ------------------------------------------------------------------------------------------
+
+
+def train(args: TrainingArguments) -> dict:
+    """Train (or fine-tune, or resume) as `args` says; returns the results written to results.json."""
+    args.validate()
+    if not logging.getLogger().handlers:
+        logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
+    logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per file saved is noise
+    output_dir = Path(args.output_dir)
+    checkpoint_root = output_dir / CHECKPOINTS
+    resume_from = None
+    if args.resume:
+        resume_from = latest_checkpoint(checkpoint_root)
+        if resume_from is None:
+            raise FileNotFoundError(f"`resume`: no complete checkpoint in {checkpoint_root} to resume from")
+    elif list_checkpoints(checkpoint_root):
+        raise ValueError(
+            f"{output_dir} holds checkpoints of an earlier run; pass `resume` to continue it, or pick a new `output_dir`"
+        )
+
+    accelerator = Accelerator(
+        mixed_precision=args.mixed_precision,
+        log_with=args.report_to,
+        project_dir=str(output_dir / "runs") if args.report_to else None,
+    )
+    world, rank = accelerator.num_processes, accelerator.process_index
+    set_seed(args.seed)  # the same initial weights on every process
+
+    with accelerator.main_process_first():  # the main process trains the tokenizer and fills the map cache
+        data, source_lang, target_lang = _load_splits(args)
+        tokenizer = _load_tokenizer(args, data, source_lang, target_lang)
+        train_split = tokenize_pairs(
+            data["train"], tokenizer, source_lang, target_lang, args.max_length, args.truncate, name="train"
+        )
+        # Evaluation scores every pair that has text on both sides: long ones are cut, not dropped.
+        eval_splits = {
+            name: tokenize_pairs(data[name], tokenizer, source_lang, target_lang, args.max_length, True, name, True)
+            for name in ("validation", "test")
+            if name in data
+        }
+    logger.info(f"{args.dataset}: {source_lang} -> {target_lang}")
+    logger.info(train_split.describe("train", args.max_length, args.truncate))
+    for name, split in eval_splits.items():
+        logger.info(split.describe(name, args.max_length, True))
+    if "test" not in eval_splits:
+        logger.info("no test split: the final model is scored on validation only")
+
+    model = _load_model(args, tokenizer, resume_from)
+    if accelerator.is_main_process and resume_from is None:
+        checkpoint_root.mkdir(parents=True, exist_ok=True)
+        model.config.to_json_file(checkpoint_root / "config.json")
+    parameters = sum(p.numel() for p in model.parameters())
+    logger.info(f"model: {parameters:,} parameters; {model.config.to_diff_dict()}")
+    d_model = model.config.d_model
+    optimizer = make_optimizer(model)
+    scheduler = make_scheduler(optimizer, d_model, args.warmup_steps, args.lr_scale)
+    # The scheduler is not prepared: Accelerate would step it once per process, and the Noam
+    # schedule counts optimiser steps. It is registered so that save_state/load_state keep it.
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+    peak = d_model**-0.5 * args.warmup_steps**-0.5 * args.lr_scale
+    logger.info(
+        f"Adam(0.9, 0.98, 1e-9), lr = {args.lr_scale} * {d_model}^-0.5 * min(step^-0.5, step * {args.warmup_steps}^-1.5) "
+        f"(peak {peak:.2e} at step {args.warmup_steps}; the paper warms up for {PAPER_WARMUP_STEPS}); "
+        f"label smoothing {args.label_smoothing}; {world} process(es), {args.gradient_accumulation_steps} batch(es) "
+        f"of <= {args.max_tokens} tokens each per step; mixed precision {accelerator.mixed_precision}"
+    )
+
+    state = {"epoch": 0, "batches_done": 0, "train_tokens": 0, "history": []}
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from))  # weights, optimiser, scheduler, RNG states
+        state = read_state(resume_from)
+        logger.info(f"resumed from {resume_from} (step {state['step']})")
+    else:
+        set_seed(args.seed, device_specific=True)  # different dropout masks on each process
+    step = state.get("step", 0)
+    if accelerator.is_main_process:
+        accelerator.init_trackers("train", config={k: v for k, v in asdict(args).items() if not isinstance(v, dict)})
+
+    sampler = TokenBatchSampler(
+        train_split.dataset["length"], args.max_tokens, seed=args.seed, num_replicas=world, rank=rank
+    )
+    collate = PadCollator(tokenizer.pad_token_id)
+    epsilon = args.label_smoothing
+    started = time.perf_counter()
+    tokens_since_start = 0
+    last_saved = step if resume_from is not None else None
+    progress = tqdm(total=args.max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="training")
+
+    def checkpoint():
+        nonlocal last_saved
+        save_checkpoint(accelerator, checkpoint_root, step, state, keep=args.keep_checkpoints)
+        last_saved = step
+
+    done = args.max_steps is not None and step >= args.max_steps
+    while not done:
+        if args.num_epochs is not None and state["epoch"] >= args.num_epochs:
+            break
+        sampler.set_epoch(state["epoch"], state["batches_done"])
+        batches = _batches(train_split, sampler, collate, accelerator.device)
+        while not done:
+            micro_batches = list(islice(batches, args.gradient_accumulation_steps))
+            if not micro_batches:
+                break
+            out_of_time = args.time_limit is not None and time.perf_counter() - started > args.time_limit * 60
+            local_tokens = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro_batches)
+            # Every process learns the step's token count (and whether the main process is out of time)
+            # before the backward passes, so that each micro-batch's loss can be divided by it.
+            total_tokens, out_of_time = accelerator.reduce(
+                torch.tensor([local_tokens, int(out_of_time and rank == 0)], device=accelerator.device), "sum"
+            ).tolist()
+            if out_of_time:
+                logger.info(f"time limit of {args.time_limit} min reached at step {step}")
+                done = True
+                break
+            model.train()
+            sums = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
+            for i, batch in enumerate(micro_batches):
+                last = i == len(micro_batches) - 1
+                with nullcontext() if last else accelerator.no_sync(model):  # all-reduce gradients once per step
+                    loss, nll = label_smoothed_loss(_forward(model, batch), batch["labels"], epsilon)
+                    # DDP averages gradients over processes; * world turns that average into a sum.
+                    accelerator.backward(loss * world / total_tokens)
+                sums += torch.stack([loss.detach().double(), nll.double()])
+            loss, nll = (accelerator.reduce(sums, "sum") / total_tokens).tolist()
+            if not math.isfinite(loss):
+                optimizer.zero_grad(set_to_none=True)
+                good = latest_checkpoint(checkpoint_root)
+                raise FloatingPointError(
+                    f"the training loss became {loss} at step {step + 1}; stopped without updating the weights. "
+                    f"The last good checkpoint is {good or '(none: no checkpoint was written yet)'}. Try a lower "
+                    "`lr_scale`, a longer `warmup_steps`, `max_grad_norm`, or mixed_precision 'no'/'bf16'."
+                )
+            if args.max_grad_norm is not None:
+                accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            if not accelerator.optimizer_step_was_skipped:  # fp16 skips steps whose gradients overflowed
+                scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            state["batches_done"] += len(micro_batches)
+            state["train_tokens"] += int(total_tokens)
+            tokens_since_start += int(total_tokens)
+            tokens_per_second = tokens_since_start / (time.perf_counter() - started)
+            progress.update(1)
+            progress.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}")
+            if step % args.log_steps == 0:
+                accelerator.log({"train/loss": loss, "train/nll": nll, "train/lr": lr, "train/tokens_per_second": tokens_per_second}, step=step)
+            if step % args.eval_steps == 0:
+                metrics = evaluate(accelerator, model, tokenizer, eval_splits["validation"], args, args.eval_samples)
+                _report(accelerator, state, step, "validation", metrics)
+            done = args.max_steps is not None and step >= args.max_steps
+            if step % args.save_steps == 0 or done:
+                checkpoint()
+        if not done:
+            state["epoch"] += 1
+            state["batches_done"] = 0
+            logger.info(f"epoch {state['epoch']} finished at step {step}")
+    progress.close()
+    if last_saved != step:
+        checkpoint()
+    elapsed = time.perf_counter() - started
+
+    # §6.1: the final model averages the last checkpoints.
+    chosen = list_checkpoints(checkpoint_root)[-args.average_last :]
+    unwrapped = accelerator.unwrap_model(model)
+    if len(chosen) > 1:
+        missing, unexpected = unwrapped.load_state_dict(average_checkpoints(chosen), strict=False)
+        if unexpected or set(missing) - set(unwrapped.all_tied_weights_keys):
+            raise RuntimeError(f"averaged weights do not fit the model: missing {missing}, unexpected {unexpected}")
+        unwrapped.tie_weights()
+        logger.info(f"final weights: the average of {', '.join(p.name for p in chosen)}")
+    results = {
+        "steps": step,
+        "epochs": state["epoch"] + state["batches_done"] / max(len(sampler.local_batches(state["epoch"])), 1),
+        "train_tokens": state["train_tokens"],
+        "train_minutes_this_session": round(elapsed / 60, 2),
+        "tokens_per_second": round(tokens_since_start / elapsed, 1) if elapsed else None,
+        "averaged_checkpoints": [p.name for p in chosen],
+        "source_lang": source_lang,
+        "target_lang": target_lang,
+        "dataset": args.dataset,
+        "decoding": {"num_beams": args.num_beams, "length_penalty": args.length_penalty, "max_new_tokens": "input length + 50"},
+    }
+    for name, split in eval_splits.items():
+        results[name] = evaluate(accelerator, model, tokenizer, split, args, translate_samples=None)
+        _report(accelerator, state, step, name, results[name])
+    results["history"] = state["history"]
+    # The headline numbers, flat, as the model card reads them.
+    final = results.get("test") or results["validation"]
+    results = {
+        "split": "test" if "test" in results else "validation",
+        "bleu": final["bleu"],
+        "chrf": final["chrf"],
+        "sacrebleu_signature": final["bleu_signature"],
+        "chrf_signature": final["chrf_signature"],
+        "validation_loss": results["validation"]["loss"],
+        "validation_perplexity": results["validation"]["perplexity"],
+        **results,
+        "replica_checksums": _replica_checksums(accelerator, unwrapped),
+    }
+    if accelerator.is_main_process:
+        example = next(iter(data["validation"]["translation"]))[source_lang]
+        write_output_folder(
+            unwrapped,
+            tokenizer,
+            output_dir,
+            results,
+            paper_generation_config(unwrapped, args.max_length),
+            dataset=args.dataset,
+            source_lang=source_lang,
+            target_lang=target_lang,
+            hyperparameters={k: v for k, v in asdict(args).items() if v is not None and k != "output_dir"},
+            example=example,
+        )
+        logger.info(f"saved the model, tokenizer and {RESULTS_FILE} to {output_dir}")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return results
+
+
+def _replica_checksums(accelerator, model) -> list[float]:
+    """One number per process that changes with any weight: DDP must leave every replica identical."""
+    checksum = sum(p.detach().double().abs().sum() + p.detach().double().sum() * 1e-3 for p in model.parameters())
+    checksums = accelerator.gather(checksum.reshape(1).to(accelerator.device)).tolist()
+    if len(set(checksums)) > 1:
+        raise RuntimeError(f"the processes ended with different weights (checksums {checksums}); DDP is broken")
+    return checksums
+
+
+def _report(accelerator, state: dict, step: int, name: str, metrics: dict) -> None:
+    logger.info(f"step {step} {name}: {_describe(metrics)}")
+    if "bleu_signature" in metrics:
+        logger.info(f"sacrebleu {metrics['bleu_signature']} | {metrics['chrf_signature']}")
+    state["history"].append({"step": step, "split": name, **{k: v for k, v in metrics.items() if k != "examples"}})
+    accelerator.log({f"{name}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
