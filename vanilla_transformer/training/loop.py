@@ -36,6 +36,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 
 from ..configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from ..corpora import load_translation_dataset, resolve_languages
+from ..generation_vanilla_transformer import paper_generation_config
 from ..modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
 from ..tokenization_vanilla_transformer import DEFAULT_VOCAB_SIZE, train_tokenizer
 from .checkpoints import average_checkpoints, latest_checkpoint, list_checkpoints, read_state, save_checkpoint
@@ -248,9 +249,10 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
             generated = model.generate(
                 input_ids=batch["input_ids"],
                 attention_mask=batch["attention_mask"],
-                num_beams=args.num_beams,
-                length_penalty=args.length_penalty,
-                max_new_tokens=batch["input_ids"].size(1) + 50,  # §6.1: input length + 50
+                # §6.1: beam search, GNMT length penalty, at most source length + 50 tokens per sentence.
+                generation_config=paper_generation_config(
+                    model.config, num_beams=args.num_beams, length_penalty=args.length_penalty
+                ),
             )
             texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
             translations += list(zip(indices, texts))
@@ -320,28 +322,6 @@ def write_output_folder(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return output_dir
-
-
-def paper_generation_config(model, max_length: int) -> GenerationConfig:
-    """§6.1's decoding: beam size 4, length penalty α = 0.6, at most input length + 50 tokens.
-
-    `max_length_offset` records the "+ 50"; until `generate` reads it, `max_length` caps the
-    output at the training length limit + 50.
-    """
-    config = model.config
-    return GenerationConfig(
-        num_beams=4,
-        length_penalty=0.6,
-        # early_stopping stays False, the heuristic that stops when no live beam can beat the best
-        # finished one. True stops at the first num_beams finished hypotheses, however short: on a
-        # copy task it cut the last word of 10 % of outputs.
-        max_length=max_length + 50,
-        max_length_offset=50,
-        decoder_start_token_id=config.decoder_start_token_id,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -556,7 +536,7 @@ def train(args: TrainingArguments) -> dict:
             tokenizer,
             output_dir,
             results,
-            paper_generation_config(unwrapped, args.max_length),
+            paper_generation_config(unwrapped.config),
             dataset=args.dataset,
             source_lang=source_lang,
             target_lang=target_lang,
