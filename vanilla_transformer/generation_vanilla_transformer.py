@@ -21,9 +21,15 @@ attributes and saves them in generation_config.json; they can also be passed to 
         (greedy, sampling, either beam search), per sentence in a batch. A max_length or
         max_new_tokens stored in the model's generation config is then a ceiling on top of it.
 
-The search runs inside transformers' `generate` as a `custom_generate` callable, so input
-preparation (encoder run once, beam expansion, cache, logits processors, stopping criteria) is
-transformers' own; only the loop below is ours.
+The search runs inside transformers' `generate` as a `custom_generate` callable (a documented
+argument of `generate`: "perform the usual input preparation steps, then call the provided callable
+to run the decoding loop"), so input preparation (encoder run once, beam expansion, cache, logits
+processors such as no_repeat_ngram_size, stopping criteria) stays transformers' own and only the
+loop below is ours. The model's `generate` passes it when the style is "gnmt"; anyone can pass it
+explicitly: `model.generate(..., num_beams=4, custom_generate=gnmt_beam_search)`. The other form of
+`custom_generate`, a `custom_generate/generate.py` folder in a Hub repository, is not used: it
+replaces `generate` wholesale (greedy and sampling would have to be re-implemented), needs
+`trust_remote_code` at every call and is not written by `save_pretrained`.
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only the
 standard library, torch and the public API of transformers.
