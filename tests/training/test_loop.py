@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -99,13 +100,19 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, sm
     small_run[small_run.index("--config-overrides") + 1] += ",dropout=0"
     args = ["--dataset", str(small_task), *small_run, "--max-steps", "4", "--save-steps", "4"]
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    launched = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-         "-m", "vanilla_transformer.cli", "train", "--output-dir", str(tmp_path / "two"), *args],
-        env=env, capture_output=True, text=True, timeout=180, cwd=REPO,
-    )
-    assert launched.returncode == 0, launched.stderr[-3000:]
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               "--main_process_port", str(free_port()),
+               "-m", "vanilla_transformer.cli", "train", "--output-dir", str(tmp_path / "two"), *args]
+    # Its own process group, so that a hang takes the ranks down with the launcher.
+    with subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as launched:
+        try:
+            _, stderr = launched.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            os.killpg(launched.pid, signal.SIGKILL)
+            raise
+    assert launched.returncode == 0, stderr[-3000:]
     results = json.loads((tmp_path / "two" / "results.json").read_text())
     checksums = results["replica_checksums"]
     assert len(checksums) == 2 and checksums[0] == checksums[1]  # both ranks hold the same weights
@@ -209,3 +216,14 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, s
     assert [p.name for p in list_checkpoints(out / "checkpoints")] == ["checkpoint-00000002"]
     assert all(torch.isfinite(t).all() for t in weights(out / "checkpoints" / "checkpoint-00000002").values())
     assert not (out / "model.safetensors").exists()  # no final folder from a broken run
+
+
+def test_tensorboard_without_the_package_is_a_clear_error(tmp_path):
+    from accelerate.utils import is_tensorboard_available
+
+    args = loop.TrainingArguments(output_dir=str(tmp_path), report_to="tensorboard")
+    if is_tensorboard_available():
+        args.validate()
+    else:
+        with pytest.raises(ValueError, match=r"vanilla-transformer\[tensorboard\]"):
+            args.validate()

@@ -133,6 +133,12 @@ class TrainingArguments:
             raise ValueError(f"`mixed_precision` must be 'no', 'fp16' or 'bf16'; got {self.mixed_precision!r}.")
         if self.report_to not in (None, "tensorboard"):
             raise ValueError(f"`report_to` must be 'tensorboard' or None; got {self.report_to!r}.")
+        if self.report_to == "tensorboard":
+            from accelerate.utils import is_tensorboard_available
+
+            if not is_tensorboard_available():
+                raise ValueError("`report_to` tensorboard needs the tensorboard package: "
+                                 "pip install 'vanilla-transformer[tensorboard]'")
         if self.time_limit is not None and self.time_limit <= 0:
             raise ValueError(f"`time_limit` must be a positive number of minutes; got {self.time_limit!r}.")
 
