@@ -92,6 +92,7 @@ class TrainingArguments:
     # Evaluation (§6.1: beam 4, length penalty 0.6, at most input length + 50 tokens)
     eval_steps: int = 1000
     eval_samples: int | None = 500  # validation pairs translated for BLEU during training (0: none, None: all)
+    test_samples: int | None = None  # test pairs translated at the end (None: all, the headline numbers)
     num_beams: int = 4
     length_penalty: float = 0.6
     # Logging
@@ -112,6 +113,8 @@ class TrainingArguments:
                 raise ValueError(f"`{name}` must be a positive integer or None; got {value!r}.")
         if self.eval_samples is not None and (not isinstance(self.eval_samples, int) or self.eval_samples < 0):
             raise ValueError(f"`eval_samples` must be a non-negative integer or None; got {self.eval_samples!r}.")
+        if self.test_samples is not None and (not isinstance(self.test_samples, int) or self.test_samples < 1):
+            raise ValueError(f"`test_samples` must be a positive integer or None; got {self.test_samples!r}.")
         known = [name for name in inspect.signature(VanillaTransformerConfig).parameters if name != "kwargs"]
         unknown = sorted(set(self.config_overrides) - set(known))
         if unknown:
@@ -519,7 +522,10 @@ def train(args: TrainingArguments) -> dict:
         "decoding": {"num_beams": args.num_beams, "length_penalty": args.length_penalty, "max_new_tokens": "input length + 50"},
     }
     for name, split in eval_splits.items():
-        results[name] = evaluate(accelerator, model, tokenizer, split, args, translate_samples=None)
+        # Validation translates what it translated during training (`eval_samples`); the test split,
+        # which the headline numbers come from, is translated whole unless `test_samples` says otherwise.
+        samples = args.eval_samples if name == "validation" and "test" in eval_splits else args.test_samples
+        results[name] = evaluate(accelerator, model, tokenizer, split, args, translate_samples=samples)
         _report(accelerator, state, step, name, results[name])
     results["history"] = state["history"]
     # The headline numbers, flat, as the model card reads them.

@@ -1,0 +1,52 @@
+"""The main job end to end, with a tiny model and a budget of about a minute and a half."""
+
+import json
+
+import pytest
+
+from vanilla_transformer.cli import main
+from vanilla_transformer.quickstart import training_arguments
+
+
+@pytest.fixture(scope="module")
+def quickstart_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("quickstart") / "model"
+    assert main(["quickstart", "--output-dir", str(folder), "--minutes", "1.2", "--size", "tiny",
+                 "--test-samples", "40"]) == 0
+    return folder
+
+
+def test_quickstart_prints_a_summary_and_leaves_a_complete_folder(quickstart_folder, capsys):
+    summary = json.loads((quickstart_folder / "quickstart.json").read_text())
+    assert summary["split"] == "test" and summary["scored_pairs"] == 40 and 0 <= summary["bleu"] <= 100 and 0 <= summary["chrf"] <= 100
+    assert summary["steps"] > 0 and summary["parameters"] > 0
+    assert len(summary["examples"]) == 3 and all(e["translation"] is not None for e in summary["examples"])
+    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "results.json",
+                 "README.md", "modeling_vanilla_transformer.py", "configuration_vanilla_transformer.py",
+                 "generation_vanilla_transformer.py", "pipeline_vanilla_transformer.py"):
+        assert (quickstart_folder / name).is_file(), name
+    attention = quickstart_folder / "attention"
+    assert (attention / "overview.png").is_file() and (attention / "bertviz.pt").is_file()
+    assert len(list(attention.glob("cross_layer*.png"))) == 2  # tiny has 2 decoder layers
+    card = (quickstart_folder / "README.md").read_text()
+    assert f"{summary['bleu']:.2f}" in card or f"{summary['bleu']:.1f}" in card
+
+
+def test_quickstart_folder_translates_in_a_process_without_the_package(quickstart_folder, run_without_package):
+    out = run_without_package(
+        f"""
+        from transformers import pipeline
+        translate = pipeline("translation", model={str(quickstart_folder)!r}, trust_remote_code=True)
+        result = translate(["In the beginning, God created the heavens and the earth.", "Jesus wept."])
+        assert len(result) == 2 and all(isinstance(r["translation_text"], str) for r in result), result
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
+
+
+def test_quickstart_rejects_a_budget_too_small_for_the_size(tmp_path):
+    with pytest.raises(ValueError, match="`minutes` must be more than 2.5 for size 'small'"):
+        training_arguments(tmp_path, 2.0, "small", on_gpu=False)
+    with pytest.raises(ValueError, match="`size` must be one of 'base', 'small', 'tiny'; got 'huge'"):
+        training_arguments(tmp_path, 10.0, "huge", on_gpu=False)
