@@ -177,6 +177,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     ckpt.add_argument("--log-steps", type=int, default=50, help="tracker logging interval (default: %(default)s)")
     ckpt.add_argument("--report-to", choices=("tensorboard",), help="tracker, logging under OUTPUT_DIR/runs")
     p.add_argument("--output-dir", required=True, help="the run's folder: checkpoints/ while training, then a Hub repository")
+    p.add_argument("--push-to-hub", metavar="USER/NAME",
+                   help="upload the finished folder to this Hub model repository (token from HF_TOKEN or `hf auth login`)")
 
     def run(args: argparse.Namespace) -> int:
         import json

@@ -241,6 +241,6 @@ def push_folder(
         token=token,
         commit_message=commit_message,
         # Training leftovers that do not belong in a model repository.
-        ignore_patterns=["checkpoint-*", "checkpoint-*/**", "runs/**", ".*", "**/.*", "*.tmp"],
+        ignore_patterns=["checkpoints/**", "checkpoint-*", "checkpoint-*/**", "runs/**", ".*", "**/.*", "*.tmp"],
     )
     return str(repo_url)

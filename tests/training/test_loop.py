@@ -227,3 +227,26 @@ def test_tensorboard_without_the_package_is_a_clear_error(tmp_path):
     else:
         with pytest.raises(ValueError, match=r"vanilla-transformer\[tensorboard\]"):
             args.validate()
+
+
+def test_push_to_hub_uploads_the_finished_folder(tmp_path, small_task, small_run, monkeypatch):
+    import huggingface_hub
+
+    calls = []
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: "hf_test")
+    monkeypatch.setattr(huggingface_hub, "create_repo", lambda repo_id, **kw: calls.append(("create", repo_id)) or repo_id)
+    monkeypatch.setattr(huggingface_hub, "upload_folder",
+                        lambda **kw: calls.append(("upload", kw["repo_id"], kw["folder_path"], kw["ignore_patterns"])))
+    out = tmp_path / "out"
+    main(["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run, "--max-steps", "2",
+          "--eval-samples", "0", "--test-samples", "4", "--push-to-hub", "someone/tiny-copy"])
+    assert calls[0] == ("create", "someone/tiny-copy")
+    assert calls[1][:3] == ("upload", "someone/tiny-copy", str(out)) and "checkpoints/**" in calls[1][3]
+    assert (out / "model.safetensors").is_file() and (out / "checkpoints").is_dir()
+
+
+def test_push_to_hub_with_a_bad_repo_id_fails_before_training(tmp_path, small_task, small_run, capsys):
+    err = _usage_error(capsys, ["train", "--dataset", str(small_task), "--output-dir", str(tmp_path / "out"),
+                                *small_run, "--push-to-hub", "not-a-repo-id"])
+    assert "`repo_id` must look like 'user-or-org/model-name'" in err
+    assert not (tmp_path / "out").exists()

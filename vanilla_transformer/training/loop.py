@@ -98,6 +98,8 @@ class TrainingArguments:
     # Logging
     log_steps: int = 50
     report_to: str | None = None  # "tensorboard": logs under output_dir/runs
+    # Publishing: upload the finished output folder to this Hub model repository ("user/name")
+    push_to_hub: str | None = None
 
     def validate(self) -> None:
         """Fail early, naming the option and what it accepts."""
@@ -142,6 +144,10 @@ class TrainingArguments:
             if not is_tensorboard_available():
                 raise ValueError("`report_to` tensorboard needs the tensorboard package: "
                                  "pip install 'vanilla-transformer[tensorboard]'")
+        if self.push_to_hub is not None:
+            from ..hub import check_repo_id
+
+            check_repo_id(self.push_to_hub)  # before hours of training, not after
         if self.time_limit is not None and self.time_limit <= 0:
             raise ValueError(f"`time_limit` must be a positive number of minutes; got {self.time_limit!r}.")
 
@@ -556,6 +562,10 @@ def train(args: TrainingArguments) -> dict:
             example=example,
         )
         logger.info(f"saved the model, tokenizer and {RESULTS_FILE} to {output_dir}")
+        if args.push_to_hub:
+            from ..hub import push_folder
+
+            logger.info(f"uploaded to {push_folder(output_dir, args.push_to_hub)}")
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return results
