@@ -166,7 +166,9 @@ class MultiHeadAttention(nn.Module):
     def forward(self, hidden_states, key_value_states=None, mask=None, cache=None, output_attentions=False,
                 causal=False):
         batch, length, d_model = hidden_states.shape
-        (q,) = self._split_heads(self.q_proj(hidden_states), 1)  # (B, H, T, Dh)
+        # A view, not `_split_heads(..., 1)`: unpacking a tensor is an unbind, whose backward copies
+        # the gradient (a stack) for nothing.
+        q = self.q_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
         if self.is_cross_attention and cache is not None and cache.is_updated.get(self.layer_idx):
             # The encoder output does not change while decoding: project it once, reuse it every step.
             layer = cache.cross_attention_cache.layers[self.layer_idx]
