@@ -666,17 +666,10 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
                 ignore_index=-100,
                 label_smoothing=self.config.label_smoothing,
             )
-        return Seq2SeqLMOutput(
-            loss=loss,
-            logits=logits,
-            past_key_values=outputs.past_key_values,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
-        )
+        # Everything the base model returned (caches, attentions, hidden states), but the logits
+        # in place of the last hidden state.
+        passed_on = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
+        return Seq2SeqLMOutput(loss=loss, logits=logits, **passed_on)
 
 
 __all__ = [
