@@ -43,6 +43,13 @@ def run_without_package_fixture():
 HUB_EXAMPLE = "In the beginning God created the heavens and the earth."
 
 
+@pytest.fixture(name="hub_example", scope="session")
+def hub_example_fixture():
+    """The sentence whose attention the Hub folder's card shows (a fixture: test modules cannot import
+    `conftest`, since tests/training has a conftest of its own)."""
+    return HUB_EXAMPLE
+
+
 @pytest.fixture(scope="session")
 def hub_tiny_model():
     """A tiny en-es model (d_model 64, 2+2 layers, 4 heads) and its tokenizer, trained for a few

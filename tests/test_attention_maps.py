@@ -8,11 +8,9 @@ from vanilla_transformer.attention_maps import KINDS, bertviz_data, collect_atte
 
 
 @pytest.fixture(scope="module")
-def record(hub_tiny_model):
-    from conftest import HUB_EXAMPLE
-
+def record(hub_tiny_model, hub_example):
     model, tokenizer = hub_tiny_model
-    return collect_attentions(model, tokenizer, HUB_EXAMPLE, num_beams=1, max_new_tokens=12)
+    return collect_attentions(model, tokenizer, hub_example, num_beams=1, max_new_tokens=12)
 
 
 def test_weights_are_probabilities_over_the_right_tokens(record, hub_tiny_model):
