@@ -44,6 +44,9 @@ SETTINGS = {
     },
 }
 QUICK = dict(train_tokens=256, sentences=32, generation_train_steps=0)
+# A trained model's outputs end at their own lengths; the cap only stops runaway repetition.
+TRAINED = {"cpu": dict(sentences=128, max_new_tokens=128), "cuda": dict(sentences=634, max_new_tokens=128)}
+TRAINED_QUICK = dict(sentences=32, max_new_tokens=32)
 
 
 def _parse_sizes(text: str) -> list[str]:
@@ -60,8 +63,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny only, few repeats, small inputs")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch and CTranslate2 threads")
+    parser.add_argument("--generation-model", type=Path, metavar="DIR",
+                        help="also time generation with this trained model folder (e.g. from `vanilla-transformer "
+                             "train`) and its tokenizer: outputs that end at their own lengths")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for the JSON and Markdown")
     args = parser.parse_args(argv)
+    if args.generation_model and not (args.generation_model / "config.json").is_file():
+        parser.error(f"--generation-model must be a model folder with a config.json; got {args.generation_model}")
     if args.threads < 1:
         parser.error(f"--threads must be at least 1; got {args.threads}")
     kind = "cuda" if args.device.startswith("cuda") else "cpu"
@@ -72,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
 
     repeats = dict(warmup=1, steps=2, rounds=1, generation_repeats=1, max_new_tokens=16) if args.quick else dict(
-        warmup=1, steps=4, rounds=2, generation_repeats=3, max_new_tokens=32 if kind == "cpu" else 64
+        warmup=3, steps=8, rounds=3, generation_repeats=3, max_new_tokens=32 if kind == "cpu" else 64
     )
     vocab_size, tokenizer_pairs = (1000, 2000) if args.quick else (8000, None)
     tokenizer = benchmark_tokenizer(vocab_size, tokenizer_pairs)
@@ -83,6 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
             "quick": args.quick,
             "vocab_size": len(tokenizer),
             "per_size": {size: QUICK if args.quick else SETTINGS[kind][size] for size in sizes},
+            "generation_model": str(args.generation_model) if args.generation_model else None,
             **repeats,
             "training_precision": "bf16 autocast" if kind == "cuda" else "fp32",
             "generation_precision": "bf16 (agreement checked in fp32)" if kind == "cuda" else "fp32",
@@ -111,6 +120,16 @@ def main(argv: list[str] | None = None) -> dict:
         report["generation"].update(timed(f"generation {size}", lambda: generation.run(
             tokenizer, [size], args.device, args.threads, settings["sentences"], repeats["max_new_tokens"],
             repeats["generation_repeats"], {size: settings["generation_train_steps"]},
+        )))
+    if args.generation_model:
+        from transformers import AutoTokenizer
+
+        trained = TRAINED_QUICK if args.quick else TRAINED[kind]
+        report["settings"]["per_size"]["trained"] = trained
+        report["generation"].update(timed("generation trained", lambda: generation.run(
+            AutoTokenizer.from_pretrained(args.generation_model), ["trained"], args.device, args.threads,
+            trained["sentences"], trained["max_new_tokens"], repeats["generation_repeats"], {},
+            model_dir=str(args.generation_model),
         )))
     report["tokenizer"] = timed("tokenizer", lambda: tokenizer_benchmark.run(
         vocab_size=vocab_size, repeats=1 if args.quick else 3))
@@ -159,8 +178,8 @@ def markdown(report: dict) -> str:
         "",
         f"Values are median [min–max]; ratios are paired per round (contenders interleaved). "
         f"Training: forward + backward + Adam, {settings['training_precision']}, {settings['warmup']} warm-up "
-        f"and {settings['steps']} timed steps per process × {settings['rounds']} rounds; tokens are non-padding "
-        "target tokens. Memory: peak resident memory of the contender's own process above the interpreter with "
+        f"and {settings['steps']} timed steps per process × {settings['rounds']} rounds, on one batch of pairs of "
+        "the median length (batched by length, as the training loop does); tokens are non-padding target tokens. Memory: peak resident memory of the contender's own process above the interpreter with "
         "torch imported (CPU), or `torch.cuda.max_memory_allocated` (GPU). MFU = 6 × parameters × target "
         "tokens/s / measured bf16 matmul peak.",
         "",
@@ -175,7 +194,10 @@ def markdown(report: dict) -> str:
     lines += [
         "",
         f"## Generation (en-es test split, batch {settings['generation_batch_size']}, "
-        f"max {settings['max_new_tokens']} new tokens, {settings['generation_precision']})",
+        f"max {settings['max_new_tokens']} new tokens"
+        + (f" ({settings['per_size']['trained']['max_new_tokens']} for the trained model)"
+           if "trained" in settings["per_size"] else "")
+        + f", {settings['generation_precision']})",
         "",
         "Beam 4 uses transformers' scoring (length penalty 0.6 as |Y|^α, early stopping) for ours and Marian; "
         "CTranslate2 its own (|Y|^α); ours-gnmt is our search with the GNMT penalty ((5+|Y|)/6)^α. "
@@ -203,8 +225,7 @@ def markdown(report: dict) -> str:
                 f"- {size} {mode}: ours = Marian on {m['ours_equals_marian']:.0%} of sentences; "
                 f"{m['distinct_outputs']} distinct outputs, mean {m['mean_output_tokens']:.1f} tokens, "
                 f"{m['ended_with_eos']:.0%} end in </s>, {m['mean_distinct_tokens_per_output']:.1f} distinct tokens "
-                f"per output (weights: " + (f"{r['train_steps']} training steps, loss {r['train_loss']:.2f})."
-                                            if r["train_steps"] else "random, repeating tokens up to the cap).")
+                f"per output (weights: {r['weights']})."
             )
         kernels = r["attention_kernels"]
         lines.append(f"- {size} attention kernels in generation: ours {', '.join(kernels['ours'])}; "

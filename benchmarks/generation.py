@@ -2,7 +2,8 @@
 
 The weights: our model, randomly initialised or (on a GPU, where it takes seconds) trained briefly
 on the en-es train split; random weights repeat one token up to the length cap, so every contender
-decodes the same fixed-length workload and beam search never finishes early. They are copied into a MarianMTModel
+decodes the same fixed-length workload and beam search never finishes early. `--generation-model
+DIR` adds a trained model (its own size and tokenizer): sentences then end at their own lengths. They are copied into a MarianMTModel
 (`convert_marian.to_marian`) and converted from that to CTranslate2 (fp32 and int8). Before any
 timing, ours and Marian must produce identical tokens in fp32; CTranslate2's agreement is reported.
 
@@ -96,7 +97,9 @@ def _ctranslate2_models(model, tokenizer, folder: str, quantizations) -> dict:
 
 
 def run(tokenizer, sizes, device: str, threads: int, sentences: int, max_new_tokens: int, repeats: int,
-        train_steps: dict, ctranslate2_quantizations=("float32", "int8")) -> dict:
+        train_steps: dict, ctranslate2_quantizations=("float32", "int8"), model_dir: str | None = None) -> dict:
+    """Per size, random (or briefly trained) weights of that preset; with `model_dir`, the one size
+    given is a label for the trained model in that folder, which `tokenizer` must belong to."""
     source, _ = pairs("test")
     source = source[:sentences]
     batches = [encode(tokenizer, source[i : i + BATCH_SIZE]) for i in range(0, len(source), BATCH_SIZE)]
@@ -104,16 +107,26 @@ def run(tokenizer, sizes, device: str, threads: int, sentences: int, max_new_tok
     results = {}
     for size in sizes:
         torch.manual_seed(0)
-        ours = VanillaTransformerForConditionalGeneration(model_config(size, tokenizer))
-        steps = train_steps.get(size, 0)
+        steps = 0 if model_dir else train_steps.get(size, 0)
+        if model_dir:
+            ours = VanillaTransformerForConditionalGeneration.from_pretrained(model_dir)
+            weights = (f"trained, from {model_dir}; CTranslate2 starts the decoder from a zero vector, not the "
+                       "start token's embedding, so its outputs differ")
+        else:
+            ours = VanillaTransformerForConditionalGeneration(model_config(size, tokenizer))
+            weights = "random, repeating tokens up to the cap"
         loss = train_briefly(ours.to(device), tokenizer, steps, target_tokens=8192) if steps else None
+        if steps:
+            weights = f"{steps} training steps, loss {loss:.2f}"
         ours.cpu().eval()
-        with torch.no_grad():
-            # The decoder starts from <pad>; a zero row there is what Marian keeps (padding_idx) and
-            # what CTranslate2 assumes (it starts from a zero vector). It changes no other output.
-            ours.get_input_embeddings().weight[pad].zero_()
+        if not model_dir:
+            with torch.no_grad():
+                # The decoder starts from <pad>; CTranslate2 starts from a zero vector instead of its
+                # embedding. With random weights every contender gets a zero row there, which changes
+                # nothing else; a trained model keeps its weights (the row is also its pad logit).
+                ours.get_input_embeddings().weight[pad].zero_()
         marian = to_marian(ours).eval()
-        entry = {"train_steps": steps, "train_loss": loss, "modes": {}}
+        entry = {"weights": weights, "train_steps": steps, "train_loss": loss, "modes": {}}
 
         # Agreement first, in fp32 on the CPU: identical tokens or the timing compares different work.
         references = {}

@@ -1,7 +1,7 @@
 """Training throughput and peak memory: ours against transformers' MarianMTModel of the same shape.
 
 One step is forward + backward + Adam step (§5.3's optimiser) on a fixed token batch of real en-es
-pairs; throughput counts non-padding target tokens. Each contender runs in its own process, so
+pairs of similar length (as the training loop batches them); throughput counts non-padding target tokens. Each contender runs in its own process, so
 that its peak resident memory (CPU) is its own, and contenders alternate (ABBA...) so that a
 change in machine load hits both. On a GPU: bf16 autocast, synchronised timing,
 `torch.cuda.max_memory_allocated`, and model FLOPs utilisation against a measured matmul peak.
@@ -18,13 +18,29 @@ import tempfile
 
 import torch
 
-from .common import Timer, attention_kernels, model_config, pairs, summary, token_batch
+from .common import Timer, attention_kernels, by_length, model_config, pairs, summary, token_batch
 
 CONTENDERS = ("ours", "marian")
 
 
 def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    """The process's peak resident memory since the last `_reset_peak_rss`, or since it started."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024  # kB
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB; never reset
+
+
+def _reset_peak_rss() -> float:
+    """Start the peak from here (Linux: "5" to clear_refs resets VmHWM), so that what importing and
+    loading took, and freed, does not hide a smaller model's peak. Returns the resident memory now."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        pass
+    return _peak_rss_mb()
 
 
 def _build(contender: str, config_dict: dict):
@@ -43,10 +59,10 @@ def _build(contender: str, config_dict: dict):
 def worker(spec: dict) -> dict:
     """One contender's training loop, in a fresh process. Returns its step times and memory."""
     torch.set_num_threads(spec["threads"])
-    rss_before_model = _peak_rss_mb()  # the interpreter with torch and transformers imported
     device = torch.device(spec["device"])
     cuda = device.type == "cuda"
     batch = {name: tensor.to(device) for name, tensor in torch.load(spec["batch"]).items()}
+    rss_before_model = _reset_peak_rss()  # the interpreter with torch and transformers imported, and the batch
     model = _build(spec["contender"], spec["config"]).to(device).train()
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(parameters, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
@@ -110,13 +126,15 @@ def matmul_peak_tflops(device: str, n: int = 8192, repeats: int = 20) -> float:
 
 def run(tokenizer, sizes, device: str, threads: int, target_tokens: int, warmup: int, steps: int, rounds: int,
         matmul_tflops: float | None = None) -> dict:
-    source, target = pairs("train")
+    # Pairs of the median length, batched as the training loop batches them: random pairs would
+    # make half of every batch padding, which neither contender trains on.
+    source, target = by_length(tokenizer, *pairs("train"))
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
             config = model_config(size, tokenizer)
             batch_path = os.path.join(tmp, f"{size}.pt")
-            torch.save(token_batch(tokenizer, source, target, target_tokens), batch_path)
+            torch.save(token_batch(tokenizer, source, target, target_tokens, start=len(source) // 2), batch_path)
             runs = {name: [] for name in CONTENDERS}
             for round_index in range(rounds):
                 order = CONTENDERS if round_index % 2 == 0 else CONTENDERS[::-1]

@@ -14,10 +14,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_quick_benchmark_writes_json_and_markdown(tmp_path):
+def test_quick_benchmark_writes_json_and_markdown(tmp_path, hub_tiny_folder):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--threads", "1", "--out", str(tmp_path)],
+        [sys.executable, "-m", "benchmarks", "--quick", "--threads", "1", "--out", str(tmp_path),
+         "--generation-model", str(hub_tiny_folder)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -39,18 +40,22 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path):
     assert train["ours"]["target_tokens_per_batch"] == train["marian"]["target_tokens_per_batch"]
     assert train["speedup_vs_marian"]["median"] > 0
 
-    generation = report["generation"]["tiny"]
     contenders = {"ours", "marian"}
     if importlib.util.find_spec("ctranslate2") is not None:
         contenders |= {"ctranslate2-float32", "ctranslate2-int8"}
-    for mode in ("greedy", "beam4"):
-        result = generation["modes"][mode]
-        assert result["ours_equals_marian"] == 1.0  # same weights, fp32: the same tokens
-        assert contenders <= set(result["contenders"])
-        for name in contenders:
-            assert result["contenders"][name]["tokens_per_s"]["median"] > 0
-        assert result["contenders"]["marian"]["agrees_with_ours"] == 1.0
+    for size in ("tiny", "trained"):
+        generation = report["generation"][size]
+        for mode in ("greedy", "beam4"):
+            result = generation["modes"][mode]
+            assert result["ours_equals_marian"] == 1.0  # same weights, fp32: the same tokens
+            assert contenders <= set(result["contenders"])
+            for name in contenders:
+                assert result["contenders"][name]["tokens_per_s"]["median"] > 0
+            assert result["contenders"]["marian"]["agrees_with_ours"] == 1.0
+    assert generation["weights"].startswith("trained")
+    # The trained model's outputs are its own: varied, not one token repeated up to the cap.
+    assert generation["modes"]["greedy"]["mean_distinct_tokens_per_output"] > 2
     assert report["tokenizer"]["encode_sentences_per_s"] > 0
 
     markdown = md_path.read_text()
-    assert "| tiny | ours |" in markdown and "## Generation" in markdown and "## Tokenizer" in markdown
+    assert "| tiny | ours |" in markdown and "| trained | 32 | greedy | ours |" in markdown and "## Generation" in markdown and "## Tokenizer" in markdown
