@@ -158,16 +158,18 @@ class MultiHeadAttention(nn.Module):
             # sqrt(Dh): the scale a scaled dot product of unit-variance vectors would have.
             nn.init.constant_(self.score_strength, math.sqrt(self.head_dim))
 
-    def _split_heads(self, x: torch.Tensor, parts: int) -> torch.Tensor:
-        batch, length, _ = x.shape
-        x = x.view(batch, length, parts, self.num_heads, self.head_dim)
-        return x.permute(2, 0, 3, 1, 4)  # (parts, B, H, length, Dh)
+    def _split_keys_values(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, length, _ = source.shape
+        kv = self.kv_proj(source).view(batch, length, 2, self.num_heads, self.head_dim)
+        # Unbound along the K/V axis before heads are moved forward: in backward the two gradients are
+        # stacked straight into the (B, S, 2, H, Dh) layout of the projection's output, one copy. Moving
+        # heads first (a permute) would need a second copy to get back to that layout.
+        k, v = kv.unbind(2)  # (B, S, H, Dh) each
+        return k.transpose(1, 2), v.transpose(1, 2)  # (B, H, S, Dh)
 
     def forward(self, hidden_states, key_value_states=None, mask=None, cache=None, output_attentions=False,
                 causal=False):
         batch, length, d_model = hidden_states.shape
-        # A view, not `_split_heads(..., 1)`: unpacking a tensor is an unbind, whose backward copies
-        # the gradient (a stack) for nothing.
         q = self.q_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
         if self.is_cross_attention and cache is not None and cache.is_updated.get(self.layer_idx):
             # The encoder output does not change while decoding: project it once, reuse it every step.
@@ -175,7 +177,7 @@ class MultiHeadAttention(nn.Module):
             k, v = layer.keys, layer.values
         else:
             source = key_value_states if self.is_cross_attention else hidden_states
-            k, v = self._split_heads(self.kv_proj(source), 2)  # (B, H, S, Dh) each
+            k, v = self._split_keys_values(source)  # (B, H, S, Dh) each
             if cache is not None:
                 if self.is_cross_attention:
                     k, v = cache.cross_attention_cache.update(k, v, self.layer_idx)
