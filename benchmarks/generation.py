@@ -19,7 +19,7 @@ import os
 import tempfile
 
 import torch
-from transformers import GenerationMixin
+from transformers import GenerationConfig, GenerationMixin
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.convert_marian import to_marian
@@ -110,6 +110,9 @@ def run(tokenizer, sizes, device: str, threads: int, sentences: int, max_new_tok
         steps = 0 if model_dir else train_steps.get(size, 0)
         if model_dir:
             ours = VanillaTransformerForConditionalGeneration.from_pretrained(model_dir)
+            # Saved folders decode as the paper does (GNMT search, source-length cap); here ours runs
+            # transformers' search as Marian does, and the GNMT search only in its own row.
+            ours.generation_config = GenerationConfig.from_model_config(ours.config)
             weights = (f"trained, from {model_dir}; CTranslate2 starts the decoder from a zero vector, not the "
                        "start token's embedding, so its outputs differ")
         else:
