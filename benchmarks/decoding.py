@@ -29,6 +29,8 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vanilla_transformer.corpora import load_translation_dataset, resolve_languages, text_pairs
 
+from .generation import generated_lengths
+
 ROWS = {
     "greedy": dict(num_beams=1),
     "beam 4, transformers len^0.6": dict(num_beams=4, length_penalty=0.6, length_penalty_style="transformers",
@@ -38,12 +40,6 @@ ROWS = {
     "beam 4, GNMT α 0.6": dict(num_beams=4, length_penalty=0.6, length_penalty_style="gnmt"),
     "beam 4, GNMT α 1.0": dict(num_beams=4, length_penalty=1.0, length_penalty_style="gnmt"),
 }
-
-
-def generated_lengths(tokens: torch.Tensor, eos: int, pad: int) -> torch.Tensor:
-    """Tokens up to and including the first </s>: transformers' beam search pads with </s> when pad is 0."""
-    ended = tokens == eos
-    return torch.where(ended.any(1), ended.int().argmax(1) + 1, (tokens != pad).sum(1))
 
 
 def translate(model, tokenizer, sources: list[str], batch_size: int, options: dict) -> tuple[list[str], float, int]:
@@ -56,7 +52,7 @@ def translate(model, tokenizer, sources: list[str], batch_size: int, options: di
         batch = tokenizer([sources[i] for i in indices], padding=True, return_tensors="pt")
         with torch.inference_mode():
             tokens = model.generate(**batch, do_sample=False, **options)
-        generated += int(generated_lengths(tokens[:, 1:], tokenizer.eos_token_id, tokenizer.pad_token_id).sum())
+        generated += int(generated_lengths(tokens, tokenizer.eos_token_id, tokenizer.pad_token_id).sum())
         for i, text in zip(indices, tokenizer.batch_decode(tokens, skip_special_tokens=True)):
             outputs[i] = text
     return outputs, time.perf_counter() - started, generated

@@ -118,8 +118,9 @@ def run(tokenizer, sizes, device: str, threads: int, sentences: int, max_new_tok
         else:
             ours = VanillaTransformerForConditionalGeneration(model_config(size, tokenizer))
             weights = "random, repeating tokens up to the cap"
-        loss = train_briefly(ours.to(device), tokenizer, steps, target_tokens=8192) if steps else None
+        loss = None
         if steps:
+            loss = train_briefly(ours.to(device), tokenizer, steps, target_tokens=8192)
             weights = f"{steps} training steps, loss {loss:.2f}"
         ours.cpu().eval()
         if not model_dir:
