@@ -31,6 +31,26 @@ def test_scheduler_sets_the_rate_of_each_optimizer_step_and_adam_has_the_papers_
     assert max(seen) == seen[9]
 
 
+def test_the_fused_update_is_adams_update():
+    torch.manual_seed(0)
+    fused_model, plain_model = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+    plain_model.load_state_dict(fused_model.state_dict())
+    fused = make_optimizer(fused_model)
+    plain = torch.optim.Adam(plain_model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    assert fused.param_groups[0]["fused"]
+    for optimizer in (fused, plain):
+        for group in optimizer.param_groups:
+            group["lr"] = 1e-2
+    for _ in range(5):
+        x = torch.randn(4, 8)
+        for model, optimizer in ((fused_model, fused), (plain_model, plain)):
+            model(x).square().sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    for a, b in zip(fused_model.parameters(), plain_model.parameters()):
+        torch.testing.assert_close(a, b)
+
+
 @pytest.mark.parametrize("kwargs", [dict(warmup_steps=0), dict(scale=0.0)])
 def test_bad_schedule_arguments_are_refused(kwargs):
     with pytest.raises(ValueError, match="warmup_steps|scale"):
