@@ -9,7 +9,12 @@ from vanilla_transformer import (
     VanillaTransformerModel,
 )
 from vanilla_transformer.configuration_vanilla_transformer import ATTENTION_SCORES
-from vanilla_transformer.modeling_vanilla_transformer import attend, shift_tokens_right, sinusoidal_encoding
+from vanilla_transformer.modeling_vanilla_transformer import (
+    Dropout,
+    attend,
+    shift_tokens_right,
+    sinusoidal_encoding,
+)
 
 VOCAB = 40
 PAD, BOS, EOS = 0, 1, 2
@@ -193,6 +198,19 @@ def test_labels_give_loss_and_shifted_decoder_inputs():
     torch.testing.assert_close(smoothed, 0.9 * expected + 0.1 * uniform_term)
 
 
+def test_dropout_zeroes_p_of_the_elements_and_scales_the_rest():
+    dropout = Dropout(0.25).train()
+    x = torch.randn(400, 500, requires_grad=True)
+    y = dropout(x)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.75) < 0.005
+    torch.testing.assert_close(y[kept], x[kept] / 0.75)
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(grad, kept.float() / 0.75)  # the same mask in backward
+    assert torch.equal(dropout.eval()(x), x) and torch.equal(Dropout(0.0).train()(x), x)
+    assert not torch.equal(Dropout(0.25).train()(x), y)  # a new mask every call
+
+
 @pytest.mark.parametrize("score", ATTENTION_SCORES)
 def test_each_score_function_trains_without_nan(score):
     model = make_model(attention_score=score).train()
@@ -260,15 +278,17 @@ def test_pre_norm_and_untied_embeddings():
     assert tied.lm_head.weight is tied.model.shared.weight is tied.model.decoder.embeddings.embed_tokens.weight
 
 
-def test_gradient_checkpointing_gives_the_same_gradients():
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_gradient_checkpointing_gives_the_same_gradients(dropout):
     input_ids, attention_mask, decoder_input_ids = batch()
     labels = decoder_input_ids.roll(-1, dims=1)
     grads = []
     for checkpointing in (False, True):
-        model = make_model(dropout=0.0).train()
+        model = make_model(dropout=dropout).train()
         if checkpointing:
             model.activation_checkpointing_enable()
             assert model.model.encoder.gradient_checkpointing
+        torch.manual_seed(1)  # the recomputed forward draws the same dropout masks
         model(input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     torch.testing.assert_close(grads[0], grads[1])
