@@ -14,6 +14,7 @@ from vanilla_transformer.modeling_vanilla_transformer import (
     attend,
     shift_tokens_right,
     sinusoidal_encoding,
+    smoothed_cross_entropy,
 )
 
 VOCAB = 40
@@ -196,6 +197,30 @@ def test_labels_give_loss_and_shifted_decoder_inputs():
     log_probs = logits.log_softmax(-1)[labels != -100]
     uniform_term = -log_probs.mean(-1).mean()
     torch.testing.assert_close(smoothed, 0.9 * expected + 0.1 * uniform_term)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_smoothed_cross_entropy_and_its_gradient_are_torchs(epsilon):
+    torch.manual_seed(0)
+    logits = (torch.randn(3, 5, VOCAB) * 4).requires_grad_()
+    labels = torch.randint(0, VOCAB, (3, 5))
+    labels[0, 3:] = labels[2, 1:] = -100
+    expected = torch.nn.functional.cross_entropy(
+        logits.view(-1, VOCAB), labels.view(-1), label_smoothing=epsilon, reduction="sum"
+    )
+    (expected_grad,) = torch.autograd.grad(expected * 0.5, logits)
+    loss, nll = smoothed_cross_entropy(logits, labels, epsilon)
+    (grad,) = torch.autograd.grad(loss * 0.5, logits)
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(grad, expected_grad)
+    assert grad[0, 3:].abs().max() == 0 and grad[2, 1:].abs().max() == 0  # ignored tokens get none
+    torch.testing.assert_close(nll, torch.nn.functional.cross_entropy(logits.view(-1, VOCAB), labels.view(-1), reduction="sum"))
+    assert not nll.requires_grad
+    with torch.no_grad():
+        torch.testing.assert_close(smoothed_cross_entropy(logits, labels, epsilon)[0], expected)
+    # Half-precision logits: computed in fp32, the gradient comes back in the logits' dtype.
+    (half_grad,) = torch.autograd.grad(smoothed_cross_entropy(logits.bfloat16(), labels, epsilon)[0] * 0.5, logits)
+    torch.testing.assert_close(half_grad, expected_grad, atol=2e-2, rtol=2e-2)
 
 
 def test_dropout_zeroes_p_of_the_elements_and_scales_the_rest():

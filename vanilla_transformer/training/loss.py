@@ -13,7 +13,8 @@ distribution is (1 - ε) on the reference token plus ε / V spread over the voca
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from ..modeling_vanilla_transformer import smoothed_cross_entropy
 
 __all__ = ["IGNORE_INDEX", "label_smoothed_loss"]
 
@@ -24,11 +25,7 @@ def label_smoothed_loss(logits: torch.Tensor, labels: torch.Tensor, epsilon: flo
     """Return (smoothed loss summed over tokens, plain NLL summed over tokens).
 
     `logits` (B, T, V), `labels` (B, T) with IGNORE_INDEX at padding. The NLL (no
-    smoothing) is what perplexity is computed from; it carries no gradient.
+    smoothing) is what perplexity is computed from; it carries no gradient. Both come from
+    one log-softmax (the model's `smoothed_cross_entropy`).
     """
-    logits = logits.float().view(-1, logits.size(-1))
-    labels = labels.view(-1)
-    loss = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, label_smoothing=epsilon, reduction="sum")
-    with torch.no_grad():
-        nll = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
-    return loss, nll
+    return smoothed_cross_entropy(logits, labels, epsilon)
