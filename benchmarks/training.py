@@ -4,8 +4,9 @@ One step is forward + backward + Adam step (§5.3's optimiser; torch's fused ker
 loop and transformers' Trainer use it) on a fixed token batch of real en-es pairs of similar length
 (as the training loop batches them); throughput counts non-padding target tokens. Each contender
 runs in its own process, so that its peak resident memory (CPU) is its own, and contenders
-alternate (ABBA...) so that a change in machine load hits both. On a GPU: bf16 autocast, synchronised timing,
-`torch.cuda.max_memory_allocated`, and model FLOPs utilisation against a measured matmul peak.
+alternate (ABBA...) so that a change in machine load hits both. On a GPU: bf16 autocast,
+synchronised timing, `torch.cuda.max_memory_allocated`, and model FLOPs utilisation against a
+measured matmul peak.
 """
 
 from __future__ import annotations
