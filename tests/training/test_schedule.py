@@ -38,6 +38,7 @@ def test_the_fused_update_is_adams_update():
     fused = make_optimizer(fused_model)
     plain = torch.optim.Adam(plain_model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     assert fused.param_groups[0]["fused"]
+    assert not make_optimizer(fused_model, device="mps").param_groups[0]["fused"]  # no fused kernel there
     for optimizer in (fused, plain):
         for group in optimizer.param_groups:
             group["lr"] = 1e-2

@@ -396,7 +396,7 @@ def train(args: TrainingArguments) -> dict:
     parameters = sum(p.numel() for p in model.parameters())
     logger.info(f"model: {parameters:,} parameters; {model.config.to_diff_dict()}")
     d_model = model.config.d_model
-    optimizer = make_optimizer(model)
+    optimizer = make_optimizer(model, accelerator.device)  # built before `prepare` moves the model there
     scheduler = make_scheduler(optimizer, d_model, args.warmup_steps, args.lr_scale)
     # The scheduler is not prepared: Accelerate would step it once per process, and the Noam
     # schedule counts optimiser steps. It is registered so that save_state/load_state keep it.
