@@ -179,7 +179,8 @@ def markdown(report: dict) -> str:
         f"Values are median [min–max]; ratios are paired per round (contenders interleaved). "
         f"Training: forward + backward + Adam, {settings['training_precision']}, {settings['warmup']} warm-up "
         f"and {settings['steps']} timed steps per process × {settings['rounds']} rounds, on one batch of pairs of "
-        "the median length (batched by length, as the training loop does); tokens are non-padding target tokens. Memory: peak resident memory of the contender's own process above the interpreter with "
+        "the median length (batched by length, as the training loop does); tokens are non-padding target "
+        "tokens. Memory: peak resident memory of the contender's own process above the interpreter with "
         "torch imported (CPU), or `torch.cuda.max_memory_allocated` (GPU). MFU = 6 × parameters × target "
         "tokens/s / measured bf16 matmul peak.",
         "",

@@ -3,9 +3,10 @@
 The weights: our model, randomly initialised or (on a GPU, where it takes seconds) trained briefly
 on the en-es train split; random weights repeat one token up to the length cap, so every contender
 decodes the same fixed-length workload and beam search never finishes early. `--generation-model
-DIR` adds a trained model (its own size and tokenizer): sentences then end at their own lengths. They are copied into a MarianMTModel
-(`convert_marian.to_marian`) and converted from that to CTranslate2 (fp32 and int8). Before any
-timing, ours and Marian must produce identical tokens in fp32; CTranslate2's agreement is reported.
+DIR` adds a trained model (its own size and tokenizer): sentences then end at their own lengths.
+The weights are copied into a MarianMTModel (`convert_marian.to_marian`) and converted from that
+to CTranslate2 (fp32 and int8). Before any timing, ours and Marian must produce identical tokens
+in fp32; CTranslate2's agreement is reported.
 
 Throughput counts generated tokens (</s> included, the start token not). Greedy and beam 4 use
 transformers' beam scoring with explicit options for both PyTorch models; our GNMT-penalty search
