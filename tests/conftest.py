@@ -25,6 +25,7 @@ def run_without_package(code: str, cwd=None, timeout: int = 300) -> str:
         cwd=cwd,
         env=env,
         capture_output=True,
+        stdin=subprocess.DEVNULL,  # as in a notebook or a service: nothing can answer a question
         text=True,
         timeout=timeout,
     )

@@ -290,9 +290,14 @@ def test_saved_folder_decodes_the_papers_way_without_the_package(toy_model, tmp_
     assert out.split() == ["ok"]
 
 
-def test_a_length_stored_in_the_model_config_is_a_ceiling_on_the_cap():
+def test_a_stored_max_new_tokens_is_a_ceiling_on_the_cap_and_a_stored_max_length_is_ignored():
     model = ScriptedModel().eval()  # sentence Z never wants to stop
     input_ids = torch.tensor([[C, EOS, PAD, PAD, PAD, PAD], [C, A, A, A, A, EOS]])
-    model.generation_config.max_length = 1 + 7
-    out = model.generate(input_ids, attention_mask=(input_ids != PAD).long(), max_length_offset=2)
+    mask = (input_ids != PAD).long()
+    model.generation_config.max_new_tokens = 7
+    out = model.generate(input_ids, attention_mask=mask, max_length_offset=2)
     assert [row.tolist().index(EOS) for row in out[:, 1:]] == [4 - 1, 7 - 1]  # 2 + 2, min(6 + 2, 7)
+    # transformers' default max_length (what Seq2SeqTrainer stores) does not cut: the cap alone holds.
+    model.generation_config.max_new_tokens, model.generation_config.max_length = None, 1 + 3
+    out = model.generate(input_ids, attention_mask=mask, max_length_offset=2)
+    assert [row.tolist().index(EOS) for row in out[:, 1:]] == [4 - 1, 8 - 1]  # 2 + 2, 6 + 2

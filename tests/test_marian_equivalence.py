@@ -11,7 +11,7 @@ same beam-search output. The details that differ and how they are mapped (see co
   P (LayerNorm only averages over dimensions), so we permute every weight that touches the
   residual stream: embedding columns, the input columns of Q, K, V and W_1, the output rows and
   biases of W^O and W_2, and LayerNorm gains and biases. Logits are unchanged by P.
-- Projections: Marian has separate k_proj and v_proj; ours are one kv_proj, their concatenation.
+- Projections: both name them q_proj, k_proj, v_proj and out_proj, the same matrices.
 - Marian adds `final_logits_bias` (zeros, not trained here) and uses its own pad-index embedding
   row; neither changes the logits.
 - Marian's activation defaults to swish; we set relu, the paper's.
@@ -85,7 +85,7 @@ def _logits(model, input_ids, attention_mask):
 def test_mapping_covers_every_parameter():
     marian, ours = build_pair()
     mapped_ours = {name for name, _, _ in parameter_map(ours.config)}
-    mapped_marian = {name for _, names, _ in parameter_map(ours.config) for name in names}
+    mapped_marian = {name for _, name, _ in parameter_map(ours.config)}
     assert mapped_ours == {name for name, _ in ours.named_parameters()}  # tied weights count once
     assert mapped_marian == {name for name, _ in marian.named_parameters() if "embed_positions" not in name}
 

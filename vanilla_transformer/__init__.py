@@ -8,6 +8,7 @@ from .modeling_vanilla_transformer import (
     VanillaTransformerModel,
     VanillaTransformerPreTrainedModel,
 )
+from .pipeline_vanilla_transformer import TranslationPipeline
 
 __version__ = "0.1.0"
 
@@ -22,6 +23,7 @@ VanillaTransformerModel.register_for_auto_class("AutoModel")
 VanillaTransformerForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
 
 __all__ = [
+    "TranslationPipeline",
     "VanillaTransformerConfig",
     "VanillaTransformerForConditionalGeneration",
     "VanillaTransformerModel",

@@ -14,7 +14,7 @@ What differs, and how it is mapped:
   P (LayerNorm only averages over dimensions), so every weight that touches the residual stream is
   permuted: embedding columns, the input columns of Q, K, V and W_1, the output rows and biases of
   W^O and W_2, and LayerNorm gains and biases. Logits are unchanged by P.
-- Projections: Marian has separate k_proj and v_proj; ours are one kv_proj, their concatenation.
+- Projections: both name them q_proj, k_proj, v_proj and out_proj, the same matrices.
 - Marian adds `final_logits_bias` (a buffer, zeros unless a converted Marian checkpoint set it); we
   have none, so a non-zero one cannot be converted.
 """
@@ -40,22 +40,22 @@ def paper_from_marian_permutation(d_model: int) -> torch.Tensor:
 
 
 def parameter_map(config: VanillaTransformerConfig):
-    """(our parameter, the Marian parameters it is the concatenation of, its stream dimension) for every parameter."""
-    entries = [("model.shared.weight", ["model.shared.weight"], COLUMNS)]
+    """(our parameter, the Marian parameter, its stream dimension) for every parameter."""
+    entries = [("model.shared.weight", "model.shared.weight", COLUMNS)]
 
-    def linear(ours, marians, stream_dim):
-        entries.append((f"{ours}.weight", [f"{m}.weight" for m in marians], stream_dim))
+    def linear(ours, marian, stream_dim):
+        entries.append((f"{ours}.weight", f"{marian}.weight", stream_dim))
         # A bias follows the stream only where the output rows do.
-        entries.append((f"{ours}.bias", [f"{m}.bias" for m in marians], ROWS if stream_dim == ROWS else NEITHER))
+        entries.append((f"{ours}.bias", f"{marian}.bias", ROWS if stream_dim == ROWS else NEITHER))
 
     def attention(ours, marian):
-        linear(f"{ours}.q_proj", [f"{marian}.q_proj"], COLUMNS)
-        linear(f"{ours}.kv_proj", [f"{marian}.k_proj", f"{marian}.v_proj"], COLUMNS)
-        linear(f"{ours}.out_proj", [f"{marian}.out_proj"], ROWS)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            linear(f"{ours}.{name}", f"{marian}.{name}", COLUMNS)
+        linear(f"{ours}.out_proj", f"{marian}.out_proj", ROWS)
 
     def norm(ours, marian):
-        entries.append((f"{ours}.weight", [f"{marian}.weight"], ROWS))
-        entries.append((f"{ours}.bias", [f"{marian}.bias"], ROWS))
+        entries.append((f"{ours}.weight", f"{marian}.weight", ROWS))
+        entries.append((f"{ours}.bias", f"{marian}.bias", ROWS))
 
     for side, count in (("encoder", config.encoder_layers), ("decoder", config.decoder_layers)):
         for i in range(count):
@@ -65,8 +65,8 @@ def parameter_map(config: VanillaTransformerConfig):
             if side == "decoder":
                 attention(f"{ours}.cross_attn", f"{marian}.encoder_attn")
                 norm(f"{ours}.cross_attn_residual.norm", f"{marian}.encoder_attn_layer_norm")
-            linear(f"{ours}.feed_forward.fc1", [f"{marian}.fc1"], COLUMNS)
-            linear(f"{ours}.feed_forward.fc2", [f"{marian}.fc2"], ROWS)
+            linear(f"{ours}.feed_forward.fc1", f"{marian}.fc1", COLUMNS)
+            linear(f"{ours}.feed_forward.fc2", f"{marian}.fc2", ROWS)
             norm(f"{ours}.feed_forward_residual.norm", f"{marian}.final_layer_norm")
     return entries
 
@@ -130,10 +130,9 @@ def to_marian(model: VanillaTransformerForConditionalGeneration) -> MarianMTMode
     marian = MarianMTModel(marian_config(config))
     marian_from_paper = paper_from_marian_permutation(config.d_model).argsort()
     with torch.no_grad():
-        for ours_name, marian_names, stream_dim in parameter_map(config):
+        for ours_name, marian_name, stream_dim in parameter_map(config):
             value = _permute(model.get_parameter(ours_name).float(), stream_dim, marian_from_paper)
-            for name, part in zip(marian_names, value.chunk(len(marian_names))):
-                marian.get_parameter(name).copy_(part)
+            marian.get_parameter(marian_name).copy_(value)
     return marian.train(model.training)
 
 
@@ -175,7 +174,7 @@ def from_marian(marian: MarianMTModel) -> VanillaTransformerForConditionalGenera
     ours = VanillaTransformerForConditionalGeneration(config)
     paper_from_marian = paper_from_marian_permutation(config.d_model)
     with torch.no_grad():
-        for ours_name, marian_names, stream_dim in parameter_map(config):
-            value = torch.cat([marian.get_parameter(name).float() for name in marian_names])
+        for ours_name, marian_name, stream_dim in parameter_map(config):
+            value = marian.get_parameter(marian_name).float()
             ours.get_parameter(ours_name).copy_(_permute(value, stream_dim, paper_from_marian))
     return ours.train(marian.training)

@@ -18,8 +18,15 @@ attributes and saves them in generation_config.json; they can also be passed to 
         in a `generation_config` argument), sentence i may generate at most
         (number of non-padding source tokens of i) + max_length_offset new tokens, </s> included;
         </s> is forced at the last allowed step. Default 50, the paper's; it holds for every mode
-        (greedy, sampling, either beam search), per sentence in a batch. A max_length or
-        max_new_tokens stored in the model's generation config is then a ceiling on top of it.
+        (greedy, sampling, either beam search), per sentence in a batch.
+
+Lengths stored in the model's generation config (generation_config.json), the rule: a stored
+`max_new_tokens` is a ceiling on the per-sentence cap (nothing in transformers sets it unasked); a
+stored `max_length` is ignored by the cap. transformers fills `max_length` with its default of 20
+tokens wherever it is unset (`Seq2SeqTrainer` writes it into the model's generation config at every
+evaluation, and `save_model` then saves it), so honouring it would cut every later translation at 19
+tokens. To cap outputs, pass `max_new_tokens` or `max_length` to `generate` (or the pipeline), which
+replaces the cap, store `max_new_tokens`, or lower `max_length_offset`.
 
 The search runs inside transformers' `generate` as a `custom_generate` callable (a documented
 argument of `generate`: "perform the usual input preparation steps, then call the provided callable
@@ -118,16 +125,21 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
         raise ValueError(f"`max_length_offset` must be a positive integer; got {offset!r}.")
 
     lengths_in_call = (kwargs, vars(generation_config) if generation_config is not None else {})
-    source = inputs if inputs is not None else kwargs.get("input_ids")
+    source = next((x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None), None)
     if source is not None and all(c.get(n) is None for c in lengths_in_call for n in ("max_new_tokens", "max_length")):
         mask = kwargs.get("attention_mask")
-        lengths = mask.sum(1) if mask is not None else (source != model.config.pad_token_id).sum(1)
+        if mask is not None:
+            lengths = mask.sum(1)
+        elif source.dim() == 3:  # inputs_embeds (B, S, d_model)
+            lengths = torch.full((source.size(0),), source.size(1), device=source.device)
+        else:
+            lengths = (source != model.config.pad_token_id).sum(1)
         prompt = kwargs["decoder_input_ids"].size(1) if kwargs.get("decoder_input_ids") is not None else 1
-        # A length in the model's own generation config is a ceiling; learned position tables end
+        # A stored max_new_tokens is a ceiling (see the top of this file); learned position tables end
         # at max_position_embeddings (sinusoids take it as a hint).
         stored = model.generation_config
-        ceiling = stored.max_new_tokens or (stored.max_length - prompt if stored.max_length else None)
-        limits = (lengths + offset).clamp(max=min(ceiling or math.inf, model.config.max_position_embeddings - prompt))
+        ceiling = min(stored.max_new_tokens or math.inf, model.config.max_position_embeddings - prompt)
+        limits = (lengths + offset).clamp(max=ceiling)
         eos = _setting("eos_token_id", kwargs, generation_config, stored)
         eos = eos[0] if isinstance(eos, (list, tuple)) else eos
         logits_processor = LogitsProcessorList([*(logits_processor or []), SourceLengthCap(limits, eos, prompt)])

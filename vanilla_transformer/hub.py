@@ -26,23 +26,11 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from .pipeline_vanilla_transformer import __file__ as _PIPELINE_FILE
-from .pipeline_vanilla_transformer import source_length_limit
+from .pipeline_vanilla_transformer import CUSTOM_PIPELINES, source_length_limit
 
 __all__ = ["PIPELINE_TASK", "check_hub_folder", "check_repo_id", "push_folder", "save_for_hub"]
 
-PIPELINE_TASK = "translation"
-# What transformers' `pipeline()` reads from config.json: "impl" is "<module file>.<class>" inside the
-# model folder (loaded with get_class_from_dynamic_module), "pt" the Auto class names it loads the model with.
-CUSTOM_PIPELINES = {
-    PIPELINE_TASK: {
-        "impl": "pipeline_vanilla_transformer.TranslationPipeline",
-        "pt": ["AutoModelForSeq2SeqLM"],
-        "tf": [],
-        "type": "text",
-    }
-}
-
+PIPELINE_TASK = next(iter(CUSTOM_PIPELINES))  # "translation"
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 _STALE_WEIGHTS = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -92,13 +80,9 @@ def save_for_hub(
     staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
     try:
         _write_generation_defaults(model)
-        model.save_pretrained(staging)  # weights, config.json with auto_map, generation_config.json, code files
+        # Weights, generation_config.json, config.json with auto_map and custom_pipelines, the code files.
+        model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        shutil.copyfile(_PIPELINE_FILE, staging / "pipeline_vanilla_transformer.py")
-        config_path = staging / "config.json"
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-        config["custom_pipelines"] = CUSTOM_PIPELINES
-        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         (staging / "results.json").write_text(json.dumps(results or {}, indent=2) + "\n", encoding="utf-8")
 
         image = None

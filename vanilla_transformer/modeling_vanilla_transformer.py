@@ -10,6 +10,8 @@ only the standard library, torch and the public API of transformers.
 from __future__ import annotations
 
 import math
+import shutil
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +28,7 @@ from transformers.modeling_outputs import (
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .generation_vanilla_transformer import generate as _paper_generate
+from .pipeline_vanilla_transformer import CUSTOM_PIPELINES
 
 
 # --------------------------------------------------------------------------------------
@@ -90,12 +93,14 @@ SDPA_SCALES = {"scaled_dot": None, "dot": 1.0}
 def attend(module, q, k, v, mask, dropout, need_weights, causal=False):
     """Softmax(score(q, k)) · v. Returns the output (B, H, T, Dh) and the weights (B, H, T, S) or None.
 
-    The fused kernel never returns weights, so asking for them takes the explicit path, which
-    computes the same numbers (tested to 1e-5 in fp32). `causal` (with no `mask`, T == S) is the
-    look-ahead mask of §3.2.3 without building it: the fused kernel then skips the masked half and,
-    on a GPU, can run flash attention, which takes no explicit mask.
+    Dot-product scores run on torch's fused kernel unless the weights are asked for or the model was
+    loaded with `attn_implementation="eager"`; the explicit path computes the same numbers (tested to
+    1e-5 in fp32). `causal` (with no `mask`, T == S) is the look-ahead mask of §3.2.3 without building
+    it: the fused kernel then skips the masked half and, on a GPU, can run flash attention, which
+    takes no explicit mask.
     """
-    if not need_weights and module.score_name in SDPA_SCALES:
+    fused = module.score_name in SDPA_SCALES and module.config._attn_implementation != "eager"
+    if fused and not need_weights:
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=SDPA_SCALES[module.score_name]
         )
@@ -119,22 +124,25 @@ def attend(module, q, k, v, mask, dropout, need_weights, causal=False):
 class MultiHeadAttention(nn.Module):
     """§3.2.2: MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
-    The h per-head projections are one d_model × d_model matrix each for Q and for K, V together
-    (one matmul instead of 2h). Like fairseq, tensor2tensor and Marian, the projections have biases.
-    Used three ways (§3.2.3): encoder self-attention, masked decoder self-attention, and
-    encoder-decoder (cross) attention whose keys and values come from the encoder output.
+    The h per-head projections of each of Q, K and V are one d_model × d_model matrix (one matmul
+    instead of h), named as in transformers' seq2seq models (`q_proj`, `k_proj`, `v_proj`,
+    `out_proj`), so that PEFT's usual targets find them. Like fairseq, tensor2tensor and Marian, the
+    projections have biases. Used three ways (§3.2.3): encoder self-attention, masked decoder
+    self-attention, and encoder-decoder (cross) attention whose keys and values come from the encoder output.
     """
 
     def __init__(self, config: VanillaTransformerConfig, is_cross_attention: bool = False, layer_idx: int | None = None):
         super().__init__()
+        self.config = config  # `attn_implementation` is read from it
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
         self.is_cross_attention = is_cross_attention
         self.layer_idx = layer_idx
         self.attention_dropout = config.attention_dropout
         self.score_name = config.attention_score
         d_model = config.d_model
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.kv_proj = nn.Linear(d_model, 2 * d_model)
+        self.q_proj = nn.Linear(d_model, d_model)  # W^Q of all heads
+        self.k_proj = nn.Linear(d_model, d_model)  # W^K
+        self.v_proj = nn.Linear(d_model, d_model)  # W^V
         self.out_proj = nn.Linear(d_model, d_model)  # W^O
         heads, dh = self.num_heads, self.head_dim
         if self.score_name == "general":
@@ -158,26 +166,21 @@ class MultiHeadAttention(nn.Module):
             # sqrt(Dh): the scale a scaled dot product of unit-variance vectors would have.
             nn.init.constant_(self.score_strength, math.sqrt(self.head_dim))
 
-    def _split_keys_values(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        batch, length, _ = source.shape
-        kv = self.kv_proj(source).view(batch, length, 2, self.num_heads, self.head_dim)
-        # Unbound along the K/V axis before heads are moved forward: in backward the two gradients are
-        # stacked straight into the (B, S, 2, H, Dh) layout of the projection's output, one copy. Moving
-        # heads first (a permute) would need a second copy to get back to that layout.
-        k, v = kv.unbind(2)  # (B, S, H, Dh) each
-        return k.transpose(1, 2), v.transpose(1, 2)  # (B, H, S, Dh)
+    def _heads(self, projection: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        return projection(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
 
     def forward(self, hidden_states, key_value_states=None, mask=None, cache=None, output_attentions=False,
                 causal=False):
         batch, length, d_model = hidden_states.shape
-        q = self.q_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        q = self._heads(self.q_proj, hidden_states)  # (B, H, T, Dh)
         if self.is_cross_attention and cache is not None and cache.is_updated.get(self.layer_idx):
             # The encoder output does not change while decoding: project it once, reuse it every step.
             layer = cache.cross_attention_cache.layers[self.layer_idx]
             k, v = layer.keys, layer.values
         else:
             source = key_value_states if self.is_cross_attention else hidden_states
-            k, v = self._split_keys_values(source)  # (B, H, S, Dh) each
+            k, v = self._heads(self.k_proj, source), self._heads(self.v_proj, source)  # (B, H, S, Dh) each
             if cache is not None:
                 if self.is_cross_attention:
                     k, v = cache.cross_attention_cache.update(k, v, self.layer_idx)
@@ -312,9 +315,13 @@ class Embeddings(nn.Module):
             else None
         )
 
-    def forward(self, input_ids, past_length: int = 0):
-        length = input_ids.size(1)
-        positions = torch.arange(past_length, past_length + length, device=input_ids.device)
+    def forward(self, input_ids=None, inputs_embeds=None, past_length=0):
+        """`inputs_embeds` (B, L, d_model), if given, replaces the lookup of `input_ids`: it is what
+        `embed_tokens(input_ids)` returns, before the sqrt(d_model) scaling. `past_length` (an int, or a
+        0-d tensor for a static cache) is the position of the first token."""
+        tokens = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # (B, L, d_model)
+        length = tokens.size(1)
+        positions = torch.arange(length, device=tokens.device) + past_length
         if self.learned_positions is None:
             position_encoding = sinusoidal_encoding(positions, self.d_model)
         else:
@@ -326,7 +333,7 @@ class Embeddings(nn.Module):
                     f'position_encoding="sinusoidal", which has no limit.'
                 )
             position_encoding = self.learned_positions(positions)
-        x = self.embed_tokens(input_ids) * self.scale + position_encoding.to(self.embed_tokens.weight.dtype)
+        x = tokens * self.scale + position_encoding.to(tokens.dtype)
         return self.dropout(x)
 
 
@@ -352,10 +359,11 @@ class VanillaTransformerEncoder(nn.Module):
         return self.embeddings.embed_tokens
 
     def forward(
-        self, input_ids, attention_mask=None, output_attentions=False, output_hidden_states=False, return_dict=None
+        self, input_ids=None, attention_mask=None, output_attentions=False, output_hidden_states=False, return_dict=None,
+        inputs_embeds=None,
     ) -> BaseModelOutput:
         """`return_dict` is accepted for `generate()`, which passes it; the output is always a ModelOutput."""
-        x = self.embeddings(input_ids)
+        x = self.embeddings(input_ids, inputs_embeds)
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
         hidden_states, attentions = [], []
         for layer in self.layers:
@@ -387,6 +395,33 @@ class VanillaTransformerDecoder(nn.Module):
     def get_input_embeddings(self):
         return self.embeddings.embed_tokens
 
+    @staticmethod
+    def _self_attention_mask(length, past_length, cache, attention_mask, device):
+        """§3.2.3 look-ahead mask: query t, at position past_length + t, sees keys 0..past_length + t.
+
+        Returns (mask, causal). Without decoder padding, that is plain causality, which the attention
+        kernel applies itself (a first pass: training, or the start of decoding), or nothing at all
+        (one new token sees every cached one): no mask is built, per step or per batch. A static cache
+        returns all its slots, written or not: the mask then also hides those past the current position.
+        `attention_mask` is (B, past_length + T) with 0 at padding, or a 4-D boolean (B, 1, T, keys) as
+        `generate` builds for a static cache.
+        """
+        slots = cache.get_max_length() if cache is not None else -1
+        if attention_mask is None and slots < 0:
+            if past_length == 0:
+                return None, True
+            if length == 1:
+                return None, False
+        keys = slots if slots > 0 else past_length + length
+        positions = torch.arange(length, device=device) + past_length  # (T,)
+        mask = torch.arange(keys, device=device) <= positions[:, None]  # (T, keys)
+        if attention_mask is not None and attention_mask.dim() == 4:
+            mask = mask & attention_mask.bool()
+        elif attention_mask is not None:  # -> (B, 1, T, keys); only needed for left-padded decoder inputs
+            padding = F.pad(attention_mask.bool(), (0, keys - attention_mask.size(1)))[:, -keys:]
+            mask = mask & padding[:, None, None, :]
+        return mask, False
+
     def forward(
         self,
         input_ids,
@@ -396,21 +431,11 @@ class VanillaTransformerDecoder(nn.Module):
         past_key_values: EncoderDecoderCache | None = None,
         output_attentions=False,
         output_hidden_states=False,
+        inputs_embeds=None,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        length = input_ids.size(1)
-        x = self.embeddings(input_ids, past_length)
-        # §3.2.3 look-ahead mask: query t (at absolute position past_length + t) sees keys 0..past_length + t.
-        if attention_mask is None and (past_length == 0 or length == 1):
-            # Without decoder padding that is plain causality, which the attention kernel applies
-            # itself (training), or nothing at all (one new token sees every cached one): no mask
-            # is built, per step or per batch.
-            self_mask, causal = None, length > 1
-        else:
-            self_mask = torch.ones(length, past_length + length, dtype=torch.bool, device=x.device).tril(past_length)
-            causal = False
-            if attention_mask is not None:  # (B, past_length + T), only needed for left-padded decoder inputs
-                self_mask = self_mask & attention_mask.bool()[:, None, None, -(past_length + length) :]
+        x = self.embeddings(input_ids, inputs_embeds, past_length)
+        self_mask, causal = self._self_attention_mask(x.size(1), past_length, past_key_values, attention_mask, x.device)
         memory_mask = None if encoder_attention_mask is None else encoder_attention_mask.bool()[:, None, None, :]
         hidden_states, self_attentions, cross_attentions = [], [], []
         for layer in self.layers:
@@ -496,6 +521,8 @@ def _check_ids(name: str, ids: torch.Tensor, vocab_size: int, allow_ignore_index
         raise ValueError(f"`{name}` must have shape (batch, length); got {tuple(ids.shape)}.")
     if ids.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"`{name}` must hold integer token ids; got dtype {ids.dtype}.")
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return  # exporting (torch.export, ONNX): the values are symbolic, and a check on them cannot be traced
     valid = (ids >= 0) & (ids < vocab_size)
     if allow_ignore_index:
         valid |= ids == -100
@@ -505,12 +532,26 @@ def _check_ids(name: str, ids: torch.Tensor, vocab_size: int, allow_ignore_index
         raise ValueError(f"`{name}` holds id {bad}, outside the vocabulary ({allowed}; `vocab_size`={vocab_size}).")
 
 
-def _check_same_shape(name: str, tensor, reference_name: str, reference) -> None:
-    if tensor is not None and tuple(tensor.shape) != tuple(reference.shape):
+def _check_same_shape(name: str, tensor, reference_name: str, shape) -> None:
+    if tensor is not None and tuple(tensor.shape) != tuple(shape):
         raise ValueError(
-            f"`{name}` has shape {tuple(tensor.shape)} but `{reference_name}` has shape {tuple(reference.shape)}; "
-            "they must match."
+            f"`{name}` has shape {tuple(tensor.shape)} but `{reference_name}` has shape {tuple(shape)}; they must match."
         )
+
+
+def _tokens_or_embeddings(name: str, ids, embeds, vocab_size: int) -> tuple[int, int] | None:
+    """Check whichever of `<name>_ids` and `<name>s_embeds` was given (not both); return its (batch, length)."""
+    ids_name, embeds_name = f"{name}_ids", f"{name}s_embeds"
+    if ids is not None and embeds is not None:
+        raise ValueError(f"Pass `{ids_name}` or `{embeds_name}`, not both.")
+    if embeds is not None:
+        if embeds.dim() != 3:
+            raise ValueError(f"`{embeds_name}` must have shape (batch, length, d_model); got {tuple(embeds.shape)}.")
+        return tuple(embeds.shape[:2])
+    if ids is not None:
+        _check_ids(ids_name, ids, vocab_size)
+        return tuple(ids.shape)
+    return None
 
 
 # Every Auto class that can load a saved folder. `register_for_auto_class` records only the class
@@ -520,6 +561,16 @@ AUTO_MAP = {
     "AutoModel": "modeling_vanilla_transformer.VanillaTransformerModel",
     "AutoModelForSeq2SeqLM": "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration",
 }
+# The model's code, saved beside its weights. transformers copies a model file and what it imports
+# relatively (so the pipeline file is imported above) when it loads or saves custom code, but not when
+# the model came from a Hub repository: `save_pretrained` copies them itself.
+CODE_FILES = (
+    "configuration_vanilla_transformer.py",
+    "modeling_vanilla_transformer.py",
+    "generation_vanilla_transformer.py",
+    "pipeline_vanilla_transformer.py",
+)
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 
 
 class VanillaTransformerPreTrainedModel(PreTrainedModel):
@@ -528,10 +579,32 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["EncoderLayer", "DecoderLayer"]
+    _supports_sdpa = True
+
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        """`attn_implementation`: "sdpa" (the default) runs dot-product scores on torch's fused kernel and
+        falls back to the explicit path when weights are asked for; "eager" always takes the explicit path.
+        Both are our own attention (the score functions above); other implementations are refused."""
+        if requested_attention not in (None, *ATTENTION_IMPLEMENTATIONS):
+            raise ValueError(
+                f"`attn_implementation` must be one of {', '.join(map(repr, ATTENTION_IMPLEMENTATIONS))} for this model "
+                f'("eager": explicit attention weights; "sdpa": torch\'s fused kernel); got {requested_attention!r}.'
+            )
+        return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' `save_pretrained`, plus what makes the folder load anywhere, whichever way it is
+        saved (`save_pretrained`, `Trainer.save_model`, PEFT's `merge_and_unload()`, `push_to_hub`): the
+        Auto classes and the `translation` pipeline in config.json, and the code files beside the weights."""
         self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
-        return super().save_pretrained(save_directory, *args, **kwargs)
+        self.config.custom_pipelines = CUSTOM_PIPELINES
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            here = Path(__file__).parent
+            for name in CODE_FILES:
+                if not (Path(save_directory) / name).is_file():
+                    shutil.copyfile(here / name, Path(save_directory) / name)
+        return result
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -596,37 +669,46 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         decoder_attention_mask=None,
         encoder_outputs=None,
         past_key_values=None,
+        inputs_embeds=None,
+        decoder_inputs_embeds=None,
         use_cache=None,
         output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
     ) -> Seq2SeqModelOutput:
         """`return_dict` is accepted for `generate()` and ignored: outputs are always `ModelOutput`s,
-        which also index like tuples. Positions come from the cache length."""
+        which also index like tuples. Positions come from the cache length. `inputs_embeds` and
+        `decoder_inputs_embeds` (what `get_input_embeddings()` returns for the ids, unscaled) can
+        replace `input_ids` and `decoder_input_ids`, as in transformers' other models."""
         config = self.config
         output_attentions = config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
         use_cache = (config.use_cache and not self.training) if use_cache is None else use_cache
 
         if encoder_outputs is None:
-            if input_ids is None:
-                raise ValueError("Pass `input_ids` (the source token ids) or precomputed `encoder_outputs`.")
-            _check_ids("input_ids", input_ids, config.vocab_size)
-            _check_same_shape("attention_mask", attention_mask, "input_ids", input_ids)
-            encoder_outputs = self.encoder(input_ids, attention_mask, output_attentions, output_hidden_states)
+            shape = _tokens_or_embeddings("input", input_ids, inputs_embeds, config.vocab_size)
+            if shape is None:
+                raise ValueError("Pass `input_ids` (the source token ids), `inputs_embeds` or `encoder_outputs`.")
+            _check_same_shape("attention_mask", attention_mask, "the source", shape)
+            encoder_outputs = self.encoder(
+                input_ids, attention_mask, output_attentions, output_hidden_states, inputs_embeds=inputs_embeds
+            )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
         memory = encoder_outputs.last_hidden_state
 
-        if decoder_input_ids is None:
-            raise ValueError("Pass `decoder_input_ids`, or `labels` to the ForConditionalGeneration model.")
         if past_key_values is None or past_key_values.get_seq_length() == 0:
             # Once decoding has started the ids come from the model itself; checking is a sync per step.
-            _check_ids("decoder_input_ids", decoder_input_ids, config.vocab_size)
-        if decoder_input_ids.size(0) != memory.size(0):
+            shape = _tokens_or_embeddings("decoder_input", decoder_input_ids, decoder_inputs_embeds, config.vocab_size)
+        else:
+            shape = (decoder_input_ids if decoder_inputs_embeds is None else decoder_inputs_embeds).shape[:2]
+        if shape is None:
             raise ValueError(
-                f"`decoder_input_ids` has batch size {decoder_input_ids.size(0)} but the source has {memory.size(0)}."
+                "Pass `decoder_input_ids` or `decoder_inputs_embeds`, or `labels` to the ForConditionalGeneration model."
             )
+        if shape[0] != memory.size(0):
+            name = "decoder_input_ids" if decoder_inputs_embeds is None else "decoder_inputs_embeds"
+            raise ValueError(f"`{name}` has batch size {shape[0]} but the source has {memory.size(0)}.")
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
         decoder_outputs = self.decoder(
@@ -637,6 +719,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             past_key_values=past_key_values if use_cache else None,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            inputs_embeds=decoder_inputs_embeds,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
@@ -702,6 +785,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         decoder_attention_mask=None,
         encoder_outputs=None,
         past_key_values=None,
+        inputs_embeds=None,
+        decoder_inputs_embeds=None,
         labels=None,
         use_cache=None,
         output_attentions=None,
@@ -710,9 +795,10 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     ) -> Seq2SeqLMOutput:
         if labels is not None:
             _check_ids("labels", labels, self.config.vocab_size, allow_ignore_index=True)
-            if decoder_input_ids is None:
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
-            _check_same_shape("labels", labels, "decoder_input_ids", decoder_input_ids)
+            decoder_input = decoder_input_ids if decoder_inputs_embeds is None else decoder_inputs_embeds
+            _check_same_shape("labels", labels, "the decoder input", decoder_input.shape[:2])
         outputs = self.model(
             input_ids,
             attention_mask=attention_mask,
@@ -720,6 +806,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
             past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,

@@ -11,7 +11,11 @@ is saved next to the model's code and recorded under `custom_pipelines` in confi
 works on any machine with transformers, without this package. It imports only the standard
 library, torch and the public API of transformers.
 
-Inputs: one string or a list of strings (`batch_size=` batches them). Generation options such as
+Inputs: a string, a list of strings, a data set column, `KeyDataset` or generator (`batch_size=`
+batches them). A model already in memory (say, just fine-tuned) makes a pipeline directly:
+`TranslationPipeline(model=model, tokenizer=tokenizer)`; transformers 5's `pipeline()` refuses the
+task name "translation" unless it reads `custom_pipelines` from a config it loads itself, so it
+needs a folder or Hub id. Generation options such as
 `num_beams`, `max_new_tokens` and `length_penalty` go to `model.generate`, whose defaults (the saved
 generation config and the model's own `generate`) decode as in §6.1 of the paper: beam size 4, length
 penalty 0.6, each output at most its source length + 50 tokens. `return_attentions=True` adds the
@@ -25,9 +29,24 @@ rather than failing a whole batch for one long line.
 from __future__ import annotations
 
 import warnings
+from types import GeneratorType
 
 import torch
+from torch.utils.data import Dataset
 from transformers import Pipeline
+
+# What config.json names under `custom_pipelines` (the model's `save_pretrained` writes it), read by
+# transformers' `pipeline()`: "impl" is "<module file>.<class>" inside the model folder, "pt" the Auto
+# class the model is loaded with.
+CUSTOM_PIPELINES = {
+    "translation": {
+        "impl": "pipeline_vanilla_transformer.TranslationPipeline",
+        "pt": ["AutoModelForSeq2SeqLM"],
+        "tf": [],
+        "type": "text",
+    }
+}
+
 
 def source_length_limit(model, tokenizer) -> int:
     """The longest source, in tokens, that the model reads: the tokenizer's `model_max_length`,
@@ -92,25 +111,30 @@ class TranslationPipeline(Pipeline):
         return preprocess_params, forward_params, postprocess_params
 
     def __call__(self, inputs, **kwargs):
-        """Translate `inputs`, a string or a list of strings.
+        """Translate `inputs`: a string; a list, tuple or `datasets` column of strings; or a stream that
+        `Pipeline.__call__` iterates over: `KeyDataset(dataset, "text")` (any torch Dataset), a
+        generator or an iterator.
 
-        Returns a list with one `{"translation_text": ...}` per input (for a single string, a list of
-        one). Keyword arguments: `batch_size`, `return_attentions`, `truncation` (default True) and any
-        option of `model.generate` (`num_beams`, `max_new_tokens`, `length_penalty`, ...).
+        Returns a list with one `{"translation_text": ...}` per string (a list of one for a single
+        string), and an iterator of those dicts for a stream, so that `list(translate(KeyDataset(ds,
+        "text")))` equals `translate(ds["text"])`. Keyword arguments:
+        `batch_size`, `return_attentions`, `truncation` (default True) and any option of
+        `model.generate` (`num_beams`, `max_new_tokens`, `length_penalty`, ...).
         """
-        if isinstance(inputs, tuple):
-            inputs = list(inputs)
-        if isinstance(inputs, list):
-            if not inputs:
-                raise ValueError("`inputs` is an empty list: give at least one text to translate.")
-            for index, text in enumerate(inputs):
-                _check_text(text, f"inputs[{index}]")
-            results = super().__call__(inputs, **kwargs)
-            return [result[0] for result in results]
-        _check_text(inputs, "inputs")
+        if isinstance(inputs, (str, bytes)) or not hasattr(inputs, "__iter__") and not isinstance(inputs, Dataset):
+            _check_text(inputs, "inputs")
+            return [super().__call__(inputs, **kwargs)]
+        if isinstance(inputs, Dataset) or iter(inputs) is inputs:  # KeyDataset, generators, iterators: streamed
+            return super().__call__(inputs if isinstance(inputs, (Dataset, GeneratorType)) else (t for t in inputs), **kwargs)
+        inputs = list(inputs)  # a list, tuple or data set column
+        if not inputs:
+            raise ValueError("`inputs` is empty: give at least one text to translate.")
+        for index, text in enumerate(inputs):
+            _check_text(text, f"inputs[{index}]")
         return super().__call__(inputs, **kwargs)
 
     def preprocess(self, text, truncation=True):
+        _check_text(text, "each input")
         limit = source_length_limit(self.model, self.tokenizer)
         encoded = self.tokenizer(text, return_tensors="pt", truncation=False)
         length = encoded["input_ids"].size(1)
@@ -154,7 +178,7 @@ class TranslationPipeline(Pipeline):
             weights["encoder_tokens"] = self.tokenizer.convert_ids_to_tokens(weights.pop("input_ids"))
             weights["decoder_tokens"] = self.tokenizer.convert_ids_to_tokens(weights.pop("decoder_input_ids"))
             result["attentions"] = weights
-        return [result]
+        return result
 
 
 def _check_text(text, name: str) -> None:
