@@ -15,6 +15,7 @@ from transformers import EvalPrediction
 
 from vanilla_transformer import metrics
 from vanilla_transformer.corpora import load_translation_dataset, text_pairs
+from vanilla_transformer.inference import score_translations
 from vanilla_transformer.tokenization_vanilla_transformer import train_tokenizer
 
 SACREBLEU = Path(sys.executable).parent / "sacrebleu"  # the command line of the sacrebleu we test against
@@ -147,6 +148,14 @@ def test_bad_inputs_are_clear_errors(predictions, references, error, message):
         metric.compute(predictions=predictions, references=references)
     assert message in str(raised.value)
     assert metric.compute(predictions=["Jesús lloró."], references=["Jesús lloró."])["chrf"] == 100.0  # still usable
+
+
+def test_our_scoring_uses_the_metric_loaded_once(spanish):
+    assert metrics.load() is metrics.load()
+    hypotheses = perturb(spanish[:50], seed=4)
+    assert score_translations(hypotheses, spanish[:50]) == metrics.load().compute(predictions=hypotheses, references=spanish[:50])
+    with pytest.raises(ValueError, match="pair up"):
+        score_translations(hypotheses, spanish[:49])
 
 
 def test_the_script_imports_only_what_evaluate_can_check():
