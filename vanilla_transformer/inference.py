@@ -88,22 +88,12 @@ def translate_texts(
     return translations
 
 
-def score_translations(hypotheses: list[str], references: list[str]) -> dict:
-    """Corpus BLEU and chrF with sacrebleu's defaults (those of its command line), and their signatures."""
-    import sacrebleu
+def score_translations(hypotheses: list[str], references: list[str] | list[list[str]]) -> dict:
+    """Corpus BLEU and chrF with sacrebleu's defaults (those of its command line), their signatures and
+    the lines sacrebleu prints: the package's `evaluate` metric (`metrics.BLEU_CHRF`), loaded once.
 
-    if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references; they must pair up")
-    if not references:
-        raise ValueError("nothing to score: the references are empty")
-    bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
-    bleu_score = bleu.corpus_score(hypotheses, [references])
-    chrf_score = chrf.corpus_score(hypotheses, [references])
-    return {
-        "bleu": bleu_score.score,
-        "chrf": chrf_score.score,
-        "bleu_signature": str(bleu.get_signature()),
-        "chrf_signature": str(chrf.get_signature()),
-        "bleu_text": str(bleu_score),
-        "chrf_text": str(chrf_score),
-    }
+    `references` holds one reference per hypothesis, or a list of references per hypothesis.
+    """
+    from .metrics import load
+
+    return load().compute(predictions=hypotheses, references=references)

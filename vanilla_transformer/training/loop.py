@@ -8,9 +8,9 @@ tokens on every process, sums the label-smoothed loss (§5.4) over their non-pad
 tokens and divides by the number of those tokens in the whole step (see loss.py). Adam and the
 warm-up / inverse-square-root schedule are §5.3's (schedule.py). Every `save_steps` the full state
 is checkpointed (checkpoints.py); every `eval_steps` the validation split is scored: loss,
-perplexity, and BLEU and chrF of beam-search translations (sacrebleu). At the end the last
-`average_last` checkpoints are averaged (§6.1), the test split is scored, and `output_dir`
-becomes a complete Hub repository.
+perplexity, and BLEU and chrF of beam-search translations (sacrebleu, through `evaluate`). At
+the end the last `average_last` checkpoints are averaged (§6.1), the test split is scored, and
+`output_dir` becomes a complete Hub repository.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 from ..configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from ..corpora import load_translation_dataset, resolve_languages
 from ..generation_vanilla_transformer import paper_generation_config
+from ..metrics import load as load_metric
 from ..modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
 from ..tokenization_vanilla_transformer import DEFAULT_VOCAB_SIZE, train_tokenizer
 from .checkpoints import average_checkpoints, latest_checkpoint, list_checkpoints, read_state, save_checkpoint
@@ -234,10 +235,9 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
 
     Each process scores its share of the batches; `gather_for_metrics` brings the sums and the
     translations together. `loss` is the label-smoothed training objective per target token,
-    `perplexity` exp(NLL per target token) without smoothing.
+    `perplexity` exp(NLL per target token) without smoothing. BLEU and chrF are the package's
+    `evaluate` metric (`metrics.BLEU_CHRF`: sacrebleu's command-line defaults), with signatures.
     """
-    import sacrebleu
-
     model = accelerator.unwrap_model(model)
     was_training = model.training
     model.eval()
@@ -274,12 +274,9 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
         translations = sorted(accelerator.gather_for_metrics(translations, use_gather_object=True))
         hypotheses = [text for _, text in translations]
         references = [subset.dataset[i]["reference"] for i, _ in translations]
-        bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+        scores = load_metric().compute(predictions=hypotheses, references=references)
         metrics.update(
-            bleu=bleu.corpus_score(hypotheses, [references]).score,
-            chrf=chrf.corpus_score(hypotheses, [references]).score,
-            bleu_signature=str(bleu.get_signature()),
-            chrf_signature=str(chrf.get_signature()),
+            {key: scores[key] for key in ("bleu", "chrf", "bleu_signature", "chrf_signature")},
             translated=len(hypotheses),
             examples=[{"reference": r, "translation": h} for r, h in zip(references[:3], hypotheses[:3])],
         )
