@@ -402,3 +402,32 @@ def test_stored_max_length_does_not_cut_but_stored_max_new_tokens_caps(hub_tiny_
         model.generation_config = saved
     assert max(_generated_lengths(model.generate(**batch, num_beams=1, max_new_tokens=7).tolist())) <= 7
 
+
+
+# ----------------------------------------------------------------------------------------------
+# The README's fine-tuning example, run as a user runs it
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_the_finetuning_example_runs_and_its_folder_translates(hub_tiny_folder, tmp_path, lora, run_without_package):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent.parent / "examples" / "finetune.py"
+    command = [sys.executable, str(script), "--model", str(hub_tiny_folder), "--output-dir", str(tmp_path / "tuned"),
+               "--max-steps", "2", "--eval-samples", "4"] + (["--lora"] if lora else [])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "'eval_bleu'" in done.stdout
+    if lora:
+        assert (tmp_path / "tuned" / "adapter" / "adapter_model.safetensors").is_file()
+    out = run_without_package(
+        f"""
+        from transformers import pipeline
+        translate = pipeline("translation", model={str(tmp_path / "tuned")!r}, trust_remote_code=True)
+        print(translate("Jesus wept.", num_beams=1, max_new_tokens=5)[0]["translation_text"])
+        """
+    )
+    assert out.strip()
