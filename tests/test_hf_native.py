@@ -431,3 +431,21 @@ def test_the_finetuning_example_runs_and_its_folder_translates(hub_tiny_folder, 
         """
     )
     assert out.strip()
+
+
+def test_weights_that_do_not_fit_are_refused_not_left_random(hub_tiny_model, tmp_path):
+    """A folder of vanilla-transformer 0.1 holds one fused `kv_proj` per attention block: our loaders refuse
+    it by name instead of transformers' warning and randomly initialised k_proj / v_proj."""
+    from safetensors.torch import load_file, save_file
+
+    from vanilla_transformer.inference import load_pretrained
+
+    model, _ = hub_tiny_model
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    for name in [n for n in weights if n.endswith(("k_proj.weight", "k_proj.bias"))]:
+        fused = torch.cat([weights.pop(name), weights.pop(name.replace("k_proj", "v_proj"))])
+        weights[name.replace("k_proj", "kv_proj")] = fused
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"kv_proj.*vanilla-transformer 0\.1.*trust_remote_code=True"):
+        load_pretrained(tmp_path)

@@ -17,7 +17,7 @@ import torch
 
 from .pipeline_vanilla_transformer import TranslationPipeline
 
-__all__ = ["default_device", "load_model", "score_translations", "translate_texts"]
+__all__ = ["default_device", "load_model", "load_pretrained", "score_translations", "translate_texts"]
 
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -36,7 +36,7 @@ def load_model(name_or_path: str | os.PathLike, device: str | None = None):
 
     A folder is checked first, so that a missing piece gets a clear error instead of a stack trace.
     """
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from .hub import _REPO_ID
 
@@ -55,10 +55,29 @@ def load_model(name_or_path: str | os.PathLike, device: str | None = None):
         raise FileNotFoundError(f"`model` is neither a folder nor a Hub id (user/name): {name_or_path}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path)  # the package's own classes: no remote code
+        model = load_pretrained(name_or_path)  # the package's own classes: no remote code
     except OSError as err:
         raise ValueError(f"cannot load the model {name_or_path!r}: not a model folder, and not reachable on the Hub ({err})") from err
     return model.to(device or default_device()).eval(), tokenizer
+
+
+def load_pretrained(name_or_path: str | os.PathLike, **kwargs):
+    """`AutoModelForSeq2SeqLM.from_pretrained` with this package's classes, refusing weights that do not fit
+    them. transformers only warns and leaves such weights random; a folder saved before the attention
+    projections were split (one `kv_proj`, vanilla-transformer 0.1) loads only with its own code, in a
+    process without this package: `from_pretrained(folder, trust_remote_code=True)`."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    model, info = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
+    kinds = ("missing_keys", "unexpected_keys", "mismatched_keys")
+    wrong = {kind.replace("_", " "): sorted(map(str, info.get(kind) or ())) for kind in kinds if info.get(kind)}
+    if wrong:
+        found = "; ".join(f"{kind}: {', '.join(keys[:4])}" + (" ..." if len(keys) > 4 else "") for kind, keys in wrong.items())
+        old = (" (a fused `kv_proj`: saved by vanilla-transformer 0.1, whose code, saved with it, loads it in a process"
+               " without this package: AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True))"
+               if "kv_proj" in found else "")
+        raise ValueError(f"the weights in {name_or_path} do not fit this version's model{old}: {found}")
+    return model
 
 
 def translate_texts(

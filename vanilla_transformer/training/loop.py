@@ -32,11 +32,12 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
+from transformers import AutoTokenizer, GenerationConfig
 
 from ..configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from ..corpora import load_translation_dataset, resolve_languages
 from ..generation_vanilla_transformer import paper_generation_config
+from ..inference import load_pretrained
 from ..metrics import load as load_metric
 from ..modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
 from ..tokenization_vanilla_transformer import DEFAULT_VOCAB_SIZE, train_tokenizer
@@ -199,7 +200,7 @@ def _load_model(args: TrainingArguments, tokenizer, resume_from: Path | None):
     if args.model_name_or_path is not None:
         if not Path(args.model_name_or_path).is_dir():
             raise FileNotFoundError(f"`model_name_or_path`: no saved model folder at {args.model_name_or_path}")
-        model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, **args.config_overrides)
+        model = load_pretrained(args.model_name_or_path, **args.config_overrides)
         if len(tokenizer) > model.config.vocab_size:
             raise ValueError(
                 f"the tokenizer has {len(tokenizer)} tokens but the model {args.model_name_or_path} only "
