@@ -1,12 +1,16 @@
 # One venv for everything. TORCH_SPEC is installed first so that pip keeps it:
 # torch==2.13.0 is a CPU wheel on our build machines; on a GPU machine use e.g.
 #   make install TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu128"
+# `make test-oldest` runs the tests again in .venv-oldest, on the oldest transformers that
+# pyproject.toml allows (read from its "transformers>=X,<6"); CI runs both.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+PIN ?=
 BIN = $(VENV)/bin
+TRANSFORMERS_OLDEST := $(shell sed -n 's/^ *"transformers>=\([0-9.]*\),.*/\1/p' pyproject.toml)
 
-.PHONY: install test demo bench clean
+.PHONY: install test test-oldest demo bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -14,10 +18,15 @@ $(BIN)/python:
 
 install: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH_SPEC)
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[test]" $(PIN)
 
 test: install
+	@$(BIN)/python -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+test-oldest:
+	@test -n "$(TRANSFORMERS_OLDEST)" || { echo 'no "transformers>=X,<6" in pyproject.toml'; exit 1; }
+	$(MAKE) test VENV=.venv-oldest PIN="transformers==$(TRANSFORMERS_OLDEST)"
 
 demo: install
 	HF_HUB_OFFLINE=1 $(BIN)/vanilla-transformer quickstart $(DEMO_ARGS)
@@ -27,4 +36,4 @@ bench: install
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-oldest build *.egg-info .pytest_cache

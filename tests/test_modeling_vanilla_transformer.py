@@ -303,6 +303,9 @@ def test_pre_norm_and_untied_embeddings():
     assert tied.lm_head.weight is tied.model.shared.weight is tied.model.decoder.embeddings.embed_tokens.weight
 
 
+# `gradient_checkpointing_enable` is the name every transformers 5 release has; 5.23 added
+# `activation_checkpointing_enable`, which does the same, and deprecated the old name until v6.
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing_enable` is deprecated:FutureWarning")
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_gradient_checkpointing_gives_the_same_gradients(dropout):
     input_ids, attention_mask, decoder_input_ids = batch()
@@ -311,7 +314,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(dropout):
     for checkpointing in (False, True):
         model = make_model(dropout=dropout).train()
         if checkpointing:
-            model.activation_checkpointing_enable()
+            model.gradient_checkpointing_enable()
             assert model.model.encoder.gradient_checkpointing
         torch.manual_seed(1)  # the recomputed forward draws the same dropout masks
         model(input_ids, attention_mask=attention_mask, labels=labels).loss.backward()

@@ -406,13 +406,15 @@ class VanillaTransformerDecoder(nn.Module):
         `attention_mask` is (B, past_length + T) with 0 at padding, or a 4-D boolean (B, 1, T, keys) as
         `generate` builds for a static cache.
         """
-        slots = cache.get_max_length() if cache is not None else -1
-        if attention_mask is None and slots < 0:
+        static = cache is not None and cache.is_compileable  # a static cache: fixed slots, written or not
+        if attention_mask is None and not static:
             if past_length == 0:
                 return None, True
             if length == 1:
                 return None, False
-        keys = slots if slots > 0 else past_length + length
+        # The number of keys the cache returns: all the slots of a static cache, past_length + T otherwise
+        # (what transformers' own masks are sized by).
+        keys = cache.get_mask_sizes(length, 0)[0] if static else past_length + length
         positions = torch.arange(length, device=device) + past_length  # (T,)
         mask = torch.arange(keys, device=device) <= positions[:, None]  # (T, keys)
         if attention_mask is not None and attention_mask.dim() == 4:
