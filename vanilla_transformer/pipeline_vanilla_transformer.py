@@ -35,6 +35,8 @@ import torch
 from torch.utils.data import Dataset
 from transformers import Pipeline
 
+from .generation_vanilla_transformer import check_decoding_options
+
 # What config.json names under `custom_pipelines` (the model's `save_pretrained` writes it), read by
 # transformers' `pipeline()`: "impl" is "<module file>.<class>" inside the model folder, "pt" the Auto
 # class the model is loaded with.
@@ -107,6 +109,7 @@ class TranslationPipeline(Pipeline):
             postprocess_params["return_attentions"] = return_attentions
         if generate_kwargs.get("num_return_sequences", 1) != 1:
             raise ValueError("`num_return_sequences` other than 1 is not supported by this pipeline.")
+        check_decoding_options(**{name: generate_kwargs.get(name) for name in ("num_beams", "length_penalty", "max_new_tokens")})
         forward_params["generate_kwargs"] = generate_kwargs
         return preprocess_params, forward_params, postprocess_params
 
