@@ -26,6 +26,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -342,32 +343,108 @@ def write_output_folder(
 # ------------------------------------------------------------------------------------------
 
 
+@dataclass
+class _Run:
+    """What a training run holds between its setup, its steps and its finish."""
+
+    args: TrainingArguments
+    accelerator: Accelerator
+    model: torch.nn.Module  # as prepared by Accelerate (DDP-wrapped on several processes)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    tokenizer: Any
+    data: Any  # the DatasetDict of raw pairs
+    source_lang: str
+    target_lang: str
+    train_split: TokenizedSplit
+    eval_splits: dict[str, TokenizedSplit]
+    sampler: TokenBatchSampler
+    state: dict  # epoch, batches_done, train_tokens, history: saved with each checkpoint
+    step: int
+    last_saved: int | None  # the step of the newest checkpoint this run wrote or resumed from
+    started: float = field(default_factory=time.perf_counter)
+    tokens_since_start: int = 0
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return Path(self.args.output_dir) / CHECKPOINTS
+
+
 def train(args: TrainingArguments) -> dict:
     """Train (or fine-tune, or resume) as `args` says; returns the results written to results.json."""
     args.validate()
     if not logging.getLogger().handlers:
         logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per file saved is noise
-    output_dir = Path(args.output_dir)
-    checkpoint_root = output_dir / CHECKPOINTS
-    resume_from = None
+    run = _setup(args)
+    _train_until_done(run)
+    return _finish(run)
+
+
+# --- setup -----------------------------------------------------------------------------------
+
+
+def _setup(args: TrainingArguments) -> _Run:
+    """On every process: where to resume from, the data, tokenizer, model, optimiser and schedule."""
+    checkpoint_root = Path(args.output_dir) / CHECKPOINTS
+    resume_from = _resume_point(args, checkpoint_root)
+    accelerator = Accelerator(
+        mixed_precision=args.mixed_precision,
+        log_with=args.report_to,
+        project_dir=str(Path(args.output_dir) / "runs") if args.report_to else None,
+    )
+    set_seed(args.seed)  # the same initial weights on every process
+    data, source_lang, target_lang, tokenizer, train_split, eval_splits = _prepare_data(args, accelerator)
+
+    model = _load_model(args, tokenizer, resume_from)
+    if accelerator.is_main_process and resume_from is None:
+        checkpoint_root.mkdir(parents=True, exist_ok=True)
+        model.config.to_json_file(checkpoint_root / "config.json")
+    logger.info(f"model: {sum(p.numel() for p in model.parameters()):,} parameters; {model.config.to_diff_dict()}")
+    optimizer = make_optimizer(model, accelerator.device)  # built before `prepare` moves the model there
+    scheduler = make_scheduler(optimizer, model.config.d_model, args.warmup_steps, args.lr_scale)
+    # The scheduler is not prepared: Accelerate would step it once per process, and the Noam
+    # schedule counts optimiser steps. It is registered so that save_state/load_state keep it.
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+    _log_recipe(args, accelerator, accelerator.unwrap_model(model).config.d_model)
+
+    state = {"epoch": 0, "batches_done": 0, "train_tokens": 0, "history": []}
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from))  # weights, optimiser, scheduler, RNG states
+        state = read_state(resume_from)
+        logger.info(f"resumed from {resume_from} (step {state['step']})")
+    else:
+        set_seed(args.seed, device_specific=True)  # different dropout masks on each process
+    if accelerator.is_main_process:
+        accelerator.init_trackers("train", config={k: v for k, v in asdict(args).items() if not isinstance(v, dict)})
+    sampler = TokenBatchSampler(
+        train_split.dataset["length"], args.max_tokens, seed=args.seed,
+        num_replicas=accelerator.num_processes, rank=accelerator.process_index,
+    )
+    step = state.get("step", 0)
+    return _Run(
+        args, accelerator, model, optimizer, scheduler, tokenizer, data, source_lang, target_lang, train_split,
+        eval_splits, sampler, state, step, last_saved=step if resume_from is not None else None,
+    )
+
+
+def _resume_point(args: TrainingArguments, checkpoint_root: Path) -> Path | None:
+    """The checkpoint `resume` continues from; without `resume`, refuse a folder that holds an earlier run."""
     if args.resume:
         resume_from = latest_checkpoint(checkpoint_root)
         if resume_from is None:
             raise FileNotFoundError(f"`resume`: no complete checkpoint in {checkpoint_root} to resume from")
-    elif list_checkpoints(checkpoint_root):
+        return resume_from
+    if list_checkpoints(checkpoint_root):
         raise ValueError(
-            f"{output_dir} holds checkpoints of an earlier run; pass `resume` to continue it, or pick a new `output_dir`"
+            f"{args.output_dir} holds checkpoints of an earlier run; pass `resume` to continue it, or pick a new `output_dir`"
         )
+    return None
 
-    accelerator = Accelerator(
-        mixed_precision=args.mixed_precision,
-        log_with=args.report_to,
-        project_dir=str(output_dir / "runs") if args.report_to else None,
-    )
-    world, rank = accelerator.num_processes, accelerator.process_index
-    set_seed(args.seed)  # the same initial weights on every process
 
+def _prepare_data(args: TrainingArguments, accelerator):
+    """The raw splits, the language pair, the tokenizer, and the tokenised training and evaluation splits."""
     with accelerator.main_process_first():  # the main process trains the tokenizer and fills the map cache
         data, source_lang, target_lang = _load_splits(args)
         tokenizer = _load_tokenizer(args, data, source_lang, target_lang)
@@ -386,155 +463,200 @@ def train(args: TrainingArguments) -> dict:
         logger.info(split.describe(name, args.max_length, True))
     if "test" not in eval_splits:
         logger.info("no test split: the final model is scored on validation only")
+    return data, source_lang, target_lang, tokenizer, train_split, eval_splits
 
-    model = _load_model(args, tokenizer, resume_from)
-    if accelerator.is_main_process and resume_from is None:
-        checkpoint_root.mkdir(parents=True, exist_ok=True)
-        model.config.to_json_file(checkpoint_root / "config.json")
-    parameters = sum(p.numel() for p in model.parameters())
-    logger.info(f"model: {parameters:,} parameters; {model.config.to_diff_dict()}")
-    d_model = model.config.d_model
-    optimizer = make_optimizer(model, accelerator.device)  # built before `prepare` moves the model there
-    scheduler = make_scheduler(optimizer, d_model, args.warmup_steps, args.lr_scale)
-    # The scheduler is not prepared: Accelerate would step it once per process, and the Noam
-    # schedule counts optimiser steps. It is registered so that save_state/load_state keep it.
-    model, optimizer = accelerator.prepare(model, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
+
+def _log_recipe(args: TrainingArguments, accelerator, d_model: int) -> None:
     peak = d_model**-0.5 * args.warmup_steps**-0.5 * args.lr_scale
     logger.info(
         f"Adam(0.9, 0.98, 1e-9), lr = {args.lr_scale} * {d_model}^-0.5 * min(step^-0.5, step * {args.warmup_steps}^-1.5) "
         f"(peak {peak:.2e} at step {args.warmup_steps}; the paper warms up for {PAPER_WARMUP_STEPS}); "
-        f"label smoothing {args.label_smoothing}; {world} process(es), {args.gradient_accumulation_steps} batch(es) "
-        f"of <= {args.max_tokens} tokens each per step; mixed precision {accelerator.mixed_precision}"
+        f"label smoothing {args.label_smoothing}; {accelerator.num_processes} process(es), "
+        f"{args.gradient_accumulation_steps} batch(es) of <= {args.max_tokens} tokens each per step; "
+        f"mixed precision {accelerator.mixed_precision}"
     )
 
-    state = {"epoch": 0, "batches_done": 0, "train_tokens": 0, "history": []}
-    if resume_from is not None:
-        accelerator.load_state(str(resume_from))  # weights, optimiser, scheduler, RNG states
-        state = read_state(resume_from)
-        logger.info(f"resumed from {resume_from} (step {state['step']})")
-    else:
-        set_seed(args.seed, device_specific=True)  # different dropout masks on each process
-    step = state.get("step", 0)
-    if accelerator.is_main_process:
-        accelerator.init_trackers("train", config={k: v for k, v in asdict(args).items() if not isinstance(v, dict)})
 
-    sampler = TokenBatchSampler(
-        train_split.dataset["length"], args.max_tokens, seed=args.seed, num_replicas=world, rank=rank
-    )
-    collate = PadCollator(tokenizer.pad_token_id)
-    epsilon = args.label_smoothing
-    started = time.perf_counter()
-    tokens_since_start = 0
-    last_saved = step if resume_from is not None else None
-    progress = tqdm(total=args.max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="training")
+# --- steps -----------------------------------------------------------------------------------
 
-    def checkpoint():
-        nonlocal last_saved
-        save_checkpoint(accelerator, checkpoint_root, step, state, keep=args.keep_checkpoints)
-        last_saved = step
 
-    done = args.max_steps is not None and step >= args.max_steps
+def _train_until_done(run: _Run) -> None:
+    """Optimiser steps until `max_steps`, `num_epochs` or `time_limit`; a checkpoint every `save_steps` and at the end."""
+    args, state, accelerator = run.args, run.state, run.accelerator
+    collate = PadCollator(run.tokenizer.pad_token_id)
+    progress = tqdm(total=args.max_steps, initial=run.step, disable=not accelerator.is_local_main_process, desc="training")
+    done = args.max_steps is not None and run.step >= args.max_steps
     while not done:
         if args.num_epochs is not None and state["epoch"] >= args.num_epochs:
             break
-        sampler.set_epoch(state["epoch"], state["batches_done"])
-        batches = _batches(train_split, sampler, collate, accelerator.device)
+        run.sampler.set_epoch(state["epoch"], state["batches_done"])
+        batches = _batches(run.train_split, run.sampler, collate, accelerator.device)
         while not done:
             micro_batches = list(islice(batches, args.gradient_accumulation_steps))
             if not micro_batches:
                 break
-            out_of_time = args.time_limit is not None and time.perf_counter() - started > args.time_limit * 60
-            local_tokens = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro_batches)
-            # Every process learns the step's token count (and whether the main process is out of time)
-            # before the backward passes, so that each micro-batch's loss can be divided by it.
-            total_tokens, out_of_time = accelerator.reduce(
-                torch.tensor([local_tokens, int(out_of_time and rank == 0)], device=accelerator.device), "sum"
-            ).tolist()
-            if out_of_time:
-                logger.info(f"time limit of {args.time_limit} min reached at step {step}")
+            total_tokens = _step_tokens_unless_out_of_time(run, micro_batches)
+            if total_tokens is None:
+                logger.info(f"time limit of {args.time_limit} min reached at step {run.step}")
                 done = True
                 break
-            model.train()
-            sums = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
-            for i, batch in enumerate(micro_batches):
-                last = i == len(micro_batches) - 1
-                with nullcontext() if last else accelerator.no_sync(model):  # all-reduce gradients once per step
-                    loss, nll = label_smoothed_loss(_forward(model, batch), batch["labels"], epsilon)
-                    # DDP averages gradients over processes; * world turns that average into a sum.
-                    accelerator.backward(loss * world / total_tokens)
-                sums += torch.stack([loss.detach().double(), nll.double()])
-            loss, nll = (accelerator.reduce(sums, "sum") / total_tokens).tolist()
-            if not math.isfinite(loss):
-                optimizer.zero_grad(set_to_none=True)
-                good = latest_checkpoint(checkpoint_root)
-                raise FloatingPointError(
-                    f"the training loss became {loss} at step {step + 1}; stopped without updating the weights. "
-                    f"The last good checkpoint is {good or '(none: no checkpoint was written yet)'}. Try a lower "
-                    "`lr_scale`, a longer `warmup_steps`, `max_grad_norm`, or mixed_precision 'no'/'bf16'."
-                )
-            if args.max_grad_norm is not None:
-                accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            if not accelerator.optimizer_step_was_skipped:  # fp16 skips steps whose gradients overflowed
-                scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            state["batches_done"] += len(micro_batches)
-            state["train_tokens"] += int(total_tokens)
-            tokens_since_start += int(total_tokens)
-            tokens_per_second = tokens_since_start / (time.perf_counter() - started)
-            progress.update(1)
-            progress.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}")
-            if step % args.log_steps == 0:
-                accelerator.log({"train/loss": loss, "train/nll": nll, "train/lr": lr, "train/tokens_per_second": tokens_per_second}, step=step)
-            if step % args.eval_steps == 0:
-                metrics = evaluate(accelerator, model, tokenizer, eval_splits["validation"], args, args.eval_samples)
-                _report(accelerator, state, step, "validation", metrics)
-            done = args.max_steps is not None and step >= args.max_steps
-            if step % args.save_steps == 0 or done:
-                checkpoint()
+            loss, nll, lr = _optimizer_step(run, micro_batches, total_tokens)
+            _record_step(run, progress, len(micro_batches), total_tokens, loss, nll, lr)
+            done = args.max_steps is not None and run.step >= args.max_steps
+            if run.step % args.save_steps == 0 or done:
+                _checkpoint(run)
         if not done:
             state["epoch"] += 1
             state["batches_done"] = 0
-            logger.info(f"epoch {state['epoch']} finished at step {step}")
+            logger.info(f"epoch {state['epoch']} finished at step {run.step}")
     progress.close()
-    if last_saved != step:
-        checkpoint()
-    elapsed = time.perf_counter() - started
+    if run.last_saved != run.step:
+        _checkpoint(run)
 
-    # §6.1: the final model averages the last checkpoints.
-    chosen = list_checkpoints(checkpoint_root)[-args.average_last :]
-    unwrapped = accelerator.unwrap_model(model)
+
+def _step_tokens_unless_out_of_time(run: _Run, micro_batches: list[dict]) -> int | None:
+    """The step's target-token count over all processes, or None when the main process is out of time.
+
+    Every process learns both before the backward passes, so that each micro-batch's loss can be
+    divided by the count, and so that all processes stop at the same step.
+    """
+    args, accelerator = run.args, run.accelerator
+    out_of_time = args.time_limit is not None and time.perf_counter() - run.started > args.time_limit * 60
+    local_tokens = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro_batches)
+    total_tokens, out_of_time = accelerator.reduce(
+        torch.tensor([local_tokens, int(out_of_time and accelerator.is_main_process)], device=accelerator.device), "sum"
+    ).tolist()
+    return None if out_of_time else total_tokens
+
+
+def _optimizer_step(run: _Run, micro_batches: list[dict], total_tokens: int) -> tuple[float, float, float]:
+    """§5.2-§5.4: forward and backward over the micro-batches, one Adam update; returns the step's
+    label-smoothed loss and NLL per target token, and the learning rate it used."""
+    accelerator, model, world = run.accelerator, run.model, run.accelerator.num_processes
+    model.train()
+    sums = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
+    for i, batch in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        with nullcontext() if last else accelerator.no_sync(model):  # all-reduce gradients once per step
+            loss, nll = label_smoothed_loss(_forward(model, batch), batch["labels"], run.args.label_smoothing)
+            # DDP averages gradients over processes; * world turns that average into a sum.
+            accelerator.backward(loss * world / total_tokens)
+        sums += torch.stack([loss.detach().double(), nll.double()])
+    loss, nll = (accelerator.reduce(sums, "sum") / total_tokens).tolist()
+    if not math.isfinite(loss):
+        run.optimizer.zero_grad(set_to_none=True)
+        good = latest_checkpoint(run.checkpoint_root)
+        raise FloatingPointError(
+            f"the training loss became {loss} at step {run.step + 1}; stopped without updating the weights. "
+            f"The last good checkpoint is {good or '(none: no checkpoint was written yet)'}. Try a lower "
+            "`lr_scale`, a longer `warmup_steps`, `max_grad_norm`, or mixed_precision 'no'/'bf16'."
+        )
+    if run.args.max_grad_norm is not None:
+        accelerator.clip_grad_norm_(model.parameters(), run.args.max_grad_norm)
+    lr = run.scheduler.get_last_lr()[0]
+    run.optimizer.step()
+    if not accelerator.optimizer_step_was_skipped:  # fp16 skips steps whose gradients overflowed
+        run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return loss, nll, lr
+
+
+def _record_step(run: _Run, progress, batches: int, total_tokens: int, loss: float, nll: float, lr: float) -> None:
+    """Count the step, show and log it, and validate every `eval_steps`."""
+    args, state = run.args, run.state
+    run.step += 1
+    state["batches_done"] += batches
+    state["train_tokens"] += int(total_tokens)
+    run.tokens_since_start += int(total_tokens)
+    tokens_per_second = run.tokens_since_start / (time.perf_counter() - run.started)
+    progress.update(1)
+    progress.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}")
+    if run.step % args.log_steps == 0:
+        metrics = {"train/loss": loss, "train/nll": nll, "train/lr": lr, "train/tokens_per_second": tokens_per_second}
+        run.accelerator.log(metrics, step=run.step)
+    if run.step % args.eval_steps == 0:
+        metrics = evaluate(run.accelerator, run.model, run.tokenizer, run.eval_splits["validation"], args, args.eval_samples)
+        _report(run.accelerator, state, run.step, "validation", metrics)
+
+
+def _checkpoint(run: _Run) -> None:
+    save_checkpoint(run.accelerator, run.checkpoint_root, run.step, run.state, keep=run.args.keep_checkpoints)
+    run.last_saved = run.step
+
+
+# --- finish ----------------------------------------------------------------------------------
+
+
+def _finish(run: _Run) -> dict:
+    """§6.1's averaged weights, the final scores, and the output folder (then the Hub, if asked)."""
+    args, accelerator = run.args, run.accelerator
+    elapsed = time.perf_counter() - run.started
+    unwrapped, averaged = _final_weights(run)
+    results = _final_results(run, unwrapped, averaged, elapsed)
+    if accelerator.is_main_process:
+        example = next(iter(run.data["validation"]["translation"]))[run.source_lang]
+        write_output_folder(
+            unwrapped,
+            run.tokenizer,
+            args.output_dir,
+            results,
+            paper_generation_config(unwrapped.config),
+            dataset=args.dataset,
+            source_lang=run.source_lang,
+            target_lang=run.target_lang,
+            hyperparameters={k: v for k, v in asdict(args).items() if v is not None and k != "output_dir"},
+            example=example,
+        )
+        logger.info(f"saved the model, tokenizer and {RESULTS_FILE} to {args.output_dir}")
+        if args.push_to_hub:
+            from ..hub import push_folder
+
+            logger.info(f"uploaded to {push_folder(args.output_dir, args.push_to_hub)}")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return results
+
+
+def _final_weights(run: _Run):
+    """§6.1: the final model averages the last `average_last` checkpoints. Returns the unwrapped model and
+    the names of the checkpoints averaged."""
+    chosen = list_checkpoints(run.checkpoint_root)[-run.args.average_last :]
+    unwrapped = run.accelerator.unwrap_model(run.model)
     if len(chosen) > 1:
         missing, unexpected = unwrapped.load_state_dict(average_checkpoints(chosen), strict=False)
         if unexpected or set(missing) - set(unwrapped.all_tied_weights_keys):
             raise RuntimeError(f"averaged weights do not fit the model: missing {missing}, unexpected {unexpected}")
         unwrapped.tie_weights()
         logger.info(f"final weights: the average of {', '.join(p.name for p in chosen)}")
+    return unwrapped, [p.name for p in chosen]
+
+
+def _final_results(run: _Run, unwrapped, averaged: list[str], elapsed: float) -> dict:
+    """Validation and test scores of the final weights, with the run's numbers, flat as results.json holds them."""
+    args, state = run.args, run.state
+    epoch_batches = max(len(run.sampler.local_batches(state["epoch"])), 1)
     results = {
-        "steps": step,
-        "epochs": state["epoch"] + state["batches_done"] / max(len(sampler.local_batches(state["epoch"])), 1),
+        "steps": run.step,
+        "epochs": state["epoch"] + state["batches_done"] / epoch_batches,
         "train_tokens": state["train_tokens"],
         "train_minutes_this_session": round(elapsed / 60, 2),
-        "tokens_per_second": round(tokens_since_start / elapsed, 1) if elapsed else None,
-        "averaged_checkpoints": [p.name for p in chosen],
-        "source_lang": source_lang,
-        "target_lang": target_lang,
+        "tokens_per_second": round(run.tokens_since_start / elapsed, 1) if elapsed else None,
+        "averaged_checkpoints": averaged,
+        "source_lang": run.source_lang,
+        "target_lang": run.target_lang,
         "dataset": args.dataset,
         "decoding": {"num_beams": args.num_beams, "length_penalty": args.length_penalty, "max_new_tokens": "input length + 50"},
     }
-    for name, split in eval_splits.items():
+    for name, split in run.eval_splits.items():
         # Validation translates what it translated during training (`eval_samples`); the test split,
         # which the headline numbers come from, is translated whole unless `test_samples` says otherwise.
-        samples = args.eval_samples if name == "validation" and "test" in eval_splits else args.test_samples
-        results[name] = evaluate(accelerator, model, tokenizer, split, args, translate_samples=samples)
-        _report(accelerator, state, step, name, results[name])
+        samples = args.eval_samples if name == "validation" and "test" in run.eval_splits else args.test_samples
+        results[name] = evaluate(run.accelerator, run.model, run.tokenizer, split, args, translate_samples=samples)
+        _report(run.accelerator, state, run.step, name, results[name])
     results["history"] = state["history"]
     # The headline numbers, flat, as the model card reads them.
     final = results.get("test") or results["validation"]
-    results = {
+    return {
         "split": "test" if "test" in results else "validation",
         "bleu": final["bleu"],
         "chrf": final["chrf"],
@@ -543,30 +665,8 @@ def train(args: TrainingArguments) -> dict:
         "validation_loss": results["validation"]["loss"],
         "validation_perplexity": results["validation"]["perplexity"],
         **results,
-        "replica_checksums": _replica_checksums(accelerator, unwrapped),
+        "replica_checksums": _replica_checksums(run.accelerator, unwrapped),
     }
-    if accelerator.is_main_process:
-        example = next(iter(data["validation"]["translation"]))[source_lang]
-        write_output_folder(
-            unwrapped,
-            tokenizer,
-            output_dir,
-            results,
-            paper_generation_config(unwrapped.config),
-            dataset=args.dataset,
-            source_lang=source_lang,
-            target_lang=target_lang,
-            hyperparameters={k: v for k, v in asdict(args).items() if v is not None and k != "output_dir"},
-            example=example,
-        )
-        logger.info(f"saved the model, tokenizer and {RESULTS_FILE} to {output_dir}")
-        if args.push_to_hub:
-            from ..hub import push_folder
-
-            logger.info(f"uploaded to {push_folder(output_dir, args.push_to_hub)}")
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    return results
 
 
 def _replica_checksums(accelerator, model) -> list[float]:
