@@ -182,6 +182,32 @@ def test_bad_input_is_a_clear_usage_error(tmp_path, small_task, small_run, capsy
     assert not list_checkpoints(tmp_path / "out" / "checkpoints")
 
 
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        # Before: accepted; every gradient was scaled by a negative factor and training ascended (exit 0).
+        (["--max-grad-norm", "-1"], "`max_grad_norm` must be a positive number or None; got -1.0."),
+        (["--lr-scale", "nan"], "`lr_scale` must be a positive number; got nan."),
+        (["--time-limit", "nan"], "`time_limit` must be a positive number or None; got nan."),
+        # Before: accepted; results.json held a bare NaN (invalid JSON).
+        (["--length-penalty", "nan"], "`length_penalty` must be a finite number (the paper's: 0.6); got nan."),
+        # Before: tracebacks (TypeError, ZeroDivisionError, "got multiple values for keyword argument"), or
+        # the string stored in config.json.
+        (["--config-overrides", "d_model=abc"], "`config_overrides`: `d_model` must be a positive integer; got 'abc'."),
+        (["--config-overrides", "num_heads=0"], "`config_overrides`: `num_heads` must be a positive integer; got 0."),
+        (["--config-overrides", "vocab_size=50"], "`config_overrides`: vocab_size come(s) from the tokenizer"),
+        (["--config-overrides", "pad_token_id=999"], "`config_overrides`: pad_token_id come(s) from the tokenizer"),
+        (["--config-overrides", "tie_word_embeddings=maybe"],
+         "`config_overrides`: `tie_word_embeddings` must be true or false; got 'maybe'."),
+    ],
+)
+def test_plausible_mistakes_are_one_line_errors_before_anything_runs(tmp_path, small_task, small_run, capsys, extra, expected):
+    err = _usage_error(capsys, ["train", "--dataset", str(small_task), "--output-dir", str(tmp_path / "out"),
+                                *small_run, "--max-steps", "2", *extra])
+    assert err.startswith(f"vanilla-transformer train: error: {expected}") and err.count("\n") == 1  # no usage text
+    assert not (tmp_path / "out").exists()
+
+
 def test_bad_data_files_are_clear_errors(tmp_path, small_run, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()

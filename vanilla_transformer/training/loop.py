@@ -52,6 +52,7 @@ __all__ = ["TrainingArguments", "evaluate", "train", "write_output_folder"]
 logger = get_logger(__name__)  # logs on the main process only
 
 CHECKPOINTS = "checkpoints"  # sub-folder of output_dir
+TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")  # the config takes them from the tokenizer
 RESULTS_FILE = "results.json"
 
 
@@ -120,10 +121,7 @@ class TrainingArguments:
             raise ValueError(f"`eval_samples` must be a non-negative integer or None; got {self.eval_samples!r}.")
         if self.test_samples is not None and (not isinstance(self.test_samples, int) or self.test_samples < 1):
             raise ValueError(f"`test_samples` must be a positive integer or None; got {self.test_samples!r}.")
-        known = [name for name in inspect.signature(VanillaTransformerConfig).parameters if name != "kwargs"]
-        unknown = sorted(set(self.config_overrides) - set(known))
-        if unknown:
-            raise ValueError(f"`config_overrides`: unknown config fields {unknown}; the fields are {', '.join(known)}")
+        self._validate_config_overrides()
         if self.max_steps is None and self.num_epochs is None and self.time_limit is None:
             raise ValueError("give at least one of `max_steps`, `num_epochs` and `time_limit`, or training never ends.")
         if self.model_name_or_path is None and self.preset not in PRESETS:
@@ -137,6 +135,12 @@ class TrainingArguments:
             raise ValueError(f"`max_tokens` ({self.max_tokens}) must be at least `max_length` ({self.max_length}).")
         if not 0 <= self.label_smoothing < 1:
             raise ValueError(f"`label_smoothing` must be in [0, 1); got {self.label_smoothing!r}.")
+        for name in ("lr_scale", "max_grad_norm", "time_limit"):
+            value = getattr(self, name)  # a negative norm would flip every gradient: training would ascend
+            if value is not None and not (_is_finite(value) and value > 0):
+                raise ValueError(f"`{name}` must be a positive number{' or None' if name != 'lr_scale' else ''}; got {value!r}.")
+        if not _is_finite(self.length_penalty):
+            raise ValueError(f"`length_penalty` must be a finite number (the paper's: 0.6); got {self.length_penalty!r}.")
         if self.mixed_precision not in (None, "no", "fp16", "bf16"):
             raise ValueError(f"`mixed_precision` must be 'no', 'fp16' or 'bf16'; got {self.mixed_precision!r}.")
         if self.report_to not in (None, "tensorboard"):
@@ -151,8 +155,30 @@ class TrainingArguments:
             from ..hub import check_repo_id
 
             check_repo_id(self.push_to_hub)  # before hours of training, not after
-        if self.time_limit is not None and self.time_limit <= 0:
-            raise ValueError(f"`time_limit` must be a positive number of minutes; got {self.time_limit!r}.")
+
+
+    def _validate_config_overrides(self) -> None:
+        """Before hours of data preparation: known fields with values the config accepts."""
+        known = [name for name in inspect.signature(VanillaTransformerConfig).parameters
+                 if name not in ("kwargs", *TOKENIZER_FIELDS)]
+        from_tokenizer = sorted(set(self.config_overrides) & set(TOKENIZER_FIELDS))
+        if from_tokenizer:
+            raise ValueError(
+                f"`config_overrides`: {', '.join(from_tokenizer)} come(s) from the tokenizer (its size and special "
+                "tokens); choose the size of a new tokenizer with `vocab_size` (--vocab-size), or give a `tokenizer`"
+            )
+        unknown = sorted(set(self.config_overrides) - set(known))
+        if unknown:
+            raise ValueError(f"`config_overrides`: unknown config fields {unknown}; the fields are {', '.join(known)}")
+        if self.model_name_or_path is None and self.preset in PRESETS:
+            try:
+                VanillaTransformerConfig.from_preset(self.preset, **self.config_overrides)
+            except ValueError as err:
+                raise ValueError(f"`config_overrides`: {err}") from None
+
+
+def _is_finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # ------------------------------------------------------------------------------------------
