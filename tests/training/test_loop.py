@@ -1,6 +1,7 @@
 """End-to-end training through the real `vanilla-transformer train` entry point."""
 
 import json
+import logging
 import math
 import os
 import signal
@@ -15,10 +16,12 @@ from safetensors.torch import load_file
 
 from vanilla_transformer.cli import main
 from vanilla_transformer.corpora import load_translation_dataset
+from vanilla_transformer.hub import check_hub_folder
 from vanilla_transformer.training import loop
 from vanilla_transformer.training.checkpoints import latest_checkpoint, list_checkpoints, read_state
 
 REPO = Path(__file__).resolve().parents[2]
+LETTERS = [chr(c) for c in range(ord("a"), ord("a") + 12)]  # the synthetic tasks' words
 
 
 def free_port() -> int:
@@ -279,3 +282,79 @@ def test_push_to_hub_with_a_bad_repo_id_fails_before_training(tmp_path, small_ta
                                 *small_run, "--push-to-hub", "not-a-repo-id"])
     assert "`repo_id` must look like 'user-or-org/model-name'" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_long_first_validation_sentence_does_not_cost_the_model(tmp_path, small_task, small_run):
+    # Before: the model card's heat map was drawn from the first validation source, attention_maps refused
+    # it (over 1,024 tokens), and the run died after training with no weights, config or card saved.
+    long = " ".join(LETTERS[i % len(LETTERS)] for i in range(1100))
+    rows = (small_task / "validation.jsonl").read_text().splitlines()
+    rows[0] = json.dumps({"translation": {"src": long, "tgt": long}})
+    (small_task / "validation.jsonl").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    assert main(["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run, "--max-steps", "2"]) == 0
+    check_hub_folder(out)
+    assert json.loads((out / "results.json").read_text())["steps"] == 2
+    card = (out / "README.md").read_text()
+    assert "![attention heat map](attention.png)" in card and (out / "attention.png").is_file()
+    assert json.loads(rows[1])["translation"]["src"] in card and long[:40] not in card  # the first that fits
+
+
+def test_a_failing_model_card_or_upload_leaves_the_model_saved(tmp_path, small_task, small_run, monkeypatch, caplog):
+    import huggingface_hub
+
+    from vanilla_transformer import model_card
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the card template is broken")
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(model_card, "build_model_card", broken)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: "hf_test")
+    monkeypatch.setattr(huggingface_hub, "create_repo", offline)
+    out = tmp_path / "out"
+    with caplog.at_level(logging.WARNING):
+        assert main(["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run, "--max-steps", "2",
+                     "--push-to-hub", "someone/tiny"]) == 0
+    names = {p.name for p in out.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "generation_config.json", "results.json"} <= names
+    assert "README.md" not in names and not [n for n in names if n.endswith(".saving")]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("the model card (README.md) was not written: RuntimeError: the card template is broken" in w for w in warnings)
+    assert any(f"upload it with `vanilla-transformer push --folder {out} --repo-id someone/tiny`" in w for w in warnings)
+
+
+KILL_WHILE_SAVING = """
+import os, signal, sys
+from vanilla_transformer import hub
+
+def move_half_then_die(staging, output_dir):  # kill -9 with half of the final files in place
+    names = sorted(p.name for p in staging.iterdir())
+    for name in names[: len(names) // 2]:
+        os.replace(staging / name, output_dir / name)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+hub._move_into_place = move_half_then_die
+from vanilla_transformer.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_run_killed_while_writing_the_final_folder_is_completed_by_resume(tmp_path, small_task, small_run):
+    out = tmp_path / "out"
+    argv = ["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run, "--max-steps", "4", "--save-steps", "2"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    killed = subprocess.run([sys.executable, "-c", KILL_WHILE_SAVING, *argv], env=env, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert not (out / "results.json").exists() and (tmp_path / ".out.saving").is_dir()  # half a final folder
+    with pytest.raises(ValueError, match="missing"):
+        check_hub_folder(out)
+
+    assert main([*argv, "--resume"]) == 0
+    check_hub_folder(out)
+    assert json.loads((out / "results.json").read_text())["steps"] == 4 and (out / "README.md").is_file()
+    final, last = weights(out), weights(out / "checkpoints" / "checkpoint-00000004")  # --average-last 1
+    assert final.keys() <= last.keys() and all(torch.equal(final[name], last[name]) for name in final)
+    assert not (tmp_path / ".out.saving").exists()  # the dead run's staging folder is gone

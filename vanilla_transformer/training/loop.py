@@ -16,11 +16,8 @@ the end the last `average_last` checkpoints are averaged (§6.1), the test split
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import math
-import os
-import shutil
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -33,11 +30,12 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, GenerationConfig
+from transformers import AutoTokenizer
 
 from ..configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from ..corpora import load_translation_dataset, resolve_languages
 from ..generation_vanilla_transformer import paper_generation_config
+from ..hub import RESULTS_FILE, save_model_files, write_model_card, write_results
 from ..inference import load_pretrained
 from ..metrics import load as load_metric
 from ..modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
@@ -47,13 +45,12 @@ from .data import PadCollator, TokenBatchSampler, TokenizedSplit, tokenize_pairs
 from .loss import IGNORE_INDEX, label_smoothed_loss
 from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler
 
-__all__ = ["TrainingArguments", "evaluate", "train", "write_output_folder"]
+__all__ = ["TrainingArguments", "evaluate", "train"]
 
 logger = get_logger(__name__)  # logs on the main process only
 
-CHECKPOINTS = "checkpoints"  # sub-folder of output_dir
+CHECKPOINTS = "checkpoints"  # sub-folder of output_dir; the rest of output_dir is the Hub folder (hub.py)
 TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")  # the config takes them from the tokenizer
-RESULTS_FILE = "results.json"
 
 
 @dataclass
@@ -328,43 +325,6 @@ def _describe(metrics: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------------
-# The output folder
-# ------------------------------------------------------------------------------------------
-
-
-def write_output_folder(
-    model, tokenizer, output_dir, results: dict, generation_config: GenerationConfig, **card
-) -> Path:
-    """Make `output_dir` a complete Hub repository: weights, config with auto_map, code files,
-    tokenizer, generation_config.json, results.json (and, with hub.save_for_hub, the pipeline
-    file and a model card; `card` holds its dataset/languages/hyperparameters/example).
-
-    Nothing is half written: files go to a staging folder first and are then renamed into
-    place; the checkpoints/ sub-folder stays where it is.
-    """
-    model.generation_config = generation_config
-    try:
-        from ..hub import save_for_hub
-    except ImportError:  # the package without hub.py: write the essentials ourselves
-        save_for_hub = None
-    if save_for_hub is not None:
-        return save_for_hub(model, tokenizer, output_dir, results, **card)
-    output_dir = Path(output_dir)
-    staging = output_dir / ".tmp-final"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / RESULTS_FILE).write_text(json.dumps(results, indent=2, ensure_ascii=False))
-        for file in staging.iterdir():
-            os.replace(file, output_dir / file.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return output_dir
-
-
-# ------------------------------------------------------------------------------------------
 # Training
 # ------------------------------------------------------------------------------------------
 
@@ -614,33 +574,59 @@ def _checkpoint(run: _Run) -> None:
 
 
 def _finish(run: _Run) -> dict:
-    """§6.1's averaged weights, the final scores, and the output folder (then the Hub, if asked)."""
+    """The model first: once training is done, §6.1's averaged weights, the config and the tokenizer are
+    saved before anything else. Then the final scores (results.json), the model card and the upload,
+    none of which can take the saved model with it. `resume` on a finished run comes here at once."""
     args, accelerator = run.args, run.accelerator
     elapsed = time.perf_counter() - run.started
     unwrapped, averaged = _final_weights(run)
+    unwrapped.generation_config = paper_generation_config(unwrapped.config)
+    if accelerator.is_main_process:
+        save_model_files(unwrapped, run.tokenizer, args.output_dir)
+        logger.info(f"saved the model and tokenizer to {args.output_dir}")
     results = _final_results(run, unwrapped, averaged, elapsed)
     if accelerator.is_main_process:
-        example = next(iter(run.data["validation"]["translation"]))[run.source_lang]
-        write_output_folder(
+        write_results(args.output_dir, results)
+        write_model_card(
             unwrapped,
             run.tokenizer,
             args.output_dir,
             results,
-            paper_generation_config(unwrapped.config),
             dataset=args.dataset,
             source_lang=run.source_lang,
             target_lang=run.target_lang,
             hyperparameters={k: v for k, v in asdict(args).items() if v is not None and k != "output_dir"},
-            example=example,
+            example=_card_example(run),
         )
-        logger.info(f"saved the model, tokenizer and {RESULTS_FILE} to {args.output_dir}")
+        logger.info(f"saved {RESULTS_FILE} and the model card to {args.output_dir}")
         if args.push_to_hub:
-            from ..hub import push_folder
-
-            logger.info(f"uploaded to {push_folder(args.output_dir, args.push_to_hub)}")
+            _upload(args.output_dir, args.push_to_hub)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return results
+
+
+def _card_example(run: _Run) -> str | None:
+    """The sentence whose attention the model card shows: the first validation source that the model
+    reads whole (at most `max_length` tokens; a held-out split may start with a very long one)."""
+    for row in islice(run.data["validation"], 200):
+        text = (row["translation"] or {}).get(run.source_lang)
+        if text and text.strip() and len(run.tokenizer(text)["input_ids"]) <= run.args.max_length:
+            return text
+    return None
+
+
+def _upload(output_dir: str, repo_id: str) -> None:
+    """`push_to_hub`: the saved folder goes up; if it cannot, the folder stays and the warning says how to retry."""
+    from ..hub import push_folder
+
+    try:
+        logger.info(f"uploaded to {push_folder(output_dir, repo_id)}")
+    except Exception as err:  # the network, the token, the Hub: the model is saved either way
+        logger.warning(
+            f"uploading to {repo_id} failed: {type(err).__name__}: {err}. The model is saved in {output_dir}; "
+            f"upload it with `vanilla-transformer push --folder {output_dir} --repo-id {repo_id}`"
+        )
 
 
 def _final_weights(run: _Run):
