@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -358,3 +359,37 @@ def test_a_run_killed_while_writing_the_final_folder_is_completed_by_resume(tmp_
     final, last = weights(out), weights(out / "checkpoints" / "checkpoint-00000004")  # --average-last 1
     assert final.keys() <= last.keys() and all(torch.equal(final[name], last[name]) for name in final)
     assert not (tmp_path / ".out.saving").exists()  # the dead run's staging folder is gone
+
+
+def test_a_second_run_on_the_same_folder_is_refused_and_a_dead_runs_lock_is_taken_over(
+    tmp_path, small_task, small_run, capsys, caplog
+):
+    out = tmp_path / "out"
+    argv = ["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run, "--save-steps", "1"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen([sys.executable, "-m", "vanilla_transformer.cli", *argv, "--max-steps", "100000"],
+                                 env=env, cwd=REPO, stdout=log, stderr=log, start_new_session=True)
+
+    def wait_for(done):
+        deadline = time.monotonic() + 240
+        while not done():
+            assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-3000:]
+            time.sleep(0.2)
+
+    try:
+        wait_for((out / "tokenizer.json").is_file)  # it has started: its tokenizer is saved, its first step is near
+        # The same command again. Before: both ran, both exited 0, and each pruned the other's checkpoints.
+        err = _usage_error(capsys, [*argv, "--max-steps", "2"])
+        assert err.startswith(f"vanilla-transformer train: error: {out} is in use by another training run "
+                              f"(PID {first.pid} on host {socket.gethostname()}, started ")
+        assert "vanilla_transformer/cli.py train" in err and err.endswith("Wait for it to end, or choose another `output_dir`.\n")
+        wait_for(lambda: list_checkpoints(out / "checkpoints"))
+    finally:
+        first.kill()  # kill -9: its lock file stays, but no process holds it any more
+        first.wait()
+    assert json.loads((out / ".train.lock").read_text())["pid"] == first.pid
+    with caplog.at_level(logging.WARNING):
+        assert main([*argv, "--max-steps", "3", "--resume"]) == 0
+    assert f"the run that left it (PID {first.pid} on host {socket.gethostname()}" in caplog.text
+    assert (out / "model.safetensors").is_file() and not (out / ".train.lock").exists()

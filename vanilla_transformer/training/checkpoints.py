@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 __all__ = [
     "STATE_FILE",
     "average_checkpoints",
+    "checkpoint_path",
     "list_checkpoints",
     "latest_checkpoint",
     "read_state",
@@ -30,6 +31,10 @@ __all__ = [
 STATE_FILE = "trainer_state.json"
 WEIGHTS_FILE = "model.safetensors"  # what Accelerate's save_state names the (first) model
 _NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+def checkpoint_path(root: str | os.PathLike, step: int) -> Path:
+    return Path(root) / f"checkpoint-{step:08d}"
 
 
 def list_checkpoints(root: str | os.PathLike) -> list[Path]:
@@ -56,7 +61,7 @@ def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict
     Call on every process (each saves its own RNG state); the main process renames and prunes.
     """
     root = Path(root)
-    final = root / f"checkpoint-{step:08d}"
+    final = checkpoint_path(root, step)
     staging = root / f".tmp-{final.name}"
     if accelerator.is_main_process:
         shutil.rmtree(staging, ignore_errors=True)  # left over from a run that died while saving

@@ -40,8 +40,16 @@ from ..inference import load_pretrained
 from ..metrics import load as load_metric
 from ..modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
 from ..tokenization_vanilla_transformer import DEFAULT_VOCAB_SIZE, train_tokenizer
-from .checkpoints import average_checkpoints, latest_checkpoint, list_checkpoints, read_state, save_checkpoint
+from .checkpoints import (
+    average_checkpoints,
+    checkpoint_path,
+    latest_checkpoint,
+    list_checkpoints,
+    read_state,
+    save_checkpoint,
+)
 from .data import PadCollator, TokenBatchSampler, TokenizedSplit, tokenize_pairs
+from .lock import RunLock
 from .loss import IGNORE_INDEX, label_smoothed_loss
 from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler
 
@@ -362,23 +370,49 @@ def train(args: TrainingArguments) -> dict:
     if not logging.getLogger().handlers:
         logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per file saved is noise
-    run = _setup(args)
-    _train_until_done(run)
-    return _finish(run)
-
-
-# --- setup -----------------------------------------------------------------------------------
-
-
-def _setup(args: TrainingArguments) -> _Run:
-    """On every process: where to resume from, the data, tokenizer, model, optimiser and schedule."""
-    checkpoint_root = Path(args.output_dir) / CHECKPOINTS
-    resume_from = _resume_point(args, checkpoint_root)
     accelerator = Accelerator(
         mixed_precision=args.mixed_precision,
         log_with=args.report_to,
         project_dir=str(Path(args.output_dir) / "runs") if args.report_to else None,
     )
+    lock = RunLock(args.output_dir)  # one run per folder: taken by the main process for all of them
+    _on_main(accelerator, lock.acquire)
+    try:
+        run = _setup(args, accelerator)
+        _train_until_done(run)
+        return _finish(run)
+    finally:
+        lock.release()
+
+
+def _on_main(accelerator, decide) -> int | None:
+    """Run `decide()`, which returns an int or None, on the main process only, before the other processes
+    can race it; every process gets the answer, or stops with the main process's error."""
+    answer, error = None, None
+    if accelerator.is_main_process:
+        try:
+            answer = decide()
+        except Exception as err:
+            error = err
+    if accelerator.num_processes > 1:  # a tensor, as the training loop's own reductions: [failed, answer]
+        sent = [int(error is not None), -1 if answer is None else answer] if accelerator.is_main_process else [0, 0]
+        failed, answer = accelerator.reduce(torch.tensor(sent, device=accelerator.device), "sum").tolist()
+        answer = None if answer == -1 else answer
+        if failed and error is None:
+            error = ValueError("the main process refused to start this run; its error says why")
+    if error is not None:
+        raise error
+    return answer
+
+
+# --- setup -----------------------------------------------------------------------------------
+
+
+def _setup(args: TrainingArguments, accelerator) -> _Run:
+    """On every process: where to resume from, the data, tokenizer, model, optimiser and schedule."""
+    checkpoint_root = Path(args.output_dir) / CHECKPOINTS
+    resume_step = _on_main(accelerator, lambda: _resume_step(args, checkpoint_root))
+    resume_from = None if resume_step is None else checkpoint_path(checkpoint_root, resume_step)
     set_seed(args.seed)  # the same initial weights on every process
     data, source_lang, target_lang, tokenizer, train_split, eval_splits = _prepare_data(args, accelerator)
 
@@ -415,13 +449,13 @@ def _setup(args: TrainingArguments) -> _Run:
     )
 
 
-def _resume_point(args: TrainingArguments, checkpoint_root: Path) -> Path | None:
-    """The checkpoint `resume` continues from; without `resume`, refuse a folder that holds an earlier run."""
+def _resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
+    """The step of the checkpoint `resume` continues from; without `resume`, refuse a folder that holds an earlier run."""
     if args.resume:
         resume_from = latest_checkpoint(checkpoint_root)
         if resume_from is None:
             raise FileNotFoundError(f"`resume`: no complete checkpoint in {checkpoint_root} to resume from")
-        return resume_from
+        return read_state(resume_from)["step"]
     if list_checkpoints(checkpoint_root):
         raise ValueError(
             f"{args.output_dir} holds checkpoints of an earlier run; pass `resume` to continue it, or pick a new `output_dir`"
