@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -99,6 +100,10 @@ def test_push_uploads_the_folder(hub_tiny_folder, monkeypatch, capsys):
     (["evaluate", "--model", "{folder}", "--references-out", "{empty}/no/such/ref.txt"], "there is no folder"),
     (["evaluate", "--model", "{folder}", "--length-penalty", "nan"], "--length-penalty must be a finite number"),
     (["translate", "--model", "{folder}", "--length-penalty", "inf", "x"], "--length-penalty must be a finite number"),
+    (["translate", "--model", "{damaged}", "x"],
+     "damaged/model.safetensors is damaged (truncated or corrupt; 4,000 bytes): Error while deserializing header"),
+    (["evaluate", "--model", "{damaged}"], "Copy the model folder again, or save the model again."),
+    (["push", "--folder", "{damaged}", "--repo-id", "someone/tiny"], "damaged/model.safetensors is damaged"),
 ])
 def test_bad_input_is_a_usage_error_and_nothing_is_uploaded(argv, message, hub_tiny_folder, tmp_path, monkeypatch, capsys):
     def refuse(*args, **kwargs):
@@ -114,8 +119,10 @@ def test_bad_input_is_a_usage_error_and_nothing_is_uploaded(argv, message, hub_t
     no_tokenizer.mkdir()
     for name in ("config.json", "model.safetensors"):
         (no_tokenizer / name).write_bytes((hub_tiny_folder / name).read_bytes())
+    damaged = shutil.copytree(hub_tiny_folder, tmp_path / "damaged")
+    os.truncate(damaged / "model.safetensors", 4000)  # a copy or download cut short
     paths = {"folder": hub_tiny_folder, "empty": tmp_path / "empty", "no_tokenizer": no_tokenizer,
-             "latin1": tmp_path / "latin1.txt"}
+             "latin1": tmp_path / "latin1.txt", "damaged": damaged}
     with pytest.raises(SystemExit) as exit_info:
         main([arg.format(**paths) for arg in argv])
     assert exit_info.value.code == 2

@@ -27,6 +27,7 @@ import re
 import shutil
 from pathlib import Path
 
+from .files import check_model_files
 from .pipeline_vanilla_transformer import CUSTOM_PIPELINES, source_length_limit
 
 __all__ = [
@@ -268,6 +269,7 @@ def check_hub_folder(folder: str | os.PathLike) -> Path:
             f"{folder} is not a complete model folder; missing: {', '.join(dict.fromkeys(missing))}. "
             "Write it with `save_for_hub` (or `vanilla-transformer train`)."
         )
+    check_model_files(folder)  # a truncated weights file must not reach the Hub
     return folder
 
 

@@ -4,6 +4,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -393,3 +394,45 @@ def test_a_second_run_on_the_same_folder_is_refused_and_a_dead_runs_lock_is_take
         assert main([*argv, "--max-steps", "3", "--resume"]) == 0
     assert f"the run that left it (PID {first.pid} on host {socket.gethostname()}" in caplog.text
     assert (out / "model.safetensors").is_file() and not (out / ".train.lock").exists()
+
+
+DAMAGE = {
+    "model.safetensors": lambda path: os.truncate(path, 1000),  # a copy cut short
+    "optimizer.bin": lambda path: os.truncate(path, 1000),
+    "trainer_state.json": lambda path: path.write_text('{"epoch": 0, "\x01": 1}'),
+}
+
+
+def test_resume_falls_back_past_a_damaged_checkpoint_to_the_same_weights(tmp_path, small_task, small_run, caplog):
+    # Before: a raw SafetensorError traceback, "[Errno 22] Invalid argument" or "Invalid control character",
+    # naming no file, and no way to resume from the checkpoint before.
+    argv = [*small_run, "--max-steps", "4", "--save-steps", "2"]
+    whole = _run(tmp_path, "whole", small_task, argv)
+    expected = weights(whole / "checkpoints" / "checkpoint-00000004")
+    for name, damage in DAMAGE.items():
+        out = tmp_path / name
+        shutil.copytree(whole / "checkpoints", out / "checkpoints")
+        damage(out / "checkpoints" / "checkpoint-00000004" / name)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert main(["train", "--dataset", str(small_task), "--output-dir", str(out), *argv, "--resume"]) == 0
+        assert f"checkpoint-00000004/{name} is damaged" in caplog.text
+        assert "the checkpoint is set aside as damaged-checkpoint-00000004" in caplog.text
+        assert "continuing from checkpoint-00000002, the newest checkpoint that reads back whole" in caplog.text
+        resumed = weights(out / "checkpoints" / "checkpoint-00000004")
+        assert all(torch.equal(resumed[key], expected[key]) for key in expected), name
+        assert (out / "checkpoints" / "damaged-checkpoint-00000004" / name).is_file()  # kept for a look
+
+
+def test_resume_with_no_readable_checkpoint_names_each_damaged_file(tmp_path, small_task, small_run, capsys):
+    argv = [*small_run, "--max-steps", "2", "--save-steps", "1"]
+    out = _run(tmp_path, "out", small_task, argv)
+    os.truncate(out / "checkpoints" / "checkpoint-00000001" / "model.safetensors", 10)
+    (out / "checkpoints" / "checkpoint-00000002" / "trainer_state.json").write_text("{")
+    capsys.readouterr()
+    err = _usage_error(capsys, ["train", "--dataset", str(small_task), "--output-dir", str(out), *argv, "--resume"])
+    assert err.count("\n") == 1 and f"no checkpoint in {out / 'checkpoints'} can be read: " in err
+    assert "checkpoint-00000002/trainer_state.json is damaged: not valid JSON" in err
+    assert "checkpoint-00000001/model.safetensors is damaged (truncated or corrupt; 10 bytes)" in err
+    assert "Restore the checkpoints from a copy, or train from the start in a new output folder." in err
+    assert [p.name for p in list_checkpoints(out / "checkpoints")] == ["checkpoint-00000001", "checkpoint-00000002"]

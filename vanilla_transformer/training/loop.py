@@ -34,6 +34,7 @@ from transformers import AutoTokenizer
 
 from ..configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from ..corpora import load_translation_dataset, resolve_languages
+from ..files import read_json
 from ..generation_vanilla_transformer import paper_generation_config
 from ..hub import RESULTS_FILE, save_model_files, write_model_card, write_results
 from ..inference import load_pretrained
@@ -45,6 +46,7 @@ from .checkpoints import (
     checkpoint_path,
     latest_checkpoint,
     list_checkpoints,
+    newest_sound_checkpoint,
     read_state,
     save_checkpoint,
 )
@@ -452,10 +454,17 @@ def _setup(args: TrainingArguments, accelerator) -> _Run:
 def _resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
     """The step of the checkpoint `resume` continues from; without `resume`, refuse a folder that holds an earlier run."""
     if args.resume:
-        resume_from = latest_checkpoint(checkpoint_root)
-        if resume_from is None:
+        if not list_checkpoints(checkpoint_root):
             raise FileNotFoundError(f"`resume`: no complete checkpoint in {checkpoint_root} to resume from")
-        return read_state(resume_from)["step"]
+        checkpoint, problems = newest_sound_checkpoint(checkpoint_root)
+        for problem in problems:
+            logger.warning(f"`resume`: {problem}")
+        step = read_state(checkpoint)["step"]
+        if problems:
+            logger.warning(f"`resume`: continuing from {checkpoint.name}, the newest checkpoint that reads back whole; "
+                           f"the steps after {step} are trained again")
+        read_json(checkpoint_root / "config.json")  # the run's architecture, read by every process next
+        return step
     if list_checkpoints(checkpoint_root):
         raise ValueError(
             f"{args.output_dir} holds checkpoints of an earlier run; pass `resume` to continue it, or pick a new `output_dir`"
