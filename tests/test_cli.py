@@ -140,3 +140,13 @@ def test_evaluate_leaves_out_pairs_with_a_missing_side_and_says_so(hub_tiny_fold
     out, err = capsys.readouterr()
     assert "note: 2 of 4 pairs left out: a side is missing or blank (rows 2, 4)" in err
     assert "2 segments translated" in out and "BLEU = " in out
+
+
+def test_evaluate_warns_when_the_data_is_another_language_pair(hub_tiny_folder, capsys):
+    # Before: a model trained en->es was scored on en->fr without a word (the pair was not stored).
+    assert main(["evaluate", "--model", str(hub_tiny_folder), "--dataset", "bible-en-fr", "--max-samples", "2", *GREEDY]) == 0
+    err = capsys.readouterr().err
+    assert ("warning: the model translates en->es (trained on bible-en-es), not en->fr: its output will not be in the "
+            "language asked for; scoring bible-en-fr test (en->fr) anyway") in err
+    assert main(["evaluate", "--model", str(hub_tiny_folder), "--max-samples", "2", *GREEDY]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -37,7 +37,13 @@ def test_pipeline_loads_from_the_folder_without_the_package(hub_tiny_folder, run
             refused = None
         except ValueError as err:
             refused = str(err)
-        print(json.dumps(dict(refused=refused,
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            translate(sentences[1], num_beams=1, max_new_tokens=3, src_lang="en", tgt_lang="es")
+            translate(sentences[1], num_beams=1, max_new_tokens=3, tgt_lang="fr")
+        pair_warnings = [str(w.message) for w in caught if "translates" in str(w.message)]
+        print(json.dumps(dict(refused=refused, pair_warnings=pair_warnings,
             type=type(translate).__name__, single=single, batched=batched, one_by_one=one_by_one,
             short_tokens=len(tokenizer(short[0]["translation_text"], add_special_tokens=False)["input_ids"]),
             by_hand=by_hand, piped=piped, keys=sorted(with_weights[1]),
@@ -51,6 +57,8 @@ def test_pipeline_loads_from_the_folder_without_the_package(hub_tiny_folder, run
     result = json.loads(out.strip().splitlines()[-1])
     assert result["type"] == "TranslationPipeline"
     assert result["refused"] == "`num_beams` must be a positive integer; got 0."
+    assert result["pair_warnings"] == [  # the saved config knows the pair: only the wrong one is warned about
+        "the model translates en->es (trained on bible-en-es), not en->fr: its output will not be in the language asked for"]
     assert len(result["single"]) == 1 and set(result["single"][0]) == {"translation_text"}
     assert result["single"][0]["translation_text"].strip()
     assert [r["translation_text"] for r in result["batched"]] == [r["translation_text"] for r in result["one_by_one"]]

@@ -319,6 +319,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 
         from .corpora import load_translation_dataset, resolve_languages, text_pairs
         from .inference import load_model, score_translations, translate_texts
+        from .pipeline_vanilla_transformer import language_pair_mismatch
 
         try:
             options = _decoding_options(args)
@@ -347,6 +348,10 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
             # sacrebleu reads one segment per line: a newline inside a reference would shift every line after it.
             references = [" ".join(text.splitlines()) for text in references]
             model, tokenizer = load_model(args.model, args.device)
+            mismatch = language_pair_mismatch(model.config, source_lang, target_lang)
+            if mismatch:
+                print(f"warning: {mismatch}; scoring {args.dataset} {args.split} ({source_lang}->{target_lang}) anyway",
+                      file=sys.stderr)
             start = time.perf_counter()
             hypotheses = translate_texts(model, tokenizer, sources, **options)
             seconds = time.perf_counter() - start

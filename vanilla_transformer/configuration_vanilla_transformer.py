@@ -88,6 +88,9 @@ class VanillaTransformerConfig(PretrainedConfig):
         label_smoothing: epsilon_ls used when `labels` are given to the model. The paper trains with 0.1
             (§5.4); the model's default is 0 so that its loss is the plain negative log-likelihood, and
             the training script passes 0.1.
+        source_lang / target_lang / dataset_name: the language pair the model was trained to translate
+            and the data set it was trained on (written by training; None when unknown), so that scoring
+            or translating another pair can be warned about.
     """
 
     model_type = "vanilla_transformer"
@@ -124,6 +127,9 @@ class VanillaTransformerConfig(PretrainedConfig):
         decoder_start_token_id: int | None = None,
         use_cache: bool = True,
         is_encoder_decoder: bool = True,
+        source_lang: str | None = None,
+        target_lang: str | None = None,
+        dataset_name: str | None = None,
         **kwargs,
     ):
         _check_choice("attention_score", attention_score, ATTENTION_SCORES)
@@ -143,6 +149,9 @@ class VanillaTransformerConfig(PretrainedConfig):
             raise ValueError("`pad_token_id` must be a token id; got None (padding and the decoder start need one).")
         _check_token_ids(vocab_size, pad_token_id=pad_token_id, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, decoder_start_token_id=decoder_start_token_id)
+        for name, value in (("source_lang", source_lang), ("target_lang", target_lang), ("dataset_name", dataset_name)):
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"`{name}` must be a string or None; got {value!r}.")
 
         self.vocab_size = vocab_size
         self.d_model = d_model
@@ -167,6 +176,9 @@ class VanillaTransformerConfig(PretrainedConfig):
         self.decoder_start_token_id = pad_token_id if decoder_start_token_id is None else decoder_start_token_id
         self.use_cache = use_cache
         self.tie_word_embeddings = tie_word_embeddings
+        self.source_lang = source_lang
+        self.target_lang = target_lang
+        self.dataset_name = dataset_name
         super().__init__(is_encoder_decoder=is_encoder_decoder, **kwargs)
 
     @property

@@ -91,6 +91,9 @@ def save_for_hub(
         check_repo_id(repo_id)
     if example is not None and (not isinstance(example, str) or not example.strip()):
         raise ValueError(f"`example` must be a sentence to draw the attention of; got an empty or blank {example!r}")
+    source_lang, target_lang = _languages(dataset, source_lang, target_lang)
+    if source_lang and target_lang:  # in config.json: evaluating or translating another pair is warned about
+        model.config.update({"source_lang": source_lang, "target_lang": target_lang, "dataset_name": dataset})
     save_model_files(model, tokenizer, output_dir)
     write_results(output_dir, results or {})
     write_model_card(

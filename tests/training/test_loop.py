@@ -436,3 +436,24 @@ def test_resume_with_no_readable_checkpoint_names_each_damaged_file(tmp_path, sm
     assert "checkpoint-00000001/model.safetensors is damaged (truncated or corrupt; 10 bytes)" in err
     assert "Restore the checkpoints from a copy, or train from the start in a new output folder." in err
     assert [p.name for p in list_checkpoints(out / "checkpoints")] == ["checkpoint-00000001", "checkpoint-00000002"]
+
+
+def test_resume_with_other_data_or_model_options_is_refused(tmp_path, small_task, small_run, capsys, monkeypatch):
+    out = _run(tmp_path, "out", small_task, [*small_run, "--max-steps", "2"])
+    config = json.loads((out / "config.json").read_text())  # the pair travels with the model
+    assert (config["source_lang"], config["target_lang"], config["dataset_name"]) == ("src", "tgt", str(small_task))
+    capsys.readouterr()
+    # Before: each continued the old run silently (the old architecture, or the old run's tokenizer on new data).
+    overrides = small_run[small_run.index("--config-overrides") + 1]
+    err = _usage_error(capsys, ["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run,
+                                "--config-overrides", overrides + ",d_ff=128", "--max-steps", "4", "--resume"])
+    assert err.startswith(f"vanilla-transformer train: error: `resume`: the run in {out} was started with other options: "
+                          f"config_overrides {{") and "'d_ff': 64" in err and "'d_ff': 128" in err and err.count("\n") == 1
+    err = _usage_error(capsys, ["train", "--dataset", "bible-en-es", "--output-dir", str(out), *small_run,
+                                "--max-steps", "4", "--resume"])
+    assert f"dataset {str(small_task.resolve())!r} -> 'bible-en-es'" in err
+    assert "Resume it with the options it was started with, or train into a new `output_dir`." in err
+    # Longer training, other evaluation settings, the same data given by a relative path: all fine.
+    monkeypatch.chdir(small_task.parent)
+    assert main(["train", "--dataset", small_task.name, "--output-dir", str(out), *small_run, "--max-steps", "3",
+                 "--eval-samples", "2", "--resume"]) == 0

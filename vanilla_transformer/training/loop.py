@@ -61,6 +61,11 @@ logger = get_logger(__name__)  # logs on the main process only
 
 CHECKPOINTS = "checkpoints"  # sub-folder of output_dir; the rest of output_dir is the Hub folder (hub.py)
 TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")  # the config takes them from the tokenizer
+DATA_FIELDS = ("source_lang", "target_lang", "dataset_name")  # ... and these from the data
+# What a resumed run must share with the run it continues (its data, tokenizer, model and batches);
+# the limits, schedule, evaluation and checkpoint options may change.
+RUN_OPTIONS = ("dataset", "dataset_config", "source_lang", "target_lang", "max_length", "truncate", "tokenizer",
+               "preset", "config_overrides", "model_name_or_path", "max_tokens", "gradient_accumulation_steps", "seed")
 
 
 @dataclass
@@ -167,13 +172,17 @@ class TrainingArguments:
     def _validate_config_overrides(self) -> None:
         """Before hours of data preparation: known fields with values the config accepts."""
         known = [name for name in inspect.signature(VanillaTransformerConfig).parameters
-                 if name not in ("kwargs", *TOKENIZER_FIELDS)]
+                 if name not in ("kwargs", *TOKENIZER_FIELDS, *DATA_FIELDS)]
         from_tokenizer = sorted(set(self.config_overrides) & set(TOKENIZER_FIELDS))
         if from_tokenizer:
             raise ValueError(
                 f"`config_overrides`: {', '.join(from_tokenizer)} come(s) from the tokenizer (its size and special "
                 "tokens); choose the size of a new tokenizer with `vocab_size` (--vocab-size), or give a `tokenizer`"
             )
+        from_data = sorted(set(self.config_overrides) & set(DATA_FIELDS))
+        if from_data:
+            raise ValueError(f"`config_overrides`: {', '.join(from_data)} come(s) from the data: set `dataset`, "
+                             "`source_lang` and `target_lang` instead")
         unknown = sorted(set(self.config_overrides) - set(known))
         if unknown:
             raise ValueError(f"`config_overrides`: unknown config fields {unknown}; the fields are {', '.join(known)}")
@@ -419,6 +428,7 @@ def _setup(args: TrainingArguments, accelerator) -> _Run:
     data, source_lang, target_lang, tokenizer, train_split, eval_splits = _prepare_data(args, accelerator)
 
     model = _load_model(args, tokenizer, resume_from)
+    _record_language_pair(model.config, source_lang, target_lang, args.dataset)
     if accelerator.is_main_process and resume_from is None:
         checkpoint_root.mkdir(parents=True, exist_ok=True)
         model.config.to_json_file(checkpoint_root / "config.json")
@@ -431,7 +441,7 @@ def _setup(args: TrainingArguments, accelerator) -> _Run:
     accelerator.register_for_checkpointing(scheduler)
     _log_recipe(args, accelerator, accelerator.unwrap_model(model).config.d_model)
 
-    state = {"epoch": 0, "batches_done": 0, "train_tokens": 0, "history": []}
+    state = {"epoch": 0, "batches_done": 0, "train_tokens": 0, "history": [], "run_options": _run_options(args)}
     if resume_from is not None:
         accelerator.load_state(str(resume_from))  # weights, optimiser, scheduler, RNG states
         state = read_state(resume_from)
@@ -459,7 +469,9 @@ def _resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
         checkpoint, problems = newest_sound_checkpoint(checkpoint_root)
         for problem in problems:
             logger.warning(f"`resume`: {problem}")
-        step = read_state(checkpoint)["step"]
+        state = read_state(checkpoint)
+        _check_same_run(args, state.get("run_options"))
+        step = state["step"]
         if problems:
             logger.warning(f"`resume`: continuing from {checkpoint.name}, the newest checkpoint that reads back whole; "
                            f"the steps after {step} are trained again")
@@ -470,6 +482,38 @@ def _resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
             f"{args.output_dir} holds checkpoints of an earlier run; pass `resume` to continue it, or pick a new `output_dir`"
         )
     return None
+
+
+def _run_options(args: TrainingArguments) -> dict:
+    """The options that define a run (RUN_OPTIONS), local paths made absolute, as its checkpoints record them."""
+    options = {name: getattr(args, name) for name in RUN_OPTIONS}
+    for name in ("dataset", "tokenizer", "model_name_or_path"):
+        if options[name] is not None and Path(options[name]).expanduser().exists():
+            options[name] = str(Path(options[name]).expanduser().resolve())
+    return options
+
+
+def _check_same_run(args: TrainingArguments, started_with: dict | None) -> None:
+    """`resume` continues the run in `output_dir` as it was started: other data, tokenizer, model or batches
+    would silently be ignored or change what was being trained. (Checkpoints from before runs recorded
+    their options have nothing to compare with.)"""
+    if started_with is None:
+        return
+    now = _run_options(args)
+    changed = [f"{name} {started_with.get(name)!r} -> {now[name]!r}" for name in RUN_OPTIONS if started_with.get(name) != now[name]]
+    if changed:
+        raise ValueError(
+            f"`resume`: the run in {args.output_dir} was started with other options: {'; '.join(changed)}. "
+            "Resume it with the options it was started with, or train into a new `output_dir`."
+        )
+
+
+def _record_language_pair(config, source_lang: str, target_lang: str, dataset: str) -> None:
+    """Saved with the model, so that evaluating or translating another pair is warned about."""
+    if (config.source_lang, config.target_lang) not in ((None, None), (source_lang, target_lang)):
+        logger.warning(f"fine-tuning a model trained on {config.source_lang}->{config.target_lang} "
+                       f"to translate {source_lang}->{target_lang}")
+    config.update({"source_lang": source_lang, "target_lang": target_lang, "dataset_name": dataset})
 
 
 def _prepare_data(args: TrainingArguments, accelerator):
