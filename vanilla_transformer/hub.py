@@ -97,8 +97,8 @@ def save_for_hub(
     save_model_files(model, tokenizer, output_dir)
     write_results(output_dir, results or {})
     write_model_card(
-        model, tokenizer, output_dir, results, dataset=dataset, source_lang=source_lang, target_lang=target_lang,
-        hyperparameters=hyperparameters, example=example, repo_id=repo_id, license=license,
+        model, tokenizer, output_dir, results, example=example, repo_id=repo_id, dataset=dataset,
+        source_lang=source_lang, target_lang=target_lang, hyperparameters=hyperparameters, license=license,
     )
     return output_dir
 
@@ -132,42 +132,28 @@ def write_results(output_dir: str | os.PathLike, results: dict) -> Path:
 
 
 def write_model_card(
-    model,
-    tokenizer,
-    output_dir: str | os.PathLike,
-    results: dict | None = None,
-    *,
-    dataset: str | None = None,
-    source_lang: str | None = None,
-    target_lang: str | None = None,
-    hyperparameters: dict | None = None,
-    example: str | None = None,
-    repo_id: str | None = None,
-    license: str = "apache-2.0",
+    model, tokenizer, output_dir: str | os.PathLike, results: dict | None = None, *, example: str | None = None,
+    repo_id: str | None = None, **descriptions,
 ) -> Path | None:
     """The model card (README.md) and, given an `example` sentence, the heat map of its cross-attention
-    (attention.png) that the card shows. These are extras: when either cannot be made (say, the example
+    (attention.png) that the card shows. `descriptions` are `build_model_card`'s: dataset, source_lang,
+    target_lang, hyperparameters, license. These are extras: when either cannot be made (say, the example
     is longer than the model reads), a warning says why, the rest is written, and the model stays as it
     is. Returns the card's path, or None when there is no card."""
     from .model_card import build_model_card
 
     output_dir = Path(output_dir)
-    source_lang, target_lang = _languages(dataset, source_lang, target_lang)
     image = ATTENTION_IMAGE if example and _draw_attention(model, tokenizer, example, output_dir / ATTENTION_IMAGE) else None
     try:
         card = build_model_card(
             model.config,
             results=results,
-            dataset=dataset,
-            source_lang=source_lang,
-            target_lang=target_lang,
-            hyperparameters=hyperparameters,
             repo_id=repo_id or f"your-name/{output_dir.name}",
-            license=license,
             image=image,
             num_parameters=model.num_parameters(),
             example=example,
             max_length=source_length_limit(model, tokenizer),
+            **descriptions,
         )
         staging = output_dir / ".README.md.saving"
         card.save(staging)

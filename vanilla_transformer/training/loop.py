@@ -9,8 +9,12 @@ tokens and divides by the number of those tokens in the whole step (see loss.py)
 warm-up / inverse-square-root schedule are §5.3's (schedule.py). Every `save_steps` the full state
 is checkpointed (checkpoints.py); every `eval_steps` the validation split is scored: loss,
 perplexity, and BLEU and chrF of beam-search translations (sacrebleu, through `evaluate`). At
-the end the last `average_last` checkpoints are averaged (§6.1), the test split is scored, and
-`output_dir` becomes a complete Hub repository.
+the end the last `average_last` checkpoints are averaged (§6.1) and saved with the config and
+tokenizer, then the test split is scored, and `output_dir` becomes a complete Hub repository.
+
+`train` is three parts around a `_Run` record: `_setup` (one run per folder, the checkpoint to
+resume from, data, model, optimiser), `_train_until_done` (the steps) and `_finish` (the model
+first; scores, card and upload after it, none of which can lose it).
 """
 
 from __future__ import annotations
