@@ -409,7 +409,9 @@ def _on_main(accelerator, decide) -> int | None:
             answer = decide()
         except Exception as err:
             error = err
-    if accelerator.num_processes > 1:  # a tensor, as the training loop's own reductions: [failed, answer]
+    # [failed, answer] as a tensor reduction, as the loop's own (torch's broadcast_object_list left the gloo
+    # processes hanging at exit)
+    if accelerator.num_processes > 1:
         sent = [int(error is not None), -1 if answer is None else answer] if accelerator.is_main_process else [0, 0]
         failed, answer = accelerator.reduce(torch.tensor(sent, device=accelerator.device), "sum").tolist()
         answer = None if answer == -1 else answer
