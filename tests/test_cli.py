@@ -1,6 +1,8 @@
 """The translate, evaluate, attention and push commands, run on the tiny Hub folder."""
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -92,21 +94,59 @@ def test_push_uploads_the_folder(hub_tiny_folder, monkeypatch, capsys):
     (["translate", "--model", "{folder}", "--batch-size", "0", "x"], "--batch-size must be at least 1"),
     (["evaluate", "--model", "{folder}", "--split", "dev"], "--split 'dev' is not in"),
     (["attention", "--model", "{folder}", " "], "empty"),
+    # Found by trying harder (issue 13): each used to end after the work, or in a traceback.
+    (["translate", "--model", "{folder}", "--input-file", "{latin1}"], "latin1.txt, line 2: byte 0xf3 at column 6 is not UTF-8"),
+    (["evaluate", "--model", "{folder}", "--hypotheses-out", "{empty}"], "is a folder; give the name of a file"),
+    (["evaluate", "--model", "{folder}", "--references-out", "{empty}/no/such/ref.txt"], "there is no folder"),
+    (["evaluate", "--model", "{folder}", "--length-penalty", "nan"], "--length-penalty must be a finite number"),
+    (["translate", "--model", "{folder}", "--length-penalty", "inf", "x"], "--length-penalty must be a finite number"),
+    (["translate", "--model", "{damaged}", "x"],
+     "damaged/model.safetensors is damaged (truncated or corrupt; 4,000 bytes): Error while deserializing header"),
+    (["evaluate", "--model", "{damaged}"], "Copy the model folder again, or save the model again."),
+    (["push", "--folder", "{damaged}", "--repo-id", "someone/tiny"], "damaged/model.safetensors is damaged"),
 ])
 def test_bad_input_is_a_usage_error_and_nothing_is_uploaded(argv, message, hub_tiny_folder, tmp_path, monkeypatch, capsys):
     def refuse(*args, **kwargs):
-        raise AssertionError("the Hub was called")
+        raise AssertionError("the Hub was called, or translating started")
 
     monkeypatch.setattr(huggingface_hub, "create_repo", refuse)
     monkeypatch.setattr(huggingface_hub, "upload_folder", refuse)
+    monkeypatch.setattr("vanilla_transformer.inference.translate_texts", refuse)
     monkeypatch.setenv("HF_TOKEN", "hf_test")
     (tmp_path / "empty").mkdir()
+    (tmp_path / "latin1.txt").write_bytes("Jesus wept.\nY cri\u00f3 Dios.\n".encode("latin-1"))
     no_tokenizer = tmp_path / "no_tokenizer"
     no_tokenizer.mkdir()
     for name in ("config.json", "model.safetensors"):
         (no_tokenizer / name).write_bytes((hub_tiny_folder / name).read_bytes())
-    paths = {"folder": hub_tiny_folder, "empty": tmp_path / "empty", "no_tokenizer": no_tokenizer}
+    damaged = shutil.copytree(hub_tiny_folder, tmp_path / "damaged")
+    os.truncate(damaged / "model.safetensors", 4000)  # a copy or download cut short
+    paths = {"folder": hub_tiny_folder, "empty": tmp_path / "empty", "no_tokenizer": no_tokenizer,
+             "latin1": tmp_path / "latin1.txt", "damaged": damaged}
     with pytest.raises(SystemExit) as exit_info:
         main([arg.format(**paths) for arg in argv])
     assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # One line, not the usage text: the arguments were well formed (a loading bar may come before it).
+    assert message in err.splitlines()[-1] and "usage:" not in err
+
+
+def test_evaluate_leaves_out_pairs_with_a_missing_side_and_says_so(hub_tiny_folder, tmp_path, capsys):
+    # Before: an AttributeError on the null reference (`train` drops such pairs).
+    rows = [{"en": "Jesus wept.", "es": "Jesús lloró."}, {"en": "And God said.", "es": None},
+            {"en": "Let there be light.", "es": "Sea la luz."}, {"en": "   ", "es": "Y fue la luz."}]
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    assert main(["evaluate", "--model", str(hub_tiny_folder), "--dataset", str(tmp_path), *GREEDY]) == 0
+    out, err = capsys.readouterr()
+    assert "note: 2 of 4 pairs left out: a side is missing or blank (rows 2, 4)" in err
+    assert "2 segments translated" in out and "BLEU = " in out
+
+
+def test_evaluate_warns_when_the_data_is_another_language_pair(hub_tiny_folder, capsys):
+    # Before: a model trained en->es was scored on en->fr without a word (the pair was not stored).
+    assert main(["evaluate", "--model", str(hub_tiny_folder), "--dataset", "bible-en-fr", "--max-samples", "2", *GREEDY]) == 0
+    err = capsys.readouterr().err
+    assert ("warning: the model translates en->es (trained on bible-en-es), not en->fr: its output will not be in the "
+            "language asked for; scoring bible-en-fr test (en->fr) anyway") in err
+    assert main(["evaluate", "--model", str(hub_tiny_folder), "--max-samples", "2", *GREEDY]) == 0
+    assert "warning" not in capsys.readouterr().err

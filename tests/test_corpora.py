@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import datasets
 import pytest
@@ -147,3 +148,41 @@ def test_unknown_name_offline_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     with pytest.raises(FileNotFoundError, match="not an embedded corpus"):
         load_translation_dataset("surely-not-a-dataset-xyz")
+
+
+GOOD = [json.dumps({"translation": {"en": f"verse {i}", "es": f"versículo {i}"}}, ensure_ascii=False).encode() for i in range(30)]
+
+
+@pytest.mark.parametrize(
+    "name, bad_line, message",
+    [
+        ("pairs.jsonl", b'{"translation": {"en": "a", "es": "b"}', "pairs.jsonl, line 21: not valid JSON (Expecting ',' delimiter"),
+        ("pairs.jsonl.gz", b'{"translation": {"en": "a", "es": "b"}', "pairs.jsonl.gz, line 21: not valid JSON"),
+        ("pairs.json", b'{"translation": {"en": "a", "es": "b"}} x', "pairs.json, line 21: not valid JSON (Extra data"),
+        ("pairs.jsonl", '{"translation": {"en": "crió", "es": "b"}}'.encode("latin-1"),
+         "pairs.jsonl, line 21: byte 0xf3 at column 28 is not UTF-8"),
+        ("pairs.jsonl", b'{"translation": {"en": "only English"}}',
+         "pairs.jsonl, line 21: the translation has no 'es' text; every pair needs the languages of the others (en, es)"),
+        ("pairs.csv", "crió,b".encode("latin-1"), "pairs.csv, line 21: byte 0xf3 at column 4 is not UTF-8"),
+    ],
+)
+def test_a_bad_line_is_named_with_its_file_and_line(tmp_path, name, bad_line, message):
+    # Before: "An error occurred while generating the dataset", a bare codec error raised when the row was
+    # read, or "the 'translation' column has an unsupported type: Json".
+    if name.endswith(".csv"):
+        lines = [b"en,es"] + [f"verse {i},vers {i}".encode() for i in range(19)] + [bad_line]
+    else:
+        lines = [*GOOD[:20], bad_line, *GOOD[20:]]
+    content = b"\n".join(lines) + b"\n"
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(content) if name.endswith(".gz") else content)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_translation_dataset(path)
+
+
+def test_rows_with_an_extra_language_keep_the_pair(tmp_path):
+    lines = [*GOOD[:5], json.dumps({"translation": {"en": "x", "es": "y", "fr": "z"}}).encode()]
+    (tmp_path / "pairs.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    data = load_translation_dataset(tmp_path / "pairs.jsonl")
+    assert language_keys(data["train"]) == ["en", "es"]
+    assert text_pairs(data["train"], "en", "es")[1][-2:] == ["versículo 4", "y"]

@@ -252,6 +252,23 @@ def test_style_comes_from_the_generation_config_and_transformers_is_the_default(
         model.generate(input_ids, num_beams=2, max_length_offset=-1)
 
 
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(num_beams=0), "`num_beams` must be a positive integer; got 0"),
+        (dict(num_beams=-2), "`num_beams` must be a positive integer; got -2"),
+        (dict(generation_config=GenerationConfig(num_beams=0)), "`num_beams` must be a positive integer; got 0"),
+        (dict(num_beams=2, length_penalty=float("nan")), "`length_penalty` must be a finite number"),
+        (dict(max_new_tokens=0), "`max_new_tokens` must be a positive integer; got 0"),
+    ],
+)
+def test_bad_decoding_options_are_refused_naming_the_option(options, message):
+    # Before: num_beams=0 was a ZeroDivisionError inside transformers' beam search, a NaN penalty was used.
+    model = ScriptedModel().eval()
+    with pytest.raises(ValueError, match=message):
+        model.generate(torch.tensor([[A, EOS]]), **options)
+
+
 def test_attentions_and_hidden_states_come_back(toy_model):
     model = toy_model
     input_ids, attention_mask = padded_sources([5, 3])

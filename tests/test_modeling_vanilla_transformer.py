@@ -353,6 +353,26 @@ def test_bad_config_names_field_and_choices(field, value, allowed):
         VanillaTransformerConfig(**{field: value})
 
 
+@pytest.mark.parametrize(
+    "overrides, message",
+    [({"d_model": "abc"}, "`d_model` must be a positive integer; got 'abc'"),
+     ({"num_heads": 0}, "`num_heads` must be a positive integer; got 0"),
+     ({"encoder_layers": 2.5}, "`encoder_layers` must be a positive integer; got 2.5"),
+     ({"d_ff": True}, "`d_ff` must be a positive integer; got True"),
+     ({"dropout": 1.5}, r"`dropout` must be a number in \[0, 1\); got 1.5"),
+     ({"attention_dropout": float("nan")}, r"`attention_dropout` must be a number in \[0, 1\); got nan"),
+     ({"layer_norm_eps": 0}, "`layer_norm_eps` must be a positive number; got 0"),
+     ({"tie_word_embeddings": "maybe"}, "`tie_word_embeddings` must be true or false; got 'maybe'"),
+     ({"pad_token_id": 999}, r"`pad_token_id` must be a token id in \[0, vocab_size=40\); got 999"),
+     ({"eos_token_id": -1}, r"`eos_token_id` must be a token id in \[0, vocab_size=40\); got -1"),
+     ({"pad_token_id": None}, "`pad_token_id` must be a token id; got None")],
+)
+def test_bad_config_values_name_the_field_and_what_it_takes(overrides, message):
+    # Before: a TypeError from %-formatting, a ZeroDivisionError, or the bad value stored as is.
+    with pytest.raises(ValueError, match=message):
+        VanillaTransformerConfig.tiny(vocab_size=VOCAB, **overrides)
+
+
 def test_bad_preset_and_shapes():
     with pytest.raises(ValueError, match="`preset` must be one of 'base', 'big', 'tiny'; got 'huge'"):
         VanillaTransformerConfig.from_preset("huge")

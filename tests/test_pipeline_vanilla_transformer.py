@@ -32,7 +32,18 @@ def test_pipeline_loads_from_the_folder_without_the_package(hub_tiny_folder, run
         piped = translate(sentences[0], num_beams=3, length_penalty=2.0, max_new_tokens=20)[0]["translation_text"]
         with_weights = translate(sentences[:2], batch_size=2, num_beams=1, return_attentions=True)
         weights = with_weights[1]["attentions"]
-        print(json.dumps(dict(
+        try:  # the generation checks travel with the folder's code
+            translate(sentences[0], num_beams=0)
+            refused = None
+        except ValueError as err:
+            refused = str(err)
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            translate(sentences[1], num_beams=1, max_new_tokens=3, src_lang="en", tgt_lang="es")
+            translate(sentences[1], num_beams=1, max_new_tokens=3, tgt_lang="fr")
+        pair_warnings = [str(w.message) for w in caught if "translates" in str(w.message)]
+        print(json.dumps(dict(refused=refused, pair_warnings=pair_warnings,
             type=type(translate).__name__, single=single, batched=batched, one_by_one=one_by_one,
             short_tokens=len(tokenizer(short[0]["translation_text"], add_special_tokens=False)["input_ids"]),
             by_hand=by_hand, piped=piped, keys=sorted(with_weights[1]),
@@ -45,6 +56,9 @@ def test_pipeline_loads_from_the_folder_without_the_package(hub_tiny_folder, run
     )
     result = json.loads(out.strip().splitlines()[-1])
     assert result["type"] == "TranslationPipeline"
+    assert result["refused"] == "`num_beams` must be a positive integer; got 0."
+    assert result["pair_warnings"] == [  # the saved config knows the pair: only the wrong one is warned about
+        "the model translates en->es (trained on bible-en-es), not en->fr: its output will not be in the language asked for"]
     assert len(result["single"]) == 1 and set(result["single"][0]) == {"translation_text"}
     assert result["single"][0]["translation_text"].strip()
     assert [r["translation_text"] for r in result["batched"]] == [r["translation_text"] for r in result["one_by_one"]]
@@ -118,6 +132,22 @@ def test_too_long_text_is_truncated_with_a_warning_or_refused(translate):
             translate(long_text, truncation=False)
     finally:
         tokenizer.model_max_length = old_limit
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(num_beams=0), "`num_beams` must be a positive integer; got 0"),
+        (dict(num_beams=2.5), "`num_beams` must be a positive integer; got 2.5"),
+        (dict(max_new_tokens=0), "`max_new_tokens` must be a positive integer; got 0"),
+        (dict(length_penalty=float("nan")), "`length_penalty` must be a finite number"),
+    ],
+)
+def test_bad_generation_options_are_refused_before_translating(translate, monkeypatch, options, message):
+    # Before: num_beams=0 was a ZeroDivisionError 13 frames into transformers' beam search.
+    monkeypatch.setattr(translate.model, "generate", lambda *a, **k: pytest.fail("the model was run"))
+    with pytest.raises(ValueError, match=message):
+        translate(SENTENCES[:2], **options)
 
 
 def test_more_than_one_return_sequence_is_refused(translate):

@@ -178,7 +178,7 @@ def test_bad_input_raises_clear_errors_and_writes_nothing(tmp_path):
         train_tokenizer(read_text_files([tmp_path / "missing.txt"]), output_dir=out)
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("crió\n".encode("latin-1"))
-    with pytest.raises(ValueError, match="latin1.txt is not UTF-8"):
+    with pytest.raises(ValueError, match="latin1.txt, line 1: byte 0xf3 at column 4 is not UTF-8"):
         train_tokenizer(read_text_files([latin1]), output_dir=out)
     assert_nothing_written(tmp_path, "tok")
 

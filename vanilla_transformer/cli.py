@@ -8,7 +8,15 @@ runners so that `vanilla-transformer --help` stays instant.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from typing import NoReturn
+
+
+def _refuse(parser: argparse.ArgumentParser, err: Exception) -> NoReturn:
+    """A bad value or file: one line naming it, exit status 2. (argparse's own `error`, which also prints
+    the usage, is for arguments that are malformed.)"""
+    parser.exit(2, f"{parser.prog}: error: {err}\n")
 
 
 def _add_train_tokenizer(sub: argparse._SubParsersAction) -> None:
@@ -79,7 +87,7 @@ def _add_train_tokenizer(sub: argparse._SubParsersAction) -> None:
                 output_dir=args.output_dir,
             )
         except (OSError, ValueError) as err:
-            p.error(str(err))
+            _refuse(p, err)
         seconds = time.perf_counter() - start
         lengths = ", ".join(
             f"{lang} {sum(map(len, tokenizer(texts, add_special_tokens=False)['input_ids'])) / max(len(texts), 1):.1f}"
@@ -202,7 +210,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         try:  # bad input is a usage error: one clear line, exit status 2
             train(TrainingArguments(**options))
         except (OSError, ValueError) as err:
-            p.error(str(err))
+            _refuse(p, err)
         except FloatingPointError as err:
             print(f"vanilla-transformer train: error: {err}", file=sys.stderr)
             return 1
@@ -229,11 +237,12 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
         try:
             if args.texts and args.input_file:
                 raise ValueError("give texts as arguments or --input-file, not both")
+            options = _decoding_options(args)
             texts = args.texts or _read_lines(args.input_file or "-")
             model, tokenizer = load_model(args.model, args.device)
-            translations = translate_texts(model, tokenizer, texts, **_decoding_options(args))
+            translations = translate_texts(model, tokenizer, texts, **options)
         except (OSError, ValueError, TypeError) as err:
-            p.error(str(err))
+            _refuse(p, err)
         for line in translations:
             print(line)
         return 0
@@ -254,15 +263,35 @@ def _decoding_options(args: argparse.Namespace) -> dict:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1; got {value}")
+    if args.length_penalty is not None and not math.isfinite(args.length_penalty):
+        raise ValueError(f"--length-penalty must be a finite number (the paper's: 0.6); got {args.length_penalty}")
     return {"batch_size": args.batch_size, "num_beams": args.num_beams,
             "length_penalty": args.length_penalty, "max_new_tokens": args.max_new_tokens}
 
 
 def _read_lines(path: str) -> list[str]:
+    from .files import utf8_lines
+
     if path == "-":
-        return [line.rstrip("\r\n") for line in sys.stdin]
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\r\n") for line in f]
+        return list(utf8_lines(sys.stdin.buffer, "standard input"))
+    with open(path, "rb") as f:
+        return list(utf8_lines(f, path))
+
+
+def _check_output_file(option: str, path: str | None) -> None:
+    """Before the work whose result goes there, not after it."""
+    import os
+    from pathlib import Path
+
+    if path is None:
+        return
+    folder = Path(path).parent
+    if Path(path).is_dir():
+        raise ValueError(f"{option} {path} is a folder; give the name of a file to write")
+    if not folder.is_dir():
+        raise ValueError(f"{option} {path}: there is no folder {folder} to write it in")
+    if not os.access(folder, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"{option} {path}: not allowed to write there")
 
 
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
@@ -290,8 +319,10 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 
         from .corpora import load_translation_dataset, resolve_languages, text_pairs
         from .inference import load_model, score_translations, translate_texts
+        from .pipeline_vanilla_transformer import language_pair_mismatch
 
         try:
+            options = _decoding_options(args)
             data = load_translation_dataset(
                 args.dataset, args.dataset_config, source_lang=args.source_lang, target_lang=args.target_lang
             )
@@ -299,16 +330,30 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
                 raise ValueError(f"--split {args.split!r} is not in {args.dataset}; it has {', '.join(data)}")
             split = data[args.split]
             source_lang, target_lang = resolve_languages(split, args.source_lang, args.target_lang)
-            sources, references = text_pairs(split, source_lang, target_lang)
-            if args.max_samples is not None:
-                if args.max_samples < 1:
-                    raise ValueError(f"--max-samples must be at least 1; got {args.max_samples}")
-                sources, references = sources[: args.max_samples], references[: args.max_samples]
+            if args.max_samples is not None and args.max_samples < 1:
+                raise ValueError(f"--max-samples must be at least 1; got {args.max_samples}")
+            _check_output_file("--hypotheses-out", args.hypotheses_out)
+            _check_output_file("--references-out", args.references_out)
+            # As training scores a split: pairs with a missing or blank side are left out, and counted.
+            pairs = list(zip(*text_pairs(split, source_lang, target_lang)))
+            incomplete = [row for row, pair in enumerate(pairs, 1) if not all(text and text.strip() for text in pair)]
+            if incomplete:
+                rows = ", ".join(map(str, incomplete[:10])) + (" ..." if len(incomplete) > 10 else "")
+                print(f"note: {len(incomplete)} of {len(pairs)} pairs left out: a side is missing or blank (rows {rows})",
+                      file=sys.stderr)
+            pairs = [pair for pair in pairs if all(text and text.strip() for text in pair)][: args.max_samples]
+            if not pairs:
+                raise ValueError(f"the {args.split} split of {args.dataset} has no pair with text on both sides")
+            sources, references = map(list, zip(*pairs))
             # sacrebleu reads one segment per line: a newline inside a reference would shift every line after it.
             references = [" ".join(text.splitlines()) for text in references]
             model, tokenizer = load_model(args.model, args.device)
+            mismatch = language_pair_mismatch(model.config, source_lang, target_lang)
+            if mismatch:
+                print(f"warning: {mismatch}; scoring {args.dataset} {args.split} ({source_lang}->{target_lang}) anyway",
+                      file=sys.stderr)
             start = time.perf_counter()
-            hypotheses = translate_texts(model, tokenizer, sources, **_decoding_options(args))
+            hypotheses = translate_texts(model, tokenizer, sources, **options)
             seconds = time.perf_counter() - start
             scores = score_translations(hypotheses, references)
             for path, lines in ((args.hypotheses_out, hypotheses), (args.references_out, references)):
@@ -316,7 +361,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
                     with open(path, "w", encoding="utf-8") as f:
                         f.writelines(line + "\n" for line in lines)
         except (OSError, ValueError, TypeError) as err:
-            p.error(str(err))
+            _refuse(p, err)
         print(f"{args.dataset} {args.split} {source_lang}->{target_lang}: {len(sources)} segments translated in {seconds:.1f} s")
         print(scores["bleu_text"])
         print(f"  signature: {scores['bleu_signature']}")
@@ -351,7 +396,7 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
             record = collect_attentions(model, tokenizer, args.text, num_beams=args.num_beams)
             paths = save_attention_maps(record, args.output_dir)
         except (OSError, ValueError, TypeError) as err:
-            p.error(str(err))
+            _refuse(p, err)
         print(f"{record.source}\n-> {record.translation}")
         print(f"{len(paths)} files written to {args.output_dir}:", " ".join(path.name for path in paths))
         return 0
@@ -377,7 +422,7 @@ def _add_push(sub: argparse._SubParsersAction) -> None:
         try:
             url = push_folder(args.folder, args.repo_id, private=args.private)
         except (OSError, ValueError) as err:
-            p.error(str(err))
+            _refuse(p, err)
         print(f"uploaded {args.folder} to {url}")
         return 0
 

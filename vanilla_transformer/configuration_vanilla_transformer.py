@@ -10,6 +10,8 @@ This file ships with saved models and is loaded with `trust_remote_code=True`:
 it imports only transformers.
 """
 
+import math
+
 from transformers import PretrainedConfig
 
 ATTENTION_SCORES = ("scaled_dot", "dot", "general", "additive", "cosine")
@@ -30,6 +32,35 @@ PRESETS = {
 def _check_choice(name: str, value, allowed) -> None:
     if value not in allowed:
         raise ValueError(f"`{name}` must be one of {', '.join(map(repr, allowed))}; got {value!r}.")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_sizes(**sizes) -> None:
+    for name, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
+
+
+def _check_probabilities(**probabilities) -> None:
+    for name, value in probabilities.items():
+        if not _is_number(value) or not 0 <= value < 1:
+            raise ValueError(f"`{name}` must be a number in [0, 1); got {value!r}.")
+
+
+def _check_flags(**flags) -> None:
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"`{name}` must be true or false; got {value!r}.")
+
+
+def _check_token_ids(vocab_size: int, **ids) -> None:
+    """Special tokens must be rows of the embedding table (None: not used)."""
+    for name, value in ids.items():
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < vocab_size):
+            raise ValueError(f"`{name}` must be a token id in [0, vocab_size={vocab_size}); got {value!r}.")
 
 
 class VanillaTransformerConfig(PretrainedConfig):
@@ -57,6 +88,9 @@ class VanillaTransformerConfig(PretrainedConfig):
         label_smoothing: epsilon_ls used when `labels` are given to the model. The paper trains with 0.1
             (§5.4); the model's default is 0 so that its loss is the plain negative log-likelihood, and
             the training script passes 0.1.
+        source_lang / target_lang / dataset_name: the language pair the model was trained to translate
+            and the data set it was trained on (written by training; None when unknown), so that scoring
+            or translating another pair can be warned about.
     """
 
     model_type = "vanilla_transformer"
@@ -93,21 +127,31 @@ class VanillaTransformerConfig(PretrainedConfig):
         decoder_start_token_id: int | None = None,
         use_cache: bool = True,
         is_encoder_decoder: bool = True,
+        source_lang: str | None = None,
+        target_lang: str | None = None,
+        dataset_name: str | None = None,
         **kwargs,
     ):
         _check_choice("attention_score", attention_score, ATTENTION_SCORES)
         _check_choice("position_encoding", position_encoding, POSITION_ENCODINGS)
         _check_choice("norm_position", norm_position, NORM_POSITIONS)
         _check_choice("activation", activation, ACTIVATIONS)
+        _check_sizes(vocab_size=vocab_size, d_model=d_model, encoder_layers=encoder_layers,
+                     decoder_layers=decoder_layers, num_heads=num_heads, d_ff=d_ff,
+                     max_position_embeddings=max_position_embeddings)
         if d_model % num_heads:
             raise ValueError(f"`d_model` ({d_model}) must be divisible by `num_heads` ({num_heads}).")
-        for name, value in (("vocab_size", vocab_size), ("encoder_layers", encoder_layers),
-                            ("decoder_layers", decoder_layers), ("d_ff", d_ff),
-                            ("max_position_embeddings", max_position_embeddings)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"`label_smoothing` must be in [0, 1); got {label_smoothing!r}.")
+        _check_probabilities(dropout=dropout, attention_dropout=attention_dropout, label_smoothing=label_smoothing)
+        if not _is_number(layer_norm_eps) or layer_norm_eps <= 0:
+            raise ValueError(f"`layer_norm_eps` must be a positive number; got {layer_norm_eps!r}.")
+        _check_flags(scale_embedding=scale_embedding, tie_word_embeddings=tie_word_embeddings, use_cache=use_cache)
+        if pad_token_id is None:
+            raise ValueError("`pad_token_id` must be a token id; got None (padding and the decoder start need one).")
+        _check_token_ids(vocab_size, pad_token_id=pad_token_id, bos_token_id=bos_token_id,
+                         eos_token_id=eos_token_id, decoder_start_token_id=decoder_start_token_id)
+        for name, value in (("source_lang", source_lang), ("target_lang", target_lang), ("dataset_name", dataset_name)):
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"`{name}` must be a string or None; got {value!r}.")
 
         self.vocab_size = vocab_size
         self.d_model = d_model
@@ -132,6 +176,9 @@ class VanillaTransformerConfig(PretrainedConfig):
         self.decoder_start_token_id = pad_token_id if decoder_start_token_id is None else decoder_start_token_id
         self.use_cache = use_cache
         self.tie_word_embeddings = tie_word_embeddings
+        self.source_lang = source_lang
+        self.target_lang = target_lang
+        self.dataset_name = dataset_name
         super().__init__(is_encoder_decoder=is_encoder_decoder, **kwargs)
 
     @property

@@ -24,11 +24,17 @@ from __future__ import annotations
 
 import csv
 import gzip
+import json
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 import datasets
+import pyarrow
+
+from .files import utf8_lines
 
 __all__ = [
     "EMBEDDED_CORPORA",
@@ -69,6 +75,9 @@ _BUILDERS: dict[str, tuple[str, dict]] = {
     ".parquet": ("parquet", {}),
 }
 
+# What datasets (5) makes of a `translation` column whose rows hold different keys; older versions fill None.
+_UNTYPED_JSON = getattr(datasets, "Json", ())
+
 # Columns that are never a language side in the plain-column layout.
 _METADATA_COLUMNS = {"id", "idx", "index"}
 
@@ -104,13 +113,81 @@ def _load_files(files: dict[str, Path]) -> datasets.DatasetDict:
     for split, path in files.items():
         if _is_blank(path):
             raise ValueError(f"{path} is empty: the {split!r} split has no rows")
+    names = ", ".join(str(p) for p in files.values())
     try:
-        return datasets.load_dataset(builder, data_files={s: str(p) for s, p in files.items()}, **options)
+        loaded = datasets.load_dataset(builder, data_files={s: str(p) for s, p in files.items()}, **options)
     except StopIteration:  # what the json builder raises on a compressed file with no rows
-        raise ValueError(f"a data file in {', '.join(str(p) for p in files.values())} has no rows") from None
+        raise ValueError(f"a data file in {names} has no rows") from None
     except (OSError, ValueError, datasets.exceptions.DatasetGenerationError) as err:
-        names = ", ".join(str(p) for p in files.values())
-        raise ValueError(f"could not read {names} as {builder}: {err}") from err
+        raise ValueError(_first_bad_line(files.values()) or f"could not read {names} as {builder}: {err}") from err
+    for split, data in loaded.items():
+        try:  # Arrow's JSON reader lets bytes that are not UTF-8 through; reading the row would fail later
+            data.data.table.validate(full=True)
+        except pyarrow.ArrowInvalid as err:
+            raise ValueError(_first_bad_line([files[split]]) or f"could not read {files[split]}: {err}") from None
+        if isinstance(data.features.get("translation"), _UNTYPED_JSON):
+            loaded[split] = _same_languages_in_every_row(data, files[split])
+    return loaded
+
+
+def _lines(path: Path) -> Iterator[str]:
+    opener = gzip.open if path.suffix.lower() == ".gz" else open
+    with opener(path, "rb") as f:
+        yield from utf8_lines(f, str(path))
+
+
+def _is_json_lines(path: Path) -> bool:
+    if _file_suffix(path) == ".jsonl":
+        return True
+    first = next((line for line in _lines(path) if line.strip()), "")
+    try:
+        return isinstance(json.loads(first), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def _first_bad_line(paths) -> str | None:
+    """What the data readers do not say: the file and line of the first byte that is not UTF-8 or
+    (in JSON lines) the first line that is not JSON. None when no line is at fault."""
+    for path in paths:
+        try:
+            json_lines = _BUILDERS[_file_suffix(path)][0] == "json" and _is_json_lines(path)
+            for number, line in enumerate(_lines(path), 1):
+                if json_lines and line.strip():
+                    try:
+                        json.loads(line)
+                    except json.JSONDecodeError as err:
+                        return f"{path}, line {number}: not valid JSON ({err.msg}, column {err.colno})"
+        except ValueError as err:  # not UTF-8: utf8_lines names the line
+            return str(err)
+    return None
+
+
+def _same_languages_in_every_row(data: datasets.Dataset, path: Path) -> datasets.Dataset:
+    """datasets reads a `translation` column whose rows hold different languages as untyped JSON. Name the
+    first row that lacks a language most rows have; keep those languages as a plain string struct."""
+    rows = data["translation"]
+    counts = Counter(key for row in rows if isinstance(row, dict) for key in row)
+    languages = [key for key, count in counts.items() if count > len(rows) / 2]
+    for index, row in enumerate(rows):
+        missing = [lang for lang in languages if not isinstance(row, dict) or lang not in row]
+        if missing:
+            where = f"line {_line_of_row(path, index)}" if _is_json_lines(path) else f"row {index + 1}"
+            raise ValueError(
+                f"{path}, {where}: the translation has no {' or '.join(map(repr, missing))} text; every pair needs "
+                f"the languages of the others ({', '.join(languages)}): {json.dumps(row, ensure_ascii=False)[:200]}"
+            )
+    features = datasets.Features({"translation": {lang: datasets.Value("string") for lang in languages}})
+    return data.map(
+        lambda batch: {"translation": [{lang: row[lang] for lang in languages} for row in batch["translation"]]},
+        batched=True, features=features, desc="translation layout",
+    )
+
+
+def _line_of_row(path: Path, index: int) -> int:
+    """The line of a JSON-lines file that holds row `index` (blank lines hold no row)."""
+    rows = (number for number, line in enumerate(_lines(path), 1) if line.strip())
+    return next(islice(rows, index, None))
 
 
 def _split_files(folder: Path) -> dict[str, Path]:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -69,6 +70,18 @@ def paper_generation_config(model_config, **overrides) -> GenerationConfig:
     for name in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
         settings[name] = getattr(model_config, name)
     return GenerationConfig(**{**settings, **overrides})
+
+
+def check_decoding_options(num_beams=None, length_penalty=None, max_new_tokens=None) -> None:
+    """Refuse settings that transformers would fail on many frames deep (num_beams=0 divides by zero)
+    or decode with silently (a NaN length penalty ranks every beam alike). None: not given."""
+    for name, value in (("num_beams", num_beams), ("max_new_tokens", max_new_tokens)):
+        if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
+    if length_penalty is not None and (
+        not isinstance(length_penalty, numbers.Real) or isinstance(length_penalty, bool) or not math.isfinite(length_penalty)
+    ):
+        raise ValueError(f"`length_penalty` must be a finite number (the paper's: 0.6); got {length_penalty!r}.")
 
 
 def gnmt_length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Tensor | float:
@@ -123,6 +136,11 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
         raise ValueError(f"`length_penalty_style` must be one of {LENGTH_PENALTY_STYLES}; got {style!r}.")
     if not isinstance(offset, int) or offset < 1:
         raise ValueError(f"`max_length_offset` must be a positive integer; got {offset!r}.")
+    check_decoding_options(
+        num_beams=_setting("num_beams", kwargs, generation_config, model.generation_config),
+        length_penalty=_setting("length_penalty", kwargs, generation_config, model.generation_config),
+        max_new_tokens=_setting("max_new_tokens", kwargs, generation_config, None),
+    )
 
     lengths_in_call = (kwargs, vars(generation_config) if generation_config is not None else {})
     source = next((x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None), None)
@@ -283,4 +301,4 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     )
 
 
-__all__ = ["SourceLengthCap", "generate", "gnmt_beam_search", "gnmt_length_penalty", "paper_generation_config"]
+__all__ = ["SourceLengthCap", "check_decoding_options", "generate", "gnmt_beam_search", "gnmt_length_penalty", "paper_generation_config"]

@@ -1,12 +1,14 @@
 """Write a complete Hugging Face Hub folder for a trained model, and upload it.
 
-`save_for_hub` is the one function that writes such a folder:
+`save_for_hub` writes such a folder, the model first and its descriptions after (training calls the
+three parts itself, scoring the model between the first two):
 
-    model.safetensors, config.json, generation_config.json     the weights and settings
-    configuration_/modeling_vanilla_transformer.py               the model code (config `auto_map`)
-    pipeline_vanilla_transformer.py                              the `translation` pipeline (config `custom_pipelines`)
-    tokenizer.json, tokenizer_config.json                        the tokenizer (stock transformers class)
-    results.json, README.md, attention.png                       the scores, the model card and one heat map
+    save_model_files   model.safetensors, config.json, generation_config.json    the weights and settings
+                       configuration_/modeling_vanilla_transformer.py              the model code (config `auto_map`)
+                       pipeline_vanilla_transformer.py             the `translation` pipeline (`custom_pipelines`)
+                       tokenizer.json, tokenizer_config.json       the tokenizer (stock transformers class)
+    write_results      results.json                                the scores
+    write_model_card   README.md, attention.png                    the model card and one heat map (extras)
 
 so that the folder, or a Hub repository made from it, loads with no copy of this package:
 
@@ -19,22 +21,35 @@ so that the folder, or a Hub repository made from it, loads with no copy of this
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
-import tempfile
-import uuid
 from pathlib import Path
 
+from .files import check_model_files
 from .pipeline_vanilla_transformer import CUSTOM_PIPELINES, source_length_limit
 
-__all__ = ["PIPELINE_TASK", "check_hub_folder", "check_repo_id", "push_folder", "save_for_hub"]
+__all__ = [
+    "PIPELINE_TASK",
+    "check_hub_folder",
+    "check_repo_id",
+    "push_folder",
+    "save_for_hub",
+    "save_model_files",
+    "write_model_card",
+    "write_results",
+]
 
 PIPELINE_TASK = next(iter(CUSTOM_PIPELINES))  # "translation"
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 _STALE_WEIGHTS = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 ATTENTION_IMAGE = "attention.png"
+RESULTS_FILE = "results.json"
+_DESCRIPTIONS = ("README.md", ATTENTION_IMAGE, RESULTS_FILE)  # of the model they were written with
+
+logger = logging.getLogger(__name__)
 
 
 def save_for_hub(
@@ -61,12 +76,12 @@ def save_for_hub(
     `target_lang`, `hyperparameters` (the training settings to list), `example` (a source sentence whose
     attention heat map goes into the card) and `repo_id` (used in the card's snippets) describe the model.
 
-    Everything is written to a temporary folder first and then renamed into place, so `output_dir` is
-    never half written. If `output_dir` already holds files (say, training checkpoints), the new files
-    replace their namesakes, stale weight files are removed, and everything else is kept.
+    The model comes first (`save_model_files`): it is staged and renamed into place, so `output_dir`
+    never holds half a model. results.json follows, then the card and its heat map (`write_model_card`),
+    which may fail with a warning but never take the model with them. If `output_dir` already holds
+    files (say, training checkpoints), the new files replace their namesakes, stale weight files and the
+    card, heat map and results of an earlier model are removed, and everything else is kept.
     """
-    from .model_card import build_model_card
-
     output_dir = Path(output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise NotADirectoryError(f"`output_dir` exists and is not a folder: {output_dir}")
@@ -74,44 +89,95 @@ def save_for_hub(
         raise TypeError(f"`results` must be a dict of scores; got {type(results).__name__}")
     if repo_id is not None:
         check_repo_id(repo_id)
+    if example is not None and (not isinstance(example, str) or not example.strip()):
+        raise ValueError(f"`example` must be a sentence to draw the attention of; got an empty or blank {example!r}")
     source_lang, target_lang = _languages(dataset, source_lang, target_lang)
+    if source_lang and target_lang:  # in config.json: evaluating or translating another pair is warned about
+        model.config.update({"source_lang": source_lang, "target_lang": target_lang, "dataset_name": dataset})
+    save_model_files(model, tokenizer, output_dir)
+    write_results(output_dir, results or {})
+    write_model_card(
+        model, tokenizer, output_dir, results, example=example, repo_id=repo_id, dataset=dataset,
+        source_lang=source_lang, target_lang=target_lang, hyperparameters=hyperparameters, license=license,
+    )
+    return output_dir
 
+
+def save_model_files(model, tokenizer, output_dir: str | os.PathLike) -> Path:
+    """The model itself: weights, config.json (auto_map, custom_pipelines), generation_config.json, the code
+    and pipeline files, and the tokenizer, written to a staging folder beside `output_dir` and then renamed
+    into place. A staging folder left by a process that died while saving is removed first."""
+    output_dir = Path(output_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    staging = output_dir.parent / f".{output_dir.name}.saving"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
     try:
         _write_generation_defaults(model)
-        # Weights, generation_config.json, config.json with auto_map and custom_pipelines, the code files.
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        (staging / "results.json").write_text(json.dumps(results or {}, indent=2) + "\n", encoding="utf-8")
-
-        image = None
-        if example:
-            from .attention_maps import collect_attentions, plot_layer
-
-            record = collect_attentions(model, tokenizer, example)
-            # The last decoder layer's attention over the source: the closest thing to a word alignment.
-            plot_layer(record, "cross", record.num_decoder_layers - 1, staging / ATTENTION_IMAGE)
-            image = ATTENTION_IMAGE
-        card = build_model_card(
-            model.config,
-            results=results,
-            dataset=dataset,
-            source_lang=source_lang,
-            target_lang=target_lang,
-            hyperparameters=hyperparameters,
-            repo_id=repo_id or f"your-name/{output_dir.name}",
-            license=license,
-            image=image,
-            num_parameters=model.num_parameters(),
-            example=example,
-            max_length=source_length_limit(model, tokenizer),
-        )
-        card.save(staging / "README.md")
         _move_into_place(staging, output_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return output_dir
+
+
+def write_results(output_dir: str | os.PathLike, results: dict) -> Path:
+    """results.json, written whole or not at all."""
+    path = Path(output_dir) / RESULTS_FILE
+    staging = path.with_name(f".{path.name}.saving")
+    staging.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(staging, path)
+    return path
+
+
+def write_model_card(
+    model, tokenizer, output_dir: str | os.PathLike, results: dict | None = None, *, example: str | None = None,
+    repo_id: str | None = None, **descriptions,
+) -> Path | None:
+    """The model card (README.md) and, given an `example` sentence, the heat map of its cross-attention
+    (attention.png) that the card shows. `descriptions` are `build_model_card`'s: dataset, source_lang,
+    target_lang, hyperparameters, license. These are extras: when either cannot be made (say, the example
+    is longer than the model reads), a warning says why, the rest is written, and the model stays as it
+    is. Returns the card's path, or None when there is no card."""
+    from .model_card import build_model_card
+
+    output_dir = Path(output_dir)
+    image = ATTENTION_IMAGE if example and _draw_attention(model, tokenizer, example, output_dir / ATTENTION_IMAGE) else None
+    try:
+        card = build_model_card(
+            model.config,
+            results=results,
+            repo_id=repo_id or f"your-name/{output_dir.name}",
+            image=image,
+            num_parameters=model.num_parameters(),
+            example=example,
+            max_length=source_length_limit(model, tokenizer),
+            **descriptions,
+        )
+        staging = output_dir / ".README.md.saving"
+        card.save(staging)
+        os.replace(staging, output_dir / "README.md")
+    except Exception as err:  # an extra: whatever went wrong, the model is saved
+        logger.warning(f"the model card (README.md) was not written: {type(err).__name__}: {err}. The model in "
+                       f"{output_dir} is complete without it.")
+        return None
+    return output_dir / "README.md"
+
+
+def _draw_attention(model, tokenizer, example: str, path: Path) -> bool:
+    """The last decoder layer's attention over the source (the closest thing to a word alignment) as `path`."""
+    from .attention_maps import collect_attentions, plot_layer
+
+    try:
+        record = collect_attentions(model, tokenizer, example)
+        staging = path.with_name(f".saving-{path.name}")
+        plot_layer(record, "cross", record.num_decoder_layers - 1, staging)
+        os.replace(staging, path)
+        return True
+    except Exception as err:  # an extra: the card goes without it
+        logger.warning(f"no attention heat map in the model card: {type(err).__name__}: {err}")
+        return False
 
 
 def _languages(dataset, source_lang, target_lang) -> tuple[str | None, str | None]:
@@ -139,8 +205,8 @@ def _move_into_place(staging: Path, output_dir: Path) -> None:
         staging.rename(output_dir)  # one atomic step
         return
     new_names = {entry.name for entry in staging.iterdir()}
-    for entry in output_dir.iterdir():  # weights of another shape (say, sharded) must not linger
-        if entry.name not in new_names and _STALE_WEIGHTS.match(entry.name):
+    for entry in output_dir.iterdir():  # weights of another shape (say, sharded), the old model's card and scores
+        if entry.name not in new_names and (_STALE_WEIGHTS.match(entry.name) or entry.name in _DESCRIPTIONS):
             entry.unlink()
     for entry in staging.iterdir():
         os.replace(entry, output_dir / entry.name)
@@ -192,6 +258,7 @@ def check_hub_folder(folder: str | os.PathLike) -> Path:
             f"{folder} is not a complete model folder; missing: {', '.join(dict.fromkeys(missing))}. "
             "Write it with `save_for_hub` (or `vanilla-transformer train`)."
         )
+    check_model_files(folder)  # a truncated weights file must not reach the Hub
     return folder
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from .files import check_model_files
 from .pipeline_vanilla_transformer import TranslationPipeline
 
 __all__ = ["default_device", "load_model", "load_pretrained", "score_translations", "translate_texts"]
@@ -68,6 +69,8 @@ def load_pretrained(name_or_path: str | os.PathLike, **kwargs):
     process without this package: `from_pretrained(folder, trust_remote_code=True)`."""
     from transformers import AutoModelForSeq2SeqLM
 
+    if Path(name_or_path).is_dir():
+        check_model_files(Path(name_or_path))
     model, info = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
     kinds = ("missing_keys", "unexpected_keys", "mismatched_keys")
     wrong = {kind.replace("_", " "): sorted(map(str, info.get(kind) or ())) for kind in kinds if info.get(kind)}

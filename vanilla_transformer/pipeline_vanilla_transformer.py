@@ -19,7 +19,8 @@ needs a folder or Hub id. Generation options such as
 `num_beams`, `max_new_tokens` and `length_penalty` go to `model.generate`, whose defaults (the saved
 generation config and the model's own `generate`) decode as in §6.1 of the paper: beam size 4, length
 penalty 0.6, each output at most its source length + 50 tokens. `return_attentions=True` adds the
-attention weights behind each translation.
+attention weights behind each translation. `src_lang`/`tgt_lang` (the names transformers' translation
+pipelines used) are checked against the pair the model was trained on, with a warning if they differ.
 
 Texts longer than the model's limit (the tokenizer's `model_max_length`, and the position table
 for learned positions) are truncated to it with a warning, as the old transformers pipelines did,
@@ -35,6 +36,8 @@ import torch
 from torch.utils.data import Dataset
 from transformers import Pipeline
 
+from .generation_vanilla_transformer import check_decoding_options
+
 # What config.json names under `custom_pipelines` (the model's `save_pretrained` writes it), read by
 # transformers' `pipeline()`: "impl" is "<module file>.<class>" inside the model folder, "pt" the Auto
 # class the model is loaded with.
@@ -46,6 +49,18 @@ CUSTOM_PIPELINES = {
         "type": "text",
     }
 }
+
+
+def language_pair_mismatch(config, source_lang: str | None, target_lang: str | None) -> str | None:
+    """What is wrong when asked for a pair other than the one the model was trained on (training stores
+    it in the config); None when the pair fits or either is unknown."""
+    trained = (getattr(config, "source_lang", None), getattr(config, "target_lang", None))
+    asked = (source_lang or trained[0], target_lang or trained[1])
+    if None in trained or asked == trained:
+        return None
+    data = getattr(config, "dataset_name", None)
+    return (f"the model translates {trained[0]}->{trained[1]}{f' (trained on {data})' if data else ''}, "
+            f"not {asked[0]}->{asked[1]}: its output will not be in the language asked for")
 
 
 def source_length_limit(model, tokenizer) -> int:
@@ -98,8 +113,11 @@ def _trim(ids: torch.Tensor, stop_ids: set[int], keep_first: bool) -> torch.Tens
 class TranslationPipeline(Pipeline):
     """Translate text with a sequence-to-sequence model; returns `[{"translation_text": ...}]`."""
 
-    def _sanitize_parameters(self, return_attentions=None, truncation=None, **generate_kwargs):
+    def _sanitize_parameters(self, return_attentions=None, truncation=None, src_lang=None, tgt_lang=None, **generate_kwargs):
         preprocess_params, forward_params, postprocess_params = {}, {}, {}
+        mismatch = language_pair_mismatch(self.model.config, src_lang, tgt_lang)
+        if mismatch:
+            warnings.warn(mismatch, stacklevel=3)
         if truncation is not None:
             preprocess_params["truncation"] = truncation
         if return_attentions is not None:
@@ -107,6 +125,7 @@ class TranslationPipeline(Pipeline):
             postprocess_params["return_attentions"] = return_attentions
         if generate_kwargs.get("num_return_sequences", 1) != 1:
             raise ValueError("`num_return_sequences` other than 1 is not supported by this pipeline.")
+        check_decoding_options(**{name: generate_kwargs.get(name) for name in ("num_beams", "length_penalty", "max_new_tokens")})
         forward_params["generate_kwargs"] = generate_kwargs
         return preprocess_params, forward_params, postprocess_params
 
@@ -118,8 +137,8 @@ class TranslationPipeline(Pipeline):
         Returns a list with one `{"translation_text": ...}` per string (a list of one for a single
         string), and an iterator of those dicts for a stream, so that `list(translate(KeyDataset(ds,
         "text")))` equals `translate(ds["text"])`. Keyword arguments:
-        `batch_size`, `return_attentions`, `truncation` (default True) and any option of
-        `model.generate` (`num_beams`, `max_new_tokens`, `length_penalty`, ...).
+        `batch_size`, `return_attentions`, `truncation` (default True), `src_lang`/`tgt_lang` (checked
+        against the model's pair) and any option of `model.generate` (`num_beams`, `max_new_tokens`, ...).
         """
         if isinstance(inputs, (str, bytes)) or not hasattr(inputs, "__iter__") and not isinstance(inputs, Dataset):
             _check_text(inputs, "inputs")

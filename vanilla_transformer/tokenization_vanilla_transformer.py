@@ -76,6 +76,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from .corpora import iter_texts
+from .files import utf8_lines
 
 __all__ = [
     "DEFAULT_MIN_FREQUENCY",
@@ -120,12 +121,8 @@ def read_text_files(paths: Sequence[str | os.PathLike]) -> Iterator[str]:
         if not os.access(path, os.R_OK):
             raise PermissionError(f"text file is not readable: {path}")
     for path in paths:
-        try:
-            with path.open(encoding="utf-8") as f:
-                for line in f:
-                    yield line.rstrip("\r\n")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{path} is not UTF-8 text: {err}") from err
+        with path.open("rb") as f:
+            yield from utf8_lines(f, str(path))
 
 
 def wrap_tokenizer(tokenizer: Tokenizer, model_max_length: int = MODEL_MAX_LENGTH) -> PreTrainedTokenizerFast:

@@ -1,3 +1,6 @@
+import struct
+import zipfile
+
 import pytest
 import torch
 from accelerate import Accelerator
@@ -8,6 +11,7 @@ from vanilla_transformer.training.checkpoints import (
     list_checkpoints,
     read_state,
     save_checkpoint,
+    verify_checkpoint,
 )
 
 
@@ -48,3 +52,36 @@ def test_average_is_the_elementwise_mean(tmp_path, accelerated):
     assert torch.equal(average["bias"], torch.tensor([2.5, -2.5]))
     with pytest.raises(ValueError, match="no checkpoints"):
         average_checkpoints([])
+
+
+def test_verify_names_the_damaged_file_of_a_checkpoint(tmp_path, accelerated):
+    accelerator, model = accelerated
+    path = save_checkpoint(accelerator, tmp_path, 7, {"epoch": 0})
+    verify_checkpoint(path)
+    optimizer = path / "optimizer.bin"
+    good = optimizer.read_bytes()
+    with zipfile.ZipFile(optimizer) as archive:  # torch.save writes a zip archive: find a member's data
+        member = next(info for info in archive.infolist() if info.file_size)
+    name_length, extra_length = struct.unpack("<HH", good[member.header_offset + 26 : member.header_offset + 30])
+    flipped = bytearray(good)
+    flipped[member.header_offset + 30 + name_length + extra_length] ^= 0xFF  # a bad sector: same size, one byte off
+    optimizer.write_bytes(bytes(flipped))
+    with pytest.raises(ValueError, match=r"optimizer.bin is damaged \(truncated or corrupt; [\d,]+ bytes\): the CRC of"):
+        verify_checkpoint(path)
+    optimizer.write_bytes(good)
+    (path / "trainer_state.json").write_text('{"epoch": 0, "step": 6}')
+    with pytest.raises(ValueError, match="trainer_state.json is damaged: it does not hold the state of step 7"):
+        verify_checkpoint(path)
+    (path / "trainer_state.json").unlink()
+    (path / "trainer_state.json").mkdir()  # not a file: as if it were missing
+    with pytest.raises(ValueError, match="trainer_state.json is missing"):
+        verify_checkpoint(path)
+
+
+def test_average_names_a_truncated_weights_file(tmp_path, accelerated):
+    accelerator, model = accelerated
+    paths = [save_checkpoint(accelerator, tmp_path, step, {}) for step in (1, 2)]
+    weights = paths[0] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8])
+    with pytest.raises(ValueError, match="checkpoint-00000001/model.safetensors is damaged"):
+        average_checkpoints(paths)

@@ -1,12 +1,15 @@
 """End-to-end training through the real `vanilla-transformer train` entry point."""
 
 import json
+import logging
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,10 +18,12 @@ from safetensors.torch import load_file
 
 from vanilla_transformer.cli import main
 from vanilla_transformer.corpora import load_translation_dataset
+from vanilla_transformer.hub import check_hub_folder
 from vanilla_transformer.training import loop
 from vanilla_transformer.training.checkpoints import latest_checkpoint, list_checkpoints, read_state
 
 REPO = Path(__file__).resolve().parents[2]
+LETTERS = [chr(c) for c in range(ord("a"), ord("a") + 12)]  # the synthetic tasks' words
 
 
 def free_port() -> int:
@@ -182,6 +187,32 @@ def test_bad_input_is_a_clear_usage_error(tmp_path, small_task, small_run, capsy
     assert not list_checkpoints(tmp_path / "out" / "checkpoints")
 
 
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        # Before: accepted; every gradient was scaled by a negative factor and training ascended (exit 0).
+        (["--max-grad-norm", "-1"], "`max_grad_norm` must be a positive number or None; got -1.0."),
+        (["--lr-scale", "nan"], "`lr_scale` must be a positive number; got nan."),
+        (["--time-limit", "nan"], "`time_limit` must be a positive number or None; got nan."),
+        # Before: accepted; results.json held a bare NaN (invalid JSON).
+        (["--length-penalty", "nan"], "`length_penalty` must be a finite number (the paper's: 0.6); got nan."),
+        # Before: tracebacks (TypeError, ZeroDivisionError, "got multiple values for keyword argument"), or
+        # the string stored in config.json.
+        (["--config-overrides", "d_model=abc"], "`config_overrides`: `d_model` must be a positive integer; got 'abc'."),
+        (["--config-overrides", "num_heads=0"], "`config_overrides`: `num_heads` must be a positive integer; got 0."),
+        (["--config-overrides", "vocab_size=50"], "`config_overrides`: vocab_size come(s) from the tokenizer"),
+        (["--config-overrides", "pad_token_id=999"], "`config_overrides`: pad_token_id come(s) from the tokenizer"),
+        (["--config-overrides", "tie_word_embeddings=maybe"],
+         "`config_overrides`: `tie_word_embeddings` must be true or false; got 'maybe'."),
+    ],
+)
+def test_plausible_mistakes_are_one_line_errors_before_anything_runs(tmp_path, small_task, small_run, capsys, extra, expected):
+    err = _usage_error(capsys, ["train", "--dataset", str(small_task), "--output-dir", str(tmp_path / "out"),
+                                *small_run, "--max-steps", "2", *extra])
+    assert err.startswith(f"vanilla-transformer train: error: {expected}") and err.count("\n") == 1  # no usage text
+    assert not (tmp_path / "out").exists()
+
+
 def test_bad_data_files_are_clear_errors(tmp_path, small_run, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -253,3 +284,176 @@ def test_push_to_hub_with_a_bad_repo_id_fails_before_training(tmp_path, small_ta
                                 *small_run, "--push-to-hub", "not-a-repo-id"])
     assert "`repo_id` must look like 'user-or-org/model-name'" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_long_first_validation_sentence_does_not_cost_the_model(tmp_path, small_task, small_run):
+    # Before: the model card's heat map was drawn from the first validation source, attention_maps refused
+    # it (over 1,024 tokens), and the run died after training with no weights, config or card saved.
+    long = " ".join(LETTERS[i % len(LETTERS)] for i in range(1100))
+    rows = (small_task / "validation.jsonl").read_text().splitlines()
+    rows[0] = json.dumps({"translation": {"src": long, "tgt": long}})
+    (small_task / "validation.jsonl").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    assert main(["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run, "--max-steps", "2"]) == 0
+    check_hub_folder(out)
+    assert json.loads((out / "results.json").read_text())["steps"] == 2
+    card = (out / "README.md").read_text()
+    assert "![attention heat map](attention.png)" in card and (out / "attention.png").is_file()
+    assert json.loads(rows[1])["translation"]["src"] in card and long[:40] not in card  # the first that fits
+
+
+def test_a_failing_model_card_or_upload_leaves_the_model_saved(tmp_path, small_task, small_run, monkeypatch, caplog):
+    import huggingface_hub
+
+    from vanilla_transformer import model_card
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the card template is broken")
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(model_card, "build_model_card", broken)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: "hf_test")
+    monkeypatch.setattr(huggingface_hub, "create_repo", offline)
+    out = tmp_path / "out"
+    with caplog.at_level(logging.WARNING):
+        assert main(["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run, "--max-steps", "2",
+                     "--push-to-hub", "someone/tiny"]) == 0
+    names = {p.name for p in out.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "generation_config.json", "results.json"} <= names
+    assert "README.md" not in names and not [n for n in names if n.endswith(".saving")]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("the model card (README.md) was not written: RuntimeError: the card template is broken" in w for w in warnings)
+    assert any(f"upload it with `vanilla-transformer push --folder {out} --repo-id someone/tiny`" in w for w in warnings)
+
+
+KILL_WHILE_SAVING = """
+import os, signal, sys
+from vanilla_transformer import hub
+
+def move_half_then_die(staging, output_dir):  # kill -9 with half of the final files in place
+    names = sorted(p.name for p in staging.iterdir())
+    for name in names[: len(names) // 2]:
+        os.replace(staging / name, output_dir / name)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+hub._move_into_place = move_half_then_die
+from vanilla_transformer.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_run_killed_while_writing_the_final_folder_is_completed_by_resume(tmp_path, small_task, small_run):
+    out = tmp_path / "out"
+    argv = ["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run, "--max-steps", "4", "--save-steps", "2"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    killed = subprocess.run([sys.executable, "-c", KILL_WHILE_SAVING, *argv], env=env, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert not (out / "results.json").exists() and (tmp_path / ".out.saving").is_dir()  # half a final folder
+    with pytest.raises(ValueError, match="missing"):
+        check_hub_folder(out)
+
+    assert main([*argv, "--resume"]) == 0
+    check_hub_folder(out)
+    assert json.loads((out / "results.json").read_text())["steps"] == 4 and (out / "README.md").is_file()
+    final, last = weights(out), weights(out / "checkpoints" / "checkpoint-00000004")  # --average-last 1
+    assert final.keys() <= last.keys() and all(torch.equal(final[name], last[name]) for name in final)
+    assert not (tmp_path / ".out.saving").exists()  # the dead run's staging folder is gone
+
+
+def test_a_second_run_on_the_same_folder_is_refused_and_a_dead_runs_lock_is_taken_over(
+    tmp_path, small_task, small_run, capsys, caplog
+):
+    out = tmp_path / "out"
+    argv = ["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run, "--save-steps", "1"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen([sys.executable, "-m", "vanilla_transformer.cli", *argv, "--max-steps", "100000"],
+                                 env=env, cwd=REPO, stdout=log, stderr=log, start_new_session=True)
+
+    def wait_for(done):
+        deadline = time.monotonic() + 240
+        while not done():
+            assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-3000:]
+            time.sleep(0.2)
+
+    try:
+        wait_for((out / "tokenizer.json").is_file)  # it has started: its tokenizer is saved, its first step is near
+        # The same command again. Before: both ran, both exited 0, and each pruned the other's checkpoints.
+        err = _usage_error(capsys, [*argv, "--max-steps", "2"])
+        assert err.startswith(f"vanilla-transformer train: error: {out} is in use by another training run "
+                              f"(PID {first.pid} on host {socket.gethostname()}, started ")
+        assert "vanilla_transformer/cli.py train" in err and err.endswith("Wait for it to end, or choose another `output_dir`.\n")
+        wait_for(lambda: list_checkpoints(out / "checkpoints"))
+    finally:
+        first.kill()  # kill -9: its lock file stays, but no process holds it any more
+        first.wait()
+    assert json.loads((out / ".train.lock").read_text())["pid"] == first.pid
+    with caplog.at_level(logging.WARNING):
+        assert main([*argv, "--max-steps", "3", "--resume"]) == 0
+    assert f"the run that left it (PID {first.pid} on host {socket.gethostname()}" in caplog.text
+    assert (out / "model.safetensors").is_file() and not (out / ".train.lock").exists()
+
+
+DAMAGE = {
+    "model.safetensors": lambda path: os.truncate(path, 1000),  # a copy cut short
+    "optimizer.bin": lambda path: os.truncate(path, 1000),
+    "trainer_state.json": lambda path: path.write_text('{"epoch": 0, "\x01": 1}'),
+}
+
+
+def test_resume_falls_back_past_a_damaged_checkpoint_to_the_same_weights(tmp_path, small_task, small_run, caplog):
+    # Before: a raw SafetensorError traceback, "[Errno 22] Invalid argument" or "Invalid control character",
+    # naming no file, and no way to resume from the checkpoint before.
+    argv = [*small_run, "--max-steps", "4", "--save-steps", "2"]
+    whole = _run(tmp_path, "whole", small_task, argv)
+    expected = weights(whole / "checkpoints" / "checkpoint-00000004")
+    for name, damage in DAMAGE.items():
+        out = tmp_path / name
+        shutil.copytree(whole / "checkpoints", out / "checkpoints")
+        damage(out / "checkpoints" / "checkpoint-00000004" / name)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert main(["train", "--dataset", str(small_task), "--output-dir", str(out), *argv, "--resume"]) == 0
+        assert f"checkpoint-00000004/{name} is damaged" in caplog.text
+        assert "the checkpoint is set aside as damaged-checkpoint-00000004" in caplog.text
+        assert "continuing from checkpoint-00000002, the newest checkpoint that reads back whole" in caplog.text
+        resumed = weights(out / "checkpoints" / "checkpoint-00000004")
+        assert all(torch.equal(resumed[key], expected[key]) for key in expected), name
+        assert (out / "checkpoints" / "damaged-checkpoint-00000004" / name).is_file()  # kept for a look
+
+
+def test_resume_with_no_readable_checkpoint_names_each_damaged_file(tmp_path, small_task, small_run, capsys):
+    argv = [*small_run, "--max-steps", "2", "--save-steps", "1"]
+    out = _run(tmp_path, "out", small_task, argv)
+    os.truncate(out / "checkpoints" / "checkpoint-00000001" / "model.safetensors", 10)
+    (out / "checkpoints" / "checkpoint-00000002" / "trainer_state.json").write_text("{")
+    capsys.readouterr()
+    err = _usage_error(capsys, ["train", "--dataset", str(small_task), "--output-dir", str(out), *argv, "--resume"])
+    assert err.count("\n") == 1 and f"no checkpoint in {out / 'checkpoints'} can be read: " in err
+    assert "checkpoint-00000002/trainer_state.json is damaged: not valid JSON" in err
+    assert "checkpoint-00000001/model.safetensors is damaged (truncated or corrupt; 10 bytes)" in err
+    assert "Restore the checkpoints from a copy, or train from the start in a new output folder." in err
+    assert [p.name for p in list_checkpoints(out / "checkpoints")] == ["checkpoint-00000001", "checkpoint-00000002"]
+
+
+def test_resume_with_other_data_or_model_options_is_refused(tmp_path, small_task, small_run, capsys, monkeypatch):
+    out = _run(tmp_path, "out", small_task, [*small_run, "--max-steps", "2"])
+    config = json.loads((out / "config.json").read_text())  # the pair travels with the model
+    assert (config["source_lang"], config["target_lang"], config["dataset_name"]) == ("src", "tgt", str(small_task))
+    capsys.readouterr()
+    # Before: each continued the old run silently (the old architecture, or the old run's tokenizer on new data).
+    overrides = small_run[small_run.index("--config-overrides") + 1]
+    err = _usage_error(capsys, ["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run,
+                                "--config-overrides", overrides + ",d_ff=128", "--max-steps", "4", "--resume"])
+    assert err.startswith(f"vanilla-transformer train: error: `resume`: the run in {out} was started with other options: "
+                          f"config_overrides {{") and "'d_ff': 64" in err and "'d_ff': 128" in err and err.count("\n") == 1
+    err = _usage_error(capsys, ["train", "--dataset", "bible-en-es", "--output-dir", str(out), *small_run,
+                                "--max-steps", "4", "--resume"])
+    assert f"dataset {str(small_task.resolve())!r} -> 'bible-en-es'" in err
+    assert "Resume it with the options it was started with, or train into a new `output_dir`." in err
+    # Longer training, other evaluation settings, the same data given by a relative path: all fine.
+    monkeypatch.chdir(small_task.parent)
+    assert main(["train", "--dataset", small_task.name, "--output-dir", str(out), *small_run, "--max-steps", "3",
+                 "--eval-samples", "2", "--resume"]) == 0

@@ -5,6 +5,10 @@ A checkpoint is a folder `checkpoint-<step>` holding Accelerate's `save_state` o
 `trainer_state.json` (step, epoch, position in the epoch, ...). It is written under a
 temporary name and renamed when complete, so a process that dies while writing leaves
 a `.tmp-*` folder that is never taken for a checkpoint.
+
+A checkpoint is verified before it is read (`verify_checkpoint`): a file damaged after it was
+written (a copy cut short, a full disk elsewhere, a bad sector) is named, and `newest_sound_checkpoint`
+lets a resumed run fall back to the newest checkpoint that is whole.
 """
 
 from __future__ import annotations
@@ -18,18 +22,29 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from ..files import check_weights_file, read_json
+
 __all__ = [
     "STATE_FILE",
     "average_checkpoints",
+    "checkpoint_path",
     "list_checkpoints",
     "latest_checkpoint",
+    "newest_sound_checkpoint",
     "read_state",
     "save_checkpoint",
+    "verify_checkpoint",
 ]
 
 STATE_FILE = "trainer_state.json"
 WEIGHTS_FILE = "model.safetensors"  # what Accelerate's save_state names the (first) model
+OPTIMIZER_FILE = "optimizer.bin"
+DAMAGED_PREFIX = "damaged-"  # a checkpoint set aside by `newest_sound_checkpoint`
 _NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+def checkpoint_path(root: str | os.PathLike, step: int) -> Path:
+    return Path(root) / f"checkpoint-{step:08d}"
 
 
 def list_checkpoints(root: str | os.PathLike) -> list[Path]:
@@ -47,7 +62,49 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
 
 
 def read_state(checkpoint: str | os.PathLike) -> dict:
-    return json.loads((Path(checkpoint) / STATE_FILE).read_text())
+    return read_json(Path(checkpoint) / STATE_FILE)
+
+
+def verify_checkpoint(checkpoint: str | os.PathLike) -> None:
+    """Raise ValueError naming the file unless every file of the checkpoint reads back whole: the state
+    (JSON, with the step of the folder's name), the weights (safetensors) and every torch.save file
+    (optimiser, scheduler, RNG states: zip archives whose CRCs are checked)."""
+    checkpoint = Path(checkpoint)
+    for name in (STATE_FILE, WEIGHTS_FILE, OPTIMIZER_FILE):
+        if not (checkpoint / name).is_file():
+            raise ValueError(f"{checkpoint / name} is missing")
+    state = read_state(checkpoint)
+    step = int(_NAME.match(checkpoint.name).group(1))
+    if not isinstance(state, dict) or state.get("step") != step:
+        raise ValueError(f"{checkpoint / STATE_FILE} is damaged: it does not hold the state of step {step}")
+    for path in sorted(checkpoint.iterdir()):
+        if path.suffix in (".safetensors", ".bin", ".pkl"):
+            check_weights_file(path)
+
+
+def newest_sound_checkpoint(root: str | os.PathLike) -> tuple[Path, list[str]]:
+    """The newest checkpoint that verifies, and what is wrong with each newer one. Those are renamed
+    `damaged-checkpoint-<step>` (kept for a look; never read, pruned or averaged). A ValueError lists
+    every problem when no checkpoint verifies, and then nothing is renamed."""
+    problems = []
+    for checkpoint in reversed(list_checkpoints(root)):
+        try:
+            verify_checkpoint(checkpoint)
+        except ValueError as err:
+            problems.append((checkpoint, str(err)))
+            continue
+        messages = []
+        for damaged, problem in problems:
+            aside = damaged.with_name(DAMAGED_PREFIX + damaged.name)
+            while aside.exists():  # set aside before
+                aside = aside.with_name(aside.name + "-again")
+            damaged.rename(aside)
+            messages.append(f"{problem}; the checkpoint is set aside as {aside.name}")
+        return checkpoint, messages
+    raise ValueError(
+        f"no checkpoint in {root} can be read: {'; '.join(problem for _, problem in problems) or 'there are none'}. "
+        "Restore the checkpoints from a copy, or train from the start in a new output folder."
+    )
 
 
 def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict, keep: int | None = None) -> Path:
@@ -56,7 +113,7 @@ def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict
     Call on every process (each saves its own RNG state); the main process renames and prunes.
     """
     root = Path(root)
-    final = root / f"checkpoint-{step:08d}"
+    final = checkpoint_path(root, step)
     staging = root / f".tmp-{final.name}"
     if accelerator.is_main_process:
         shutil.rmtree(staging, ignore_errors=True)  # left over from a run that died while saving
@@ -86,6 +143,7 @@ def average_checkpoints(checkpoints: list[str | os.PathLike]) -> dict[str, torch
         raise ValueError("no checkpoints to average")
     total: dict[str, torch.Tensor] = {}
     for path in checkpoints:
+        check_weights_file(Path(path) / WEIGHTS_FILE)
         weights = load_file(str(Path(path) / WEIGHTS_FILE))
         if total and weights.keys() != total.keys():
             raise ValueError(f"{path} holds different weights from the other checkpoints; cannot average them")

@@ -9,49 +9,67 @@ tokens and divides by the number of those tokens in the whole step (see loss.py)
 warm-up / inverse-square-root schedule are §5.3's (schedule.py). Every `save_steps` the full state
 is checkpointed (checkpoints.py); every `eval_steps` the validation split is scored: loss,
 perplexity, and BLEU and chrF of beam-search translations (sacrebleu, through `evaluate`). At
-the end the last `average_last` checkpoints are averaged (§6.1), the test split is scored, and
-`output_dir` becomes a complete Hub repository.
+the end the last `average_last` checkpoints are averaged (§6.1) and saved with the config and
+tokenizer, then the test split is scored, and `output_dir` becomes a complete Hub repository.
+
+`train` is three parts around a `_Run` record: `_setup` (one run per folder, the checkpoint to
+resume from, data, model, optimiser), `_train_until_done` (the steps) and `_finish` (the model
+first; scores, card and upload after it, none of which can lose it).
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import math
-import os
-import shutil
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, GenerationConfig
+from transformers import AutoTokenizer
 
 from ..configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from ..corpora import load_translation_dataset, resolve_languages
+from ..files import read_json
 from ..generation_vanilla_transformer import paper_generation_config
+from ..hub import RESULTS_FILE, save_model_files, write_model_card, write_results
 from ..inference import load_pretrained
 from ..metrics import load as load_metric
 from ..modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
 from ..tokenization_vanilla_transformer import DEFAULT_VOCAB_SIZE, train_tokenizer
-from .checkpoints import average_checkpoints, latest_checkpoint, list_checkpoints, read_state, save_checkpoint
+from .checkpoints import (
+    average_checkpoints,
+    checkpoint_path,
+    latest_checkpoint,
+    list_checkpoints,
+    newest_sound_checkpoint,
+    read_state,
+    save_checkpoint,
+)
 from .data import PadCollator, TokenBatchSampler, TokenizedSplit, tokenize_pairs
+from .lock import RunLock
 from .loss import IGNORE_INDEX, label_smoothed_loss
 from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler
 
-__all__ = ["TrainingArguments", "evaluate", "train", "write_output_folder"]
+__all__ = ["TrainingArguments", "evaluate", "train"]
 
 logger = get_logger(__name__)  # logs on the main process only
 
-CHECKPOINTS = "checkpoints"  # sub-folder of output_dir
-RESULTS_FILE = "results.json"
+CHECKPOINTS = "checkpoints"  # sub-folder of output_dir; the rest of output_dir is the Hub folder (hub.py)
+TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")  # the config takes them from the tokenizer
+DATA_FIELDS = ("source_lang", "target_lang", "dataset_name")  # ... and these from the data
+# What a resumed run must share with the run it continues (its data, tokenizer, model and batches);
+# the limits, schedule, evaluation and checkpoint options may change.
+RUN_OPTIONS = ("dataset", "dataset_config", "source_lang", "target_lang", "max_length", "truncate", "tokenizer",
+               "preset", "config_overrides", "model_name_or_path", "max_tokens", "gradient_accumulation_steps", "seed")
 
 
 @dataclass
@@ -119,10 +137,7 @@ class TrainingArguments:
             raise ValueError(f"`eval_samples` must be a non-negative integer or None; got {self.eval_samples!r}.")
         if self.test_samples is not None and (not isinstance(self.test_samples, int) or self.test_samples < 1):
             raise ValueError(f"`test_samples` must be a positive integer or None; got {self.test_samples!r}.")
-        known = [name for name in inspect.signature(VanillaTransformerConfig).parameters if name != "kwargs"]
-        unknown = sorted(set(self.config_overrides) - set(known))
-        if unknown:
-            raise ValueError(f"`config_overrides`: unknown config fields {unknown}; the fields are {', '.join(known)}")
+        self._validate_config_overrides()
         if self.max_steps is None and self.num_epochs is None and self.time_limit is None:
             raise ValueError("give at least one of `max_steps`, `num_epochs` and `time_limit`, or training never ends.")
         if self.model_name_or_path is None and self.preset not in PRESETS:
@@ -136,6 +151,12 @@ class TrainingArguments:
             raise ValueError(f"`max_tokens` ({self.max_tokens}) must be at least `max_length` ({self.max_length}).")
         if not 0 <= self.label_smoothing < 1:
             raise ValueError(f"`label_smoothing` must be in [0, 1); got {self.label_smoothing!r}.")
+        for name in ("lr_scale", "max_grad_norm", "time_limit"):
+            value = getattr(self, name)  # a negative norm would flip every gradient: training would ascend
+            if value is not None and not (_is_finite(value) and value > 0):
+                raise ValueError(f"`{name}` must be a positive number{' or None' if name != 'lr_scale' else ''}; got {value!r}.")
+        if not _is_finite(self.length_penalty):
+            raise ValueError(f"`length_penalty` must be a finite number (the paper's: 0.6); got {self.length_penalty!r}.")
         if self.mixed_precision not in (None, "no", "fp16", "bf16"):
             raise ValueError(f"`mixed_precision` must be 'no', 'fp16' or 'bf16'; got {self.mixed_precision!r}.")
         if self.report_to not in (None, "tensorboard"):
@@ -150,8 +171,34 @@ class TrainingArguments:
             from ..hub import check_repo_id
 
             check_repo_id(self.push_to_hub)  # before hours of training, not after
-        if self.time_limit is not None and self.time_limit <= 0:
-            raise ValueError(f"`time_limit` must be a positive number of minutes; got {self.time_limit!r}.")
+
+
+    def _validate_config_overrides(self) -> None:
+        """Before hours of data preparation: known fields with values the config accepts."""
+        known = [name for name in inspect.signature(VanillaTransformerConfig).parameters
+                 if name not in ("kwargs", *TOKENIZER_FIELDS, *DATA_FIELDS)]
+        from_tokenizer = sorted(set(self.config_overrides) & set(TOKENIZER_FIELDS))
+        if from_tokenizer:
+            raise ValueError(
+                f"`config_overrides`: {', '.join(from_tokenizer)} come(s) from the tokenizer (its size and special "
+                "tokens); choose the size of a new tokenizer with `vocab_size` (--vocab-size), or give a `tokenizer`"
+            )
+        from_data = sorted(set(self.config_overrides) & set(DATA_FIELDS))
+        if from_data:
+            raise ValueError(f"`config_overrides`: {', '.join(from_data)} come(s) from the data: set `dataset`, "
+                             "`source_lang` and `target_lang` instead")
+        unknown = sorted(set(self.config_overrides) - set(known))
+        if unknown:
+            raise ValueError(f"`config_overrides`: unknown config fields {unknown}; the fields are {', '.join(known)}")
+        if self.model_name_or_path is None and self.preset in PRESETS:
+            try:
+                VanillaTransformerConfig.from_preset(self.preset, **self.config_overrides)
+            except ValueError as err:
+                raise ValueError(f"`config_overrides`: {err}") from None
+
+
+def _is_finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # ------------------------------------------------------------------------------------------
@@ -301,45 +348,35 @@ def _describe(metrics: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------------
-# The output folder
-# ------------------------------------------------------------------------------------------
-
-
-def write_output_folder(
-    model, tokenizer, output_dir, results: dict, generation_config: GenerationConfig, **card
-) -> Path:
-    """Make `output_dir` a complete Hub repository: weights, config with auto_map, code files,
-    tokenizer, generation_config.json, results.json (and, with hub.save_for_hub, the pipeline
-    file and a model card; `card` holds its dataset/languages/hyperparameters/example).
-
-    Nothing is half written: files go to a staging folder first and are then renamed into
-    place; the checkpoints/ sub-folder stays where it is.
-    """
-    model.generation_config = generation_config
-    try:
-        from ..hub import save_for_hub
-    except ImportError:  # the package without hub.py: write the essentials ourselves
-        save_for_hub = None
-    if save_for_hub is not None:
-        return save_for_hub(model, tokenizer, output_dir, results, **card)
-    output_dir = Path(output_dir)
-    staging = output_dir / ".tmp-final"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / RESULTS_FILE).write_text(json.dumps(results, indent=2, ensure_ascii=False))
-        for file in staging.iterdir():
-            os.replace(file, output_dir / file.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return output_dir
-
-
-# ------------------------------------------------------------------------------------------
 # Training
 # ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    """What a training run holds between its setup, its steps and its finish."""
+
+    args: TrainingArguments
+    accelerator: Accelerator
+    model: torch.nn.Module  # as prepared by Accelerate (DDP-wrapped on several processes)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    tokenizer: Any
+    data: Any  # the DatasetDict of raw pairs
+    source_lang: str
+    target_lang: str
+    train_split: TokenizedSplit
+    eval_splits: dict[str, TokenizedSplit]
+    sampler: TokenBatchSampler
+    state: dict  # epoch, batches_done, train_tokens, history: saved with each checkpoint
+    step: int
+    last_saved: int | None  # the step of the newest checkpoint this run wrote or resumed from
+    started: float = field(default_factory=time.perf_counter)
+    tokens_since_start: int = 0
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return Path(self.args.output_dir) / CHECKPOINTS
 
 
 def train(args: TrainingArguments) -> dict:
@@ -348,26 +385,145 @@ def train(args: TrainingArguments) -> dict:
     if not logging.getLogger().handlers:
         logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per file saved is noise
-    output_dir = Path(args.output_dir)
-    checkpoint_root = output_dir / CHECKPOINTS
-    resume_from = None
-    if args.resume:
-        resume_from = latest_checkpoint(checkpoint_root)
-        if resume_from is None:
-            raise FileNotFoundError(f"`resume`: no complete checkpoint in {checkpoint_root} to resume from")
-    elif list_checkpoints(checkpoint_root):
-        raise ValueError(
-            f"{output_dir} holds checkpoints of an earlier run; pass `resume` to continue it, or pick a new `output_dir`"
-        )
-
     accelerator = Accelerator(
         mixed_precision=args.mixed_precision,
         log_with=args.report_to,
-        project_dir=str(output_dir / "runs") if args.report_to else None,
+        project_dir=str(Path(args.output_dir) / "runs") if args.report_to else None,
     )
-    world, rank = accelerator.num_processes, accelerator.process_index
-    set_seed(args.seed)  # the same initial weights on every process
+    lock = RunLock(args.output_dir)  # one run per folder: taken by the main process for all of them
+    _on_main(accelerator, lock.acquire)
+    try:
+        run = _setup(args, accelerator)
+        _train_until_done(run)
+        return _finish(run)
+    finally:
+        lock.release()
 
+
+def _on_main(accelerator, decide) -> int | None:
+    """Run `decide()`, which returns an int or None, on the main process only, before the other processes
+    can race it; every process gets the answer, or stops with the main process's error."""
+    answer, error = None, None
+    if accelerator.is_main_process:
+        try:
+            answer = decide()
+        except Exception as err:
+            error = err
+    # [failed, answer] as a tensor reduction, as the loop's own (torch's broadcast_object_list left the gloo
+    # processes hanging at exit)
+    if accelerator.num_processes > 1:
+        sent = [int(error is not None), -1 if answer is None else answer] if accelerator.is_main_process else [0, 0]
+        failed, answer = accelerator.reduce(torch.tensor(sent, device=accelerator.device), "sum").tolist()
+        answer = None if answer == -1 else answer
+        if failed and error is None:
+            error = ValueError("the main process refused to start this run; its error says why")
+    if error is not None:
+        raise error
+    return answer
+
+
+# --- setup -----------------------------------------------------------------------------------
+
+
+def _setup(args: TrainingArguments, accelerator) -> _Run:
+    """On every process: where to resume from, the data, tokenizer, model, optimiser and schedule."""
+    checkpoint_root = Path(args.output_dir) / CHECKPOINTS
+    resume_step = _on_main(accelerator, lambda: _resume_step(args, checkpoint_root))
+    resume_from = None if resume_step is None else checkpoint_path(checkpoint_root, resume_step)
+    set_seed(args.seed)  # the same initial weights on every process
+    data, source_lang, target_lang, tokenizer, train_split, eval_splits = _prepare_data(args, accelerator)
+
+    model = _load_model(args, tokenizer, resume_from)
+    _record_language_pair(model.config, source_lang, target_lang, args.dataset)
+    if accelerator.is_main_process and resume_from is None:
+        checkpoint_root.mkdir(parents=True, exist_ok=True)
+        model.config.to_json_file(checkpoint_root / "config.json")
+    logger.info(f"model: {sum(p.numel() for p in model.parameters()):,} parameters; {model.config.to_diff_dict()}")
+    optimizer = make_optimizer(model, accelerator.device)  # built before `prepare` moves the model there
+    scheduler = make_scheduler(optimizer, model.config.d_model, args.warmup_steps, args.lr_scale)
+    # The scheduler is not prepared: Accelerate would step it once per process, and the Noam
+    # schedule counts optimiser steps. It is registered so that save_state/load_state keep it.
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+    _log_recipe(args, accelerator, accelerator.unwrap_model(model).config.d_model)
+
+    state = {"epoch": 0, "batches_done": 0, "train_tokens": 0, "history": [], "run_options": _run_options(args)}
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from))  # weights, optimiser, scheduler, RNG states
+        state = read_state(resume_from)
+        logger.info(f"resumed from {resume_from} (step {state['step']})")
+    else:
+        set_seed(args.seed, device_specific=True)  # different dropout masks on each process
+    if accelerator.is_main_process:
+        accelerator.init_trackers("train", config={k: v for k, v in asdict(args).items() if not isinstance(v, dict)})
+    sampler = TokenBatchSampler(
+        train_split.dataset["length"], args.max_tokens, seed=args.seed,
+        num_replicas=accelerator.num_processes, rank=accelerator.process_index,
+    )
+    step = state.get("step", 0)
+    return _Run(
+        args, accelerator, model, optimizer, scheduler, tokenizer, data, source_lang, target_lang, train_split,
+        eval_splits, sampler, state, step, last_saved=step if resume_from is not None else None,
+    )
+
+
+def _resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
+    """The step of the checkpoint `resume` continues from; without `resume`, refuse a folder that holds an earlier run."""
+    if args.resume:
+        if not list_checkpoints(checkpoint_root):
+            raise FileNotFoundError(f"`resume`: no complete checkpoint in {checkpoint_root} to resume from")
+        checkpoint, problems = newest_sound_checkpoint(checkpoint_root)
+        for problem in problems:
+            logger.warning(f"`resume`: {problem}")
+        state = read_state(checkpoint)
+        _check_same_run(args, state.get("run_options"))
+        step = state["step"]
+        if problems:
+            logger.warning(f"`resume`: continuing from {checkpoint.name}, the newest checkpoint that reads back whole; "
+                           f"the steps after {step} are trained again")
+        read_json(checkpoint_root / "config.json")  # the run's architecture, read by every process next
+        return step
+    if list_checkpoints(checkpoint_root):
+        raise ValueError(
+            f"{args.output_dir} holds checkpoints of an earlier run; pass `resume` to continue it, or pick a new `output_dir`"
+        )
+    return None
+
+
+def _run_options(args: TrainingArguments) -> dict:
+    """The options that define a run (RUN_OPTIONS), local paths made absolute, as its checkpoints record them."""
+    options = {name: getattr(args, name) for name in RUN_OPTIONS}
+    for name in ("dataset", "tokenizer", "model_name_or_path"):
+        if options[name] is not None and Path(options[name]).expanduser().exists():
+            options[name] = str(Path(options[name]).expanduser().resolve())
+    return options
+
+
+def _check_same_run(args: TrainingArguments, started_with: dict | None) -> None:
+    """`resume` continues the run in `output_dir` as it was started: other data, tokenizer, model or batches
+    would silently be ignored or change what was being trained. (Checkpoints from before runs recorded
+    their options have nothing to compare with.)"""
+    if started_with is None:
+        return
+    now = _run_options(args)
+    changed = [f"{name} {started_with.get(name)!r} -> {now[name]!r}" for name in RUN_OPTIONS if started_with.get(name) != now[name]]
+    if changed:
+        raise ValueError(
+            f"`resume`: the run in {args.output_dir} was started with other options: {'; '.join(changed)}. "
+            "Resume it with the options it was started with, or train into a new `output_dir`."
+        )
+
+
+def _record_language_pair(config, source_lang: str, target_lang: str, dataset: str) -> None:
+    """Saved with the model, so that evaluating or translating another pair is warned about."""
+    if (config.source_lang, config.target_lang) not in ((None, None), (source_lang, target_lang)):
+        logger.warning(f"fine-tuning a model trained on {config.source_lang}->{config.target_lang} "
+                       f"to translate {source_lang}->{target_lang}")
+    config.update({"source_lang": source_lang, "target_lang": target_lang, "dataset_name": dataset})
+
+
+def _prepare_data(args: TrainingArguments, accelerator):
+    """The raw splits, the language pair, the tokenizer, and the tokenised training and evaluation splits."""
     with accelerator.main_process_first():  # the main process trains the tokenizer and fills the map cache
         data, source_lang, target_lang = _load_splits(args)
         tokenizer = _load_tokenizer(args, data, source_lang, target_lang)
@@ -386,155 +542,226 @@ def train(args: TrainingArguments) -> dict:
         logger.info(split.describe(name, args.max_length, True))
     if "test" not in eval_splits:
         logger.info("no test split: the final model is scored on validation only")
+    return data, source_lang, target_lang, tokenizer, train_split, eval_splits
 
-    model = _load_model(args, tokenizer, resume_from)
-    if accelerator.is_main_process and resume_from is None:
-        checkpoint_root.mkdir(parents=True, exist_ok=True)
-        model.config.to_json_file(checkpoint_root / "config.json")
-    parameters = sum(p.numel() for p in model.parameters())
-    logger.info(f"model: {parameters:,} parameters; {model.config.to_diff_dict()}")
-    d_model = model.config.d_model
-    optimizer = make_optimizer(model, accelerator.device)  # built before `prepare` moves the model there
-    scheduler = make_scheduler(optimizer, d_model, args.warmup_steps, args.lr_scale)
-    # The scheduler is not prepared: Accelerate would step it once per process, and the Noam
-    # schedule counts optimiser steps. It is registered so that save_state/load_state keep it.
-    model, optimizer = accelerator.prepare(model, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
+
+def _log_recipe(args: TrainingArguments, accelerator, d_model: int) -> None:
     peak = d_model**-0.5 * args.warmup_steps**-0.5 * args.lr_scale
     logger.info(
         f"Adam(0.9, 0.98, 1e-9), lr = {args.lr_scale} * {d_model}^-0.5 * min(step^-0.5, step * {args.warmup_steps}^-1.5) "
         f"(peak {peak:.2e} at step {args.warmup_steps}; the paper warms up for {PAPER_WARMUP_STEPS}); "
-        f"label smoothing {args.label_smoothing}; {world} process(es), {args.gradient_accumulation_steps} batch(es) "
-        f"of <= {args.max_tokens} tokens each per step; mixed precision {accelerator.mixed_precision}"
+        f"label smoothing {args.label_smoothing}; {accelerator.num_processes} process(es), "
+        f"{args.gradient_accumulation_steps} batch(es) of <= {args.max_tokens} tokens each per step; "
+        f"mixed precision {accelerator.mixed_precision}"
     )
 
-    state = {"epoch": 0, "batches_done": 0, "train_tokens": 0, "history": []}
-    if resume_from is not None:
-        accelerator.load_state(str(resume_from))  # weights, optimiser, scheduler, RNG states
-        state = read_state(resume_from)
-        logger.info(f"resumed from {resume_from} (step {state['step']})")
-    else:
-        set_seed(args.seed, device_specific=True)  # different dropout masks on each process
-    step = state.get("step", 0)
-    if accelerator.is_main_process:
-        accelerator.init_trackers("train", config={k: v for k, v in asdict(args).items() if not isinstance(v, dict)})
 
-    sampler = TokenBatchSampler(
-        train_split.dataset["length"], args.max_tokens, seed=args.seed, num_replicas=world, rank=rank
-    )
-    collate = PadCollator(tokenizer.pad_token_id)
-    epsilon = args.label_smoothing
-    started = time.perf_counter()
-    tokens_since_start = 0
-    last_saved = step if resume_from is not None else None
-    progress = tqdm(total=args.max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="training")
+# --- steps -----------------------------------------------------------------------------------
 
-    def checkpoint():
-        nonlocal last_saved
-        save_checkpoint(accelerator, checkpoint_root, step, state, keep=args.keep_checkpoints)
-        last_saved = step
 
-    done = args.max_steps is not None and step >= args.max_steps
+def _train_until_done(run: _Run) -> None:
+    """Optimiser steps until `max_steps`, `num_epochs` or `time_limit`; a checkpoint every `save_steps` and at the end."""
+    args, state, accelerator = run.args, run.state, run.accelerator
+    collate = PadCollator(run.tokenizer.pad_token_id)
+    progress = tqdm(total=args.max_steps, initial=run.step, disable=not accelerator.is_local_main_process, desc="training")
+    done = args.max_steps is not None and run.step >= args.max_steps
     while not done:
         if args.num_epochs is not None and state["epoch"] >= args.num_epochs:
             break
-        sampler.set_epoch(state["epoch"], state["batches_done"])
-        batches = _batches(train_split, sampler, collate, accelerator.device)
+        run.sampler.set_epoch(state["epoch"], state["batches_done"])
+        batches = _batches(run.train_split, run.sampler, collate, accelerator.device)
         while not done:
             micro_batches = list(islice(batches, args.gradient_accumulation_steps))
             if not micro_batches:
                 break
-            out_of_time = args.time_limit is not None and time.perf_counter() - started > args.time_limit * 60
-            local_tokens = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro_batches)
-            # Every process learns the step's token count (and whether the main process is out of time)
-            # before the backward passes, so that each micro-batch's loss can be divided by it.
-            total_tokens, out_of_time = accelerator.reduce(
-                torch.tensor([local_tokens, int(out_of_time and rank == 0)], device=accelerator.device), "sum"
-            ).tolist()
-            if out_of_time:
-                logger.info(f"time limit of {args.time_limit} min reached at step {step}")
+            total_tokens = _step_tokens_unless_out_of_time(run, micro_batches)
+            if total_tokens is None:
+                logger.info(f"time limit of {args.time_limit} min reached at step {run.step}")
                 done = True
                 break
-            model.train()
-            sums = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
-            for i, batch in enumerate(micro_batches):
-                last = i == len(micro_batches) - 1
-                with nullcontext() if last else accelerator.no_sync(model):  # all-reduce gradients once per step
-                    loss, nll = label_smoothed_loss(_forward(model, batch), batch["labels"], epsilon)
-                    # DDP averages gradients over processes; * world turns that average into a sum.
-                    accelerator.backward(loss * world / total_tokens)
-                sums += torch.stack([loss.detach().double(), nll.double()])
-            loss, nll = (accelerator.reduce(sums, "sum") / total_tokens).tolist()
-            if not math.isfinite(loss):
-                optimizer.zero_grad(set_to_none=True)
-                good = latest_checkpoint(checkpoint_root)
-                raise FloatingPointError(
-                    f"the training loss became {loss} at step {step + 1}; stopped without updating the weights. "
-                    f"The last good checkpoint is {good or '(none: no checkpoint was written yet)'}. Try a lower "
-                    "`lr_scale`, a longer `warmup_steps`, `max_grad_norm`, or mixed_precision 'no'/'bf16'."
-                )
-            if args.max_grad_norm is not None:
-                accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            if not accelerator.optimizer_step_was_skipped:  # fp16 skips steps whose gradients overflowed
-                scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            state["batches_done"] += len(micro_batches)
-            state["train_tokens"] += int(total_tokens)
-            tokens_since_start += int(total_tokens)
-            tokens_per_second = tokens_since_start / (time.perf_counter() - started)
-            progress.update(1)
-            progress.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}")
-            if step % args.log_steps == 0:
-                accelerator.log({"train/loss": loss, "train/nll": nll, "train/lr": lr, "train/tokens_per_second": tokens_per_second}, step=step)
-            if step % args.eval_steps == 0:
-                metrics = evaluate(accelerator, model, tokenizer, eval_splits["validation"], args, args.eval_samples)
-                _report(accelerator, state, step, "validation", metrics)
-            done = args.max_steps is not None and step >= args.max_steps
-            if step % args.save_steps == 0 or done:
-                checkpoint()
+            loss, nll, lr = _optimizer_step(run, micro_batches, total_tokens)
+            _record_step(run, progress, len(micro_batches), total_tokens, loss, nll, lr)
+            done = args.max_steps is not None and run.step >= args.max_steps
+            if run.step % args.save_steps == 0 or done:
+                _checkpoint(run)
         if not done:
             state["epoch"] += 1
             state["batches_done"] = 0
-            logger.info(f"epoch {state['epoch']} finished at step {step}")
+            logger.info(f"epoch {state['epoch']} finished at step {run.step}")
     progress.close()
-    if last_saved != step:
-        checkpoint()
-    elapsed = time.perf_counter() - started
+    if run.last_saved != run.step:
+        _checkpoint(run)
 
-    # §6.1: the final model averages the last checkpoints.
-    chosen = list_checkpoints(checkpoint_root)[-args.average_last :]
-    unwrapped = accelerator.unwrap_model(model)
+
+def _step_tokens_unless_out_of_time(run: _Run, micro_batches: list[dict]) -> int | None:
+    """The step's target-token count over all processes, or None when the main process is out of time.
+
+    Every process learns both before the backward passes, so that each micro-batch's loss can be
+    divided by the count, and so that all processes stop at the same step.
+    """
+    args, accelerator = run.args, run.accelerator
+    out_of_time = args.time_limit is not None and time.perf_counter() - run.started > args.time_limit * 60
+    local_tokens = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro_batches)
+    total_tokens, out_of_time = accelerator.reduce(
+        torch.tensor([local_tokens, int(out_of_time and accelerator.is_main_process)], device=accelerator.device), "sum"
+    ).tolist()
+    return None if out_of_time else total_tokens
+
+
+def _optimizer_step(run: _Run, micro_batches: list[dict], total_tokens: int) -> tuple[float, float, float]:
+    """§5.2-§5.4: forward and backward over the micro-batches, one Adam update; returns the step's
+    label-smoothed loss and NLL per target token, and the learning rate it used."""
+    accelerator, model, world = run.accelerator, run.model, run.accelerator.num_processes
+    model.train()
+    sums = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
+    for i, batch in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        with nullcontext() if last else accelerator.no_sync(model):  # all-reduce gradients once per step
+            loss, nll = label_smoothed_loss(_forward(model, batch), batch["labels"], run.args.label_smoothing)
+            # DDP averages gradients over processes; * world turns that average into a sum.
+            accelerator.backward(loss * world / total_tokens)
+        sums += torch.stack([loss.detach().double(), nll.double()])
+    loss, nll = (accelerator.reduce(sums, "sum") / total_tokens).tolist()
+    if not math.isfinite(loss):
+        run.optimizer.zero_grad(set_to_none=True)
+        good = latest_checkpoint(run.checkpoint_root)
+        raise FloatingPointError(
+            f"the training loss became {loss} at step {run.step + 1}; stopped without updating the weights. "
+            f"The last good checkpoint is {good or '(none: no checkpoint was written yet)'}. Try a lower "
+            "`lr_scale`, a longer `warmup_steps`, `max_grad_norm`, or mixed_precision 'no'/'bf16'."
+        )
+    if run.args.max_grad_norm is not None:
+        accelerator.clip_grad_norm_(model.parameters(), run.args.max_grad_norm)
+    lr = run.scheduler.get_last_lr()[0]
+    run.optimizer.step()
+    if not accelerator.optimizer_step_was_skipped:  # fp16 skips steps whose gradients overflowed
+        run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return loss, nll, lr
+
+
+def _record_step(run: _Run, progress, batches: int, total_tokens: int, loss: float, nll: float, lr: float) -> None:
+    """Count the step, show and log it, and validate every `eval_steps`."""
+    args, state = run.args, run.state
+    run.step += 1
+    state["batches_done"] += batches
+    state["train_tokens"] += int(total_tokens)
+    run.tokens_since_start += int(total_tokens)
+    tokens_per_second = run.tokens_since_start / (time.perf_counter() - run.started)
+    progress.update(1)
+    progress.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}")
+    if run.step % args.log_steps == 0:
+        metrics = {"train/loss": loss, "train/nll": nll, "train/lr": lr, "train/tokens_per_second": tokens_per_second}
+        run.accelerator.log(metrics, step=run.step)
+    if run.step % args.eval_steps == 0:
+        metrics = evaluate(run.accelerator, run.model, run.tokenizer, run.eval_splits["validation"], args, args.eval_samples)
+        _report(run.accelerator, state, run.step, "validation", metrics)
+
+
+def _checkpoint(run: _Run) -> None:
+    save_checkpoint(run.accelerator, run.checkpoint_root, run.step, run.state, keep=run.args.keep_checkpoints)
+    run.last_saved = run.step
+
+
+# --- finish ----------------------------------------------------------------------------------
+
+
+def _finish(run: _Run) -> dict:
+    """The model first: once training is done, §6.1's averaged weights, the config and the tokenizer are
+    saved before anything else. Then the final scores (results.json), the model card and the upload,
+    none of which can take the saved model with it. `resume` on a finished run comes here at once."""
+    args, accelerator = run.args, run.accelerator
+    elapsed = time.perf_counter() - run.started
+    unwrapped, averaged = _final_weights(run)
+    unwrapped.generation_config = paper_generation_config(unwrapped.config)
+    if accelerator.is_main_process:
+        save_model_files(unwrapped, run.tokenizer, args.output_dir)
+        logger.info(f"saved the model and tokenizer to {args.output_dir}")
+    results = _final_results(run, unwrapped, averaged, elapsed)
+    if accelerator.is_main_process:
+        write_results(args.output_dir, results)
+        write_model_card(
+            unwrapped,
+            run.tokenizer,
+            args.output_dir,
+            results,
+            dataset=args.dataset,
+            source_lang=run.source_lang,
+            target_lang=run.target_lang,
+            hyperparameters={k: v for k, v in asdict(args).items() if v is not None and k != "output_dir"},
+            example=_card_example(run),
+        )
+        logger.info(f"saved {RESULTS_FILE} and the model card to {args.output_dir}")
+        if args.push_to_hub:
+            _upload(args.output_dir, args.push_to_hub)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return results
+
+
+def _card_example(run: _Run) -> str | None:
+    """The sentence whose attention the model card shows: the first validation source that the model
+    reads whole (at most `max_length` tokens; a held-out split may start with a very long one)."""
+    for row in islice(run.data["validation"], 200):
+        text = (row["translation"] or {}).get(run.source_lang)
+        if text and text.strip() and len(run.tokenizer(text)["input_ids"]) <= run.args.max_length:
+            return text
+    return None
+
+
+def _upload(output_dir: str, repo_id: str) -> None:
+    """`push_to_hub`: the saved folder goes up; if it cannot, the folder stays and the warning says how to retry."""
+    from ..hub import push_folder
+
+    try:
+        logger.info(f"uploaded to {push_folder(output_dir, repo_id)}")
+    except Exception as err:  # the network, the token, the Hub: the model is saved either way
+        logger.warning(
+            f"uploading to {repo_id} failed: {type(err).__name__}: {err}. The model is saved in {output_dir}; "
+            f"upload it with `vanilla-transformer push --folder {output_dir} --repo-id {repo_id}`"
+        )
+
+
+def _final_weights(run: _Run):
+    """§6.1: the final model averages the last `average_last` checkpoints. Returns the unwrapped model and
+    the names of the checkpoints averaged."""
+    chosen = list_checkpoints(run.checkpoint_root)[-run.args.average_last :]
+    unwrapped = run.accelerator.unwrap_model(run.model)
     if len(chosen) > 1:
         missing, unexpected = unwrapped.load_state_dict(average_checkpoints(chosen), strict=False)
         if unexpected or set(missing) - set(unwrapped.all_tied_weights_keys):
             raise RuntimeError(f"averaged weights do not fit the model: missing {missing}, unexpected {unexpected}")
         unwrapped.tie_weights()
         logger.info(f"final weights: the average of {', '.join(p.name for p in chosen)}")
+    return unwrapped, [p.name for p in chosen]
+
+
+def _final_results(run: _Run, unwrapped, averaged: list[str], elapsed: float) -> dict:
+    """Validation and test scores of the final weights, with the run's numbers, flat as results.json holds them."""
+    args, state = run.args, run.state
+    epoch_batches = max(len(run.sampler.local_batches(state["epoch"])), 1)
     results = {
-        "steps": step,
-        "epochs": state["epoch"] + state["batches_done"] / max(len(sampler.local_batches(state["epoch"])), 1),
+        "steps": run.step,
+        "epochs": state["epoch"] + state["batches_done"] / epoch_batches,
         "train_tokens": state["train_tokens"],
         "train_minutes_this_session": round(elapsed / 60, 2),
-        "tokens_per_second": round(tokens_since_start / elapsed, 1) if elapsed else None,
-        "averaged_checkpoints": [p.name for p in chosen],
-        "source_lang": source_lang,
-        "target_lang": target_lang,
+        "tokens_per_second": round(run.tokens_since_start / elapsed, 1) if elapsed else None,
+        "averaged_checkpoints": averaged,
+        "source_lang": run.source_lang,
+        "target_lang": run.target_lang,
         "dataset": args.dataset,
         "decoding": {"num_beams": args.num_beams, "length_penalty": args.length_penalty, "max_new_tokens": "input length + 50"},
     }
-    for name, split in eval_splits.items():
+    for name, split in run.eval_splits.items():
         # Validation translates what it translated during training (`eval_samples`); the test split,
         # which the headline numbers come from, is translated whole unless `test_samples` says otherwise.
-        samples = args.eval_samples if name == "validation" and "test" in eval_splits else args.test_samples
-        results[name] = evaluate(accelerator, model, tokenizer, split, args, translate_samples=samples)
-        _report(accelerator, state, step, name, results[name])
+        samples = args.eval_samples if name == "validation" and "test" in run.eval_splits else args.test_samples
+        results[name] = evaluate(run.accelerator, run.model, run.tokenizer, split, args, translate_samples=samples)
+        _report(run.accelerator, state, run.step, name, results[name])
     results["history"] = state["history"]
     # The headline numbers, flat, as the model card reads them.
     final = results.get("test") or results["validation"]
-    results = {
+    return {
         "split": "test" if "test" in results else "validation",
         "bleu": final["bleu"],
         "chrf": final["chrf"],
@@ -543,30 +770,8 @@ def train(args: TrainingArguments) -> dict:
         "validation_loss": results["validation"]["loss"],
         "validation_perplexity": results["validation"]["perplexity"],
         **results,
-        "replica_checksums": _replica_checksums(accelerator, unwrapped),
+        "replica_checksums": _replica_checksums(run.accelerator, unwrapped),
     }
-    if accelerator.is_main_process:
-        example = next(iter(data["validation"]["translation"]))[source_lang]
-        write_output_folder(
-            unwrapped,
-            tokenizer,
-            output_dir,
-            results,
-            paper_generation_config(unwrapped.config),
-            dataset=args.dataset,
-            source_lang=source_lang,
-            target_lang=target_lang,
-            hyperparameters={k: v for k, v in asdict(args).items() if v is not None and k != "output_dir"},
-            example=example,
-        )
-        logger.info(f"saved the model, tokenizer and {RESULTS_FILE} to {output_dir}")
-        if args.push_to_hub:
-            from ..hub import push_folder
-
-            logger.info(f"uploaded to {push_folder(output_dir, args.push_to_hub)}")
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    return results
 
 
 def _replica_checksums(accelerator, model) -> list[float]:

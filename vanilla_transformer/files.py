@@ -1,0 +1,74 @@
+"""Reading the files users hand us, and checking the files we wrote, so that a bad one is named.
+
+A byte that is not UTF-8, a line that is not JSON or a truncated weights file otherwise surfaces
+as a codec, Arrow or safetensors error that names neither the file nor the line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+__all__ = ["check_model_files", "check_weights_file", "read_json", "utf8_lines"]
+
+
+def utf8_lines(lines: Iterable[bytes], name: str) -> Iterator[str]:
+    """Decode the lines of a binary file (or of standard input), without their line ends.
+
+    A byte that is not UTF-8 is a ValueError naming `name`, the line and the column.
+    """
+    for number, raw in enumerate(lines, 1):
+        try:
+            yield raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as err:
+            raise ValueError(
+                f"{name}, line {number}: byte {raw[err.start]:#04x} at column {err.start + 1} is not UTF-8; "
+                "save the file as UTF-8"
+            ) from None
+
+
+def read_json(path: str | os.PathLike):
+    """A JSON file we wrote, or a ValueError naming it and where it stops being JSON."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is damaged: byte {err.start} is not UTF-8") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is damaged: not valid JSON ({err})") from None
+
+
+def check_weights_file(path: str | os.PathLike) -> None:
+    """Check that a safetensors file (its header and the extent it gives every tensor) or a torch.save
+    file (a zip archive: its directory and every member's CRC) is whole; a ValueError names it otherwise."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    try:
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), framework="pt"):
+                pass
+            return
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+        if bad is not None:
+            raise ValueError(f"the CRC of {bad} does not match")
+    except (SafetensorError, zipfile.BadZipFile, ValueError, OSError, EOFError) as err:
+        size = path.stat().st_size if path.exists() else 0
+        raise ValueError(f"{path} is damaged (truncated or corrupt; {size:,} bytes): {err}") from None
+
+
+def check_model_files(folder: str | os.PathLike) -> None:
+    """The config and weights of a saved model folder read back whole; a ValueError names the damaged file."""
+    folder = Path(folder)
+    try:
+        read_json(folder / "config.json")
+        index = folder / "model.safetensors.index.json"
+        shards = sorted(set(read_json(index)["weight_map"].values())) if index.is_file() else ("model.safetensors", "pytorch_model.bin")
+        for name in shards:
+            if (folder / name).is_file():
+                check_weights_file(folder / name)
+    except ValueError as err:
+        raise ValueError(f"{err}. Copy the model folder again, or save the model again.") from None

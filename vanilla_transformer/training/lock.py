@@ -1,0 +1,101 @@
+"""One training run per output folder.
+
+Two runs writing one folder (a command launched twice, a retry while the first still runs) would
+prune each other's checkpoints and overwrite each other's model. A run therefore holds
+`output_dir/.train.lock` from start to end: an exclusive `flock` on it, which the operating system
+drops when the process ends in any way (kill -9 included), and in it the holder's PID, host, start
+time and command, so that a second run can say who holds the folder. A lock file whose holder has
+died is not locked: the next run takes it over and says whose it was.
+
+Without `fcntl` (Windows) the file's existence is the lock, and a dead run's file must be deleted
+by hand; the error says which file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import socket
+import sys
+import time
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+
+__all__ = ["LOCK_FILE", "RunLock"]
+
+LOCK_FILE = ".train.lock"
+logger = logging.getLogger(__name__)
+
+
+class RunLock:
+    """`RunLock(folder).acquire()` ... `release()`; acquire raises FileExistsError naming the holder."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_FILE
+        self._fd: int | None = None
+        self._made_folder = False
+
+    def acquire(self) -> None:
+        self._made_folder = not self.folder.exists()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        while self._fd is None:
+            if fcntl is None:
+                try:
+                    self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                except FileExistsError:
+                    raise self._in_use(f"If that run has ended, delete {self.path}.") from None
+                break
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise self._in_use("Wait for it to end, or choose another `output_dir`.") from None
+            if os.fstat(fd).st_nlink == 0:  # the holder removed the file between our open and flock: again
+                os.close(fd)
+                continue
+            self._fd = fd
+        previous = _read(self.path)
+        if previous:
+            logger.warning(f"taking over {self.path}: the run that left it ({_describe(previous)}) is no longer running")
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  "command": shlex.join(sys.argv)}
+        os.ftruncate(self._fd, 0)
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        os.write(self._fd, json.dumps(holder).encode())
+
+    def release(self) -> None:
+        """Remove the file (while still holding it, so that no one waits on a removed file) and let go."""
+        if self._fd is None:
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(self._fd)
+        self._fd = None
+        if self._made_folder and not any(self.folder.iterdir()):
+            self.folder.rmdir()  # a run that failed at once leaves nothing behind
+
+    def _in_use(self, advice: str) -> FileExistsError:
+        return FileExistsError(
+            f"{self.folder} is in use by another training run ({_describe(_read(self.path))}). {advice}"
+        )
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8") or "{}")
+    except (OSError, ValueError):  # gone, or being written
+        return {}
+
+
+def _describe(holder: dict) -> str:
+    if not holder:
+        return "a process that is starting"
+    return (f"PID {holder.get('pid')} on host {holder.get('host')}, started {holder.get('started')}: "
+            f"{holder.get('command')}")
