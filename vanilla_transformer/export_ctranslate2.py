@@ -220,11 +220,12 @@ def export_ctranslate2(model, tokenizer, output_dir: str | os.PathLike, quantiza
 
 
 def _readme(config, quantization: str, options: dict, version: str) -> str:
+    offset, alpha = options["max_length_offset"], options["length_penalty"]
     return f"""# CTranslate2 export of a vanilla-transformer model
 
-Weights in {quantization}, converted with CTranslate2 {version}: d_model {config.d_model}, {config.encoder_layers}
-+ {config.decoder_layers} layers, {config.num_heads} heads, {config.norm_position}-norm, {config.position_encoding}
-positions. This folder needs only `pip install ctranslate2 tokenizers`:
+Weights in {quantization}, converted with CTranslate2 {version}: d_model {config.d_model}, \
+{config.encoder_layers} + {config.decoder_layers} layers, {config.num_heads} heads, {config.norm_position}-norm, \
+{config.position_encoding} positions. This folder needs only `pip install ctranslate2 tokenizers`:
 
 ```python
 import json
@@ -247,11 +248,11 @@ print([tokenizer.decode([tokenizer.token_to_id(t) for t in r.hypotheses[0]]) for
 Or with the package: `vanilla-transformer translate --engine ctranslate2 --model FOLDER "Jesus wept."`
 (`evaluate --engine ctranslate2` scores it).
 
-Source tokens are the tokenizer's, `</s>` included; the decoder starts from the embedding of token
-{config.decoder_start_token_id}, as the model's does.
-`{OPTIONS_FILE}` holds the model's decoding defaults as `translate_batch` arguments: beam
-{options["beam_size"]}, length penalty {options["length_penalty"]}, sources cut at {options["max_input_length"]} tokens,
-outputs of at most the longest source + {options["max_length_offset"]} tokens (never more than {options["max_decoding_length"]}).
+Source tokens are the tokenizer's, `</s>` included; the decoder starts from the embedding of token \
+{config.decoder_start_token_id}, as the model's does. `{OPTIONS_FILE}` holds the model's decoding defaults \
+as `translate_batch` arguments: beam {options["beam_size"]}, length penalty {alpha}, sources cut at \
+{options["max_input_length"]} tokens, outputs of at most the longest source + {offset} tokens (and never \
+more than {options["max_decoding_length"]}).
 
 How this decoding differs from the model's own `generate` (the paper's, §6.1):
 
@@ -261,9 +262,9 @@ How this decoding differs from the model's own `generate` (the paper's, §6.1):
 - Stopping: CTranslate2 finishes a sentence once `beam_size` hypotheses have ended (transformers'
   `early_stopping=True`); the model searches until no live hypothesis can beat the best finished one.
 - Length cap: one `max_decoding_length` per call, at which CTranslate2 stops without adding `</s>`;
-  the model caps each sentence at its own source length + {options["max_length_offset"]} and forces `</s>` there.
+  the model caps each sentence at its own source length + {offset} and forces `</s>` there.
 
-With `generate(num_beams=4, length_penalty={options["length_penalty"]}, early_stopping=True, length_penalty_style="transformers",
+With `generate(num_beams=4, length_penalty={alpha}, early_stopping=True, length_penalty_style="transformers", \
 max_new_tokens=N)` and `max_decoding_length=N` here, float32 outputs are token-identical to the model's.
 """
 
