@@ -3,6 +3,7 @@
     python -m benchmarks                      # tiny,base on CPU; base,big on a GPU
     python -m benchmarks --sizes tiny --quick # the CI smoke run: seconds, numbers meaningless
     python -m benchmarks --out DIR            # DIR/benchmarks-<date>-<device>.{json,md}
+    python -m benchmarks --sizes none --generation-model runs/quickstart   # a trained model's generation only
 
 Training: ours vs transformers' MarianMTModel of the same shape (benchmarks/training.py).
 Generation: ours vs MarianMTModel and CTranslate2 with the same weights (benchmarks/generation.py).
@@ -45,21 +46,24 @@ SETTINGS = {
 }
 QUICK = dict(train_tokens=256, sentences=32, generation_train_steps=0)
 # A trained model's outputs end at their own lengths; the cap only stops runaway repetition.
-TRAINED = {"cpu": dict(sentences=128, max_new_tokens=128), "cuda": dict(sentences=634, max_new_tokens=128)}
+TRAINED = {"cpu": dict(sentences=300, max_new_tokens=128), "cuda": dict(sentences=634, max_new_tokens=128)}
 TRAINED_QUICK = dict(sentences=32, max_new_tokens=32)
 
 
 def _parse_sizes(text: str) -> list[str]:
+    if text.strip() == "none":
+        return []
     sizes = [s.strip() for s in text.split(",") if s.strip()]
     unknown = [s for s in sizes if s not in SETTINGS["cpu"]]
     if not sizes or unknown:
-        raise argparse.ArgumentTypeError(f"--sizes takes a comma-separated subset of tiny,base,big; got {text!r}")
+        raise argparse.ArgumentTypeError(f"--sizes takes a comma-separated subset of tiny,base,big, or none; got {text!r}")
     return sizes
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=_parse_sizes, help="default: tiny,base on CPU, base,big on a GPU")
+    parser.add_argument("--sizes", type=_parse_sizes,
+                        help="default: tiny,base on CPU, base,big on a GPU; none: only --generation-model")
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny only, few repeats, small inputs")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch and CTranslate2 threads")
@@ -73,7 +77,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads < 1:
         parser.error(f"--threads must be at least 1; got {args.threads}")
     kind = "cuda" if args.device.startswith("cuda") else "cpu"
-    sizes = ["tiny"] if args.quick else args.sizes or (["base", "big"] if kind == "cuda" else ["tiny", "base"])
+    if args.sizes == [] and not args.generation_model:
+        parser.error("--sizes none leaves nothing to run without --generation-model")
+    sizes = ["tiny"] if args.quick else args.sizes if args.sizes is not None else (
+        ["base", "big"] if kind == "cuda" else ["tiny", "base"])
     if args.quick and args.sizes and args.sizes != ["tiny"]:
         parser.error("--quick runs the tiny size only")
     torch.set_num_threads(args.threads)
@@ -134,6 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
     report["tokenizer"] = timed("tokenizer", lambda: tokenizer_benchmark.run(
         vocab_size=vocab_size, repeats=1 if args.quick else 3))
     report["seconds"] = time.perf_counter() - started
+    report["environment"]["load_average_end"] = os.getloadavg()
     json_path, md_path = write_report(report, args.out)
     print(md_path.read_text())
     print(f"wrote {json_path} and {md_path}")
@@ -155,8 +163,12 @@ def write_report(report: dict, out: Path) -> tuple[Path, Path]:
     return paths[0], paths[1]
 
 
-def _rate(r: dict) -> str:
-    return f"{r['median']:,.0f} [{r['min']:,.0f}–{r['max']:,.0f}]"
+def _rate(r: dict, spec: str = ",.0f") -> str:
+    return f"{r['median']:{spec}} [{r['min']:{spec}}–{r['max']:{spec}}]"
+
+
+def _load(average) -> str:
+    return "unknown" if average is None else ", ".join(f"{value:.2f}" for value in average)
 
 
 def _ratio(r: dict) -> str:
@@ -168,7 +180,9 @@ def markdown(report: dict) -> str:
     lines = [
         f"# Benchmarks, {env['date']}, {env.get('gpu') or env['cpu']}",
         "",
-        f"Machine: {env['cpu']}, {env['cpu_count']} cores, {env['threads']} threads; {env['platform']}. "
+        f"Machine: {env['cpu']}, {env['cpu_count']} cores, {env['threads']} threads; {env['platform']}; load "
+        f"average (1, 5, 15 min) {_load(env.get('load_average_start'))} at the start, "
+        f"{_load(env.get('load_average_end'))} at the end. "
         f"Python {env['python']}, torch {env['torch']}, transformers {env['transformers']}, "
         f"CTranslate2 {env['ctranslate2']}" + (f", CUDA {env['cuda']}, bf16 matmul peak "
                                                 f"{env['matmul_bf16_tflops']:.0f} TFLOP/s" if "gpu" in env else "")
@@ -200,12 +214,13 @@ def markdown(report: dict) -> str:
            if "trained" in settings["per_size"] else "")
         + f", {settings['generation_precision']})",
         "",
-        "Beam 4 uses transformers' scoring (length penalty 0.6 as |Y|^α, early stopping) for ours and Marian; "
-        "CTranslate2 its own (|Y|^α); ours-gnmt is our search with the GNMT penalty ((5+|Y|)/6)^α. "
-        "'agrees' is the share of sentences with the same tokens as ours in fp32.",
+        "Beam 4 uses transformers' scoring (length penalty 0.6 as |Y|^α, early stopping) for ours and Marian, "
+        "and CTranslate2's search is the same (exported by `vanilla-transformer export`); ours-gnmt is our "
+        "search with the GNMT penalty ((5+|Y|)/6)^α. 'agrees' is the share of sentences with the same tokens "
+        "as ours in fp32; BLEU (a trained model only) is sacrebleu's on the same sentences.",
         "",
-        "| size | sentences | mode | contender | generated tokens/s | vs Marian | agrees |",
-        "|---|---|---|---|---|---|---|",
+        "| size | sentences | mode | contender | generated tokens/s | sentences/s | vs Marian | agrees | BLEU |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for size, r in report["generation"].items():
         n = settings["per_size"][size]["sentences"]
@@ -217,8 +232,9 @@ def markdown(report: dict) -> str:
                     continue
                 versus = _ratio(contenders["speedup_vs_marian"]) if name == "ours" else (
                     f"{c['tokens_per_s']['median'] / marian_rate:.2f}×")
-                lines.append(f"| {size} | {n} | {mode} | {name} | {_rate(c['tokens_per_s'])} | {versus} | "
-                             f"{c['agrees_with_ours']:.0%} |")
+                bleu = f"{c['bleu']:.2f}" if "bleu" in c else "–"
+                lines.append(f"| {size} | {n} | {mode} | {name} | {_rate(c['tokens_per_s'])} | "
+                             f"{_rate(c['sentences_per_s'], '.1f')} | {versus} | {c['agrees_with_ours']:.1%} | {bleu} |")
     lines += ["", "Generation checks (fp32, before timing):", ""]
     for size, r in report["generation"].items():
         for mode, m in r["modes"].items():

@@ -133,6 +133,7 @@ def environment(device: str, threads: int) -> dict:
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "threads": threads,
+        "load_average_start": os.getloadavg(),  # 1, 5, 15 minutes: other processes on the machine
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,

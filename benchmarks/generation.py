@@ -4,13 +4,15 @@ The weights: our model, randomly initialised or (on a GPU, where it takes second
 on the en-es train split; random weights repeat one token up to the length cap, so every contender
 decodes the same fixed-length workload and beam search never finishes early. `--generation-model
 DIR` adds a trained model (its own size and tokenizer): sentences then end at their own lengths.
-The weights are copied into a MarianMTModel (`convert_marian.to_marian`) and converted from that
-to CTranslate2 (fp32 and int8). Before any timing, ours and Marian must produce identical tokens
-in fp32; CTranslate2's agreement is reported.
+The weights are copied into a MarianMTModel (`convert_marian.to_marian`) and exported to CTranslate2
+(fp32 and int8) by our exporter (`vanilla_transformer.export_ctranslate2`). Before any timing, ours
+and Marian must produce identical tokens in fp32; CTranslate2's agreement with ours is reported (its
+search is transformers' with `early_stopping=True`, which is what ours and Marian run here).
 
-Throughput counts generated tokens (</s> included, the start token not). Greedy and beam 4 use
-transformers' beam scoring with explicit options for both PyTorch models; our GNMT-penalty search
-(`length_penalty_style="gnmt"`) is timed as well, when the model has it.
+Throughput counts generated tokens (</s> included, the start token not) and sentences. Greedy and
+beam 4 use transformers' beam scoring with explicit options for both PyTorch models; our GNMT-penalty
+search (`length_penalty_style="gnmt"`) is timed as well, when the model has it. A trained model's
+outputs are also scored against the references (BLEU, sacrebleu's defaults).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from transformers import GenerationConfig, GenerationMixin
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.convert_marian import to_marian
+from vanilla_transformer.inference import score_translations
 
 from .common import Timer, attention_kernels, encode, model_config, pairs, summary, token_batch
 
@@ -72,37 +75,20 @@ def _trim(sequences: torch.Tensor, eos_token_id: int, pad_token_id: int) -> list
 
 
 def _ctranslate2_models(model, tokenizer, folder: str, quantizations) -> dict:
-    """Converted through CTranslate2's own TransformersConverter from a saved MarianMTModel folder.
-
-    Its Marian loader expects transformers' Marian layout: it drops the last vocabulary row of the
-    embeddings (Marian checkpoints append <pad> there), reads token strings, </s> and <unk> from the
-    tokenizer saved alongside, and starts the decoder from a zero vector instead of the embedding of
-    the start token. So the folder gets one extra (dropped) row, and our start token (<pad>) has a
-    zero embedding (see `run`).
-    """
+    """Exported by `vanilla-transformer export --format ctranslate2`'s code, once per quantization."""
     if not quantizations:
         return {}
-    import ctranslate2
+    from vanilla_transformer.export_ctranslate2 import export_ctranslate2
 
-    marian = to_marian(model)
-    marian.resize_token_embeddings(model.config.vocab_size + 1)
-    source = os.path.join(folder, "marian")
-    marian.save_pretrained(source)
-    tokenizer.save_pretrained(source)
-    converted = {}
-    for quantization in quantizations:
-        output = os.path.join(folder, f"ct2-{quantization}")
-        ctranslate2.converters.TransformersConverter(source).convert(output, quantization=quantization)
-        converted[quantization] = output
-    return converted
+    return {q: str(export_ctranslate2(model, tokenizer, os.path.join(folder, f"ct2-{q}"), q)) for q in quantizations}
 
 
 def run(tokenizer, sizes, device: str, threads: int, sentences: int, max_new_tokens: int, repeats: int,
         train_steps: dict, ctranslate2_quantizations=("float32", "int8"), model_dir: str | None = None) -> dict:
     """Per size, random (or briefly trained) weights of that preset; with `model_dir`, the one size
     given is a label for the trained model in that folder, which `tokenizer` must belong to."""
-    source, _ = pairs("test")
-    source = source[:sentences]
+    source, target = pairs("test")
+    source, target = source[:sentences], target[:sentences]
     batches = [encode(tokenizer, source[i : i + BATCH_SIZE]) for i in range(0, len(source), BATCH_SIZE)]
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     results = {}
@@ -114,8 +100,7 @@ def run(tokenizer, sizes, device: str, threads: int, sentences: int, max_new_tok
             # Saved folders decode as the paper does (GNMT search, source-length cap); here ours runs
             # transformers' search as Marian does, and the GNMT search only in its own row.
             ours.generation_config = GenerationConfig.from_model_config(ours.config)
-            weights = (f"trained, from {model_dir}; CTranslate2 starts the decoder from a zero vector, not the "
-                       "start token's embedding, so its outputs differ")
+            weights = f"trained, from {model_dir}"
         else:
             ours = VanillaTransformerForConditionalGeneration(model_config(size, tokenizer))
             weights = "random, repeating tokens up to the cap"
@@ -124,12 +109,6 @@ def run(tokenizer, sizes, device: str, threads: int, sentences: int, max_new_tok
             loss = train_briefly(ours.to(device), tokenizer, steps, target_tokens=8192)
             weights = f"{steps} training steps, loss {loss:.2f}"
         ours.cpu().eval()
-        if not model_dir:
-            with torch.no_grad():
-                # The decoder starts from <pad>; CTranslate2 starts from a zero vector instead of its
-                # embedding. With random weights every contender gets a zero row there, which changes
-                # nothing else; a trained model keeps its weights (the row is also its pad logit).
-                ours.get_input_embeddings().weight[pad].zero_()
         marian = to_marian(ours).eval()
         entry = {"weights": weights, "train_steps": steps, "train_loss": loss, "modes": {}}
 
@@ -164,20 +143,26 @@ def run(tokenizer, sizes, device: str, threads: int, sentences: int, max_new_tok
             ours.to(device, dtype)
             for quantization, path in converted.items():
                 contenders[f"ctranslate2-{quantization}"] = _ctranslate2_runner(
-                    path, quantization, tokenizer, batches, device, threads, max_new_tokens
+                    path, tokenizer, batches, device, threads, max_new_tokens
                 )
             for mode, options in MODES.items():
                 mode_runners = {name: (lambda r=runner: r(options)) for name, runner in contenders.items()}
                 if gnmt and mode == "beam4":
                     mode_runners["ours-gnmt"] = lambda: contenders["ours"](dict(options, length_penalty_style="gnmt"))
-                entry["modes"][mode].update(_time(mode_runners, repeats, references[mode], device))
+                timed = _time(mode_runners, repeats, references[mode], device)
+                for name, contender in timed["contenders"].items():
+                    outputs = contender.pop("outputs", None)
+                    if outputs is not None and model_dir:  # translations, not repeated tokens: quality means something
+                        hypotheses = tokenizer.batch_decode(outputs, skip_special_tokens=True)
+                        contender["bleu"] = score_translations(hypotheses, target)["bleu"]
+                entry["modes"][mode].update(timed)
         entry["attention_kernels"] = {
             "ours": attention_kernels(lambda: contenders["ours"](MODES["greedy"], batches[:1])),
             "marian": attention_kernels(lambda: contenders["marian"](MODES["greedy"], batches[:1])),
         }
         entry["ctranslate2_conversion"] = "not installed" if not converted else (
-            "to_marian -> MarianMTModel.save_pretrained (+1 dropped vocabulary row, tokenizer alongside) -> "
-            "ctranslate2.converters.TransformersConverter(quantization=...)"
+            "vanilla_transformer.export_ctranslate2 (CTranslate2's converter API and TransformerSpec, "
+            "quantized by its converter)"
         )
         results[size] = entry
         del ours, marian, contenders
@@ -197,30 +182,24 @@ def _hf_runner(model, batches, device, max_new_tokens, eos, pad):
     return generate
 
 
-def _ctranslate2_runner(path, quantization, tokenizer, batches, device, threads, max_new_tokens):
-    import ctranslate2
+def _ctranslate2_runner(path, tokenizer, batches, device, threads, max_new_tokens):
+    from vanilla_transformer.export_ctranslate2 import CTranslate2Translator
 
-    ct2_device = "cuda" if device.startswith("cuda") else "cpu"
-    translator = ctranslate2.Translator(path, device=ct2_device, compute_type=quantization,
-                                        inter_threads=1, intra_threads=threads)
+    translator = CTranslate2Translator(path, device="cuda" if device.startswith("cuda") else "cpu", threads=threads)
     token_batches = [
         [tokenizer.convert_ids_to_tokens(ids[mask.bool()].tolist()) for ids, mask in
          zip(batch["input_ids"], batch["attention_mask"])]
         for batch in batches
     ]
+    eos = [tokenizer.eos_token_id]
 
     def generate(options, subset=None):
         outputs = []
         for tokens in token_batches[: len(subset)] if subset else token_batches:
-            results = translator.translate_batch(
-                tokens,
-                beam_size=options["num_beams"],
-                length_penalty=options.get("length_penalty", 1.0),
-                max_decoding_length=max_new_tokens,
-                return_end_token=True,
-                max_batch_size=BATCH_SIZE,
-            )
-            outputs.extend(tokenizer.convert_tokens_to_ids(r.hypotheses[0]) for r in results)
+            ids = translator.translate_tokens(tokens, num_beams=options["num_beams"], max_new_tokens=max_new_tokens,
+                                              length_penalty=options.get("length_penalty", 1.0))
+            # </s> counted as for the PyTorch models, where a sentence ended before the cap
+            outputs.extend(row + eos if len(row) < max_new_tokens else row for row in ids)
         return outputs
 
     return generate
@@ -245,7 +224,9 @@ def _time(runners: dict, repeats: int, reference, device) -> dict:
             "generated_tokens": tokens,
             "seconds": s,
             "tokens_per_s": {"median": tokens / s["median"], "min": tokens / s["max"], "max": tokens / s["min"]},
+            "sentences_per_s": {k: len(output) / s[k2] for k, k2 in (("median", "median"), ("min", "max"), ("max", "min"))},
             "agrees_with_ours": sum(a == b for a, b in zip(output, reference)) / len(reference),
+            "outputs": output,
         }
     ours_seconds = seconds["ours"]
     timed["speedup_vs_marian"] = summary([m / o for o, m in zip(ours_seconds, seconds["marian"])])

@@ -52,33 +52,49 @@ def hub_example_fixture():
 
 
 @pytest.fixture(scope="session")
-def hub_tiny_model():
-    """A tiny en-es model (d_model 64, 2+2 layers, 4 heads) and its tokenizer, trained for a few
-    seconds on real Bible verses: it translates badly but emits real, varied tokens."""
-    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+def tiny_corpus():
+    """A 600-token tokenizer learnt on 3,000 en-es training pairs, and those of the pairs under 80 characters."""
     from vanilla_transformer.corpora import load_translation_dataset, text_pairs
     from vanilla_transformer.tokenization_vanilla_transformer import train_tokenizer
 
-    torch.manual_seed(0)
     train = load_translation_dataset("bible-en-es")["train"].select(range(3000))
     sources, targets = text_pairs(train, "en", "es")
     tokenizer = train_tokenizer(sources + targets, vocab_size=600)
-    config = VanillaTransformerConfig.tiny(vocab_size=len(tokenizer), dropout=0.0)
-    model = VanillaTransformerForConditionalGeneration(config)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    short = [(s, t) for s, t in zip(sources, targets) if len(s) < 80 and len(t) < 80]
-    model.train()
-    for step in range(60):
-        batch = short[(step * 32) % len(short) :][:32]
-        inputs = tokenizer([s for s, _ in batch], padding=True, return_tensors="pt")
-        labels = tokenizer([t for _, t in batch], padding=True, return_tensors="pt")["input_ids"]
-        labels[labels == tokenizer.pad_token_id] = -100
-        loss = model(**inputs, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
-    return model, tokenizer
+    return tokenizer, [(s, t) for s, t in zip(sources, targets) if len(s) < 80 and len(t) < 80]
+
+
+@pytest.fixture(scope="session")
+def train_tiny(tiny_corpus):
+    """config overrides -> a tiny model (d_model 64, 2+2 layers, 4 heads) trained for a few seconds on
+    real Bible verses, and its tokenizer: it translates badly but emits real, varied tokens."""
+    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+
+    tokenizer, pairs = tiny_corpus
+
+    def train(steps: int = 60, **overrides):
+        torch.manual_seed(0)
+        config = VanillaTransformerConfig.tiny(vocab_size=len(tokenizer), dropout=0.0, **overrides)
+        model = VanillaTransformerForConditionalGeneration(config)
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+        model.train()
+        for step in range(steps):
+            batch = pairs[(step * 32) % len(pairs) :][:32]
+            inputs = tokenizer([s for s, _ in batch], padding=True, return_tensors="pt")
+            labels = tokenizer([t for _, t in batch], padding=True, return_tensors="pt")["input_ids"]
+            labels[labels == tokenizer.pad_token_id] = -100
+            loss = model(**inputs, labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return model.eval(), tokenizer
+
+    return train
+
+
+@pytest.fixture(scope="session")
+def hub_tiny_model(train_tiny):
+    """The tiny model of `train_tiny` with the paper's settings (post-norm, sinusoidal positions)."""
+    return train_tiny()
 
 
 @pytest.fixture(scope="session")

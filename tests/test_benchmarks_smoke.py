@@ -51,12 +51,16 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path, hub_tiny_folder):
             assert contenders <= set(result["contenders"])
             for name in contenders:
                 assert result["contenders"][name]["tokens_per_s"]["median"] > 0
+                assert result["contenders"][name]["sentences_per_s"]["median"] > 0
+                assert ("bleu" in result["contenders"][name]) == (size == "trained")
             assert result["contenders"]["marian"]["agrees_with_ours"] == 1.0
+            if "ctranslate2-float32" in contenders:  # exported with our exporter: the same search, the same tokens
+                assert result["contenders"]["ctranslate2-float32"]["agrees_with_ours"] == 1.0
     assert generation["weights"].startswith("trained")
     # The trained model's outputs are its own: varied, not one token repeated up to the cap.
     assert generation["modes"]["greedy"]["mean_distinct_tokens_per_output"] > 2
     assert report["tokenizer"]["encode_sentences_per_s"] > 0
 
     markdown = md_path.read_text()
-    for expected in ("| tiny | ours |", "| trained | 32 | greedy | ours |", "## Generation", "## Tokenizer"):
+    for expected in ("| tiny | ours |", "| trained | 32 | greedy | ours |", "## Generation", "## Tokenizer", "load average"):
         assert expected in markdown

@@ -227,21 +227,19 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
         "write one line per input line to standard output. Blank lines stay blank. Uses the GPU when there is one.",
     )
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to translate (default: read lines from --input-file or standard input)")
-    p.add_argument("--model", required=True, help="model folder (written by training or save_for_hub) or Hub id user/name")
+    p.add_argument("--model", required=True, help="model folder (written by training or save_for_hub) or Hub id user/name; "
+                   "with --engine ctranslate2, a folder written by `export`")
     p.add_argument("--input-file", help="UTF-8 text file, one text per line ('-' = standard input)")
     _add_decoding_options(p)
 
     def run(args: argparse.Namespace) -> int:
-        from .inference import load_model, translate_texts
-
         try:
             if args.texts and args.input_file:
                 raise ValueError("give texts as arguments or --input-file, not both")
-            options = _decoding_options(args)
+            _decoding_options(args)  # bad options fail before reading the input
             texts = args.texts or _read_lines(args.input_file or "-")
-            model, tokenizer = load_model(args.model, args.device)
-            translations = translate_texts(model, tokenizer, texts, **options)
-        except (OSError, ValueError, TypeError) as err:
+            translations = _translator(args)[0](texts)
+        except (OSError, ValueError, TypeError, ImportError) as err:
             _refuse(p, err)
         for line in translations:
             print(line)
@@ -251,6 +249,13 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_decoding_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--engine", choices=("transformers", "ctranslate2"), default="transformers",
+        help="transformers: a model folder or Hub id, decoded by its own generate (the paper's search); "
+        "ctranslate2: a folder written by `export --format ctranslate2`, decoded by CTranslate2 with the "
+        "folder's defaults (its length penalty and stopping differ slightly: see the folder's README) "
+        "(default: %(default)s)",
+    )
     p.add_argument("--batch-size", type=int, default=32, help="texts per batch (default: %(default)s)")
     p.add_argument("--num-beams", type=int, help="beam size (default: the model's, 4 as in the paper §6.1)")
     p.add_argument("--length-penalty", type=float, help="beam length penalty (default: the model's, 0.6)")
@@ -267,6 +272,21 @@ def _decoding_options(args: argparse.Namespace) -> dict:
         raise ValueError(f"--length-penalty must be a finite number (the paper's: 0.6); got {args.length_penalty}")
     return {"batch_size": args.batch_size, "num_beams": args.num_beams,
             "length_penalty": args.length_penalty, "max_new_tokens": args.max_new_tokens}
+
+
+def _translator(args: argparse.Namespace):
+    """(texts -> translations, the model's config or None for an export), with the engine, model and
+    decoding options the command line names."""
+    options = _decoding_options(args)
+    if args.engine == "ctranslate2":
+        from .export_ctranslate2 import CTranslate2Translator
+
+        translator = CTranslate2Translator(args.model, args.device)
+        return (lambda texts: translator.translate(texts, **options)), None
+    from .inference import load_model, translate_texts
+
+    model, tokenizer = load_model(args.model, args.device)
+    return (lambda texts: translate_texts(model, tokenizer, texts, **options)), model.config
 
 
 def _read_lines(path: str) -> list[str]:
@@ -303,7 +323,8 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
         "printing the scores and their signatures. The same numbers come from "
         "`sacrebleu REFERENCES -i HYPOTHESES -m bleu chrf` on the files that --hypotheses-out and --references-out write.",
     )
-    p.add_argument("--model", required=True, help="model folder or Hub id user/name")
+    p.add_argument("--model", required=True,
+                   help="model folder or Hub id user/name; with --engine ctranslate2, a folder written by `export`")
     p.add_argument("--dataset", default="bible-en-es", help="data set, as for `train` (default: %(default)s)")
     p.add_argument("--dataset-config", help="Hub data set configuration, e.g. de-en")
     p.add_argument("--split", default="test", help="split to score (default: %(default)s)")
@@ -318,11 +339,11 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
         import time
 
         from .corpora import load_translation_dataset, resolve_languages, text_pairs
-        from .inference import load_model, score_translations, translate_texts
+        from .inference import score_translations
         from .pipeline_vanilla_transformer import language_pair_mismatch
 
         try:
-            options = _decoding_options(args)
+            _decoding_options(args)  # bad options fail before the data set is read
             data = load_translation_dataset(
                 args.dataset, args.dataset_config, source_lang=args.source_lang, target_lang=args.target_lang
             )
@@ -347,26 +368,63 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
             sources, references = map(list, zip(*pairs))
             # sacrebleu reads one segment per line: a newline inside a reference would shift every line after it.
             references = [" ".join(text.splitlines()) for text in references]
-            model, tokenizer = load_model(args.model, args.device)
-            mismatch = language_pair_mismatch(model.config, source_lang, target_lang)
+            translate, config = _translator(args)
+            mismatch = config is not None and language_pair_mismatch(config, source_lang, target_lang)
             if mismatch:
                 print(f"warning: {mismatch}; scoring {args.dataset} {args.split} ({source_lang}->{target_lang}) anyway",
                       file=sys.stderr)
             start = time.perf_counter()
-            hypotheses = translate_texts(model, tokenizer, sources, **options)
+            hypotheses = translate(sources)
             seconds = time.perf_counter() - start
             scores = score_translations(hypotheses, references)
             for path, lines in ((args.hypotheses_out, hypotheses), (args.references_out, references)):
                 if path:
                     with open(path, "w", encoding="utf-8") as f:
                         f.writelines(line + "\n" for line in lines)
-        except (OSError, ValueError, TypeError) as err:
+        except (OSError, ValueError, TypeError, ImportError) as err:
             _refuse(p, err)
-        print(f"{args.dataset} {args.split} {source_lang}->{target_lang}: {len(sources)} segments translated in {seconds:.1f} s")
+        print(f"{args.dataset} {args.split} {source_lang}->{target_lang}: {len(sources)} segments translated in "
+              f"{seconds:.1f} s ({args.engine})")
         print(scores["bleu_text"])
         print(f"  signature: {scores['bleu_signature']}")
         print(scores["chrf_text"])
         print(f"  signature: {scores['chrf_signature']}")
+        return 0
+
+    p.set_defaults(func=run)
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export",
+        help="export a model for deployment with CTranslate2",
+        description="Convert a model folder (or Hub id) into a CTranslate2 folder that works on its own: the "
+        "CTranslate2 model, the tokenizer (tokenizer.json), the decoding defaults (translation_options.json) and "
+        "a README with a Python example. Needs `pip install 'vanilla-transformer[ctranslate2]'`.",
+    )
+    p.add_argument("--model", required=True, help="model folder or Hub id user/name")
+    p.add_argument("--format", required=True, choices=("ctranslate2",), help="what to export to")
+    p.add_argument("--output-dir", required=True, help="new folder for the export (it must not exist, or be empty)")
+    p.add_argument(
+        "--quantization", default="float32",
+        # QUANTIZATIONS, not imported so that --help stays instant
+        choices=("float32", "int8", "int8_float32", "float16", "int8_float16", "bfloat16"),
+        help="weight precision: int8 weights are 4x smaller and usually faster on CPUs; float16 and bfloat16 "
+        "are for GPUs (CTranslate2 converts on loading where a type is not supported) (default: %(default)s)",
+    )
+
+    def run(args: argparse.Namespace) -> int:
+        from .export_ctranslate2 import export_ctranslate2
+        from .inference import load_model
+
+        try:
+            model, tokenizer = load_model(args.model, "cpu")
+            folder = export_ctranslate2(model, tokenizer, args.output_dir, args.quantization)
+        except (OSError, ValueError, ImportError) as err:
+            _refuse(p, err)
+        size = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
+        print(f"exported {args.model} to {folder} ({args.quantization} weights, {size:.1f} MB); try it with\n"
+              f"  vanilla-transformer translate --engine ctranslate2 --model {folder} \"Jesus wept.\"")
         return 0
 
     p.set_defaults(func=run)
@@ -461,7 +519,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train, translate with and look inside the Transformer of 'Attention Is All You Need'.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_train_tokenizer, _add_train, _add_translate, _add_evaluate, _add_attention, _add_push, _add_quickstart):
+    for add in (_add_train_tokenizer, _add_train, _add_translate, _add_evaluate, _add_export, _add_attention, _add_push,
+                _add_quickstart):
         add(sub)
     return parser
 
