@@ -97,3 +97,24 @@ def hub_tiny_folder(hub_tiny_model, tmp_path_factory):
         hyperparameters={"steps": 60, "batch_size": 32, "learning_rate": 3e-3},
         example=HUB_EXAMPLE,
     )
+
+
+# --- issue 17 (attention explorer, web app) ---
+
+
+@pytest.fixture(scope="session")
+def marian_folder(hub_tiny_model, tmp_path_factory):
+    """A MarianMTModel folder (random weights, the tiny model's tokenizer.json): it loads and translates, and with
+    transformers' default "sdpa" attention it returns no attention weights."""
+    from transformers import MarianConfig, MarianMTModel
+
+    _, tokenizer = hub_tiny_model
+    folder = tmp_path_factory.mktemp("marian")
+    marian = MarianMTModel(MarianConfig(
+        vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, pad_token_id=0, eos_token_id=2,
+        decoder_start_token_id=0, max_position_embeddings=64,
+    ))
+    marian.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
