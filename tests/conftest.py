@@ -103,6 +103,35 @@ def hub_tiny_folder(hub_tiny_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def synthetic_record():
+    """Makes an AttentionRecord of random (softmax) weights over made-up tokens, as long as wanted, without
+    translating: `synthetic_record(source_tokens, target_tokens, layers=3, heads=4)` (the small model's shape)."""
+    from vanilla_transformer.attention_maps import AttentionRecord
+
+    def make(source: int, target: int, layers: int = 3, heads: int = 4) -> AttentionRecord:
+        g = torch.Generator().manual_seed(0)
+
+        def weights(queries, keys, causal=False):
+            scores = torch.randn(layers, heads, queries, keys, generator=g) * 3
+            if causal:
+                scores = scores.masked_fill(torch.ones(queries, keys, dtype=torch.bool).triu(1), float("-inf"))
+            return scores.softmax(-1)
+
+        source_ids, target_ids = [*range(10, 9 + source), 2], [0, *range(10, 9 + target), 2]
+        tokens = {0: "<pad>", 2: "</s>"}
+        pieces = lambda ids: [tokens.get(i, f" w{i}") for i in ids]  # noqa: E731
+        return AttentionRecord(
+            source="".join(pieces(source_ids[:-1])).strip(), translation="".join(pieces(target_ids[1:-1])).strip(),
+            source_ids=source_ids, target_ids=target_ids, source_tokens=pieces(source_ids), target_tokens=pieces(target_ids),
+            source_pieces=pieces(source_ids), target_pieces=pieces(target_ids),
+            encoder_attention=weights(source, source), decoder_attention=weights(target, target, causal=True),
+            cross_attention=weights(target, source), special_ids=[0, 1, 2, 3], model="synthetic", settings={"beam size": "4"},
+        )
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def marian_folder(hub_tiny_model, tmp_path_factory):
     """A MarianMTModel folder (random weights, the tiny model's tokenizer.json): it loads and translates, and with
     transformers' default "sdpa" attention it returns no attention weights."""

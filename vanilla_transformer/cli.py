@@ -241,8 +241,9 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _add_decoding_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch-size", type=int, default=32, help="texts per batch (default: %(default)s)")
+def _add_decoding_options(p: argparse.ArgumentParser, batches: bool = True) -> None:
+    if batches:
+        p.add_argument("--batch-size", type=int, default=32, help="texts per batch (default: %(default)s)")
     p.add_argument("--num-beams", type=int, help="beam size (default: the model's, 4 as in the paper §6.1)")
     p.add_argument("--length-penalty", type=float, help="beam length penalty (default: the model's, 0.6)")
     p.add_argument("--max-new-tokens", type=int, help="longest translation in tokens (default: input length + 50, §6.1)")
@@ -250,12 +251,13 @@ def _add_decoding_options(p: argparse.ArgumentParser) -> None:
 
 
 def _decoding_options(args: argparse.Namespace) -> dict:
-    for name in ("batch_size", "num_beams", "max_new_tokens"):
+    """The decoding options given (and --batch-size where the command has it), checked."""
+    names = [name for name in ("batch_size", "num_beams", "length_penalty", "max_new_tokens") if hasattr(args, name)]
+    for name in names:
         value = getattr(args, name)
-        if value is not None and value < 1:
+        if name != "length_penalty" and value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1; got {value}")
-    return {"batch_size": args.batch_size, "num_beams": args.num_beams,
-            "length_penalty": args.length_penalty, "max_new_tokens": args.max_new_tokens}
+    return {name: getattr(args, name) for name in names}
 
 
 def _read_lines(path: str) -> list[str]:
@@ -330,30 +332,40 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 def _add_attention(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "attention",
-        help="translate a sentence and draw every attention layer and head",
-        description="Translate one sentence and write heat maps of encoder self-attention, decoder "
-        "self-attention and cross-attention: <kind>_layer<N>.png (every head of one layer in a grid), "
-        "overview.png (every layer, mean of heads), and bertviz.pt for bertviz in a notebook: "
-        "`model_view(**torch.load('bertviz.pt'))`.",
+        help="translate a sentence and show every attention layer and head (PNG heat maps, an HTML explorer)",
+        description="Translate one sentence and show its attention. --output-dir (the default) writes heat maps of "
+        "encoder self-attention, decoder self-attention and cross-attention: <kind>_layer<N>.png (every head of one "
+        "layer in a grid), overview.png (every layer, mean of heads), and bertviz.pt for bertviz in a notebook: "
+        "`model_view(**torch.load('bertviz.pt'))`. --html writes one self-contained page to explore every layer and "
+        "head in a browser, offline: lines and heat maps, stepping through the translation.",
     )
     p.add_argument("text", help="the sentence to translate")
     p.add_argument("--model", required=True, help="model folder or Hub id user/name")
-    p.add_argument("--output-dir", default="attention", help="folder for the images (default: %(default)s)")
-    p.add_argument("--num-beams", type=int, help="beam size (default: the model's)")
-    p.add_argument("--device", help="cpu, cuda, ... (default: the GPU when there is one)")
+    p.add_argument("--output-dir", help="folder for the images (default: attention, unless only --html is given)")
+    p.add_argument("--html", metavar="FILE", help="write the interactive explorer to this .html file")
+    _add_decoding_options(p, batches=False)
 
     def run(args: argparse.Namespace) -> int:
         from .attention_maps import collect_attentions, save_attention_maps
         from .inference import load_model
 
         try:
+            options = _decoding_options(args)
+            if args.html:
+                from .explorer import html_path, save_explorer
+
+                html_path(args.html, "--html")  # before a translation that may take a while
             model, tokenizer = load_model(args.model, args.device)
-            record = collect_attentions(model, tokenizer, args.text, num_beams=args.num_beams)
-            paths = save_attention_maps(record, args.output_dir)
+            record = collect_attentions(model, tokenizer, args.text, **options)
+            written = []
+            if args.html:
+                written.append(save_explorer(record, args.html))
+            if args.output_dir or not args.html:
+                written += save_attention_maps(record, args.output_dir or "attention")
         except (OSError, ValueError, TypeError) as err:
             p.error(str(err))
         print(f"{record.source}\n-> {record.translation}")
-        print(f"{len(paths)} files written to {args.output_dir}:", " ".join(path.name for path in paths))
+        print(f"{len(written)} files written:", " ".join(str(path) for path in written))
         return 0
 
     p.set_defaults(func=run)
