@@ -147,3 +147,36 @@ def marian_folder(hub_tiny_model, tmp_path_factory):
     marian.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+# Debian's Chromium, driven by Playwright: neither may download a browser of its own here. Without the
+# background-networking flags Chromium's own connections are refused by a closed network.
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync",
+]
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """A headless Chromium (the system's, or $CHROMIUM) with a fresh profile; where there is none, a skip that
+    says so. CI installs one (.ci/run) and sets CI=true, and there a missing browser fails the tests instead."""
+    import shutil
+
+    path = os.environ.get("CHROMIUM") or next(
+        filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"))), None
+    )
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        reason = "the browser tests need Playwright: pip install -e '.[test]'"
+    else:
+        reason = None if path else "no Chromium found: the browser tests need one (apt-get install chromium, as root)"
+    if reason:
+        if os.environ.get("CI", "").lower() in ("1", "true"):
+            pytest.fail(f"{reason}; CI must run them", pytrace=False)
+        pytest.skip(reason)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=path, args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()

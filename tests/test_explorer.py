@@ -104,6 +104,8 @@ def test_the_attention_command_writes_only_the_page_with_html(hub_tiny_folder, t
     (["attention", "--model", "{folder}", "x", "--html", "{tmp}"], "`--html` is a folder"),
     (["attention", "--model", "{folder}", "x", "--html", "{tmp}/e.html", "--num-beams", "0"], "--num-beams must be at least 1"),
     (["attention", "--model", "{marian}", "x", "--html", "{tmp}/e.html"], "returned no attention weights"),
+    (["serve", "--model", "{marian}"], "returned no attention weights"),
+    (["serve", "--model", "{folder}", "--port", "70000"], "--port must be in 1..65535"),
 ])
 def test_bad_input_is_a_usage_error_and_writes_nothing(argv, message, hub_tiny_folder, marian_folder, tmp_path, capsys):
     paths = {"folder": hub_tiny_folder, "marian": marian_folder, "tmp": tmp_path}

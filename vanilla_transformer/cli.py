@@ -371,6 +371,36 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="a local web app to try a model: translation, decoding options, attention explorer (Gradio)",
+        description="Serve a Gradio app for one model: a text box, its translation, decoding options and the "
+        "attention explorer of the sentence typed. It loads nothing from other hosts. Needs the serve extra: "
+        "pip install 'vanilla-transformer[serve]'. The same code runs as a Hub Space: see vanilla_transformer/app.py.",
+    )
+    p.add_argument("--model", required=True, help="model folder or Hub id user/name")
+    p.add_argument("--host", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, help="port (default: 7860, or the next free one)")
+    p.add_argument("--device", help="cpu, cuda, mps (default: the GPU when there is one)")
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            if args.port is not None and not 0 < args.port < 65536:
+                raise ValueError(f"--port must be in 1..65535; got {args.port}")
+            from .app import serve
+
+            serve(args.model, args.host, args.port, args.device)
+        except ImportError as err:
+            print(f"vanilla-transformer serve: error: {err}", file=sys.stderr)
+            return 1
+        except (OSError, ValueError) as err:
+            p.error(str(err))
+        return 0
+
+    p.set_defaults(func=run)
+
+
 def _add_push(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "push",
@@ -428,7 +458,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train, translate with and look inside the Transformer of 'Attention Is All You Need'.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_train_tokenizer, _add_train, _add_translate, _add_evaluate, _add_attention, _add_push, _add_quickstart):
+    for add in (_add_train_tokenizer, _add_train, _add_translate, _add_evaluate, _add_attention, _add_serve, _add_push,
+                _add_quickstart):
         add(sub)
     return parser
 
