@@ -40,8 +40,8 @@ from .generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
 from .pipeline_vanilla_transformer import readable_pieces, source_length_limit, teacher_forced_attentions
 
 __all__ = [
-    "AttentionRecord", "KINDS", "bertviz_data", "check_attention_support", "collect_attentions", "decoding_settings", "plot_layer", "plot_overview",
-    "save_attention_maps",
+    "AttentionRecord", "KINDS", "bertviz_data", "check_attention_support", "collect_attentions", "decoding_settings",
+    "plot_layer", "plot_overview", "save_attention_maps",
 ]
 
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
