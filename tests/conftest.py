@@ -113,3 +113,86 @@ def hub_tiny_folder(hub_tiny_model, tmp_path_factory):
         hyperparameters={"steps": 60, "batch_size": 32, "learning_rate": 3e-3},
         example=HUB_EXAMPLE,
     )
+
+
+# --- issue 17 (attention explorer, web app) ---
+
+
+@pytest.fixture(scope="session")
+def synthetic_record():
+    """Makes an AttentionRecord of random (softmax) weights over made-up tokens, as long as wanted, without
+    translating: `synthetic_record(source_tokens, target_tokens, layers=3, heads=4)` (the small model's shape)."""
+    from vanilla_transformer.attention_maps import AttentionRecord
+
+    def make(source: int, target: int, layers: int = 3, heads: int = 4) -> AttentionRecord:
+        g = torch.Generator().manual_seed(0)
+
+        def weights(queries, keys, causal=False):
+            scores = torch.randn(layers, heads, queries, keys, generator=g) * 3
+            if causal:
+                scores = scores.masked_fill(torch.ones(queries, keys, dtype=torch.bool).triu(1), float("-inf"))
+            return scores.softmax(-1)
+
+        source_ids, target_ids = [*range(10, 9 + source), 2], [0, *range(10, 9 + target), 2]
+        tokens = {0: "<pad>", 2: "</s>"}
+        pieces = lambda ids: [tokens.get(i, f" w{i}") for i in ids]  # noqa: E731
+        return AttentionRecord(
+            source="".join(pieces(source_ids[:-1])).strip(), translation="".join(pieces(target_ids[1:-1])).strip(),
+            source_ids=source_ids, target_ids=target_ids, source_tokens=pieces(source_ids), target_tokens=pieces(target_ids),
+            source_pieces=pieces(source_ids), target_pieces=pieces(target_ids),
+            encoder_attention=weights(source, source), decoder_attention=weights(target, target, causal=True),
+            cross_attention=weights(target, source), special_ids=[0, 1, 2, 3], model="synthetic", settings={"beam size": "4"},
+        )
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def marian_folder(hub_tiny_model, tmp_path_factory):
+    """A MarianMTModel folder (random weights, the tiny model's tokenizer.json): it loads and translates, and with
+    transformers' default "sdpa" attention it returns no attention weights."""
+    from transformers import MarianConfig, MarianMTModel
+
+    _, tokenizer = hub_tiny_model
+    folder = tmp_path_factory.mktemp("marian")
+    marian = MarianMTModel(MarianConfig(
+        vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, pad_token_id=0, eos_token_id=2,
+        decoder_start_token_id=0, max_position_embeddings=64,
+    ))
+    marian.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+# Debian's Chromium, driven by Playwright: neither may download a browser of its own here. Without the
+# background-networking flags Chromium's own connections are refused by a closed network.
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync",
+]
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """A headless Chromium (the system's, or $CHROMIUM) with a fresh profile; where there is none, a skip that
+    says so. CI installs one (.ci/run) and sets CI=true, and there a missing browser fails the tests instead."""
+    import shutil
+
+    path = os.environ.get("CHROMIUM") or next(
+        filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"))), None
+    )
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        reason = "the browser tests need Playwright: pip install -e '.[test]'"
+    else:
+        reason = None if path else "no Chromium found: the browser tests need one (apt-get install chromium, as root)"
+    if reason:
+        if os.environ.get("CI", "").lower() in ("1", "true"):
+            pytest.fail(f"{reason}; CI must run them", pytrace=False)
+        pytest.skip(reason)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=path, args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()

@@ -1,10 +1,17 @@
 """Attention heat maps: one PNG per layer and kind, an overview, and bertviz's data layout."""
 
+from types import SimpleNamespace
+
 import matplotlib.image
 import pytest
 import torch
+from transformers import GenerationConfig
 
-from vanilla_transformer.attention_maps import KINDS, bertviz_data, collect_attentions, plot_layer, save_attention_maps
+from vanilla_transformer.attention_maps import (
+    KINDS, bertviz_data, collect_attentions, decoding_settings, plot_layer, save_attention_maps,
+)
+from vanilla_transformer.generation_vanilla_transformer import paper_generation_config
+from vanilla_transformer.inference import load_model
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +64,7 @@ def test_bertviz_data_has_the_layout_bertviz_takes(record, tmp_path):
     data = torch.load(path)
     assert set(data) == {"encoder_attention", "decoder_attention", "cross_attention", "encoder_tokens", "decoder_tokens"}
     source, target = len(data["encoder_tokens"]), len(data["decoder_tokens"])
+    assert data["encoder_tokens"] == record.source_labels and data["decoder_tokens"] == record.target_labels  # readable
     for key, (queries, keys) in {"encoder_attention": (source, source), "decoder_attention": (target, target),
                                  "cross_attention": (target, source)}.items():
         assert isinstance(data[key], tuple)
@@ -84,3 +92,21 @@ def test_bad_input(record, hub_tiny_model, tmp_path):
             collect_attentions(model, tokenizer, "And God said, Let there be light: and there was light.")
     finally:
         tokenizer.model_max_length = old
+
+
+def test_a_marian_model_is_refused_before_it_translates(marian_folder):
+    model, tokenizer = load_model(marian_folder, "cpu")
+    model.generate = lambda *args, **kwargs: pytest.fail("it translated before finding out")
+    with pytest.raises(ValueError, match=r"MarianMTModel, model_type 'marian'\) returned no attention weights with its 'sdpa'"):
+        collect_attentions(model, tokenizer, "Jesus wept.")
+
+
+def test_decoding_settings_say_what_the_translation_was_decoded_with(hub_tiny_model):
+    config = hub_tiny_model[0].config
+    paper = SimpleNamespace(generation_config=paper_generation_config(config))
+    assert decoding_settings(paper) == {"beam size": "4", "length penalty": "0.6 (GNMT)", "longest output": "source length + 50 tokens"}
+    assert decoding_settings(paper, num_beams=1, max_new_tokens=9) == {"beam size": "1 (greedy)", "longest output": "9 tokens"}
+    plain = SimpleNamespace(generation_config=GenerationConfig(num_beams=3, max_new_tokens=40))
+    assert decoding_settings(plain) == {
+        "beam size": "3", "length penalty": "1 (transformers' |Y|^α)", "longest output": "source length + 50, at most 40 tokens",
+    }

@@ -5,9 +5,10 @@ import json
 import pytest
 import torch
 
-from vanilla_transformer.pipeline_vanilla_transformer import TranslationPipeline
+from vanilla_transformer.pipeline_vanilla_transformer import TranslationPipeline, readable_pieces
 
 SENTENCES = ["In the beginning God created the heavens and the earth.", "Jesus wept.", "And God said, Let there be light."]
+ACCENTED = "Jesús wept; ¿why? In the beginning God created the heavens and the earth."
 
 
 def test_pipeline_loads_from_the_folder_without_the_package(hub_tiny_folder, run_without_package):
@@ -153,3 +154,28 @@ def test_bad_generation_options_are_refused_before_translating(translate, monkey
 def test_more_than_one_return_sequence_is_refused(translate):
     with pytest.raises(ValueError, match="num_return_sequences"):
         translate("Jesus wept.", num_return_sequences=2)
+
+
+def test_readable_pieces_join_to_the_decoded_text(hub_tiny_model):
+    """Byte-level tokens become the text they stand for; a character split over tokens goes to the last of them."""
+    _, tokenizer = hub_tiny_model
+    ids = tokenizer(ACCENTED + " 漢字 😀")["input_ids"]
+    pieces = readable_pieces(tokenizer, ids)
+    tokens = tokenizer.convert_ids_to_tokens(ids)
+    assert len(pieces) == len(ids) and pieces[-1] == "</s>"
+    assert "".join(pieces[:-1]) == tokenizer.decode(ids, skip_special_tokens=True) == ACCENTED + " 漢字 😀"
+    assert any("Ã" in token for token in tokens) and not any("Ã" in piece or "Ġ" in piece for piece in pieces)
+    emoji = pieces.index("😀")  # 4 bytes, one token each in this 600-token vocabulary
+    assert tokens[emoji - 3: emoji + 1] == ["ð", "Ł", "ĺ", "Ģ"] and pieces[emoji - 3: emoji] == ["", "", ""]
+
+
+def test_the_pipeline_gives_readable_pieces_and_keeps_ids_and_raw_tokens(hub_tiny_model):
+    model, tokenizer = hub_tiny_model
+    result = TranslationPipeline(model=model, tokenizer=tokenizer)(ACCENTED, num_beams=1, max_new_tokens=8, return_attentions=True)[0]
+    weights = result["attentions"]
+    source_ids = tokenizer(ACCENTED)["input_ids"]
+    assert weights["encoder_ids"] == source_ids
+    assert weights["encoder_tokens"] == tokenizer.convert_ids_to_tokens(source_ids)  # raw, as bertviz takes them
+    assert weights["encoder_pieces"] == readable_pieces(tokenizer, source_ids)
+    assert weights["decoder_pieces"][0] == "<pad>" and len(weights["decoder_pieces"]) == len(weights["decoder_ids"])
+    assert weights["decoder_attention"].shape[-1] == len(weights["decoder_ids"])

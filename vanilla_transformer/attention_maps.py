@@ -16,10 +16,12 @@ Three kinds of attention (§3.2.3), each (layers, heads, queries, keys):
 - "cross": encoder-decoder attention, each target position over the source tokens.
 
 Rows are queries and sum to 1. Decoder rows are labelled with the token the decoder read at that
-position; that row's output predicts the next token.
+position; that row's output predicts the next token. Tokens are labelled with the text they stand
+for (`readable_pieces`), not with byte-level symbols; the record keeps the ids and raw tokens too.
+`explorer.save_explorer(record, "explorer.html")` writes the same record as an interactive page.
 
 `bertviz.pt` holds the same weights as bertviz's `model_view`/`head_view` take them for an
-encoder-decoder model, so in a notebook:
+encoder-decoder model, with readable token labels, so in a notebook:
 
     from bertviz import model_view
     model_view(**torch.load("maps/bertviz.pt"))
@@ -29,36 +31,69 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from .pipeline_vanilla_transformer import source_length_limit, teacher_forced_attentions
+from .generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
+from .pipeline_vanilla_transformer import readable_pieces, source_length_limit, teacher_forced_attentions
 
-__all__ = ["AttentionRecord", "KINDS", "bertviz_data", "collect_attentions", "plot_layer", "plot_overview", "save_attention_maps"]
+__all__ = [
+    "AttentionRecord", "KINDS", "bertviz_data", "check_attention_support", "collect_attentions", "decoding_settings",
+    "plot_layer", "plot_overview", "save_attention_maps",
+]
 
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
 
 @dataclass
 class AttentionRecord:
-    """The attention weights behind one translation; tensors are (layers, heads, queries, keys)."""
+    """The attention weights behind one translation; tensors are (layers, heads, queries, keys).
+
+    The decoder read `target_ids[:-1]` (the start token and all but the last output token): those
+    are the decoder's queries and keys; the query at position t wrote `target_ids[t + 1]`.
+    """
 
     source: str
     translation: str
-    encoder_tokens: list[str]  # raw tokenizer tokens (bertviz prettifies them itself)
-    decoder_tokens: list[str]
+    source_ids: list[int]  # what the encoder read, </s> included
+    target_ids: list[int]  # what generate returned: the start token, the translation and usually </s>
+    source_tokens: list[str]  # the raw tokens of those ids (byte-level symbols such as "ĠJesÃºs")
+    target_tokens: list[str]
+    source_pieces: list[str]  # the text each id stands for (`readable_pieces`); " x" starts a word
+    target_pieces: list[str]
     encoder_attention: torch.Tensor
     decoder_attention: torch.Tensor
     cross_attention: torch.Tensor
-    source_labels: list[str]  # readable tick labels for the plots
-    target_labels: list[str]
+    special_ids: list[int] = field(default_factory=list)  # the tokenizer's (<pad>, <s>, </s>, <unk>, ...)
+    model: str = ""  # the folder or Hub id
+    settings: dict = field(default_factory=dict)  # the decoding settings, as `decoding_settings` words them
 
     def weights(self, kind: str) -> torch.Tensor:
         if kind not in KINDS:
             raise ValueError(f"`kind` must be one of {', '.join(KINDS)}; got {kind!r}")
         return getattr(self, f"{kind}_attention")
+
+    @property
+    def encoder_tokens(self) -> list[str]:
+        """Raw tokens of the encoder's axis."""
+        return self.source_tokens
+
+    @property
+    def decoder_tokens(self) -> list[str]:
+        """Raw tokens of the decoder's axis: what it read, the last output token excluded."""
+        return self.target_tokens[:-1]
+
+    @property
+    def source_labels(self) -> list[str]:
+        """Readable tick labels of the source axis."""
+        return [_label(piece) for piece in self.source_pieces]
+
+    @property
+    def target_labels(self) -> list[str]:
+        """Readable tick labels of what the decoder read; its start token (<pad>) is called <start>."""
+        return ["<start>"] + [_label(piece) for piece in self.target_pieces[1:-1]]
 
     def axes(self, kind: str) -> tuple[list[str], list[str]]:
         """Tick labels (queries, keys) of a kind of attention."""
@@ -73,23 +108,46 @@ class AttentionRecord:
         return self.decoder_attention.size(0)
 
 
-def _labels(tokenizer, ids: list[int], start_id: int | None = None) -> list[str]:
-    """Each token as the text it stands for (byte-level BPE tokens are unreadable raw), spaces trimmed."""
-    labels = []
-    for position, token_id in enumerate(ids):
-        if position == 0 and start_id is not None and token_id == start_id:
-            labels.append("<start>")  # the decoder's start token is <pad>; call it what it does
-            continue
-        text = tokenizer.decode([token_id]).strip()
-        labels.append(text or repr(tokenizer.decode([token_id])))
-    return labels
+def _label(piece: str) -> str:
+    """A piece as a tick label: spaces trimmed, a bare space shown as ␣, a character's first bytes as ·."""
+    return piece.strip() or ("␣" if piece else "·")
+
+
+def decoding_settings(model, num_beams=None, length_penalty=None, max_new_tokens=None) -> dict:
+    """The settings a translation was decoded with, in words: the call's, else the model's (§6.1 for saved folders)."""
+    config = model.generation_config
+    beams = num_beams or config.num_beams or 1
+    settings = {"beam size": str(beams) if beams > 1 else "1 (greedy)"}
+    if beams > 1:
+        alpha = next(value for value in (length_penalty, config.length_penalty, 1.0) if value is not None)  # 1.0: transformers'
+        style = "GNMT" if getattr(config, "length_penalty_style", None) == "gnmt" else "transformers' |Y|^α"
+        settings["length penalty"] = f"{alpha:g} ({style})"
+    offset = getattr(config, "max_length_offset", None) or DEFAULT_MAX_LENGTH_OFFSET
+    if max_new_tokens:
+        settings["longest output"] = f"{max_new_tokens} tokens"
+    elif config.max_new_tokens:
+        settings["longest output"] = f"source length + {offset}, at most {config.max_new_tokens} tokens"
+    else:
+        settings["longest output"] = f"source length + {offset} tokens"
+    return settings
+
+
+def check_attention_support(model) -> None:
+    """Refuse, with `teacher_forced_attentions`' ValueError, a model that computes no attention weights
+    (a Marian folder loads with transformers' fused "sdpa" attention), by a one-token pass: milliseconds."""
+    ids = torch.full((1, 2), model.config.decoder_start_token_id, device=next(model.parameters()).device)
+    teacher_forced_attentions(model, ids[:, :1], ids)
 
 
 @torch.no_grad()
-def collect_attentions(model, tokenizer, text: str, num_beams: int | None = None, max_new_tokens: int | None = None) -> AttentionRecord:
+def collect_attentions(
+    model, tokenizer, text: str, num_beams: int | None = None, max_new_tokens: int | None = None,
+    length_penalty: float | None = None,
+) -> AttentionRecord:
     """Translate `text` and return the attention weights of every layer and head behind the translation.
 
-    A text longer than the model reads is refused (a heat map of a truncated text would mislead).
+    A text longer than the model reads is refused (a heat map of a truncated text would mislead), and
+    so is a model that computes no weights, before it translates.
     """
     if not isinstance(text, str):
         raise TypeError(f"`text` must be a string; got {type(text).__name__}")
@@ -101,21 +159,27 @@ def collect_attentions(model, tokenizer, text: str, num_beams: int | None = None
     limit = source_length_limit(model, tokenizer)
     if input_ids.size(1) > limit:
         raise ValueError(f"`text` is {input_ids.size(1)} tokens long; the model reads at most {limit}. Give one sentence.")
-    options = {"num_beams": num_beams, "max_new_tokens": max_new_tokens}  # None: the model's §6.1 defaults
-    generate_kwargs = {key: value for key, value in options.items() if value is not None}
+    check_attention_support(model)
+    options = {"num_beams": num_beams, "max_new_tokens": max_new_tokens, "length_penalty": length_penalty}
+    generate_kwargs = {key: value for key, value in options.items() if value is not None}  # None: the model's
     output_ids = model.generate(input_ids=input_ids, **generate_kwargs)
     weights = teacher_forced_attentions(model, input_ids, output_ids)
-    start_id = model.config.decoder_start_token_id
+    target_ids = output_ids[0].tolist()
     return AttentionRecord(
         source=text,
         translation=tokenizer.decode(output_ids[0], skip_special_tokens=True),
-        encoder_tokens=tokenizer.convert_ids_to_tokens(weights["input_ids"]),
-        decoder_tokens=tokenizer.convert_ids_to_tokens(weights["decoder_input_ids"]),
+        source_ids=weights["input_ids"],
+        target_ids=target_ids,
+        source_tokens=tokenizer.convert_ids_to_tokens(weights["input_ids"]),
+        target_tokens=tokenizer.convert_ids_to_tokens(target_ids),
+        source_pieces=readable_pieces(tokenizer, weights["input_ids"]),
+        target_pieces=readable_pieces(tokenizer, target_ids),
         encoder_attention=weights["encoder_attention"],
         decoder_attention=weights["decoder_attention"],
         cross_attention=weights["cross_attention"],
-        source_labels=_labels(tokenizer, weights["input_ids"]),
-        target_labels=_labels(tokenizer, weights["decoder_input_ids"], start_id),
+        special_ids=sorted(tokenizer.all_special_ids),
+        model=str(getattr(model, "name_or_path", "") or ""),
+        settings=decoding_settings(model, num_beams, length_penalty, max_new_tokens),
     )
 
 
@@ -230,13 +294,15 @@ def _save(fig, path) -> Path:
 
 def bertviz_data(record: AttentionRecord) -> dict:
     """The keyword arguments of bertviz's `model_view`/`head_view` for an encoder-decoder model:
-    per-layer tuples of (batch=1, heads, queries, keys) tensors, and the two token lists."""
+    per-layer tuples of (batch=1, heads, queries, keys) tensors, and the two token lists as readable
+    labels (bertviz turns only "Ġ" into a space: raw byte-level tokens would show "JesÃºs")."""
+    queries, keys = record.axes("cross")
     return {
         "encoder_attention": tuple(layer[None] for layer in record.encoder_attention),
         "decoder_attention": tuple(layer[None] for layer in record.decoder_attention),
         "cross_attention": tuple(layer[None] for layer in record.cross_attention),
-        "encoder_tokens": list(record.encoder_tokens),
-        "decoder_tokens": list(record.decoder_tokens),
+        "encoder_tokens": keys,
+        "decoder_tokens": queries,
     }
 
 

@@ -248,15 +248,17 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _add_decoding_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--engine", choices=("transformers", "ctranslate2"), default="transformers",
-        help="transformers: a model folder or Hub id, decoded by its own generate (the paper's search); "
-        "ctranslate2: a folder written by `export --format ctranslate2`, decoded by CTranslate2 with the "
-        "folder's defaults (its length penalty and stopping differ slightly: see the folder's README) "
-        "(default: %(default)s)",
-    )
-    p.add_argument("--batch-size", type=int, default=32, help="texts per batch (default: %(default)s)")
+def _add_decoding_options(p: argparse.ArgumentParser, batches: bool = True) -> None:
+    """Decoding options; `batches`: also the engine and --batch-size (commands translating many texts)."""
+    if batches:
+        p.add_argument(
+            "--engine", choices=("transformers", "ctranslate2"), default="transformers",
+            help="transformers: a model folder or Hub id, decoded by its own generate (the paper's search); "
+            "ctranslate2: a folder written by `export --format ctranslate2`, decoded by CTranslate2 with the "
+            "folder's defaults (its length penalty and stopping differ slightly: see the folder's README) "
+            "(default: %(default)s)",
+        )
+        p.add_argument("--batch-size", type=int, default=32, help="texts per batch (default: %(default)s)")
     p.add_argument("--num-beams", type=int, help="beam size (default: the model's, 4 as in the paper §6.1)")
     p.add_argument("--length-penalty", type=float, help="beam length penalty (default: the model's, 0.6)")
     p.add_argument("--max-new-tokens", type=int, help="longest translation in tokens (default: input length + 50, §6.1)")
@@ -264,14 +266,15 @@ def _add_decoding_options(p: argparse.ArgumentParser) -> None:
 
 
 def _decoding_options(args: argparse.Namespace) -> dict:
-    for name in ("batch_size", "num_beams", "max_new_tokens"):
+    """The decoding options given (and --batch-size where the command has it), checked."""
+    names = [name for name in ("batch_size", "num_beams", "length_penalty", "max_new_tokens") if hasattr(args, name)]
+    for name in names:
         value = getattr(args, name)
-        if value is not None and value < 1:
+        if name != "length_penalty" and value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1; got {value}")
     if args.length_penalty is not None and not math.isfinite(args.length_penalty):
         raise ValueError(f"--length-penalty must be a finite number (the paper's: 0.6); got {args.length_penalty}")
-    return {"batch_size": args.batch_size, "num_beams": args.num_beams,
-            "length_penalty": args.length_penalty, "max_new_tokens": args.max_new_tokens}
+    return {name: getattr(args, name) for name in names}
 
 
 def _translator(args: argparse.Namespace):
@@ -433,30 +436,67 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 def _add_attention(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "attention",
-        help="translate a sentence and draw every attention layer and head",
-        description="Translate one sentence and write heat maps of encoder self-attention, decoder "
-        "self-attention and cross-attention: <kind>_layer<N>.png (every head of one layer in a grid), "
-        "overview.png (every layer, mean of heads), and bertviz.pt for bertviz in a notebook: "
-        "`model_view(**torch.load('bertviz.pt'))`.",
+        help="translate a sentence and show every attention layer and head (PNG heat maps, an HTML explorer)",
+        description="Translate one sentence and show its attention. --output-dir (the default) writes heat maps of "
+        "encoder self-attention, decoder self-attention and cross-attention: <kind>_layer<N>.png (every head of one "
+        "layer in a grid), overview.png (every layer, mean of heads), and bertviz.pt for bertviz in a notebook: "
+        "`model_view(**torch.load('bertviz.pt'))`. --html writes one self-contained page to explore every layer and "
+        "head in a browser, offline: lines and heat maps, stepping through the translation.",
     )
     p.add_argument("text", help="the sentence to translate")
     p.add_argument("--model", required=True, help="model folder or Hub id user/name")
-    p.add_argument("--output-dir", default="attention", help="folder for the images (default: %(default)s)")
-    p.add_argument("--num-beams", type=int, help="beam size (default: the model's)")
-    p.add_argument("--device", help="cpu, cuda, ... (default: the GPU when there is one)")
+    p.add_argument("--output-dir", help="folder for the images (default: attention, unless only --html is given)")
+    p.add_argument("--html", metavar="FILE", help="write the interactive explorer to this .html file")
+    _add_decoding_options(p, batches=False)
 
     def run(args: argparse.Namespace) -> int:
         from .attention_maps import collect_attentions, save_attention_maps
         from .inference import load_model
 
         try:
+            options = _decoding_options(args)
+            if args.html:
+                from .explorer import html_path, save_explorer
+
+                html_path(args.html, "--html")  # before a translation that may take a while
             model, tokenizer = load_model(args.model, args.device)
-            record = collect_attentions(model, tokenizer, args.text, num_beams=args.num_beams)
-            paths = save_attention_maps(record, args.output_dir)
+            record = collect_attentions(model, tokenizer, args.text, **options)
+            written = []
+            if args.html:
+                written.append(save_explorer(record, args.html))
+            if args.output_dir or not args.html:
+                written += save_attention_maps(record, args.output_dir or "attention")
         except (OSError, ValueError, TypeError) as err:
             _refuse(p, err)
         print(f"{record.source}\n-> {record.translation}")
-        print(f"{len(paths)} files written to {args.output_dir}:", " ".join(path.name for path in paths))
+        print(f"{len(written)} files written:", " ".join(str(path) for path in written))
+        return 0
+
+    p.set_defaults(func=run)
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="a local web app to try a model: translation, decoding options, attention explorer (Gradio)",
+        description="Serve a Gradio app for one model: a text box, its translation, decoding options and the "
+        "attention explorer of the sentence typed. It loads nothing from other hosts. Needs the serve extra: "
+        "pip install 'vanilla-transformer[serve]'. The same code runs as a Hub Space: see vanilla_transformer/app.py.",
+    )
+    p.add_argument("--model", required=True, help="model folder or Hub id user/name")
+    p.add_argument("--host", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, help="port (default: 7860, or the next free one)")
+    p.add_argument("--device", help="cpu, cuda, mps (default: the GPU when there is one)")
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            if args.port is not None and not 0 < args.port < 65536:
+                raise ValueError(f"--port must be in 1..65535; got {args.port}")
+            from .app import serve
+
+            serve(args.model, args.host, args.port, args.device)
+        except (OSError, ValueError, ImportError) as err:
+            _refuse(p, err)
         return 0
 
     p.set_defaults(func=run)
@@ -519,8 +559,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train, translate with and look inside the Transformer of 'Attention Is All You Need'.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_train_tokenizer, _add_train, _add_translate, _add_evaluate, _add_export, _add_attention, _add_push,
-                _add_quickstart):
+    for add in (_add_train_tokenizer, _add_train, _add_translate, _add_evaluate, _add_export, _add_attention, _add_serve,
+                _add_push, _add_quickstart):
         add(sub)
     return parser
 

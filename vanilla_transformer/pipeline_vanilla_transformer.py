@@ -19,8 +19,10 @@ needs a folder or Hub id. Generation options such as
 `num_beams`, `max_new_tokens` and `length_penalty` go to `model.generate`, whose defaults (the saved
 generation config and the model's own `generate`) decode as in §6.1 of the paper: beam size 4, length
 penalty 0.6, each output at most its source length + 50 tokens. `return_attentions=True` adds the
-attention weights behind each translation. `src_lang`/`tgt_lang` (the names transformers' translation
-pipelines used) are checked against the pair the model was trained on, with a warning if they differ.
+attention weights behind each translation (`attentions`: the weights, and for each side the token
+ids, the raw tokens and `readable_pieces`, the text each token stands for). `src_lang`/`tgt_lang`
+(the names transformers' translation pipelines used) are checked against the pair the model was
+trained on, with a warning if they differ.
 
 Texts longer than the model's limit (the tokenizer's `model_max_length`, and the position table
 for learned positions) are truncated to it with a warning, as the old transformers pipelines did,
@@ -84,7 +86,8 @@ def teacher_forced_attentions(model, input_ids, output_ids) -> dict:
     `generate(output_attentions=True)` needs under beam search.
 
     Returns per-layer stacks, layer first, without batch: encoder (L, H, S, S), decoder (L, H, T, T),
-    cross (L, H, T, S), and the token strings of both axes (`encoder_tokens`, `decoder_tokens`).
+    cross (L, H, T, S), and the ids of both axes (`input_ids`, `decoder_input_ids`). A model that
+    computes no weights (transformers' fused "sdpa" attention, as a Marian folder loads) is refused.
     """
     decoder_input_ids = output_ids[:, :-1]
     outputs = model(
@@ -93,6 +96,15 @@ def teacher_forced_attentions(model, input_ids, output_ids) -> dict:
         output_attentions=True,
         use_cache=False,
     )
+    kinds = ("encoder_attentions", "decoder_attentions", "cross_attentions")
+    if not all(getattr(outputs, kind, None) and all(w is not None for w in getattr(outputs, kind)) for kind in kinds):
+        implementation = getattr(model.config, "_attn_implementation", None)
+        raise ValueError(
+            f"the model ({type(model).__name__}, model_type {getattr(model.config, 'model_type', '?')!r}) returned no "
+            f"attention weights with its {implementation!r} attention, so there is nothing to show. Models of "
+            "vanilla-transformer always return them; load another transformers model with "
+            "attn_implementation='eager', or convert a Marian model with vanilla_transformer.convert_marian.from_marian."
+        )
     return {
         "encoder_attention": torch.cat(outputs.encoder_attentions).float().cpu(),
         "decoder_attention": torch.cat(outputs.decoder_attentions).float().cpu(),
@@ -100,6 +112,31 @@ def teacher_forced_attentions(model, input_ids, output_ids) -> dict:
         "input_ids": input_ids[0].tolist(),
         "decoder_input_ids": decoder_input_ids[0].tolist(),
     }
+
+
+def readable_pieces(tokenizer, ids: list[int]) -> list[str]:
+    """The text each token adds to the decoded sentence: tokens a person can read.
+
+    Byte-level BPE tokens are byte symbols (`ĠJesÃºs` stands for " Jesús") and one may hold only some
+    of a character's UTF-8 bytes. Decoding ever longer prefixes and keeping what each token adds gives
+    pieces that join to exactly `tokenizer.decode(ids, skip_special_tokens=True)`, their leading spaces
+    kept (a piece that starts with a space starts a word). A token that only begins a character gets ""
+    and the one that completes it the character. Special tokens are given as themselves ("</s>").
+    """
+    specials = set(tokenizer.all_special_ids)
+    pieces, text_ids, done, last = [], [], "", None
+    for token_id in ids:
+        if token_id in specials:
+            pieces.append(tokenizer.convert_ids_to_tokens(token_id))
+            continue
+        text_ids.append(token_id)
+        # An unfinished character decodes as U+FFFD until its last byte comes.
+        text = tokenizer.decode(text_ids, clean_up_tokenization_spaces=False).rstrip("\ufffd")
+        pieces.append(text[len(done):])
+        done, last = text, len(pieces) - 1
+    if last is not None:  # bytes that never became a character stay U+FFFD, on the last token
+        pieces[last] += tokenizer.decode(text_ids, clean_up_tokenization_spaces=False)[len(done):]
+    return pieces
 
 
 def _trim(ids: torch.Tensor, stop_ids: set[int], keep_first: bool) -> torch.Tensor:
@@ -194,8 +231,11 @@ class TranslationPipeline(Pipeline):
         if return_attentions:
             weights = model_outputs["attention_weights"]
             weights = dict(weights[0] if isinstance(weights, list) else weights)
-            weights["encoder_tokens"] = self.tokenizer.convert_ids_to_tokens(weights.pop("input_ids"))
-            weights["decoder_tokens"] = self.tokenizer.convert_ids_to_tokens(weights.pop("decoder_input_ids"))
+            for side, key in (("encoder", "input_ids"), ("decoder", "decoder_input_ids")):
+                ids = weights.pop(key)
+                weights[f"{side}_ids"] = ids
+                weights[f"{side}_tokens"] = self.tokenizer.convert_ids_to_tokens(ids)  # raw, as bertviz takes them
+                weights[f"{side}_pieces"] = readable_pieces(self.tokenizer, ids)  # the text each token stands for
             result["attentions"] = weights
         return result
 
