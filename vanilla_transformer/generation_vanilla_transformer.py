@@ -51,7 +51,22 @@ import numbers
 import torch
 from torch.nn.utils.rnn import pad_sequence
 from transformers import GenerationConfig
-from transformers.generation import GenerateBeamEncoderDecoderOutput, LogitsProcessor, LogitsProcessorList
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
+from transformers.generation import (
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    GenerateBeamEncoderDecoderOutput,
+    InfNanRemoveLogitsProcessor,
+    LogitsProcessor,
+    LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
 from transformers.modeling_outputs import BaseModelOutput
 
 LENGTH_PENALTY_STYLES = ("gnmt", "transformers")
@@ -113,6 +128,86 @@ class SourceLengthCap(LogitsProcessor):
         return torch.where(last_step[:, None], only_eos, scores)
 
 
+class PreallocatedLayer(DynamicLayer):
+    """One decoder layer's self-attention keys and values, in buffers allocated once per `generate` call.
+
+    transformers' dynamic layer grows by `torch.cat` every step and beam search reorders it with
+    `index_select`: two fresh (rows, H, length, Dh) tensors per layer and step, which on a CPU mostly
+    cost page faults. Here the buffers hold `max_length` positions from the start: a step writes its
+    slot in place, and reordering beams (or dropping finished sentences) gathers the filled part into
+    a spare pair of buffers, which then swap roles. `keys` and `values` are views of the filled part,
+    so attention sees exactly what the dynamic layer would hold.
+    """
+
+    def __init__(self, max_length: int):
+        super().__init__()
+        self.max_length = max_length
+        self.length = 0
+
+    def lazy_initialization(self, key_states, value_states):
+        self.dtype, self.device = key_states.dtype, key_states.device
+        rows, heads, _, head_dim = key_states.shape
+        shape = (rows, heads, self.max_length, head_dim)
+        self._buffers = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(4)]  # K, V, spares
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        rows, start, end = key_states.size(0), self.length, self.length + key_states.size(-2)
+        keys, values = self._buffers[0], self._buffers[1]
+        if end > self.max_length or rows > keys.size(0) or (start and rows != self.keys.size(0)):
+            raise ValueError(
+                f"`past_key_values` holds {self.max_length} positions of {keys.size(0)} rows (batch x beams); "
+                f"asked to store position {end} of {rows} rows. Let `generate` make the cache, or size yours for the call."
+            )
+        keys[:rows, :, start:end] = key_states
+        values[:rows, :, start:end] = value_states
+        self.length = end
+        self.keys, self.values = keys[:rows, :, :end], values[:rows, :, :end]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def _gather(self, rows: torch.Tensor) -> None:
+        """Keep `rows` (reordered beams, or the rows of unfinished sentences), written into the spares."""
+        spare_keys, spare_values = self._buffers[2][: rows.numel()], self._buffers[3][: rows.numel()]
+        torch.index_select(self.keys, 0, rows, out=spare_keys[:, :, : self.length])
+        torch.index_select(self.values, 0, rows, out=spare_values[:, :, : self.length])
+        self._buffers = [self._buffers[2], self._buffers[3], self._buffers[0], self._buffers[1]]
+        self.keys, self.values = spare_keys[:, :, : self.length], spare_values[:, :, : self.length]
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.length:
+            self._gather(beam_idx.to(self.device))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.length:
+            self._gather(torch.as_tensor(indices, device=self.device))
+
+    def crop(self, max_length: int) -> None:
+        """Keep the first `max_length` positions (a negative value removes that many from the end)."""
+        self.length = max(0, self.length + max_length if max_length < 0 else min(max_length, self.length))
+        if self.is_initialized:
+            self.keys, self.values = self.keys[:, :, : self.length], self.values[:, :, : self.length]
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Each row `repeats` times (contrastive search): new buffers of the larger batch."""
+        if self.length:
+            keys, values = self.keys.repeat_interleave(repeats, dim=0), self.values.repeat_interleave(repeats, dim=0)
+            self.is_initialized, self.length = False, 0
+            self.update(keys, values)
+
+
+def preallocated_cache(num_layers: int, max_length: int) -> EncoderDecoderCache:
+    """The cache our `generate` uses unless told otherwise: preallocated self-attention layers holding
+    `max_length` decoder positions, and transformers' dynamic cache for the cross-attention keys and
+    values (computed once from the encoder output, never grown)."""
+    self_attention = Cache(layers=[PreallocatedLayer(max_length) for _ in range(num_layers)])
+    return EncoderDecoderCache(self_attention, DynamicCache())
+
+
 def _setting(name, kwargs, generation_config, model_config, default=None):
     """A generation option as `generate` resolves it: the call, then the passed config, then the model's."""
     if kwargs.get(name) is not None:
@@ -169,20 +264,154 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
             generation_config = copy.deepcopy(generation_config)
             setattr(generation_config, name, value)
 
-    plain_beam_search = (
-        _setting("num_beams", kwargs, generation_config, model.generation_config, 1) > 1
-        and not _setting("do_sample", kwargs, generation_config, model.generation_config, False)
-        and _setting("num_beam_groups", kwargs, generation_config, model.generation_config, 1) == 1
-        and _setting("constraints", kwargs, generation_config, model.generation_config) is None
-        and _setting("force_words_ids", kwargs, generation_config, model.generation_config) is None
+    if _wants_preallocated_cache(kwargs, generation_config, model.generation_config):
+        capacity = _decoder_capacity(kwargs, generation_config, kwargs.get("decoder_input_ids"))
+        if capacity is not None:
+            kwargs["past_key_values"] = preallocated_cache(model.config.decoder_layers, capacity)
+
+    def setting(name, default=None):
+        return _setting(name, kwargs, generation_config, model.generation_config, default)
+
+    plain = (  # no sampling, groups, constraints, assistant, streamer or other decoding strategy
+        not setting("do_sample", False)
+        and setting("num_beam_groups", 1) == 1
+        and setting("constraints") is None
+        and setting("force_words_ids") is None
+        and not setting("penalty_alpha")
         and kwargs.get("assistant_model") is None
+        and kwargs.get("streamer") is None
+        and kwargs.get("custom_generate") is None
     )
-    if style == "gnmt" and plain_beam_search and kwargs.get("custom_generate") is None:
+    if plain and setting("num_beams", 1) > 1 and style == "gnmt":
         kwargs["custom_generate"] = gnmt_beam_search
+    elif plain and setting("num_beams", 1) == 1 and not setting("return_dict_in_generate", False):
+        kwargs["custom_generate"] = greedy_search  # finished sentences leave the batch
     return base_generate(inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs)
 
 
-def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+def _wants_preallocated_cache(kwargs, generation_config, stored) -> bool:
+    """Our cache is the default: unless the call brings a cache, names one (`cache_implementation`,
+    e.g. "dynamic" for transformers' own), or turns caching off."""
+    return (
+        kwargs.get("past_key_values") is None
+        and _setting("cache_implementation", kwargs, generation_config, stored) is None
+        and _setting("use_cache", kwargs, generation_config, stored, True) is not False
+        and kwargs.get("assistant_model") is None
+    )
+
+
+def _decoder_capacity(kwargs, generation_config, decoder_input_ids) -> int | None:
+    """The longest decoder sequence the call can reach (prompt included), from the lengths it sets."""
+    prompt = decoder_input_ids.size(1) if decoder_input_ids is not None else 1
+    for settings in (kwargs, vars(generation_config) if generation_config is not None else {}):
+        if settings.get("max_new_tokens") is not None:
+            return prompt + settings["max_new_tokens"]
+        if settings.get("max_length") is not None:
+            return max(settings["max_length"], prompt + 1)
+    return None
+
+
+# Logits processors that treat every row on its own, from its tokens: with only these (and our length
+# cap, applied by the search itself), finished sentences can leave the batch without changing a score.
+ROW_WISE_PROCESSORS = (
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    InfNanRemoveLogitsProcessor,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
+
+
+def _split_processors(logits_processor, sentences: int, device):
+    """Our per-sentence cap on new tokens (SourceLengthCap; none: no limit) and the other processors.
+    Our searches force </s> at the cap themselves, so that it follows rows leaving the batch."""
+    cap = torch.full((sentences,), torch.iinfo(torch.int64).max, device=device)
+    for processor in logits_processor:
+        if isinstance(processor, SourceLengthCap):
+            cap = torch.minimum(cap, processor.max_new_tokens.to(device))
+    return cap, LogitsProcessorList(p for p in logits_processor if not isinstance(p, SourceLengthCap))
+
+
+def _can_prune(processors, cache, per_step_outputs: bool) -> bool:
+    """Rows may leave the batch unless something needs every row at every step."""
+    static_cache = cache is not None and cache.is_compileable
+    return not per_step_outputs and not static_cache and all(isinstance(p, ROW_WISE_PROCESSORS) for p in processors)
+
+
+def _force_eos(scores: torch.Tensor, last_step: torch.Tensor, eos: int) -> torch.Tensor:
+    """Rows at their last allowed step may only end: every token but </s> gets -inf (§6.1's cap)."""
+    if not bool(last_step.any()):
+        return scores
+    only_eos = torch.full_like(scores, float("-inf"))
+    only_eos[:, eos] = scores[:, eos]
+    return torch.where(last_step[:, None], only_eos, scores)
+
+
+def _keep_rows(rows: torch.Tensor, cache, memory, attention_mask, self_attention_rows=None):
+    """Drop the rows not in `rows` from the cache and the encoder side (the self-attention cache takes
+    `self_attention_rows` instead when beams are reordered in the same gather)."""
+    if cache is not None:
+        cache.self_attention_cache.batch_select_indices(rows if self_attention_rows is None else self_attention_rows)
+        cache.cross_attention_cache.batch_select_indices(rows)
+    return memory[rows], attention_mask[rows] if attention_mask is not None else None
+
+
+def _eos(generation_config) -> int:
+    eos = generation_config.eos_token_id
+    return eos[0] if isinstance(eos, (list, tuple)) else eos
+
+
+def greedy_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True, **model_kwargs):
+    """Greedy decoding in which finished sentences leave the batch; a `custom_generate` callable.
+
+    Returns what transformers' greedy search returns, token for token: each row its argmax tokens,
+    padded after it ends, up to the step the last row ended. Rows stay in place (as in transformers,
+    fed padding once finished) under the conditions of `gnmt_beam_search`. Our `generate` uses it for
+    plain greedy decoding without per-step outputs.
+    """
+    rows, prompt_length = input_ids.shape
+    device = input_ids.device
+    use_cache = model_kwargs.get("use_cache", True)
+    cache = model_kwargs.get("past_key_values") if use_cache else None
+    memory, attention_mask = model_kwargs["encoder_outputs"].last_hidden_state, model_kwargs.get("attention_mask")
+    cap, processors = _split_processors(logits_processor, rows, device)
+    prune = prune and _can_prune(processors, cache, per_step_outputs=False)
+    eos = _eos(generation_config)
+    pad = generation_config.pad_token_id if generation_config.pad_token_id is not None else eos
+
+    sequences = input_ids.new_full((rows, generation_config.max_length), pad)
+    active = torch.arange(rows, device=device)  # the rows in the batch, by their index in the input
+    tokens = input_ids  # theirs so far
+    running = torch.ones(rows, dtype=torch.bool, device=device)
+    while True:
+        outputs = model(
+            decoder_input_ids=tokens[:, -1:] if cache is not None and cache.get_seq_length() else tokens,
+            encoder_outputs=BaseModelOutput(last_hidden_state=memory),
+            attention_mask=attention_mask,
+            past_key_values=cache,
+            use_cache=use_cache,
+        )
+        scores = processors(tokens, outputs.logits[:, -1].float())
+        scores = _force_eos(scores, tokens.size(1) - prompt_length + 1 >= cap[active], eos)
+        next_tokens = torch.where(running, scores.argmax(dim=-1), pad)  # finished rows are fed padding
+        tokens = torch.cat((tokens, next_tokens[:, None]), dim=1)
+        running &= ~stopping_criteria(tokens, scores)
+        if not bool(running.any()):
+            sequences[active, : tokens.size(1)] = tokens
+            return sequences[:, : tokens.size(1)]
+        if prune and not bool(running.all()):
+            sequences[active[~running], : tokens.size(1)] = tokens[~running]
+            memory, attention_mask = _keep_rows(running.nonzero().squeeze(1), cache, memory, attention_mask)
+            tokens, active, running = tokens[running], active[running], running[running]
+
+
+def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True,
+                     **model_kwargs):
     """Beam search ranked by log P / lp with the GNMT penalty; a `custom_generate` callable for `generate`.
 
     `generate` has already run the encoder once and repeated each sentence `num_beams` times, so
@@ -198,6 +427,12 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     length (L its length, L_max the sentence's cap). A sentence is done when it has
     `num_return_sequences` finished hypotheses and the worst of those is at least that bound for its
     best live hypothesis; `early_stopping` is not used.
+
+    Finished sentences leave the batch (as in fairseq's generator): their rows are no longer computed,
+    and the search ends when the last sentence is done. Outputs and scores are those of the full batch.
+    Rows stay in place when per-step outputs are asked for (`return_dict_in_generate` with scores or
+    attentions, which hold every row), with a static cache, with a logits processor that is not known
+    to treat rows on their own, or with `prune=False`.
     """
     beams, alpha = generation_config.num_beams, generation_config.length_penalty
     n_return = generation_config.num_return_sequences or 1
@@ -207,16 +442,17 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     use_cache = model_kwargs.get("use_cache", True)
     cache = model_kwargs.get("past_key_values") if use_cache else None
     encoder_outputs = model_kwargs["encoder_outputs"]
-    memory = BaseModelOutput(last_hidden_state=encoder_outputs.last_hidden_state)
+    memory = encoder_outputs.last_hidden_state
+    attention_mask = model_kwargs.get("attention_mask")
     output_attentions = bool(generation_config.output_attentions)
     output_hidden_states = bool(generation_config.output_hidden_states)
     want_dict = generation_config.return_dict_in_generate
-
-    # Longest output per sentence: transformers' max_length, or the source-length cap if it is set.
-    max_new = torch.full((batch,), generation_config.max_length - prompt_length, device=device)
-    for processor in logits_processor:
-        if isinstance(processor, SourceLengthCap):
-            max_new = torch.minimum(max_new, processor.max_new_tokens.to(device))
+    eos = _eos(generation_config)
+    # Longest output per sentence: transformers' max_length, or the source-length cap (§6.1) if it is set.
+    cap, processors = _split_processors(logits_processor, batch, device)
+    max_new = cap.clamp(max=generation_config.max_length - prompt_length)
+    per_step_outputs = want_dict and (generation_config.output_scores or output_attentions or output_hidden_states)
+    prune = prune and _can_prune(processors, cache, per_step_outputs)
 
     tokens = input_ids  # (rows, t)
     origins = input_ids.new_zeros(rows, 0)  # the row each token was generated from (transformers' beam_indices)
@@ -225,41 +461,45 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     finished = [[] for _ in range(batch)]  # per sentence: (score, log P, tokens, origins), best first
     worst_kept = torch.full((batch,), float("-inf"), device=device)  # n_return-th best finished score
     done = torch.zeros(batch, dtype=torch.bool, device=device)
+    active = torch.arange(batch, device=device)  # the sentences in the batch, by their index in the input
     step_scores, decoder_attentions, cross_attentions, decoder_hidden_states = [], [], [], []
-    sentence_offset = torch.arange(batch, device=device)[:, None] * beams
 
-    while not bool(done.all()):
+    while not bool(done[active].all()):
         outputs = model(
             decoder_input_ids=tokens[:, -1:] if cache is not None else tokens,
-            encoder_outputs=memory,
-            attention_mask=model_kwargs.get("attention_mask"),
+            encoder_outputs=BaseModelOutput(last_hidden_state=memory),
+            attention_mask=attention_mask,
             past_key_values=cache,
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
         )
-        log_probs = logits_processor(tokens, outputs.logits[:, -1].float().log_softmax(dim=-1))
+        log_probs = processors(tokens, outputs.logits[:, -1].float().log_softmax(dim=-1))
+        last_step = tokens.size(1) - prompt_length + 1 >= cap[active]
+        log_probs = _force_eos(log_probs, last_step.repeat_interleave(beams), eos)
         if want_dict:
             step_scores.append(log_probs)
             decoder_attentions.append(outputs.decoder_attentions)
             cross_attentions.append(outputs.cross_attentions)
             decoder_hidden_states.append(outputs.decoder_hidden_states)
-        vocab = log_probs.size(-1)
-        candidates = (scores.view(-1, 1) + log_probs).view(batch, beams * vocab)
-        top_scores, top_index = candidates.topk(2 * beams, dim=1)  # (batch, 2K), best first
+        vocab, live_sentences = log_probs.size(-1), active.numel()
+        sentence_offset = torch.arange(live_sentences, device=device)[:, None] * beams
+        candidates = (scores.view(-1, 1) + log_probs).view(live_sentences, beams * vocab)
+        top_scores, top_index = candidates.topk(2 * beams, dim=1)  # (sentences, 2K), best first
         source_row = (top_index // vocab + sentence_offset).view(-1)
         candidate_tokens = torch.cat((tokens[source_row], (top_index % vocab).view(-1, 1)), dim=1)
         candidate_origins = torch.cat((origins[source_row], source_row[:, None]), dim=1)
-        ended = stopping_criteria(candidate_tokens, None).view(batch, 2 * beams) & (top_scores > float("-inf"))
+        ended = stopping_criteria(candidate_tokens, None).view(live_sentences, 2 * beams) & (top_scores > float("-inf"))
 
         # Finished hypotheses: ended among the K best, in sentences still searching.
         length = candidate_tokens.size(1) - prompt_length
         lp = gnmt_length_penalty(float(length), alpha)
-        final = ended & ~done[:, None]
+        final = ended & ~done[active][:, None]
         final[:, beams:] = False
-        for sentence, rank in final.nonzero().tolist():
-            log_p = top_scores[sentence, rank].item()
-            i = sentence * 2 * beams + rank
+        for row, rank in final.nonzero().tolist():
+            sentence = int(active[row])
+            log_p = top_scores[row, rank].item()
+            i = row * 2 * beams + rank
             kept = finished[sentence]
             kept.append((log_p / lp, log_p, candidate_tokens[i], candidate_origins[i]))
             kept.sort(key=lambda hypothesis: -hypothesis[0])
@@ -271,15 +511,26 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
         live = torch.sort(ended.int(), dim=1, stable=True).indices[:, :beams]
         scores = top_scores.gather(1, live).masked_fill(ended.gather(1, live), float("-inf"))
         selected = (live + sentence_offset * 2).view(-1)
-        tokens, origins = candidate_tokens[selected], candidate_origins[selected]
-        if cache is not None:  # beams only move within a sentence, whose cross-attention rows are all equal
-            cache.self_attention_cache.reorder_cache(source_row[selected])
+        tokens, origins, parents = candidate_tokens[selected], candidate_origins[selected], source_row[selected]
 
         best_possible = torch.maximum(
             scores[:, 0] / gnmt_length_penalty(float(length + 1), alpha),
-            scores[:, 0] / gnmt_length_penalty(max_new.float(), alpha),
+            scores[:, 0] / gnmt_length_penalty(max_new[active].float(), alpha),
         )
-        done |= (length >= max_new) | (worst_kept >= best_possible)
+        done[active] |= (length >= max_new[active]) | (worst_kept[active] >= best_possible)
+
+        # Beams move within a sentence, whose cross-attention rows are all equal: only the self-attention
+        # cache is reordered. Sentences that are done leave, in the same gather.
+        staying = ~done[active]
+        if not prune or bool(staying.all()):
+            if cache is not None:
+                cache.self_attention_cache.reorder_cache(parents)
+            continue
+        rows_staying = staying.repeat_interleave(beams)
+        memory, attention_mask = _keep_rows(
+            rows_staying.nonzero().squeeze(1), cache, memory, attention_mask, self_attention_rows=parents[rows_staying]
+        )
+        tokens, origins, scores, active = tokens[rows_staying], origins[rows_staying], scores[staying], active[staying]
 
     hypotheses = [h for kept in finished for h in kept]
     pad = generation_config.pad_token_id if generation_config.pad_token_id is not None else 0
@@ -301,4 +552,13 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     )
 
 
-__all__ = ["SourceLengthCap", "check_decoding_options", "generate", "gnmt_beam_search", "gnmt_length_penalty", "paper_generation_config"]
+__all__ = [
+    "PreallocatedLayer",
+    "SourceLengthCap",
+    "check_decoding_options",
+    "generate",
+    "gnmt_beam_search",
+    "gnmt_length_penalty",
+    "paper_generation_config",
+    "preallocated_cache",
+]

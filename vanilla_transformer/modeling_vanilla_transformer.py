@@ -699,6 +699,11 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
         memory = encoder_outputs.last_hidden_state
 
+        if past_key_values is not None and not isinstance(past_key_values, EncoderDecoderCache):
+            raise ValueError(
+                "`past_key_values` must be an EncoderDecoderCache (self-attention and cross-attention caches); "
+                f"got {type(past_key_values).__name__}."
+            )
         if past_key_values is None or past_key_values.get_seq_length() == 0:
             # Once decoding has started the ids come from the model itself; checking is a sync per step.
             shape = _tokens_or_embeddings("decoder_input", decoder_input_ids, decoder_inputs_embeds, config.vocab_size)
@@ -775,6 +780,13 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         `max_length_offset` (default 50) caps each sentence at its source length + offset new tokens
         when no max_new_tokens / max_length is given. See generation_vanilla_transformer.py."""
         return _paper_generate(self, super().generate, inputs, generation_config, logits_processor, **kwargs)
+
+    def _reorder_cache(self, past_key_values, beam_idx):
+        """Called by transformers' beam search after each step (its hook for models with their own way).
+        Beams move only within a sentence, and the cross-attention keys and values of a sentence are
+        the same in every beam: only the self-attention cache is reordered, not both."""
+        past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        return past_key_values
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

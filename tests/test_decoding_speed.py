@@ -1,0 +1,160 @@
+"""Decoding's fast paths (issue #14): the preallocated cache, finished sentences leaving the batch and
+the self-attention-only beam reordering change no output, in every mode, against transformers' own
+dynamic cache and loops."""
+
+import functools
+import json
+
+import pytest
+import torch
+
+from vanilla_transformer.generation_vanilla_transformer import (
+    PreallocatedLayer,
+    gnmt_beam_search,
+    greedy_search,
+    preallocated_cache,
+)
+
+# Very different source lengths: sentences end (and leave the batch) at very different steps.
+SENTENCES = [
+    "Jesus wept.",
+    "In the beginning God created the heavens and the earth.",
+    "And the earth was without form, and void; and darkness was upon the face of the deep. And the Spirit of God "
+    "moved upon the face of the waters.",
+    "Amen.",
+    "And God said, Let there be light: and there was light.",
+]
+
+
+@pytest.fixture(scope="module")
+def model_and_batch(hub_tiny_model):
+    model, tokenizer = hub_tiny_model
+    return model, tokenizer(SENTENCES, return_tensors="pt", padding=True)
+
+
+def _generate(model, batch, seed=0, **options):
+    torch.manual_seed(seed)
+    return model.generate(**batch, **options)
+
+
+MODES = {
+    "greedy": dict(num_beams=1),
+    "sampling": dict(do_sample=True, top_k=50, num_return_sequences=2),
+    "beam, transformers' scoring": dict(num_beams=4, length_penalty_style="transformers", length_penalty=0.6),
+    "beam, GNMT": dict(num_beams=4, length_penalty_style="gnmt", length_penalty=0.6),
+    "beam, GNMT, 2 returned": dict(num_beams=4, num_return_sequences=2, length_penalty_style="gnmt"),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_gives_the_dynamic_cache_s_tokens_and_scores(model_and_batch, mode):
+    model, batch = model_and_batch
+    options = dict(MODES[mode], return_dict_in_generate=True, output_scores=True)
+    fast = _generate(model, batch, **options)
+    reference = _generate(model, batch, cache_implementation="dynamic", **options)
+    assert torch.equal(fast.sequences, reference.sequences)
+    assert type(fast.past_key_values.self_attention_cache.layers[0]) is PreallocatedLayer
+    assert type(reference.past_key_values.self_attention_cache.layers[0]) is not PreallocatedLayer
+    if "beam" in mode:
+        assert torch.allclose(fast.sequences_scores, reference.sequences_scores, atol=1e-5)
+    for step, (a, b) in enumerate(zip(fast.scores, reference.scores)):
+        finite = b.isfinite()
+        assert torch.equal(a.isfinite(), finite) and torch.allclose(a[finite], b[finite], atol=1e-5), step
+    # Plain calls (no per-step outputs) take the pruning searches: still the same tokens.
+    plain = dict(MODES[mode])
+    assert torch.equal(_generate(model, batch, **plain), _generate(model, batch, cache_implementation="dynamic", **plain))
+
+
+@pytest.mark.parametrize("extra", [{}, dict(no_repeat_ngram_size=2), dict(max_new_tokens=9)], ids=["cap", "ngram", "max_new"])
+def test_finished_sentences_leaving_the_batch_changes_nothing(model_and_batch, extra):
+    model, batch = model_and_batch
+    pruned = model.generate(**batch, num_beams=1, custom_generate=greedy_search, **extra)
+    whole = model.generate(**batch, num_beams=1, custom_generate=functools.partial(greedy_search, prune=False), **extra)
+    assert torch.equal(pruned, whole)
+    if not extra:
+        lengths = pruned[:, 1:].ne(model.config.pad_token_id).sum(1)
+        assert lengths.min() < lengths.max()  # sentences did end at different steps
+
+    options = dict(num_beams=4, return_dict_in_generate=True, **extra)
+    pruned = model.generate(**batch, custom_generate=gnmt_beam_search, **options)
+    whole = model.generate(**batch, custom_generate=functools.partial(gnmt_beam_search, prune=False), **options)
+    assert torch.equal(pruned.sequences, whole.sequences)
+    assert torch.allclose(pruned.sequences_scores, whole.sequences_scores, atol=1e-5)
+
+
+def test_the_pruning_searches_are_what_generate_runs(model_and_batch, monkeypatch):
+    """A plain greedy call and a GNMT beam call go through the pruning searches, and rows do leave."""
+    from vanilla_transformer import generation_vanilla_transformer as generation
+
+    model, batch = model_and_batch
+    batch_sizes = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **k: batch_sizes.append(k["decoder_input_ids"].size(0)) or forward(*a, **k))
+    model.generate(**batch, num_beams=1)
+    assert batch_sizes[0] == len(SENTENCES) and batch_sizes[-1] < len(SENTENCES)
+    batch_sizes.clear()
+    model.generate(**batch, num_beams=4, length_penalty_style="gnmt")
+    assert batch_sizes[0] == 4 * len(SENTENCES) and batch_sizes[-1] < 4 * len(SENTENCES)
+
+
+def test_output_attentions_and_the_pipeline_still_work(model_and_batch, hub_tiny_model):
+    from vanilla_transformer import TranslationPipeline
+
+    model, batch = model_and_batch
+    out = model.generate(**batch, num_beams=3, output_attentions=True, return_dict_in_generate=True)
+    reference = model.generate(**batch, num_beams=3, output_attentions=True, return_dict_in_generate=True,
+                               cache_implementation="dynamic")
+    assert len(out.cross_attentions) == len(reference.cross_attentions)
+    for a, b in zip(out.decoder_attentions[-1], reference.decoder_attentions[-1]):
+        assert torch.allclose(a, b, atol=1e-5)
+    translate = TranslationPipeline(model=hub_tiny_model[0], tokenizer=hub_tiny_model[1])
+    texts = [r["translation_text"] for r in translate(SENTENCES, batch_size=2)]
+    assert texts == [r["translation_text"] for r in translate(SENTENCES, batch_size=2, cache_implementation="dynamic")]
+
+
+def test_a_saved_folder_uses_the_preallocated_cache_without_the_package(hub_tiny_folder, model_and_batch, run_without_package):
+    model, batch = model_and_batch
+    expected = model.generate(**batch).tolist()
+    out = run_without_package(
+        f"""
+        import json
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained({str(hub_tiny_folder)!r}, trust_remote_code=True)
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(hub_tiny_folder)!r}, trust_remote_code=True)
+        batch = tokenizer({SENTENCES!r}, return_tensors="pt", padding=True)
+        out = model.generate(**batch, return_dict_in_generate=True)
+        layer = out.past_key_values.self_attention_cache.layers[0]
+        print(json.dumps([type(layer).__name__, type(layer).__module__, out.sequences.tolist()]))
+        """
+    )
+    name, module, sequences = json.loads(out.strip().splitlines()[-1])
+    assert name == "PreallocatedLayer" and module.startswith("transformers_modules")
+    assert sequences == expected
+
+
+def test_a_cache_of_the_wrong_size_or_kind_is_refused_clearly(model_and_batch):
+    from transformers.cache_utils import DynamicCache
+
+    model, batch = model_and_batch
+    with pytest.raises(ValueError, match="`past_key_values` holds 8 positions of 5 rows"):
+        model.generate(**batch, num_beams=1, max_new_tokens=20, past_key_values=preallocated_cache(2, 8))
+    layer = PreallocatedLayer(16)
+    layer.update(torch.zeros(1, 4, 3, 16), torch.zeros(1, 4, 3, 16))  # sized for one row
+    with pytest.raises(ValueError, match=r"holds 16 positions of 1 rows \(batch x beams\); asked to store position 4 of 5 rows"):
+        layer.update(torch.zeros(5, 4, 1, 16), torch.zeros(5, 4, 1, 16))
+    with pytest.raises(ValueError, match="`past_key_values` must be an EncoderDecoderCache"):
+        model(**batch, decoder_input_ids=batch["input_ids"][:, :1] * 0, past_key_values=DynamicCache())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the compiled static-cache path)")
+def test_static_cache_under_torch_compile_on_a_gpu(hub_tiny_model):
+    """On a GPU, transformers compiles the decoder step when the cache is static (CUDA graphs)."""
+    model, tokenizer = hub_tiny_model
+    model = model.to("cuda")
+    try:
+        batch = tokenizer(SENTENCES, return_tensors="pt", padding=True).to("cuda")
+        dynamic = model.generate(**batch, num_beams=1, cache_implementation="dynamic")
+        static = model.generate(**batch, num_beams=1, cache_implementation="static")
+        assert torch.equal(static, dynamic)
+    finally:
+        model.to("cpu")
