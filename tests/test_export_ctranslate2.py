@@ -135,6 +135,15 @@ def test_the_exported_folder_translates_without_the_package(hub_tiny_folder, run
     assert config["decoder_start_token"] == "<pad>" and not config["add_source_eos"]
 
 
+@pytest.mark.parametrize("quantization", ["int8", "int8_float32"])
+def test_a_quantized_export_leaves_the_model_it_was_given_untouched(hub_tiny_folder, tmp_path, quantization):
+    model, tokenizer = load_model(str(hub_tiny_folder), "cpu")
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    export_ctranslate2(model, tokenizer, tmp_path / "export", quantization)
+    changed = [name for name, tensor in model.state_dict().items() if not torch.equal(tensor, before[name])]
+    assert not changed
+
+
 def test_export_translate_and_evaluate_from_the_command_line(hub_tiny_folder, hub_tiny_model, tmp_path, capsys):
     lines = ["In the beginning God created the heavens and the earth.", "", "Jesus wept."]
     greedy = ["--num-beams", "1", "--max-new-tokens", "12"]

@@ -104,7 +104,9 @@ def _spec(model, tokens: list[str], unk_token: str):
         pre_norm=config.norm_position == "pre",
         activation={"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[config.activation],
     )
-    weight = {name: tensor.detach().float().cpu() for name, tensor in model.state_dict().items()}
+    # Copies: CTranslate2's quantization rewrites the arrays it is given in place, and a float32 CPU
+    # tensor's .float().cpu() is the model's own memory (an int8 export once quantized the caller's model).
+    weight = {name: tensor.detach().float().cpu().clone() for name, tensor in model.state_dict().items()}
 
     def linear(target, *names):  # several names: fused along the output rows (Q, K, V -> QKV)
         target.weight = torch.cat([weight[f"{name}.weight"] for name in names])
