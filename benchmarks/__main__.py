@@ -217,10 +217,15 @@ def markdown(report: dict) -> str:
         "Beam 4 uses transformers' scoring (length penalty 0.6 as |Y|^α, early stopping) for ours and Marian, "
         "and CTranslate2's search is the same (exported by `vanilla-transformer export`); ours-gnmt is our "
         "search with the GNMT penalty ((5+|Y|)/6)^α. 'agrees' is the share of sentences with the same tokens "
-        "as ours in fp32; BLEU (a trained model only) is sacrebleu's on the same sentences.",
+        "as ours in fp32; BLEU (a trained model only) is sacrebleu's on the same sentences. Peak memory is "
+        "what decoding the sentences needs beyond the loaded model: resident memory (CPU) or torch's "
+        "allocated memory (GPU) above the start. Rows 'ours, …' are ours with one of its decoding changes "
+        "undone (transformers' loop keeps finished sentences in the batch; 'dynamic cache' is transformers' "
+        "growing cache), to show what each buys.",
         "",
-        "| size | sentences | mode | contender | generated tokens/s | sentences/s | vs Marian | agrees | BLEU |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| size | sentences | mode | contender | generated tokens/s | sentences/s | vs Marian | agrees | BLEU "
+        "| peak memory (MB) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for size, r in report["generation"].items():
         n = settings["per_size"][size]["sentences"]
@@ -233,8 +238,10 @@ def markdown(report: dict) -> str:
                 versus = _ratio(contenders["speedup_vs_marian"]) if name == "ours" else (
                     f"{c['tokens_per_s']['median'] / marian_rate:.2f}×")
                 bleu = f"{c['bleu']:.2f}" if "bleu" in c else "–"
+                memory = "–" if c.get("peak_memory_mb") is None else f"{c['peak_memory_mb']:,.0f}"
                 lines.append(f"| {size} | {n} | {mode} | {name} | {_rate(c['tokens_per_s'])} | "
-                             f"{_rate(c['sentences_per_s'], '.1f')} | {versus} | {c['agrees_with_ours']:.1%} | {bleu} |")
+                             f"{_rate(c['sentences_per_s'], '.1f')} | {versus} | {c['agrees_with_ours']:.1%} | {bleu} "
+                             f"| {memory} |")
     lines += ["", "Generation checks (fp32, before timing):", ""]
     for size, r in report["generation"].items():
         for mode, m in r["modes"].items():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
+import resource
 import statistics
 import time
 
@@ -79,6 +81,47 @@ def summary(values: list[float]) -> dict:
         "max": max(values),
         "n": len(values),
     }
+
+
+def peak_rss_mb() -> float:
+    """The process's peak resident memory since the last `reset_peak_rss`, or since it started."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024  # kB
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB; never reset
+
+
+def reset_peak_rss() -> float:
+    """Start the peak from here (Linux: "5" to clear_refs resets VmHWM), so that what importing and
+    loading took, and freed, does not hide a smaller model's peak. Returns the resident memory now.
+    Memory the C allocator keeps after a free is handed back first (glibc's malloc_trim), or a second
+    contender would reuse the first one's pages without its peak showing them."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        pass
+    return peak_rss_mb()
+
+
+def peak_memory_mb(fn, device: str) -> float:
+    """Memory `fn()` needs beyond what is already held (weights, inputs): peak resident memory above
+    the start on a CPU, peak allocated above the start on a GPU (torch's allocator: PyTorch models only)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    before = reset_peak_rss()
+    fn()
+    return peak_rss_mb() - before
 
 
 class Timer:

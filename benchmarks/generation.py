@@ -17,6 +17,7 @@ outputs are also scored against the references (BLEU, sacrebleu's defaults).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import tempfile
@@ -26,15 +27,33 @@ from transformers import GenerationConfig, GenerationMixin
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.convert_marian import to_marian
+from vanilla_transformer.generation_vanilla_transformer import gnmt_beam_search
 from vanilla_transformer.inference import score_translations
 
-from .common import Timer, attention_kernels, encode, model_config, pairs, summary, token_batch
+from .common import Timer, attention_kernels, encode, model_config, pairs, peak_memory_mb, summary, token_batch
 
 BATCH_SIZE = 32
 LENGTH_PENALTY = 0.6
 MODES = {
     "greedy": dict(num_beams=1),
     "beam4": dict(num_beams=4, length_penalty=LENGTH_PENALTY, early_stopping=True),
+}
+GNMT = dict(length_penalty_style="gnmt")
+# What each of our decoding changes buys (issue #14): ours with one undone, timed beside the rest.
+# transformers' own greedy loop keeps finished sentences in the batch (ours drops them, unless the
+# call asks for per-step outputs); "dynamic" is transformers' growing cache instead of our preallocated one.
+ABLATIONS = {
+    "greedy": {
+        "ours, transformers' loop": dict(return_dict_in_generate=True),
+        "ours, transformers' loop, dynamic cache": dict(return_dict_in_generate=True, cache_implementation="dynamic"),
+    },
+    "beam4": {
+        "ours, dynamic cache": dict(cache_implementation="dynamic"),
+        "ours-gnmt, finished stay": dict(GNMT, custom_generate=functools.partial(gnmt_beam_search, prune=False)),
+        "ours-gnmt, finished stay, dynamic cache": dict(
+            GNMT, custom_generate=functools.partial(gnmt_beam_search, prune=False), cache_implementation="dynamic"
+        ),
+    },
 }
 
 
@@ -148,7 +167,10 @@ def run(tokenizer, sizes, device: str, threads: int, sentences: int, max_new_tok
             for mode, options in MODES.items():
                 mode_runners = {name: (lambda r=runner: r(options)) for name, runner in contenders.items()}
                 if gnmt and mode == "beam4":
-                    mode_runners["ours-gnmt"] = lambda: contenders["ours"](dict(options, length_penalty_style="gnmt"))
+                    mode_runners["ours-gnmt"] = lambda: contenders["ours"](dict(options, **GNMT))
+                if gnmt:
+                    for name, undone in ABLATIONS[mode].items():
+                        mode_runners[name] = lambda u=undone: contenders["ours"](dict(options, **u))
                 timed = _time(mode_runners, repeats, references[mode], device)
                 for name, contender in timed["contenders"].items():
                     outputs = contender.pop("outputs", None)
@@ -176,6 +198,7 @@ def _hf_runner(model, batches, device, max_new_tokens, eos, pad):
             for batch in subset or batches:
                 batch = {k: v.to(device) for k, v in batch.items()}
                 sequences = model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens, **options)
+                sequences = getattr(sequences, "sequences", sequences)  # return_dict_in_generate
                 outputs.extend(_trim(sequences.cpu(), eos, pad))
         return outputs
 
@@ -206,7 +229,8 @@ def _ctranslate2_runner(path, tokenizer, batches, device, threads, max_new_token
 
 
 def _time(runners: dict, repeats: int, reference, device) -> dict:
-    """Each contender once as warm-up, then `repeats` rounds in rotating order."""
+    """Each contender once as warm-up, then `repeats` rounds in rotating order; then each contender's
+    peak memory in one more run (CTranslate2's on a GPU is outside torch's allocator: not measured)."""
     outputs = {name: runner() for name, runner in runners.items()}
     seconds = {name: [] for name in runners}
     names = list(runners)
@@ -216,6 +240,9 @@ def _time(runners: dict, repeats: int, reference, device) -> dict:
             with Timer(device) as timer:
                 runners[name]()
             seconds[name].append(timer.seconds)
+    cuda = torch.device(device).type == "cuda"
+    memory = {name: None if cuda and name.startswith("ctranslate2") else peak_memory_mb(runner, device)
+              for name, runner in runners.items()}
     timed = {}
     for name, output in outputs.items():
         tokens = sum(map(len, output))
@@ -226,6 +253,7 @@ def _time(runners: dict, repeats: int, reference, device) -> dict:
             "tokens_per_s": {"median": tokens / s["median"], "min": tokens / s["max"], "max": tokens / s["min"]},
             "sentences_per_s": {k: len(output) / s[k2] for k, k2 in (("median", "median"), ("min", "max"), ("max", "min"))},
             "agrees_with_ours": sum(a == b for a, b in zip(output, reference)) / len(reference),
+            "peak_memory_mb": memory[name],
             "outputs": output,
         }
     ours_seconds = seconds["ours"]

@@ -13,36 +13,15 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 
 import torch
 
-from .common import Timer, attention_kernels, by_length, model_config, pairs, summary, token_batch
+from .common import Timer, attention_kernels, by_length, model_config, pairs, peak_rss_mb, reset_peak_rss, summary, token_batch
 
 CONTENDERS = ("ours", "marian")
-
-
-def _peak_rss_mb() -> float:
-    """The process's peak resident memory since the last `_reset_peak_rss`, or since it started."""
-    try:
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024  # kB
-    except (OSError, StopIteration):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB; never reset
-
-
-def _reset_peak_rss() -> float:
-    """Start the peak from here (Linux: "5" to clear_refs resets VmHWM), so that what importing and
-    loading took, and freed, does not hide a smaller model's peak. Returns the resident memory now."""
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-    except OSError:
-        pass
-    return _peak_rss_mb()
 
 
 def _build(contender: str, config_dict: dict):
@@ -64,7 +43,7 @@ def worker(spec: dict) -> dict:
     device = torch.device(spec["device"])
     cuda = device.type == "cuda"
     batch = {name: tensor.to(device) for name, tensor in torch.load(spec["batch"]).items()}
-    rss_before_model = _reset_peak_rss()  # the interpreter with torch and transformers imported, and the batch
+    rss_before_model = reset_peak_rss()  # the interpreter with torch and transformers imported, and the batch
     model = _build(spec["contender"], spec["config"]).to(device).train()
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(parameters, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
@@ -92,7 +71,7 @@ def worker(spec: dict) -> dict:
         "target_tokens": int((batch["labels"] != -100).sum()),
         "source_tokens": int(batch["attention_mask"].sum()),
         "parameters": sum(p.numel() for p in parameters),
-        "peak_rss_mb": _peak_rss_mb(),
+        "peak_rss_mb": peak_rss_mb(),
         "rss_before_model_mb": rss_before_model,
     }
     if cuda:

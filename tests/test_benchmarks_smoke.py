@@ -54,6 +54,14 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path, hub_tiny_folder):
                 assert result["contenders"][name]["sentences_per_s"]["median"] > 0
                 assert ("bleu" in result["contenders"][name]) == (size == "trained")
             assert result["contenders"]["marian"]["agrees_with_ours"] == 1.0
+            for name in ("ours", "marian"):  # what decoding holds beyond the loaded model: something, not GBs
+                assert 0 < result["contenders"][name]["peak_memory_mb"] < 2_000
+            # Each decoding change undone decodes the same tokens (the ablation rows of issue #14).
+            ablations = {name: c for name, c in result["contenders"].items() if name.startswith("ours") and "," in name}
+            assert len(ablations) == {"greedy": 2, "beam4": 3}[mode]
+            gnmt = result["contenders"]["ours-gnmt"]["agrees_with_ours"] if mode == "beam4" else 1.0
+            for name, c in ablations.items():
+                assert c["agrees_with_ours"] == (gnmt if name.startswith("ours-gnmt") else 1.0), name
             if "ctranslate2-float32" in contenders:  # exported with our exporter: the same search, the same tokens
                 assert result["contenders"]["ctranslate2-float32"]["agrees_with_ours"] == 1.0
     assert generation["weights"].startswith("trained")
