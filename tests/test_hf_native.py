@@ -252,18 +252,25 @@ def test_pipeline_over_a_dataset_equals_the_list_call(hub_tiny_model, verses):
 def test_tokenizer_loads_without_a_question(hub_tiny_folder, run_without_package):
     """AutoTokenizer reads config.json before tokenizer_config.json, and config.json names our code
     (`auto_map`): transformers asks before running it unless told. `trust_remote_code=True`, or the
-    stock class itself, load with no question (the process has no standard input)."""
-    out = run_without_package(
-        f"""
-        from transformers import AutoTokenizer, PreTrainedTokenizerFast
-        for tokenizer in (AutoTokenizer.from_pretrained({str(hub_tiny_folder)!r}, trust_remote_code=True),
-                          PreTrainedTokenizerFast.from_pretrained({str(hub_tiny_folder)!r})):
+    stock class itself, load with no question; without either, a process with no standard input (a
+    service, a batch job) loads the same tokenizer at once instead of waiting for an answer."""
+    folder = str(hub_tiny_folder)
+    outputs = [
+        run_without_package(
+            f"""
+            from transformers import AutoTokenizer, PreTrainedTokenizerFast
+            tokenizer = {how}
             print(type(tokenizer).__name__, tokenizer("Jesus wept.")["input_ids"])
-        """
-    )
-    lines = out.strip().splitlines()
-    assert "custom code" not in out
-    assert lines[0] == lines[1] and lines[0].startswith("TokenizersBackend [")
+            """
+        )
+        for how in (f"AutoTokenizer.from_pretrained({folder!r}, trust_remote_code=True)",
+                    f"PreTrainedTokenizerFast.from_pretrained({folder!r})",
+                    f"AutoTokenizer.from_pretrained({folder!r})")
+    ]
+    assert "custom code" not in outputs[0] + outputs[1]
+    assert outputs[2].startswith("The repository")  # the question, printed; nobody there to answer it
+    loaded = [out[out.rindex("TokenizersBackend ["):].strip() for out in outputs]
+    assert loaded[0] == loaded[1] == loaded[2]
 
 
 # ----------------------------------------------------------------------------------------------
