@@ -1,12 +1,17 @@
 # One venv for everything. TORCH_SPEC is installed first so that pip keeps it:
 # torch==2.13.0 is a CPU wheel on our build machines; on a GPU machine use e.g.
 #   make install TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu128"
-# `make test-oldest` runs the tests again in .venv-oldest, on the oldest transformers that
-# pyproject.toml allows (read from its "transformers>=X,<6"); CI runs both.
+# `make test-oldest` runs the tests of everything transformers touches (the model, generate, the
+# pipeline, saved folders, Trainer/PEFT/export, the tokenizer, the metric) again in .venv-oldest, on
+# the oldest transformers that pyproject.toml allows (read from its "transformers>=X,<6"); CI runs both.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PIN ?=
+TESTS ?=
+TRANSFORMERS_TESTS = tests/test_hf_native.py tests/test_modeling_vanilla_transformer.py \
+	tests/test_generation_vanilla_transformer.py tests/test_decoding_speed.py tests/test_pipeline_vanilla_transformer.py \
+	tests/test_marian_equivalence.py tests/test_hub.py tests/model_card tests/test_tokenization.py tests/test_metrics.py
 BIN = $(VENV)/bin
 TRANSFORMERS_OLDEST := $(shell sed -n 's/^ *"transformers>=\([0-9.]*\),.*/\1/p' pyproject.toml)
 
@@ -22,11 +27,11 @@ install: $(BIN)/python
 
 test: install
 	@$(BIN)/python -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q --durations=10 $(TESTS)
 
 test-oldest:
 	@test -n "$(TRANSFORMERS_OLDEST)" || { echo 'no "transformers>=X,<6" in pyproject.toml'; exit 1; }
-	$(MAKE) test VENV=.venv-oldest PIN="transformers==$(TRANSFORMERS_OLDEST)"
+	$(MAKE) test VENV=.venv-oldest PIN="transformers==$(TRANSFORMERS_OLDEST)" TESTS="$(TRANSFORMERS_TESTS)"
 
 demo: install
 	HF_HUB_OFFLINE=1 $(BIN)/vanilla-transformer quickstart $(DEMO_ARGS)
