@@ -126,7 +126,12 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, sm
     assert len(checksums) == 2 and checksums[0] == checksums[1]  # both ranks hold the same weights
 
     # One process accumulating two batches sees exactly the batches the two processes saw together.
-    main(["train", "--output-dir", str(tmp_path / "one"), *args, "--gradient-accumulation-steps", "2"])
+    # A fresh process as well, with the same environment: not this one, whose earlier tests may have
+    # changed process-wide state (threads, CPU floating-point modes set by other libraries).
+    one = subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", "train", "--output-dir", str(tmp_path / "one"),
+                          *args, "--gradient-accumulation-steps", "2"], env=env, cwd=REPO, capture_output=True, text=True,
+                         timeout=180)
+    assert one.returncode == 0, one.stderr[-3000:]
     two, one = weights(tmp_path / "two" / "checkpoints" / "checkpoint-00000004"), weights(
         tmp_path / "one" / "checkpoints" / "checkpoint-00000004")
     # Each rank's loss is scaled by world/total_tokens, DDP averages: the gradient is the same sum
