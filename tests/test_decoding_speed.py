@@ -84,8 +84,6 @@ def test_finished_sentences_leaving_the_batch_changes_nothing(model_and_batch, e
 
 def test_the_pruning_searches_are_what_generate_runs(model_and_batch, monkeypatch):
     """A plain greedy call and a GNMT beam call go through the pruning searches, and rows do leave."""
-    from vanilla_transformer import generation_vanilla_transformer as generation
-
     model, batch = model_and_batch
     batch_sizes = []
     forward = model.forward

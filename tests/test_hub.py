@@ -5,7 +5,6 @@ import shutil
 
 import huggingface_hub
 import pytest
-import torch
 from huggingface_hub import ModelCard
 
 from vanilla_transformer.hub import check_hub_folder, check_repo_id, push_folder, save_for_hub
