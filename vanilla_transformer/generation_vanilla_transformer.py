@@ -104,6 +104,15 @@ def gnmt_length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Ten
     return ((5 + length) / 6) ** alpha
 
 
+def _force_eos(scores: torch.Tensor, last_step: torch.Tensor, eos: int) -> torch.Tensor:
+    """Rows at their last allowed step may only end: every token but </s> gets -inf (§6.1's cap)."""
+    if not bool(last_step.any()):
+        return scores
+    only_eos = torch.full_like(scores, float("-inf"))
+    only_eos[:, eos] = scores[:, eos]
+    return torch.where(last_step[:, None], only_eos, scores)
+
+
 class SourceLengthCap(LogitsProcessor):
     """Sentence i may generate at most `max_new_tokens[i]` tokens: at the last one only </s> is allowed.
 
@@ -120,12 +129,7 @@ class SourceLengthCap(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         generated = input_ids.size(1) - self.prompt_length
         limit = self.max_new_tokens.to(scores.device).repeat_interleave(scores.size(0) // self.max_new_tokens.numel())
-        last_step = generated + 1 >= limit  # (rows,)
-        if not bool(last_step.any()):
-            return scores
-        only_eos = torch.full_like(scores, float("-inf"))
-        only_eos[:, self.eos_token_id] = scores[:, self.eos_token_id]
-        return torch.where(last_step[:, None], only_eos, scores)
+        return _force_eos(scores, generated + 1 >= limit, self.eos_token_id)
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -341,15 +345,6 @@ def _can_prune(processors, cache, per_step_outputs: bool) -> bool:
     """Rows may leave the batch unless something needs every row at every step."""
     static_cache = cache is not None and cache.is_compileable
     return not per_step_outputs and not static_cache and all(isinstance(p, ROW_WISE_PROCESSORS) for p in processors)
-
-
-def _force_eos(scores: torch.Tensor, last_step: torch.Tensor, eos: int) -> torch.Tensor:
-    """Rows at their last allowed step may only end: every token but </s> gets -inf (§6.1's cap)."""
-    if not bool(last_step.any()):
-        return scores
-    only_eos = torch.full_like(scores, float("-inf"))
-    only_eos[:, eos] = scores[:, eos]
-    return torch.where(last_step[:, None], only_eos, scores)
 
 
 def _keep_rows(rows: torch.Tensor, cache, memory, attention_mask, self_attention_rows=None):
