@@ -157,6 +157,16 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         help="linear warm-up steps (the paper: %(default)s; a short CPU run wants a few hundred)",
     )
     optim.add_argument("--lr-scale", type=float, default=1.0, help="factor on d_model^-0.5 * min(...) (default: %(default)s)")
+    optim.add_argument(
+        "--lr-schedule", choices=("noam", "linear", "cosine"), default="noam",
+        help="noam: the paper's inverse square root; linear/cosine: the same warm-up and peak, then down to 0 at the "
+        "end of --max-steps/--time-limit/--num-epochs, whichever comes first (default: %(default)s)",
+    )
+    optim.add_argument(
+        "--ema-decay", type=float, metavar="DECAY",
+        help="keep a moving average of the weights (e.g. 0.999); it becomes the final model if its validation "
+        "perplexity is lower (not in the paper; default: off)",
+    )
     optim.add_argument("--label-smoothing", type=float, default=0.1, help="epsilon_ls (default: %(default)s)")
     optim.add_argument("--max-grad-norm", type=float, help="clip the gradient norm (not in the paper; default: off)")
     optim.add_argument(

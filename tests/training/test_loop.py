@@ -104,6 +104,54 @@ def test_resume_gives_the_same_parameters_as_an_uninterrupted_run(tmp_path, smal
     assert state_a["epoch"] >= 1
 
 
+class _Died(Exception):
+    pass
+
+
+def test_a_budget_schedule_with_a_weight_average_resumes_to_the_same_run(tmp_path, small_task, small_run, monkeypatch):
+    # The same budget of 8 steps; one run dies after its checkpoint at step 4 and is resumed. The decay's
+    # progress and the moving average are part of the checkpoint: the resumed run ends with the same weights,
+    # the same average and the same final choice between them.
+    small_run[small_run.index("--config-overrides") + 1] += ",dropout=0.1"
+    budget = ["--max-steps", "8", "--save-steps", "4", "--lr-schedule", "linear", "--warmup-steps", "2",
+              "--ema-decay", "0.9"]
+    whole = _run(tmp_path, "whole", small_task, small_run, *budget)
+    real_checkpoint = loop._checkpoint
+
+    def checkpoint_then_die(run):
+        real_checkpoint(run)
+        if run.step == 4:
+            raise _Died
+
+    monkeypatch.setattr(loop, "_checkpoint", checkpoint_then_die)
+    with pytest.raises(_Died):
+        _run(tmp_path, "part", small_task, small_run, *budget)
+    monkeypatch.setattr(loop, "_checkpoint", real_checkpoint)
+    part = _run(tmp_path, "part", small_task, small_run, *budget, "--resume")
+    a, b = weights(latest_checkpoint(whole / "checkpoints")), weights(latest_checkpoint(part / "checkpoints"))
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    schedule, average = (
+        [torch.load(folder / "checkpoints" / "checkpoint-00000008" / f"custom_checkpoint_{i}.pkl", weights_only=False)
+         for folder in (whole, part)] for i in (0, 1)
+    )
+    assert schedule[0] == schedule[1] and schedule[0]["progress"] == 1.0  # the budget's end: rate 0
+    assert all(torch.equal(x, y) for x, y in zip(average[0]["average"].values(), average[1]["average"].values()))
+    results = [json.loads((folder / "results.json").read_text()) for folder in (whole, part)]
+    assert results[0]["weight_average"] == results[1]["weight_average"]
+    scores = results[0]["weight_average"]["validation_perplexity"]
+    assert results[0]["weight_average"]["used"] == (scores["moving_average"] < scores["checkpoint"])
+    assert results[0]["validation_perplexity"] == pytest.approx(min(scores.values()))  # the saved model is the better
+
+
+def test_a_time_limited_linear_schedule_ends_near_zero(tmp_path, small_task, small_run):
+    out = _run(tmp_path, "timed", small_task, small_run, "--max-steps", "100000", "--time-limit", "0.15",
+               "--lr-schedule", "linear", "--warmup-steps", "2", "--save-steps", "100000")
+    checkpoint = latest_checkpoint(out / "checkpoints")
+    state = torch.load(checkpoint / "custom_checkpoint_0.pkl", weights_only=False)
+    assert read_state(checkpoint)["step"] > 20  # enough steps for the estimate to settle
+    assert state["progress"] > 0.9  # the rate of the step after the last: at most a tenth of the peak
+
+
 def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, small_task, small_run):
     small_run[small_run.index("--config-overrides") + 1] += ",dropout=0"
     args = ["--dataset", str(small_task), *small_run, "--max-steps", "4", "--save-steps", "4"]

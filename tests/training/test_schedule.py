@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from vanilla_transformer.training.schedule import make_optimizer, make_scheduler, noam_rate
+from vanilla_transformer.training.averaging import WeightAverage
+from vanilla_transformer.training.schedule import BudgetSchedule, make_optimizer, make_scheduler, noam_rate
 
 
 def test_noam_rate_is_the_papers_formula():
@@ -54,3 +55,104 @@ def test_the_fused_update_is_adams_update():
 def test_bad_schedule_arguments_are_refused(kwargs):
     with pytest.raises(ValueError, match="warmup_steps|scale"):
         make_scheduler(make_optimizer(torch.nn.Linear(2, 2)), 64, **kwargs)
+
+
+def _rates(scheduler, optimizer, steps: int) -> list[float]:
+    seen = []
+    for _ in range(steps):
+        seen.append(optimizer.param_groups[0]["lr"])  # the rate the next optimizer.step() uses
+        optimizer.step()
+        scheduler.step()
+    return seen
+
+
+@pytest.mark.parametrize("shape", ["linear", "cosine"])
+def test_a_budget_schedule_warms_up_like_noam_then_falls_monotonely_to_zero_at_the_last_step(shape):
+    budget, warmup = 40, 10
+    optimizer = make_optimizer(torch.nn.Linear(2, 2))
+    scheduler = make_scheduler(optimizer, 64, warmup, 0.5, shape, remaining_steps=lambda step: budget - step)
+    assert isinstance(scheduler, BudgetSchedule)
+    seen = _rates(scheduler, optimizer, budget)
+    assert seen[:warmup] == pytest.approx([noam_rate(step, 64, warmup, 0.5) for step in range(1, warmup + 1)])
+    after = seen[warmup - 1 :]
+    assert all(a > b for a, b in zip(after, after[1:]))  # strictly falling after the peak
+    assert seen[-1] == 0.0 and seen[-2] > 0  # the budget's last step has rate 0, none before it
+    if shape == "linear":  # the closed form: peak * (budget - step) / (budget - warmup)
+        peak = noam_rate(warmup, 64, warmup, 0.5)
+        expected = [peak * (budget - step) / (budget - warmup) for step in range(warmup, budget + 1)]
+        assert after == pytest.approx(expected, abs=1e-12)
+    else:  # half way through the decay, half the peak
+        assert seen[warmup - 1 + (budget - warmup) // 2] == pytest.approx(seen[warmup - 1] / 2)
+
+
+def test_a_budget_schedule_resumed_from_its_state_gives_the_same_rates():
+    budget = 50
+
+    def fresh():
+        optimizer = make_optimizer(torch.nn.Linear(2, 2))
+        return optimizer, make_scheduler(optimizer, 64, 10, 1.0, "cosine", remaining_steps=lambda step: budget - step)
+
+    optimizer, scheduler = fresh()
+    whole = _rates(scheduler, optimizer, budget)
+    optimizer, scheduler = fresh()
+    before = _rates(scheduler, optimizer, 23)
+    saved = scheduler.state_dict()
+    optimizer, scheduler = fresh()
+    scheduler.load_state_dict(saved)
+    assert before + _rates(scheduler, optimizer, budget - 23) == whole  # exactly, not approximately
+
+
+def test_a_time_budget_with_a_wandering_estimate_still_falls_monotonely_and_ends_near_zero():
+    # A time budget of 100 s, steps taking 0.8-1.2 s: the estimate of the steps left changes each step.
+    import random
+
+    rng = random.Random(0)
+    optimizer = make_optimizer(torch.nn.Linear(2, 2))
+    clock = {"elapsed": 0.0}
+
+    def remaining(step):  # as the loop estimates it: time left over the mean time of a step
+        return (100 - clock["elapsed"]) / (clock["elapsed"] / step)
+
+    scheduler = make_scheduler(optimizer, 64, 10, 1.0, "linear", remaining_steps=remaining)
+    seen = []
+    while clock["elapsed"] < 100:
+        seen.append(optimizer.param_groups[0]["lr"])
+        clock["elapsed"] += rng.uniform(0.8, 1.2)
+        optimizer.step()
+        scheduler.step()
+    peak = max(seen)
+    after = seen[seen.index(peak):]
+    assert all(a >= b for a, b in zip(after, after[1:]))
+    assert seen[-1] < 0.03 * peak  # the last step of the budget is close to zero
+    assert seen[len(seen) // 2] > 0.3 * peak  # and the decay did not end early
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    (dict(schedule="step"), "`schedule` must be one of 'noam', 'linear', 'cosine'"),
+    (dict(schedule="linear"), "give `remaining_steps`"),
+])
+def test_bad_schedules_are_refused(kwargs, expected):
+    with pytest.raises(ValueError, match=expected):
+        make_scheduler(make_optimizer(torch.nn.Linear(2, 2)), 64, 10, **kwargs)
+
+
+def test_the_moving_average_follows_the_weights_and_round_trips_through_its_state():
+    model = torch.nn.Linear(3, 3)
+    average = WeightAverage(model, decay=0.9)
+    start = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    average.update(model)  # first update: decay min(0.9, 2/11), so mostly the new weights
+    expected = [s + 1.0 - 2 / 11 for s in start]
+    copy = torch.nn.Linear(3, 3)
+    average.copy_to(copy)
+    for p, e in zip(copy.parameters(), expected):
+        torch.testing.assert_close(p, e)
+    restored = WeightAverage(torch.nn.Linear(3, 3), decay=0.9)
+    restored.load_state_dict(average.state_dict())
+    assert restored.updates == 1 and all(torch.equal(a, b) for a, b in zip(restored.average, average.average))
+    with pytest.raises(ValueError, match="does not fit"):
+        WeightAverage(torch.nn.Linear(3, 3, bias=False), 0.9).load_state_dict(average.state_dict())
+    with pytest.raises(ValueError, match="`decay` must be in"):
+        WeightAverage(model, decay=1.0)

@@ -6,7 +6,9 @@
 One optimiser step (§5.2) takes `gradient_accumulation_steps` batches of at most `max_tokens`
 tokens on every process, sums the label-smoothed loss (§5.4) over their non-padding target
 tokens and divides by the number of those tokens in the whole step (see loss.py). Adam and the
-warm-up / inverse-square-root schedule are §5.3's (schedule.py). Every `save_steps` the full state
+warm-up / inverse-square-root schedule are §5.3's (schedule.py); a run with a budget may decay
+to zero at its end instead (`lr_schedule` linear or cosine) and keep an average of its weights
+(`ema_decay`, averaging.py), which becomes the final model when it scores better on validation. Every `save_steps` the full state
 is checkpointed (checkpoints.py); every `eval_steps` the validation split is scored: loss,
 perplexity, and BLEU and chrF of beam-search translations (sacrebleu, through `evaluate`). At
 the end the last `average_last` checkpoints are averaged (§6.1) and saved with the config and
@@ -57,7 +59,8 @@ from .checkpoints import (
 from .data import PadCollator, TokenBatchSampler, TokenizedSplit, tokenize_pairs
 from .lock import RunLock
 from .loss import IGNORE_INDEX, label_smoothed_loss
-from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler
+from .averaging import WeightAverage
+from .schedule import PAPER_WARMUP_STEPS, SCHEDULES, make_optimizer, make_scheduler
 
 __all__ = ["TrainingArguments", "evaluate", "train"]
 
@@ -69,7 +72,8 @@ DATA_FIELDS = ("source_lang", "target_lang", "dataset_name")  # ... and these fr
 # What a resumed run must share with the run it continues (its data, tokenizer, model and batches);
 # the limits, schedule, evaluation and checkpoint options may change.
 RUN_OPTIONS = ("dataset", "dataset_config", "source_lang", "target_lang", "max_length", "truncate", "tokenizer",
-               "preset", "config_overrides", "model_name_or_path", "max_tokens", "gradient_accumulation_steps", "seed")
+               "preset", "config_overrides", "model_name_or_path", "max_tokens", "gradient_accumulation_steps", "seed",
+               "lr_schedule", "ema_decay")  # these two: their state in a checkpoint fits only themselves
 
 
 @dataclass
@@ -99,8 +103,10 @@ class TrainingArguments:
     time_limit: float | None = None  # minutes
     seed: int = 0
     # Optimisation (§5.3, §5.4)
+    lr_schedule: str = "noam"  # the paper's; "linear" / "cosine": the same warm-up and peak, then zero at the budget's end
     warmup_steps: int = PAPER_WARMUP_STEPS
     lr_scale: float = 1.0
+    ema_decay: float | None = None  # keep an exponential moving average of the weights (not in the paper)
     label_smoothing: float = 0.1
     max_grad_norm: float | None = None  # not in the paper
     mixed_precision: str | None = None  # "no", "fp16", "bf16"; None: what `accelerate launch` was told
@@ -149,6 +155,10 @@ class TrainingArguments:
             )
         if self.max_tokens < self.max_length:
             raise ValueError(f"`max_tokens` ({self.max_tokens}) must be at least `max_length` ({self.max_length}).")
+        if self.lr_schedule not in SCHEDULES:
+            raise ValueError(f"`lr_schedule` must be one of {', '.join(map(repr, SCHEDULES))}; got {self.lr_schedule!r}.")
+        if self.ema_decay is not None and not (_is_finite(self.ema_decay) and 0 < self.ema_decay < 1):
+            raise ValueError(f"`ema_decay` must be a number in (0, 1), e.g. 0.999, or None; got {self.ema_decay!r}.")
         if not 0 <= self.label_smoothing < 1:
             raise ValueError(f"`label_smoothing` must be in [0, 1); got {self.label_smoothing!r}.")
         for name in ("lr_scale", "max_grad_norm", "time_limit"):
@@ -360,7 +370,8 @@ class _Run:
     accelerator: Accelerator
     model: torch.nn.Module  # as prepared by Accelerate (DDP-wrapped on several processes)
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler: Any  # torch's LambdaLR (Noam) or a BudgetSchedule
+    average: WeightAverage | None  # `ema_decay`
     tokenizer: Any
     data: Any  # the DatasetDict of raw pairs
     source_lang: str
@@ -371,8 +382,25 @@ class _Run:
     state: dict  # epoch, batches_done, train_tokens, history: saved with each checkpoint
     step: int
     last_saved: int | None  # the step of the newest checkpoint this run wrote or resumed from
+    epoch_batches: int  # batches per epoch on each process
+    start_step: int = 0  # where this session began
     started: float = field(default_factory=time.perf_counter)
+    elapsed: float = 0.0  # seconds since `started` on the main process, as of the current step (the same on every process)
     tokens_since_start: int = 0
+
+    def remaining_steps(self, step: int) -> float:
+        """The optimiser steps left after `step`, to the first limit: `max_steps`, `num_epochs` or `time_limit` (at
+        the mean time of a step so far in this session). What a `BudgetSchedule` decays over."""
+        args, left = self.args, [math.inf]
+        if args.max_steps is not None:
+            left.append(args.max_steps - step)
+        if args.num_epochs is not None:
+            batches = (args.num_epochs - self.state["epoch"]) * self.epoch_batches - self.state["batches_done"]
+            left.append(batches / args.gradient_accumulation_steps)
+        timed = step - 1 - self.start_step  # steps whose time `elapsed` (measured as step `step` began) covers
+        if args.time_limit is not None and timed > 0:
+            left.append((args.time_limit * 60 - self.elapsed) / (self.elapsed / timed) - 1)
+        return min(left)
 
     @property
     def checkpoint_root(self) -> Path:
@@ -440,11 +468,17 @@ def _setup(args: TrainingArguments, accelerator) -> _Run:
         model.config.to_json_file(checkpoint_root / "config.json")
     logger.info(f"model: {sum(p.numel() for p in model.parameters()):,} parameters; {model.config.to_diff_dict()}")
     optimizer = make_optimizer(model, accelerator.device)  # built before `prepare` moves the model there
-    scheduler = make_scheduler(optimizer, model.config.d_model, args.warmup_steps, args.lr_scale)
+    # A budget schedule asks the run (built below) how many steps are left.
+    scheduler = make_scheduler(optimizer, model.config.d_model, args.warmup_steps, args.lr_scale, args.lr_schedule,
+                               remaining_steps=lambda step: run.remaining_steps(step))
     # The scheduler is not prepared: Accelerate would step it once per process, and the Noam
     # schedule counts optimiser steps. It is registered so that save_state/load_state keep it.
     model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.register_for_checkpointing(scheduler)
+    average = None
+    if args.ema_decay is not None:
+        average = WeightAverage(accelerator.unwrap_model(model), args.ema_decay)
+        accelerator.register_for_checkpointing(average)
     _log_recipe(args, accelerator, accelerator.unwrap_model(model).config.d_model)
 
     state = {"epoch": 0, "batches_done": 0, "train_tokens": 0, "history": [], "run_options": _run_options(args)}
@@ -461,10 +495,12 @@ def _setup(args: TrainingArguments, accelerator) -> _Run:
         num_replicas=accelerator.num_processes, rank=accelerator.process_index,
     )
     step = state.get("step", 0)
-    return _Run(
-        args, accelerator, model, optimizer, scheduler, tokenizer, data, source_lang, target_lang, train_split,
+    run = _Run(
+        args, accelerator, model, optimizer, scheduler, average, tokenizer, data, source_lang, target_lang, train_split,
         eval_splits, sampler, state, step, last_saved=step if resume_from is not None else None,
+        epoch_batches=len(sampler.local_batches(state["epoch"])), start_step=step,
     )
+    return run
 
 
 def _resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
@@ -506,7 +542,9 @@ def _check_same_run(args: TrainingArguments, started_with: dict | None) -> None:
     if started_with is None:
         return
     now = _run_options(args)
-    changed = [f"{name} {started_with.get(name)!r} -> {now[name]!r}" for name in RUN_OPTIONS if started_with.get(name) != now[name]]
+    defaults = TrainingArguments(output_dir="")  # options newer than the checkpoint had their default
+    before = {name: started_with.get(name, getattr(defaults, name)) for name in RUN_OPTIONS}
+    changed = [f"{name} {before[name]!r} -> {now[name]!r}" for name in RUN_OPTIONS if before[name] != now[name]]
     if changed:
         raise ValueError(
             f"`resume`: the run in {args.output_dir} was started with other options: {'; '.join(changed)}. "
@@ -547,9 +585,14 @@ def _prepare_data(args: TrainingArguments, accelerator):
 
 def _log_recipe(args: TrainingArguments, accelerator, d_model: int) -> None:
     peak = d_model**-0.5 * args.warmup_steps**-0.5 * args.lr_scale
+    if args.lr_schedule == "noam":
+        schedule = f"lr = {args.lr_scale} * {d_model}^-0.5 * min(step^-0.5, step * {args.warmup_steps}^-1.5)"
+    else:
+        schedule = f"lr: linear warm-up, then {args.lr_schedule} decay to 0 at the end of the budget (not the paper's)"
+    average = f"; moving average of the weights, decay {args.ema_decay}" if args.ema_decay is not None else ""
     logger.info(
-        f"Adam(0.9, 0.98, 1e-9), lr = {args.lr_scale} * {d_model}^-0.5 * min(step^-0.5, step * {args.warmup_steps}^-1.5) "
-        f"(peak {peak:.2e} at step {args.warmup_steps}; the paper warms up for {PAPER_WARMUP_STEPS}); "
+        f"Adam(0.9, 0.98, 1e-9), {schedule} "
+        f"(peak {peak:.2e} at step {args.warmup_steps}; the paper warms up for {PAPER_WARMUP_STEPS}){average}; "
         f"label smoothing {args.label_smoothing}; {accelerator.num_processes} process(es), "
         f"{args.gradient_accumulation_steps} batch(es) of <= {args.max_tokens} tokens each per step; "
         f"mixed precision {accelerator.mixed_precision}"
@@ -600,11 +643,13 @@ def _step_tokens_unless_out_of_time(run: _Run, micro_batches: list[dict]) -> int
     divided by the count, and so that all processes stop at the same step.
     """
     args, accelerator = run.args, run.accelerator
-    out_of_time = args.time_limit is not None and time.perf_counter() - run.started > args.time_limit * 60
+    elapsed_ms = int((time.perf_counter() - run.started) * 1000) if accelerator.is_main_process else 0
     local_tokens = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro_batches)
-    total_tokens, out_of_time = accelerator.reduce(
-        torch.tensor([local_tokens, int(out_of_time and accelerator.is_main_process)], device=accelerator.device), "sum"
+    total_tokens, elapsed_ms = accelerator.reduce(
+        torch.tensor([local_tokens, elapsed_ms], device=accelerator.device), "sum"
     ).tolist()
+    run.elapsed = elapsed_ms / 1000  # the main process's clock: every process decays its learning rate alike
+    out_of_time = args.time_limit is not None and run.elapsed > args.time_limit * 60
     return None if out_of_time else total_tokens
 
 
@@ -636,6 +681,8 @@ def _optimizer_step(run: _Run, micro_batches: list[dict], total_tokens: int) -> 
     run.optimizer.step()
     if not accelerator.optimizer_step_was_skipped:  # fp16 skips steps whose gradients overflowed
         run.scheduler.step()
+        if run.average is not None:
+            run.average.update(accelerator.unwrap_model(model))
     run.optimizer.zero_grad(set_to_none=True)
     return loss, nll, lr
 
@@ -672,12 +719,12 @@ def _finish(run: _Run) -> dict:
     none of which can take the saved model with it. `resume` on a finished run comes here at once."""
     args, accelerator = run.args, run.accelerator
     elapsed = time.perf_counter() - run.started
-    unwrapped, averaged = _final_weights(run)
+    unwrapped, weights = _final_weights(run)
     unwrapped.generation_config = paper_generation_config(unwrapped.config)
     if accelerator.is_main_process:
         save_model_files(unwrapped, run.tokenizer, args.output_dir)
         logger.info(f"saved the model and tokenizer to {args.output_dir}")
-    results = _final_results(run, unwrapped, averaged, elapsed)
+    results = _final_results(run, unwrapped, weights, elapsed)
     if accelerator.is_main_process:
         write_results(args.output_dir, results)
         write_model_card(
@@ -723,8 +770,9 @@ def _upload(output_dir: str, repo_id: str) -> None:
 
 
 def _final_weights(run: _Run):
-    """§6.1: the final model averages the last `average_last` checkpoints. Returns the unwrapped model and
-    the names of the checkpoints averaged."""
+    """§6.1: the final model averages the last `average_last` checkpoints; with `ema_decay`, the moving
+    average replaces them when its validation perplexity is lower. Returns the unwrapped model and what
+    its weights are: {"averaged_checkpoints": names, "weight_average": the comparison, or None}."""
     chosen = list_checkpoints(run.checkpoint_root)[-run.args.average_last :]
     unwrapped = run.accelerator.unwrap_model(run.model)
     if len(chosen) > 1:
@@ -733,10 +781,28 @@ def _final_weights(run: _Run):
             raise RuntimeError(f"averaged weights do not fit the model: missing {missing}, unexpected {unexpected}")
         unwrapped.tie_weights()
         logger.info(f"final weights: the average of {', '.join(p.name for p in chosen)}")
-    return unwrapped, [p.name for p in chosen]
+    compared = _compare_weight_average(run, unwrapped) if run.average is not None else None
+    return unwrapped, {"averaged_checkpoints": [p.name for p in chosen], "weight_average": compared}
 
 
-def _final_results(run: _Run, unwrapped, averaged: list[str], elapsed: float) -> dict:
+def _compare_weight_average(run: _Run, model) -> dict:
+    """Validation perplexity of the weights as they are and of the moving average; the better one stays in `model`."""
+    def perplexity() -> float:
+        return evaluate(run.accelerator, model, run.tokenizer, run.eval_splits["validation"], run.args, 0)["perplexity"]
+
+    kept = {name: p.detach().clone() for name, p in model.state_dict().items()}
+    scores = {"checkpoint": perplexity()}
+    run.average.copy_to(model)
+    scores["moving_average"] = perplexity()
+    use_average = scores["moving_average"] < scores["checkpoint"]
+    if not use_average:
+        model.load_state_dict(kept)
+    logger.info(f"final weights: {'the moving average' if use_average else 'the last checkpoint'} (validation "
+                f"perplexity {scores['moving_average']:.2f} averaged, {scores['checkpoint']:.2f} not; decay {run.average.decay})")
+    return {"decay": run.average.decay, "used": use_average, "validation_perplexity": scores}
+
+
+def _final_results(run: _Run, unwrapped, weights: dict, elapsed: float) -> dict:
     """Validation and test scores of the final weights, with the run's numbers, flat as results.json holds them."""
     args, state = run.args, run.state
     epoch_batches = max(len(run.sampler.local_batches(state["epoch"])), 1)
@@ -746,7 +812,7 @@ def _final_results(run: _Run, unwrapped, averaged: list[str], elapsed: float) ->
         "train_tokens": state["train_tokens"],
         "train_minutes_this_session": round(elapsed / 60, 2),
         "tokens_per_second": round(run.tokens_since_start / elapsed, 1) if elapsed else None,
-        "averaged_checkpoints": averaged,
+        **weights,
         "source_lang": run.source_lang,
         "target_lang": run.target_lang,
         "dataset": args.dataset,

@@ -6,16 +6,24 @@ The rate grows linearly for `warmup_steps` steps, then decays with the inverse
 square root of the step. It peaks at d_model^-0.5 · warmup_steps^-0.5 (7e-4 for
 the base model with 4000 warm-up steps). `scale` multiplies the whole curve (1 in
 the paper; fairseq and tensor2tensor expose it as a "learning-rate factor").
+
+Not in the paper: the schedule was built for 100k steps and never reaches zero. A run with a
+budget of minutes stops while its rate is still high, so `BudgetSchedule` warms up the same way to
+the same peak, then decays linearly or along a cosine to exactly zero where the budget ends.
 """
 
 from __future__ import annotations
 
+import math
+from typing import Callable
+
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-__all__ = ["PAPER_WARMUP_STEPS", "make_optimizer", "make_scheduler", "noam_rate"]
+__all__ = ["PAPER_WARMUP_STEPS", "SCHEDULES", "BudgetSchedule", "make_optimizer", "make_scheduler", "noam_rate"]
 
 PAPER_WARMUP_STEPS = 4000
+SCHEDULES = ("noam", "linear", "cosine")
 
 
 def noam_rate(step: int, d_model: int, warmup_steps: int = PAPER_WARMUP_STEPS, scale: float = 1.0) -> float:
@@ -39,17 +47,86 @@ def make_optimizer(model: torch.nn.Module, device: torch.device | str | None = N
 
 
 def make_scheduler(
-    optimizer: torch.optim.Optimizer, d_model: int, warmup_steps: int = PAPER_WARMUP_STEPS, scale: float = 1.0
-) -> LambdaLR:
-    """The Noam schedule as a LambdaLR; call `scheduler.step()` after each optimiser step.
+    optimizer: torch.optim.Optimizer,
+    d_model: int,
+    warmup_steps: int = PAPER_WARMUP_STEPS,
+    scale: float = 1.0,
+    schedule: str = "noam",
+    remaining_steps: Callable[[int], float] | None = None,
+) -> "LambdaLR | BudgetSchedule":
+    """The learning-rate schedule; call `scheduler.step()` after each optimiser step.
 
-    LambdaLR asks for the multiplier of step 0 when it is built and of step i after the
-    i-th `scheduler.step()`; the paper counts the first update as step 1, hence `i + 1`.
+    "noam" is the paper's, as a LambdaLR: it asks for the multiplier of step 0 when it is built
+    and of step i after the i-th `scheduler.step()`; the paper counts the first update as step 1,
+    hence `i + 1`. "linear" and "cosine" are `BudgetSchedule`s with the Noam schedule's warm-up and
+    peak, which need `remaining_steps` (see there).
     """
     if warmup_steps < 1:
         raise ValueError(f"`warmup_steps` must be a positive integer; got {warmup_steps!r}.")
     if scale <= 0:
         raise ValueError(f"the learning-rate `scale` must be positive; got {scale!r}.")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"`schedule` must be one of {', '.join(map(repr, SCHEDULES))}; got {schedule!r}.")
     for group in optimizer.param_groups:
         group["lr"] = group["initial_lr"] = 1.0
-    return LambdaLR(optimizer, lambda i: noam_rate(i + 1, d_model, warmup_steps, scale))
+    if schedule == "noam":
+        return LambdaLR(optimizer, lambda i: noam_rate(i + 1, d_model, warmup_steps, scale))
+    if remaining_steps is None:
+        raise ValueError(f"the {schedule!r} schedule decays to zero at the end of the budget: give `remaining_steps`.")
+    peak = noam_rate(warmup_steps, d_model, warmup_steps, scale)
+    return BudgetSchedule(optimizer, peak, warmup_steps, schedule, remaining_steps)
+
+
+class BudgetSchedule:
+    """Warm-up to `peak` (the Noam schedule's: linear over `warmup_steps`), then a decay that reaches
+    zero where the budget ends: `peak * (1 - p)` ("linear") or `peak * (1 + cos(pi * p)) / 2`
+    ("cosine"), p being the fraction of the decay done.
+
+    The budget may be minutes, whose steps are only known while training: after each step,
+    `remaining_steps(step)` says how many steps are left (a step budget: max_steps - step; a time
+    budget: the time left over the mean time of a step so far), and the step moves p by its share of
+    what is left, (1 - p) / remaining. A fixed budget makes p exactly (step - warmup) / (max_steps -
+    warmup); a changing estimate bends the line but never raises the rate. p is part of the state
+    that checkpoints keep, so a resumed run continues with the rates it would have had.
+    """
+
+    def __init__(self, optimizer, peak: float, warmup_steps: int, shape: str, remaining_steps: Callable[[int], float]):
+        if shape not in ("linear", "cosine"):
+            raise ValueError(f"`shape` must be 'linear' or 'cosine'; got {shape!r}.")
+        self.optimizer, self.peak, self.warmup_steps, self.shape = optimizer, peak, warmup_steps, shape
+        self.remaining_steps = remaining_steps
+        self.steps_done = 0
+        self.progress = 0.0  # of the decay: 0 at the end of the warm-up, 1 at the end of the budget
+        self._apply()
+
+    def rate(self) -> float:
+        """The rate of the next optimiser step, step `steps_done + 1`."""
+        step = self.steps_done + 1
+        if step <= self.warmup_steps:
+            return self.peak * step / self.warmup_steps
+        if self.shape == "linear":
+            return self.peak * (1.0 - self.progress)
+        return self.peak * 0.5 * (1.0 + math.cos(math.pi * self.progress))
+
+    def step(self) -> None:
+        self.steps_done += 1
+        if self.steps_done >= self.warmup_steps:
+            # Steps left including the next one; the next step is the last when one or none is left.
+            remaining = max(float(self.remaining_steps(self.steps_done)), 1.0)
+            self.progress = min(1.0, self.progress + (1.0 - self.progress) / remaining)
+        self._apply()
+
+    def get_last_lr(self) -> list[float]:
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def _apply(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.rate()
+
+    def state_dict(self) -> dict:
+        return {"steps_done": self.steps_done, "progress": self.progress, "shape": self.shape, "peak": self.peak,
+                "warmup_steps": self.warmup_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps_done, self.progress = state["steps_done"], state["progress"]
+        self._apply()

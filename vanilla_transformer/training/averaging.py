@@ -1,0 +1,58 @@
+"""An exponential moving average of the weights (Polyak averaging), kept beside training.
+
+Not in the paper, whose §6.1 averages the last checkpoints of a 100k-step run instead. A run of a
+few minutes has no good old checkpoints to average; the average of every step, old steps weighing
+less, smooths the last updates' noise the same way. `decay` says how fast old steps are forgotten
+(0.999: over about 1,000 steps); early on it is lowered to (1 + n) / (10 + n) after n updates, so
+that the random initial weights are forgotten fast (tensor2tensor's and TensorFlow's rule).
+The averaged weights become the final model only when they score better on validation (loop.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["WeightAverage"]
+
+
+class WeightAverage:
+    """The average of a model's floating-point parameters, in float32, updated after each optimiser step.
+
+    It holds no module, only tensors: `state_dict` and `load_state_dict` let Accelerate checkpoint it,
+    and `copy_to(model)` puts the averaged weights into a model of the same shape.
+    """
+
+    def __init__(self, model: torch.nn.Module, decay: float):
+        if not 0 < decay < 1:
+            raise ValueError(f"`decay` must be in (0, 1), e.g. 0.999; got {decay!r}.")
+        self.decay = decay
+        self.updates = 0
+        self.names = [name for name, p in model.named_parameters() if p.is_floating_point()]
+        self.average = [p.detach().float().clone() for _, p in self._parameters(model)]
+
+    def _parameters(self, model: torch.nn.Module):
+        parameters = dict(model.named_parameters())
+        return [(name, parameters[name]) for name in self.names]
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module) -> None:
+        """average += (1 - decay) * (weights - average)."""
+        self.updates += 1
+        decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
+        for (_, p), average in zip(self._parameters(model), self.average):
+            average.lerp_(p.detach().float(), 1.0 - decay)
+
+    @torch.no_grad()
+    def copy_to(self, model: torch.nn.Module) -> None:
+        for (_, p), average in zip(self._parameters(model), self.average):
+            p.copy_(average.to(p.dtype))
+
+    def state_dict(self) -> dict:
+        return {"decay": self.decay, "updates": self.updates, "average": dict(zip(self.names, self.average))}
+
+    def load_state_dict(self, state: dict) -> None:
+        if list(state["average"]) != self.names:
+            raise ValueError("the saved weight average does not fit this model: its parameters differ")
+        self.updates = state["updates"]
+        for average, saved in zip(self.average, state["average"].values()):
+            average.copy_(saved)
