@@ -5,7 +5,7 @@ import json
 import pytest
 
 from vanilla_transformer.cli import main
-from vanilla_transformer.quickstart import training_arguments
+from vanilla_transformer.quickstart import repeated_phrase, training_arguments
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +21,7 @@ def test_quickstart_prints_a_summary_and_leaves_a_complete_folder(quickstart_fol
     assert summary["split"] == "test" and summary["scored_pairs"] == 40 and 0 <= summary["bleu"] <= 100 and 0 <= summary["chrf"] <= 100
     assert summary["steps"] > 0 and summary["parameters"] > 0
     assert len(summary["examples"]) == 3 and all(e["translation"] is not None for e in summary["examples"])
+    assert all(e["repeats"] == repeated_phrase(e["translation"]) for e in summary["examples"])
     for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "results.json",
                  "README.md", "modeling_vanilla_transformer.py", "configuration_vanilla_transformer.py",
                  "generation_vanilla_transformer.py", "pipeline_vanilla_transformer.py"):
@@ -45,8 +46,27 @@ def test_quickstart_folder_translates_in_a_process_without_the_package(quickstar
     assert out.strip() == "ok"
 
 
+def test_every_quickstart_size_decays_its_learning_rate_to_zero_at_the_end_of_its_budget(tmp_path):
+    for size in ("base", "small", "tiny"):
+        args = training_arguments(tmp_path, 15.0, size, on_gpu=size == "base")
+        assert args.lr_schedule == "linear" and args.time_limit is not None and args.max_steps is None
+
+
 def test_quickstart_rejects_a_budget_too_small_for_the_size(tmp_path):
     with pytest.raises(ValueError, match="`minutes` must be more than 2.5 for size 'small'"):
         training_arguments(tmp_path, 2.0, "small", on_gpu=False)
     with pytest.raises(ValueError, match="`size` must be one of 'base', 'small', 'tiny'; got 'huge'"):
         training_arguments(tmp_path, 10.0, "huge", on_gpu=False)
+
+
+def test_a_looping_translation_is_found_and_named_in_the_summary():
+    from vanilla_transformer.quickstart import format_summary
+
+    assert repeated_phrase("Y Jehová Dios de los montes, y de su mujer, y de su mujer.") == "y de su"
+    assert repeated_phrase("En el principio, Dios creó los cielos y la tierra.") is None
+    assert repeated_phrase("los cielos y los cielos") is None  # two words twice is not a phrase of three
+    summary = {"wall_minutes": 1.0, "device": "CPU", "steps": 1, "parameters": 1e6, "split": "test", "scored_pairs": 1,
+               "bleu": 1.0, "chrf": 2.0, "validation_perplexity": 3.0, "bleu_signature": "sig", "model_dir": "m",
+               "model_card": "m/README.md", "attention_dir": "m/attention",
+               "examples": [{"source": "s", "translation": "a b c a b c", "reference": "r", "repeats": "a b c"}]}
+    assert "(the translation repeats itself: 'a b c' twice)" in format_summary(summary)

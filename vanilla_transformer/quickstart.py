@@ -10,12 +10,15 @@ the attention heat maps of one of them, and leaves a complete Hub folder with a 
 
 The model is sized for the time it gets: on a CPU a small Transformer (d_model 256, 3 + 3 layers)
 with a short warm-up, since the paper's 4,000 warm-up steps alone would take longer than the
-whole budget; on a GPU the paper's base model in bf16.
+whole budget; on a GPU the paper's base model in bf16. Its learning rate warms up as the paper's
+does and then falls linearly to zero when the budget ends (`lr_schedule="linear"`): the paper's
+schedule, built for 100k steps, would stop a 15-minute run at a high rate (docs/tuning.md).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -66,6 +69,7 @@ def training_arguments(
         save_steps=250,
         keep_checkpoints=5,
         average_last=1,  # §6.1 averages the last 5 checkpoints of a 100k-step run; a short run has no good old ones
+        lr_schedule="linear",  # to zero at the end of the time limit
         mixed_precision="bf16" if on_gpu else "no",
         **settings,
     )
@@ -81,7 +85,21 @@ def _translate_examples(output_dir: Path, count: int = 3) -> list[dict]:
     pairs = [row["translation"] for row in test.select(range(count))]
     translator = pipeline("translation", model=str(output_dir), trust_remote_code=True)
     outputs = translator([pair["en"] for pair in pairs])
-    return [{"source": p["en"], "reference": p["es"], "translation": o["translation_text"]} for p, o in zip(pairs, outputs)]
+    return [{"source": p["en"], "reference": p["es"], "translation": o["translation_text"],
+             "repeats": repeated_phrase(o["translation_text"])} for p, o in zip(pairs, outputs)]
+
+
+def repeated_phrase(text: str, words: int = 3) -> str | None:
+    """The first phrase of `words` words that `text` holds twice (a translation that loops: "y de su mujer, y de
+    su mujer"), or None. Words are compared lower-cased, without punctuation."""
+    tokens = re.findall(r"\w+", text.lower())
+    seen = set()
+    for i in range(len(tokens) - words + 1):
+        phrase = " ".join(tokens[i : i + words])
+        if phrase in seen:
+            return phrase
+        seen.add(phrase)
+    return None
 
 
 def _draw_attention(output_dir: Path) -> tuple[Path, int]:
@@ -147,7 +165,10 @@ def format_summary(summary: dict) -> str:
         "Three test verses, through pipeline('translation', model=folder, trust_remote_code=True):",
     ]
     for example in summary["examples"]:
-        lines += [f"  EN   {example['source']}", f"  OURS {example['translation']}", f"  REF  {example['reference']}", ""]
+        lines += [f"  EN   {example['source']}", f"  OURS {example['translation']}", f"  REF  {example['reference']}"]
+        if example.get("repeats"):
+            lines.append(f"  (the translation repeats itself: {example['repeats']!r} twice)")
+        lines.append("")
     lines += [
         f"Model folder (weights, code, tokenizer, pipeline): {summary['model_dir']}",
         f"Model card: {summary['model_card']}",
