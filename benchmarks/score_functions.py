@@ -52,7 +52,11 @@ from . import training as training_benchmark
 from .common import by_length, environment, model_config, pairs, peak_memory_mb, summary, token_batch, write_atomically
 from .decoding import ROWS, translate
 
-# Chosen so that all six fit 60-90 minutes on 2 quiet CPU cores (the estimate is in the README's section).
+# Steps, not minutes. 600 is an estimate, not yet a measurement, of 60-90 minutes for all six on 2 quiet CPU
+# cores: the small scaled_dot model trains at about 0.8 s/step there (the quickstart), dot, general, cosine and
+# location within about 10-20 % of it, and each model adds about 3 minutes of validation, test scoring (634
+# verses, beam 4) and timing. Additive builds a (B, H, T, S, Dh) tensor in every block and is several times
+# slower per step: time `--steps 20 --score-functions scaled_dot,additive` (train tokens/s) before a full run.
 DEFAULT_STEPS = 600
 CURVE_POINTS = 5  # validation perplexity every steps / CURVE_POINTS steps
 TIMING_TOKENS = 2048  # target tokens of the fixed batch the training speed is measured on
