@@ -17,14 +17,13 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from . import generation, tokenizer as tokenizer_benchmark, training
-from .common import benchmark_tokenizer, environment
+from .common import benchmark_tokenizer, environment, write_atomically
 
 # Per size and device: target tokens per training batch, test sentences generated, and training
 # steps before generating. On the CPU there is no time for training that changes the outputs (200
@@ -152,15 +151,8 @@ def write_report(report: dict, out: Path) -> tuple[Path, Path]:
     env = report["environment"]
     device = env.get("gpu", "cpu").replace(" ", "-").lower()
     stem = f"benchmarks-{env['date']}-{device}" + ("-quick" if report["settings"]["quick"] else "")
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for suffix, text in ((".json", json.dumps(report, indent=2) + "\n"), (".md", markdown(report))):
-        path = out / (stem + suffix)
-        with tempfile.NamedTemporaryFile("w", dir=out, delete=False, suffix=".tmp") as tmp:
-            tmp.write(text)
-        os.replace(tmp.name, path)  # never a half-written report
-        paths.append(path)
-    return paths[0], paths[1]
+    return write_atomically(out / f"{stem}.json", json.dumps(report, indent=2) + "\n"), write_atomically(
+        out / f"{stem}.md", markdown(report))
 
 
 def _rate(r: dict, spec: str = ",.0f") -> str:

@@ -7,7 +7,9 @@ import os
 import platform
 import resource
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import transformers
@@ -197,3 +199,12 @@ def environment(device: str, threads: int) -> dict:
         info["gpu"] = torch.cuda.get_device_name(device)
         info["cuda"] = torch.version.cuda
     return info
+
+
+def write_atomically(path: Path, text: str) -> Path:
+    """Write `text` to `path` through a temporary file beside it: never a half-written report."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
+        tmp.write(text)
+    os.replace(tmp.name, path)
+    return path

@@ -110,3 +110,24 @@ def test_decoding_settings_say_what_the_translation_was_decoded_with(hub_tiny_mo
     assert decoding_settings(plain) == {
         "beam size": "3", "length penalty": "1 (transformers' |Y|^α)", "longest output": "source length + 50, at most 40 tokens",
     }
+
+
+def test_plot_models_draws_one_panel_per_model_on_one_colour_scale(synthetic_record, tmp_path, monkeypatch):
+    from vanilla_transformer import attention_maps
+
+    records = {"scaled_dot": synthetic_record(9, 7), "location": synthetic_record(9, 11), "dot": synthetic_record(9, 5)}
+    for record in records.values():
+        record.source = "the same verse"
+    scales = []
+    draw = attention_maps._draw
+    monkeypatch.setattr(attention_maps, "_draw", lambda ax, matrix, *args: scales.append(args[2]) or draw(ax, matrix, *args))
+    path = attention_maps.plot_models(records, tmp_path / "models.png")
+    image = matplotlib.image.imread(path)
+    assert image.shape[0] > 300 and image.shape[1] > 600 and image[..., :3].std() > 0.05
+    largest = max(float(r.cross_attention[-1].mean(0).max()) for r in records.values())
+    assert scales == [largest] * 3  # every panel: 0 to the largest mean weight of any panel
+    records["dot"].source = "another verse"
+    with pytest.raises(ValueError, match="different sentences"):
+        attention_maps.plot_models(records, tmp_path / "bad.png")
+    with pytest.raises(ValueError, match="empty"):
+        attention_maps.plot_models({}, tmp_path / "bad.png")

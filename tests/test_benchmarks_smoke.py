@@ -1,4 +1,4 @@
-"""Smoke run of `python -m benchmarks --quick`: the command works end to end and writes its report.
+"""Smoke runs of `python -m benchmarks --quick` and `python -m benchmarks.score_functions`: each command works end to end and writes its report.
 
 The numbers of a quick run mean nothing (tiny inputs, one repeat, a loaded CI machine); what is
 checked is that every part ran, the contenders did the same work, and the report names its settings.
@@ -10,6 +10,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import matplotlib.image
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,4 +74,40 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path, hub_tiny_folder):
 
     markdown = md_path.read_text()
     for expected in ("| tiny | ours |", "| trained | 32 | greedy | ours |", "## Generation", "## Tokenizer", "load average"):
+        assert expected in markdown
+
+
+def test_score_function_study_writes_its_table_and_figure(tmp_path):
+    """`python -m benchmarks.score_functions` at smoke size: two score functions, two steps each."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.score_functions", "--steps", "2", "--score-functions", "scaled_dot,location",
+         "--test-samples", "4", "--decode-sentences", "4", "--timing-steps", "1", "--threads", "1",
+         "--out", str(tmp_path), "--figure", str(tmp_path / "figure.png")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    (json_path,) = tmp_path.glob("score-functions-*-cpu.json")
+    (md_path,) = tmp_path.glob("score-functions-*-cpu.md")
+    report = json.loads(json_path.read_text())
+    assert report["environment"]["threads"] == 1 and report["environment"]["cpu"]
+    assert report["settings"]["steps"] == 2 and report["settings"]["test_samples"] == 4
+    results = report["results"]
+    assert list(results) == ["scaled_dot", "location"]
+    for r in results.values():
+        assert [point["step"] for point in r["curve"]] == [1, 2]
+        assert all(1 < point["perplexity"] < 1e5 for point in r["curve"])  # an 8k vocabulary, barely trained
+        assert r["curve"][-1]["perplexity"] == pytest.approx(r["validation_perplexity"])
+        assert r["test"]["translated"] == 4 and 0 <= r["test"]["bleu"] <= 100 and 0 <= r["test"]["chrf"] <= 100
+        assert r["train_tokens_per_s"] > 0 and r["decode_sentences_per_s"] > 0 and r["train_peak_memory_mb"] > 0
+        assert r["figure_translation"] is not None
+    # Location adds W_a (4 heads x 64 x 256 positions) and drops W^K (256 x 256 + 256) in each of the 9 blocks.
+    assert results["scaled_dot"]["parameters_added"] == 0
+    assert results["location"]["parameters_added"] == 9 * (4 * 64 * 256 - (256 * 256 + 256))
+    assert results["scaled_dot"]["fused_kernel"] and not results["location"]["fused_kernel"]
+    assert results["location"]["attention_kernels"] == ["explicit"]
+    image = matplotlib.image.imread(report["figure"])
+    assert image.shape[0] > 300 and image.shape[1] > 600 and image[..., :3].std() > 0.05
+    markdown = md_path.read_text()
+    for expected in ("| scaled_dot | ", "| location | ", "val. ppl @2", "no (explicit)", "yes (sdpa", "load average"):
         assert expected in markdown

@@ -84,7 +84,7 @@ def test_every_setting_gives_our_log_probabilities(overrides, tiny_corpus, verse
         torch.testing.assert_close(torch.tensor(result.log_probs), expected, rtol=0, atol=2e-4)
 
 
-@pytest.mark.parametrize("score", ["general", "additive", "cosine"])
+@pytest.mark.parametrize("score", ["general", "additive", "cosine", "location"])
 def test_a_score_function_ctranslate2_cannot_compute_is_refused(score, tiny_corpus, tmp_path):
     tokenizer, _ = tiny_corpus
     model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=len(tokenizer),

@@ -72,8 +72,9 @@ def test_paper_parameter_counts(name, expected):
     assert abs(count - expected) / expected < 0.04, count
 
 
-def test_no_information_from_future_positions():
-    model = make_model()
+@pytest.mark.parametrize("score", ["scaled_dot", "location"])  # location: position-only, still causal
+def test_no_information_from_future_positions(score):
+    model = make_model(attention_score=score)
     input_ids, attention_mask, decoder_input_ids = batch()
     logits = model(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
     for t in range(decoder_input_ids.size(1) - 1):
@@ -84,8 +85,9 @@ def test_no_information_from_future_positions():
         assert not torch.allclose(new[:, t + 1 :], logits[:, t + 1 :])
 
 
-def test_padding_invariance():
-    model = make_model()
+@pytest.mark.parametrize("score", ["scaled_dot", "location"])
+def test_padding_invariance(score):
+    model = make_model(attention_score=score)
     input_ids, attention_mask, decoder_input_ids = batch()
     logits = model(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
     # Five more pad tokens on the source, and three on the target.
@@ -141,8 +143,9 @@ def test_sdpa_path_equals_explicit_path():
         torch.testing.assert_close(fast, explicit, rtol=0, atol=1e-5)
 
 
-def test_incremental_decoding_equals_full_recomputation():
-    model = make_model()
+@pytest.mark.parametrize("score", ["scaled_dot", "location"])
+def test_incremental_decoding_equals_full_recomputation(score):
+    model = make_model(attention_score=score)
     input_ids, attention_mask, decoder_input_ids = batch()
     full = model(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids, use_cache=False).logits
     encoder_outputs = model.get_encoder()(input_ids, attention_mask)
@@ -343,7 +346,7 @@ def test_bad_input_names_the_argument():
 
 @pytest.mark.parametrize(
     "field,value,allowed",
-    [("attention_score", "luong", "'scaled_dot', 'dot', 'general', 'additive', 'cosine'"),
+    [("attention_score", "luong", "'scaled_dot', 'dot', 'general', 'additive', 'cosine', 'location'"),
      ("position_encoding", "rotary", "'sinusoidal', 'learned'"),
      ("norm_position", "sandwich", "'post', 'pre'"),
      ("activation", "swish", "'relu', 'gelu'")],
@@ -357,6 +360,7 @@ def test_bad_config_names_field_and_choices(field, value, allowed):
     "overrides, message",
     [({"d_model": "abc"}, "`d_model` must be a positive integer; got 'abc'"),
      ({"num_heads": 0}, "`num_heads` must be a positive integer; got 0"),
+     ({"location_max_length": 0}, "`location_max_length` must be a positive integer; got 0"),
      ({"encoder_layers": 2.5}, "`encoder_layers` must be a positive integer; got 2.5"),
      ({"d_ff": True}, "`d_ff` must be a positive integer; got True"),
      ({"dropout": 1.5}, r"`dropout` must be a number in \[0, 1\); got 1.5"),
@@ -380,8 +384,9 @@ def test_bad_preset_and_shapes():
         VanillaTransformerConfig(d_model=100, num_heads=8)
 
 
-def test_save_load_round_trip_is_bit_identical(tmp_path):
-    model = make_model(attention_score="general", tie_word_embeddings=False)
+@pytest.mark.parametrize("score", ["general", "location"])  # learned score parameters are saved and loaded
+def test_save_load_round_trip_is_bit_identical(tmp_path, score):
+    model = make_model(attention_score=score, tie_word_embeddings=False)
     model.save_pretrained(tmp_path)
     loaded = VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path).eval()
     input_ids, attention_mask, decoder_input_ids = batch()
@@ -390,8 +395,9 @@ def test_save_load_round_trip_is_bit_identical(tmp_path):
     assert (tmp_path / "model.safetensors").exists()
 
 
-def test_saved_folder_loads_with_auto_classes_without_the_package(tmp_path, run_without_package):
-    model = make_model()
+@pytest.mark.parametrize("overrides", [{}, {"attention_score": "location", "location_max_length": 16}])
+def test_saved_folder_loads_with_auto_classes_without_the_package(tmp_path, run_without_package, overrides):
+    model = make_model(**overrides)
     model.save_pretrained(tmp_path / "model")
     config = (tmp_path / "model" / "config.json").read_text()
     for auto_class in ("AutoConfig", "AutoModel", "AutoModelForSeq2SeqLM"):
@@ -415,8 +421,101 @@ def test_saved_folder_loads_with_auto_classes_without_the_package(tmp_path, run_
         tokens = model.generate(input_ids, attention_mask=attention_mask, num_beams=2, max_new_tokens=5)
         assert torch.equal(tokens, expected["tokens"])
         base = AutoModel.from_pretrained("model", trust_remote_code=True)
-        print(type(config).__name__, type(base).__name__, type(model).__name__)
+        print(type(config).__name__, type(base).__name__, type(model).__name__, config.attention_score)
         """,
         cwd=tmp_path,
     )
-    assert out.split() == ["VanillaTransformerConfig", "VanillaTransformerModel", "VanillaTransformerForConditionalGeneration"]
+    assert out.split() == ["VanillaTransformerConfig", "VanillaTransformerModel", "VanillaTransformerForConditionalGeneration",
+                           model.config.attention_score]
+
+
+# --- issue 19: location-based scores (Luong et al. 2015), from the query alone ---
+
+
+def test_location_score_is_the_query_through_w_a_and_has_no_key_projection():
+    from vanilla_transformer.modeling_vanilla_transformer import location_score
+
+    model = make_model(attention_score="location", location_max_length=12)
+    module = model.model.decoder.layers[0].cross_attn
+    assert module.k_proj is None  # no keys are compared: no W^K
+    assert module.score_location_weight.shape == (4, 16, 12)  # (H, Dh, location_max_length)
+    q, k = torch.randn(2, 4, 3, 16), torch.randn(2, 4, 5, 16)
+    scores = location_score(module, q, k)
+    assert scores.shape == (2, 4, 3, 5)
+    h, i, j = 3, 2, 4
+    torch.testing.assert_close(scores[1, h, i, j], q[1, h, i] @ module.score_location_weight[h, :, j])
+    assert torch.equal(location_score(module, q, torch.randn(2, 4, 5, 16)), scores)  # other keys, same scores
+
+
+def test_location_rows_sum_to_one_over_real_positions_and_are_zero_on_padding():
+    model = make_model(attention_score="location")
+    input_ids, attention_mask, decoder_input_ids = batch()  # the second source: 6 real tokens, 3 padding
+    out = model(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids, output_attentions=True)
+    for weights in out.encoder_attentions + out.cross_attentions:
+        torch.testing.assert_close(weights.sum(-1), torch.ones_like(weights.sum(-1)))  # both sentences' rows
+        assert torch.all(weights[1, :, :, 6:] == 0)  # exactly 0 on the padding
+        assert torch.all(weights[1, :, :, :6] > 0)
+    for weights in out.decoder_attentions:
+        torch.testing.assert_close(weights.sum(-1), torch.ones_like(weights.sum(-1)))
+        assert torch.all(weights.triu(diagonal=1) == 0)  # the look-ahead mask still holds
+
+
+@pytest.mark.parametrize("score, independent", [("location", True), ("scaled_dot", False)])
+def test_location_weights_do_not_depend_on_the_source_tokens(score, independent):
+    """Given the same query, other source tokens of the same length leave location weights unchanged: at the
+    first decoder layer the query does not see the source, so its cross-attention is the same. A score
+    that compares keys (the control) changes."""
+    model = make_model(attention_score=score)
+    input_ids, attention_mask, decoder_input_ids = batch()
+    other = (input_ids + 5) % (VOCAB - 3) + 3
+    other[1, 6:] = PAD
+    weights = [
+        model(ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids, output_attentions=True)
+        .cross_attentions[0]
+        for ids in (input_ids, other)
+    ]
+    assert torch.equal(weights[0], weights[1]) == independent
+
+
+def test_location_explicit_and_fast_paths_agree(monkeypatch):
+    """Location scores have no fused kernel: the "sdpa" model takes the explicit path too, with or without
+    weights, and gives the "eager" model's numbers; cached decoding and generation give the full pass's."""
+    model = make_model(attention_score="location")
+    eager = make_model(attention_score="location")
+    eager.config._attn_implementation = "eager"
+    input_ids, attention_mask, decoder_input_ids = batch()
+    args = dict(attention_mask=attention_mask, decoder_input_ids=decoder_input_ids)
+
+    def fused_kernel(*args, **kwargs):
+        raise AssertionError("location-based scores must not run the fused dot-product kernel")
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", fused_kernel)
+    fast = model(input_ids, **args).logits
+    torch.testing.assert_close(model(input_ids, output_attentions=True, **args).logits, fast, rtol=0, atol=0)
+    torch.testing.assert_close(eager(input_ids, **args).logits, fast, rtol=0, atol=0)
+    kwargs = dict(attention_mask=attention_mask, num_beams=4, max_new_tokens=6, do_sample=False)
+    assert torch.equal(model.generate(input_ids, use_cache=True, **kwargs), model.generate(input_ids, use_cache=False, **kwargs))
+
+
+def test_location_refuses_inputs_longer_than_its_map_naming_the_option():
+    model = make_model(attention_score="location", location_max_length=8)
+    ids = torch.randint(3, VOCAB, (1, 9))
+    assert model(ids[:, :8], decoder_input_ids=ids[:, :8]).logits.shape == (1, 8, VOCAB)
+    with pytest.raises(ValueError, match=r"at most 8 positions \(`location_max_length`=8\); got a sequence of 9"):
+        model(ids, decoder_input_ids=ids[:, :8])  # the source
+    with pytest.raises(ValueError, match="`location_max_length`=8"):
+        model(ids[:, :8], decoder_input_ids=ids)  # the target, in decoder self-attention
+
+
+def test_location_model_translates_sources_up_to_its_map_minus_the_decoding_cap():
+    """Decoding stops a translation at the source length + 50 new tokens (§6.1): with `location_max_length`
+    L, a source of L - 50 tokens translates even when every sentence runs to the cap (no </s> in reach)."""
+    from vanilla_transformer.generation_vanilla_transformer import paper_generation_config
+
+    model = make_model(attention_score="location", location_max_length=60, eos_token_id=VOCAB - 1)
+    model.generation_config = paper_generation_config(model.config)
+    ids = torch.randint(3, VOCAB - 1, (1, 11))
+    bad_words = dict(bad_words_ids=[[VOCAB - 1]])  # never </s> before the cap forces it
+    assert model.generate(ids[:, :10], num_beams=4, **bad_words).shape == (1, 61)  # start + 50 + 10 tokens
+    with pytest.raises(ValueError, match="`location_max_length`=60"):
+        model.generate(ids, num_beams=4, **bad_words)

@@ -41,7 +41,7 @@ from .pipeline_vanilla_transformer import readable_pieces, source_length_limit, 
 
 __all__ = [
     "AttentionRecord", "KINDS", "bertviz_data", "check_attention_support", "collect_attentions", "decoding_settings",
-    "plot_layer", "plot_overview", "save_attention_maps",
+    "plot_layer", "plot_models", "plot_overview", "save_attention_maps",
 ]
 
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
@@ -277,11 +277,47 @@ def plot_overview(record: AttentionRecord, path: str | os.PathLike) -> Path:
     return _save(fig, path)
 
 
-def _caption(record: AttentionRecord, width: int = 70) -> str:
-    def cut(text: str) -> str:
-        return text if len(text) <= width else text[: width - 1] + "…"
+def plot_models(records: dict[str, AttentionRecord], path: str | os.PathLike, kind: str = "cross", layer: int = -1) -> Path:
+    """One PNG comparing models on the same sentence: a panel per model (the dict's keys are the panel
+    titles), each the mean of the heads of one layer (default: the last) of one kind of attention.
 
-    return f"{cut(record.source)}  →  {cut(record.translation)}"
+    Every panel has the same colour scale, 0 to the largest weight of any panel, so that a sharper
+    pattern looks sharper. Each model's own translation gives its panel's rows.
+    """
+    if not records:
+        raise ValueError("`records` is empty: give at least one model's AttentionRecord.")
+    sources = {record.source for record in records.values()}
+    if len(sources) > 1:
+        raise ValueError(f"the records translate different sentences ({len(sources)}); compare models on one sentence.")
+    means = {}
+    for name, record in records.items():
+        weights = record.weights(kind)
+        if not -weights.size(0) <= layer < weights.size(0):
+            raise ValueError(f"`layer` must be in {-weights.size(0)}..{weights.size(0) - 1} for {name}; got {layer}")
+        means[name] = weights[layer].mean(0)
+    plt = _pyplot()
+    grid_rows, grid_columns = math.ceil(len(records) / min(len(records), 3)), min(len(records), 3)
+    queries, keys = (max(len(record.axes(kind)[axis]) for record in records.values()) for axis in (0, 1))
+    fig, axes, fontsize = _figure(plt, grid_rows, grid_columns, queries, keys)
+    vmax = max(float(mean.max()) for mean in means.values())
+    for ax, name in zip(axes.flat, records):
+        image = _draw(ax, means[name].numpy(), *records[name].axes(kind), vmax, fontsize)
+        ax.set_title(f"{name}\n{_cut(records[name].translation, 40)}", fontsize=9)
+    for ax in list(axes.flat)[len(records):]:
+        ax.axis("off")
+    layers = next(iter(records.values())).weights(kind).size(0)
+    title = (f"{KINDS[kind]}, layer {layer % layers + 1} of {layers}, mean of the heads (rows: queries, columns: keys)\n"
+             f"{_cut(sources.pop(), 90)}")
+    _finish(fig, image, title, "attention weight (mean of heads; one scale for all panels)")
+    return _save(fig, path)
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _caption(record: AttentionRecord, width: int = 70) -> str:
+    return f"{_cut(record.source, width)}  →  {_cut(record.translation, width)}"
 
 
 def _save(fig, path) -> Path:

@@ -14,7 +14,7 @@ import math
 
 from transformers import PretrainedConfig
 
-ATTENTION_SCORES = ("scaled_dot", "dot", "general", "additive", "cosine")
+ATTENTION_SCORES = ("scaled_dot", "dot", "general", "additive", "cosine", "location")
 POSITION_ENCODINGS = ("sinusoidal", "learned")
 NORM_POSITIONS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu")
@@ -83,7 +83,15 @@ class VanillaTransformerConfig(PretrainedConfig):
         tie_word_embeddings: one matrix for source embeddings, target embeddings and the pre-softmax
             projection (§3.4). If False, the three are separate.
         attention_score: how a query is compared with the keys: "scaled_dot" (the paper, §3.2.1), "dot"
-            (Luong), "general" (Luong, learned W_a), "additive" (Bahdanau), "cosine" (Graves).
+            (Luong), "general" (Luong, learned W_a), "additive" (Bahdanau), "cosine" (Graves), or
+            "location" (Luong: scores from the query alone, W_a q over key positions; the keys' content
+            is not read). It applies in every attention block: encoder self-attention, decoder
+            self-attention (with "location", a learned pattern over earlier target positions; the
+            look-ahead mask still applies) and cross-attention.
+        location_max_length: with attention_score="location", the number of key positions W_a scores:
+            the longest source (encoder self- and cross-attention) and the longest target so far
+            (decoder self-attention) the model reads. Longer inputs are refused, naming this field.
+            Default 256, the training script's default `max_length`.
         layer_norm_eps: epsilon of every LayerNorm.
         label_smoothing: epsilon_ls used when `labels` are given to the model. The paper trains with 0.1
             (§5.4); the model's default is 0 so that its loss is the plain negative log-likelihood, and
@@ -119,6 +127,7 @@ class VanillaTransformerConfig(PretrainedConfig):
         scale_embedding: bool = True,
         tie_word_embeddings: bool = True,
         attention_score: str = "scaled_dot",
+        location_max_length: int = 256,
         layer_norm_eps: float = 1e-5,
         label_smoothing: float = 0.0,
         pad_token_id: int = 0,
@@ -138,7 +147,7 @@ class VanillaTransformerConfig(PretrainedConfig):
         _check_choice("activation", activation, ACTIVATIONS)
         _check_sizes(vocab_size=vocab_size, d_model=d_model, encoder_layers=encoder_layers,
                      decoder_layers=decoder_layers, num_heads=num_heads, d_ff=d_ff,
-                     max_position_embeddings=max_position_embeddings)
+                     max_position_embeddings=max_position_embeddings, location_max_length=location_max_length)
         if d_model % num_heads:
             raise ValueError(f"`d_model` ({d_model}) must be divisible by `num_heads` ({num_heads}).")
         _check_probabilities(dropout=dropout, attention_dropout=attention_dropout, label_smoothing=label_smoothing)
@@ -167,6 +176,7 @@ class VanillaTransformerConfig(PretrainedConfig):
         self.norm_position = norm_position
         self.scale_embedding = scale_embedding
         self.attention_score = attention_score
+        self.location_max_length = location_max_length
         self.layer_norm_eps = layer_norm_eps
         self.label_smoothing = label_smoothing
         self.pad_token_id = pad_token_id

@@ -77,16 +77,39 @@ def cosine_score(module, q, k):
     return cosine * module.score_strength.view(1, -1, 1, 1)
 
 
+def location_score(module, q, k):
+    """Luong et al. 2015, §3.1 (location-based): a_t = softmax(W_a h_t), scores over source positions
+    from the target state alone. Here one W_a (Dh × `location_max_length`) per head maps the query to
+    a score for each key position; the keys' content is never read, only their number S.
+
+    Luong computes it once per target step from an RNN decoder's state; here it replaces the key
+    comparison inside multi-head attention, in every attention block. Column j scores the j-th key
+    (sources are right-padded, so j is the real position), and the padding mask hides positions past a
+    sentence's end. In self-attention this is a position-only pattern (where to look, not at what);
+    in the decoder the look-ahead mask of §3.2.3 still hides later positions.
+    """
+    keys, positions = k.size(-2), module.score_location_weight.size(-1)
+    if keys > positions:
+        raise ValueError(
+            f"Location-based attention scores at most {positions} positions (`location_max_length`={positions}); "
+            f"got a sequence of {keys} (the source, or the target so far in decoder self-attention). Use shorter "
+            "inputs, or train a model with a larger `location_max_length`."
+        )
+    return q @ module.score_location_weight[..., :keys]  # (B, H, T, Dh) @ (H, Dh, S) -> (B, H, T, S)
+
+
 ATTENTION_SCORES = {
     "scaled_dot": scaled_dot_score,
     "dot": dot_score,
     "general": general_score,
     "additive": additive_score,
     "cosine": cosine_score,
+    "location": location_score,
 }
 
 # Scores that are a plain dot product up to a constant run on torch's fused kernel
-# (`scaled_dot_product_attention`); the value is its `scale` argument (None = 1/sqrt(Dh)).
+# (`scaled_dot_product_attention`); the value is its `scale` argument (None = 1/sqrt(Dh)). The
+# others (learned, cosine or location scores) always take the explicit path.
 SDPA_SCALES = {"scaled_dot": None, "dot": 1.0}
 
 
@@ -141,7 +164,8 @@ class MultiHeadAttention(nn.Module):
         self.score_name = config.attention_score
         d_model = config.d_model
         self.q_proj = nn.Linear(d_model, d_model)  # W^Q of all heads
-        self.k_proj = nn.Linear(d_model, d_model)  # W^K
+        # W^K; location-based scores compare no keys, so that model has no key projection.
+        self.k_proj = nn.Linear(d_model, d_model) if self.score_name != "location" else None
         self.v_proj = nn.Linear(d_model, d_model)  # W^V
         self.out_proj = nn.Linear(d_model, d_model)  # W^O
         for projection in (self.q_proj, self.k_proj, self.v_proj):
@@ -155,12 +179,16 @@ class MultiHeadAttention(nn.Module):
             self.score_vector = nn.Parameter(torch.empty(heads, dh))
         elif self.score_name == "cosine":
             self.score_strength = nn.Parameter(torch.empty(heads))
+        elif self.score_name == "location":
+            self.score_location_weight = nn.Parameter(torch.empty(heads, dh, config.location_max_length))
 
     def reset_score_parameters(self) -> None:
         # N(0, 1/Dh) keeps x @ W at the scale of x. (torch.nn.init, not in-place tensor ops: when a
         # checkpoint is loaded, transformers makes these calls skip the weights that were loaded.)
         if self.score_name == "general":
             nn.init.normal_(self.score_weight, std=self.head_dim**-0.5)
+        elif self.score_name == "location":
+            nn.init.normal_(self.score_location_weight, std=self.head_dim**-0.5)
         elif self.score_name == "additive":
             for weight in (self.score_query_weight, self.score_key_weight, self.score_vector):
                 nn.init.normal_(weight, std=self.head_dim**-0.5)
@@ -182,7 +210,9 @@ class MultiHeadAttention(nn.Module):
             k, v = layer.keys, layer.values
         else:
             source = key_value_states if self.is_cross_attention else hidden_states
-            k, v = self._heads(self.k_proj, source), self._heads(self.v_proj, source)  # (B, H, S, Dh) each
+            v = self._heads(self.v_proj, source)  # (B, H, S, Dh)
+            # Location-based scores read no keys; the cache, which holds keys beside values, gets the values.
+            k = v if self.k_proj is None else self._heads(self.k_proj, source)  # (B, H, S, Dh)
             if cache is not None:
                 if self.is_cross_attention:
                     k, v = cache.cross_attention_cache.update(k, v, self.layer_idx)
