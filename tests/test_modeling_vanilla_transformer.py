@@ -519,3 +519,17 @@ def test_location_model_translates_sources_up_to_its_map_minus_the_decoding_cap(
     assert model.generate(ids[:, :10], num_beams=4, **bad_words).shape == (1, 61)  # start + 50 + 10 tokens
     with pytest.raises(ValueError, match="`location_max_length`=60"):
         model.generate(ids, num_beams=4, **bad_words)
+
+
+@pytest.mark.parametrize("score", ["scaled_dot", "location"])
+def test_attention_input_projections_get_fairseqs_xavier_gain(score):
+    # W^Q, W^K, W^V: Xavier-uniform with gain 1/sqrt(2), bound sqrt(6 / (2 d)) / sqrt(2) (fairseq); W^O and the
+    # feed-forward layers the full bound. The full bound on W^Q, W^K, W^V learned measurably slower.
+    config = VanillaTransformerConfig.from_preset("tiny", d_model=128, d_ff=256, num_heads=4, attention_score=score)
+    model = VanillaTransformerForConditionalGeneration(config)
+    attention = model.model.decoder.layers[0].cross_attn
+    bound = (6 / (2 * 128)) ** 0.5
+    for projection in filter(None, (attention.q_proj, attention.k_proj, attention.v_proj)):
+        assert projection.weight.abs().max() <= bound / 2**0.5 + 1e-6
+        assert projection.weight.std().item() == pytest.approx(bound / 2**0.5 / 3**0.5, rel=0.05)
+    assert attention.out_proj.weight.std().item() == pytest.approx(bound / 3**0.5, rel=0.05)

@@ -168,7 +168,7 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_model) if self.score_name != "location" else None
         self.v_proj = nn.Linear(d_model, d_model)  # W^V
         self.out_proj = nn.Linear(d_model, d_model)  # W^O
-        for projection in (self.q_proj, self.k_proj, self.v_proj):
+        for projection in filter(None, (self.q_proj, self.k_proj, self.v_proj)):
             projection.is_attention_input = True  # initialised as fairseq does (see _init_weights)
         heads, dh = self.num_heads, self.head_dim
         if self.score_name == "general":
