@@ -55,6 +55,7 @@ from .checkpoints import (
     save_checkpoint,
 )
 from .data import PadCollator, TokenBatchSampler, TokenizedSplit, tokenize_pairs
+from .distributed import end_training, start_accelerator
 from .lock import RunLock
 from .loss import IGNORE_INDEX, label_smoothed_loss
 from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler
@@ -385,7 +386,7 @@ def train(args: TrainingArguments) -> dict:
     if not logging.getLogger().handlers:
         logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per file saved is noise
-    accelerator = Accelerator(
+    accelerator = start_accelerator(  # refuses a launch whose processes would train alone; logs what runs
         mixed_precision=args.mixed_precision,
         log_with=args.report_to,
         project_dir=str(Path(args.output_dir) / "runs") if args.report_to else None,
@@ -695,7 +696,7 @@ def _finish(run: _Run) -> dict:
         if args.push_to_hub:
             _upload(args.output_dir, args.push_to_hub)
     accelerator.wait_for_everyone()
-    accelerator.end_training()
+    end_training(run)  # frees the DDP wrapper before the process group (a gloo hang at exit otherwise)
     return results
 
 
