@@ -24,7 +24,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import DistributedType
 
-__all__ = ["describe", "launched_world_size", "requested_engine", "start_accelerator"]
+__all__ = ["configure_deepspeed", "describe", "end_training", "launched_world_size", "requested_engine", "start_accelerator"]
 
 logger = get_logger(__name__)
 
@@ -138,3 +138,46 @@ def end_training(run) -> None:
     gc.collect()
     accelerator.wait_for_everyone()
     accelerator.end_training()
+
+
+def configure_deepspeed(accelerator, args) -> None:
+    """Give DeepSpeed what `accelerator.prepare` asks of it, from our arguments, without pretending batches
+    have a fixed size.
+
+    The loop never prepares a DataLoader: its batches hold at most `max_tokens` tokens, however many
+    pairs that is. DeepSpeed wants `train_micro_batch_size_per_gpu` (which it only uses to count and
+    report samples): one micro-batch is one of our batches, so 1, and `train_batch_size` = world size.
+    Gradient clipping is DeepSpeed's own (`accelerator.clip_grad_norm_` does nothing under it): it
+    gets `max_grad_norm` (0: off). Values the user's DeepSpeed config sets are kept, unless they
+    contradict ours. Gradient accumulation stays 1: DeepSpeed would divide the loss by its own count
+    and step on its own boundary, which the loop's token-normalised steps (whose last batch of an
+    epoch may come alone) do not match; more than one is refused until that is done.
+    """
+    if accelerator.distributed_type != DistributedType.DEEPSPEED:
+        return
+    config = accelerator.state.deepspeed_plugin.deepspeed_config
+    if args.gradient_accumulation_steps != 1:
+        raise ValueError(
+            f"`gradient_accumulation_steps` {args.gradient_accumulation_steps} is not supported under DeepSpeed yet; "
+            "use 1 and raise `max_tokens`, or use DDP/FSDP"
+        )
+    wanted = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": accelerator.num_processes,
+        "gradient_clipping": float(args.max_grad_norm or 0.0),
+    }
+    for key, value in wanted.items():
+        given = config.get(key, "auto")
+        if given == "auto":
+            config[key] = value
+        elif key != "gradient_clipping" and given != value:
+            raise ValueError(
+                f"the DeepSpeed config sets {key}={given!r}; this loop's batches are token-budgeted (one batch of "
+                f"at most `max_tokens` tokens per micro-step), so it must be {value} or 'auto'"
+            )
+    logger.info(
+        f"DeepSpeed: ZeRO-{accelerator.state.deepspeed_plugin.zero_stage}, one batch of <= {args.max_tokens} tokens "
+        f"per micro-step and process (train_micro_batch_size_per_gpu 1, train_batch_size {config['train_batch_size']}), "
+        f"gradient clipping {config['gradient_clipping'] or 'off'}"
+    )

@@ -55,7 +55,7 @@ from .checkpoints import (
     save_checkpoint,
 )
 from .data import PadCollator, TokenBatchSampler, TokenizedSplit, tokenize_pairs
-from .distributed import end_training, start_accelerator
+from .distributed import configure_deepspeed, end_training, start_accelerator
 from .lock import RunLock
 from .loss import IGNORE_INDEX, label_smoothed_loss
 from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler
@@ -444,6 +444,7 @@ def _setup(args: TrainingArguments, accelerator) -> _Run:
     scheduler = make_scheduler(optimizer, model.config.d_model, args.warmup_steps, args.lr_scale)
     # The scheduler is not prepared: Accelerate would step it once per process, and the Noam
     # schedule counts optimiser steps. It is registered so that save_state/load_state keep it.
+    configure_deepspeed(accelerator, args)  # the batch sizes DeepSpeed asks for; nothing without DeepSpeed
     model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.register_for_checkpointing(scheduler)
     _log_recipe(args, accelerator, accelerator.unwrap_model(model).config.d_model)
