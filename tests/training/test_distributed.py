@@ -42,7 +42,7 @@ def start(command, env, log: Path) -> subprocess.Popen:
     return launched
 
 
-def finish(launched: subprocess.Popen, timeout: int = 240) -> tuple[int, str]:
+def finish(launched: subprocess.Popen, timeout: int = 480) -> tuple[int, str]:
     try:
         launched.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -60,7 +60,7 @@ def test_multi_gpu_launch_without_gpus_is_refused_before_anything_is_written(tmp
     command = [*LAUNCH, "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
                str(free_port()), *TRAIN, "--output-dir", str(output), "--dataset", str(small_task), *small_run,
                "--max-steps", "2"]
-    code, stderr = finish(start(command, environment(), tmp_path / "launch.log"), timeout=120)
+    code, stderr = finish(start(command, environment(), tmp_path / "launch.log"), timeout=240)
     assert code != 0
     assert "the launcher started 2 processes (WORLD_SIZE=2) but Accelerate runs 1" in stderr, stderr[-3000:]
     assert "set ACCELERATE_USE_CPU=1" in stderr
@@ -74,7 +74,7 @@ def test_fsdp_without_gpus_is_one_clear_error(tmp_path, small_task, small_run):
     command = [*LAUNCH, "--use_fsdp", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
                str(free_port()), *TRAIN, "--output-dir", str(output), "--dataset", str(small_task), *small_run,
                "--max-steps", "2"]
-    code, stderr = finish(start(command, environment(ACCELERATE_USE_CPU="1"), tmp_path / "launch.log"), timeout=120)
+    code, stderr = finish(start(command, environment(ACCELERATE_USE_CPU="1"), tmp_path / "launch.log"), timeout=240)
     assert code != 0
     assert "FSDP was asked for" in stderr and "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu" in stderr, stderr[-3000:]
     assert not output.exists()
