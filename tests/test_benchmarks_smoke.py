@@ -111,3 +111,18 @@ def test_score_function_study_writes_its_table_and_figure(tmp_path):
     markdown = md_path.read_text()
     for expected in ("| scaled_dot | ", "| location | ", "val. ppl @2", "no (explicit)", "yes (sdpa", "load average"):
         assert expected in markdown
+
+
+def test_big_corpus_benchmark_reaches_the_first_step_and_reuses_its_caches(tmp_path):
+    """`python -m benchmarks.big_corpus` at a tiny size: both runs reach the first step and report memory."""
+    out = tmp_path / "big.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.big_corpus", "--pairs", "3000", "--runs", "2", "--workdir", str(tmp_path),
+         "--out", str(out)],
+        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, second = json.loads(out.read_text())["results"]
+    assert (first["pairs"], first["run"], second["run"]) == (3000, 1, 2)
+    assert first["seconds_to_first_step"] > 0 and first["peak_rss_mib"] > 0
+    assert (tmp_path / "run-3000" / "tokenizer.json").is_file()  # trained once, read back by the second run

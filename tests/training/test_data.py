@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import datasets
 import numpy as np
 import pytest
@@ -99,3 +101,42 @@ def test_evaluation_batches_cover_everything_across_processes():
 def test_sampler_refuses_a_budget_below_the_longest_pair():
     with pytest.raises(ValueError, match="max_tokens.*longest sequence"):
         TokenBatchSampler(LENGTHS, max_tokens=10)
+
+
+
+def test_tokenising_with_several_processes_gives_the_same_split_and_a_later_load_reuses_its_cache(
+        tmp_path, write_synthetic_task, monkeypatch):
+    """`num_proc` workers tokenise a file-backed split into the map cache; the same files and tokenizer loaded
+    again (as a resumed or repeated run loads them) read it back: no new cache file, the same rows."""
+    from transformers import AutoTokenizer
+
+    from vanilla_transformer.corpora import load_translation_dataset
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    data = write_synthetic_task(tmp_path / "data", n_train=600, n_eval=4)
+    train_tokenizer([" ".join(chr(c) for c in range(97, 109))] * 10, vocab_size=300, output_dir=tmp_path / "tok")
+
+    def tokenise(num_proc):
+        train = load_translation_dataset(str(data))["train"]
+        cache = Path(train.cache_files[0]["filename"]).parent
+        before = set(cache.glob("cache-*.arrow"))
+        split = tokenize_pairs(train, AutoTokenizer.from_pretrained(tmp_path / "tok"), "src", "tgt", 16, num_proc=num_proc)
+        return len(set(cache.glob("cache-*.arrow")) - before), split
+
+    (new_first, first), (new_again, again), (_, one_process) = tokenise(2), tokenise(2), tokenise(None)
+    assert new_first == 2  # one cache file per worker
+    assert new_again == 0
+    assert first.dataset["length"][:] == again.dataset["length"][:] == one_process.dataset["length"][:]
+    assert first.dataset["labels"][:] == one_process.dataset["labels"][:] and first.total == 600
+
+
+def test_tokenization_workers_scale_with_the_corpus(monkeypatch):
+    from vanilla_transformer.training import data as data_module
+
+    monkeypatch.delenv(data_module.NUM_PROC_ENV, raising=False)
+    monkeypatch.setattr(data_module.os, "sched_getaffinity", lambda _: set(range(4)), raising=False)
+    assert data_module.tokenization_workers(1000) is None
+    assert data_module.tokenization_workers(3 * data_module.PAIRS_PER_WORKER) == 3
+    assert data_module.tokenization_workers(100 * data_module.PAIRS_PER_WORKER) == 4
+    monkeypatch.setenv(data_module.NUM_PROC_ENV, "2")
+    assert data_module.tokenization_workers(10) == 2

@@ -9,6 +9,7 @@ source tokens and 25000 target tokens." `TokenBatchSampler` does this as fairseq
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -18,7 +19,22 @@ import torch
 
 from .loss import IGNORE_INDEX
 
-__all__ = ["PadCollator", "TokenBatchSampler", "TokenizedSplit", "tokenize_pairs"]
+__all__ = ["PadCollator", "TokenBatchSampler", "TokenizedSplit", "tokenization_workers", "tokenize_pairs"]
+
+PAIRS_PER_WORKER = 200_000  # below this a worker process costs more (start, pickling the tokenizer) than it saves
+NUM_PROC_ENV = "VANILLA_TRANSFORMER_NUM_PROC"  # set to override how many processes tokenise a large split
+
+
+def tokenization_workers(pairs: int) -> int | None:
+    """How many processes `Dataset.map` tokenises `pairs` pairs with: None (this process) for small splits, else
+    one per PAIRS_PER_WORKER pairs up to the CPUs this process may use; `VANILLA_TRANSFORMER_NUM_PROC` overrides.
+    Every process of a run computes the same number, which the map cache's file names depend on."""
+    if os.environ.get(NUM_PROC_ENV):
+        workers = int(os.environ[NUM_PROC_ENV])
+    else:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        workers = min(cpus, pairs // PAIRS_PER_WORKER)
+    return workers if workers > 1 else None
 
 
 @dataclass
@@ -48,13 +64,16 @@ def tokenize_pairs(
     truncate: bool = False,
     name: str = "split",
     keep_references: bool = False,
+    num_proc: int | None | str = "auto",
 ) -> TokenizedSplit:
     """Tokenise the `translation` column with `Dataset.map` (batched; cached on disk for file-backed data).
 
     Both sides are encoded with the one joint tokenizer, which appends </s>. A pair whose
     source or target is empty is dropped; a pair with a side longer than `max_length` tokens
     is dropped, or cut to `max_length` (keeping </s>) when `truncate`. `keep_references` keeps
-    the target text in a `reference` column, to score translations against.
+    the target text in a `reference` column, to score translations against. `num_proc` processes
+    tokenise ("auto": `tokenization_workers`); for file-backed data the result is cached next to the
+    data set's files and a later run with the same tokenizer and options reads it back instead.
     """
     if max_length < 2:
         raise ValueError(f"`max_length` must be at least 2 (a token and </s>); got {max_length!r}.")
@@ -78,7 +97,11 @@ def tokenize_pairs(
             "raw_length": [max(len(s), len(t)) for s, t in zip(raw_src, raw_tgt)],
         }
 
-    encoded = dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc=f"tokenising {name}")
+    if num_proc == "auto":
+        num_proc = tokenization_workers(len(dataset))
+    encoded = dataset.map(
+        encode, batched=True, remove_columns=dataset.column_names, num_proc=num_proc, desc=f"tokenising {name}"
+    )
     min_length = np.asarray(encoded["min_length"])
     raw_length = np.asarray(encoded["raw_length"])
     empty = min_length <= 1  # nothing but </s>

@@ -57,6 +57,7 @@ from .checkpoints import (
     save_checkpoint,
 )
 from .data import PadCollator, TokenBatchSampler, TokenizedSplit, tokenize_pairs
+from .distributed import configure_deepspeed, end_training, start_accelerator
 from .lock import RunLock
 from .loss import IGNORE_INDEX, label_smoothed_loss
 from .averaging import WeightAverage
@@ -413,7 +414,7 @@ def train(args: TrainingArguments) -> dict:
     if not logging.getLogger().handlers:
         logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per file saved is noise
-    accelerator = Accelerator(
+    accelerator = start_accelerator(  # refuses a launch whose processes would train alone; logs what runs
         mixed_precision=args.mixed_precision,
         log_with=args.report_to,
         project_dir=str(Path(args.output_dir) / "runs") if args.report_to else None,
@@ -471,9 +472,10 @@ def _setup(args: TrainingArguments, accelerator) -> _Run:
     # A budget schedule asks the run (built below) how many steps are left.
     scheduler = make_scheduler(optimizer, model.config.d_model, args.warmup_steps, args.lr_scale, args.lr_schedule,
                                remaining_steps=lambda step: run.remaining_steps(step))
+    configure_deepspeed(accelerator, args)  # the batch sizes DeepSpeed asks for; nothing without DeepSpeed
+    model, optimizer = accelerator.prepare(model, optimizer)
     # The scheduler is not prepared: Accelerate would step it once per process, and the Noam
     # schedule counts optimiser steps. It is registered so that save_state/load_state keep it.
-    model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.register_for_checkpointing(scheduler)
     average = None
     if args.ema_decay is not None:
@@ -742,7 +744,7 @@ def _finish(run: _Run) -> dict:
         if args.push_to_hub:
             _upload(args.output_dir, args.push_to_hub)
     accelerator.wait_for_everyone()
-    accelerator.end_training()
+    end_training(run)  # frees the DDP wrapper before the process group (a gloo hang at exit otherwise)
     return results
 
 

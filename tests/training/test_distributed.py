@@ -1,0 +1,165 @@
+"""Real `accelerate launch` runs on CPU processes: the launch guard, the start-of-run line, two machines on one.
+
+Each launch runs in its own process group, so that a hang takes its ranks down with it.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vanilla_transformer.training.checkpoints import read_state
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--mixed_precision", "no", "--dynamo_backend", "no"]
+TRAIN = ["-m", "vanilla_transformer.cli", "train"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def environment(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
+    return {**env, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **extra}
+
+
+def start(command, env, log: Path) -> subprocess.Popen:
+    """Output to a file, not a pipe: two launches waited on one after the other must not block on a full pipe."""
+    with open(log, "w") as out:
+        launched = subprocess.Popen(command, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                    start_new_session=True)
+    launched.log = log
+    return launched
+
+
+def finish(launched: subprocess.Popen, timeout: int = 480) -> tuple[int, str]:
+    try:
+        launched.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(launched.pid, signal.SIGKILL)
+        launched.wait()
+        raise AssertionError(f"timed out; its output ends:\n{launched.log.read_text()[-3000:]}") from None
+    return launched.returncode, launched.log.read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the mismatch needs a machine without GPUs")
+def test_multi_gpu_launch_without_gpus_is_refused_before_anything_is_written(tmp_path, small_task, small_run):
+    """`--multi_gpu` without ACCELERATE_USE_CPU=1 on a CPU machine: Accelerate runs each process alone. Both
+    processes stop at once with the fix, before the output folder exists."""
+    output = tmp_path / "out"
+    command = [*LAUNCH, "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
+               str(free_port()), *TRAIN, "--output-dir", str(output), "--dataset", str(small_task), *small_run,
+               "--max-steps", "2"]
+    code, stderr = finish(start(command, environment(), tmp_path / "launch.log"), timeout=240)
+    assert code != 0
+    assert "the launcher started 2 processes (WORLD_SIZE=2) but Accelerate runs 1" in stderr, stderr[-3000:]
+    assert "set ACCELERATE_USE_CPU=1" in stderr
+    assert not output.exists()  # no lock, no tokenizer, no checkpoints folder
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="FSDP runs where there are GPUs")
+def test_fsdp_without_gpus_is_one_clear_error(tmp_path, small_task, small_run):
+    """Accelerate's FSDP plugin raises "no available devices" on CPU; the run says to use DDP instead."""
+    output = tmp_path / "out"
+    command = [*LAUNCH, "--use_fsdp", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
+               str(free_port()), *TRAIN, "--output-dir", str(output), "--dataset", str(small_task), *small_run,
+               "--max-steps", "2"]
+    code, stderr = finish(start(command, environment(ACCELERATE_USE_CPU="1"), tmp_path / "launch.log"), timeout=240)
+    assert code != 0
+    assert "FSDP was asked for" in stderr and "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu" in stderr, stderr[-3000:]
+    assert not output.exists()
+
+
+def test_two_machines_on_loopback_match_one_machine_with_two_processes(tmp_path, small_task, small_run):
+    """Two `accelerate launch` commands, machine ranks 0 and 1 over 127.0.0.1 (gloo), one process each, train
+    together: the same weights, tokens and losses as two processes on one machine. Each run says at the start
+    what runs. (The machines share the output folder here, as real ones must: see the README.)"""
+    small_run[small_run.index("--config-overrides") + 1] += ",dropout=0"
+    args = ["--dataset", str(small_task), *small_run, "--max-steps", "3", "--save-steps", "3", "--log-steps", "1"]
+    env = environment(ACCELERATE_USE_CPU="1")
+
+    one_machine = [*LAUNCH, "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                   "--main_process_port", str(free_port()), *TRAIN, "--output-dir", str(tmp_path / "one"), *args]
+    code, stderr = finish(start(one_machine, env, tmp_path / "one.log"))
+    assert code == 0, stderr[-3000:]
+    assert "distributed: DDP (MULTI_CPU), world size 2 (1 machine(s) x 2 process(es)), mixed precision no, " \
+           "devices 2 x cpu" in stderr, stderr[-3000:]
+    assert "process 1 (local 1): cpu" in stderr
+
+    port = free_port()
+    machines = [
+        start([*LAUNCH, "--multi_gpu", "--num_processes", "2", "--num_machines", "2", "--machine_rank", str(rank),
+               "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--rdzv_backend", "static",
+               *TRAIN, "--output-dir", str(tmp_path / "two"), *args], env, tmp_path / f"machine{rank}.log")
+        for rank in (0, 1)
+    ]
+    (code0, stderr0), (code1, stderr1) = [finish(m) for m in machines]
+    assert code0 == 0 and code1 == 0, stderr0[-3000:] + stderr1[-3000:]
+    assert "distributed: DDP (MULTI_CPU), world size 2 (2 machine(s) x 1 process(es))" in stderr0, stderr0[-3000:]
+    assert "process 1 (local 0): cpu" in stderr1
+
+    one, two = (tmp_path / name / "checkpoints" / "checkpoint-00000003" for name in ("one", "two"))
+    weights_one, weights_two = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
+    assert weights_one.keys() == weights_two.keys()
+    for name in weights_one:  # measured: bit-identical (gloo sums two tensors in the same order either way)
+        torch.testing.assert_close(weights_two[name], weights_one[name], rtol=0, atol=1e-6, msg=name)
+    state_one, state_two = read_state(one), read_state(two)
+    assert state_one["train_tokens"] == state_two["train_tokens"]
+    results_one, results_two = (json.loads((tmp_path / n / "results.json").read_text()) for n in ("one", "two"))
+    assert results_one["replica_checksums"] == pytest.approx(results_two["replica_checksums"], rel=1e-9)
+    assert results_one["validation_loss"] == pytest.approx(results_two["validation_loss"], rel=1e-6)
+
+
+def deepspeed_accelerator(stage: int, world: int = 2, **config):
+    """What `configure_deepspeed` reads of an Accelerator: Accelerate's own DeepSpeed plugin (it builds
+    without DeepSpeed installed), as `accelerate launch --use_deepspeed --zero_stage N` makes it."""
+    from types import SimpleNamespace
+
+    from accelerate import PartialState
+    from accelerate.utils import DeepSpeedPlugin, DistributedType
+
+    PartialState()  # the one-process state, for Accelerate's logger
+    plugin = DeepSpeedPlugin(zero_stage=stage)
+    plugin.deepspeed_config.update(config)
+    return SimpleNamespace(distributed_type=DistributedType.DEEPSPEED, num_processes=world,
+                           state=SimpleNamespace(deepspeed_plugin=plugin))
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_deepspeed_gets_one_token_batch_per_micro_step_and_our_clipping(stage):
+    from vanilla_transformer.training.distributed import configure_deepspeed
+    from vanilla_transformer.training.loop import TrainingArguments
+
+    accelerator = deepspeed_accelerator(stage, world=8)
+    configure_deepspeed(accelerator, TrainingArguments(output_dir="unused", max_grad_norm=1.0))
+    config = accelerator.state.deepspeed_plugin.deepspeed_config
+    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"], config["train_batch_size"],
+            config["gradient_clipping"]) == (1, 1, 8, 1.0)
+    assert config["zero_optimization"]["stage"] == stage
+
+    accelerator = deepspeed_accelerator(stage)
+    configure_deepspeed(accelerator, TrainingArguments(output_dir="unused"))
+    assert accelerator.state.deepspeed_plugin.deepspeed_config["gradient_clipping"] == 0.0  # off, as without DeepSpeed
+
+
+def test_deepspeed_settings_that_contradict_token_batches_are_refused():
+    from vanilla_transformer.training.distributed import configure_deepspeed
+    from vanilla_transformer.training.loop import TrainingArguments
+
+    with pytest.raises(ValueError, match="train_micro_batch_size_per_gpu=16.*must be 1 or 'auto'"):
+        configure_deepspeed(deepspeed_accelerator(2, train_micro_batch_size_per_gpu=16), TrainingArguments(output_dir="x"))
+    with pytest.raises(ValueError, match="`gradient_accumulation_steps` 2 is not supported under DeepSpeed"):
+        configure_deepspeed(deepspeed_accelerator(2), TrainingArguments(output_dir="x", gradient_accumulation_steps=2))
+    kept = deepspeed_accelerator(2, gradient_clipping=0.5)  # the user's own clipping stays
+    configure_deepspeed(kept, TrainingArguments(output_dir="x", max_grad_norm=1.0))
+    assert kept.state.deepspeed_plugin.deepspeed_config["gradient_clipping"] == 0.5

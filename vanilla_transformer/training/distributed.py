@@ -1,0 +1,183 @@
+"""The distributed side of a training run: start Accelerate, refuse launches that cannot work, say what runs.
+
+`start_accelerator(**kwargs)` is `Accelerator(**kwargs)` with three additions, all before the run
+writes anything (the output folder, its lock, the tokenizer):
+
+- A launcher that started N processes (`WORLD_SIZE`, set by `accelerate launch` / torchrun) whose
+  Accelerate state counts another number is refused with one error naming the fix. The common
+  case: `accelerate launch --multi_gpu` on a machine without GPUs and without `ACCELERATE_USE_CPU=1`;
+  Accelerate then finds no GPU and runs each process alone ("1 process(es)"), and the processes
+  race on the output folder.
+- FSDP asked for where Accelerate cannot run it (no GPU: Accelerate's FSDP plugin raises "no
+  available devices") is a usage error that says to use DDP on CPU instead; FSDP asked for but not
+  active (an Accelerate version that falls back to DDP) is a warning.
+- One line on the main process says what runs: the distributed type, the world size, the machines
+  and processes per machine, the mixed precision and the device type; then each process logs its
+  own rank and device.
+"""
+
+from __future__ import annotations
+
+import os
+
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+from accelerate.utils import DistributedType
+
+__all__ = ["configure_deepspeed", "describe", "end_training", "launched_world_size", "requested_engine", "start_accelerator"]
+
+logger = get_logger(__name__)
+
+# The flags `accelerate launch --use_fsdp / --use_deepspeed` (or a config file) set for the processes.
+_ENGINE_FLAGS = {"FSDP": "ACCELERATE_USE_FSDP", "DEEPSPEED": "ACCELERATE_USE_DEEPSPEED"}
+_CPU_FIX = "set ACCELERATE_USE_CPU=1 (or `accelerate launch --cpu`) on a machine without GPUs"
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def requested_engine() -> str | None:
+    """'FSDP' or 'DEEPSPEED' when the launcher asked for one, else None (DDP or a single process)."""
+    for engine, flag in _ENGINE_FLAGS.items():
+        if _flag(flag):
+            return engine
+    return None
+
+
+def launched_world_size() -> int | None:
+    """The number of processes the launcher started (torchrun's WORLD_SIZE), or None without a launcher."""
+    value = os.environ.get("WORLD_SIZE")
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def start_accelerator(**kwargs) -> Accelerator:
+    """`Accelerator(**kwargs)`, refusing (ValueError) a launch whose processes would not train together."""
+    engine = requested_engine()
+    try:
+        accelerator = Accelerator(**kwargs)
+    except RuntimeError as err:
+        if engine == "FSDP" and "no available devices" in str(err):
+            raise ValueError(
+                f"FSDP was asked for (ACCELERATE_USE_FSDP), but Accelerate finds no GPU to shard the model on ({err}). "
+                "On CPU train with DDP instead: ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ..."
+            ) from None
+        raise
+    check_world_size(accelerator)
+    logger.info(describe(accelerator))
+    if engine is not None and accelerator.distributed_type.name != engine:
+        logger.warning(
+            f"{engine} was asked for ({_ENGINE_FLAGS[engine]}) but Accelerate runs {accelerator.distributed_type.name}"
+            + (" (on CPU Accelerate falls back to DDP: no sharding)" if accelerator.device.type == "cpu" else "")
+        )
+    if accelerator.num_processes > 1:
+        logger.info(
+            f"process {accelerator.process_index} (local {accelerator.local_process_index}): {accelerator.device}",
+            main_process_only=False,
+        )
+    return accelerator
+
+
+def check_world_size(accelerator) -> None:
+    """Refuse a launch whose launcher and Accelerate disagree on the number of processes."""
+    launched = launched_world_size()
+    if launched is not None and launched != accelerator.num_processes:
+        raise ValueError(
+            f"the launcher started {launched} processes (WORLD_SIZE={launched}) but Accelerate runs "
+            f"{accelerator.num_processes} ({accelerator.distributed_type.name} on {accelerator.device.type}): "
+            "each process would train alone and they would race on the output folder. "
+            f"Fix: {_CPU_FIX}; on a GPU machine, check that every process sees a GPU (CUDA_VISIBLE_DEVICES, nvidia-smi)."
+        )
+
+
+def describe(accelerator) -> str:
+    """One line: distributed type, world size, machines and processes per machine, mixed precision, devices."""
+    world = accelerator.num_processes
+    per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    machines = max(world // max(per_machine, 1), 1)
+    device = accelerator.device
+    if device.type == "cuda":
+        import torch
+
+        devices = f"{world} x cuda ({torch.cuda.get_device_name(device)})"
+    else:
+        devices = f"{world} x {device.type}"
+    kind = accelerator.distributed_type
+    if kind == DistributedType.FSDP:
+        plugin = accelerator.state.fsdp_plugin
+        kind_text = f"FSDP{getattr(plugin, 'fsdp_version', 1)}"
+    elif kind == DistributedType.DEEPSPEED:
+        stage = accelerator.state.deepspeed_plugin.zero_stage
+        kind_text = f"DEEPSPEED (ZeRO-{stage})"
+    elif kind in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+        kind_text = f"DDP ({kind.name})"
+    else:
+        kind_text = "none (one process)" if kind == DistributedType.NO else kind.name
+    return (
+        f"distributed: {kind_text}, world size {world} ({machines} machine(s) x {per_machine} process(es)), "
+        f"mixed precision {accelerator.mixed_precision}, devices {devices}"
+    )
+
+
+def end_training(run) -> None:
+    """`accelerator.end_training()`, after letting go of the DDP wrapper while the process group still exists.
+
+    Accelerate's `end_training` destroys the process group; the DDP wrapper's reducer still held it, and
+    freeing the wrapper afterwards (when `train` returns) ran the gloo group's destructor with the GIL held,
+    which joins gloo's worker threads while one of them waits for the GIL to free a finished all-gather:
+    measured, rank 1 of a 2-process CPU run hung at exit, after the run had written everything.
+    """
+    import gc
+
+    accelerator = run.accelerator
+    run.model = accelerator.unwrap_model(run.model)
+    accelerator.free_memory()  # Accelerate's own references to the prepared model and optimiser
+    gc.collect()
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+
+
+def configure_deepspeed(accelerator, args) -> None:
+    """Give DeepSpeed what `accelerator.prepare` asks of it, from our arguments, without pretending batches
+    have a fixed size.
+
+    The loop never prepares a DataLoader: its batches hold at most `max_tokens` tokens, however many
+    pairs that is. DeepSpeed wants `train_micro_batch_size_per_gpu` (which it only uses to count and
+    report samples): one micro-batch is one of our batches, so 1, and `train_batch_size` = world size.
+    Gradient clipping is DeepSpeed's own (`accelerator.clip_grad_norm_` does nothing under it): it
+    gets `max_grad_norm` (0: off). Values the user's DeepSpeed config sets are kept, unless they
+    contradict ours. Gradient accumulation stays 1: DeepSpeed would divide the loss by its own count
+    and step on its own boundary, which the loop's token-normalised steps (whose last batch of an
+    epoch may come alone) do not match; more than one is refused until that is done.
+    """
+    if accelerator.distributed_type != DistributedType.DEEPSPEED:
+        return
+    config = accelerator.state.deepspeed_plugin.deepspeed_config
+    if args.gradient_accumulation_steps != 1:
+        raise ValueError(
+            f"`gradient_accumulation_steps` {args.gradient_accumulation_steps} is not supported under DeepSpeed yet; "
+            "use 1 and raise `max_tokens`, or use DDP/FSDP"
+        )
+    wanted = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": accelerator.num_processes,
+        "gradient_clipping": float(args.max_grad_norm or 0.0),
+    }
+    for key, value in wanted.items():
+        given = config.get(key, "auto")
+        if given == "auto":
+            config[key] = value
+        elif key != "gradient_clipping" and given != value:
+            raise ValueError(
+                f"the DeepSpeed config sets {key}={given!r}; this loop's batches are token-budgeted (one batch of "
+                f"at most `max_tokens` tokens per micro-step), so it must be {value} or 'auto'"
+            )
+    logger.info(
+        f"DeepSpeed: ZeRO-{accelerator.state.deepspeed_plugin.zero_stage}, one batch of <= {args.max_tokens} tokens "
+        f"per micro-step and process (train_micro_batch_size_per_gpu 1, train_batch_size {config['train_batch_size']}), "
+        f"gradient clipping {config['gradient_clipping'] or 'off'}"
+    )
