@@ -37,8 +37,11 @@ SIZES = {
     # A small Transformer that learns in minutes on 2 CPU cores. The paper's 4,000 warm-up steps
     # alone would take longer than the whole budget: small batches, many steps, and the peak
     # learning rate of a 1,000-step warm-up (2e-3 for d_model 256) reached after 250 steps.
+    # No dropout (the paper's P_drop is 0.1): two passes over the corpus in 15 minutes do not overfit,
+    # and without it the model learns faster and steps run 20 % faster (docs/tuning.md: validation
+    # perplexity 22.6 instead of 33.7, test BLEU 16.2 instead of 10.7).
     "small": dict(preset="base", config_overrides=dict(d_model=256, encoder_layers=3, decoder_layers=3,
-                                                       num_heads=4, d_ff=1024),
+                                                       num_heads=4, d_ff=1024, dropout=0.0),
                   max_tokens=2048, warmup_steps=250, lr_scale=0.5, reserve_minutes=2.5),
     # For tests: it learns little, but every step of the job runs.
     "tiny": dict(preset="tiny", max_tokens=2048, warmup_steps=100, reserve_minutes=0.4),
