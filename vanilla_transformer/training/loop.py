@@ -8,11 +8,12 @@ tokens on every process, sums the label-smoothed loss (§5.4) over their non-pad
 tokens and divides by the number of those tokens in the whole step (see loss.py). Adam and the
 warm-up / inverse-square-root schedule are §5.3's (schedule.py); a run with a budget may decay
 to zero at its end instead (`lr_schedule` linear or cosine) and keep an average of its weights
-(`ema_decay`, averaging.py), which becomes the final model when it scores better on validation. Every `save_steps` the full state
-is checkpointed (checkpoints.py); every `eval_steps` the validation split is scored: loss,
-perplexity, and BLEU and chrF of beam-search translations (sacrebleu, through `evaluate`). At
-the end the last `average_last` checkpoints are averaged (§6.1) and saved with the config and
-tokenizer, then the test split is scored, and `output_dir` becomes a complete Hub repository.
+(`ema_decay`, averaging.py), which becomes the final model when it scores better on validation.
+Every `save_steps` the full state is checkpointed (checkpoints.py); every `eval_steps` the
+validation split is scored: loss, perplexity, and BLEU and chrF of beam-search translations
+(sacrebleu, through `evaluate`). At the end the last `average_last` checkpoints are averaged (§6.1)
+and saved with the config and tokenizer, then the test split is scored, and `output_dir` becomes a
+complete Hub repository.
 
 `train` is three parts around a `_Run` record: `_setup` (one run per folder, the checkpoint to
 resume from, data, model, optimiser), `_train_until_done` (the steps) and `_finish` (the model
@@ -47,6 +48,7 @@ from ..inference import load_pretrained
 from ..metrics import load as load_metric
 from ..modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
 from ..tokenization_vanilla_transformer import DEFAULT_VOCAB_SIZE, train_tokenizer
+from .averaging import WeightAverage
 from .checkpoints import (
     average_checkpoints,
     checkpoint_path,
@@ -60,7 +62,6 @@ from .data import PadCollator, TokenBatchSampler, TokenizedSplit, tokenize_pairs
 from .distributed import configure_deepspeed, end_training, start_accelerator
 from .lock import RunLock
 from .loss import IGNORE_INDEX, label_smoothed_loss
-from .averaging import WeightAverage
 from .schedule import PAPER_WARMUP_STEPS, SCHEDULES, make_optimizer, make_scheduler
 
 __all__ = ["TrainingArguments", "evaluate", "train"]
@@ -497,7 +498,7 @@ def _setup(args: TrainingArguments, accelerator) -> _Run:
         num_replicas=accelerator.num_processes, rank=accelerator.process_index,
     )
     step = state.get("step", 0)
-    run = _Run(
+    run = _Run(  # the name the scheduler's remaining_steps reads
         args, accelerator, model, optimizer, scheduler, average, tokenizer, data, source_lang, target_lang, train_split,
         eval_splits, sampler, state, step, last_saved=step if resume_from is not None else None,
         epoch_batches=len(sampler.local_batches(state["epoch"])), start_step=step,
