@@ -42,12 +42,12 @@ def test_tiny_model_learns_to_copy_and_folder_loads_without_package(tmp_path, wr
     out = tmp_path / "model"
     main([
         "train", "--dataset", str(data), "--output-dir", str(out), "--vocab-size", "300", "--preset", "tiny",
-        "--config-overrides", "dropout=0", "--label-smoothing", "0", "--max-tokens", "1024", "--max-steps", "500",
+        "--config-overrides", "dropout=0", "--label-smoothing", "0", "--max-tokens", "1024", "--max-steps", "800",
         "--warmup-steps", "100", "--lr-scale", "0.25", "--eval-steps", "250", "--eval-samples", "20",
         "--save-steps", "250", "--num-beams", "1",
     ])
     results = json.loads((out / "results.json").read_text())
-    assert results["split"] == "test" and results["steps"] == 500
+    assert results["split"] == "test" and results["steps"] == 800
     assert results["sacrebleu_signature"].startswith("nrefs:1|case:mixed")
     # Validation was scored during training, and improved.
     history = [h for h in results["history"] if h["split"] == "validation"]
@@ -71,7 +71,8 @@ def test_tiny_model_learns_to_copy_and_folder_loads_without_package(tmp_path, wr
     exact_match = json.loads(out_text.strip().splitlines()[-1])
     # Untrained, it is 0. (At --lr-scale 0.5 the run was on the edge of stability: with another seed,
     # or the fused optimiser's rounding, validation loss rose between steps 250 and 500 and exact
-    # match fell to 0.83. At 0.25 four seeds reached greedy BLEU 98.8 to 100.)
+    # match fell to 0.83. At 0.25 four seeds reached greedy BLEU 98.8 to 100. With fairseq's initialisation of
+    # W^Q/W^K/W^V, 500 steps gave 0.99 alone and 0.90 once inside the full suite: 800 steps leave a margin.)
     assert exact_match >= 0.95
 
 
