@@ -140,3 +140,6 @@ def test_tokenization_workers_scale_with_the_corpus(monkeypatch):
     assert data_module.tokenization_workers(100 * data_module.PAIRS_PER_WORKER) == 4
     monkeypatch.setenv(data_module.NUM_PROC_ENV, "2")
     assert data_module.tokenization_workers(10) == 2
+    monkeypatch.setenv(data_module.NUM_PROC_ENV, "two")
+    with pytest.raises(ValueError, match="VANILLA_TRANSFORMER_NUM_PROC must be a whole number.*'two'"):
+        data_module.tokenization_workers(10)

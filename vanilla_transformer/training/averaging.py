@@ -27,12 +27,12 @@ class WeightAverage:
             raise ValueError(f"`decay` must be in (0, 1), e.g. 0.999; got {decay!r}.")
         self.decay = decay
         self.updates = 0
-        self.names = [name for name, p in model.named_parameters() if p.is_floating_point()]
+        self.names = [name for name, _ in self._parameters(model)]
         self.average = [p.detach().float().clone() for _, p in self._parameters(model)]
 
-    def _parameters(self, model: torch.nn.Module):
-        parameters = dict(model.named_parameters())
-        return [(name, parameters[name]) for name in self.names]
+    @staticmethod
+    def _parameters(model: torch.nn.Module):
+        return [(name, p) for name, p in model.named_parameters() if p.is_floating_point()]  # in self.names' order
 
     @torch.no_grad()
     def update(self, model: torch.nn.Module) -> None:

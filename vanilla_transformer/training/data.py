@@ -30,7 +30,10 @@ def tokenization_workers(pairs: int) -> int | None:
     one per PAIRS_PER_WORKER pairs up to the CPUs this process may use; `VANILLA_TRANSFORMER_NUM_PROC` overrides.
     Every process of a run computes the same number, which the map cache's file names depend on."""
     if os.environ.get(NUM_PROC_ENV):
-        workers = int(os.environ[NUM_PROC_ENV])
+        text = os.environ[NUM_PROC_ENV].strip()
+        if not text.isdigit():
+            raise ValueError(f"{NUM_PROC_ENV} must be a whole number of processes (1: this process only); got {text!r}.")
+        workers = int(text)
     else:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         workers = min(cpus, pairs // PAIRS_PER_WORKER)

@@ -124,8 +124,7 @@ class BudgetSchedule:
             group["lr"] = self.rate()
 
     def state_dict(self) -> dict:
-        return {"steps_done": self.steps_done, "progress": self.progress, "shape": self.shape, "peak": self.peak,
-                "warmup_steps": self.warmup_steps}
+        return {"steps_done": self.steps_done, "progress": self.progress}  # the rest comes from the run's options
 
     def load_state_dict(self, state: dict) -> None:
         self.steps_done, self.progress = state["steps_done"], state["progress"]
