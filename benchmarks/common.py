@@ -206,5 +206,6 @@ def write_atomically(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
         tmp.write(text)
+    os.chmod(tmp.name, 0o644)  # as a plain write would make it (a temporary file is private to its owner)
     os.replace(tmp.name, path)
     return path

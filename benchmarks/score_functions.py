@@ -1,6 +1,6 @@
 """Six score functions inside one Transformer: which learns, how fast, what it costs, what it attends to.
 
-    python -m benchmarks.score_functions              # all six, 600 steps each (see DEFAULT_STEPS)
+    python -m benchmarks.score_functions              # all six, 400 steps each (see DEFAULT_STEPS): 66 minutes on 2 CPU cores
     python -m benchmarks.score_functions --steps 20 --score-functions scaled_dot,location --test-samples 16
 
 The quickstart's small model (d_model 256, 3 + 3 layers, 4 heads, 8k joint BPE; quickstart.SIZES["small"])
@@ -52,12 +52,11 @@ from . import training as training_benchmark
 from .common import by_length, environment, model_config, pairs, peak_memory_mb, summary, token_batch, write_atomically
 from .decoding import ROWS, translate
 
-# Steps, not minutes. 600 is an estimate, not yet a measurement, of 60-90 minutes for all six on 2 quiet CPU
-# cores: the small scaled_dot model trains at about 0.8 s/step there (the quickstart), dot, general, cosine and
-# location within about 10-20 % of it, and each model adds about 3 minutes of validation, test scoring (634
-# verses, beam 4) and timing. Additive builds a (B, H, T, S, Dh) tensor in every block and is several times
-# slower per step: time `--steps 20 --score-functions scaled_dot,additive` (train tokens/s) before a full run.
-DEFAULT_STEPS = 600
+# Steps, not minutes. 400 steps for all six took 66.0 minutes on 2 CPU cores (AMD EPYC, 2026-11-23): about
+# 0.8-0.9 s/step for scaled_dot, dot, general, cosine and location, 3.7 s/step for additive, which builds a
+# (B, H, T, S, Dh) tensor in every block (26 of the 66 minutes), and 1-2 minutes per model of validation, test
+# scoring (634 verses, beam 4) and timing.
+DEFAULT_STEPS = 400
 CURVE_POINTS = 5  # validation perplexity every steps / CURVE_POINTS steps
 TIMING_TOKENS = 2048  # target tokens of the fixed batch the training speed is measured on
 TIMING_WARMUP, TIMING_STEPS = 2, 8
