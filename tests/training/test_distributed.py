@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -123,7 +124,6 @@ def test_two_machines_on_loopback_match_one_machine_with_two_processes(tmp_path,
 def deepspeed_accelerator(stage: int, world: int = 2, **config):
     """What `configure_deepspeed` reads of an Accelerator: Accelerate's own DeepSpeed plugin (it builds
     without DeepSpeed installed), as `accelerate launch --use_deepspeed --zero_stage N` makes it."""
-    from types import SimpleNamespace
 
     from accelerate import PartialState
     from accelerate.utils import DeepSpeedPlugin, DistributedType
@@ -163,3 +163,18 @@ def test_deepspeed_settings_that_contradict_token_batches_are_refused():
     kept = deepspeed_accelerator(2, gradient_clipping=0.5)  # the user's own clipping stays
     configure_deepspeed(kept, TrainingArguments(output_dir="x", max_grad_norm=1.0))
     assert kept.state.deepspeed_plugin.deepspeed_config["gradient_clipping"] == 0.5
+
+
+def test_deepspeed_launch_without_gpus_names_the_cause(monkeypatch):
+    """Accelerate starts DeepSpeed's process group only on an accelerator: on a CPU machine each DeepSpeed
+    process runs alone (seen with DeepSpeed 0.19.8, Accelerate 1.15). The refusal says so and names DDP."""
+    from accelerate.utils import DistributedType
+
+    from vanilla_transformer.training.distributed import check_world_size
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    alone = SimpleNamespace(num_processes=1, distributed_type=DistributedType.DEEPSPEED, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"2 DeepSpeed processes \(WORLD_SIZE=2\) but Accelerate runs each alone.*"
+                                         r"ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu"):
+        check_world_size(alone)
+    check_world_size(SimpleNamespace(num_processes=2, distributed_type=DistributedType.DEEPSPEED, device=torch.device("cpu")))

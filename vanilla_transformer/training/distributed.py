@@ -84,13 +84,22 @@ def start_accelerator(**kwargs) -> Accelerator:
 def check_world_size(accelerator) -> None:
     """Refuse a launch whose launcher and Accelerate disagree on the number of processes."""
     launched = launched_world_size()
-    if launched is not None and launched != accelerator.num_processes:
+    if launched is None or launched == accelerator.num_processes:
+        return
+    if accelerator.distributed_type.name == "DEEPSPEED" and accelerator.device.type == "cpu":
+        # Accelerate (1.15) joins DeepSpeed's processes only on an accelerator; with `--cpu` it runs DDP instead.
         raise ValueError(
-            f"the launcher started {launched} processes (WORLD_SIZE={launched}) but Accelerate runs "
-            f"{accelerator.num_processes} ({accelerator.distributed_type.name} on {accelerator.device.type}): "
-            "each process would train alone and they would race on the output folder. "
-            f"Fix: {_CPU_FIX}; on a GPU machine, check that every process sees a GPU (CUDA_VISIBLE_DEVICES, nvidia-smi)."
+            f"the launcher started {launched} DeepSpeed processes (WORLD_SIZE={launched}) but Accelerate runs each "
+            "alone: it starts DeepSpeed's process group only on GPUs (or other accelerators), not on a CPU. "
+            "Fix: on a machine without GPUs train with DDP: ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu "
+            "--num_processes N ... (no ZeRO sharding); run DeepSpeed on a GPU machine."
         )
+    raise ValueError(
+        f"the launcher started {launched} processes (WORLD_SIZE={launched}) but Accelerate runs "
+        f"{accelerator.num_processes} ({accelerator.distributed_type.name} on {accelerator.device.type}): "
+        "each process would train alone and they would race on the output folder. "
+        f"Fix: {_CPU_FIX}; on a GPU machine, check that every process sees a GPU (CUDA_VISIBLE_DEVICES, nvidia-smi)."
+    )
 
 
 def describe(accelerator) -> str:
