@@ -4,6 +4,8 @@
 # `make test-oldest` runs the tests of everything transformers touches (the model, generate, the
 # pipeline, saved folders, Trainer/PEFT/export, the tokenizer, the metric) again in .venv-oldest, on
 # the oldest transformers that pyproject.toml allows (read from its "transformers>=X,<6"); CI runs both.
+# `make test-gpu` runs the GPU tests (tests/test_gpu.py and the compiled static-cache test) on a CUDA machine,
+# e.g. `make test-gpu TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu130"`; without CUDA they skip.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
@@ -12,10 +14,11 @@ TESTS ?=
 TRANSFORMERS_TESTS = tests/test_hf_native.py tests/test_modeling_vanilla_transformer.py \
 	tests/test_generation_vanilla_transformer.py tests/test_decoding_speed.py tests/test_pipeline_vanilla_transformer.py \
 	tests/test_marian_equivalence.py tests/test_hub.py tests/model_card tests/test_tokenization.py tests/test_metrics.py
+GPU_TESTS = tests/test_gpu.py tests/test_decoding_speed.py::test_static_cache_under_torch_compile_on_a_gpu
 BIN = $(VENV)/bin
 TRANSFORMERS_OLDEST := $(shell sed -n 's/^ *"transformers>=\([0-9.]*\),.*/\1/p' pyproject.toml)
 
-.PHONY: install test test-oldest demo bench clean
+.PHONY: install test test-gpu test-oldest demo bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +31,10 @@ install: $(BIN)/python
 test: install
 	@$(BIN)/python -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q --durations=10 $(TESTS)
+
+test-gpu: install
+	@$(BIN)/python -c "import torch, transformers; print('torch', torch.__version__, '| CUDA', torch.version.cuda, '| GPU', torch.cuda.is_available() and torch.cuda.get_device_name(), '| transformers', transformers.__version__)"
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q --durations=10 $(GPU_TESTS)
 
 test-oldest:
 	@test -n "$(TRANSFORMERS_OLDEST)" || { echo 'no "transformers>=X,<6" in pyproject.toml'; exit 1; }
