@@ -54,7 +54,7 @@ from .decoding import ROWS, translate
 
 # Steps, not minutes. 400 steps for all six took 66.0 minutes on 2 CPU cores (AMD EPYC, 2026-11-23): about
 # 0.8-0.9 s/step for scaled_dot, dot, general, cosine and location, 3.7 s/step for additive, which builds a
-# (B, H, T, S, Dh) tensor in every block (26 of the 66 minutes), and 1-2 minutes per model of validation, test
+# (B, H, T, S, Dh) tensor in every block (28 of the 66 minutes), and 1-2 minutes per model of validation, test
 # scoring (634 verses, beam 4) and timing.
 DEFAULT_STEPS = 400
 CURVE_POINTS = 5  # validation perplexity every steps / CURVE_POINTS steps
