@@ -304,7 +304,7 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
     collate = PadCollator(tokenizer.pad_token_id)
     shard = dict(shuffle=False, num_replicas=accelerator.num_processes, rank=accelerator.process_index)
     sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss, nll, tokens
-    sampler = TokenBatchSampler(split.dataset["length"], args.max_tokens, **shard)
+    sampler = TokenBatchSampler(split.lengths, args.max_tokens, **shard)
     for batch in _batches(split, sampler, collate, accelerator.device):
         logits = _forward(model, batch)
         loss, nll = label_smoothed_loss(logits, batch["labels"], args.label_smoothing)
@@ -316,8 +316,8 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
     if count:
         subset = TokenizedSplit(split.dataset.select(range(count)), count, 0, 0)
         # Beam search holds num_beams hypotheses per sentence: fewer sentences per batch.
-        budget = max(args.max_tokens // args.num_beams, max(subset.dataset["length"]))
-        sampler = TokenBatchSampler(subset.dataset["length"], budget, **shard)
+        budget = max(args.max_tokens // args.num_beams, int(subset.lengths.max()))
+        sampler = TokenBatchSampler(subset.lengths, budget, **shard)
         translations = []
         for indices in sampler:
             batch = {k: v.to(accelerator.device) for k, v in collate(subset.dataset[indices]).items()}
@@ -494,7 +494,7 @@ def _setup(args: TrainingArguments, accelerator) -> _Run:
     if accelerator.is_main_process:
         accelerator.init_trackers("train", config={k: v for k, v in asdict(args).items() if not isinstance(v, dict)})
     sampler = TokenBatchSampler(
-        train_split.dataset["length"], args.max_tokens, seed=args.seed,
+        train_split.lengths, args.max_tokens, seed=args.seed,
         num_replicas=accelerator.num_processes, rank=accelerator.process_index,
     )
     step = state.get("step", 0)
