@@ -33,6 +33,8 @@ def test_tokenize_drops_empty_and_long_pairs_and_counts_them(tokenizer):
     assert (len(cut.dataset), cut.too_long) == (2, 1)
     assert len(cut.dataset[1]["input_ids"]) == 16 and cut.dataset[1]["input_ids"][-1] == tokenizer.eos_token_id
     assert cut.dataset[1]["reference"] == "creó"
+    # The lengths batches are built from are those of the kept rows (read through Arrow, past the selection).
+    assert cut.lengths.tolist() == [len(cut.dataset[0]["labels"]), 16] and split.lengths.tolist() == [row["length"]]
 
 
 def test_pairs_that_tokenise_to_nothing_are_a_clear_error(tokenizer):

@@ -316,8 +316,9 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
     if count:
         subset = TokenizedSplit(split.dataset.select(range(count)), count, 0, 0)
         # Beam search holds num_beams hypotheses per sentence: fewer sentences per batch.
-        budget = max(args.max_tokens // args.num_beams, int(subset.lengths.max()))
-        sampler = TokenBatchSampler(subset.lengths, budget, **shard)
+        lengths = subset.lengths
+        budget = max(args.max_tokens // args.num_beams, int(lengths.max()))
+        sampler = TokenBatchSampler(lengths, budget, **shard)
         translations = []
         for indices in sampler:
             batch = {k: v.to(accelerator.device) for k, v in collate(subset.dataset[indices]).items()}
