@@ -108,28 +108,32 @@ def test_sampler_refuses_a_budget_below_the_longest_pair():
 
 def test_tokenising_with_several_processes_gives_the_same_split_and_a_later_load_reuses_its_cache(
         tmp_path, write_synthetic_task, monkeypatch):
-    """`num_proc` workers tokenise a file-backed split into the map cache; the same files and tokenizer loaded
-    again (as a resumed or repeated run loads them) read it back: no new cache file, the same rows."""
+    """`num_proc` workers tokenise a file-backed split into the map cache with the tokenizer just trained (as a
+    first run does); the same files and that tokenizer loaded from its folder (as a resumed or repeated run loads
+    them) read it back: no new cache file, the same rows. Other options, or another tokenizer, tokenise anew."""
     from transformers import AutoTokenizer
 
     from vanilla_transformer.corpora import load_translation_dataset
 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
     data = write_synthetic_task(tmp_path / "data", n_train=600, n_eval=4)
-    train_tokenizer([" ".join(chr(c) for c in range(97, 109))] * 10, vocab_size=300, output_dir=tmp_path / "tok")
+    trained = train_tokenizer([" ".join(chr(c) for c in range(97, 109))] * 10, vocab_size=300, output_dir=tmp_path / "tok")
+    other = train_tokenizer([" ".join(chr(c) for c in range(97, 109))] * 10, vocab_size=270, output_dir=tmp_path / "tok2")
 
-    def tokenise(num_proc):
+    def tokenise(num_proc, tokenizer=None, max_length=16):
         train = load_translation_dataset(str(data))["train"]
         cache = Path(train.cache_files[0]["filename"]).parent
         before = set(cache.glob("cache-*.arrow"))
-        split = tokenize_pairs(train, AutoTokenizer.from_pretrained(tmp_path / "tok"), "src", "tgt", 16, num_proc=num_proc)
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(tmp_path / "tok")
+        split = tokenize_pairs(train, tokenizer, "src", "tgt", max_length, num_proc=num_proc)
         return len(set(cache.glob("cache-*.arrow")) - before), split
 
-    (new_first, first), (new_again, again), (_, one_process) = tokenise(2), tokenise(2), tokenise(None)
+    (new_first, first), (new_again, again), (_, one_process) = tokenise(2, trained), tokenise(2), tokenise(None)
     assert new_first == 2  # one cache file per worker
     assert new_again == 0
     assert first.dataset["length"][:] == again.dataset["length"][:] == one_process.dataset["length"][:]
     assert first.dataset["labels"][:] == one_process.dataset["labels"][:] and first.total == 600
+    assert tokenise(2, max_length=12)[0] == 2 and tokenise(2, other)[0] == 2
 
 
 def test_tokenization_workers_scale_with_the_corpus(monkeypatch):

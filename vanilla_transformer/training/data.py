@@ -9,6 +9,9 @@ source tokens and 25000 target tokens." `TokenBatchSampler` does this as fairseq
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,6 +41,24 @@ def tokenization_workers(pairs: int) -> int | None:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         workers = min(cpus, pairs // PAIRS_PER_WORKER)
     return workers if workers > 1 else None
+
+
+def map_fingerprint(dataset: datasets.Dataset, tokenizer, **options) -> str | None:
+    """The map cache's key for tokenising `dataset` with `tokenizer` and `options`: what the result depends on
+    (the data, the tokenizer's vocabulary and rules, the options, this module's code), not how the tokenizer
+    object came to be. `Dataset.map` hashes the pickled tokenizer otherwise, and a tokenizer just trained
+    pickles differently from the same one loaded from its file: the run after the one that trained it tokenised
+    2M pairs again (benchmarks/big_corpus.py). None (let `datasets` hash) for a tokenizer without a backend."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    described = {
+        "data": dataset._fingerprint,
+        "tokenizer": [type(tokenizer).__name__, backend.to_str(), tokenizer.all_special_tokens],
+        "options": options,
+        "code": inspect.getsource(tokenize_pairs),
+    }
+    return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
 def column(dataset: datasets.Dataset, name: str) -> np.ndarray:
@@ -113,8 +134,11 @@ def tokenize_pairs(
 
     if num_proc == "auto":
         num_proc = tokenization_workers(len(dataset))
+    options = dict(source_lang=source_lang, target_lang=target_lang, max_length=max_length, truncate=truncate,
+                   keep_references=keep_references)
     encoded = dataset.map(
-        encode, batched=True, remove_columns=dataset.column_names, num_proc=num_proc, desc=f"tokenising {name}"
+        encode, batched=True, remove_columns=dataset.column_names, num_proc=num_proc, desc=f"tokenising {name}",
+        new_fingerprint=map_fingerprint(dataset, tokenizer, **options),
     )
     min_length, raw_length = column(encoded, "min_length"), column(encoded, "raw_length")
     empty = min_length <= 1  # nothing but </s>
