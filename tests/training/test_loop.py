@@ -153,14 +153,12 @@ def test_a_time_limited_linear_schedule_ends_near_zero(tmp_path, small_task, sma
     assert state["progress"] > 0.9  # the rate of the step after the last: at most a tenth of the peak
 
 
-def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, small_task, small_run):
-    small_run[small_run.index("--config-overrides") + 1] += ",dropout=0"
-    args = ["--dataset", str(small_task), *small_run, "--max-steps", "4", "--save-steps", "4"]
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+def _launch_two_processes(output_dir, args, env):
+    """`accelerate launch` of two CPU processes (DDP over gloo) training into `output_dir`."""
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                "--main_process_port", str(free_port()),
-               "-m", "vanilla_transformer.cli", "train", "--output-dir", str(tmp_path / "two"), *args]
+               "-m", "vanilla_transformer.cli", "train", "--output-dir", str(output_dir), *args]
     # Its own process group, so that a hang takes the ranks down with the launcher.
     with subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True) as launched:
@@ -170,6 +168,13 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, sm
             os.killpg(launched.pid, signal.SIGKILL)
             raise
     assert launched.returncode == 0, stderr[-3000:]
+
+
+def test_two_processes_match_one_process_with_the_same_global_batch_and_resume_to_it(tmp_path, small_task, small_run):
+    small_run[small_run.index("--config-overrides") + 1] += ",dropout=0"
+    args = ["--dataset", str(small_task), *small_run, "--max-steps", "4", "--save-steps", "4"]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    _launch_two_processes(tmp_path / "two", args, env)
     results = json.loads((tmp_path / "two" / "results.json").read_text())
     checksums = results["replica_checksums"]
     assert len(checksums) == 2 and checksums[0] == checksums[1]  # both ranks hold the same weights
@@ -190,6 +195,16 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, sm
     for name in one:
         torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-5, msg=name)
     assert read_state(tmp_path / "one" / "checkpoints" / "checkpoint-00000004")["train_tokens"] == read_state(
+        tmp_path / "two" / "checkpoints" / "checkpoint-00000004")["train_tokens"]
+
+    # Under DDP as in one process: stopped after 2 steps and resumed by two processes, the same run.
+    part = tmp_path / "part"
+    _launch_two_processes(part, [*args[:-4], "--max-steps", "2", "--save-steps", "2"], env)
+    _launch_two_processes(part, [*args, "--resume"], env)
+    resumed = weights(part / "checkpoints" / "checkpoint-00000004")
+    for name in two:
+        assert torch.equal(resumed[name], two[name]), name
+    assert read_state(part / "checkpoints" / "checkpoint-00000004")["train_tokens"] == read_state(
         tmp_path / "two" / "checkpoints" / "checkpoint-00000004")["train_tokens"]
 
 
