@@ -7,9 +7,10 @@
 The corpus is the embedded bible-en-es training pairs repeated, each copy numbered so that no two
 lines are equal, up to `--pairs` pairs (a JSON-lines folder, as users' own data is). Each run is a
 fresh process that calls `train` (tiny preset) on it and stops right after the first optimiser step;
-it reports the seconds from the start of `train` to the end of that step, and the peak resident
-memory of the process and of its tokenising workers (`ru_maxrss`). The first run trains the BPE
-tokenizer and fills the `Dataset.map` cache; a second run on the same folder reads both back.
+it reports the seconds from the start of `train` to the end of that step, the peak resident memory
+of the process and of its tokenising workers (`ru_maxrss`, which counts the mapped Arrow pages they
+touched), and the anonymous memory the process holds at the first step (Linux `RssAnon`: without
+mapped files). The first run trains the BPE tokenizer and fills the `Dataset.map` cache; a second run on the same folder reads both back.
 
 Targets (issue #18): under 5 minutes to the first step on 2 cores; memory that does not grow with
 the corpus beyond the length table (8 bytes a pair) and Arrow's memory-mapped files.
@@ -72,10 +73,21 @@ def measure(data: Path, output_dir: Path) -> dict:
     except _FirstStep:
         pass
     seconds = time.perf_counter() - started
+    held = _anonymous_mib()
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return {"seconds_to_first_step": round(seconds, 1), "peak_rss_mib": round(kib / 1024, 1),
-            "peak_worker_rss_mib": round(children / 1024, 1)}
+            "peak_worker_rss_mib": round(children / 1024, 1), "anonymous_rss_at_first_step_mib": held}
+
+
+def _anonymous_mib() -> float | None:
+    """The process's resident memory that is not a mapped file (Linux `RssAnon`): what it holds itself, without
+    the Arrow pages the kernel may drop again."""
+    status = Path("/proc/self/status")
+    if not status.is_file():
+        return None
+    fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+    return round(int(fields["RssAnon"].split()[0]) / 1024, 1) if "RssAnon" in fields else None
 
 
 def main(argv: list[str] | None = None) -> int:
