@@ -33,6 +33,7 @@ from pathlib import Path
 
 import datasets
 import pyarrow
+import pyarrow.compute as pc
 
 from .files import utf8_lines
 
@@ -321,9 +322,12 @@ def load_translation_dataset(
 
 def _side(dataset: datasets.Dataset, lang: str) -> list[str]:
     """One language side as a list, read column-wise through Arrow (fast), in either layout."""
+    table = dataset.with_format("arrow")
     if "translation" not in dataset.column_names:
-        return list(dataset[lang])
-    return list(dataset.select_columns(["translation"]).flatten()[f"translation.{lang}"])
+        return table[lang].to_pylist()
+    # Not `flatten()`: on a file-backed split it writes the flattened table to the cache first (23 s a side
+    # for 2M pairs, against 0.5 s for the field read here).
+    return pc.struct_field(table["translation"], lang).to_pylist()
 
 
 def text_pairs(dataset: datasets.Dataset, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from vanilla_transformer.tokenization_vanilla_transformer import train_tokenizer
-from vanilla_transformer.training.data import PadCollator, TokenBatchSampler, tokenize_pairs
+from vanilla_transformer.training.data import PadCollator, TokenBatchSampler, encode_texts, tokenize_pairs
 from vanilla_transformer.training.loss import IGNORE_INDEX, label_smoothed_loss
 
 
@@ -149,3 +149,11 @@ def test_tokenization_workers_scale_with_the_corpus(monkeypatch):
     monkeypatch.setenv(data_module.NUM_PROC_ENV, "two")
     with pytest.raises(ValueError, match="VANILLA_TRANSFORMER_NUM_PROC must be a whole number.*'two'"):
         data_module.tokenization_workers(10)
+
+
+def test_encoding_through_the_rust_tokenizer_gives_transformers_ids(tmp_path):
+    tokenizer = train_tokenizer(["the cat sat on the mat", "el gato se sentó"] * 20, vocab_size=300)
+    texts = ["the cat sat", "", "  el gato — ¿se sentó?  ", "ünïcödé 語"]
+    assert encode_texts(tokenizer, texts) == tokenizer(texts)["input_ids"]
+    tokenizer.backend_tokenizer.enable_truncation(2)  # a backend that cuts on its own: transformers' call decides
+    assert encode_texts(tokenizer, texts) == tokenizer(texts)["input_ids"]
