@@ -45,7 +45,8 @@ def tokenization_workers(pairs: int) -> int | None:
 
 def encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
     """`tokenizer(texts)["input_ids"]`, from the Rust tokenizer directly where that gives the same ids (a backend
-    that neither truncates nor pads on its own): a third faster on 2M pairs, without transformers' wrapping."""
+    that neither truncates nor pads on its own): 28 % less time on 200,000 sentences, without transformers'
+    wrapping."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or backend.truncation is not None or backend.padding is not None:
         return tokenizer(texts)["input_ids"]
@@ -57,15 +58,20 @@ def map_fingerprint(dataset: datasets.Dataset, tokenizer, **options) -> str | No
     (the data, the tokenizer's vocabulary and rules, the options, this module's code), not how the tokenizer
     object came to be. `Dataset.map` hashes the pickled tokenizer otherwise, and a tokenizer just trained
     pickles differently from the same one loaded from its file: the run after the one that trained it tokenised
-    2M pairs again (benchmarks/big_corpus.py). None (let `datasets` hash) for a tokenizer without a backend."""
+    2M pairs again (benchmarks/big_corpus.py). None (let `datasets` hash) for a tokenizer without a backend, or
+    where this module's source cannot be read."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
+        return None
+    try:
+        code = inspect.getsource(tokenize_pairs) + inspect.getsource(encode_texts)
+    except OSError:  # installed without sources
         return None
     described = {
         "data": dataset._fingerprint,
         "tokenizer": [type(tokenizer).__name__, backend.to_str(), tokenizer.all_special_tokens],
         "options": options,
-        "code": inspect.getsource(tokenize_pairs),
+        "code": code,
     }
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
