@@ -151,7 +151,7 @@ def test_tokenization_workers_scale_with_the_corpus(monkeypatch):
         data_module.tokenization_workers(10)
 
 
-def test_encoding_through_the_rust_tokenizer_gives_transformers_ids(tmp_path):
+def test_encoding_through_the_rust_tokenizer_gives_transformers_ids():
     tokenizer = train_tokenizer(["the cat sat on the mat", "el gato se sentó"] * 20, vocab_size=300)
     texts = ["the cat sat", "", "  el gato — ¿se sentó?  ", "ünïcödé 語"]
     assert encode_texts(tokenizer, texts) == tokenizer(texts)["input_ids"]
