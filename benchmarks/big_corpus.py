@@ -10,7 +10,8 @@ fresh process that calls `train` (tiny preset) on it and stops right after the f
 it reports the seconds from the start of `train` to the end of that step, the peak resident memory
 of the process and of its tokenising workers (`ru_maxrss`, which counts the mapped Arrow pages they
 touched), and the anonymous memory the process holds at the first step (Linux `RssAnon`: without
-mapped files). The first run trains the BPE tokenizer and fills the `Dataset.map` cache; a second run on the same folder reads both back.
+mapped files). The first run trains the BPE tokenizer and fills the `Dataset.map` cache; a second
+run on the same folder reads both back.
 
 Targets (issue #18): under 5 minutes to the first step on 2 cores; memory that does not grow with
 the corpus beyond the length table (8 bytes a pair) and Arrow's memory-mapped files.
