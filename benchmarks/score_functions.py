@@ -3,7 +3,8 @@
     python -m benchmarks.score_functions              # all six, 400 steps each (see DEFAULT_STEPS): 66 minutes on 2 CPU cores
     python -m benchmarks.score_functions --steps 20 --score-functions scaled_dot,location --test-samples 16
 
-The quickstart's small model (d_model 256, 3 + 3 layers, 4 heads, 8k joint BPE; quickstart.SIZES["small"])
+The quickstart's small model (quickstart.SIZES["small"]: d_model 256, 4 heads, 8k joint BPE; 3 + 3 layers
+in the 2026-11-23 results, 2 encoder + 4 decoder layers since)
 is trained once per score function (`attention_score`, which applies in every attention block) with the
 training script on the embedded English–Spanish Bible: one tokenizer, and the same data order, seed,
 schedule (250 warm-up steps, lr scale 0.5, batches of 2,048 tokens) and number of steps for every model,

@@ -15,7 +15,7 @@ Weights are stored as bytes (weight × 255, rounded: steps of 0.004), base64-enc
 22 target tokens on the base model (6 + 6 layers, 8 heads) make a page of 110 KB. A page would grow
 with the square of the length, so past `MAX_BYTES` each query keeps only its strongest keys, as many
 as fit (at least `MIN_KEEP`); the page says so and how much of the weight they hold. A sentence of
-1,000 tokens a side on the small model (3 + 3 layers, 4 heads) keeps 37 keys per query: 5.4 MB. The
+1,000 tokens a side on a small model (3 + 3 layers, 4 heads) keeps 37 keys per query: 5.4 MB. The
 page then draws the 4,000 strongest lines until a token is hovered or a step chosen.
 """
 
