@@ -27,7 +27,7 @@ from transformers import GenerationConfig, GenerationMixin
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.convert_marian import to_marian
-from vanilla_transformer.generation_vanilla_transformer import gnmt_beam_search
+from vanilla_transformer.generation_vanilla_transformer import beam_search, gnmt_beam_search
 from vanilla_transformer.inference import score_translations
 
 from .common import Timer, attention_kernels, encode, model_config, pairs, peak_memory_mb, summary, token_batch
@@ -40,19 +40,21 @@ MODES = {
 }
 GNMT = dict(length_penalty_style="gnmt")
 # What each of our decoding changes buys (issue #14): ours with one undone, timed beside the rest.
-# transformers' own greedy loop keeps finished sentences in the batch (ours drops them, unless the
-# call asks for per-step outputs); "dynamic" is transformers' growing cache instead of our preallocated one.
+# transformers' own loops keep finished sentences in the batch (ours drop them, unless the call asks
+# for per-step outputs); "dynamic" is transformers' growing cache instead of our preallocated one.
+# Beam search, undone step by step: our loop with transformers' rules -> rows stay -> transformers'
+# loop -> transformers' cache.
 ABLATIONS = {
     "greedy": {
         "ours, transformers' loop": dict(return_dict_in_generate=True),
         "ours, transformers' loop, dynamic cache": dict(return_dict_in_generate=True, cache_implementation="dynamic"),
     },
     "beam4": {
-        "ours, dynamic cache": dict(cache_implementation="dynamic"),
+        "ours, finished stay": dict(custom_generate=functools.partial(beam_search, prune=False)),
+        "ours, transformers' loop": dict(custom_generate=GenerationMixin._beam_search),
+        "ours, transformers' loop, dynamic cache": dict(custom_generate=GenerationMixin._beam_search,
+                                                        cache_implementation="dynamic"),
         "ours-gnmt, finished stay": dict(GNMT, custom_generate=functools.partial(gnmt_beam_search, prune=False)),
-        "ours-gnmt, finished stay, dynamic cache": dict(
-            GNMT, custom_generate=functools.partial(gnmt_beam_search, prune=False), cache_implementation="dynamic"
-        ),
     },
 }
 

@@ -7,9 +7,11 @@ import json
 
 import pytest
 import torch
+from transformers import GenerationMixin
 
 from vanilla_transformer.generation_vanilla_transformer import (
     PreallocatedLayer,
+    beam_search,
     gnmt_beam_search,
     greedy_search,
     preallocated_cache,
@@ -76,23 +78,59 @@ def test_finished_sentences_leaving_the_batch_changes_nothing(model_and_batch, e
         assert lengths.min() < lengths.max()  # sentences did end at different steps
 
     options = dict(num_beams=4, return_dict_in_generate=True, **extra)
-    pruned = model.generate(**batch, custom_generate=gnmt_beam_search, **options)
-    whole = model.generate(**batch, custom_generate=functools.partial(gnmt_beam_search, prune=False), **options)
-    assert torch.equal(pruned.sequences, whole.sequences)
-    assert torch.allclose(pruned.sequences_scores, whole.sequences_scores, atol=1e-5)
+    for search in (gnmt_beam_search, beam_search):
+        pruned = model.generate(**batch, custom_generate=search, **options)
+        whole = model.generate(**batch, custom_generate=functools.partial(search, prune=False), **options)
+        assert torch.equal(pruned.sequences, whole.sequences)
+        assert torch.allclose(pruned.sequences_scores, whole.sequences_scores, atol=1e-5)
+        assert torch.equal(pruned.beam_indices, whole.beam_indices)  # rows of the input's batch, not the pruned one
+
+
+# transformers' beam search, rule for rule: each way `early_stopping` ends a sentence, both signs of
+# the length penalty, more than one sequence returned, our source-length cap and a fixed max_new_tokens.
+TRANSFORMERS_RULES = {
+    "early_stopping=False": dict(early_stopping=False, length_penalty=0.6),
+    "early_stopping=True": dict(early_stopping=True, length_penalty=0.6),
+    "early_stopping=never": dict(early_stopping="never", length_penalty=1.0),
+    "negative penalty": dict(early_stopping=False, length_penalty=-0.5),
+    "3 returned": dict(early_stopping=False, length_penalty=0.6, num_return_sequences=3),
+    "max_new_tokens": dict(early_stopping=False, length_penalty=0.6, max_new_tokens=9),
+}
+
+
+@pytest.mark.parametrize("rules", TRANSFORMERS_RULES)
+def test_beam_search_in_our_loop_is_transformers_beam_search(model_and_batch, rules):
+    """Our loop with transformers' ranking (what `generate` runs for plain beam search) gives the tokens,
+    scores and beam indices of transformers' own `_beam_search`, with rows leaving the batch and without."""
+    model, batch = model_and_batch
+    # The style named: the session's shared model may carry a generation config set to "gnmt" by now.
+    options = dict(num_beams=4, return_dict_in_generate=True, length_penalty_style="transformers",
+                   **TRANSFORMERS_RULES[rules])
+    theirs = model.generate(**batch, custom_generate=GenerationMixin._beam_search, output_scores=True, **options)
+    ours = model.generate(**batch, **options)  # no per-step outputs: finished sentences leave
+    stepwise = model.generate(**batch, output_scores=True, **options)  # every row, every step
+    for out in (ours, stepwise):
+        assert torch.equal(out.sequences, theirs.sequences)
+        assert torch.allclose(out.sequences_scores, theirs.sequences_scores, atol=1e-6, rtol=0)
+        assert torch.equal(out.beam_indices, theirs.beam_indices)
+    assert len(stepwise.scores) == len(theirs.scores)
+    assert all(torch.equal(a, b) for a, b in zip(stepwise.scores, theirs.scores))
+    ended = theirs.sequences[:, 1:].eq(model.config.eos_token_id).float().argmax(1)
+    assert ended.min() < ended.max()  # hypotheses of different lengths: the rules were exercised
 
 
 def test_the_pruning_searches_are_what_generate_runs(model_and_batch, monkeypatch):
-    """A plain greedy call and a GNMT beam call go through the pruning searches, and rows do leave."""
+    """Plain greedy and beam calls (either ranking) go through the pruning searches, and rows do leave."""
     model, batch = model_and_batch
     batch_sizes = []
     forward = model.forward
     monkeypatch.setattr(model, "forward", lambda *a, **k: batch_sizes.append(k["decoder_input_ids"].size(0)) or forward(*a, **k))
     model.generate(**batch, num_beams=1)
     assert batch_sizes[0] == len(SENTENCES) and batch_sizes[-1] < len(SENTENCES)
-    batch_sizes.clear()
-    model.generate(**batch, num_beams=4, length_penalty_style="gnmt")
-    assert batch_sizes[0] == 4 * len(SENTENCES) and batch_sizes[-1] < 4 * len(SENTENCES)
+    for style in ("gnmt", "transformers"):
+        batch_sizes.clear()
+        model.generate(**batch, num_beams=4, length_penalty_style=style)
+        assert batch_sizes[0] == 4 * len(SENTENCES) and batch_sizes[-1] < 4 * len(SENTENCES), style
 
 
 def test_output_attentions_and_the_pipeline_still_work(model_and_batch, hub_tiny_model):

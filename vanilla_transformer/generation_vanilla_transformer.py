@@ -12,8 +12,11 @@ Two generation-config attributes select the paper's behaviour (GenerationConfig 
 attributes and saves them in generation_config.json; they can also be passed to `generate`):
 
     length_penalty_style: "gnmt" runs `gnmt_beam_search` below for plain beam search (num_beams > 1,
-        no sampling, groups or constraints); "transformers" (the default when unset) leaves every
-        mode to transformers. Greedy search and sampling are unaffected by a length penalty.
+        no sampling, groups or constraints); "transformers" (the default when unset) keeps
+        transformers' ranking and stopping rules, run by `beam_search` below (the same tokens and
+        scores as transformers' loop, with finished sentences leaving the batch; transformers' own
+        loop where `output_logits` is asked for). Greedy search and sampling are unaffected by a
+        length penalty.
     max_length_offset: when the call sets neither `max_new_tokens` nor `max_length` (as arguments or
         in a `generation_config` argument), sentence i may generate at most
         (number of non-padding source tokens of i) + max_length_offset new tokens, </s> included;
@@ -32,8 +35,9 @@ The search runs inside transformers' `generate` as a `custom_generate` callable 
 argument of `generate`: "perform the usual input preparation steps, then call the provided callable
 to run the decoding loop"), so input preparation (encoder run once, beam expansion, cache, logits
 processors such as no_repeat_ngram_size, stopping criteria) stays transformers' own and only the
-loop below is ours. The model's `generate` passes it when the style is "gnmt"; anyone can pass it
-explicitly: `model.generate(..., num_beams=4, custom_generate=gnmt_beam_search)`. The other form of
+loop below is ours. The model's `generate` passes the search (`greedy_search`, `beam_search` or
+`gnmt_beam_search`); anyone can pass one explicitly: `model.generate(..., num_beams=4,
+custom_generate=gnmt_beam_search)`. The other form of
 `custom_generate`, a `custom_generate/generate.py` folder in a Hub repository, is not used: it
 replaces `generate` wholesale (greedy and sampling would have to be re-implemented), needs
 `trust_remote_code` at every call and is not written by `save_pretrained`.
@@ -288,6 +292,8 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
     )
     if plain and setting("num_beams", 1) > 1 and style == "gnmt":
         kwargs["custom_generate"] = gnmt_beam_search
+    elif plain and setting("num_beams", 1) > 1 and not setting("output_logits", False):
+        kwargs["custom_generate"] = beam_search  # transformers' rules; finished sentences leave the batch
     elif plain and setting("num_beams", 1) == 1 and not setting("return_dict_in_generate", False):
         kwargs["custom_generate"] = greedy_search  # finished sentences leave the batch
     return base_generate(inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs)
@@ -405,9 +411,74 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
             tokens, active, running = tokens[running], active[running], running[running]
 
 
+class GNMTRanking:
+    """The paper's ranking (§6.1): log P / lp(|Y|), lp = ((5 + |Y|) / 6)^α, `num_return_sequences`
+    finished hypotheses kept per sentence.
+
+    Stopping rule, exact for α >= 0 and α < 0 alike: a live hypothesis can only lose log-probability,
+    so its best possible final score is max(log P / lp(L + 1), log P / lp(L_max)), lp being monotone in
+    length (L its length, L_max the sentence's cap). A sentence is done when the worst kept hypothesis
+    is at least that bound for its best live hypothesis; `early_stopping` is not used.
+    """
+
+    dead = float("-inf")  # the score of a beam that may not be extended
+
+    def __init__(self, generation_config, prompt_length: int):
+        self.alpha = generation_config.length_penalty
+        self.keep = generation_config.num_return_sequences or 1
+        self.fill = generation_config.pad_token_id if generation_config.pad_token_id is not None else 0
+
+    def penalty(self, length):
+        return gnmt_length_penalty(length, self.alpha)
+
+    def done(self, best_live, length: int, max_new, worst_kept, full):
+        bound = torch.maximum(best_live / self.penalty(length + 1), best_live / self.penalty(max_new.float()))
+        return worst_kept >= bound
+
+
+class TransformersRanking:
+    """transformers' beam search, rule for rule: log P / |Y|^α, `num_beams` finished hypotheses kept per
+    sentence, and its `early_stopping`: True stops a sentence once it has them; False once the best live
+    hypothesis, scored at its current length, cannot beat the worst kept (a heuristic); "never" scores
+    it at the longest length instead when α > 0. Beams it rules out score -1e9 (and still extend), as in
+    transformers, and its outputs are padded as transformers pads them (with </s> when the padding id is 0).
+    """
+
+    dead = -1e9
+
+    def __init__(self, generation_config, prompt_length: int):
+        self.alpha = generation_config.length_penalty
+        self.keep = generation_config.num_beams
+        self.early_stopping = generation_config.early_stopping
+        self.longest = generation_config.max_length - prompt_length
+        self.fill = generation_config.pad_token_id or _eos(generation_config)
+
+    def penalty(self, length):
+        return length**self.alpha
+
+    def done(self, best_live, length: int, max_new, worst_kept, full):
+        horizon = self.longest if self.early_stopping == "never" and self.alpha > 0 else length
+        can_improve = best_live / self.penalty(horizon) > torch.where(full, worst_kept, self.dead)
+        return ~can_improve | (full & (self.early_stopping is True))
+
+
 def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True,
                      **model_kwargs):
-    """Beam search ranked by log P / lp with the GNMT penalty; a `custom_generate` callable for `generate`.
+    """Beam search ranked as the paper does (`GNMTRanking`); a `custom_generate` callable for `generate`."""
+    return _beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, GNMTRanking,
+                        prune, **model_kwargs)
+
+
+def beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True, **model_kwargs):
+    """transformers' beam search (`TransformersRanking`) in our loop, where finished sentences leave the
+    batch: the tokens and scores of transformers' own loop, with less work. A `custom_generate` callable."""
+    return _beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                        TransformersRanking, prune, **model_kwargs)
+
+
+def _beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, ranking, prune=True,
+                 **model_kwargs):
+    """Beam search with the ranking and stopping rule of `ranking` (`GNMTRanking`, `TransformersRanking`).
 
     `generate` has already run the encoder once and repeated each sentence `num_beams` times, so
     `input_ids` is (batch * beams, 1), the decoder start token.
@@ -415,13 +486,7 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     Each step (as fairseq and transformers): extend every live hypothesis by every token, keep the 2K
     best candidates per sentence by log P (all have the same length, so the penalty does not change
     their order); candidates that end (</s>, or a stopping criterion such as max_length) among the
-    best K are finished and scored log P / lp(|Y|); the best K that did not end live on.
-
-    Stopping rule, exact for α >= 0 and α < 0 alike: a live hypothesis can only lose log-probability,
-    so its best possible final score is max(log P / lp(L + 1), log P / lp(L_max)), lp being monotone in
-    length (L its length, L_max the sentence's cap). A sentence is done when it has
-    `num_return_sequences` finished hypotheses and the worst of those is at least that bound for its
-    best live hypothesis; `early_stopping` is not used.
+    best K are finished and scored by the ranking; the best K that did not end live on.
 
     Finished sentences leave the batch (as in fairseq's generator): their rows are no longer computed,
     and the search ends when the last sentence is done. Outputs and scores are those of the full batch.
@@ -429,9 +494,10 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     attentions, which hold every row), with a static cache, with a logits processor that is not known
     to treat rows on their own, or with `prune=False`.
     """
-    beams, alpha = generation_config.num_beams, generation_config.length_penalty
+    beams = generation_config.num_beams
     n_return = generation_config.num_return_sequences or 1
     rows, prompt_length = input_ids.shape
+    ranking = ranking(generation_config, prompt_length)
     batch = rows // beams
     device = input_ids.device
     use_cache = model_kwargs.get("use_cache", True)
@@ -451,10 +517,11 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
 
     tokens = input_ids  # (rows, t)
     origins = input_ids.new_zeros(rows, 0)  # the row each token was generated from (transformers' beam_indices)
-    scores = torch.full((batch, beams), float("-inf"), device=device)
+    scores = torch.full((batch, beams), ranking.dead, device=device)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    finished = [[] for _ in range(batch)]  # per sentence: (score, log P, tokens, origins), best first
-    worst_kept = torch.full((batch,), float("-inf"), device=device)  # n_return-th best finished score
+    finished = [[] for _ in range(batch)]  # per sentence: (score, tokens, origins), best first
+    worst_kept = torch.full((batch,), float("-inf"), device=device)  # the worst kept score, once ranking.keep are
+    full = torch.zeros(batch, dtype=torch.bool, device=device)  # ranking.keep hypotheses kept
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     active = torch.arange(batch, device=device)  # the sentences in the batch, by their index in the input
     step_scores, decoder_attentions, cross_attentions, decoder_hidden_states = [], [], [], []
@@ -478,41 +545,41 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
             cross_attentions.append(outputs.cross_attentions)
             decoder_hidden_states.append(outputs.decoder_hidden_states)
         vocab, live_sentences = log_probs.size(-1), active.numel()
-        sentence_offset = torch.arange(live_sentences, device=device)[:, None] * beams
         candidates = (scores.view(-1, 1) + log_probs).view(live_sentences, beams * vocab)
         top_scores, top_index = candidates.topk(2 * beams, dim=1)  # (sentences, 2K), best first
-        source_row = (top_index // vocab + sentence_offset).view(-1)
+        parent = top_index // vocab  # the beam within its sentence
+        source_row = (parent + torch.arange(live_sentences, device=device)[:, None] * beams).view(-1)  # in the batch now
         candidate_tokens = torch.cat((tokens[source_row], (top_index % vocab).view(-1, 1)), dim=1)
-        candidate_origins = torch.cat((origins[source_row], source_row[:, None]), dim=1)
-        ended = stopping_criteria(candidate_tokens, None).view(live_sentences, 2 * beams) & (top_scores > float("-inf"))
+        # in the input's batch (rows leave as sentences finish), as transformers numbers beam_indices
+        candidate_origins = torch.cat((origins[source_row], (parent + active[:, None] * beams).view(-1, 1)), dim=1)
+        stops = stopping_criteria(candidate_tokens, None).view(live_sentences, 2 * beams)
+        ended = stops & (top_scores > float("-inf"))  # a -inf candidate never finishes
 
         # Finished hypotheses: ended among the K best, in sentences still searching.
         length = candidate_tokens.size(1) - prompt_length
-        lp = gnmt_length_penalty(float(length), alpha)
+        final_scores = top_scores / ranking.penalty(length)
         final = ended & ~done[active][:, None]
         final[:, beams:] = False
         for row, rank in final.nonzero().tolist():
             sentence = int(active[row])
-            log_p = top_scores[row, rank].item()
             i = row * 2 * beams + rank
             kept = finished[sentence]
-            kept.append((log_p / lp, log_p, candidate_tokens[i], candidate_origins[i]))
+            kept.append((final_scores[row, rank].item(), candidate_tokens[i], candidate_origins[i]))
             kept.sort(key=lambda hypothesis: -hypothesis[0])
-            del kept[n_return:]
-            if len(kept) == n_return:
-                worst_kept[sentence] = kept[-1][0]
+            del kept[ranking.keep :]
+            if len(kept) == ranking.keep:
+                worst_kept[sentence], full[sentence] = kept[-1][0], True
 
-        # Live hypotheses: the K best that did not end (stable sort keeps them in score order).
-        live = torch.sort(ended.int(), dim=1, stable=True).indices[:, :beams]
-        scores = top_scores.gather(1, live).masked_fill(ended.gather(1, live), float("-inf"))
-        selected = (live + sentence_offset * 2).view(-1)
+        # Live hypotheses: the K best that did not stop (those that did score `ranking.dead`, as in
+        # transformers, and live on only if fewer than K did not).
+        ranked = torch.where(stops, top_scores + ranking.dead, top_scores)
+        scores, live = ranked.topk(beams, dim=1)
+        selected = (live + torch.arange(live_sentences, device=device)[:, None] * 2 * beams).view(-1)
         tokens, origins, parents = candidate_tokens[selected], candidate_origins[selected], source_row[selected]
 
-        best_possible = torch.maximum(
-            scores[:, 0] / gnmt_length_penalty(float(length + 1), alpha),
-            scores[:, 0] / gnmt_length_penalty(max_new[active].float(), alpha),
+        done[active] |= (length >= max_new[active]) | ranking.done(
+            scores[:, 0], length, max_new[active], worst_kept[active], full[active]
         )
-        done[active] |= (length >= max_new[active]) | (worst_kept[active] >= best_possible)
 
         # Beams move within a sentence, whose cross-attention rows are all equal: only the self-attention
         # cache is reordered. Sentences that are done leave, in the same gather.
@@ -527,12 +594,11 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
         )
         tokens, origins, scores, active = tokens[rows_staying], origins[rows_staying], scores[staying], active[staying]
 
-    hypotheses = [h for kept in finished for h in kept]
-    pad = generation_config.pad_token_id if generation_config.pad_token_id is not None else 0
-    sequences = pad_sequence([h[2] for h in hypotheses], batch_first=True, padding_value=pad)
+    hypotheses = [h for kept in finished for h in kept[:n_return]]
+    sequences = pad_sequence([h[1] for h in hypotheses], batch_first=True, padding_value=ranking.fill)
     if not want_dict:
         return sequences
-    beam_indices = pad_sequence([h[3] for h in hypotheses], batch_first=True, padding_value=-1)
+    beam_indices = pad_sequence([h[2] for h in hypotheses], batch_first=True, padding_value=-1)
     return GenerateBeamEncoderDecoderOutput(
         sequences=sequences,
         sequences_scores=torch.tensor([h[0] for h in hypotheses], device=device),
@@ -548,12 +614,16 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
 
 
 __all__ = [
+    "GNMTRanking",
     "PreallocatedLayer",
     "SourceLengthCap",
+    "TransformersRanking",
+    "beam_search",
     "check_decoding_options",
     "generate",
     "gnmt_beam_search",
     "gnmt_length_penalty",
+    "greedy_search",
     "paper_generation_config",
     "preallocated_cache",
 ]
