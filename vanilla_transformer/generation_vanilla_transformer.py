@@ -432,6 +432,8 @@ class GNMTRanking:
         return gnmt_length_penalty(length, self.alpha)
 
     def done(self, best_live, length: int, max_new, worst_kept, full):
+        """Per sentence: can no live hypothesis (best log P `best_live`, `length` tokens, at most
+        `max_new`) beat the worst of those kept (`worst_kept`; `full` once `keep` are)?"""
         bound = torch.maximum(best_live / self.penalty(length + 1), best_live / self.penalty(max_new.float()))
         return worst_kept >= bound
 
@@ -458,6 +460,7 @@ class TransformersRanking:
 
     def done(self, best_live, length: int, max_new, worst_kept, full):
         horizon = self.longest if self.early_stopping == "never" and self.alpha > 0 else length
+        # Until `keep` are kept, the worst counts as -1e9 (transformers' empty slots).
         can_improve = best_live / self.penalty(horizon) > torch.where(full, worst_kept, self.dead)
         return ~can_improve | (full & (self.early_stopping is True))
 
