@@ -5,7 +5,8 @@ import json
 import pytest
 
 from vanilla_transformer.cli import main
-from vanilla_transformer.quickstart import repeated_phrase, training_arguments
+from vanilla_transformer.metrics import repeated_phrase
+from vanilla_transformer.quickstart import training_arguments
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +23,7 @@ def test_quickstart_prints_a_summary_and_leaves_a_complete_folder(quickstart_fol
     assert summary["steps"] > 0 and summary["parameters"] > 0
     assert len(summary["examples"]) == 3 and all(e["translation"] is not None for e in summary["examples"])
     assert all(e["repeats"] == repeated_phrase(e["translation"]) for e in summary["examples"])
+    assert 0 <= summary["repeating"] <= 40 and 0 <= summary["references_repeating"] <= 40
     for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "results.json",
                  "README.md", "modeling_vanilla_transformer.py", "configuration_vanilla_transformer.py",
                  "generation_vanilla_transformer.py", "pipeline_vanilla_transformer.py"):
@@ -67,6 +69,7 @@ def test_a_looping_translation_is_found_and_named_in_the_summary():
     assert repeated_phrase("los cielos y los cielos") is None  # two words twice is not a phrase of three
     summary = {"wall_minutes": 1.0, "device": "CPU", "steps": 1, "parameters": 1e6, "split": "test", "scored_pairs": 1,
                "bleu": 1.0, "chrf": 2.0, "validation_perplexity": 3.0, "bleu_signature": "sig", "model_dir": "m",
-               "model_card": "m/README.md", "attention_dir": "m/attention",
+               "model_card": "m/README.md", "attention_dir": "m/attention", "repeating": 1, "references_repeating": 0,
                "examples": [{"source": "s", "translation": "a b c a b c", "reference": "r", "repeats": "a b c"}]}
     assert "(the translation repeats itself: 'a b c' twice)" in format_summary(summary)
+    assert "repeating a phrase of 3 words: 1 of 1 translations (0 of the references)" in format_summary(summary)

@@ -19,12 +19,12 @@ the paper's schedule, built for 100k steps, would stop a 15-minute run at a high
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
 import torch
 
+from .metrics import repeated_phrase
 from .training.loop import TrainingArguments, train
 
 CORPUS = "bible-en-es"
@@ -98,19 +98,6 @@ def _translate_examples(output_dir: Path, count: int = 3) -> list[dict]:
              "repeats": repeated_phrase(o["translation_text"])} for p, o in zip(pairs, outputs)]
 
 
-def repeated_phrase(text: str, words: int = 3) -> str | None:
-    """The first phrase of `words` words that `text` holds twice (a translation that loops: "y de su mujer, y de
-    su mujer"), or None. Words are compared lower-cased, without punctuation."""
-    tokens = re.findall(r"\w+", text.lower())
-    seen = set()
-    for i in range(len(tokens) - words + 1):
-        phrase = " ".join(tokens[i : i + words])
-        if phrase in seen:
-            return phrase
-        seen.add(phrase)
-    return None
-
-
 def _draw_attention(output_dir: Path) -> tuple[Path, int]:
     """Heat maps of one sentence, from the folder loaded as a user loads it; also counts parameters."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -147,6 +134,8 @@ def quickstart(
         "steps": results["steps"],
         "split": results["split"],
         "scored_pairs": results[results["split"]]["translated"],
+        "repeating": results[results["split"]]["repeating"],
+        "references_repeating": results[results["split"]]["references_repeating"],
         "bleu": results["bleu"],
         "chrf": results["chrf"],
         "bleu_signature": results["sacrebleu_signature"],
@@ -170,6 +159,8 @@ def format_summary(summary: dict) -> str:
         f"{summary['split']} split ({summary['scored_pairs']} pairs): BLEU {summary['bleu']:.2f}, chrF {summary['chrf']:.2f} "
         f"(validation perplexity {summary['validation_perplexity']:.1f})",
         f"  sacrebleu {summary['bleu_signature']}",
+        f"  repeating a phrase of 3 words: {summary['repeating']} of {summary['scored_pairs']} translations "
+        f"({summary['references_repeating']} of the references)",
         "",
         "Three test verses, through pipeline('translation', model=folder, trust_remote_code=True):",
     ]

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from vanilla_transformer.cli import main
 from vanilla_transformer.corpora import load_translation_dataset
 from vanilla_transformer.hub import check_hub_folder
+from vanilla_transformer.metrics import repeated_phrase
 from vanilla_transformer.training import loop
 from vanilla_transformer.training.checkpoints import latest_checkpoint, list_checkpoints, read_state
 
@@ -228,6 +229,10 @@ def test_embedded_corpus_lowers_validation_loss(tmp_path):
     assert len(losses) == 3 and losses[0] > losses[1] > losses[2] and losses[2] < losses[0] - 0.25
     assert results["averaged_checkpoints"] == ["checkpoint-00000030", "checkpoint-00000060"]
     assert math.isfinite(results["test"]["loss"]) and "bleu" in results["test"]
+    # Translations that repeat a 3-word phrase, counted beside the references that do.
+    references = [row["translation"]["es"] for row in corpus["test"].select(range(20))]
+    assert results["test"]["translated"] == 20 and 0 <= results["test"]["repeating"] <= 20
+    assert results["test"]["references_repeating"] == sum(repeated_phrase(r) is not None for r in references)
 
 
 def _usage_error(capsys, argv) -> str:

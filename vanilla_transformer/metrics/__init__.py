@@ -9,12 +9,14 @@
 
 `evaluate.load("sacrebleu")` would fetch its script from the Hub; this one is a file in the package.
 `load()` gives the module our command line and training loop score with, loaded once per process.
+`repeated_phrase` finds the loops a young model falls into ("y de su mujer, y de su mujer").
 """
 
+import re
 from functools import cache
 from pathlib import Path
 
-__all__ = ["BLEU_CHRF", "load"]
+__all__ = ["BLEU_CHRF", "load", "repeated_phrase"]
 
 BLEU_CHRF = str(Path(__file__).parent / "bleu_chrf" / "bleu_chrf.py")  # a str: evaluate.load takes no Path
 
@@ -27,3 +29,16 @@ def load():
     import evaluate
 
     return evaluate.load(BLEU_CHRF, keep_in_memory=True)
+
+
+def repeated_phrase(text: str, words: int = 3) -> str | None:
+    """The first phrase of `words` words that `text` holds twice (a translation that loops: "y de su mujer, y de
+    su mujer"), or None. Words are compared lower-cased, without punctuation."""
+    tokens = re.findall(r"\w+", text.lower())
+    seen = set()
+    for i in range(len(tokens) - words + 1):
+        phrase = " ".join(tokens[i : i + words])
+        if phrase in seen:
+            return phrase
+        seen.add(phrase)
+    return None

@@ -45,7 +45,7 @@ from ..files import read_json
 from ..generation_vanilla_transformer import paper_generation_config
 from ..hub import RESULTS_FILE, save_model_files, write_model_card, write_results
 from ..inference import load_pretrained
-from ..metrics import load as load_metric
+from ..metrics import load as load_metric, repeated_phrase
 from ..modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
 from ..tokenization_vanilla_transformer import DEFAULT_VOCAB_SIZE, train_tokenizer
 from .averaging import WeightAverage
@@ -339,6 +339,10 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
         metrics.update(
             {key: scores[key] for key in ("bleu", "chrf", "bleu_signature", "chrf_signature")},
             translated=len(hypotheses),
+            # Translations that loop ("y de su mujer, y de su mujer"), beside the references that repeat a
+            # phrase of their own ("á toda bestia ... á todo animal" is not a loop, but counts).
+            repeating=sum(repeated_phrase(h) is not None for h in hypotheses),
+            references_repeating=sum(repeated_phrase(r) is not None for r in references),
             examples=[{"reference": r, "translation": h} for r, h in zip(references[:3], hypotheses[:3])],
         )
     model.train(was_training)
@@ -356,7 +360,8 @@ def _forward(model, batch) -> torch.Tensor:
 def _describe(metrics: dict) -> str:
     text = f"loss {metrics['loss']:.4f}, perplexity {metrics['perplexity']:.2f}"
     if "bleu" in metrics:
-        text += f", BLEU {metrics['bleu']:.2f}, chrF {metrics['chrf']:.2f} ({metrics['translated']} sentences)"
+        text += (f", BLEU {metrics['bleu']:.2f}, chrF {metrics['chrf']:.2f} ({metrics['translated']} sentences, "
+                 f"{metrics['repeating']} repeating a 3-word phrase; references: {metrics['references_repeating']})")
     return text
 
 
