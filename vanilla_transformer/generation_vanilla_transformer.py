@@ -551,7 +551,8 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
         candidates = (scores.view(-1, 1) + log_probs).view(live_sentences, beams * vocab)
         top_scores, top_index = candidates.topk(2 * beams, dim=1)  # (sentences, 2K), best first
         parent = top_index // vocab  # the beam within its sentence
-        source_row = (parent + torch.arange(live_sentences, device=device)[:, None] * beams).view(-1)  # in the batch now
+        position = torch.arange(live_sentences, device=device)[:, None]  # (sentences, 1): their places in the batch now
+        source_row = (parent + position * beams).view(-1)  # in the batch now
         candidate_tokens = torch.cat((tokens[source_row], (top_index % vocab).view(-1, 1)), dim=1)
         # in the input's batch (rows leave as sentences finish), as transformers numbers beam_indices
         candidate_origins = torch.cat((origins[source_row], (parent + active[:, None] * beams).view(-1, 1)), dim=1)
@@ -577,7 +578,7 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
         # transformers, and live on only if fewer than K did not).
         ranked = torch.where(stops, top_scores + ranking.dead, top_scores)
         scores, live = ranked.topk(beams, dim=1)
-        selected = (live + torch.arange(live_sentences, device=device)[:, None] * 2 * beams).view(-1)
+        selected = (live + position * 2 * beams).view(-1)
         tokens, origins, parents = candidate_tokens[selected], candidate_origins[selected], source_row[selected]
 
         done[active] |= (length >= max_new[active]) | ranking.done(
