@@ -339,8 +339,9 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
         metrics.update(
             {key: scores[key] for key in ("bleu", "chrf", "bleu_signature", "chrf_signature")},
             translated=len(hypotheses),
-            # Translations that loop ("y de su mujer, y de su mujer"), beside the references that repeat a
-            # phrase of their own ("á toda bestia ... á todo animal" is not a loop, but counts).
+            # Translations that loop ("y de su mujer, y de su mujer"), and beside them the references that
+            # repeat a phrase too: a coordination ("á todos los ganados ... á todos los animales") is no loop
+            # but counts: read the first count against the second.
             repeating=sum(repeated_phrase(h) is not None for h in hypotheses),
             references_repeating=sum(repeated_phrase(r) is not None for r in references),
             examples=[{"reference": r, "translation": h} for r, h in zip(references[:3], hypotheses[:3])],
