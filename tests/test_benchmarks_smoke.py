@@ -103,12 +103,13 @@ def test_score_function_study_writes_its_table_and_figure(tmp_path):
         assert r["test"]["translated"] == 4 and 0 <= r["test"]["bleu"] <= 100 and 0 <= r["test"]["chrf"] <= 100
         assert r["train_tokens_per_s"] > 0 and r["decode_sentences_per_s"] > 0 and r["train_peak_memory_mb"] > 0
         assert r["figure_translation"] is not None
-    # Location adds W_a (4 heads x 64 x 256 positions) and drops W^K (256 x 256 + 256) in each attention
-    # block: self-attention in every layer, cross-attention in the decoder's.
+    # Location adds W_a (heads x d_k x 256 positions, i.e. d_model x 256) and drops W^K (d_model x d_model
+    # + d_model) in each attention block: self-attention in every layer, cross-attention in the decoder's.
     shape = SIZES["small"]["config_overrides"]
     blocks = shape["encoder_layers"] + 2 * shape["decoder_layers"]
+    d = shape["d_model"]
     assert results["scaled_dot"]["parameters_added"] == 0
-    assert results["location"]["parameters_added"] == blocks * (4 * 64 * 256 - (256 * 256 + 256))
+    assert results["location"]["parameters_added"] == blocks * (d * 256 - (d * d + d))
     assert results["scaled_dot"]["fused_kernel"] and not results["location"]["fused_kernel"]
     assert results["location"]["attention_kernels"] == ["explicit"]
     image = matplotlib.image.imread(report["figure"])

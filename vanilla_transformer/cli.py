@@ -549,7 +549,7 @@ def _add_quickstart(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--minutes", type=float, default=15.0,
                    help="time budget for the whole job; training gets all but what scoring and saving need (default: %(default)s)")
     p.add_argument("--size", choices=["tiny", "small", "base"],
-                   help="model size: the paper's base model (default on a GPU), a d_model 256 model with 2 encoder "
+                   help="model size: the paper's base model (default on a GPU), a d_model 192 model with 2 encoder "
                    "and 4 decoder layers and d_ff 256 (default on a CPU), or tiny (for tests)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--test-samples", type=int, help="score only the first N test pairs (default: all 634)")
