@@ -3,7 +3,7 @@
 #   make install TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu128"
 # `make test-oldest` runs the tests of everything transformers touches (the model, generate, the
 # pipeline, saved folders, Trainer/PEFT/export, the tokenizer, the metric) again in .venv-oldest, on
-# the oldest transformers that pyproject.toml allows (read from its "transformers>=X,<6"); CI runs both.
+# the oldest transformers that pyproject.toml allows (read from its "transformers>=X,<Y"); CI runs both.
 # `make test-gpu` runs the GPU tests (tests/test_gpu.py and the compiled static-cache test) on a CUDA machine,
 # e.g. `make test-gpu TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu130"`; without CUDA they skip.
 PYTHON ?= python3
@@ -37,7 +37,7 @@ test-gpu: install
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q --durations=10 $(GPU_TESTS)
 
 test-oldest:
-	@test -n "$(TRANSFORMERS_OLDEST)" || { echo 'no "transformers>=X,<6" in pyproject.toml'; exit 1; }
+	@test -n "$(TRANSFORMERS_OLDEST)" || { echo 'no "transformers>=X,<Y" in pyproject.toml'; exit 1; }
 	$(MAKE) test VENV=.venv-oldest PIN="transformers==$(TRANSFORMERS_OLDEST)" TESTS="$(TRANSFORMERS_TESTS)"
 
 demo: install
