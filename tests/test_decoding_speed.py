@@ -10,6 +10,7 @@ import torch
 from transformers import GenerationMixin
 
 from vanilla_transformer.generation_vanilla_transformer import (
+    CACHE_NAME,
     PreallocatedLayer,
     beam_search,
     gnmt_beam_search,
@@ -55,8 +56,8 @@ def test_every_mode_gives_the_dynamic_cache_s_tokens_and_scores(model_and_batch,
     fast = _generate(model, batch, **options)
     reference = _generate(model, batch, cache_implementation="dynamic", **options)
     assert torch.equal(fast.sequences, reference.sequences)
-    assert type(fast.past_key_values.self_attention_cache.layers[0]) is PreallocatedLayer
-    assert type(reference.past_key_values.self_attention_cache.layers[0]) is not PreallocatedLayer
+    assert type(fast[CACHE_NAME].self_attention_cache.layers[0]) is PreallocatedLayer
+    assert type(reference[CACHE_NAME].self_attention_cache.layers[0]) is not PreallocatedLayer
     if "beam" in mode:
         assert torch.allclose(fast.sequences_scores, reference.sequences_scores, atol=1e-5)
     for step, (a, b) in enumerate(zip(fast.scores, reference.scores)):
@@ -159,7 +160,8 @@ def test_a_saved_folder_uses_the_preallocated_cache_without_the_package(hub_tiny
         model = AutoModelForSeq2SeqLM.from_pretrained({str(hub_tiny_folder)!r}, trust_remote_code=True)
         batch = tokenizer({SENTENCES!r}, return_tensors="pt", padding=True)
         out = model.generate(**batch, return_dict_in_generate=True)
-        layer = out.past_key_values.self_attention_cache.layers[0]
+        cache = out["cache" if "cache" in out else "past_key_values"]  # its name from transformers 5.24, and before
+        layer = cache.self_attention_cache.layers[0]
         print(json.dumps([type(layer).__name__, type(layer).__module__, out.sequences.tolist()]))
         """
     )
@@ -172,14 +174,18 @@ def test_a_cache_of_the_wrong_size_or_kind_is_refused_clearly(model_and_batch):
     from transformers.cache_utils import DynamicCache
 
     model, batch = model_and_batch
-    with pytest.raises(ValueError, match="`past_key_values` holds 8 positions of 5 rows"):
-        model.generate(**batch, num_beams=1, max_new_tokens=20, past_key_values=preallocated_cache(2, 8))
+    for name in ("cache", "past_key_values"):  # its name from transformers 5.24, and before: both work with any
+        with pytest.raises(ValueError, match="The cache holds 8 positions of 5 rows"):
+            model.generate(**batch, num_beams=1, max_new_tokens=20, **{name: preallocated_cache(2, 8)})
     layer = PreallocatedLayer(16)
     layer.update(torch.zeros(1, 4, 3, 16), torch.zeros(1, 4, 3, 16))  # sized for one row
     with pytest.raises(ValueError, match=r"holds 16 positions of 1 rows \(batch x beams\); asked to store position 4 of 5 rows"):
         layer.update(torch.zeros(5, 4, 1, 16), torch.zeros(5, 4, 1, 16))
-    with pytest.raises(ValueError, match="`past_key_values` must be an EncoderDecoderCache"):
-        model(**batch, decoder_input_ids=batch["input_ids"][:, :1] * 0, past_key_values=DynamicCache())
+    start = batch["input_ids"][:, :1] * 0
+    with pytest.raises(ValueError, match=r"`cache` \(`past_key_values`\) must be an EncoderDecoderCache"):
+        model(**batch, decoder_input_ids=start, past_key_values=DynamicCache())
+    with pytest.raises(ValueError, match="Pass the cache as `cache` or as `past_key_values`"):
+        model(**batch, decoder_input_ids=start, cache=preallocated_cache(2, 8), past_key_values=preallocated_cache(2, 8))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the compiled static-cache path)")

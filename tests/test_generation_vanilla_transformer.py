@@ -15,7 +15,12 @@ from transformers import GenerationConfig
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from vanilla_transformer.generation_vanilla_transformer import gnmt_beam_search, paper_generation_config
+from vanilla_transformer.generation_vanilla_transformer import (
+    CACHE_NAME,
+    gnmt_beam_search,
+    one_cache,
+    paper_generation_config,
+)
 
 PAD, BOS, EOS, A, B, C = range(6)  # PAD is also the decoder start token
 VOCAB = 6
@@ -71,15 +76,16 @@ class ScriptedModel(VanillaTransformerForConditionalGeneration):
         return self.source_ids
 
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, encoder_outputs=None,
-                past_key_values=None, use_cache=None, **kwargs):
+                cache=None, use_cache=None, past_key_values=None, **kwargs):
+        cache = one_cache(cache, past_key_values)
         sentences = encoder_outputs[0][:, 0, 0].long().tolist()
         prefixes = decoder_input_ids
-        if use_cache is not False and past_key_values is not None:
+        if use_cache is not False and cache is not None:
             ids = decoder_input_ids.float()[:, None, :, None]
-            prefixes = past_key_values.self_attention_cache.update(ids, ids, 0)[0][:, 0, :, 0].long()
+            prefixes = cache.self_attention_cache.update(ids, ids, 0)[0][:, 0, :, 0].long()
         rows = [row(s, tuple(p[1:].tolist())) for s, p in zip(sentences, prefixes)]
         logits = torch.stack(rows).log().float()[:, None, :]  # log-probabilities; softmax leaves them as they are
-        return Seq2SeqLMOutput(logits=logits, past_key_values=past_key_values)
+        return Seq2SeqLMOutput(logits=logits, **{CACHE_NAME: cache})
 
 
 def gnmt(length, alpha):

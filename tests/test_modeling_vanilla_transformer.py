@@ -9,6 +9,7 @@ from vanilla_transformer import (
     VanillaTransformerModel,
 )
 from vanilla_transformer.configuration_vanilla_transformer import ATTENTION_SCORES
+from vanilla_transformer.generation_vanilla_transformer import CACHE_NAME
 from vanilla_transformer.modeling_vanilla_transformer import (
     Dropout,
     attend,
@@ -152,8 +153,9 @@ def test_incremental_decoding_equals_full_recomputation(score):
     cache, steps = None, []
     for t in range(decoder_input_ids.size(1)):
         out = model(encoder_outputs=encoder_outputs, attention_mask=attention_mask,
-                    decoder_input_ids=decoder_input_ids[:, t : t + 1], past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
+                    decoder_input_ids=decoder_input_ids[:, t : t + 1], use_cache=True,
+                    **{("cache", "past_key_values")[t % 2]: cache})  # its name from transformers 5.24, and before
+        cache = out[CACHE_NAME]  # the name of the installed transformers
         steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-5)
 

@@ -102,7 +102,7 @@ class VanillaTransformerConfig(PretrainedConfig):
     """
 
     model_type = "vanilla_transformer"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]  # the cache, named as in transformers >= 5.24 and before
     attribute_map = {
         "hidden_size": "d_model",
         "num_attention_heads": "num_heads",

@@ -49,6 +49,7 @@ standard library, torch and the public API of transformers.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import numbers
 
@@ -71,7 +72,11 @@ from transformers.generation import (
     SuppressTokensAtBeginLogitsProcessor,
     SuppressTokensLogitsProcessor,
 )
-from transformers.modeling_outputs import BaseModelOutput
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
+
+# transformers 5.24 renamed the cache `past_key_values` to `cache` in generate's model arguments and in
+# the model outputs. CACHE_NAME is the installed version's name; our models and `generate` accept both.
+CACHE_NAME = "cache" if "cache" in {field.name for field in dataclasses.fields(Seq2SeqLMOutput)} else "past_key_values"
 
 LENGTH_PENALTY_STYLES = ("gnmt", "transformers")
 DEFAULT_MAX_LENGTH_OFFSET = 50  # §6.1: "maximum output length to input length + 50"
@@ -166,7 +171,7 @@ class PreallocatedLayer(DynamicLayer):
         keys, values = self._buffers[0], self._buffers[1]
         if end > self.max_length or rows > keys.size(0) or (start and rows != self.keys.size(0)):
             raise ValueError(
-                f"`past_key_values` holds {self.max_length} positions of {keys.size(0)} rows (batch x beams); "
+                f"The cache holds {self.max_length} positions of {keys.size(0)} rows (batch x beams); "
                 f"asked to store position {end} of {rows} rows. Let `generate` make the cache, or size yours for the call."
             )
         keys[:rows, :, start:end] = key_states
@@ -216,6 +221,13 @@ def preallocated_cache(num_layers: int, max_length: int) -> EncoderDecoderCache:
     return EncoderDecoderCache(self_attention, DynamicCache())
 
 
+def one_cache(cache=None, past_key_values=None):
+    """The cache passed under either name (`cache` since transformers 5.24, `past_key_values` before)."""
+    if cache is not None and past_key_values is not None:
+        raise ValueError("Pass the cache as `cache` or as `past_key_values` (its name before transformers 5.24), not both.")
+    return past_key_values if cache is None else cache
+
+
 def _setting(name, kwargs, generation_config, model_config, default=None):
     """A generation option as `generate` resolves it: the call, then the passed config, then the model's."""
     if kwargs.get(name) is not None:
@@ -235,6 +247,9 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
     offset = _setting("max_length_offset", kwargs, generation_config, model.generation_config, DEFAULT_MAX_LENGTH_OFFSET)
     for name in ("length_penalty_style", "max_length_offset"):  # ours, not model inputs
         kwargs.pop(name, None)
+    cache = one_cache(kwargs.pop("cache", None), kwargs.pop("past_key_values", None))
+    if cache is not None:  # either name works, with any transformers version
+        kwargs[CACHE_NAME] = cache
     if style not in LENGTH_PENALTY_STYLES:
         raise ValueError(f"`length_penalty_style` must be one of {LENGTH_PENALTY_STYLES}; got {style!r}.")
     if not isinstance(offset, int) or offset < 1:
@@ -275,7 +290,7 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
     if _wants_preallocated_cache(kwargs, generation_config, model.generation_config):
         capacity = _decoder_capacity(kwargs, generation_config, kwargs.get("decoder_input_ids"))
         if capacity is not None:
-            kwargs["past_key_values"] = preallocated_cache(model.config.decoder_layers, capacity)
+            kwargs[CACHE_NAME] = preallocated_cache(model.config.decoder_layers, capacity)
 
     def setting(name, default=None):
         return _setting(name, kwargs, generation_config, model.generation_config, default)
@@ -303,7 +318,7 @@ def _wants_preallocated_cache(kwargs, generation_config, stored) -> bool:
     """Our cache is the default: unless the call brings a cache, names one (`cache_implementation`,
     e.g. "dynamic" for transformers' own), or turns caching off."""
     return (
-        kwargs.get("past_key_values") is None
+        kwargs.get(CACHE_NAME) is None
         and _setting("cache_implementation", kwargs, generation_config, stored) is None
         and _setting("use_cache", kwargs, generation_config, stored, True) is not False
         and kwargs.get("assistant_model") is None
@@ -378,7 +393,7 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     rows, prompt_length = input_ids.shape
     device = input_ids.device
     use_cache = model_kwargs.get("use_cache", True)
-    cache = model_kwargs.get("past_key_values") if use_cache else None
+    cache = model_kwargs.get(CACHE_NAME) if use_cache else None
     memory, attention_mask = model_kwargs["encoder_outputs"].last_hidden_state, model_kwargs.get("attention_mask")
     cap, processors = _split_processors(logits_processor, rows, device)
     prune = prune and _can_prune(processors, cache, per_step_outputs=False)
@@ -394,8 +409,8 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
             decoder_input_ids=tokens[:, -1:] if cache is not None and cache.get_seq_length() else tokens,
             encoder_outputs=BaseModelOutput(last_hidden_state=memory),
             attention_mask=attention_mask,
-            past_key_values=cache,
             use_cache=use_cache,
+            **{CACHE_NAME: cache},  # the installed transformers' name, as generate passes it
         )
         scores = processors(tokens, outputs.logits[:, -1].float())
         scores = _force_eos(scores, tokens.size(1) - prompt_length + 1 >= cap[active], eos)
@@ -504,7 +519,7 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
     batch = rows // beams
     device = input_ids.device
     use_cache = model_kwargs.get("use_cache", True)
-    cache = model_kwargs.get("past_key_values") if use_cache else None
+    cache = model_kwargs.get(CACHE_NAME) if use_cache else None
     encoder_outputs = model_kwargs["encoder_outputs"]
     memory = encoder_outputs.last_hidden_state
     attention_mask = model_kwargs.get("attention_mask")
@@ -534,8 +549,8 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
             decoder_input_ids=tokens[:, -1:] if cache is not None else tokens,
             encoder_outputs=BaseModelOutput(last_hidden_state=memory),
             attention_mask=attention_mask,
-            past_key_values=cache,
             use_cache=use_cache,
+            **{CACHE_NAME: cache},  # the installed transformers' name, as generate passes it
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
         )
@@ -613,11 +628,12 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
         decoder_attentions=tuple(decoder_attentions) if output_attentions else None,
         cross_attentions=tuple(cross_attentions) if output_attentions else None,
         decoder_hidden_states=tuple(decoder_hidden_states) if output_hidden_states else None,
-        past_key_values=cache,
+        **{CACHE_NAME: cache},
     )
 
 
 __all__ = [
+    "CACHE_NAME",
     "GNMTRanking",
     "PreallocatedLayer",
     "SourceLengthCap",
@@ -628,6 +644,7 @@ __all__ = [
     "gnmt_beam_search",
     "gnmt_length_penalty",
     "greedy_search",
+    "one_cache",
     "paper_generation_config",
     "preallocated_cache",
 ]

@@ -27,6 +27,7 @@ from transformers.modeling_outputs import (
 )
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
+from .generation_vanilla_transformer import CACHE_NAME, one_cache
 from .generation_vanilla_transformer import generate as _paper_generate
 from .pipeline_vanilla_transformer import CUSTOM_PIPELINES
 
@@ -462,21 +463,21 @@ class VanillaTransformerDecoder(nn.Module):
         encoder_hidden_states,
         encoder_attention_mask=None,
         attention_mask=None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         output_attentions=False,
         output_hidden_states=False,
         inputs_embeds=None,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        past_length = cache.get_seq_length() if cache is not None else 0
         x = self.embeddings(input_ids, inputs_embeds, past_length)
-        self_mask, causal = self._self_attention_mask(x.size(1), past_length, past_key_values, attention_mask, x.device)
+        self_mask, causal = self._self_attention_mask(x.size(1), past_length, cache, attention_mask, x.device)
         memory_mask = None if encoder_attention_mask is None else encoder_attention_mask.bool()[:, None, None, :]
         hidden_states, self_attentions, cross_attentions = [], [], []
         for layer in self.layers:
             if output_hidden_states:
                 hidden_states.append(x)
             x, self_weights, cross_weights = _run_layer(
-                self, layer, x, encoder_hidden_states, self_mask, memory_mask, past_key_values, output_attentions, causal
+                self, layer, x, encoder_hidden_states, self_mask, memory_mask, cache, output_attentions, causal
             )
             self_attentions.append(self_weights)
             cross_attentions.append(cross_weights)
@@ -486,7 +487,7 @@ class VanillaTransformerDecoder(nn.Module):
             hidden_states.append(x)
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=x,
-            past_key_values=past_key_values,
+            **{CACHE_NAME: cache},
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
             attentions=tuple(self_attentions) if output_attentions else None,
             cross_attentions=tuple(cross_attentions) if output_attentions else None,
@@ -708,19 +709,23 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         decoder_input_ids=None,
         decoder_attention_mask=None,
         encoder_outputs=None,
-        past_key_values=None,
+        cache=None,
         inputs_embeds=None,
         decoder_inputs_embeds=None,
         use_cache=None,
         output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
+        past_key_values=None,
     ) -> Seq2SeqModelOutput:
         """`return_dict` is accepted for `generate()` and ignored: outputs are always `ModelOutput`s,
         which also index like tuples. Positions come from the cache length. `inputs_embeds` and
         `decoder_inputs_embeds` (what `get_input_embeddings()` returns for the ids, unscaled) can
-        replace `input_ids` and `decoder_input_ids`, as in transformers' other models."""
+        replace `input_ids` and `decoder_input_ids`, as in transformers' other models. The cache is
+        `cache` or, as transformers before 5.24 named it, `past_key_values`; the output names it as the
+        installed transformers does."""
         config = self.config
+        cache = one_cache(cache, past_key_values)
         output_attentions = config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
         use_cache = (config.use_cache and not self.training) if use_cache is None else use_cache
@@ -737,12 +742,12 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
         memory = encoder_outputs.last_hidden_state
 
-        if past_key_values is not None and not isinstance(past_key_values, EncoderDecoderCache):
+        if cache is not None and not isinstance(cache, EncoderDecoderCache):
             raise ValueError(
-                "`past_key_values` must be an EncoderDecoderCache (self-attention and cross-attention caches); "
-                f"got {type(past_key_values).__name__}."
+                "`cache` (`past_key_values`) must be an EncoderDecoderCache (self-attention and cross-attention "
+                f"caches); got {type(cache).__name__}."
             )
-        if past_key_values is None or past_key_values.get_seq_length() == 0:
+        if cache is None or cache.get_seq_length() == 0:
             # Once decoding has started the ids come from the model itself; checking is a sync per step.
             shape = _tokens_or_embeddings("decoder_input", decoder_input_ids, decoder_inputs_embeds, config.vocab_size)
         else:
@@ -754,21 +759,21 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         if shape[0] != memory.size(0):
             name = "decoder_input_ids" if decoder_inputs_embeds is None else "decoder_inputs_embeds"
             raise ValueError(f"`{name}` has batch size {shape[0]} but the source has {memory.size(0)}.")
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
         decoder_outputs = self.decoder(
             decoder_input_ids,
             memory,
             encoder_attention_mask=attention_mask,
             attention_mask=decoder_attention_mask,
-            past_key_values=past_key_values if use_cache else None,
+            cache=cache if use_cache else None,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             inputs_embeds=decoder_inputs_embeds,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            **{CACHE_NAME: cache if use_cache else None},
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -819,12 +824,12 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         when no max_new_tokens / max_length is given. See generation_vanilla_transformer.py."""
         return _paper_generate(self, super().generate, inputs, generation_config, logits_processor, **kwargs)
 
-    def _reorder_cache(self, past_key_values, beam_idx):
+    def _reorder_cache(self, cache, beam_idx):
         """Called by transformers' beam search after each step (its hook for models with their own way).
         Beams move only within a sentence, and the cross-attention keys and values of a sentence are
         the same in every beam: only the self-attention cache is reordered, not both."""
-        past_key_values.self_attention_cache.reorder_cache(beam_idx)
-        return past_key_values
+        cache.self_attention_cache.reorder_cache(beam_idx)
+        return cache
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
@@ -836,7 +841,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         decoder_input_ids=None,
         decoder_attention_mask=None,
         encoder_outputs=None,
-        past_key_values=None,
+        cache=None,
         inputs_embeds=None,
         decoder_inputs_embeds=None,
         labels=None,
@@ -844,7 +849,9 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
+        past_key_values=None,
     ) -> Seq2SeqLMOutput:
+        """As `VanillaTransformerModel.forward`, with `labels` for the loss."""
         if labels is not None:
             _check_ids("labels", labels, self.config.vocab_size, allow_ignore_index=True)
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -857,6 +864,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
+            cache=cache,
             past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
