@@ -2,7 +2,7 @@
 
     python -m benchmarks                      # tiny,base on CPU; base,big on a GPU
     python -m benchmarks --sizes tiny --quick # the CI smoke run: seconds, numbers meaningless
-    python -m benchmarks --out DIR            # DIR/benchmarks-<date>-<device>.{json,md}
+    python -m benchmarks --out DIR            # DIR/benchmarks-<date>-<device>[-<run>].{json,md}
     python -m benchmarks --sizes none --generation-model runs/quickstart   # a trained model's generation only
 
 Training: ours vs transformers' MarianMTModel of the same shape (benchmarks/training.py).
@@ -150,7 +150,11 @@ def main(argv: list[str] | None = None) -> dict:
 def write_report(report: dict, out: Path) -> tuple[Path, Path]:
     env = report["environment"]
     device = env.get("gpu", "cpu").replace(" ", "-").lower()
-    stem = f"benchmarks-{env['date']}-{device}" + ("-quick" if report["settings"]["quick"] else "")
+    first = f"benchmarks-{env['date']}-{device}" + ("-quick" if report["settings"]["quick"] else "")
+    stem, run = first, 1  # a later run on the same day and device writes beside the first, never over it
+    while (out / f"{stem}.json").exists() or (out / f"{stem}.md").exists():
+        run += 1
+        stem = f"{first}-{run}"
     return write_atomically(out / f"{stem}.json", json.dumps(report, indent=2) + "\n"), write_atomically(
         out / f"{stem}.md", markdown(report))
 

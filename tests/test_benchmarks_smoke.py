@@ -78,6 +78,13 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path, hub_tiny_folder):
     for expected in ("| tiny | ours |", "| trained | 32 | greedy | ours |", "## Generation", "## Tokenizer", "load average"):
         assert expected in markdown
 
+    # A second run of the day writes beside the first, not over it.
+    from benchmarks.__main__ import write_report
+
+    again = write_report(report, tmp_path)
+    assert [path.name for path in again] == [json_path.stem + "-2.json", md_path.stem + "-2.md"]
+    assert md_path.read_text() == markdown and json.loads(json_path.read_text()) == report
+
 
 def test_score_function_study_writes_its_table_and_figure(tmp_path):
     """`python -m benchmarks.score_functions` at smoke size: two score functions, two steps each."""
