@@ -211,7 +211,8 @@ def markdown(report: dict) -> str:
         + f", {settings['generation_precision']})",
         "",
         "Beam 4 uses transformers' scoring (length penalty 0.6 as |Y|^α, early stopping) for ours and Marian, "
-        "and CTranslate2's search is the same (exported by `vanilla-transformer export`); ours-gnmt is our "
+        "and CTranslate2's search is the same (exported by `vanilla-transformer export`, and run in a process of "
+        "its own, as deployed: where torch has run, it runs several times slower); ours-gnmt is our "
         "search with the GNMT penalty ((5+|Y|)/6)^α. 'agrees' is the share of sentences with the same tokens "
         "as ours in fp32; BLEU (a trained model only) is sacrebleu's on the same sentences. Peak memory is "
         "what decoding the sentences needs beyond the loaded model: resident memory (CPU) or torch's "

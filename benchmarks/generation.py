@@ -8,6 +8,7 @@ The weights are copied into a MarianMTModel (`convert_marian.to_marian`) and exp
 (fp32 and int8) by our exporter (`vanilla_transformer.export_ctranslate2`). Before any timing, ours
 and Marian must produce identical tokens in fp32; CTranslate2's agreement with ours is reported (its
 search is transformers' with `early_stopping=True`, which is what ours and Marian run here).
+CTranslate2 runs in a process of its own, as it is deployed (see `_Ctranslate2Process`).
 
 Throughput counts generated tokens (</s> included, the start token not) and sentences. Greedy and
 beam 4 use transformers' beam scoring with explicit options for both PyTorch models; our GNMT-penalty
@@ -167,7 +168,7 @@ def run(tokenizer, sizes, device: str, threads: int, sentences: int, max_new_tok
                     path, tokenizer, batches, device, threads, max_new_tokens
                 )
             for mode, options in MODES.items():
-                mode_runners = {name: (lambda r=runner: r(options)) for name, runner in contenders.items()}
+                mode_runners = {name: functools.partial(runner, options) for name, runner in contenders.items()}
                 if gnmt and mode == "beam4":
                     mode_runners["ours-gnmt"] = lambda: contenders["ours"](dict(options, **GNMT))
                 if gnmt:
@@ -180,6 +181,8 @@ def run(tokenizer, sizes, device: str, threads: int, sentences: int, max_new_tok
                         hypotheses = tokenizer.batch_decode(outputs, skip_special_tokens=True)
                         contender["bleu"] = score_translations(hypotheses, target)["bleu"]
                 entry["modes"][mode].update(timed)
+            for quantization in converted:  # their processes end before their folders go
+                contenders.pop(f"ctranslate2-{quantization}").close()
         entry["attention_kernels"] = {
             "ours": attention_kernels(lambda: contenders["ours"](MODES["greedy"], batches[:1])),
             "marian": attention_kernels(lambda: contenders["marian"](MODES["greedy"], batches[:1])),
@@ -208,26 +211,75 @@ def _hf_runner(model, batches, device, max_new_tokens, eos, pad):
 
 
 def _ctranslate2_runner(path, tokenizer, batches, device, threads, max_new_tokens):
-    from vanilla_transformer.export_ctranslate2 import CTranslate2Translator
-
-    translator = CTranslate2Translator(path, device="cuda" if device.startswith("cuda") else "cpu", threads=threads)
     token_batches = [
         [tokenizer.convert_ids_to_tokens(ids[mask.bool()].tolist()) for ids, mask in
          zip(batch["input_ids"], batch["attention_mask"])]
         for batch in batches
     ]
-    eos = [tokenizer.eos_token_id]
+    return _Ctranslate2Process(path, token_batches, device, threads, max_new_tokens, tokenizer.eos_token_id)
 
-    def generate(options, subset=None):
-        outputs = []
-        for tokens in token_batches[: len(subset)] if subset else token_batches:
-            ids = translator.translate_tokens(tokens, num_beams=options["num_beams"], max_new_tokens=max_new_tokens,
-                                              length_penalty=options.get("length_penalty", 1.0))
-            # </s> counted as for the PyTorch models, where a sentence ended before the cap
-            outputs.extend(row + eos if len(row) < max_new_tokens else row for row in ids)
+
+class _Ctranslate2Process:
+    """CTranslate2 in a process of its own, as it is deployed. In the process where torch has run its
+    OpenMP threads, CTranslate2's run several times slower, and stay so (measured 2026-11-24, 2-core
+    Zen 5, 2 threads: 418 greedy sentences/s before a torch matmul, 70 after it, 82 two seconds later).
+    Called as the PyTorch runners are, `(options, subset=None)`; `last_peak_mb` is the memory the last
+    call needed in that process (peak resident memory above its start)."""
+
+    def __init__(self, path, token_batches, device, threads, max_new_tokens, eos):
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch threads in it
+        self.connection, child = context.Pipe()
+        self.process = context.Process(
+            target=_serve_ctranslate2, daemon=True,
+            args=(child, path, token_batches, "cuda" if device.startswith("cuda") else "cpu", threads,
+                  max_new_tokens, eos),
+        )
+        self.process.start()
+        child.close()
+        self.last_peak_mb = None
+
+    def __call__(self, options, subset=None):
+        self.connection.send((options, len(subset) if subset else None))
+        reply = self.connection.recv()
+        if isinstance(reply, BaseException):
+            raise reply
+        outputs, self.last_peak_mb = reply
         return outputs
 
-    return generate
+    def close(self):
+        self.connection.send(None)
+        self.process.join(timeout=60)
+
+
+def _serve_ctranslate2(connection, path, token_batches, device, threads, max_new_tokens, eos):
+    from vanilla_transformer.export_ctranslate2 import CTranslate2Translator
+
+    from .common import peak_rss_mb, reset_peak_rss
+
+    translator = CTranslate2Translator(path, device=device, threads=threads)
+    while (request := connection.recv()) is not None:
+        options, count = request
+        try:
+            before = reset_peak_rss()
+            outputs = []
+            for tokens in token_batches[:count]:
+                ids = translator.translate_tokens(tokens, num_beams=options["num_beams"], max_new_tokens=max_new_tokens,
+                                                  length_penalty=options.get("length_penalty", 1.0))
+                # </s> counted as for the PyTorch models, where a sentence ended before the cap
+                outputs.extend(row + [eos] if len(row) < max_new_tokens else row for row in ids)
+            connection.send((outputs, peak_rss_mb() - before))
+        except Exception as error:  # noqa: BLE001 (handed to the parent, which raises it)
+            connection.send(error)
+
+
+def _peak_memory_mb(runner, device) -> float:
+    """`peak_memory_mb` of a runner; a CTranslate2 runner measures it in its own process."""
+    if isinstance(getattr(runner, "func", None), _Ctranslate2Process):
+        runner()
+        return runner.func.last_peak_mb
+    return peak_memory_mb(runner, device)
 
 
 def _time(runners: dict, repeats: int, reference, device) -> dict:
@@ -243,7 +295,7 @@ def _time(runners: dict, repeats: int, reference, device) -> dict:
                 runners[name]()
             seconds[name].append(timer.seconds)
     cuda = torch.device(device).type == "cuda"
-    memory = {name: None if cuda and name.startswith("ctranslate2") else peak_memory_mb(runner, device)
+    memory = {name: None if cuda and name.startswith("ctranslate2") else _peak_memory_mb(runner, device)
               for name, runner in runners.items()}
     timed = {}
     for name, output in outputs.items():

@@ -69,6 +69,7 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path, hub_tiny_folder):
                 assert c["agrees_with_ours"] == (gnmt if name.startswith("ours-gnmt") else 1.0), name
             if "ctranslate2-float32" in contenders:  # exported with our exporter: the same search, the same tokens
                 assert result["contenders"]["ctranslate2-float32"]["agrees_with_ours"] == 1.0
+                assert result["contenders"]["ctranslate2-float32"]["peak_memory_mb"] >= 0  # measured in its own process
     assert generation["weights"].startswith("trained")
     # The trained model's outputs are its own: varied, not one token repeated up to the cap.
     assert generation["modes"]["greedy"]["mean_distinct_tokens_per_output"] > 2
