@@ -200,3 +200,55 @@ def test_static_cache_under_torch_compile_on_a_gpu(hub_tiny_model):
         assert torch.equal(static, dynamic)
     finally:
         model.to("cpu")
+
+
+def test_inside_generate_the_output_projection_runs_on_the_packed_weight_with_the_same_numbers(model_and_batch):
+    """§3.4's projection on oneDNN with its weight packed for one `generate` call (where torch has the kernels):
+    the numbers of `lm_head(x)`, each row independent of the others (rows leave the batch), nothing kept after."""
+    from vanilla_transformer import generation_vanilla_transformer as generation
+
+    if not generation._ONEDNN_LINEAR:
+        pytest.skip("this torch build has no oneDNN linear kernels: the projection is always `lm_head(x)`")
+    model, _ = model_and_batch
+    lm_head = model.get_output_embeddings()
+    x = torch.randn(40, 1, lm_head.in_features)
+    with torch.no_grad(), generation.packed_output_projection(model):
+        assert generation._PACKED_PROJECTION.get()[0] is lm_head.weight
+        with torch.profiler.profile() as profile:
+            packed = generation.project_to_vocabulary(lm_head, x)
+        assert "mkldnn::_linear_pointwise" in {event.key for event in profile.key_averages()}
+        torch.testing.assert_close(packed, lm_head(x), rtol=1e-5, atol=1e-5)
+        for rows in (1, 3, 17):
+            assert torch.equal(generation.project_to_vocabulary(lm_head, x[:rows]), packed[:rows])
+        other = torch.nn.Linear(lm_head.in_features, 7, bias=False)  # not the packed weight: itself
+        assert torch.equal(generation.project_to_vocabulary(other, x), other(x))
+    assert generation._PACKED_PROJECTION.get() is None  # packed for the call only: weights may change after
+    with torch.backends.mkldnn.flags(enabled=False), generation.packed_output_projection(model):
+        assert generation._PACKED_PROJECTION.get() is None
+    with torch.enable_grad(), generation.packed_output_projection(model):  # training: the module itself
+        assert generation.project_to_vocabulary(lm_head, x).grad_fn is not None
+
+
+@pytest.mark.parametrize("mode", ["greedy", "beam, GNMT"])
+def test_generate_packs_the_output_projection_and_decodes_what_the_plain_one_decodes(model_and_batch, mode, monkeypatch):
+    from vanilla_transformer import generation_vanilla_transformer as generation
+    from vanilla_transformer import modeling_vanilla_transformer as modeling
+
+    if not generation._ONEDNN_LINEAR:
+        pytest.skip("this torch build has no oneDNN linear kernels")
+    model, batch = model_and_batch
+    options = dict(MODES[mode], return_dict_in_generate=True, output_scores=True)
+    with torch.backends.mkldnn.flags(enabled=False):
+        plain = _generate(model, batch, **options)
+    packed_during_steps = []
+
+    def spy(lm_head, hidden_states):
+        packed_during_steps.append(generation._PACKED_PROJECTION.get() is not None)
+        return generation.project_to_vocabulary(lm_head, hidden_states)
+
+    monkeypatch.setattr(modeling, "project_to_vocabulary", spy)
+    packed = _generate(model, batch, **options)
+    assert packed_during_steps and all(packed_during_steps)
+    assert torch.equal(packed.sequences, plain.sequences)
+    for a, b in zip(packed.scores, plain.scores):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -48,12 +48,15 @@ standard library, torch and the public API of transformers.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import dataclasses
 import math
 import numbers
 
 import torch
+from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 from transformers import GenerationConfig
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
@@ -228,6 +231,61 @@ def one_cache(cache=None, past_key_values=None):
     return past_key_values if cache is None else cache
 
 
+# The output projection (§3.4's pre-softmax linear transformation, d_model x vocabulary) is the largest
+# product of a decoding step. In float32 on a CPU torch runs it on MKL, which prepares ("packs") the
+# weight for its kernels anew at every call; oneDNN, also inside torch, can take it packed once. Our
+# `generate` packs it for the length of the call (the weights cannot change meanwhile) and the model's
+# `project_to_vocabulary` uses it. Measured on a 2-thread AMD EPYC (Zen 5), 192 x 8,000: packing 2.5 ms;
+# a step of 32 sentences 0.22 ms instead of 0.59, of one sentence 0.05 instead of 0.09; the same numbers.
+# The ops are torch's own, those torch.compile uses when it freezes weights on a CPU, but their names
+# are private: they are looked up, and without them nothing is packed.
+# `torch.backends.mkldnn.flags(enabled=False)` turns it off.
+_ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and all(
+    hasattr(torch.ops.mkldnn, name) for name in ("_reorder_linear_weight", "_linear_pointwise")
+)
+_PACKED_PROJECTION = contextvars.ContextVar("packed_output_projection", default=None)  # (weight, packed) or None
+
+
+@contextlib.contextmanager
+def packed_output_projection(model):
+    """Within this block (one `generate` call), `project_to_vocabulary` runs `model`'s output projection
+    on oneDNN with its weight packed, where that applies: float32 on a CPU, a plain `nn.Linear` without
+    hooks (not one wrapped by PEFT or offloaded by accelerate), oneDNN present and enabled."""
+    lm_head = model.get_output_embeddings()
+    packed = None
+    if (
+        _ONEDNN_LINEAR
+        and torch.backends.mkldnn.enabled
+        and type(lm_head) is nn.Linear
+        and lm_head.weight.device.type == "cpu"
+        and lm_head.weight.dtype == torch.float32
+        and not (lm_head._forward_hooks or lm_head._forward_pre_hooks or hasattr(lm_head, "_hf_hook"))
+    ):
+        with torch.no_grad():
+            packed = (lm_head.weight, torch.ops.mkldnn._reorder_linear_weight(lm_head.weight, 32))  # 32: a batch, a hint
+    token = _PACKED_PROJECTION.set(packed)
+    try:
+        yield
+    finally:
+        _PACKED_PROJECTION.reset(token)
+
+
+def project_to_vocabulary(lm_head: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """§3.4's pre-softmax linear transformation: `lm_head(hidden_states)`, (..., d_model) -> (..., vocab),
+    on the packed weight inside `packed_output_projection` (without gradients, float32 on a CPU)."""
+    packed = _PACKED_PROJECTION.get()
+    if (
+        packed is None
+        or packed[0] is not getattr(lm_head, "weight", None)
+        or torch.is_grad_enabled()
+        or hidden_states.device.type != "cpu"
+        or hidden_states.dtype != torch.float32
+        or torch.compiler.is_compiling()
+    ):
+        return lm_head(hidden_states)
+    return torch.ops.mkldnn._linear_pointwise(hidden_states, packed[1], lm_head.bias, "none", [], "")
+
+
 def _setting(name, kwargs, generation_config, model_config, default=None):
     """A generation option as `generate` resolves it: the call, then the passed config, then the model's."""
     if kwargs.get(name) is not None:
@@ -311,7 +369,8 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
         kwargs["custom_generate"] = beam_search  # transformers' rules; finished sentences leave the batch
     elif plain and setting("num_beams", 1) == 1 and not setting("return_dict_in_generate", False):
         kwargs["custom_generate"] = greedy_search  # finished sentences leave the batch
-    return base_generate(inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs)
+    with packed_output_projection(model):
+        return base_generate(inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs)
 
 
 def _wants_preallocated_cache(kwargs, generation_config, stored) -> bool:
@@ -646,5 +705,7 @@ __all__ = [
     "greedy_search",
     "one_cache",
     "paper_generation_config",
+    "packed_output_projection",
     "preallocated_cache",
+    "project_to_vocabulary",
 ]

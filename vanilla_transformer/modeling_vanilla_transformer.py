@@ -27,7 +27,7 @@ from transformers.modeling_outputs import (
 )
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .generation_vanilla_transformer import CACHE_NAME, one_cache
+from .generation_vanilla_transformer import CACHE_NAME, one_cache, project_to_vocabulary
 from .generation_vanilla_transformer import generate as _paper_generate
 from .pipeline_vanilla_transformer import CUSTOM_PIPELINES
 
@@ -872,7 +872,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
         )
-        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, vocab)
+        logits = project_to_vocabulary(self.lm_head, outputs.last_hidden_state)  # (B, T, vocab)
         loss = None
         if labels is not None:
             summed, _ = smoothed_cross_entropy(logits, labels, self.config.label_smoothing)
