@@ -270,11 +270,10 @@ class Residual(nn.Module):
 
     def forward(self, x, sublayer):
         """`sublayer` maps a (B, T, d_model) tensor to (output, extra); extra is passed through."""
-        if self.pre_norm:
-            out, extra = sublayer(self.norm(x))
-            return x + self.dropout(out), extra
-        out, extra = sublayer(x)
-        return self.norm(x + self.dropout(out)), extra
+        out, extra = sublayer(self.norm(x) if self.pre_norm else x)
+        if self.training:  # dropout is the identity otherwise: no call (a decoding step makes 3 per layer)
+            out = self.dropout(out)
+        return (x + out if self.pre_norm else self.norm(x + out)), extra
 
 
 class EncoderLayer(nn.Module):
