@@ -202,7 +202,24 @@ def test_static_cache_under_torch_compile_on_a_gpu(hub_tiny_model):
         model.to("cpu")
 
 
-def test_inside_generate_the_output_projection_runs_on_the_packed_weight_with_the_same_numbers(model_and_batch):
+
+@pytest.fixture
+def packed_steps(monkeypatch):
+    """For each call of the model's output projection: was a packed weight in place?"""
+    from vanilla_transformer import generation_vanilla_transformer as generation
+    from vanilla_transformer import modeling_vanilla_transformer as modeling
+
+    seen = []
+
+    def spy(lm_head, hidden_states):
+        seen.append(generation._PACKED_PROJECTION.get() is not None)
+        return generation.project_to_vocabulary(lm_head, hidden_states)
+
+    monkeypatch.setattr(modeling, "project_to_vocabulary", spy)
+    return seen
+
+
+def test_inside_generate_the_output_projection_runs_on_the_packed_weight_with_the_same_numbers(model_and_batch, monkeypatch):
     """§3.4's projection on oneDNN with its weight packed for one `generate` call (where torch has the kernels):
     the numbers of `lm_head(x)`, each row independent of the others (rows leave the batch), nothing kept after."""
     from vanilla_transformer import generation_vanilla_transformer as generation
@@ -223,32 +240,44 @@ def test_inside_generate_the_output_projection_runs_on_the_packed_weight_with_th
         other = torch.nn.Linear(lm_head.in_features, 7, bias=False)  # not the packed weight: itself
         assert torch.equal(generation.project_to_vocabulary(other, x), other(x))
     assert generation._PACKED_PROJECTION.get() is None  # packed for the call only: weights may change after
-    with torch.backends.mkldnn.flags(enabled=False), generation.packed_output_projection(model):
-        assert generation._PACKED_PROJECTION.get() is None
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.backends.mkldnn, "enabled", False)  # the user's switch
+        with generation.packed_output_projection(model):
+            assert generation._PACKED_PROJECTION.get() is None
     with torch.enable_grad(), generation.packed_output_projection(model):  # training: the module itself
         assert generation.project_to_vocabulary(lm_head, x).grad_fn is not None
 
 
 @pytest.mark.parametrize("mode", ["greedy", "beam, GNMT"])
-def test_generate_packs_the_output_projection_and_decodes_what_the_plain_one_decodes(model_and_batch, mode, monkeypatch):
+def test_generate_packs_the_output_projection_and_decodes_what_the_plain_one_decodes(
+    model_and_batch, mode, monkeypatch, packed_steps
+):
     from vanilla_transformer import generation_vanilla_transformer as generation
-    from vanilla_transformer import modeling_vanilla_transformer as modeling
 
     if not generation._ONEDNN_LINEAR:
         pytest.skip("this torch build has no oneDNN linear kernels")
     model, batch = model_and_batch
     options = dict(MODES[mode], return_dict_in_generate=True, output_scores=True)
-    with torch.backends.mkldnn.flags(enabled=False):
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.backends.mkldnn, "enabled", False)
         plain = _generate(model, batch, **options)
-    packed_during_steps = []
-
-    def spy(lm_head, hidden_states):
-        packed_during_steps.append(generation._PACKED_PROJECTION.get() is not None)
-        return generation.project_to_vocabulary(lm_head, hidden_states)
-
-    monkeypatch.setattr(modeling, "project_to_vocabulary", spy)
+    assert packed_steps and not any(packed_steps)
+    packed_steps.clear()
     packed = _generate(model, batch, **options)
-    assert packed_during_steps and all(packed_during_steps)
+    assert packed_steps and all(packed_steps)
     assert torch.equal(packed.sequences, plain.sequences)
     for a, b in zip(packed.scores, plain.scores):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_one_greedy_sentence_is_not_worth_packing(model_and_batch, packed_steps):
+    from vanilla_transformer import generation_vanilla_transformer as generation
+
+    model, batch = model_and_batch
+    one = {name: value[:1] for name, value in batch.items()}
+    model.generate(**one, num_beams=1)
+    assert packed_steps and not any(packed_steps)
+    if generation._ONEDNN_LINEAR:
+        packed_steps.clear()
+        model.generate(**one, num_beams=2, length_penalty_style="transformers")  # two rows: packed
+        assert packed_steps and all(packed_steps)
