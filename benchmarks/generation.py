@@ -18,6 +18,7 @@ outputs are also scored against the references (BLEU, sacrebleu's defaults).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -40,21 +41,27 @@ MODES = {
     "beam4": dict(num_beams=4, length_penalty=LENGTH_PENALTY, early_stopping=True),
 }
 GNMT = dict(length_penalty_style="gnmt")
-# What each of our decoding changes buys (issue #14): ours with one undone, timed beside the rest.
-# transformers' own loops keep finished sentences in the batch (ours drop them, unless the call asks
-# for per-step outputs); "dynamic" is transformers' growing cache instead of our preallocated one.
-# Beam search, undone step by step: our loop with transformers' rules -> rows stay -> transformers'
-# loop -> transformers' cache.
+# What each of our decoding changes buys (issue #14): ours with some undone, timed beside the rest, most
+# recent first. PLAIN: the output projection as `lm_head(x)` (MKL on a CPU) instead of oneDNN's kernel on
+# the weight packed for the call. transformers' own loops keep finished sentences in the batch (ours drop
+# them, unless the call asks for per-step outputs); "dynamic" is transformers' growing cache instead of our
+# preallocated one. Beam search: plain projection -> rows stay -> transformers' loop -> transformers' cache.
+PLAIN = {"packed_projection": False}  # not a `generate` option: `_hf_runner` turns oneDNN off around the call
 ABLATIONS = {
     "greedy": {
-        "ours, transformers' loop": dict(return_dict_in_generate=True),
-        "ours, transformers' loop, dynamic cache": dict(return_dict_in_generate=True, cache_implementation="dynamic"),
+        "ours, plain projection": PLAIN,
+        "ours, plain projection, transformers' loop": dict(PLAIN, return_dict_in_generate=True),
+        "ours, plain projection, transformers' loop, dynamic cache": dict(
+            PLAIN, return_dict_in_generate=True, cache_implementation="dynamic"
+        ),
     },
     "beam4": {
-        "ours, finished stay": dict(custom_generate=functools.partial(beam_search, prune=False)),
-        "ours, transformers' loop": dict(custom_generate=GenerationMixin._beam_search),
-        "ours, transformers' loop, dynamic cache": dict(custom_generate=GenerationMixin._beam_search,
-                                                        cache_implementation="dynamic"),
+        "ours, plain projection": PLAIN,
+        "ours, plain projection, finished stay": dict(PLAIN, custom_generate=functools.partial(beam_search, prune=False)),
+        "ours, plain projection, transformers' loop": dict(PLAIN, custom_generate=GenerationMixin._beam_search),
+        "ours, plain projection, transformers' loop, dynamic cache": dict(
+            PLAIN, custom_generate=GenerationMixin._beam_search, cache_implementation="dynamic"
+        ),
         "ours-gnmt, finished stay": dict(GNMT, custom_generate=functools.partial(gnmt_beam_search, prune=False)),
     },
 }
@@ -199,7 +206,9 @@ def run(tokenizer, sizes, device: str, threads: int, sentences: int, max_new_tok
 def _hf_runner(model, batches, device, max_new_tokens, eos, pad):
     def generate(options, subset=None):
         outputs = []
-        with torch.no_grad():
+        options = dict(options)
+        packed = options.pop("packed_projection", True)  # see PLAIN
+        with torch.no_grad(), _onednn(enabled=torch.backends.mkldnn.enabled and packed):
             for batch in subset or batches:
                 batch = {k: v.to(device) for k, v in batch.items()}
                 sequences = model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens, **options)
@@ -208,6 +217,17 @@ def _hf_runner(model, batches, device, max_new_tokens, eos, pad):
         return outputs
 
     return generate
+
+
+@contextlib.contextmanager
+def _onednn(enabled: bool):
+    """torch's oneDNN on or off within the block (`torch.backends.mkldnn.flags` would also reset its other
+    flags, and warn doing so)."""
+    was, torch.backends.mkldnn.enabled = torch.backends.mkldnn.enabled, enabled
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = was
 
 
 def _ctranslate2_runner(path, tokenizer, batches, device, threads, max_new_tokens):
