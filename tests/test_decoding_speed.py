@@ -134,6 +134,20 @@ def test_the_pruning_searches_are_what_generate_runs(model_and_batch, monkeypatc
         assert batch_sizes[0] == 4 * len(SENTENCES) and batch_sizes[-1] < 4 * len(SENTENCES), style
 
 
+def test_finished_greedy_rows_leave_once_they_are_an_eighth_of_the_batch(hub_tiny_model, monkeypatch):
+    model, tokenizer = hub_tiny_model
+    sentences = [f"{sentence} {tail}" for sentence in SENTENCES for tail in ("", "Amen.", "And it was so.")]
+    batch = tokenizer(sentences, return_tensors="pt", padding=True)
+    batch_sizes = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **k: batch_sizes.append(k["decoder_input_ids"].size(0)) or forward(*a, **k))
+    pruned = model.generate(**batch, num_beams=1)
+    drops = [(before, before - after) for before, after in zip(batch_sizes, batch_sizes[1:]) if after < before]
+    assert drops and all(8 * left >= before for before, left in drops), drops
+    monkeypatch.undo()
+    assert torch.equal(pruned, model.generate(**batch, num_beams=1, custom_generate=functools.partial(greedy_search, prune=False)))
+
+
 def test_output_attentions_and_the_pipeline_still_work(model_and_batch, hub_tiny_model):
     from vanilla_transformer import TranslationPipeline
 
