@@ -232,11 +232,11 @@ def one_cache(cache=None, past_key_values=None):
 
 
 # The output projection (§3.4's pre-softmax linear transformation, d_model x vocabulary) is the largest
-# product of a decoding step. In float32 on a CPU torch runs it on MKL, which prepares ("packs") the
-# weight for its kernels anew at every call; oneDNN, also inside torch, can take it packed once. Our
-# `generate` packs it for the length of the call (the weights cannot change meanwhile) and the model's
-# `project_to_vocabulary` uses it. Measured on a 2-thread AMD EPYC (Zen 5), 192 x 8,000: packing 2.5 ms;
-# a step of 32 sentences 0.22 ms instead of 0.59, of one sentence 0.05 instead of 0.09; the same numbers.
+# product of a decoding step. In float32 on a CPU torch runs it on MKL; oneDNN, also inside torch, can
+# take the weight laid out ("packed") for its kernels once. Our `generate` packs it for the length of
+# the call (the weights cannot change meanwhile) and the model's `project_to_vocabulary` uses it.
+# Measured on a 2-thread AMD EPYC (Zen 5), 192 x 8,000: packing 2.5 ms; a step of 32 sentences 0.22 ms
+# instead of MKL's 0.59, of one sentence 0.05 instead of 0.09; the same numbers.
 # The ops are torch's own, those torch.compile uses when it freezes weights on a CPU, but their names
 # are private: they are looked up, and without them nothing is packed.
 # `torch.backends.mkldnn.enabled = False` turns it off.
