@@ -9,6 +9,8 @@ import pytest
 import torch
 from transformers import GenerationMixin
 
+from vanilla_transformer import generation_vanilla_transformer as generation
+from vanilla_transformer import modeling_vanilla_transformer as modeling
 from vanilla_transformer.generation_vanilla_transformer import (
     CACHE_NAME,
     PreallocatedLayer,
@@ -216,13 +218,9 @@ def test_static_cache_under_torch_compile_on_a_gpu(hub_tiny_model):
         model.to("cpu")
 
 
-
 @pytest.fixture
 def packed_steps(monkeypatch):
     """For each call of the model's output projection: was a packed weight in place?"""
-    from vanilla_transformer import generation_vanilla_transformer as generation
-    from vanilla_transformer import modeling_vanilla_transformer as modeling
-
     seen = []
 
     def spy(lm_head, hidden_states):
@@ -236,8 +234,6 @@ def packed_steps(monkeypatch):
 def test_inside_generate_the_output_projection_runs_on_the_packed_weight_with_the_same_numbers(model_and_batch, monkeypatch):
     """§3.4's projection on oneDNN with its weight packed for one `generate` call (where torch has the kernels):
     the numbers of `lm_head(x)`, each row independent of the others (rows leave the batch), nothing kept after."""
-    from vanilla_transformer import generation_vanilla_transformer as generation
-
     if not generation._ONEDNN_LINEAR:
         pytest.skip("this torch build has no oneDNN linear kernels: the projection is always `lm_head(x)`")
     model, _ = model_and_batch
@@ -266,8 +262,6 @@ def test_inside_generate_the_output_projection_runs_on_the_packed_weight_with_th
 def test_generate_packs_the_output_projection_and_decodes_what_the_plain_one_decodes(
     model_and_batch, mode, monkeypatch, packed_steps
 ):
-    from vanilla_transformer import generation_vanilla_transformer as generation
-
     if not generation._ONEDNN_LINEAR:
         pytest.skip("this torch build has no oneDNN linear kernels")
     model, batch = model_and_batch
@@ -285,8 +279,6 @@ def test_generate_packs_the_output_projection_and_decodes_what_the_plain_one_dec
 
 
 def test_one_greedy_sentence_is_not_worth_packing(model_and_batch, packed_steps):
-    from vanilla_transformer import generation_vanilla_transformer as generation
-
     model, batch = model_and_batch
     one = {name: value[:1] for name, value in batch.items()}
     model.generate(**one, num_beams=1)
