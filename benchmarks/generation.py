@@ -208,7 +208,7 @@ def _hf_runner(model, batches, device, max_new_tokens, eos, pad):
         outputs = []
         options = dict(options)
         packed = options.pop("packed_projection", True)  # see PLAIN
-        with torch.no_grad(), _onednn(enabled=torch.backends.mkldnn.enabled and packed):
+        with torch.no_grad(), contextlib.nullcontext() if packed else _without_onednn():
             for batch in subset or batches:
                 batch = {k: v.to(device) for k, v in batch.items()}
                 sequences = model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens, **options)
@@ -220,10 +220,10 @@ def _hf_runner(model, batches, device, max_new_tokens, eos, pad):
 
 
 @contextlib.contextmanager
-def _onednn(enabled: bool):
-    """torch's oneDNN on or off within the block (`torch.backends.mkldnn.flags` would also reset its other
+def _without_onednn():
+    """torch's oneDNN off within the block (`torch.backends.mkldnn.flags` would also reset its other
     flags, and warn doing so)."""
-    was, torch.backends.mkldnn.enabled = torch.backends.mkldnn.enabled, enabled
+    was, torch.backends.mkldnn.enabled = torch.backends.mkldnn.enabled, False
     try:
         yield
     finally:
