@@ -7,7 +7,8 @@ import json
 
 import pytest
 import torch
-from transformers import GenerationMixin
+from torch._dynamo.utils import counters
+from transformers import CompileConfig, GenerationMixin
 
 from vanilla_transformer import generation_vanilla_transformer as generation
 from vanilla_transformer import modeling_vanilla_transformer as modeling
@@ -204,18 +205,34 @@ def test_a_cache_of_the_wrong_size_or_kind_is_refused_clearly(model_and_batch):
         model(**batch, decoder_input_ids=start, cache=preallocated_cache(2, 8), past_key_values=preallocated_cache(2, 8))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the compiled static-cache path)")
-def test_static_cache_under_torch_compile_on_a_gpu(hub_tiny_model):
-    """On a GPU, transformers compiles the decoder step when the cache is static (CUDA graphs)."""
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_greedy_search_with_a_static_cache_compiles_the_decoder_step_into_one_graph(hub_tiny_model, device):
+    """`cache_implementation="static"`: transformers' loop compiles the decoder step (on a GPU by itself,
+    with CUDA graphs; on a CPU when `compile_config` asks, here with dynamo's eager backend, which
+    captures the graph without generating code). One graph, no break, no recompilation per step, and the
+    dynamic cache's tokens. (Our own greedy loop would run the step uncompiled; a graph break would
+    leave part of each step outside the graph.)"""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (transformers compiles the static-cache step by itself there)")
     model, tokenizer = hub_tiny_model
-    model = model.to("cuda")
+    compile_config = None
+    if device == "cpu":
+        compile_config = CompileConfig(backend="eager", mode="default")
+        compile_config._compile_all_devices = True  # transformers' switch for compiling on any device
+    model = model.to(device)
+    torch._dynamo.reset()
+    counters.clear()
     try:
-        batch = tokenizer(SENTENCES, return_tensors="pt", padding=True).to("cuda")
+        batch = tokenizer(SENTENCES, return_tensors="pt", padding=True).to(device)
         dynamic = model.generate(**batch, num_beams=1, cache_implementation="dynamic")
-        static = model.generate(**batch, num_beams=1, cache_implementation="static")
+        static = model.generate(**batch, num_beams=1, cache_implementation="static", compile_config=compile_config)
         assert torch.equal(static, dynamic)
+        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        assert static.size(1) > 3  # several decoder steps ran through that one graph
     finally:
         model.to("cpu")
+        torch._dynamo.reset()
 
 
 @pytest.fixture

@@ -75,6 +75,7 @@ from transformers.generation import (
     SuppressTokensAtBeginLogitsProcessor,
     SuppressTokensLogitsProcessor,
 )
+from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 # transformers 5.24 renamed the cache `past_key_values` to `cache` in generate's model arguments and in
@@ -274,6 +275,8 @@ def packed_output_projection(model, enabled: bool = True):
 def project_to_vocabulary(lm_head: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     """§3.4's pre-softmax linear transformation: `lm_head(hidden_states)`, (..., d_model) -> (..., vocab),
     on the packed weight inside `packed_output_projection` (without gradients, float32 on a CPU)."""
+    if torch.compiler.is_compiling():  # a compiled step has its own kernels (and cannot read a ContextVar)
+        return lm_head(hidden_states)
     packed = _PACKED_PROJECTION.get()
     if (
         packed is None
@@ -281,7 +284,6 @@ def project_to_vocabulary(lm_head: nn.Module, hidden_states: torch.Tensor) -> to
         or torch.is_grad_enabled()
         or hidden_states.device.type != "cpu"
         or hidden_states.dtype != torch.float32
-        or torch.compiler.is_compiling()
     ):
         return lm_head(hidden_states)
     return torch.ops.mkldnn._linear_pointwise(hidden_states, packed[1], lm_head.bias, "none", [], "")
@@ -354,6 +356,11 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
     def setting(name, default=None):
         return _setting(name, kwargs, generation_config, model.generation_config, default)
 
+    # A static cache keeps greedy search in transformers' loop, which compiles the decoder step with it
+    # (on a GPU, or wherever `compile_config` asks); beam search does not compile in transformers.
+    static_cache = setting("cache_implementation") in ALL_STATIC_CACHE_IMPLEMENTATIONS or (
+        kwargs.get(CACHE_NAME) is not None and kwargs[CACHE_NAME].is_compileable
+    )
     plain = (  # no sampling, groups, constraints, assistant, streamer or other decoding strategy
         not setting("do_sample", False)
         and setting("num_beam_groups", 1) == 1
@@ -368,7 +375,7 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
         kwargs["custom_generate"] = gnmt_beam_search
     elif plain and setting("num_beams", 1) > 1 and not setting("output_logits", False):
         kwargs["custom_generate"] = beam_search  # transformers' rules; finished sentences leave the batch
-    elif plain and setting("num_beams", 1) == 1 and not setting("return_dict_in_generate", False):
+    elif plain and setting("num_beams", 1) == 1 and not setting("return_dict_in_generate", False) and not static_cache:
         kwargs["custom_generate"] = greedy_search  # finished sentences leave the batch
     # One greedy sentence does not win the packing back (measured: 28.6 ms a sentence packed, 27.8 not).
     rows = None if source is None else source.size(0) * setting("num_beams", 1)

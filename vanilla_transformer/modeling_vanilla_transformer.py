@@ -746,8 +746,9 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
                 "`cache` (`past_key_values`) must be an EncoderDecoderCache (self-attention and cross-attention "
                 f"caches); got {type(cache).__name__}."
             )
-        if cache is None or cache.get_seq_length() == 0:
-            # Once decoding has started the ids come from the model itself; checking is a sync per step.
+        if cache is None or (not torch.compiler.is_compiling() and cache.get_seq_length() == 0):
+            # Once decoding has started the ids come from the model itself; checking is a sync per step
+            # (and a break in a compiled step's graph: a static cache's length is a tensor).
             shape = _tokens_or_embeddings("decoder_input", decoder_input_ids, decoder_inputs_embeds, config.vocab_size)
         else:
             shape = (decoder_input_ids if decoder_inputs_embeds is None else decoder_inputs_embeds).shape[:2]
