@@ -287,6 +287,19 @@ def test_sinusoidal_encoding_is_the_papers_formula():
             assert pe[row, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-4)
 
 
+def test_sinusoids_read_from_the_table_are_the_formula_s_and_the_table_grows_and_is_not_saved():
+    # Proves: the embeddings' table of sinusoids (made on first use, for decoding's one position per step)
+    # gives the formula's numbers at every offset, past its first size too, and stays out of the weights.
+    embeddings = make_model(max_position_embeddings=8).model.decoder.embeddings
+    assert embeddings.sinusoid_table is None
+    for past_length, length in [(0, 5), (3, 1), (7, 1), (6, 9), (40, 2)]:
+        positions = torch.arange(length) + past_length
+        read = embeddings.sinusoids(positions, past_length, length)
+        assert torch.equal(read, sinusoidal_encoding(positions, embeddings.d_model)), (past_length, length)
+    assert embeddings.sinusoid_table.size(0) == 42  # 8 at first, then twice that, then the 42 asked for
+    assert not any("sinusoid" in name for name in make_model().state_dict())
+
+
 def test_sinusoidal_works_past_max_positions_and_learned_fails_clearly():
     model = make_model(max_position_embeddings=8)
     long = torch.randint(3, VOCAB, (1, 20))

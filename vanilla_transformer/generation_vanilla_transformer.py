@@ -474,10 +474,11 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     active = torch.arange(rows, device=device)  # the rows in the batch, by their index in the input
     tokens = input_ids  # theirs so far
     running = torch.ones(rows, dtype=torch.bool, device=device)
+    encoder_outputs = BaseModelOutput(last_hidden_state=memory)
     while True:
         outputs = model(
             decoder_input_ids=tokens[:, -1:] if cache is not None and cache.get_seq_length() else tokens,
-            encoder_outputs=BaseModelOutput(last_hidden_state=memory),
+            encoder_outputs=encoder_outputs,
             attention_mask=attention_mask,
             use_cache=use_cache,
             **{CACHE_NAME: cache},  # the installed transformers' name, as generate passes it
@@ -495,6 +496,7 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
         if prune and 8 * int((~running).sum()) >= running.numel():
             sequences[active[~running], : tokens.size(1)] = tokens[~running]
             memory, attention_mask = _keep_rows(running.nonzero().squeeze(1), cache, memory, attention_mask)
+            encoder_outputs = BaseModelOutput(last_hidden_state=memory)
             tokens, active, running = tokens[running], active[running], running[running]
 
 

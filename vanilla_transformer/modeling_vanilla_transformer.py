@@ -346,6 +346,8 @@ class Embeddings(nn.Module):
             if config.position_encoding == "learned"
             else None
         )
+        self.table_size = config.max_position_embeddings  # sinusoids: the first table's size (a hint, no limit)
+        self.sinusoid_table = None  # (positions, d_model), computed on first use; not a weight, not saved
 
     def forward(self, input_ids=None, inputs_embeds=None, past_length=0):
         """`inputs_embeds` (B, L, d_model), if given, replaces the lookup of `input_ids`: it is what
@@ -355,7 +357,7 @@ class Embeddings(nn.Module):
         length = tokens.size(1)
         positions = torch.arange(length, device=tokens.device) + past_length
         if self.learned_positions is None:
-            position_encoding = sinusoidal_encoding(positions, self.d_model)
+            position_encoding = self.sinusoids(positions, past_length, length)
         else:
             table_size = self.learned_positions.num_embeddings
             if past_length + length > table_size:
@@ -366,7 +368,20 @@ class Embeddings(nn.Module):
                 )
             position_encoding = self.learned_positions(positions)
         x = tokens * self.scale + position_encoding.to(tokens.dtype)
-        return self.dropout(x)
+        return self.dropout(x) if self.training else x  # dropout is the identity otherwise: no call
+
+    def sinusoids(self, positions, past_length, length) -> torch.Tensor:
+        """`sinusoidal_encoding(positions)`, (T, d_model), read from a table of the first positions made
+        on first use (as Marian keeps its sinusoids), since decoding asks for one position per step.
+        A static cache's length is a tensor, and a compiled graph keeps no table: those compute it."""
+        end = past_length + length
+        if not isinstance(past_length, int) or torch.compiler.is_compiling():
+            return sinusoidal_encoding(positions, self.d_model)
+        table = self.sinusoid_table
+        if table is None or table.size(0) < end or table.device != positions.device:
+            size = max(end, self.table_size if table is None else 2 * table.size(0))
+            table = self.sinusoid_table = sinusoidal_encoding(torch.arange(size, device=positions.device), self.d_model)
+        return table[past_length:end]
 
 
 def _run_layer(stack: nn.Module, layer: nn.Module, *args):
