@@ -357,7 +357,7 @@ class Embeddings(nn.Module):
         length = tokens.size(1)
         positions = torch.arange(length, device=tokens.device) + past_length
         if self.learned_positions is None:
-            position_encoding = self.sinusoids(positions, past_length, length)
+            position_encoding = self.sinusoids(positions, past_length)
         else:
             table_size = self.learned_positions.num_embeddings
             if past_length + length > table_size:
@@ -370,13 +370,14 @@ class Embeddings(nn.Module):
         x = tokens * self.scale + position_encoding.to(tokens.dtype)
         return self.dropout(x) if self.training else x  # dropout is the identity otherwise: no call
 
-    def sinusoids(self, positions, past_length, length) -> torch.Tensor:
-        """`sinusoidal_encoding(positions)`, (T, d_model), read from a table of the first positions made
-        on first use (as Marian keeps its sinusoids), since decoding asks for one position per step.
-        A static cache's length is a tensor, and a compiled graph keeps no table: those compute it."""
-        end = past_length + length
+    def sinusoids(self, positions, past_length) -> torch.Tensor:
+        """`sinusoidal_encoding(positions)` for positions past_length, past_length + 1, ...: (T, d_model),
+        read from a table of the first positions made on first use (as Marian keeps its sinusoids),
+        since decoding asks for one position per step. A static cache's length is a tensor, and a
+        compiled graph keeps no table: those compute it."""
         if not isinstance(past_length, int) or torch.compiler.is_compiling():
             return sinusoidal_encoding(positions, self.d_model)
+        end = past_length + positions.numel()
         table = self.sinusoid_table
         if table is None or table.size(0) < end or table.device != positions.device:
             size = max(end, self.table_size if table is None else 2 * table.size(0))
