@@ -458,7 +458,8 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     Returns what transformers' greedy search returns, token for token: each row its argmax tokens,
     padded after it ends, up to the step the last row ended. Rows stay in place (as in transformers,
     fed padding once finished) under the conditions of `gnmt_beam_search`. Our `generate` uses it for
-    plain greedy decoding without per-step outputs.
+    plain greedy decoding without per-step outputs or a static cache (with one, transformers' loop
+    compiles the step).
     """
     rows, prompt_length = input_ids.shape
     device = input_ids.device
