@@ -294,7 +294,7 @@ def test_sinusoids_read_from_the_table_are_the_formula_s_and_the_table_grows_and
     assert embeddings.sinusoid_table is None
     for past_length, length in [(0, 5), (3, 1), (7, 1), (6, 9), (40, 2)]:
         positions = torch.arange(length) + past_length
-        read = embeddings.sinusoids(positions, past_length)
+        read = embeddings.sinusoids(past_length, length, positions.device)
         assert torch.equal(read, sinusoidal_encoding(positions, embeddings.d_model)), (past_length, length)
     assert embeddings.sinusoid_table.size(0) == 42  # 8 at first, then twice that, then the 42 asked for
     assert not any("sinusoid" in name for name in make_model().state_dict())

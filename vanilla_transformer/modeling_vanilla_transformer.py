@@ -355,9 +355,8 @@ class Embeddings(nn.Module):
         0-d tensor for a static cache) is the position of the first token."""
         tokens = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # (B, L, d_model)
         length = tokens.size(1)
-        positions = torch.arange(length, device=tokens.device) + past_length
         if self.learned_positions is None:
-            position_encoding = self.sinusoids(positions, past_length)
+            position_encoding = self.sinusoids(past_length, length, tokens.device)
         else:
             table_size = self.learned_positions.num_embeddings
             if past_length + length > table_size:
@@ -366,22 +365,22 @@ class Embeddings(nn.Module):
                     f"(`max_position_embeddings`={table_size}). Use shorter inputs, a larger table, or "
                     f'position_encoding="sinusoidal", which has no limit.'
                 )
-            position_encoding = self.learned_positions(positions)
+            position_encoding = self.learned_positions(torch.arange(length, device=tokens.device) + past_length)
         x = tokens * self.scale + position_encoding.to(tokens.dtype)
         return self.dropout(x) if self.training else x  # dropout is the identity otherwise: no call
 
-    def sinusoids(self, positions, past_length) -> torch.Tensor:
-        """`sinusoidal_encoding(positions)` for positions past_length, past_length + 1, ...: (T, d_model),
+    def sinusoids(self, past_length, length: int, device) -> torch.Tensor:
+        """`sinusoidal_encoding` of positions past_length .. past_length + length - 1: (T, d_model),
         read from a table of the first positions made on first use (as Marian keeps its sinusoids),
         since decoding asks for one position per step. A static cache's length is a tensor, and a
         compiled graph keeps no table: those compute it."""
         if not isinstance(past_length, int) or torch.compiler.is_compiling():
-            return sinusoidal_encoding(positions, self.d_model)
-        end = past_length + positions.numel()
+            return sinusoidal_encoding(torch.arange(length, device=device) + past_length, self.d_model)
+        end = past_length + length
         table = self.sinusoid_table
-        if table is None or table.size(0) < end or table.device != positions.device:
+        if table is None or table.size(0) < end or table.device != device:
             size = max(end, self.table_size if table is None else 2 * table.size(0))
-            table = self.sinusoid_table = sinusoidal_encoding(torch.arange(size, device=positions.device), self.d_model)
+            table = self.sinusoid_table = sinusoidal_encoding(torch.arange(size, device=device), self.d_model)
         return table[past_length:end]
 
 
