@@ -16,7 +16,7 @@ import transformers
 
 from vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.corpora import load_translation_dataset, text_pairs
-from vanilla_transformer.tokenization_vanilla_transformer import train_tokenizer
+from vanilla_transformer.tokenizer import train_tokenizer
 
 CORPUS, SOURCE, TARGET = "bible-en-es", "en", "es"
 MAX_TOKENS = 128  # longer sentences are cut: the few outliers would dominate padded batches

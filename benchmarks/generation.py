@@ -5,7 +5,7 @@ on the en-es train split; random weights repeat one token up to the length cap, 
 decodes the same fixed-length workload and beam search never finishes early. `--generation-model
 DIR` adds a trained model (its own size and tokenizer): sentences then end at their own lengths.
 The weights are copied into a MarianMTModel (`convert_marian.to_marian`) and exported to CTranslate2
-(fp32 and int8) by our exporter (`vanilla_transformer.export_ctranslate2`). Before any timing, ours
+(fp32 and int8) by our exporter (`vanilla_transformer.export.ctranslate2`). Before any timing, ours
 and Marian must produce identical tokens in fp32; CTranslate2's agreement with ours is reported (its
 search is transformers' with `early_stopping=True`, which is what ours and Marian run here).
 CTranslate2 runs in a process of its own, as it is deployed (see `_Ctranslate2Process`).
@@ -28,8 +28,8 @@ import torch
 from transformers import CompileConfig, GenerationConfig, GenerationMixin
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer.convert_marian import to_marian
-from vanilla_transformer.generation_vanilla_transformer import beam_search, gnmt_beam_search
+from vanilla_transformer.export.marian import to_marian
+from vanilla_transformer.modeling.generation_vanilla_transformer import beam_search, gnmt_beam_search
 from vanilla_transformer.inference import score_translations
 
 from .common import Timer, attention_kernels, encode, model_config, pairs, peak_memory_mb, summary, token_batch
@@ -112,7 +112,7 @@ def _ctranslate2_models(model, tokenizer, folder: str, quantizations) -> dict:
     """Exported by `vanilla-transformer export --format ctranslate2`'s code, once per quantization."""
     if not quantizations:
         return {}
-    from vanilla_transformer.export_ctranslate2 import export_ctranslate2
+    from vanilla_transformer.export.ctranslate2 import export_ctranslate2
 
     return {q: str(export_ctranslate2(model, tokenizer, os.path.join(folder, f"ct2-{q}"), q)) for q in quantizations}
 
@@ -200,7 +200,7 @@ def run(tokenizer, sizes, device: str, threads: int, sentences: int, max_new_tok
             "marian": attention_kernels(lambda: contenders["marian"](MODES["greedy"], batches[:1])),
         }
         entry["ctranslate2_conversion"] = "not installed" if not converted else (
-            "vanilla_transformer.export_ctranslate2 (CTranslate2's converter API and TransformerSpec, "
+            "vanilla_transformer.export.ctranslate2 (CTranslate2's converter API and TransformerSpec, "
             "quantized by its converter)"
         )
         results[size] = entry
@@ -279,7 +279,7 @@ class _Ctranslate2Process:
 
 
 def _serve_ctranslate2(connection, path, token_batches, device, threads, max_new_tokens, eos):
-    from vanilla_transformer.export_ctranslate2 import CTranslate2Translator
+    from vanilla_transformer.export.ctranslate2 import CTranslate2Translator
 
     from .common import peak_rss_mb, reset_peak_rss
 

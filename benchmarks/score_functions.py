@@ -44,10 +44,10 @@ import torch
 from transformers import AutoTokenizer
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer.attention_maps import collect_attentions, plot_models
-from vanilla_transformer.configuration_vanilla_transformer import ATTENTION_SCORES
+from vanilla_transformer.visualize.attention_maps import collect_attentions, plot_models
+from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES
 from vanilla_transformer.quickstart import SIZES, training_arguments
-from vanilla_transformer.tokenization_vanilla_transformer import DEFAULT_VOCAB_SIZE, train_tokenizer
+from vanilla_transformer.tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
 from vanilla_transformer.training.loop import train
 
 from . import training as training_benchmark

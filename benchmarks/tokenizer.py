@@ -21,7 +21,7 @@ import tokenizers
 import transformers
 
 from vanilla_transformer.corpora import EMBEDDED_CORPORA, iter_texts, load_translation_dataset, text_pairs
-from vanilla_transformer.tokenization_vanilla_transformer import DEFAULT_VOCAB_SIZE, train_tokenizer
+from vanilla_transformer.tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
 
 
 def _timed(fn, repeats: int) -> tuple[float, object]:

@@ -28,7 +28,7 @@ def _build(contender: str, config_dict: dict):
     from transformers import MarianMTModel
 
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-    from vanilla_transformer.convert_marian import marian_config
+    from vanilla_transformer.export.marian import marian_config
 
     config = VanillaTransformerConfig(**config_dict)
     torch.manual_seed(0)

@@ -55,7 +55,7 @@ def hub_example_fixture():
 def tiny_corpus():
     """A 600-token tokenizer learnt on 3,000 en-es training pairs, and those of the pairs under 80 characters."""
     from vanilla_transformer.corpora import load_translation_dataset, text_pairs
-    from vanilla_transformer.tokenization_vanilla_transformer import train_tokenizer
+    from vanilla_transformer.tokenizer import train_tokenizer
 
     train = load_translation_dataset("bible-en-es")["train"].select(range(3000))
     sources, targets = text_pairs(train, "en", "es")
@@ -122,7 +122,7 @@ def hub_tiny_folder(hub_tiny_model, tmp_path_factory):
 def synthetic_record():
     """Makes an AttentionRecord of random (softmax) weights over made-up tokens, as long as wanted, without
     translating: `synthetic_record(source_tokens, target_tokens, layers=3, heads=4)` (the small model's shape)."""
-    from vanilla_transformer.attention_maps import AttentionRecord
+    from vanilla_transformer.visualize.attention_maps import AttentionRecord
 
     def make(source: int, target: int, layers: int = 3, heads: int = 4) -> AttentionRecord:
         g = torch.Generator().manual_seed(0)

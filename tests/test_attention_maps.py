@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from vanilla_transformer.attention_maps import (
+from vanilla_transformer.visualize.attention_maps import (
     KINDS, bertviz_data, collect_attentions, decoding_settings, plot_layer, save_attention_maps,
 )
-from vanilla_transformer.generation_vanilla_transformer import paper_generation_config
+from vanilla_transformer.modeling.generation_vanilla_transformer import paper_generation_config
 from vanilla_transformer.inference import load_model
 
 
@@ -113,7 +113,7 @@ def test_decoding_settings_say_what_the_translation_was_decoded_with(hub_tiny_mo
 
 
 def test_plot_models_draws_one_panel_per_model_on_one_colour_scale(synthetic_record, tmp_path, monkeypatch):
-    from vanilla_transformer import attention_maps
+    from vanilla_transformer.visualize import attention_maps
 
     records = {"scaled_dot": synthetic_record(9, 7), "location": synthetic_record(9, 11), "dot": synthetic_record(9, 5)}
     for record in records.values():

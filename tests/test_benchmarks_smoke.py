@@ -91,7 +91,7 @@ def test_ctranslate2_decodes_in_a_process_of_its_own(tmp_path, hub_tiny_model):
     in a spawned process, which decodes what CTranslate2 decodes in ours, hands errors back, and ends."""
     pytest.importorskip("ctranslate2")
     from benchmarks.generation import _ctranslate2_runner
-    from vanilla_transformer.export_ctranslate2 import CTranslate2Translator, export_ctranslate2
+    from vanilla_transformer.export.ctranslate2 import CTranslate2Translator, export_ctranslate2
 
     model, tokenizer = hub_tiny_model
     folder = export_ctranslate2(model, tokenizer, tmp_path / "ct2")

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import vanilla_transformer
-from vanilla_transformer.attention_maps import collect_attentions
-from vanilla_transformer.explorer import explorer_data, save_explorer
+from vanilla_transformer.visualize.attention_maps import collect_attentions
+from vanilla_transformer.visualize.explorer import explorer_data, save_explorer
 from vanilla_transformer.inference import translate_texts
 
 SENTENCE = "Jesús wept; ¿why? In the beginning God created the heavens and the earth."

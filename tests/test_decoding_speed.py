@@ -10,9 +10,9 @@ import torch
 from torch._dynamo.utils import counters
 from transformers import CompileConfig, GenerationMixin
 
-from vanilla_transformer import generation_vanilla_transformer as generation
-from vanilla_transformer import modeling_vanilla_transformer as modeling
-from vanilla_transformer.generation_vanilla_transformer import (
+from vanilla_transformer.modeling import generation_vanilla_transformer as generation
+from vanilla_transformer.modeling import modeling_vanilla_transformer as modeling
+from vanilla_transformer.modeling.generation_vanilla_transformer import (
     CACHE_NAME,
     PreallocatedLayer,
     beam_search,

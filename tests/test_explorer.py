@@ -7,9 +7,9 @@ import re
 import pytest
 import torch
 
-from vanilla_transformer.attention_maps import collect_attentions
+from vanilla_transformer.visualize.attention_maps import collect_attentions
 from vanilla_transformer.cli import main
-from vanilla_transformer.explorer import MAX_BYTES, explorer_data, explorer_html, save_explorer
+from vanilla_transformer.visualize.explorer import MAX_BYTES, explorer_data, explorer_html, save_explorer
 
 SENTENCE = "Jesús wept; ¿why? In the beginning God created the heavens and the earth."
 

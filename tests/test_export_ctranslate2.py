@@ -1,5 +1,5 @@
 """Export to CTranslate2: the same numbers and the same translations as our model, from a folder that
-works on its own. (What CTranslate2 can and cannot express: vanilla_transformer/export_ctranslate2.py.)"""
+works on its own. (What CTranslate2 can and cannot express: vanilla_transformer/export/ctranslate2.py.)"""
 
 import json
 import re
@@ -11,7 +11,7 @@ import torch
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.cli import main
 from vanilla_transformer.corpora import load_translation_dataset, text_pairs
-from vanilla_transformer.export_ctranslate2 import CTranslate2Translator, export_ctranslate2
+from vanilla_transformer.export.ctranslate2 import CTranslate2Translator, export_ctranslate2
 from vanilla_transformer.inference import load_model, translate_texts
 
 MAX_NEW_TOKENS = 24
@@ -106,7 +106,7 @@ def test_bad_input_is_refused_and_a_failed_export_leaves_nothing(hub_tiny_model,
     small = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=500))
     with pytest.raises(ValueError, match="must number the model's 500 embedding rows"):
         export_ctranslate2(small, tokenizer, tmp_path / "b")
-    import vanilla_transformer.export_ctranslate2 as module
+    import vanilla_transformer.export.ctranslate2 as module
 
     monkeypatch.setattr(module, "_readme", lambda *args: 1 / 0)  # fails after model.bin was written
     with pytest.raises(ZeroDivisionError):

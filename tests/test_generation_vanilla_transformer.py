@@ -15,7 +15,7 @@ from transformers import GenerationConfig
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from vanilla_transformer.generation_vanilla_transformer import (
+from vanilla_transformer.modeling.generation_vanilla_transformer import (
     CACHE_NAME,
     gnmt_beam_search,
     one_cache,

@@ -2,7 +2,7 @@
 
 Marian, like the paper, is post-LN with sinusoidal positions and scaled, tied embeddings. We
 build one with a matching configuration, copy its weights into ours with
-`vanilla_transformer.convert_marian.from_marian` and require the same logits (1e-5, fp32) and the
+`vanilla_transformer.export.marian.from_marian` and require the same logits (1e-5, fp32) and the
 same beam-search output. The details that differ and how they are mapped (see convert_marian.py):
 
 - Positions: the paper interleaves sin and cos (dimension 2i is sin, 2i+1 is cos); Marian puts all
@@ -22,7 +22,7 @@ import torch
 from transformers import MarianConfig, MarianMTModel
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from vanilla_transformer.convert_marian import from_marian, parameter_map, to_marian
+from vanilla_transformer.export.marian import from_marian, parameter_map, to_marian
 
 D_MODEL, VOCAB = 32, 60
 

@@ -16,7 +16,7 @@ from transformers import EvalPrediction
 from vanilla_transformer import metrics
 from vanilla_transformer.corpora import load_translation_dataset, text_pairs
 from vanilla_transformer.inference import score_translations
-from vanilla_transformer.tokenization_vanilla_transformer import train_tokenizer
+from vanilla_transformer.tokenizer import train_tokenizer
 
 SACREBLEU = Path(sys.executable).parent / "sacrebleu"  # the command line of the sacrebleu we test against
 KEYS = {"bleu", "chrf", "bleu_signature", "chrf_signature", "bleu_text", "chrf_text"}

@@ -8,9 +8,9 @@ from vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
 )
-from vanilla_transformer.configuration_vanilla_transformer import ATTENTION_SCORES
-from vanilla_transformer.generation_vanilla_transformer import CACHE_NAME
-from vanilla_transformer.modeling_vanilla_transformer import (
+from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES
+from vanilla_transformer.modeling.generation_vanilla_transformer import CACHE_NAME
+from vanilla_transformer.modeling.modeling_vanilla_transformer import (
     Dropout,
     attend,
     shift_tokens_right,
@@ -264,7 +264,7 @@ def test_score_functions_match_their_formulas():
     model = make_model(attention_score="additive")
     module = model.model.encoder.layers[0].self_attn
     q, k = torch.randn(1, 4, 2, 16), torch.randn(1, 4, 3, 16)
-    from vanilla_transformer.modeling_vanilla_transformer import additive_score, cosine_score, scaled_dot_score
+    from vanilla_transformer.modeling.modeling_vanilla_transformer import additive_score, cosine_score, scaled_dot_score
 
     h, i, j = 2, 1, 2
     expected = module.score_vector[h] @ torch.tanh(
@@ -448,7 +448,7 @@ def test_saved_folder_loads_with_auto_classes_without_the_package(tmp_path, run_
 
 
 def test_location_score_is_the_query_through_w_a_and_has_no_key_projection():
-    from vanilla_transformer.modeling_vanilla_transformer import location_score
+    from vanilla_transformer.modeling.modeling_vanilla_transformer import location_score
 
     model = make_model(attention_score="location", location_max_length=12)
     module = model.model.decoder.layers[0].cross_attn
@@ -525,7 +525,7 @@ def test_location_refuses_inputs_longer_than_its_map_naming_the_option():
 def test_location_model_translates_sources_up_to_its_map_minus_the_decoding_cap():
     """Decoding stops a translation at the source length + 50 new tokens (§6.1): with `location_max_length`
     L, a source of L - 50 tokens translates even when every sentence runs to the cap (no </s> in reach)."""
-    from vanilla_transformer.generation_vanilla_transformer import paper_generation_config
+    from vanilla_transformer.modeling.generation_vanilla_transformer import paper_generation_config
 
     model = make_model(attention_score="location", location_max_length=60, eos_token_id=VOCAB - 1)
     model.generation_config = paper_generation_config(model.config)

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from vanilla_transformer.pipeline_vanilla_transformer import TranslationPipeline, readable_pieces
+from vanilla_transformer.modeling.pipeline_vanilla_transformer import TranslationPipeline, readable_pieces
 
 SENTENCES = ["In the beginning God created the heavens and the earth.", "Jesus wept.", "And God said, Let there be light."]
 ACCENTED = "Jesús wept; ¿why? In the beginning God created the heavens and the earth."

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from vanilla_transformer.cli import main
 from vanilla_transformer.corpora import iter_texts, load_translation_dataset
-from vanilla_transformer.tokenization_vanilla_transformer import (
+from vanilla_transformer.tokenizer import (
     read_text_files,
     save_tokenizer,
     train_tokenizer,

@@ -2,13 +2,13 @@
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
-from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .modeling_vanilla_transformer import (
+from .modeling.configuration_vanilla_transformer import VanillaTransformerConfig
+from .modeling.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
     VanillaTransformerPreTrainedModel,
 )
-from .pipeline_vanilla_transformer import TranslationPipeline
+from .modeling.pipeline_vanilla_transformer import TranslationPipeline
 
 __version__ = "0.1.0"
 

@@ -62,7 +62,7 @@ def _add_train_tokenizer(sub: argparse._SubParsersAction) -> None:
         import time
 
         from .corpora import iter_texts, language_keys, load_translation_dataset, resolve_languages
-        from .tokenization_vanilla_transformer import read_text_files, train_tokenizer
+        from .tokenizer import read_text_files, train_tokenizer
 
         try:  # bad input is a usage error: one clear line, exit status 2, nothing written
             if args.text_files:
@@ -292,7 +292,7 @@ def _translator(args: argparse.Namespace):
     decoding options the command line names."""
     options = _decoding_options(args)
     if args.engine == "ctranslate2":
-        from .export_ctranslate2 import CTranslate2Translator
+        from .export.ctranslate2 import CTranslate2Translator
 
         translator = CTranslate2Translator(args.model, args.device)
         return (lambda texts: translator.translate(texts, **options)), None
@@ -303,7 +303,7 @@ def _translator(args: argparse.Namespace):
 
 
 def _read_lines(path: str) -> list[str]:
-    from .files import utf8_lines
+    from .file_checks import utf8_lines
 
     if path == "-":
         return list(utf8_lines(sys.stdin.buffer, "standard input"))
@@ -353,7 +353,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 
         from .corpora import load_translation_dataset, resolve_languages, text_pairs
         from .inference import score_translations
-        from .pipeline_vanilla_transformer import language_pair_mismatch
+        from .modeling.pipeline_vanilla_transformer import language_pair_mismatch
 
         try:
             _decoding_options(args)  # bad options fail before the data set is read
@@ -427,7 +427,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     )
 
     def run(args: argparse.Namespace) -> int:
-        from .export_ctranslate2 import export_ctranslate2
+        from .export.ctranslate2 import export_ctranslate2
         from .inference import load_model
 
         try:
@@ -460,13 +460,13 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
     _add_decoding_options(p, batches=False)
 
     def run(args: argparse.Namespace) -> int:
-        from .attention_maps import collect_attentions, save_attention_maps
+        from .visualize.attention_maps import collect_attentions, save_attention_maps
         from .inference import load_model
 
         try:
             options = _decoding_options(args)
             if args.html:
-                from .explorer import html_path, save_explorer
+                from .visualize.explorer import html_path, save_explorer
 
                 html_path(args.html, "--html")  # before a translation that may take a while
             model, tokenizer = load_model(args.model, args.device)
@@ -491,7 +491,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="a local web app to try a model: translation, decoding options, attention explorer (Gradio)",
         description="Serve a Gradio app for one model: a text box, its translation, decoding options and the "
         "attention explorer of the sentence typed. It loads nothing from other hosts. Needs the serve extra: "
-        "pip install 'vanilla-transformer[serve]'. The same code runs as a Hub Space: see vanilla_transformer/app.py.",
+        "pip install 'vanilla-transformer[serve]'. The same code runs as a Hub Space: see vanilla_transformer/visualize/app.py.",
     )
     p.add_argument("--model", required=True, help="model folder or Hub id user/name")
     p.add_argument("--host", help="address to listen on (default: 127.0.0.1, this machine only)")
@@ -502,7 +502,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         try:
             if args.port is not None and not 0 < args.port < 65536:
                 raise ValueError(f"--port must be in 1..65535; got {args.port}")
-            from .app import serve
+            from .visualize.app import serve
 
             serve(args.model, args.host, args.port, args.device)
         except (OSError, ValueError, ImportError) as err:

@@ -27,8 +27,8 @@ import re
 import shutil
 from pathlib import Path
 
-from .files import check_model_files
-from .pipeline_vanilla_transformer import CUSTOM_PIPELINES, source_length_limit
+from .file_checks import check_model_files
+from .modeling.pipeline_vanilla_transformer import CUSTOM_PIPELINES, source_length_limit
 
 __all__ = [
     "PIPELINE_TASK",
@@ -167,7 +167,7 @@ def write_model_card(
 
 def _draw_attention(model, tokenizer, example: str, path: Path) -> bool:
     """The last decoder layer's attention over the source (the closest thing to a word alignment) as `path`."""
-    from .attention_maps import collect_attentions, plot_layer
+    from .visualize.attention_maps import collect_attentions, plot_layer
 
     try:
         record = collect_attentions(model, tokenizer, example)
@@ -192,7 +192,7 @@ def _languages(dataset, source_lang, target_lang) -> tuple[str | None, str | Non
 def _write_generation_defaults(model) -> None:
     """Give a model that was never told how to decode the paper's beam search (§6.1: beam 4, GNMT length
     penalty 0.6, at most source length + 50 tokens); keep the settings of one that was."""
-    from .generation_vanilla_transformer import paper_generation_config
+    from .modeling.generation_vanilla_transformer import paper_generation_config
 
     if model.generation_config.num_beams in (None, 1):
         model.generation_config = paper_generation_config(model.config)

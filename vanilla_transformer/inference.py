@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from .files import check_model_files
-from .pipeline_vanilla_transformer import TranslationPipeline
+from .file_checks import check_model_files
+from .modeling.pipeline_vanilla_transformer import TranslationPipeline
 
 __all__ = ["default_device", "load_model", "load_pretrained", "score_translations", "translate_texts"]
 

@@ -107,7 +107,7 @@ def _draw_attention(output_dir: Path) -> tuple[Path, int]:
     """Heat maps of one sentence, from the folder loaded as a user loads it; also counts parameters."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from .attention_maps import collect_attentions, save_attention_maps
+    from .visualize.attention_maps import collect_attentions, save_attention_maps
 
     model = AutoModelForSeq2SeqLM.from_pretrained(output_dir, trust_remote_code=True).eval()
     tokenizer = AutoTokenizer.from_pretrained(output_dir, trust_remote_code=True)

@@ -33,7 +33,7 @@ def test_config_parses_with_accelerates_loader(name):
 
 
 def test_fsdp_config_is_fsdp2_wrapping_the_models_layers():
-    from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerPreTrainedModel
+    from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerPreTrainedModel
 
     fsdp = load_config_from_file(str(CONFIGS / "fsdp_8gpu.yaml")).fsdp_config
     assert fsdp["fsdp_version"] == 2

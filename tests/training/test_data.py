@@ -4,7 +4,7 @@ import datasets
 import numpy as np
 import pytest
 
-from vanilla_transformer.tokenization_vanilla_transformer import train_tokenizer
+from vanilla_transformer.tokenizer import train_tokenizer
 from vanilla_transformer.training.data import PadCollator, TokenBatchSampler, encode_texts, tokenize_pairs
 from vanilla_transformer.training.loss import IGNORE_INDEX, label_smoothed_loss
 

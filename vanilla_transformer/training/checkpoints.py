@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from ..files import check_weights_file, read_json
+from ..file_checks import check_weights_file, read_json
 
 __all__ = [
     "STATE_FILE",

@@ -39,15 +39,15 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
-from ..configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
+from ..modeling.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from ..corpora import load_translation_dataset, resolve_languages
-from ..files import read_json
-from ..generation_vanilla_transformer import paper_generation_config
+from ..file_checks import read_json
+from ..modeling.generation_vanilla_transformer import paper_generation_config
 from ..hub import RESULTS_FILE, save_model_files, write_model_card, write_results
 from ..inference import load_pretrained
 from ..metrics import load as load_metric, repeated_phrase
-from ..modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
-from ..tokenization_vanilla_transformer import DEFAULT_VOCAB_SIZE, train_tokenizer
+from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
+from ..tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
 from .averaging import WeightAverage
 from .checkpoints import (
     average_checkpoints,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..modeling_vanilla_transformer import smoothed_cross_entropy
+from ..modeling.modeling_vanilla_transformer import smoothed_cross_entropy
 
 __all__ = ["IGNORE_INDEX", "label_smoothed_loss"]
 

@@ -35,7 +35,7 @@ import datasets
 import pyarrow
 import pyarrow.compute as pc
 
-from .files import utf8_lines
+from ..file_checks import utf8_lines
 
 __all__ = [
     "EMBEDDED_CORPORA",

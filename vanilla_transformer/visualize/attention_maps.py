@@ -36,8 +36,8 @@ from pathlib import Path
 
 import torch
 
-from .generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
-from .pipeline_vanilla_transformer import readable_pieces, source_length_limit, teacher_forced_attentions
+from ..modeling.generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
+from ..modeling.pipeline_vanilla_transformer import readable_pieces, source_length_limit, teacher_forced_attentions
 
 __all__ = [
     "AttentionRecord", "KINDS", "bertviz_data", "check_attention_support", "collect_attentions", "decoding_settings",

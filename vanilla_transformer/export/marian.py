@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from transformers import MarianConfig, MarianMTModel
 
-from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfig
+from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
 __all__ = ["from_marian", "marian_config", "to_marian"]
 

@@ -103,7 +103,7 @@ def teacher_forced_attentions(model, input_ids, output_ids) -> dict:
             f"the model ({type(model).__name__}, model_type {getattr(model.config, 'model_type', '?')!r}) returned no "
             f"attention weights with its {implementation!r} attention, so there is nothing to show. Models of "
             "vanilla-transformer always return them; load another transformers model with "
-            "attn_implementation='eager', or convert a Marian model with vanilla_transformer.convert_marian.from_marian."
+            "attn_implementation='eager', or convert a Marian model with vanilla_transformer.export.marian.from_marian."
         )
     return {
         "encoder_attention": torch.cat(outputs.encoder_attentions).float().cpu(),

@@ -46,9 +46,9 @@ from pathlib import Path
 
 import torch
 
-from .generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
-from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_encoding
-from .pipeline_vanilla_transformer import source_length_limit
+from ..modeling.generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
+from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_encoding
+from ..modeling.pipeline_vanilla_transformer import source_length_limit
 
 __all__ = ["CTranslate2Translator", "QUANTIZATIONS", "export_ctranslate2", "import_ctranslate2"]
 

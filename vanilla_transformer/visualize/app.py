@@ -8,7 +8,7 @@ Space variable MODEL_ID to the model's repository (user/name). Spaces run `pytho
 takes the address from GRADIO_SERVER_NAME and GRADIO_SERVER_PORT.
 
 The page loads nothing from other hosts: the theme uses the system's fonts, analytics are off, and
-the explorer is the self-contained page of `vanilla_transformer.explorer`, shown in a sandboxed frame
+the explorer is the self-contained page of `vanilla_transformer.visualize.explorer`, shown in a sandboxed frame
 (and offered as a file to keep). Gradio is an optional dependency: `pip install vanilla-transformer[serve]`.
 """
 
@@ -25,8 +25,8 @@ try:
 except ImportError as err:  # an optional dependency
     raise ImportError("the web app needs Gradio: pip install 'vanilla-transformer[serve]'") from err
 
-from vanilla_transformer.attention_maps import check_attention_support, collect_attentions
-from vanilla_transformer.explorer import explorer_html
+from vanilla_transformer.visualize.attention_maps import check_attention_support, collect_attentions
+from vanilla_transformer.visualize.explorer import explorer_html
 from vanilla_transformer.inference import load_model
 
 __all__ = ["build_app", "serve"]

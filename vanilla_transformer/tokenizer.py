@@ -76,7 +76,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from .corpora import iter_texts
-from .files import utf8_lines
+from .file_checks import utf8_lines
 
 __all__ = [
     "DEFAULT_MIN_FREQUENCY",
