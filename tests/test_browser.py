@@ -198,7 +198,7 @@ def test_the_web_app_translates_a_sentence_typed_in_a_browser(launch, chromium, 
     if launch == "cli":
         argv = [sys.executable, "-m", "vanilla_transformer.cli", "serve", "--model", str(hub_tiny_folder), "--port", str(port)]
     else:  # a Space: its app.py is this file, the package comes from requirements.txt
-        shutil.copy(Path(vanilla_transformer.__file__).with_name("app.py"), tmp_path / "app.py")
+        shutil.copy(Path(vanilla_transformer.__file__).parent / "visualize" / "app.py", tmp_path / "app.py")
         argv = [sys.executable, "app.py"]
         env.update(MODEL_ID=str(hub_tiny_folder), GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(vanilla_transformer.__file__).parents[1]), env.get("PYTHONPATH")]))
