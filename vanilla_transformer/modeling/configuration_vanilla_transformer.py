@@ -99,6 +99,11 @@ class VanillaTransformerConfig(PretrainedConfig):
         source_lang / target_lang / dataset_name: the language pair the model was trained to translate
             and the data set it was trained on (written by training; None when unknown), so that scoring
             or translating another pair can be warned about.
+        fast_paths: True (the default) lets the speed-ups run: drop-ins that give the plain path's numbers
+            with less work (fast_modeling_vanilla_transformer.py: CPU dropout, closed-form smoothed
+            cross-entropy, a table of sinusoids; fast_generation_vanilla_transformer.py for decoding).
+            False runs the plain paper path everywhere. Read at every call: `model.config.fast_paths =
+            False` takes effect at once.
     """
 
     model_type = "vanilla_transformer"
@@ -139,6 +144,7 @@ class VanillaTransformerConfig(PretrainedConfig):
         source_lang: str | None = None,
         target_lang: str | None = None,
         dataset_name: str | None = None,
+        fast_paths: bool = True,
         **kwargs,
     ):
         _check_choice("attention_score", attention_score, ATTENTION_SCORES)
@@ -153,7 +159,8 @@ class VanillaTransformerConfig(PretrainedConfig):
         _check_probabilities(dropout=dropout, attention_dropout=attention_dropout, label_smoothing=label_smoothing)
         if not _is_number(layer_norm_eps) or layer_norm_eps <= 0:
             raise ValueError(f"`layer_norm_eps` must be a positive number; got {layer_norm_eps!r}.")
-        _check_flags(scale_embedding=scale_embedding, tie_word_embeddings=tie_word_embeddings, use_cache=use_cache)
+        _check_flags(scale_embedding=scale_embedding, tie_word_embeddings=tie_word_embeddings, use_cache=use_cache,
+                     fast_paths=fast_paths)
         if pad_token_id is None:
             raise ValueError("`pad_token_id` must be a token id; got None (padding and the decoder start need one).")
         _check_token_ids(vocab_size, pad_token_id=pad_token_id, bos_token_id=bos_token_id,
@@ -189,6 +196,7 @@ class VanillaTransformerConfig(PretrainedConfig):
         self.source_lang = source_lang
         self.target_lang = target_lang
         self.dataset_name = dataset_name
+        self.fast_paths = fast_paths
         super().__init__(is_encoder_decoder=is_encoder_decoder, **kwargs)
 
     @property

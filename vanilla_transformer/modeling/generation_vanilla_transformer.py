@@ -78,9 +78,8 @@ from transformers.generation import (
 from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
-# transformers 5.24 renamed the cache `past_key_values` to `cache` in generate's model arguments and in
-# the model outputs. CACHE_NAME is the installed version's name; our models and `generate` accept both.
-CACHE_NAME = "cache" if "cache" in {field.name for field in dataclasses.fields(Seq2SeqLMOutput)} else "past_key_values"
+from .modeling_vanilla_transformer import CACHE_NAME, one_cache
+
 
 LENGTH_PENALTY_STYLES = ("gnmt", "transformers")
 DEFAULT_MAX_LENGTH_OFFSET = 50  # §6.1: "maximum output length to input length + 50"
@@ -223,13 +222,6 @@ def preallocated_cache(num_layers: int, max_length: int) -> EncoderDecoderCache:
     values (computed once from the encoder output, never grown)."""
     self_attention = Cache(layers=[PreallocatedLayer(max_length) for _ in range(num_layers)])
     return EncoderDecoderCache(self_attention, DynamicCache())
-
-
-def one_cache(cache=None, past_key_values=None):
-    """The cache passed under either name (`cache` since transformers 5.24, `past_key_values` before)."""
-    if cache is not None and past_key_values is not None:
-        raise ValueError("Pass the cache as `cache` or as `past_key_values` (its name before transformers 5.24), not both.")
-    return past_key_values if cache is None else cache
 
 
 # The output projection (§3.4's pre-softmax linear transformation, d_model x vocabulary) is the largest
