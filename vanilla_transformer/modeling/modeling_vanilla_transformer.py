@@ -153,6 +153,11 @@ def attend(module, q, k, v, mask, dropout, need_weights, causal=False):
     return out, weights
 
 
+# --------------------------------------------------------------------------------------
+# §3.2.2 and §3.3: multi-head attention and the position-wise feed-forward network
+# --------------------------------------------------------------------------------------
+
+
 class MultiHeadAttention(nn.Module):
     """§3.2.2: MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -478,6 +483,11 @@ class VanillaTransformerDecoder(nn.Module):
         self, input_ids, encoder_hidden_states, encoder_attention_mask=None, attention_mask=None,
         cache: EncoderDecoderCache | None = None, output_attentions=False, output_hidden_states=False, inputs_embeds=None,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
+        if cache is not None and self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            raise ValueError(
+                "Gradient checkpointing replays each layer in the backward pass, which would extend `cache` a second "
+                "time: train with a cache (PEFT's prefix tuning) without gradient checkpointing."
+            )
         past_length = cache.get_seq_length() if cache is not None else 0
         x = self.embeddings(input_ids, inputs_embeds, past_length)  # (B, T, d_model)
         self_mask, causal = self._self_attention_mask(x.size(1), past_length, cache, attention_mask, x.device)
