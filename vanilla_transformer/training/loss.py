@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..modeling.fast_modeling_vanilla_transformer import smoothed_cross_entropy
+from ..modeling import fast_modeling_vanilla_transformer as fast_modeling
 
 __all__ = ["IGNORE_INDEX", "label_smoothed_loss"]
 
@@ -33,7 +33,7 @@ def label_smoothed_loss(
     False computes them with torch's cross-entropy, the same numbers.
     """
     if fast:
-        return smoothed_cross_entropy(logits, labels, epsilon)
+        return fast_modeling.smoothed_cross_entropy(logits, labels, epsilon)
     flat_logits, flat_labels = logits.reshape(-1, logits.size(-1)), labels.reshape(-1)
     loss = F.cross_entropy(flat_logits, flat_labels, label_smoothing=epsilon, reduction="sum")
     nll = F.cross_entropy(flat_logits.detach(), flat_labels, reduction="sum")
