@@ -122,16 +122,60 @@ ATTENTION_SCORES = {
 SDPA_SCALES = {"scaled_dot": None, "dot": 1.0}
 
 
-def attend(module, q, k, v, mask, dropout, need_weights, causal=False):
-    """Softmax(score(q, k)) · v. Returns the output (B, H, T, Dh) and the weights (B, H, T, S) or None.
+# How scores (B, H, T, S) become weights (B, H, T, S): `config.attention_normalization`.
+def softmax_normalization(scores):
+    """§3.2.1: exp(s_j) / sum_i exp(s_i). Computed in fp32, as fp16 exp overflows."""
+    return scores.softmax(dim=-1, dtype=torch.float32)
 
-    Dot-product scores run on torch's fused kernel unless the weights are asked for or the model was
-    loaded with `attn_implementation="eager"`; the explicit path computes the same numbers (tested to
-    1e-5 in fp32). `causal` (with no `mask`, T == S) is the look-ahead mask of §3.2.3 without building
-    it: the fused kernel then skips the masked half and, on a GPU, can run flash attention, which
-    takes no explicit mask.
+
+def relu_normalization(scores):
+    """The lecture's alternative to softmax: ReLU(s_j) / sum_i ReLU(s_i).
+
+    A row with no positive score (or every key masked) has nothing to share out: its weights are all 0.
     """
-    fused = module.score_name in SDPA_SCALES and module.config._attn_implementation != "eager"
+    positive = scores.float().relu()
+    return positive / positive.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+
+
+ATTENTION_NORMALIZATIONS = {"softmax": softmax_normalization, "relu": relu_normalization}
+
+
+def hard_attention(module, scores):
+    """Hard attention (Xu et al. 2015): each query takes exactly one key, its weights one-hot (B, H, T, S).
+
+    Inference takes the best-scoring key. Training samples with the straight-through Gumbel-softmax
+    (Jang et al. 2017): the forward pass is one-hot, the gradient is the softmax's.
+    """
+    if module.training:
+        return F.gumbel_softmax(scores.float(), hard=True)
+    return F.one_hot(scores.argmax(dim=-1), scores.size(-1)).float()
+
+
+def local_window(positions, keys: int, window: int):
+    """Luong et al. 2015, §3.2 (local attention): True for keys within ±D of each query's aligned
+    position. positions (..., T) -> (..., T, keys)."""
+    return (torch.arange(keys, device=positions.device) - positions[..., None]).abs() <= window
+
+
+def predicted_position(module, q, keys: int, mask):
+    """Luong et al. 2015, eq. 9 (local-p): p_t = S · sigmoid(v_p^T tanh(W_p h_t)), from each head's query,
+    S each source's length (from the padding mask (B, 1, 1, S)). Returns (B, H, T, 1), in [0, S]."""
+    length = keys if mask is None else mask.sum(dim=-1, keepdim=True)  # (B, 1, 1, 1): padding is not source
+    hidden = torch.tanh(q @ module.position_weight)  # (B, H, T, Dh)
+    return length * torch.sigmoid(torch.einsum("bhtd,hd->bht", hidden, module.position_vector)).unsqueeze(-1)
+
+
+def attend(module, q, k, v, mask, dropout, need_weights, causal=False):
+    """Normalise(score(q, k)) · v. Returns the output (B, H, T, Dh) and the weights (B, H, T, S) or None.
+
+    Dot-product scores with softmax run on torch's fused kernel unless the weights are asked for or the
+    model was loaded with `attn_implementation="eager"`; the explicit path computes the same numbers
+    (tested to 1e-5 in fp32). A local window (Luong's local-m) is part of `mask`, which the fused kernel
+    takes too. `causal` (with no `mask`, T == S) is the look-ahead mask of §3.2.3 without building it:
+    the fused kernel then skips the masked half and, on a GPU, can run flash attention, which takes no
+    explicit mask. ReLU, hard attention and local-p take the explicit path.
+    """
+    fused = module.fusable and module.score_name in SDPA_SCALES and module.config._attn_implementation != "eager"
     if fused and not need_weights:
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=SDPA_SCALES[module.score_name]
@@ -139,12 +183,23 @@ def attend(module, q, k, v, mask, dropout, need_weights, causal=False):
         return out, None
     if causal:
         mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+    if module.predicts_position:  # local-p: the window moves to the predicted position p_t (Luong §3.2)
+        centre = predicted_position(module, q, k.size(-2), mask)  # (B, H, T, 1)
+        distance = torch.arange(k.size(-2), device=q.device) - centre  # (B, H, T, S)
+        window = distance.abs() <= module.config.attention_window
+        mask = window if mask is None else mask & window
     scores = ATTENTION_SCORES[module.score_name](module, q, k)
     if mask is not None:
         # The dtype's own minimum, not -inf: exp() of it is exactly 0 in fp32, fp16 and bf16, and
         # a row with every key masked stays finite instead of becoming NaN.
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    weights = scores.softmax(dim=-1, dtype=torch.float32).to(v.dtype)
+    if module.hard:
+        weights = hard_attention(module, scores)
+    else:
+        weights = ATTENTION_NORMALIZATIONS[module.config.attention_normalization](scores)
+    if module.predicts_position:  # Luong eq. 10: favour keys near p_t, sigma = D / 2
+        weights = weights * torch.exp(-(distance**2) / (2 * (module.config.attention_window / 2) ** 2))
+    weights = weights.to(v.dtype)
     if mask is not None:
         # A fully masked row (a sequence that is all padding) would otherwise spread its weight
         # evenly over padding; it gets zeros, and every masked position gets exactly 0.
@@ -176,6 +231,10 @@ class MultiHeadAttention(nn.Module):
         self.layer_idx = layer_idx
         self.attention_dropout = config.attention_dropout
         self.score_name = config.attention_score
+        self.hard = config.attention_hardness == "hard"
+        # local-p predicts where to look in the source; in self-attention the aligned position is the query's own.
+        self.predicts_position = is_cross_attention and config.local_attention == "local-p"
+        self.fusable = config.attention_normalization == "softmax" and not self.hard and not self.predicts_position
         d_model = config.d_model
         self.q_proj = nn.Linear(d_model, d_model)  # W^Q of all heads
         # W^K; location-based scores compare no keys, so that model has no key projection.
@@ -195,6 +254,9 @@ class MultiHeadAttention(nn.Module):
             self.score_strength = nn.Parameter(torch.empty(heads))
         elif self.score_name == "location":
             self.score_location_weight = nn.Parameter(torch.empty(heads, dh, config.location_max_length))
+        if self.predicts_position:  # W_p and v_p of Luong's eq. 9, per head
+            self.position_weight = nn.Parameter(torch.empty(heads, dh, dh))
+            self.position_vector = nn.Parameter(torch.empty(heads, dh))
 
     def reset_score_parameters(self) -> None:
         # N(0, 1/Dh) keeps x @ W at the scale of x. (torch.nn.init, not in-place tensor ops: when a
@@ -209,6 +271,9 @@ class MultiHeadAttention(nn.Module):
         elif self.score_name == "cosine":
             # sqrt(Dh): the scale a scaled dot product of unit-variance vectors would have.
             nn.init.constant_(self.score_strength, math.sqrt(self.head_dim))
+        if self.predicts_position:
+            for weight in (self.position_weight, self.position_vector):
+                nn.init.normal_(weight, std=self.head_dim**-0.5)
 
     def _heads(self, projection: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         batch, length, _ = x.shape
@@ -407,6 +472,7 @@ class VanillaTransformerEncoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.encoder_layers))
         # Pre-norm leaves the residual stream unnormalised; the stack's output needs one more LayerNorm.
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
+        self.window = None if config.local_attention == "none" else config.attention_window
         self.gradient_checkpointing = False
 
     def get_input_embeddings(self):
@@ -419,6 +485,10 @@ class VanillaTransformerEncoder(nn.Module):
         """`return_dict=False` returns the output's `to_tuple()`, as transformers' encoders do."""
         x = self.embeddings(input_ids, inputs_embeds)  # (B, S, d_model)
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+        if self.window is not None:  # local attention: each position sees ±D around itself
+            length = x.size(1)
+            window = local_window(torch.arange(length, device=x.device), length, self.window)  # (S, S)
+            mask = window if mask is None else mask & window  # (B, 1, S, S)
         hidden_states, attentions = [], []
         for layer in self.layers:
             if output_hidden_states:
@@ -445,13 +515,15 @@ class VanillaTransformerDecoder(nn.Module):
         self.embeddings = Embeddings(config, embed_tokens)
         self.layers = nn.ModuleList(DecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers))
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
+        self.window = None if config.local_attention == "none" else config.attention_window
+        self.local_m = config.local_attention == "local-m"  # local-p places its cross-attention window itself
         self.gradient_checkpointing = False
 
     def get_input_embeddings(self):
         return self.embeddings.embed_tokens
 
     @staticmethod
-    def _self_attention_mask(length, past_length, cache, attention_mask, device):
+    def _self_attention_mask(length, past_length, cache, attention_mask, device, window=None):
         """§3.2.3 look-ahead mask: query t, at position past_length + t, sees keys 0..past_length + t.
 
         Returns (mask, causal). Without decoder padding, that is plain causality, which the attention
@@ -459,10 +531,10 @@ class VanillaTransformerDecoder(nn.Module):
         (one new token sees every cached one): no mask is built, per step or per batch. A static cache
         returns all its slots, written or not: the mask then also hides those past the current position.
         `attention_mask` is (B, past_length + T) with 0 at padding, or a 4-D boolean (B, 1, T, keys) as
-        `generate` builds for a static cache.
+        `generate` builds for a static cache. `window` (local attention) also hides keys more than D back.
         """
         static = cache is not None and cache.is_compileable  # a static cache: fixed slots, written or not
-        if attention_mask is None and not static:
+        if attention_mask is None and not static and window is None:
             if past_length == 0:
                 return None, True
             if length == 1:
@@ -472,12 +544,22 @@ class VanillaTransformerDecoder(nn.Module):
         keys = cache.get_mask_sizes(length, 0)[0] if static else past_length + length
         positions = torch.arange(length, device=device) + past_length  # (T,)
         mask = torch.arange(keys, device=device) <= positions[:, None]  # (T, keys)
+        if window is not None:
+            mask = mask & local_window(positions, keys, window)
         if attention_mask is not None and attention_mask.dim() == 4:
             mask = mask & attention_mask.bool()
         elif attention_mask is not None:  # -> (B, 1, T, keys); only needed for left-padded decoder inputs
             padding = F.pad(attention_mask.bool(), (0, keys - attention_mask.size(1)))[:, -keys:]
             mask = mask & padding[:, None, None, :]
         return mask, False
+
+    def _local_m_mask(self, length, past_length, source_length, memory_mask, device):
+        """(B, 1, T, S): the source positions within ±D of each target position, clipped to each source's length."""
+        positions = torch.arange(length, device=device) + past_length  # (T,)
+        last = source_length - 1 if memory_mask is None else memory_mask.sum(dim=-1) - 1  # (B, 1, 1) or a number
+        aligned = torch.minimum(positions, torch.as_tensor(last, device=positions.device).clamp_min(0))  # (B|1, 1, T)
+        window = local_window(aligned, source_length, self.window)  # (B|1, 1, T, S)
+        return window if memory_mask is None else memory_mask & window
 
     def forward(
         self, input_ids, encoder_hidden_states, encoder_attention_mask=None, attention_mask=None,
@@ -490,8 +572,10 @@ class VanillaTransformerDecoder(nn.Module):
             )
         past_length = cache.get_seq_length() if cache is not None else 0
         x = self.embeddings(input_ids, inputs_embeds, past_length)  # (B, T, d_model)
-        self_mask, causal = self._self_attention_mask(x.size(1), past_length, cache, attention_mask, x.device)
+        self_mask, causal = self._self_attention_mask(x.size(1), past_length, cache, attention_mask, x.device, self.window)
         memory_mask = None if encoder_attention_mask is None else encoder_attention_mask.bool()[:, None, None, :]
+        if self.local_m:  # Luong's local-m: target position t looks at source t ± D (t clipped to the last token)
+            memory_mask = self._local_m_mask(x.size(1), past_length, encoder_hidden_states.size(1), memory_mask, x.device)
         hidden_states, self_attentions, cross_attentions = [], [], []
         for layer in self.layers:
             if output_hidden_states:
