@@ -9,6 +9,7 @@ from vanilla_transformer.modeling.configuration_vanilla_transformer import Vanil
 from vanilla_transformer.modeling.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     relu_normalization,
+    sparsemax_normalization,
 )
 
 VOCAB = 40
@@ -48,12 +49,20 @@ def test_relu_normalization_rows_sum_to_one_and_a_row_without_positive_scores_is
     assert torch.equal(weights[1:], torch.zeros(2, 3))
 
 
-def test_relu_normalized_model_rows_sum_to_one_or_zero_and_padding_gets_nothing():
-    maps = attentions(make_model(attention_normalization="relu"))
+def test_sparsemax_is_the_projection_onto_the_simplex_and_ignores_masked_keys():
+    scores = torch.tensor([[1.0, 0.5, -1.0], [2.0, 2.0, torch.finfo(torch.float32).min]])
+    torch.testing.assert_close(sparsemax_normalization(scores), torch.tensor([[0.75, 0.25, 0.0], [0.5, 0.5, 0.0]]))
+    masked = torch.full((1, 3), torch.finfo(torch.float32).min)
+    assert torch.isfinite(sparsemax_normalization(masked)).all()
+
+
+@pytest.mark.parametrize("normalization", ["relu", "sparsemax"])
+def test_normalized_model_rows_sum_to_one_or_zero_and_padding_gets_nothing(normalization):
+    maps = attentions(make_model(attention_normalization=normalization))
     for kind, layers in maps.items():
         for weights in layers:
             sums = weights.sum(-1)
-            assert torch.all(((sums - 1).abs() < 1e-5) | (sums == 0)), kind
+            assert torch.all(((sums - 1).abs() < 1e-5) | ((sums == 0) & (normalization == "relu"))), kind
             assert (weights >= 0).all()
     for weights in maps["encoder"] + maps["cross"]:
         assert torch.equal(weights[1, ..., 6:], torch.zeros_like(weights[1, ..., 6:]))
@@ -133,6 +142,7 @@ def test_hard_attention_is_one_hot_at_inference():
 
 
 @pytest.mark.parametrize("overrides", [{"attention_hardness": "hard"}, {"attention_normalization": "relu"},
+                                       {"attention_normalization": "sparsemax", **LOCAL[0]},
                                        {"attention_hardness": "hard", "attention_score": "additive", **LOCAL[1]}])
 def test_every_option_trains_a_few_steps_without_nan(overrides):
     model = make_model(**overrides).train()
@@ -161,7 +171,7 @@ def test_hard_attention_training_samples_one_hot_weights_with_gradients():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"attention_normalization": "sparsemax"}, "`attention_normalization` must be one of"),
+    ({"attention_normalization": "entmax"}, "`attention_normalization` must be one of"),
     ({"local_attention": "local"}, "`local_attention` must be one of"),
     ({"attention_window": 0}, "`attention_window` must be a positive integer"),
     ({"attention_hardness": "hard", "attention_normalization": "relu"}, "cannot be combined with"),

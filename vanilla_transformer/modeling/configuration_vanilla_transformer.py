@@ -15,7 +15,7 @@ import math
 from transformers import PretrainedConfig
 
 ATTENTION_SCORES = ("scaled_dot", "dot", "general", "additive", "cosine", "location")
-ATTENTION_NORMALIZATIONS = ("softmax", "relu")
+ATTENTION_NORMALIZATIONS = ("softmax", "relu", "sparsemax")
 LOCAL_ATTENTIONS = ("none", "local-m", "local-p")
 ATTENTION_HARDNESSES = ("soft", "hard")
 POSITION_ENCODINGS = ("sinusoidal", "learned")
@@ -95,8 +95,9 @@ class VanillaTransformerConfig(PretrainedConfig):
             the longest source (encoder self- and cross-attention) and the longest target so far
             (decoder self-attention) the model reads. Longer inputs are refused, naming this field.
             Default 256, the training script's default `max_length`.
-        attention_normalization: how scores become weights: "softmax" (the paper, §3.2.1) or "relu"
-            (ReLU(scores) divided by their sum; a row with no positive score gets all-zero weights).
+        attention_normalization: how scores become weights: "softmax" (the paper, §3.2.1), "relu"
+            (ReLU(scores) divided by their sum; a row with no positive score gets all-zero weights) or
+            "sparsemax" (Martins & Astudillo 2016: a projection onto the simplex, exact zeros for low scores).
         local_attention: "none" (every query sees every key) or Luong et al. 2015's local attention, each
             query seeing only keys within ±`attention_window` of an aligned position (§3.2 there). In self-
             attention that position is the query's own; in cross-attention "local-m" aligns target position

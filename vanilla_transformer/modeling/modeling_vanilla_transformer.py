@@ -137,7 +137,20 @@ def relu_normalization(scores):
     return positive / positive.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
 
 
-ATTENTION_NORMALIZATIONS = {"softmax": softmax_normalization, "relu": relu_normalization}
+def sparsemax_normalization(scores):
+    """Sparsemax (Martins & Astudillo 2016): the closest point of the probability simplex to the scores,
+    max(s_j - tau, 0) with tau chosen so that the row sums to 1; low scores get exactly 0."""
+    scores = scores.float()
+    ranked = scores.sort(dim=-1, descending=True).values
+    cumulative = ranked.cumsum(dim=-1)
+    k = torch.arange(1, scores.size(-1) + 1, device=scores.device, dtype=scores.dtype)
+    support = (1 + k * ranked > cumulative).sum(dim=-1, keepdim=True).clamp_min(1)  # (B, H, T, 1): keys kept
+    tau = (cumulative.gather(-1, support - 1) - 1) / support
+    return (scores - tau).clamp_min(0)
+
+
+ATTENTION_NORMALIZATIONS = {"softmax": softmax_normalization, "relu": relu_normalization,
+                            "sparsemax": sparsemax_normalization}
 
 
 def hard_attention(module, scores):
