@@ -663,6 +663,7 @@ CODE_FILES = (
     "modeling_vanilla_transformer.py",
     "fast_modeling_vanilla_transformer.py",
     "generation_vanilla_transformer.py",
+    "fast_generation_vanilla_transformer.py",
     "pipeline_vanilla_transformer.py",
 )
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
