@@ -5,9 +5,7 @@ import copy
 
 import pytest
 import torch
-
-peft = pytest.importorskip("peft", reason="the PEFT tests need peft: pip install peft")
-from peft import IA3Config, LoraConfig, PeftModel, PrefixTuningConfig, PromptTuningConfig, TaskType, get_peft_model  # noqa: E402
+from peft import IA3Config, LoraConfig, PeftModel, PrefixTuningConfig, PromptTuningConfig, TaskType, get_peft_model
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "out_proj"]
 METHODS = {
@@ -39,7 +37,6 @@ def eval_logits(model, batch):
         return model(**batch).logits
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("method", list(METHODS))
 def test_peft_method_trains_saves_reloads_and_merges(method, hub_tiny_model, batch, tmp_path):
     base, _ = hub_tiny_model
