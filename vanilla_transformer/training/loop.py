@@ -61,6 +61,7 @@ from .checkpoints import (
 from .data import PadCollator, TokenBatchSampler, TokenizedSplit, tokenize_pairs
 from .distributed import configure_deepspeed, end_training, start_accelerator
 from .lock import RunLock
+from ..modeling.fast_modeling_vanilla_transformer import enabled as fast_paths
 from .loss import IGNORE_INDEX, label_smoothed_loss
 from .schedule import PAPER_WARMUP_STEPS, SCHEDULES, make_optimizer, make_scheduler
 
@@ -307,7 +308,7 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
     sampler = TokenBatchSampler(split.lengths, args.max_tokens, **shard)
     for batch in _batches(split, sampler, collate, accelerator.device):
         logits = _forward(model, batch)
-        loss, nll = label_smoothed_loss(logits, batch["labels"], args.label_smoothing)
+        loss, nll = label_smoothed_loss(logits, batch["labels"], args.label_smoothing, fast_paths(model.config))
         sums += torch.stack([loss.double(), nll.double(), (batch["labels"] != IGNORE_INDEX).sum().double()])
     loss, nll, tokens = accelerator.gather_for_metrics(sums.unsqueeze(0)).sum(0).tolist()
     metrics = {"loss": loss / tokens, "nll": nll / tokens, "perplexity": math.exp(min(nll / tokens, 100.0))}
@@ -668,11 +669,12 @@ def _optimizer_step(run: _Run, micro_batches: list[dict], total_tokens: int) -> 
     label-smoothed loss and NLL per target token, and the learning rate it used."""
     accelerator, model, world = run.accelerator, run.model, run.accelerator.num_processes
     model.train()
+    fast = fast_paths(accelerator.unwrap_model(model).config)  # the closed-form loss, or F.cross_entropy
     sums = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     for i, batch in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
         with nullcontext() if last else accelerator.no_sync(model):  # all-reduce gradients once per step
-            loss, nll = label_smoothed_loss(_forward(model, batch), batch["labels"], run.args.label_smoothing)
+            loss, nll = label_smoothed_loss(_forward(model, batch), batch["labels"], run.args.label_smoothing, fast)
             # DDP averages gradients over processes; * world turns that average into a sum.
             accelerator.backward(loss * world / total_tokens)
         sums += torch.stack([loss.detach().double(), nll.double()])
