@@ -353,6 +353,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 
         from .corpora import load_translation_dataset, resolve_languages, text_pairs
         from .inference import score_translations
+        from .file_checks import check_outputs_apart, write_text_file
         from .modeling.pipeline_vanilla_transformer import language_pair_mismatch
 
         try:
@@ -368,6 +369,8 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
                 raise ValueError(f"--max-samples must be at least 1; got {args.max_samples}")
             _check_output_file("--hypotheses-out", args.hypotheses_out)
             _check_output_file("--references-out", args.references_out)
+            check_outputs_apart({"--hypotheses-out": args.hypotheses_out, "--references-out": args.references_out},
+                                inputs=[args.dataset, args.model])
             # As training scores a split: pairs with a missing or blank side are left out, and counted.
             pairs = list(zip(*text_pairs(split, source_lang, target_lang)))
             incomplete = [row for row, pair in enumerate(pairs, 1) if not all(text and text.strip() for text in pair)]
@@ -391,9 +394,8 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
             seconds = time.perf_counter() - start
             scores = score_translations(hypotheses, references)
             for path, lines in ((args.hypotheses_out, hypotheses), (args.references_out, references)):
-                if path:
-                    with open(path, "w", encoding="utf-8") as f:
-                        f.writelines(line + "\n" for line in lines)
+                if path:  # a temporary file renamed into place: a full disk leaves no partial file
+                    write_text_file(path, "".join(line + "\n" for line in lines))
         except (OSError, ValueError, TypeError, ImportError) as err:
             _refuse(p, err)
         print(f"{args.dataset} {args.split} {source_lang}->{target_lang}: {len(sources)} segments translated in "

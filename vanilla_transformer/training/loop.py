@@ -69,6 +69,7 @@ __all__ = ["TrainingArguments", "evaluate", "train"]
 logger = get_logger(__name__)  # logs on the main process only
 
 CHECKPOINTS = "checkpoints"  # sub-folder of output_dir; the rest of output_dir is the Hub folder (hub.py)
+MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")  # a saved model
 TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")  # the config takes them from the tokenizer
 DATA_FIELDS = ("source_lang", "target_lang", "dataset_name")  # ... and these from the data
 # What a resumed run must share with the run it continues (its data, tokenizer, model and batches);
@@ -532,6 +533,13 @@ def _resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
     if list_checkpoints(checkpoint_root):
         raise ValueError(
             f"{args.output_dir} holds checkpoints of an earlier run; pass `resume` to continue it, or pick a new `output_dir`"
+        )
+    model_files = [name for name in MODEL_FILES if (Path(args.output_dir) / name).exists()]
+    if model_files:  # a finished model (from the Hub, or a run whose checkpoints were removed): never replaced
+        raise ValueError(
+            f"{args.output_dir} holds a model ({', '.join(model_files)}) that a new run would replace; pass `resume` "
+            f"to continue its run (it needs its {CHECKPOINTS}/ folder), `model_name_or_path {args.output_dir}` "
+            "to fine-tune it into another `output_dir`, or pick another `output_dir`"
         )
     return None
 
