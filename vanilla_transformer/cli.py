@@ -201,7 +201,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     def run(args: argparse.Namespace) -> int:
         import json
 
-        from .training.loop import TrainingArguments, train
+        from .training.loop import TrainingArguments, TrainingInterrupted, train
 
         def parse_overrides(text: str) -> dict:
             overrides = {}
@@ -224,6 +224,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         except FloatingPointError as err:
             print(f"vanilla-transformer train: error: {err}", file=sys.stderr)
             return 1
+        except TrainingInterrupted as err:  # SIGINT/SIGTERM: the last step is saved; one line, 128 + signal
+            print(f"vanilla-transformer train: {err}", file=sys.stderr)
+            return err.exit_code
         return 0
 
     p.set_defaults(func=run)
@@ -579,7 +582,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args) or 0
+    try:
+        return args.func(args) or 0
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop: nothing to save, one line instead of a traceback
+        print(f"vanilla-transformer {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

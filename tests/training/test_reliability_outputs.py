@@ -79,3 +79,53 @@ def test_an_output_file_is_replaced_whole_or_left_as_it_was(tmp_path, monkeypatc
     with pytest.raises(OSError, match=rf"could not write {target}: No space left on device"):
         write_text_file(target, "new and longer\n")
     assert target.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["hyp.txt"]
+
+
+def _train_then_signal(tmp_path, data, small_run, signum):
+    """A real `vanilla-transformer train` process, sent `signum` once it has finished a step."""
+    import re
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    log = tmp_path / "stderr.txt"
+    command = [sys.executable, "-m", "vanilla_transformer.cli", "train", "--dataset", str(data),
+               "--output-dir", str(out), *small_run, "--max-steps", "100000", "--save-steps", "100000"]
+    with open(log, "wb") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
+                                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        try:
+            deadline = time.monotonic() + 240
+            while not re.search(r"\| *[1-9]\d*/100000", log.read_text(errors="replace")):
+                assert process.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
+                time.sleep(0.2)
+            process.send_signal(signum)
+            code = process.wait(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    return out, code, log.read_text(errors="replace")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_training_saves_a_checkpoint_and_exits_with_one_line(tmp_path, small_task, small_run, name):
+    import re
+    import signal
+
+    from vanilla_transformer.training.checkpoints import latest_checkpoint, read_state, verify_checkpoint
+    from vanilla_transformer.training.lock import LOCK_FILE
+
+    signum = getattr(signal, name)
+    out, code, stderr = _train_then_signal(tmp_path, small_task, small_run, signum)
+    assert code == 128 + signum  # 130 for SIGINT, 143 for SIGTERM
+    last = stderr.strip().splitlines()[-1]
+    match = re.fullmatch(rf"vanilla-transformer train: stopped by {name} after step (\d+), saved in "
+                         rf"{re.escape(str(out / 'checkpoints'))}; run the same command with --resume to continue", last)
+    assert match, stderr[-2000:]
+    assert "Traceback" not in stderr
+    checkpoint = latest_checkpoint(out / "checkpoints")
+    verify_checkpoint(checkpoint)
+    assert read_state(checkpoint)["step"] == int(match.group(1)) >= 1
+    assert not (out / LOCK_FILE).exists() and not list((out / "checkpoints").glob(".tmp-*"))
