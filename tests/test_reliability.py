@@ -55,3 +55,30 @@ def test_resume_falls_back_past_a_crafted_checkpoint(tmp_path, checkpointed):
     chosen, problems = newest_sound_checkpoint(root)
     assert chosen == older and len(problems) == 1 and "custom_checkpoint_0.pkl holds more" in problems[0]
     assert not marker.exists() and (root / "damaged-checkpoint-00000004").is_dir()
+
+
+@pytest.mark.slow
+def test_a_model_folder_with_another_tokenizer_is_refused_in_one_line(hub_tiny_folder, tiny_corpus, tmp_path, capsys):
+    import shutil
+
+    from vanilla_transformer.cli import main
+    from vanilla_transformer.inference import load_model
+    from vanilla_transformer.tokenizer import train_tokenizer
+
+    load_model(hub_tiny_folder, "cpu")  # its own tokenizer fits
+    folder = tmp_path / "mixed"
+    shutil.copytree(hub_tiny_folder, folder)
+    _, pairs = tiny_corpus
+    other = train_tokenizer([text for pair in pairs[:500] for text in pair], vocab_size=300)
+    other.save_pretrained(tmp_path / "other")
+    shutil.copy(tmp_path / "other" / "tokenizer.json", folder / "tokenizer.json")
+    rows = load_model(hub_tiny_folder, "cpu")[0].config.vocab_size
+    with pytest.raises(ValueError, match=rf"the tokenizer in {folder} is not the model's: its tokenizer has "
+                                         rf"{len(other)} tokens and the model {rows} embedding rows"):
+        load_model(folder, "cpu")
+    with pytest.raises(SystemExit) as stop:
+        main(["translate", "--model", str(folder), "--device", "cpu", "In the beginning."])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err
+    assert "Traceback" not in error
+    assert error.strip().splitlines()[-1].startswith(f"vanilla-transformer translate: error: the tokenizer in {folder} is not")
