@@ -82,3 +82,62 @@ def test_a_model_folder_with_another_tokenizer_is_refused_in_one_line(hub_tiny_f
     error = capsys.readouterr().err
     assert "Traceback" not in error
     assert error.strip().splitlines()[-1].startswith(f"vanilla-transformer translate: error: the tokenizer in {folder} is not")
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--device", "banana"], "--device 'banana' is not a device; expected cpu, cuda, cuda:N or mps"),
+    (["--max-new-tokens", "1000000000"], "--max-new-tokens must be at most 4096"),
+    (["--length-penalty", "1e308"], "--length-penalty must be between -10.0 and 10.0"),
+])
+def test_decoding_options_beyond_what_can_run_are_refused_in_one_line(tmp_path, options, message, capsys):
+    from vanilla_transformer.cli import main
+
+    with pytest.raises(SystemExit) as stop:  # refused before any model is read
+        main(["translate", "--model", str(tmp_path), *options, "In the beginning."])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.startswith(f"vanilla-transformer translate: error: {message}")
+
+
+def test_cuda_without_cuda_is_refused(monkeypatch):
+    from vanilla_transformer.cli import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="--device cuda:1: this machine has no CUDA device; use --device cpu"):
+        check_device("cuda:1")
+    check_device("cpu")
+
+
+def _translate_process(folder, stdin, stdout, *extra):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", "translate", "--model", str(folder),
+                           "--device", "cpu", "--num-beams", "1", "--max-new-tokens", "8", *extra],
+                          stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+@pytest.mark.slow
+def test_closed_stdin_full_disk_and_broken_pipe_end_in_one_line(hub_tiny_folder, tmp_path):
+    import subprocess
+    import sys
+
+    closed = subprocess.run(  # standard input closed by the shell
+        ["bash", "-c", f"{sys.executable} -m vanilla_transformer.cli translate --model {hub_tiny_folder} --device cpu <&-"],
+        capture_output=True, text=True, timeout=300)
+    assert closed.returncode == 2 and "Traceback" not in closed.stderr
+    assert closed.stderr.strip().splitlines()[-1] == ("vanilla-transformer translate: error: standard input is closed; "
+                                                      "give the texts as arguments or with --input-file")
+    with open("/dev/full", "w") as full:
+        result = _translate_process(hub_tiny_folder, subprocess.DEVNULL, full, "In the beginning.")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == ("vanilla-transformer translate: error: cannot write the output: "
+                                                      "No space left on device")
+    lines = tmp_path / "many.txt"
+    lines.write_text("In the beginning.\n" * 1000)
+    reader = subprocess.Popen(["head", "-n", "1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    result = _translate_process(hub_tiny_folder, subprocess.DEVNULL, reader.stdin, "--input-file", str(lines))
+    reader.stdin.close()
+    reader.wait()
+    assert result.returncode == 141 and "Traceback" not in result.stderr and "Exception ignored" not in result.stderr

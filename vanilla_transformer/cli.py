@@ -8,7 +8,9 @@ runners so that `vanilla-transformer --help` stays instant.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
+import os
 import sys
 from typing import NoReturn
 
@@ -287,7 +289,32 @@ def _decoding_options(args: argparse.Namespace) -> dict:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1; got {value}")
     if args.length_penalty is not None and not math.isfinite(args.length_penalty):
         raise ValueError(f"--length-penalty must be a finite number (the paper's: 0.6); got {args.length_penalty}")
+    if args.length_penalty is not None and abs(args.length_penalty) > MAX_LENGTH_PENALTY:
+        raise ValueError(f"--length-penalty must be between -{MAX_LENGTH_PENALTY} and {MAX_LENGTH_PENALTY} (the paper's: "
+                         f"0.6; larger ones overflow the beam scores); got {args.length_penalty}")
+    if getattr(args, "max_new_tokens", None) is not None and args.max_new_tokens > MAX_NEW_TOKENS:
+        raise ValueError(f"--max-new-tokens must be at most {MAX_NEW_TOKENS} (its cache is allocated up front); "
+                         f"got {args.max_new_tokens}")
+    if getattr(args, "device", None) is not None:
+        check_device(args.device)
     return {name: getattr(args, name) for name in names}
+
+
+MAX_NEW_TOKENS = 4096  # far beyond any sentence; a larger bound only sizes buffers that memory cannot hold
+MAX_LENGTH_PENALTY = 10.0  # GNMT's ((5 + length) / 6) ** alpha stays finite in float32 below this
+
+
+def check_device(device: str) -> None:
+    """--device names a device this machine has, or a ValueError says which it has."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device {device!r} is not a device; expected cpu, cuda, cuda:N or mps") from None
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if not available.get(kind, True):
+        raise ValueError(f"--device {device}: this machine has no {kind.upper()} device; use --device cpu")
 
 
 def _translator(args: argparse.Namespace):
@@ -309,7 +336,15 @@ def _read_lines(path: str) -> list[str]:
     from .file_checks import utf8_lines
 
     if path == "-":
-        return list(utf8_lines(sys.stdin.buffer, "standard input"))
+        closed = ValueError("standard input is closed; give the texts as arguments or with --input-file")
+        if sys.stdin is None or sys.stdin.closed:  # started with it closed (`<&-`)
+            raise closed
+        try:
+            return list(utf8_lines(sys.stdin.buffer, "standard input"))
+        except OSError as err:
+            if err.errno == errno.EBADF:
+                raise closed from None
+            raise
     with open(path, "rb") as f:
         return list(utf8_lines(f, path))
 
@@ -583,10 +618,21 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args) or 0
+        code = args.func(args) or 0
+        sys.stdout.flush()  # here, so that a failing write is reported below, not as a traceback at exit
+        return code
     except KeyboardInterrupt:  # Ctrl-C outside a training loop: nothing to save, one line instead of a traceback
         print(f"vanilla-transformer {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as other command-line tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail again
+        return 141
+    except OSError as err:
+        if sys.stdout is None or err.errno not in (errno.ENOSPC, errno.EBADF, errno.EIO):
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"vanilla-transformer {args.command}: error: cannot write the output: {err.strerror}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
