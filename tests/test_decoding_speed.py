@@ -1,4 +1,4 @@
-"""Decoding's fast paths (issue #14): the preallocated cache, finished sentences leaving the batch and
+"""Decoding's fast paths: the preallocated cache, finished sentences leaving the batch and
 the self-attention-only beam reordering change no output, in every mode, against transformers' own
 dynamic cache and loops."""
 
@@ -10,8 +10,7 @@ import torch
 from torch._dynamo.utils import counters
 from transformers import CompileConfig, GenerationMixin
 
-from vanilla_transformer.modeling import generation_vanilla_transformer as generation
-from vanilla_transformer.modeling import modeling_vanilla_transformer as modeling
+from vanilla_transformer.modeling import fast_generation_vanilla_transformer as fast
 from vanilla_transformer.modeling.generation_vanilla_transformer import (
     CACHE_NAME,
     PreallocatedLayer,
@@ -127,8 +126,8 @@ def test_the_pruning_searches_are_what_generate_runs(model_and_batch, monkeypatc
     """Plain greedy and beam calls (either ranking) go through the pruning searches, and rows do leave."""
     model, batch = model_and_batch
     batch_sizes = []
-    forward = model.forward
-    monkeypatch.setattr(model, "forward", lambda *a, **k: batch_sizes.append(k["decoder_input_ids"].size(0)) or forward(*a, **k))
+    forward = model.model.forward  # our loops run the base model and project the last position themselves
+    monkeypatch.setattr(model.model, "forward", lambda *a, **k: batch_sizes.append(k["decoder_input_ids"].size(0)) or forward(*a, **k))
     model.generate(**batch, num_beams=1)
     assert batch_sizes[0] == len(SENTENCES) and batch_sizes[-1] < len(SENTENCES)
     for style in ("gnmt", "transformers"):
@@ -142,8 +141,8 @@ def test_finished_greedy_rows_leave_once_they_are_an_eighth_of_the_batch(hub_tin
     sentences = [f"{sentence} {tail}" for sentence in SENTENCES for tail in ("", "Amen.", "And it was so.")]
     batch = tokenizer(sentences, return_tensors="pt", padding=True)
     batch_sizes = []
-    forward = model.forward
-    monkeypatch.setattr(model, "forward", lambda *a, **k: batch_sizes.append(k["decoder_input_ids"].size(0)) or forward(*a, **k))
+    forward = model.model.forward  # our loops run the base model and project the last position themselves
+    monkeypatch.setattr(model.model, "forward", lambda *a, **k: batch_sizes.append(k["decoder_input_ids"].size(0)) or forward(*a, **k))
     pruned = model.generate(**batch, num_beams=1)
     drops = [(before, before - after) for before, after in zip(batch_sizes, batch_sizes[1:]) if after < before]
     assert drops and all(8 * left >= before for before, left in drops), drops
@@ -237,52 +236,55 @@ def test_greedy_search_with_a_static_cache_compiles_the_decoder_step_into_one_gr
 
 @pytest.fixture
 def packed_steps(monkeypatch):
-    """For each call of the model's output projection: was a packed weight in place?"""
+    """For each projection our search loops made: was it the packed one?"""
     seen = []
+    output_projection = fast.output_projection
 
-    def spy(lm_head, hidden_states):
-        seen.append(generation._PACKED_PROJECTION.get() is not None)
-        return generation.project_to_vocabulary(lm_head, hidden_states)
+    def spy(model, rows):
+        project = output_projection(model, rows)
+        seen.append(getattr(project, "packed", False))
+        return project
 
-    monkeypatch.setattr(modeling, "project_to_vocabulary", spy)
+    monkeypatch.setattr(fast, "output_projection", spy)
     return seen
 
 
-def test_inside_generate_the_output_projection_runs_on_the_packed_weight_with_the_same_numbers(model_and_batch, monkeypatch):
-    """§3.4's projection on oneDNN with its weight packed for one `generate` call (where torch has the kernels):
-    the numbers of `lm_head(x)`, each row independent of the others (rows leave the batch), nothing kept after."""
-    if not generation._ONEDNN_LINEAR:
+def test_the_packed_output_projection_gives_the_numbers_of_lm_head(model_and_batch, monkeypatch):
+    """§3.4's projection on oneDNN with its weight packed (where torch has the kernels): the numbers of
+    `lm_head(x)`, each row independent of the others (rows leave the batch); the module itself elsewhere."""
+    if not fast.ONEDNN_LINEAR:
         pytest.skip("this torch build has no oneDNN linear kernels: the projection is always `lm_head(x)`")
     model, _ = model_and_batch
     lm_head = model.get_output_embeddings()
-    x = torch.randn(40, 1, lm_head.in_features)
-    with torch.no_grad(), generation.packed_output_projection(model):
-        assert generation._PACKED_PROJECTION.get()[0] is lm_head.weight
+    x = torch.randn(40, lm_head.in_features)
+    project = fast.output_projection(model, rows=40)
+    assert project.packed
+    with torch.no_grad():
         with torch.profiler.profile() as profile:
-            packed = generation.project_to_vocabulary(lm_head, x)
+            packed = project(x)
         assert "mkldnn::_linear_pointwise" in {event.key for event in profile.key_averages()}
         torch.testing.assert_close(packed, lm_head(x), rtol=1e-5, atol=1e-5)
         for rows in (1, 3, 17):
-            assert torch.equal(generation.project_to_vocabulary(lm_head, x[:rows]), packed[:rows])
-        other = torch.nn.Linear(lm_head.in_features, 7, bias=False)  # not the packed weight: itself
-        assert torch.equal(generation.project_to_vocabulary(other, x), other(x))
-    assert generation._PACKED_PROJECTION.get() is None  # packed for the call only: weights may change after
+            assert torch.equal(project(x[:rows]), packed[:rows])
+    assert project(x).grad_fn is not None  # with gradients: the module itself
+    assert fast.output_projection(model, rows=1) is lm_head  # one sentence: not worth packing
     with monkeypatch.context() as patch:
-        patch.setattr(torch.backends.mkldnn, "enabled", False)  # the user's switch
-        with generation.packed_output_projection(model):
-            assert generation._PACKED_PROJECTION.get() is None
-    with torch.enable_grad(), generation.packed_output_projection(model):  # training: the module itself
-        assert generation.project_to_vocabulary(lm_head, x).grad_fn is not None
+        patch.setattr(torch.backends.mkldnn, "enabled", False)  # torch's own switch
+        assert fast.output_projection(model, rows=40) is lm_head
+    with monkeypatch.context() as patch:
+        patch.setattr(model.config, "fast_paths", False, raising=False)  # ours
+        assert fast.output_projection(model, rows=40) is lm_head
 
 
 @pytest.mark.parametrize("mode", ["greedy", "beam, GNMT"])
 def test_generate_packs_the_output_projection_and_decodes_what_the_plain_one_decodes(
     model_and_batch, mode, monkeypatch, packed_steps
 ):
-    if not generation._ONEDNN_LINEAR:
+    if not fast.ONEDNN_LINEAR:
         pytest.skip("this torch build has no oneDNN linear kernels")
     model, batch = model_and_batch
-    options = dict(MODES[mode], return_dict_in_generate=True, output_scores=True)
+    # Greedy search asked for per-step scores runs in transformers' loop, which projects with lm_head itself.
+    options = dict(MODES[mode], **({} if mode == "greedy" else dict(return_dict_in_generate=True, output_scores=True)))
     with monkeypatch.context() as patch:
         patch.setattr(torch.backends.mkldnn, "enabled", False)
         plain = _generate(model, batch, **options)
@@ -290,6 +292,9 @@ def test_generate_packs_the_output_projection_and_decodes_what_the_plain_one_dec
     packed_steps.clear()
     packed = _generate(model, batch, **options)
     assert packed_steps and all(packed_steps)
+    if mode == "greedy":
+        assert torch.equal(packed, plain)
+        return
     assert torch.equal(packed.sequences, plain.sequences)
     for a, b in zip(packed.scores, plain.scores):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -300,7 +305,7 @@ def test_one_greedy_sentence_is_not_worth_packing(model_and_batch, packed_steps)
     one = {name: value[:1] for name, value in batch.items()}
     model.generate(**one, num_beams=1)
     assert packed_steps and not any(packed_steps)
-    if generation._ONEDNN_LINEAR:
+    if fast.ONEDNN_LINEAR:
         packed_steps.clear()
         model.generate(**one, num_beams=2, length_penalty_style="transformers")  # two rows: packed
         assert packed_steps and all(packed_steps)

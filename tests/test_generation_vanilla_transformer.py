@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 from transformers import GenerationConfig
-from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling.generation_vanilla_transformer import (
@@ -62,18 +62,15 @@ class SourceIds(nn.Module):
         return BaseModelOutput(last_hidden_state=input_ids.float().unsqueeze(-1))
 
 
-class ScriptedModel(VanillaTransformerForConditionalGeneration):
-    """Our model with its network replaced by TABLE. The generated prefix is read back from the
-    self-attention cache (the ids are stored there as keys), so beam reordering of the cache is
-    exercised as with the real network."""
+class ScriptedBase(nn.Module):
+    """The scripted network: its "hidden states" are TABLE's log-probabilities, which the model's output
+    projection (the identity here) turns into logits. The generated prefix is read back from the
+    self-attention cache (the ids are stored there as keys), so beam reordering of the cache is exercised
+    as with the real network."""
 
     def __init__(self):
-        super().__init__(VanillaTransformerConfig(vocab_size=VOCAB, d_model=8, encoder_layers=1, decoder_layers=1,
-                                                  num_heads=2, d_ff=8))
-        self.source_ids = SourceIds()
-
-    def get_encoder(self, modality=None):
-        return self.source_ids
+        super().__init__()
+        self.anchor = nn.Parameter(torch.zeros(1))  # transformers reads the model's device from a parameter
 
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, encoder_outputs=None,
                 cache=None, use_cache=None, past_key_values=None, **kwargs):
@@ -84,8 +81,27 @@ class ScriptedModel(VanillaTransformerForConditionalGeneration):
             ids = decoder_input_ids.float()[:, None, :, None]
             prefixes = cache.self_attention_cache.update(ids, ids, 0)[0][:, 0, :, 0].long()
         rows = [row(s, tuple(p[1:].tolist())) for s, p in zip(sentences, prefixes)]
-        logits = torch.stack(rows).log().float()[:, None, :]  # log-probabilities; softmax leaves them as they are
-        return Seq2SeqLMOutput(logits=logits, **{CACHE_NAME: cache})
+        log_probs = torch.stack(rows).log().float()[:, None, :]  # softmax leaves log-probabilities as they are
+        return Seq2SeqModelOutput(last_hidden_state=log_probs, **{CACHE_NAME: cache})
+
+
+class ScriptedModel(VanillaTransformerForConditionalGeneration):
+    """Our model with its network replaced by TABLE (`ScriptedBase`) and an identity output projection."""
+
+    def __init__(self):
+        super().__init__(VanillaTransformerConfig(vocab_size=VOCAB, d_model=8, encoder_layers=1, decoder_layers=1,
+                                                  num_heads=2, d_ff=8))
+        self.source_ids = SourceIds()
+        self.model = ScriptedBase()
+        self.lm_head = nn.Identity()
+
+    def get_encoder(self, modality=None):
+        return self.source_ids
+
+    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, encoder_outputs=None, **kwargs):
+        """transformers' loops call the whole model: the scripted network, then the identity projection."""
+        outputs = self.model(input_ids, attention_mask, decoder_input_ids, encoder_outputs, **kwargs)
+        return Seq2SeqLMOutput(logits=outputs.last_hidden_state, **{CACHE_NAME: outputs[CACHE_NAME]})
 
 
 def gnmt(length, alpha):

@@ -9,13 +9,12 @@ from vanilla_transformer import (
     VanillaTransformerModel,
 )
 from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES
-from vanilla_transformer.modeling.generation_vanilla_transformer import CACHE_NAME
 from vanilla_transformer.modeling.modeling_vanilla_transformer import (
-    Dropout,
+    CACHE_NAME,
+    CODE_FILES,
     attend,
     shift_tokens_right,
     sinusoidal_encoding,
-    smoothed_cross_entropy,
 )
 
 VOCAB = 40
@@ -204,43 +203,6 @@ def test_labels_give_loss_and_shifted_decoder_inputs():
     torch.testing.assert_close(smoothed, 0.9 * expected + 0.1 * uniform_term)
 
 
-@pytest.mark.parametrize("epsilon", [0.0, 0.1])
-def test_smoothed_cross_entropy_and_its_gradient_are_torchs(epsilon):
-    torch.manual_seed(0)
-    logits = (torch.randn(3, 5, VOCAB) * 4).requires_grad_()
-    labels = torch.randint(0, VOCAB, (3, 5))
-    labels[0, 3:] = labels[2, 1:] = -100
-    expected = torch.nn.functional.cross_entropy(
-        logits.view(-1, VOCAB), labels.view(-1), label_smoothing=epsilon, reduction="sum"
-    )
-    (expected_grad,) = torch.autograd.grad(expected * 0.5, logits)
-    loss, nll = smoothed_cross_entropy(logits, labels, epsilon)
-    (grad,) = torch.autograd.grad(loss * 0.5, logits)
-    torch.testing.assert_close(loss, expected)
-    torch.testing.assert_close(grad, expected_grad)
-    assert grad[0, 3:].abs().max() == 0 and grad[2, 1:].abs().max() == 0  # ignored tokens get none
-    torch.testing.assert_close(nll, torch.nn.functional.cross_entropy(logits.view(-1, VOCAB), labels.view(-1), reduction="sum"))
-    assert not nll.requires_grad
-    with torch.no_grad():
-        torch.testing.assert_close(smoothed_cross_entropy(logits, labels, epsilon)[0], expected)
-    # Half-precision logits: computed in fp32, the gradient comes back in the logits' dtype.
-    (half_grad,) = torch.autograd.grad(smoothed_cross_entropy(logits.bfloat16(), labels, epsilon)[0] * 0.5, logits)
-    torch.testing.assert_close(half_grad, expected_grad, atol=2e-2, rtol=2e-2)
-
-
-def test_dropout_zeroes_p_of_the_elements_and_scales_the_rest():
-    dropout = Dropout(0.25).train()
-    x = torch.randn(400, 500, requires_grad=True)
-    y = dropout(x)
-    kept = y != 0
-    assert abs(kept.float().mean().item() - 0.75) < 0.005
-    torch.testing.assert_close(y[kept], x[kept] / 0.75)
-    (grad,) = torch.autograd.grad(y.sum(), x)
-    torch.testing.assert_close(grad, kept.float() / 0.75)  # the same mask in backward
-    assert torch.equal(dropout.eval()(x), x) and torch.equal(Dropout(0.0).train()(x), x)
-    assert not torch.equal(Dropout(0.25).train()(x), y)  # a new mask every call
-
-
 @pytest.mark.parametrize("score", ATTENTION_SCORES)
 def test_each_score_function_trains_without_nan(score):
     model = make_model(attention_score=score).train()
@@ -285,19 +247,6 @@ def test_sinusoidal_encoding_is_the_papers_formula():
             angle = pos / 10000 ** (2 * i / 16)
             assert pe[row, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-4)
             assert pe[row, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-4)
-
-
-def test_sinusoids_read_from_the_table_are_the_formula_s_and_the_table_grows_and_is_not_saved():
-    # Proves: the embeddings' table of sinusoids (made on first use, for decoding's one position per step)
-    # gives the formula's numbers at every offset, past its first size too, and stays out of the weights.
-    embeddings = make_model(max_position_embeddings=8).model.decoder.embeddings
-    assert embeddings.sinusoid_table is None
-    for past_length, length in [(0, 5), (3, 1), (7, 1), (6, 9), (40, 2)]:
-        positions = torch.arange(length) + past_length
-        read = embeddings.sinusoids(past_length, length, positions.device)
-        assert torch.equal(read, sinusoidal_encoding(positions, embeddings.d_model)), (past_length, length)
-    assert embeddings.sinusoid_table.size(0) == 42  # 8 at first, then twice that, then the 42 asked for
-    assert not any("sinusoid" in name for name in make_model().state_dict())
 
 
 def test_sinusoidal_works_past_max_positions_and_learned_fails_clearly():
@@ -387,7 +336,7 @@ def test_bad_config_names_field_and_choices(field, value, allowed):
      ({"pad_token_id": None}, "`pad_token_id` must be a token id; got None")],
 )
 def test_bad_config_values_name_the_field_and_what_it_takes(overrides, message):
-    # Before: a TypeError from %-formatting, a ZeroDivisionError, or the bad value stored as is.
+    # A ValueError naming the field, not an error from deep inside or a bad value stored as is.
     with pytest.raises(ValueError, match=message):
         VanillaTransformerConfig.tiny(vocab_size=VOCAB, **overrides)
 
@@ -444,7 +393,7 @@ def test_saved_folder_loads_with_auto_classes_without_the_package(tmp_path, run_
                            model.config.attention_score]
 
 
-# --- issue 19: location-based scores (Luong et al. 2015), from the query alone ---
+# --- location-based scores (Luong et al. 2015), from the query alone ---
 
 
 def test_location_score_is_the_query_through_w_a_and_has_no_key_projection():
@@ -548,3 +497,83 @@ def test_attention_input_projections_get_fairseqs_xavier_gain(score):
         assert projection.weight.abs().max() <= bound / 2**0.5 + 1e-6
         assert projection.weight.std().item() == pytest.approx(bound / 2**0.5 / 3**0.5, rel=0.05)
     assert attention.out_proj.weight.std().item() == pytest.approx(bound / 3**0.5, rel=0.05)
+
+
+# --- transformers' model contract: tuples, a cache passed in training, the shipped files ---
+
+
+def _same_items(got, expected):
+    assert type(got) is tuple and len(got) == len(expected)
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b) if torch.is_tensor(b) else type(a) is type(b)
+
+
+def test_return_dict_false_returns_to_tuple_as_marian_does():
+    from transformers import MarianConfig, MarianMTModel
+
+    model = make_model()
+    input_ids, attention_mask, decoder_input_ids = batch()
+    labels = decoder_input_ids.roll(-1, dims=1)
+    args = dict(attention_mask=attention_mask, labels=labels)
+    expected = model(input_ids, **args).to_tuple()  # loss, logits, encoder output: labels make no cache
+    _same_items(model(input_ids, return_dict=False, **args), expected)
+    model.config.return_dict = False  # transformers' other way to ask for tuples
+    _same_items(model(input_ids, **args), expected)
+    assert model(input_ids, return_dict=True, **args).loss is not None
+    # MarianMTModel, the same architecture in transformers, returns the same fields in the same order.
+    marian = MarianMTModel(MarianConfig(vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1,
+                                        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16,
+                                        decoder_ffn_dim=16, pad_token_id=PAD, decoder_start_token_id=PAD)).eval()
+    theirs = marian(input_ids, return_dict=False, **args)
+    assert [type(item) for item in theirs] == [type(item) for item in expected]
+    assert [item.shape[:2] for item in theirs if torch.is_tensor(item) and item.dim()] == [(2, 7), (2, 9)]
+
+    base = VanillaTransformerModel(make_model().config).eval()
+    inputs = dict(attention_mask=attention_mask, decoder_input_ids=decoder_input_ids)
+    _same_items(base(input_ids, return_dict=False, **inputs), base(input_ids, **inputs).to_tuple())
+    encoder = base.get_encoder()
+    _same_items(encoder(input_ids, attention_mask, return_dict=False), encoder(input_ids, attention_mask).to_tuple())
+
+
+def _prefix_cache(prefix):
+    """A cache holding a prefix of keys and values for each decoder layer, as PEFT's prefix tuning passes it."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    for layer, (keys, values) in enumerate(prefix):
+        cache.self_attention_cache.update(keys, values, layer)
+    return cache
+
+
+def test_a_cache_passed_in_training_is_read_like_peft_s_prefix():
+    model = make_model(dropout=0.0).train()
+    config = model.config
+    input_ids, attention_mask, decoder_input_ids = batch()
+    labels = decoder_input_ids.roll(-1, dims=1)
+    # (layers, keys/values, B, H, prefix length, Dh)
+    prefix = torch.randn(config.decoder_layers, 2, 2, config.num_heads, 3, config.head_dim, requires_grad=True)
+    args = dict(attention_mask=attention_mask, labels=labels)
+    loss = model(input_ids, past_key_values=_prefix_cache(prefix), **args).loss
+    (grad,) = torch.autograd.grad(loss, prefix)
+    assert grad[:, 0].abs().sum() > 0 and grad[:, 1].abs().sum() > 0  # keys and values of the prefix both count
+    with torch.no_grad():
+        other = model(input_ids, cache=_prefix_cache(prefix * 2), **args).loss
+        without = model(input_ids, **args).loss
+    assert not torch.allclose(loss, other) and not torch.allclose(loss, without)
+    model.gradient_checkpointing_enable()  # its replay in backward would extend the cache twice: refused
+    with pytest.raises(ValueError, match="without gradient checkpointing"):
+        model(input_ids, cache=_prefix_cache(prefix), **args)
+
+
+def test_the_modeling_file_imports_no_generation_code_and_ships_every_code_file():
+    import ast
+    from pathlib import Path
+
+    import vanilla_transformer.modeling.modeling_vanilla_transformer as modeling
+
+    source = Path(modeling.__file__).read_text()
+    top_level = [node for node in ast.parse(source).body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert not [node.module for node in top_level if "generation" in (getattr(node, "module", "") or "")]
+    assert "torch.ops" not in source and "torch._" not in source  # no private torch ops
+    shipped = {path.name for path in Path(modeling.__file__).parent.glob("*.py")} - {"__init__.py"}
+    assert set(CODE_FILES) == shipped

@@ -11,6 +11,7 @@ SENTENCES = ["In the beginning God created the heavens and the earth.", "Jesus w
 ACCENTED = "Jesús wept; ¿why? In the beginning God created the heavens and the earth."
 
 
+@pytest.mark.slow
 def test_pipeline_loads_from_the_folder_without_the_package(hub_tiny_folder, run_without_package):
     """`pipeline("translation", model=folder, trust_remote_code=True)` in a process that cannot import
     vanilla_transformer: strings and lists, batching, generation options, attention weights."""
@@ -25,6 +26,7 @@ def test_pipeline_loads_from_the_folder_without_the_package(hub_tiny_folder, run
         batched = translate(sentences, batch_size=2, num_beams=1, max_new_tokens=12)
         one_by_one = [translate(s, num_beams=1, max_new_tokens=12)[0] for s in sentences]
         short = translate(sentences[0], num_beams=1, max_new_tokens=3)
+        with_blank = translate([sentences[1], " "], batch_size=2, num_beams=1, max_new_tokens=12, return_tensors=True, return_text=True)
         # the same as generate() by hand, beam search and length penalty passed through
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
         model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True)
@@ -46,6 +48,8 @@ def test_pipeline_loads_from_the_folder_without_the_package(hub_tiny_folder, run
         pair_warnings = [str(w.message) for w in caught if "translates" in str(w.message)]
         print(json.dumps(dict(refused=refused, pair_warnings=pair_warnings,
             type=type(translate).__name__, single=single, batched=batched, one_by_one=one_by_one,
+            with_blank=[r["translation_text"] for r in with_blank],
+            blank_ids_decode=[tokenizer.decode(r["translation_token_ids"], skip_special_tokens=True) for r in with_blank],
             short_tokens=len(tokenizer(short[0]["translation_text"], add_special_tokens=False)["input_ids"]),
             by_hand=by_hand, piped=piped, keys=sorted(with_weights[1]),
             shapes={{k: list(v.shape) for k, v in weights.items() if torch.is_tensor(v)}},
@@ -64,6 +68,7 @@ def test_pipeline_loads_from_the_folder_without_the_package(hub_tiny_folder, run
     assert result["single"][0]["translation_text"].strip()
     assert [r["translation_text"] for r in result["batched"]] == [r["translation_text"] for r in result["one_by_one"]]
     assert result["short_tokens"] <= 3
+    assert result["with_blank"] == result["blank_ids_decode"] == [result["one_by_one"][1]["translation_text"], ""]
     assert result["piped"] == result["by_hand"]
     assert result["keys"] == ["attentions", "translation_text"]
     # The second text of the batch was padded; its weights are trimmed to its own tokens.
@@ -107,8 +112,6 @@ def test_attention_weights_equal_those_of_step_by_step_decoding(translate, hub_t
 @pytest.mark.parametrize(
     "bad, error, message",
     [
-        ("", ValueError, "empty"),
-        ("   ", ValueError, "empty"),
         ([], ValueError, "empty"),
         (42, TypeError, "must be a string"),
         (["fine", None], TypeError, r"inputs\[1\]"),
@@ -129,8 +132,14 @@ def test_too_long_text_is_truncated_with_a_warning_or_refused(translate):
         with pytest.warns(UserWarning, match="truncated to the model's limit of 16 tokens"):
             result = translate(long_text, num_beams=1, max_new_tokens=4)
         assert result[0]["translation_text"] is not None
-        with pytest.raises(ValueError, match="at most 16"):
-            translate(long_text, truncation=False)
+        # transformers 4's spellings: a TruncationStrategy's name truncates as True does
+        with pytest.warns(UserWarning, match="truncated"):
+            assert translate(long_text, num_beams=1, max_new_tokens=4, truncation="longest_first") == result
+        for refuse in (False, "do_not_truncate"):
+            with pytest.raises(ValueError, match="at most 16"):
+                translate(long_text, truncation=refuse)
+        with pytest.raises(ValueError, match="`truncation` must be True, False"):
+            translate(long_text, truncation="only_second")
     finally:
         tokenizer.model_max_length = old_limit
 
@@ -151,9 +160,83 @@ def test_bad_generation_options_are_refused_before_translating(translate, monkey
         translate(SENTENCES[:2], **options)
 
 
-def test_more_than_one_return_sequence_is_refused(translate):
-    with pytest.raises(ValueError, match="num_return_sequences"):
-        translate("Jesus wept.", num_return_sequences=2)
+def test_blank_lines_translate_to_empty_strings_and_leave_their_batch_alone(translate):
+    """A blank line costs nothing but itself: the other lines of its batch are translated as alone."""
+    lines = [SENTENCES[0], "", SENTENCES[1], "  \t ", SENTENCES[2]]
+    alone = [translate(line)[0] for line in SENTENCES]
+    with pytest.warns(UserWarning, match="empty or blank text translates to the empty string"):
+        batched = translate(lines, batch_size=3)
+    assert batched == [alone[0], {"translation_text": ""}, alone[1], {"translation_text": ""}, alone[2]]
+    with pytest.warns(UserWarning, match="empty or blank"):
+        assert translate("   ") == [{"translation_text": ""}]
+    with pytest.warns(UserWarning, match="empty or blank"):  # a batch with nothing to translate runs no model
+        assert translate(["", " "], batch_size=2) == [{"translation_text": ""}] * 2
+    model = translate.model
+    with pytest.warns(UserWarning, match="empty or blank"):
+        ids = translate(["", SENTENCES[1]], batch_size=2, return_tensors=True, num_beams=2, num_return_sequences=2)[0]
+    start, eos = model.generation_config.decoder_start_token_id, model.generation_config.eos_token_id
+    assert [r["translation_token_ids"].tolist() for r in ids] == [[start, eos]] * 2
+
+
+def test_return_tensors_gives_the_generated_ids(translate, hub_tiny_model):
+    model, tokenizer = hub_tiny_model
+    texts = [r["translation_text"] for r in translate(SENTENCES, batch_size=2)]
+    only_ids = translate(SENTENCES, batch_size=2, return_tensors=True)
+    assert all(set(r) == {"translation_token_ids"} for r in only_ids)  # transformers 4: the ids instead of the text
+    ids = [r["translation_token_ids"] for r in only_ids]
+    assert [tokenizer.decode(i, skip_special_tokens=True) for i in ids] == texts
+    for sentence, row in zip(SENTENCES, ids):  # what generate() returns for the sentence alone, without padding
+        torch.testing.assert_close(row, model.generate(**tokenizer(sentence, return_tensors="pt"))[0])
+        assert row[0] == model.generation_config.decoder_start_token_id and row[-1] == tokenizer.eos_token_id
+    both = translate(SENTENCES, batch_size=2, return_tensors=True, return_text=True)
+    assert [r["translation_text"] for r in both] == texts
+    assert all(torch.equal(r["translation_token_ids"], i) for r, i in zip(both, ids))
+    # return_text=False alone asks for the ids; transformers 4's return_type: 0 ids, 1 text
+    for ids_only in (dict(return_text=False), dict(return_type=0)):
+        assert all(torch.equal(r["translation_token_ids"], i) and len(r) == 1 for r, i in zip(translate(SENTENCES, **ids_only), ids))
+    assert [r["translation_text"] for r in translate(SENTENCES, return_type=1, return_text=None)] == texts
+    with pytest.raises(ValueError, match="nothing to return"):
+        translate(SENTENCES[0], return_text=False, return_tensors=False)
+
+
+def test_clean_up_tokenization_spaces_is_that_of_decode(translate, monkeypatch):
+    tokenizer = translate.tokenizer
+    spaced = "Dios dijo , Sea la luz ."
+    fixed = [0, *tokenizer(spaced, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+    monkeypatch.setattr(translate.model, "generate", lambda input_ids, **_: torch.tensor([fixed] * input_ids.size(0)))
+    # Recent transformers skip the clean-up for BPE tokenizers unless told to clean up all the same.
+    monkeypatch.setattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", True, raising=False)
+    assert translate(SENTENCES[0]) == [{"translation_text": spaced}]  # transformers 4's default: False
+    assert translate(SENTENCES[0], clean_up_tokenization_spaces=False) == [{"translation_text": spaced}]
+    assert translate(SENTENCES[:2], clean_up_tokenization_spaces=True) == [{"translation_text": "Dios dijo, Sea la luz."}] * 2
+
+
+def test_num_return_sequences_gives_a_list_per_text(translate, hub_tiny_model):
+    model, tokenizer = hub_tiny_model
+    single = translate(SENTENCES[1], num_beams=4, num_return_sequences=2, return_tensors=True, return_text=True)
+    assert len(single) == 2 and single[0]["translation_text"] != single[1]["translation_text"]
+    by_hand = model.generate(**tokenizer(SENTENCES[1], return_tensors="pt"), num_beams=4, num_return_sequences=2)
+    assert [r["translation_text"] for r in single] == tokenizer.batch_decode(by_hand, skip_special_tokens=True)
+    assert single[0]["translation_text"] == translate(SENTENCES[1], num_beams=4)[0]["translation_text"]  # the best first
+
+    batched = translate(SENTENCES, batch_size=2, num_beams=4, num_return_sequences=2, return_attentions=True)
+    assert [len(results) for results in batched] == [2, 2, 2]
+    assert batched[1][0]["translation_text"] == single[0]["translation_text"]
+    for results in batched:
+        assert results[0]["translation_text"] != results[1]["translation_text"]
+        for result in results:  # each sequence has the attention weights behind it
+            assert result["attentions"]["decoder_pieces"][0] == "<pad>"
+            assert "".join(result["attentions"]["decoder_pieces"][1:]).strip() == result["translation_text"]
+    with pytest.raises(ValueError, match="`num_return_sequences` must be a positive integer; got 0"):
+        translate(SENTENCES[0], num_return_sequences=0)
+
+
+def test_stop_sequence_ends_generation_at_its_first_token(translate):
+    tokenizer = translate.tokenizer
+    ids = translate(SENTENCES[0], num_beams=1, return_tensors=True)[0]["translation_token_ids"].tolist()
+    stop = next(i for i in ids[2:-1] if tokenizer.encode(tokenizer.decode([i]), add_special_tokens=False) == [i])
+    stopped = translate(SENTENCES[0], num_beams=1, return_tensors=True, stop_sequence=tokenizer.decode([stop]))
+    assert stopped[0]["translation_token_ids"].tolist() == ids[: ids.index(stop) + 1]
 
 
 def test_readable_pieces_join_to_the_decoded_text(hub_tiny_model):

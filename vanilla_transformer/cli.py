@@ -8,7 +8,9 @@ runners so that `vanilla-transformer --help` stays instant.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
+import os
 import sys
 from typing import NoReturn
 
@@ -201,7 +203,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     def run(args: argparse.Namespace) -> int:
         import json
 
-        from .training.loop import TrainingArguments, train
+        from .training.loop import TrainingArguments, TrainingInterrupted, train
 
         def parse_overrides(text: str) -> dict:
             overrides = {}
@@ -224,6 +226,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         except FloatingPointError as err:
             print(f"vanilla-transformer train: error: {err}", file=sys.stderr)
             return 1
+        except TrainingInterrupted as err:  # SIGINT/SIGTERM: the last step is saved; one line, 128 + signal
+            print(f"vanilla-transformer train: {err}", file=sys.stderr)
+            return err.exit_code
         return 0
 
     p.set_defaults(func=run)
@@ -284,7 +289,32 @@ def _decoding_options(args: argparse.Namespace) -> dict:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1; got {value}")
     if args.length_penalty is not None and not math.isfinite(args.length_penalty):
         raise ValueError(f"--length-penalty must be a finite number (the paper's: 0.6); got {args.length_penalty}")
+    if args.length_penalty is not None and abs(args.length_penalty) > MAX_LENGTH_PENALTY:
+        raise ValueError(f"--length-penalty must be between -{MAX_LENGTH_PENALTY} and {MAX_LENGTH_PENALTY} (the paper's: "
+                         f"0.6; larger ones overflow the beam scores); got {args.length_penalty}")
+    if getattr(args, "max_new_tokens", None) is not None and args.max_new_tokens > MAX_NEW_TOKENS:
+        raise ValueError(f"--max-new-tokens must be at most {MAX_NEW_TOKENS} (its cache is allocated up front); "
+                         f"got {args.max_new_tokens}")
+    if getattr(args, "device", None) is not None:
+        check_device(args.device)
     return {name: getattr(args, name) for name in names}
+
+
+MAX_NEW_TOKENS = 4096  # far beyond any sentence; a larger bound only sizes buffers that memory cannot hold
+MAX_LENGTH_PENALTY = 10.0  # GNMT's ((5 + length) / 6) ** alpha stays finite in float32 below this
+
+
+def check_device(device: str) -> None:
+    """--device names a device this machine has, or a ValueError says which it has."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device {device!r} is not a device; expected cpu, cuda, cuda:N or mps") from None
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if not available.get(kind, True):
+        raise ValueError(f"--device {device}: this machine has no {kind.upper()} device; use --device cpu")
 
 
 def _translator(args: argparse.Namespace):
@@ -306,7 +336,15 @@ def _read_lines(path: str) -> list[str]:
     from .file_checks import utf8_lines
 
     if path == "-":
-        return list(utf8_lines(sys.stdin.buffer, "standard input"))
+        closed = ValueError("standard input is closed; give the texts as arguments or with --input-file")
+        if sys.stdin is None or sys.stdin.closed:  # started with it closed (`<&-`)
+            raise closed
+        try:
+            return list(utf8_lines(sys.stdin.buffer, "standard input"))
+        except OSError as err:
+            if err.errno == errno.EBADF:
+                raise closed from None
+            raise
     with open(path, "rb") as f:
         return list(utf8_lines(f, path))
 
@@ -353,6 +391,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 
         from .corpora import load_translation_dataset, resolve_languages, text_pairs
         from .inference import score_translations
+        from .file_checks import check_outputs_apart, write_text_file
         from .modeling.pipeline_vanilla_transformer import language_pair_mismatch
 
         try:
@@ -368,6 +407,8 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
                 raise ValueError(f"--max-samples must be at least 1; got {args.max_samples}")
             _check_output_file("--hypotheses-out", args.hypotheses_out)
             _check_output_file("--references-out", args.references_out)
+            check_outputs_apart({"--hypotheses-out": args.hypotheses_out, "--references-out": args.references_out},
+                                inputs=[args.dataset, args.model])
             # As training scores a split: pairs with a missing or blank side are left out, and counted.
             pairs = list(zip(*text_pairs(split, source_lang, target_lang)))
             incomplete = [row for row, pair in enumerate(pairs, 1) if not all(text and text.strip() for text in pair)]
@@ -391,9 +432,8 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
             seconds = time.perf_counter() - start
             scores = score_translations(hypotheses, references)
             for path, lines in ((args.hypotheses_out, hypotheses), (args.references_out, references)):
-                if path:
-                    with open(path, "w", encoding="utf-8") as f:
-                        f.writelines(line + "\n" for line in lines)
+                if path:  # a temporary file renamed into place: a full disk leaves no partial file
+                    write_text_file(path, "".join(line + "\n" for line in lines))
         except (OSError, ValueError, TypeError, ImportError) as err:
             _refuse(p, err)
         print(f"{args.dataset} {args.split} {source_lang}->{target_lang}: {len(sources)} segments translated in "
@@ -577,7 +617,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args) or 0
+    try:
+        code = args.func(args) or 0
+        sys.stdout.flush()  # here, so that a failing write is reported below, not as a traceback at exit
+        return code
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop: nothing to save, one line instead of a traceback
+        print(f"vanilla-transformer {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as other command-line tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail again
+        return 141
+    except OSError as err:
+        if sys.stdout is None or err.errno not in (errno.ENOSPC, errno.EBADF, errno.EIO):
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"vanilla-transformer {args.command}: error: cannot write the output: {err.strerror}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

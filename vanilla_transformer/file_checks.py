@@ -72,3 +72,40 @@ def check_model_files(folder: str | os.PathLike) -> None:
                 check_weights_file(folder / name)
     except ValueError as err:
         raise ValueError(f"{err}. Copy the model folder again, or save the model again.") from None
+
+
+def write_text_file(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to a temporary file beside `path` and rename it into place: a full disk or an
+    interrupt leaves the old file as it was and no partial one. An OSError names `path` and the cause."""
+    import tempfile
+
+    path = Path(path)
+    handle, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o666 & ~umask)  # mkstemp makes it 0600; the file gets the mode `open` would give it
+        os.replace(staging, path)
+    except OSError as err:
+        Path(staging).unlink(missing_ok=True)
+        raise OSError(f"could not write {path}: {err.strerror or err}") from None
+
+
+def check_outputs_apart(outputs: dict[str, str | None], inputs: Iterable[str | os.PathLike]) -> None:
+    """Raise ValueError unless every output file (option -> path) is neither an input of the command
+    (a file, or a file inside an input folder) nor the path of another output."""
+    seen: dict[Path, str] = {}
+    resolved_inputs = [Path(p).expanduser().resolve() for p in inputs if p and Path(p).expanduser().exists()]
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        target = Path(path).expanduser().resolve()
+        if target in seen:
+            raise ValueError(f"{option} {path} is also the file of {seen[target]}; give each output its own file")
+        seen[target] = option
+        for source in resolved_inputs:
+            if target == source or source in target.parents:
+                raise ValueError(f"{option} {path} is an input of this command ({source}); writing there would "
+                                 "destroy it: give another file")

@@ -18,7 +18,7 @@ import torch
 from .file_checks import check_model_files
 from .modeling.pipeline_vanilla_transformer import TranslationPipeline
 
-__all__ = ["default_device", "load_model", "load_pretrained", "score_translations", "translate_texts"]
+__all__ = ["check_tokenizer_fits", "default_device", "load_model", "load_pretrained", "score_translations", "translate_texts"]
 
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -59,7 +59,23 @@ def load_model(name_or_path: str | os.PathLike, device: str | None = None):
         model = load_pretrained(name_or_path)  # the package's own classes: no remote code
     except OSError as err:
         raise ValueError(f"cannot load the model {name_or_path!r}: not a model folder, and not reachable on the Hub ({err})") from err
+    check_tokenizer_fits(tokenizer, model.config, name_or_path)
     return model.to(device or default_device()).eval(), tokenizer
+
+
+def check_tokenizer_fits(tokenizer, config, name_or_path) -> None:
+    """Raise ValueError naming the mismatch unless the tokenizer is the one the model was trained with:
+    as many tokens as embedding rows, and the same pad/start/end ids (another vocabulary translates to
+    garbage, or to an IndexError, without this)."""
+    problems = [] if len(tokenizer) == config.vocab_size else [
+        f"its tokenizer has {len(tokenizer)} tokens and the model {config.vocab_size} embedding rows"]
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        ours, theirs = getattr(config, name, None), getattr(tokenizer, name, None)
+        if ours is not None and ours != theirs:
+            problems.append(f"the config's {name} is {ours} and the tokenizer's {theirs}")
+    if problems:
+        raise ValueError(f"the tokenizer in {name_or_path} is not the model's: {'; '.join(problems)}. "
+                         "Put the tokenizer.json the model was trained with beside it")
 
 
 def load_pretrained(name_or_path: str | os.PathLike, **kwargs):

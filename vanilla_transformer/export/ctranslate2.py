@@ -12,6 +12,8 @@ saves it). Our config maps onto the spec exactly:
 - `attention_score` "scaled_dot" -> CTranslate2's default query scale 1/sqrt(d_k); "dot" (Luong, no
   scaling) -> `queries_scale` 1. "general", "additive" and "cosine" have learned score parameters
   that CTranslate2 has no place for: refused, naming the option.
+- `attention_normalization`, `local_attention` and `attention_hardness` other than the defaults (softmax
+  over every key) are refused the same way: CTranslate2's attention has no such option.
 - Q, K, V, W^O with their biases -> self-attention's fused QKV and output projections; cross-attention's
   Q, fused KV and output. `fc1`, `fc2` (biases included) -> the FFN; `activation` relu -> RELU, gelu
   (erf, torch's default) -> GELU (erf, not the tanh or sigmoid approximations).
@@ -80,6 +82,11 @@ def _check_exportable(model, tokenizer, quantization: str) -> list[str]:
             f"CTranslate2 cannot express `attention_score`={config.attention_score!r} (it has learned score "
             f"parameters); only {' and '.join(map(repr, QUERIES_SCALES))} export."
         )
+    # Softmax over every key is all CTranslate2's attention computes.
+    for name, default in (("attention_normalization", "softmax"), ("local_attention", "none"),
+                          ("attention_hardness", "soft")):
+        if getattr(config, name, default) != default:
+            raise ValueError(f"CTranslate2 cannot express `{name}`={getattr(config, name)!r}; only {default!r} exports.")
     vocab = tokenizer.get_vocab()
     tokens = sorted(vocab, key=vocab.get)
     if [vocab[token] for token in tokens] != list(range(len(tokens))) or len(tokens) != config.vocab_size:

@@ -15,6 +15,9 @@ import math
 from transformers import PretrainedConfig
 
 ATTENTION_SCORES = ("scaled_dot", "dot", "general", "additive", "cosine", "location")
+ATTENTION_NORMALIZATIONS = ("softmax", "relu", "sparsemax")
+LOCAL_ATTENTIONS = ("none", "local-m", "local-p")
+ATTENTION_HARDNESSES = ("soft", "hard")
 POSITION_ENCODINGS = ("sinusoidal", "learned")
 NORM_POSITIONS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu")
@@ -92,6 +95,18 @@ class VanillaTransformerConfig(PretrainedConfig):
             the longest source (encoder self- and cross-attention) and the longest target so far
             (decoder self-attention) the model reads. Longer inputs are refused, naming this field.
             Default 256, the training script's default `max_length`.
+        attention_normalization: how scores become weights: "softmax" (the paper, §3.2.1), "relu"
+            (ReLU(scores) divided by their sum; a row with no positive score gets all-zero weights) or
+            "sparsemax" (Martins & Astudillo 2016: a projection onto the simplex, exact zeros for low scores).
+        local_attention: "none" (every query sees every key) or Luong et al. 2015's local attention, each
+            query seeing only keys within ±`attention_window` of an aligned position (§3.2 there). In self-
+            attention that position is the query's own; in cross-attention "local-m" aligns target position
+            t with source position t (clipped to the source's last token), and "local-p" predicts it,
+            p_t = S·sigmoid(v_p^T tanh(W_p q_t)), and weights the window by a Gaussian of sigma = D/2.
+        attention_window: D, the half-width of the local window (used when `local_attention` is not "none").
+        attention_hardness: "soft" (weights spread over keys) or "hard" (each query takes one key: the
+            argmax at inference, a straight-through Gumbel-softmax sample in training, Jang et al. 2017).
+            Hard attention needs "softmax" normalisation.
         layer_norm_eps: epsilon of every LayerNorm.
         label_smoothing: epsilon_ls used when `labels` are given to the model. The paper trains with 0.1
             (§5.4); the model's default is 0 so that its loss is the plain negative log-likelihood, and
@@ -99,6 +114,11 @@ class VanillaTransformerConfig(PretrainedConfig):
         source_lang / target_lang / dataset_name: the language pair the model was trained to translate
             and the data set it was trained on (written by training; None when unknown), so that scoring
             or translating another pair can be warned about.
+        fast_paths: True (the default) lets the speed-ups run: drop-ins that give the plain path's numbers
+            with less work (fast_modeling_vanilla_transformer.py: CPU dropout, closed-form smoothed
+            cross-entropy, a table of sinusoids; fast_generation_vanilla_transformer.py for decoding).
+            False runs the plain paper path everywhere. Read at every call: `model.config.fast_paths =
+            False` takes effect at once.
     """
 
     model_type = "vanilla_transformer"
@@ -128,6 +148,10 @@ class VanillaTransformerConfig(PretrainedConfig):
         tie_word_embeddings: bool = True,
         attention_score: str = "scaled_dot",
         location_max_length: int = 256,
+        attention_normalization: str = "softmax",
+        local_attention: str | None = "none",
+        attention_window: int = 8,
+        attention_hardness: str = "soft",
         layer_norm_eps: float = 1e-5,
         label_smoothing: float = 0.0,
         pad_token_id: int = 0,
@@ -139,21 +163,33 @@ class VanillaTransformerConfig(PretrainedConfig):
         source_lang: str | None = None,
         target_lang: str | None = None,
         dataset_name: str | None = None,
+        fast_paths: bool = True,
         **kwargs,
     ):
         _check_choice("attention_score", attention_score, ATTENTION_SCORES)
+        local_attention = "none" if local_attention is None else local_attention
+        _check_choice("attention_normalization", attention_normalization, ATTENTION_NORMALIZATIONS)
+        _check_choice("local_attention", local_attention, LOCAL_ATTENTIONS)
+        _check_choice("attention_hardness", attention_hardness, ATTENTION_HARDNESSES)
+        if attention_hardness == "hard" and attention_normalization != "softmax":
+            raise ValueError(
+                f'`attention_hardness`="hard" picks one key by a (Gumbel-)softmax sample; it cannot be combined with '
+                f'`attention_normalization`={attention_normalization!r} (use "softmax").'
+            )
         _check_choice("position_encoding", position_encoding, POSITION_ENCODINGS)
         _check_choice("norm_position", norm_position, NORM_POSITIONS)
         _check_choice("activation", activation, ACTIVATIONS)
         _check_sizes(vocab_size=vocab_size, d_model=d_model, encoder_layers=encoder_layers,
                      decoder_layers=decoder_layers, num_heads=num_heads, d_ff=d_ff,
-                     max_position_embeddings=max_position_embeddings, location_max_length=location_max_length)
+                     max_position_embeddings=max_position_embeddings, location_max_length=location_max_length,
+                     attention_window=attention_window)
         if d_model % num_heads:
             raise ValueError(f"`d_model` ({d_model}) must be divisible by `num_heads` ({num_heads}).")
         _check_probabilities(dropout=dropout, attention_dropout=attention_dropout, label_smoothing=label_smoothing)
         if not _is_number(layer_norm_eps) or layer_norm_eps <= 0:
             raise ValueError(f"`layer_norm_eps` must be a positive number; got {layer_norm_eps!r}.")
-        _check_flags(scale_embedding=scale_embedding, tie_word_embeddings=tie_word_embeddings, use_cache=use_cache)
+        _check_flags(scale_embedding=scale_embedding, tie_word_embeddings=tie_word_embeddings, use_cache=use_cache,
+                     fast_paths=fast_paths)
         if pad_token_id is None:
             raise ValueError("`pad_token_id` must be a token id; got None (padding and the decoder start need one).")
         _check_token_ids(vocab_size, pad_token_id=pad_token_id, bos_token_id=bos_token_id,
@@ -177,6 +213,10 @@ class VanillaTransformerConfig(PretrainedConfig):
         self.scale_embedding = scale_embedding
         self.attention_score = attention_score
         self.location_max_length = location_max_length
+        self.attention_normalization = attention_normalization
+        self.local_attention = local_attention
+        self.attention_window = attention_window
+        self.attention_hardness = attention_hardness
         self.layer_norm_eps = layer_norm_eps
         self.label_smoothing = label_smoothing
         self.pad_token_id = pad_token_id
@@ -189,6 +229,7 @@ class VanillaTransformerConfig(PretrainedConfig):
         self.source_lang = source_lang
         self.target_lang = target_lang
         self.dataset_name = dataset_name
+        self.fast_paths = fast_paths
         super().__init__(is_encoder_decoder=is_encoder_decoder, **kwargs)
 
     @property

@@ -48,18 +48,13 @@ standard library, torch and the public API of transformers.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import copy
-import dataclasses
 import math
 import numbers
 
 import torch
-from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 from transformers import GenerationConfig
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation import (
     ForcedBOSTokenLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
@@ -76,11 +71,12 @@ from transformers.generation import (
     SuppressTokensLogitsProcessor,
 )
 from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
-from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
+from transformers.modeling_outputs import BaseModelOutput
 
-# transformers 5.24 renamed the cache `past_key_values` to `cache` in generate's model arguments and in
-# the model outputs. CACHE_NAME is the installed version's name; our models and `generate` accept both.
-CACHE_NAME = "cache" if "cache" in {field.name for field in dataclasses.fields(Seq2SeqLMOutput)} else "past_key_values"
+from . import fast_generation_vanilla_transformer as fast
+from .fast_generation_vanilla_transformer import PreallocatedLayer, preallocated_cache
+from .modeling_vanilla_transformer import CACHE_NAME, one_cache
+
 
 LENGTH_PENALTY_STYLES = ("gnmt", "transformers")
 DEFAULT_MAX_LENGTH_OFFSET = 50  # §6.1: "maximum output length to input length + 50"
@@ -145,150 +141,6 @@ class SourceLengthCap(LogitsProcessor):
         return _force_eos(scores, generated + 1 >= limit, self.eos_token_id)
 
 
-class PreallocatedLayer(DynamicLayer):
-    """One decoder layer's self-attention keys and values, in buffers allocated once per `generate` call.
-
-    transformers' dynamic layer grows by `torch.cat` every step and beam search reorders it with
-    `index_select`: two fresh (rows, H, length, Dh) tensors per layer and step, which on a CPU mostly
-    cost page faults. Here the buffers hold `max_length` positions from the start: a step writes its
-    slot in place, and reordering beams (or dropping finished sentences) gathers the filled part into
-    a spare pair of buffers, which then swap roles. `keys` and `values` are views of the filled part,
-    so attention sees exactly what the dynamic layer would hold.
-    """
-
-    def __init__(self, max_length: int):
-        super().__init__()
-        self.max_length = max_length
-        self.length = 0
-
-    def lazy_initialization(self, key_states, value_states):
-        self.dtype, self.device = key_states.dtype, key_states.device
-        rows, heads, _, head_dim = key_states.shape
-        shape = (rows, heads, self.max_length, head_dim)
-        self._buffers = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(4)]  # K, V, spares
-        self.is_initialized = True
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        rows, start, end = key_states.size(0), self.length, self.length + key_states.size(-2)
-        keys, values = self._buffers[0], self._buffers[1]
-        if end > self.max_length or rows > keys.size(0) or (start and rows != self.keys.size(0)):
-            raise ValueError(
-                f"The cache holds {self.max_length} positions of {keys.size(0)} rows (batch x beams); "
-                f"asked to store position {end} of {rows} rows. Let `generate` make the cache, or size yours for the call."
-            )
-        keys[:rows, :, start:end] = key_states
-        values[:rows, :, start:end] = value_states
-        self.length = end
-        self.keys, self.values = keys[:rows, :, :end], values[:rows, :, :end]
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.length
-
-    def _gather(self, rows: torch.Tensor) -> None:
-        """Keep `rows` (reordered beams, or the rows of unfinished sentences), written into the spares."""
-        spare_keys, spare_values = self._buffers[2][: rows.numel()], self._buffers[3][: rows.numel()]
-        torch.index_select(self.keys, 0, rows, out=spare_keys[:, :, : self.length])
-        torch.index_select(self.values, 0, rows, out=spare_values[:, :, : self.length])
-        self._buffers = [self._buffers[2], self._buffers[3], self._buffers[0], self._buffers[1]]
-        self.keys, self.values = spare_keys[:, :, : self.length], spare_values[:, :, : self.length]
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        if self.length:
-            self._gather(beam_idx.to(self.device))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.length:
-            self._gather(torch.as_tensor(indices, device=self.device))
-
-    def crop(self, max_length: int) -> None:
-        """Keep the first `max_length` positions (a negative value removes that many from the end)."""
-        self.length = max(0, self.length + max_length if max_length < 0 else min(max_length, self.length))
-        if self.is_initialized:
-            self.keys, self.values = self.keys[:, :, : self.length], self.values[:, :, : self.length]
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        """Each row `repeats` times (contrastive search): new buffers of the larger batch."""
-        if self.length:
-            keys, values = self.keys.repeat_interleave(repeats, dim=0), self.values.repeat_interleave(repeats, dim=0)
-            self.is_initialized, self.length = False, 0
-            self.update(keys, values)
-
-
-def preallocated_cache(num_layers: int, max_length: int) -> EncoderDecoderCache:
-    """The cache our `generate` uses unless told otherwise: preallocated self-attention layers holding
-    `max_length` decoder positions, and transformers' dynamic cache for the cross-attention keys and
-    values (computed once from the encoder output, never grown)."""
-    self_attention = Cache(layers=[PreallocatedLayer(max_length) for _ in range(num_layers)])
-    return EncoderDecoderCache(self_attention, DynamicCache())
-
-
-def one_cache(cache=None, past_key_values=None):
-    """The cache passed under either name (`cache` since transformers 5.24, `past_key_values` before)."""
-    if cache is not None and past_key_values is not None:
-        raise ValueError("Pass the cache as `cache` or as `past_key_values` (its name before transformers 5.24), not both.")
-    return past_key_values if cache is None else cache
-
-
-# The output projection (§3.4's pre-softmax linear transformation, d_model x vocabulary) is the largest
-# product of a decoding step. In float32 on a CPU torch runs it on MKL; oneDNN, also inside torch, can
-# take the weight laid out ("packed") for its kernels once. Our `generate` packs it for the length of
-# the call (the weights cannot change meanwhile) and the model's `project_to_vocabulary` uses it.
-# Measured on a 2-thread AMD EPYC (Zen 5), 192 x 8,000: packing 2.5 ms; a step of 32 sentences 0.22 ms
-# instead of MKL's 0.59, of one sentence 0.05 instead of 0.09; the same numbers.
-# The ops are torch's own, those torch.compile uses when it freezes weights on a CPU, but their names
-# are private: they are looked up, and without them nothing is packed.
-# `torch.backends.mkldnn.enabled = False` turns it off.
-_ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and all(
-    hasattr(torch.ops.mkldnn, name) for name in ("_reorder_linear_weight", "_linear_pointwise")
-)
-_PACKED_PROJECTION = contextvars.ContextVar("packed_output_projection", default=None)  # (weight, packed) or None
-
-
-@contextlib.contextmanager
-def packed_output_projection(model, enabled: bool = True):
-    """Within this block (one `generate` call), `project_to_vocabulary` runs `model`'s output projection
-    on oneDNN with its weight packed, where that applies: float32 on a CPU, a plain `nn.Linear` without
-    hooks (not one wrapped by PEFT or offloaded by accelerate), oneDNN present and enabled."""
-    lm_head = model.get_output_embeddings()
-    packed = None
-    if (
-        enabled
-        and _ONEDNN_LINEAR
-        and torch.backends.mkldnn.enabled
-        and type(lm_head) is nn.Linear
-        and lm_head.weight.device.type == "cpu"
-        and lm_head.weight.dtype == torch.float32
-        and not (lm_head._forward_hooks or lm_head._forward_pre_hooks or hasattr(lm_head, "_hf_hook"))
-    ):
-        with torch.no_grad():
-            packed = (lm_head.weight, torch.ops.mkldnn._reorder_linear_weight(lm_head.weight))
-    token = _PACKED_PROJECTION.set(packed)
-    try:
-        yield
-    finally:
-        _PACKED_PROJECTION.reset(token)
-
-
-def project_to_vocabulary(lm_head: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """§3.4's pre-softmax linear transformation: `lm_head(hidden_states)`, (..., d_model) -> (..., vocab),
-    on the packed weight inside `packed_output_projection` (without gradients, float32 on a CPU)."""
-    if torch.compiler.is_compiling():  # a compiled step has its own kernels (and cannot read a ContextVar)
-        return lm_head(hidden_states)
-    packed = _PACKED_PROJECTION.get()
-    if (
-        packed is None
-        or packed[0] is not getattr(lm_head, "weight", None)
-        or torch.is_grad_enabled()
-        or hidden_states.device.type != "cpu"
-        or hidden_states.dtype != torch.float32
-    ):
-        return lm_head(hidden_states)
-    return torch.ops.mkldnn._linear_pointwise(hidden_states, packed[1], lm_head.bias, "none", [], "")
-
-
 def _setting(name, kwargs, generation_config, model_config, default=None):
     """A generation option as `generate` resolves it: the call, then the passed config, then the model's."""
     if kwargs.get(name) is not None:
@@ -348,7 +200,7 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
             generation_config = copy.deepcopy(generation_config)
             setattr(generation_config, name, value)
 
-    if _wants_preallocated_cache(kwargs, generation_config, model.generation_config):
+    if fast.enabled(model.config) and _wants_preallocated_cache(kwargs, generation_config, model.generation_config):
         capacity = _decoder_capacity(kwargs, generation_config, kwargs.get("decoder_input_ids"))
         if capacity is not None:
             kwargs[CACHE_NAME] = preallocated_cache(model.config.decoder_layers, capacity)
@@ -370,6 +222,9 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
         and kwargs.get("assistant_model") is None
         and kwargs.get("streamer") is None
         and kwargs.get("custom_generate") is None
+        # PEFT's prompt learning (prefix tuning) feeds its prefix through prepare_inputs_for_generation,
+        # which only transformers' loop calls.
+        and "prepare_inputs_for_generation" not in vars(model)
     )
     if plain and setting("num_beams", 1) > 1 and style == "gnmt":
         kwargs["custom_generate"] = gnmt_beam_search
@@ -377,10 +232,7 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
         kwargs["custom_generate"] = beam_search  # transformers' rules; finished sentences leave the batch
     elif plain and setting("num_beams", 1) == 1 and not setting("return_dict_in_generate", False) and not static_cache:
         kwargs["custom_generate"] = greedy_search  # finished sentences leave the batch
-    # One greedy sentence does not win the packing back (measured: 28.6 ms a sentence packed, 27.8 not).
-    rows = None if source is None else source.size(0) * setting("num_beams", 1)
-    with packed_output_projection(model, enabled=rows != 1):
-        return base_generate(inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs)
+    return base_generate(inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs)
 
 
 def _wants_preallocated_cache(kwargs, generation_config, stored) -> bool:
@@ -467,7 +319,8 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     cache = model_kwargs.get(CACHE_NAME) if use_cache else None
     memory, attention_mask = model_kwargs["encoder_outputs"].last_hidden_state, model_kwargs.get("attention_mask")
     cap, processors = _split_processors(logits_processor, rows, device)
-    prune = prune and _can_prune(processors, cache, per_step_outputs=False)
+    prune = prune and fast.enabled(model.config) and _can_prune(processors, cache, per_step_outputs=False)
+    project = fast.output_projection(model, rows)
     eos = _eos(generation_config)
     pad = generation_config.pad_token_id if generation_config.pad_token_id is not None else eos
 
@@ -477,14 +330,15 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     running = torch.ones(rows, dtype=torch.bool, device=device)
     encoder_outputs = BaseModelOutput(last_hidden_state=memory)
     while True:
-        outputs = model(
+        outputs = model.model(
             decoder_input_ids=tokens[:, -1:] if cache is not None and cache.get_seq_length() else tokens,
             encoder_outputs=encoder_outputs,
             attention_mask=attention_mask,
             use_cache=use_cache,
+            return_dict=True,
             **{CACHE_NAME: cache},  # the installed transformers' name, as generate passes it
         )
-        scores = processors(tokens, outputs.logits[:, -1].float())
+        scores = processors(tokens, project(outputs.last_hidden_state[:, -1]).float())  # §3.4, last position only
         scores = _force_eos(scores, tokens.size(1) - prompt_length + 1 >= cap[active], eos)
         next_tokens = torch.where(running, scores.argmax(dim=-1), pad)  # finished rows are fed padding
         tokens = torch.cat((tokens, next_tokens[:, None]), dim=1)
@@ -606,7 +460,8 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
     cap, processors = _split_processors(logits_processor, batch, device)
     max_new = cap.clamp(max=generation_config.max_length - prompt_length)
     per_step_outputs = want_dict and (generation_config.output_scores or output_attentions or output_hidden_states)
-    prune = prune and _can_prune(processors, cache, per_step_outputs)
+    prune = prune and fast.enabled(model.config) and _can_prune(processors, cache, per_step_outputs)
+    project = fast.output_projection(model, rows)
 
     tokens = input_ids  # (rows, t)
     origins = input_ids.new_zeros(rows, 0)  # the row each token was generated from (transformers' beam_indices)
@@ -620,7 +475,7 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
     step_scores, decoder_attentions, cross_attentions, decoder_hidden_states = [], [], [], []
 
     while not bool(done[active].all()):
-        outputs = model(
+        outputs = model.model(
             decoder_input_ids=tokens[:, -1:] if cache is not None else tokens,
             encoder_outputs=BaseModelOutput(last_hidden_state=memory),
             attention_mask=attention_mask,
@@ -628,8 +483,10 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
             **{CACHE_NAME: cache},  # the installed transformers' name, as generate passes it
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            return_dict=True,
         )
-        log_probs = processors(tokens, outputs.logits[:, -1].float().log_softmax(dim=-1))
+        logits = project(outputs.last_hidden_state[:, -1])  # §3.4, last position only
+        log_probs = processors(tokens, logits.float().log_softmax(dim=-1))
         last_step = tokens.size(1) - prompt_length + 1 >= cap[active]
         log_probs = _force_eos(log_probs, last_step.repeat_interleave(beams), eos)
         if want_dict:
@@ -721,7 +578,5 @@ __all__ = [
     "greedy_search",
     "one_cache",
     "paper_generation_config",
-    "packed_output_projection",
     "preallocated_cache",
-    "project_to_vocabulary",
 ]

@@ -1,7 +1,17 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), written from scratch.
 
+Read it top to bottom in the paper's order: attention (§3.2), the feed-forward network (§3.3), the
+residual connections and layers (§3.1), embeddings and positions (§3.4, §3.5), the stacks (§3.1),
+then the models transformers loads, with the output projection and the loss (§3.4, §5.4). The
+hyperparameters are in configuration_vanilla_transformer.py; decoding (§6.1) is in
+generation_vanilla_transformer.py.
+
 Section numbers (§) refer to the paper. Shapes: B batch, T target length, S source length,
 H heads, Dh = d_model / H. Masks are boolean, True where attention is allowed.
+
+Every piece here is the plain computation. Three have drop-ins with the same numbers and less work in
+fast_modeling_vanilla_transformer.py, which take over in one place (`post_init` below) unless
+`config.fast_paths` is False.
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports
 only the standard library, torch and the public API of transformers.
@@ -9,6 +19,7 @@ only the standard library, torch and the public API of transformers.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 from pathlib import Path
@@ -27,9 +38,6 @@ from transformers.modeling_outputs import (
 )
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .generation_vanilla_transformer import CACHE_NAME, one_cache, project_to_vocabulary
-from .generation_vanilla_transformer import generate as _paper_generate
-from .pipeline_vanilla_transformer import CUSTOM_PIPELINES
 
 
 # --------------------------------------------------------------------------------------
@@ -114,16 +122,73 @@ ATTENTION_SCORES = {
 SDPA_SCALES = {"scaled_dot": None, "dot": 1.0}
 
 
-def attend(module, q, k, v, mask, dropout, need_weights, causal=False):
-    """Softmax(score(q, k)) · v. Returns the output (B, H, T, Dh) and the weights (B, H, T, S) or None.
+# How scores (B, H, T, S) become weights (B, H, T, S): `config.attention_normalization`.
+def softmax_normalization(scores):
+    """§3.2.1: exp(s_j) / sum_i exp(s_i). Computed in fp32, as fp16 exp overflows."""
+    return scores.softmax(dim=-1, dtype=torch.float32)
 
-    Dot-product scores run on torch's fused kernel unless the weights are asked for or the model was
-    loaded with `attn_implementation="eager"`; the explicit path computes the same numbers (tested to
-    1e-5 in fp32). `causal` (with no `mask`, T == S) is the look-ahead mask of §3.2.3 without building
-    it: the fused kernel then skips the masked half and, on a GPU, can run flash attention, which
-    takes no explicit mask.
+
+def relu_normalization(scores):
+    """The lecture's alternative to softmax: ReLU(s_j) / sum_i ReLU(s_i).
+
+    A row with no positive score (or every key masked) has nothing to share out: its weights are all 0.
     """
-    fused = module.score_name in SDPA_SCALES and module.config._attn_implementation != "eager"
+    positive = scores.float().relu()
+    return positive / positive.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def sparsemax_normalization(scores):
+    """Sparsemax (Martins & Astudillo 2016): the closest point of the probability simplex to the scores,
+    max(s_j - tau, 0) with tau chosen so that the row sums to 1; low scores get exactly 0."""
+    scores = scores.float()
+    ranked = scores.sort(dim=-1, descending=True).values
+    cumulative = ranked.cumsum(dim=-1)
+    k = torch.arange(1, scores.size(-1) + 1, device=scores.device, dtype=scores.dtype)
+    support = (1 + k * ranked > cumulative).sum(dim=-1, keepdim=True).clamp_min(1)  # (B, H, T, 1): keys kept
+    tau = (cumulative.gather(-1, support - 1) - 1) / support
+    return (scores - tau).clamp_min(0)
+
+
+ATTENTION_NORMALIZATIONS = {"softmax": softmax_normalization, "relu": relu_normalization,
+                            "sparsemax": sparsemax_normalization}
+
+
+def hard_attention(module, scores):
+    """Hard attention (Xu et al. 2015): each query takes exactly one key, its weights one-hot (B, H, T, S).
+
+    Inference takes the best-scoring key. Training samples with the straight-through Gumbel-softmax
+    (Jang et al. 2017): the forward pass is one-hot, the gradient is the softmax's.
+    """
+    if module.training:
+        return F.gumbel_softmax(scores.float(), hard=True)
+    return F.one_hot(scores.argmax(dim=-1), scores.size(-1)).float()
+
+
+def local_window(positions, keys: int, window: int):
+    """Luong et al. 2015, §3.2 (local attention): True for keys within ±D of each query's aligned
+    position. positions (..., T) -> (..., T, keys)."""
+    return (torch.arange(keys, device=positions.device) - positions[..., None]).abs() <= window
+
+
+def predicted_position(module, q, keys: int, mask):
+    """Luong et al. 2015, eq. 9 (local-p): p_t = S · sigmoid(v_p^T tanh(W_p h_t)), from each head's query,
+    S each source's length (from the padding mask (B, 1, 1, S)). Returns (B, H, T, 1), in [0, S]."""
+    length = keys if mask is None else mask.sum(dim=-1, keepdim=True)  # (B, 1, 1, 1): padding is not source
+    hidden = torch.tanh(q @ module.position_weight)  # (B, H, T, Dh)
+    return length * torch.sigmoid(torch.einsum("bhtd,hd->bht", hidden, module.position_vector)).unsqueeze(-1)
+
+
+def attend(module, q, k, v, mask, dropout, need_weights, causal=False):
+    """Normalise(score(q, k)) · v. Returns the output (B, H, T, Dh) and the weights (B, H, T, S) or None.
+
+    Dot-product scores with softmax run on torch's fused kernel unless the weights are asked for or the
+    model was loaded with `attn_implementation="eager"`; the explicit path computes the same numbers
+    (tested to 1e-5 in fp32). A local window (Luong's local-m) is part of `mask`, which the fused kernel
+    takes too. `causal` (with no `mask`, T == S) is the look-ahead mask of §3.2.3 without building it:
+    the fused kernel then skips the masked half and, on a GPU, can run flash attention, which takes no
+    explicit mask. ReLU, hard attention and local-p take the explicit path.
+    """
+    fused = module.fusable and module.score_name in SDPA_SCALES and module.config._attn_implementation != "eager"
     if fused and not need_weights:
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=SDPA_SCALES[module.score_name]
@@ -131,18 +196,34 @@ def attend(module, q, k, v, mask, dropout, need_weights, causal=False):
         return out, None
     if causal:
         mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+    if module.predicts_position:  # local-p: the window moves to the predicted position p_t (Luong §3.2)
+        centre = predicted_position(module, q, k.size(-2), mask)  # (B, H, T, 1)
+        distance = torch.arange(k.size(-2), device=q.device) - centre  # (B, H, T, S)
+        window = distance.abs() <= module.config.attention_window
+        mask = window if mask is None else mask & window
     scores = ATTENTION_SCORES[module.score_name](module, q, k)
     if mask is not None:
         # The dtype's own minimum, not -inf: exp() of it is exactly 0 in fp32, fp16 and bf16, and
         # a row with every key masked stays finite instead of becoming NaN.
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    weights = scores.softmax(dim=-1, dtype=torch.float32).to(v.dtype)
+    if module.hard:
+        weights = hard_attention(module, scores)
+    else:
+        weights = ATTENTION_NORMALIZATIONS[module.config.attention_normalization](scores)
+    if module.predicts_position:  # Luong eq. 10: favour keys near p_t, sigma = D / 2
+        weights = weights * torch.exp(-(distance**2) / (2 * (module.config.attention_window / 2) ** 2))
+    weights = weights.to(v.dtype)
     if mask is not None:
         # A fully masked row (a sequence that is all padding) would otherwise spread its weight
         # evenly over padding; it gets zeros, and every masked position gets exactly 0.
         weights = weights.masked_fill(~mask, 0.0)
     out = F.dropout(weights, p=dropout, training=dropout > 0) @ v
     return out, weights
+
+
+# --------------------------------------------------------------------------------------
+# §3.2.2 and §3.3: multi-head attention and the position-wise feed-forward network
+# --------------------------------------------------------------------------------------
 
 
 class MultiHeadAttention(nn.Module):
@@ -163,6 +244,10 @@ class MultiHeadAttention(nn.Module):
         self.layer_idx = layer_idx
         self.attention_dropout = config.attention_dropout
         self.score_name = config.attention_score
+        self.hard = config.attention_hardness == "hard"
+        # local-p predicts where to look in the source; in self-attention the aligned position is the query's own.
+        self.predicts_position = is_cross_attention and config.local_attention == "local-p"
+        self.fusable = config.attention_normalization == "softmax" and not self.hard and not self.predicts_position
         d_model = config.d_model
         self.q_proj = nn.Linear(d_model, d_model)  # W^Q of all heads
         # W^K; location-based scores compare no keys, so that model has no key projection.
@@ -182,6 +267,9 @@ class MultiHeadAttention(nn.Module):
             self.score_strength = nn.Parameter(torch.empty(heads))
         elif self.score_name == "location":
             self.score_location_weight = nn.Parameter(torch.empty(heads, dh, config.location_max_length))
+        if self.predicts_position:  # W_p and v_p of Luong's eq. 9, per head
+            self.position_weight = nn.Parameter(torch.empty(heads, dh, dh))
+            self.position_vector = nn.Parameter(torch.empty(heads, dh))
 
     def reset_score_parameters(self) -> None:
         # N(0, 1/Dh) keeps x @ W at the scale of x. (torch.nn.init, not in-place tensor ops: when a
@@ -196,6 +284,9 @@ class MultiHeadAttention(nn.Module):
         elif self.score_name == "cosine":
             # sqrt(Dh): the scale a scaled dot product of unit-variance vectors would have.
             nn.init.constant_(self.score_strength, math.sqrt(self.head_dim))
+        if self.predicts_position:
+            for weight in (self.position_weight, self.position_vector):
+                nn.init.normal_(weight, std=self.head_dim**-0.5)
 
     def _heads(self, projection: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         batch, length, _ = x.shape
@@ -239,20 +330,9 @@ class FeedForward(nn.Module):
         return self.fc2(self.activation(self.fc1(x)))
 
 
-class Dropout(nn.Dropout):
-    """§5.4's dropout: each element is zeroed with probability p, the rest scaled by 1 / (1 - p).
-
-    On a CPU, torch draws a float Bernoulli per element and keeps that float mask for backward.
-    Comparing float32 uniform draws with p gives the same distribution faster (forward + backward
-    of a 540 × 512 activation: 1.2 ms instead of 2.0, 2 threads) and keeps a 1-byte mask: 28 MB
-    less in a base-model step on 512 target tokens. Other devices run torch's fused kernel.
-    """
-
-    def forward(self, x):
-        if not self.training or not 0.0 < self.p < 1.0 or x.device.type != "cpu":
-            return super().forward(x)
-        keep = torch.rand(x.shape, dtype=torch.float32, device=x.device) >= self.p
-        return x * keep * (1.0 / (1.0 - self.p))
+# --------------------------------------------------------------------------------------
+# §3.1: residual connections and the encoder and decoder layers
+# --------------------------------------------------------------------------------------
 
 
 class Residual(nn.Module):
@@ -265,13 +345,13 @@ class Residual(nn.Module):
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__()
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
         self.pre_norm = config.norm_position == "pre"
 
     def forward(self, x, sublayer):
         """`sublayer` maps a (B, T, d_model) tensor to (output, extra); extra is passed through."""
         out, extra = sublayer(self.norm(x) if self.pre_norm else x)
-        if self.training:  # dropout is the identity otherwise: no call (a decoding step makes 3 per layer)
+        if self.training:  # dropout is the identity in evaluation: not called at every decoding step
             out = self.dropout(out)
         return (x + out if self.pre_norm else self.norm(x + out)), extra
 
@@ -319,6 +399,11 @@ class DecoderLayer(nn.Module):
         return x, self_weights, cross_weights
 
 
+# --------------------------------------------------------------------------------------
+# §3.4 and §3.5: embeddings and positional encodings
+# --------------------------------------------------------------------------------------
+
+
 def sinusoidal_encoding(positions: torch.Tensor, d_model: int) -> torch.Tensor:
     """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
 
@@ -331,6 +416,20 @@ def sinusoidal_encoding(positions: torch.Tensor, d_model: int) -> torch.Tensor:
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # interleaved: sin, cos, sin, ...
 
 
+class SinusoidalEncoding(nn.Module):
+    """§3.5: the fixed sinusoids of positions past_length .. past_length + length - 1: (T, d_model). No weights."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.d_model = d_model
+
+    def forward(self, past_length, length: int, device) -> torch.Tensor:
+        return sinusoidal_encoding(torch.arange(length, device=device) + past_length, self.d_model)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}"
+
+
 class Embeddings(nn.Module):
     """§3.4 and §3.5: token embedding · sqrt(d_model) + positional encoding, then dropout (§5.4)."""
 
@@ -338,16 +437,11 @@ class Embeddings(nn.Module):
         super().__init__()
         self.embed_tokens = embed_tokens
         self.scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.dropout = Dropout(config.dropout)
-        self.d_model = config.d_model
+        sinusoidal = config.position_encoding == "sinusoidal"
+        self.sinusoids = SinusoidalEncoding(config.d_model) if sinusoidal else None
         # Table 3 row (E): learned positions do about as well as sinusoids, but have a fixed size.
-        self.learned_positions = (
-            nn.Embedding(config.max_position_embeddings, config.d_model)
-            if config.position_encoding == "learned"
-            else None
-        )
-        self.table_size = config.max_position_embeddings  # sinusoids: the first table's size (a hint, no limit)
-        self.sinusoid_table = None  # (positions, d_model), computed on first use; not a weight, not saved
+        self.learned_positions = None if sinusoidal else nn.Embedding(config.max_position_embeddings, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, input_ids=None, inputs_embeds=None, past_length=0):
         """`inputs_embeds` (B, L, d_model), if given, replaces the lookup of `input_ids`: it is what
@@ -355,8 +449,8 @@ class Embeddings(nn.Module):
         0-d tensor for a static cache) is the position of the first token."""
         tokens = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # (B, L, d_model)
         length = tokens.size(1)
-        if self.learned_positions is None:
-            position_encoding = self.sinusoids(past_length, length, tokens.device)
+        if self.sinusoids is not None:
+            position_encoding = self.sinusoids(past_length, length, tokens.device)  # (L, d_model)
         else:
             table_size = self.learned_positions.num_embeddings
             if past_length + length > table_size:
@@ -367,21 +461,12 @@ class Embeddings(nn.Module):
                 )
             position_encoding = self.learned_positions(torch.arange(length, device=tokens.device) + past_length)
         x = tokens * self.scale + position_encoding.to(tokens.dtype)
-        return self.dropout(x) if self.training else x  # dropout is the identity otherwise: no call
+        return self.dropout(x) if self.training else x  # dropout is the identity in evaluation: not called
 
-    def sinusoids(self, past_length, length: int, device) -> torch.Tensor:
-        """`sinusoidal_encoding` of positions past_length .. past_length + length - 1: (T, d_model),
-        read from a table of the first positions made on first use (as Marian keeps its sinusoids),
-        since decoding asks for one position per step. A static cache's length is a tensor, and a
-        compiled graph keeps no table: those compute it."""
-        if not isinstance(past_length, int) or torch.compiler.is_compiling():
-            return sinusoidal_encoding(torch.arange(length, device=device) + past_length, self.d_model)
-        end = past_length + length
-        table = self.sinusoid_table
-        if table is None or table.size(0) < end or table.device != device:
-            size = max(end, self.table_size if table is None else 2 * table.size(0))
-            table = self.sinusoid_table = sinusoidal_encoding(torch.arange(size, device=device), self.d_model)
-        return table[past_length:end]
+
+# --------------------------------------------------------------------------------------
+# §3.1: the encoder and decoder stacks
+# --------------------------------------------------------------------------------------
 
 
 def _run_layer(stack: nn.Module, layer: nn.Module, *args):
@@ -400,6 +485,7 @@ class VanillaTransformerEncoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.encoder_layers))
         # Pre-norm leaves the residual stream unnormalised; the stack's output needs one more LayerNorm.
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
+        self.window = None if config.local_attention == "none" else config.attention_window
         self.gradient_checkpointing = False
 
     def get_input_embeddings(self):
@@ -409,9 +495,13 @@ class VanillaTransformerEncoder(nn.Module):
         self, input_ids=None, attention_mask=None, output_attentions=False, output_hidden_states=False, return_dict=None,
         inputs_embeds=None,
     ) -> BaseModelOutput:
-        """`return_dict` is accepted for `generate()`, which passes it; the output is always a ModelOutput."""
-        x = self.embeddings(input_ids, inputs_embeds)
+        """`return_dict=False` returns the output's `to_tuple()`, as transformers' encoders do."""
+        x = self.embeddings(input_ids, inputs_embeds)  # (B, S, d_model)
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+        if self.window is not None:  # local attention: each position sees ±D around itself
+            length = x.size(1)
+            window = local_window(torch.arange(length, device=x.device), length, self.window)  # (S, S)
+            mask = window if mask is None else mask & window  # (B, 1, S, S)
         hidden_states, attentions = [], []
         for layer in self.layers:
             if output_hidden_states:
@@ -422,11 +512,12 @@ class VanillaTransformerEncoder(nn.Module):
             x = self.final_norm(x)
         if output_hidden_states:
             hidden_states.append(x)
-        return BaseModelOutput(
+        output = BaseModelOutput(
             last_hidden_state=x,
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
             attentions=tuple(attentions) if output_attentions else None,
         )
+        return output.to_tuple() if return_dict is False else output
 
 
 class VanillaTransformerDecoder(nn.Module):
@@ -437,13 +528,15 @@ class VanillaTransformerDecoder(nn.Module):
         self.embeddings = Embeddings(config, embed_tokens)
         self.layers = nn.ModuleList(DecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers))
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
+        self.window = None if config.local_attention == "none" else config.attention_window
+        self.local_m = config.local_attention == "local-m"  # local-p places its cross-attention window itself
         self.gradient_checkpointing = False
 
     def get_input_embeddings(self):
         return self.embeddings.embed_tokens
 
     @staticmethod
-    def _self_attention_mask(length, past_length, cache, attention_mask, device):
+    def _self_attention_mask(length, past_length, cache, attention_mask, device, window=None):
         """§3.2.3 look-ahead mask: query t, at position past_length + t, sees keys 0..past_length + t.
 
         Returns (mask, causal). Without decoder padding, that is plain causality, which the attention
@@ -451,10 +544,10 @@ class VanillaTransformerDecoder(nn.Module):
         (one new token sees every cached one): no mask is built, per step or per batch. A static cache
         returns all its slots, written or not: the mask then also hides those past the current position.
         `attention_mask` is (B, past_length + T) with 0 at padding, or a 4-D boolean (B, 1, T, keys) as
-        `generate` builds for a static cache.
+        `generate` builds for a static cache. `window` (local attention) also hides keys more than D back.
         """
         static = cache is not None and cache.is_compileable  # a static cache: fixed slots, written or not
-        if attention_mask is None and not static:
+        if attention_mask is None and not static and window is None:
             if past_length == 0:
                 return None, True
             if length == 1:
@@ -464,6 +557,8 @@ class VanillaTransformerDecoder(nn.Module):
         keys = cache.get_mask_sizes(length, 0)[0] if static else past_length + length
         positions = torch.arange(length, device=device) + past_length  # (T,)
         mask = torch.arange(keys, device=device) <= positions[:, None]  # (T, keys)
+        if window is not None:
+            mask = mask & local_window(positions, keys, window)
         if attention_mask is not None and attention_mask.dim() == 4:
             mask = mask & attention_mask.bool()
         elif attention_mask is not None:  # -> (B, 1, T, keys); only needed for left-padded decoder inputs
@@ -471,21 +566,29 @@ class VanillaTransformerDecoder(nn.Module):
             mask = mask & padding[:, None, None, :]
         return mask, False
 
+    def _local_m_mask(self, length, past_length, source_length, memory_mask, device):
+        """(B, 1, T, S): the source positions within ±D of each target position, clipped to each source's length."""
+        positions = torch.arange(length, device=device) + past_length  # (T,)
+        last = source_length - 1 if memory_mask is None else memory_mask.sum(dim=-1) - 1  # (B, 1, 1) or a number
+        aligned = torch.minimum(positions, torch.as_tensor(last, device=positions.device).clamp_min(0))  # (B|1, 1, T)
+        window = local_window(aligned, source_length, self.window)  # (B|1, 1, T, S)
+        return window if memory_mask is None else memory_mask & window
+
     def forward(
-        self,
-        input_ids,
-        encoder_hidden_states,
-        encoder_attention_mask=None,
-        attention_mask=None,
-        cache: EncoderDecoderCache | None = None,
-        output_attentions=False,
-        output_hidden_states=False,
-        inputs_embeds=None,
+        self, input_ids, encoder_hidden_states, encoder_attention_mask=None, attention_mask=None,
+        cache: EncoderDecoderCache | None = None, output_attentions=False, output_hidden_states=False, inputs_embeds=None,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
+        if cache is not None and self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            raise ValueError(
+                "Gradient checkpointing replays each layer in the backward pass, which would extend `cache` a second "
+                "time: train with a cache (PEFT's prefix tuning) without gradient checkpointing."
+            )
         past_length = cache.get_seq_length() if cache is not None else 0
-        x = self.embeddings(input_ids, inputs_embeds, past_length)
-        self_mask, causal = self._self_attention_mask(x.size(1), past_length, cache, attention_mask, x.device)
+        x = self.embeddings(input_ids, inputs_embeds, past_length)  # (B, T, d_model)
+        self_mask, causal = self._self_attention_mask(x.size(1), past_length, cache, attention_mask, x.device, self.window)
         memory_mask = None if encoder_attention_mask is None else encoder_attention_mask.bool()[:, None, None, :]
+        if self.local_m:  # Luong's local-m: target position t looks at source t ± D (t clipped to the last token)
+            memory_mask = self._local_m_mask(x.size(1), past_length, encoder_hidden_states.size(1), memory_mask, x.device)
         hidden_states, self_attentions, cross_attentions = [], [], []
         for layer in self.layers:
             if output_hidden_states:
@@ -508,53 +611,9 @@ class VanillaTransformerDecoder(nn.Module):
         )
 
 
-class _SmoothedCrossEntropy(torch.autograd.Function):
-    """Cross-entropy against the smoothed target q = (1 - ε)·onehot(y) + ε/V (§5.4), with its
-    gradient in closed form: ∂loss/∂logits = softmax(logits) - q.
-
-    torch's cross-entropy keeps the log-probabilities for backward, where it fills a zero tensor
-    of the logits' size and runs softmax's backward over both. Here the gradient is made in the
-    forward pass from the log-probabilities it already holds, and backward only scales it: the
-    same numbers with one (N, V) tensor fewer. With smoothing and the NLL that training logs, it
-    is one log-softmax instead of two: forward + backward over 2,048 tokens and 8k types take
-    58 ms instead of 127 (2 CPU threads; 75 for torch's plain cross-entropy).
-    """
-
-    @staticmethod
-    def forward(ctx, logits, labels, epsilon):
-        log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (N, V)
-        ignored = labels == -100
-        target = labels.masked_fill(ignored, 0).unsqueeze(1)  # (N, 1)
-        nll = -log_probs.gather(1, target).squeeze(1).masked_fill(ignored, 0.0)  # (N,)
-        loss = nll
-        if epsilon:
-            loss = (1.0 - epsilon) * nll - epsilon * log_probs.mean(dim=-1).masked_fill(ignored, 0.0)
-        if ctx.needs_input_grad[0]:
-            grad = log_probs.exp_()  # softmax, in place
-            if epsilon:
-                grad.sub_(epsilon / logits.size(-1))
-            grad.scatter_add_(1, target, grad.new_full(target.shape, epsilon - 1.0))
-            # Ignored tokens get no gradient: their rows are zeroed in backward's one pass.
-            ctx.save_for_backward(grad.to(logits.dtype), (~ignored).unsqueeze(1).to(logits.dtype))
-        nll = nll.sum()
-        ctx.mark_non_differentiable(nll)
-        return loss.sum(), nll
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_loss, grad_nll):
-        grad, kept = ctx.saved_tensors  # (N, V), (N, 1)
-        return grad * (kept * grad_loss), None, None
-
-
-def smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, epsilon: float = 0.0):
-    """§5.4: label-smoothed cross-entropy summed over the tokens whose label is not -100, and the
-    plain negative log-likelihood summed over them (no gradient; perplexity is made from it).
-
-    `logits` (..., V), `labels` (...). Equal to `F.cross_entropy(..., label_smoothing=epsilon,
-    reduction="sum")`, tested to float precision.
-    """
-    return _SmoothedCrossEntropy.apply(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), epsilon)
+# --------------------------------------------------------------------------------------
+# §3.4 and §5.4: the output side, teacher forcing and the label-smoothed loss
+# --------------------------------------------------------------------------------------
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -565,42 +624,28 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return shifted.masked_fill(shifted == -100, pad_token_id)  # -100 marks ignored label positions
 
 
-def _check_ids(name: str, ids: torch.Tensor, vocab_size: int, allow_ignore_index: bool = False) -> None:
-    if ids.dim() != 2:
-        raise ValueError(f"`{name}` must have shape (batch, length); got {tuple(ids.shape)}.")
-    if ids.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"`{name}` must hold integer token ids; got dtype {ids.dtype}.")
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return  # exporting (torch.export, ONNX): the values are symbolic, and a check on them cannot be traced
-    valid = (ids >= 0) & (ids < vocab_size)
-    if allow_ignore_index:
-        valid |= ids == -100
-    if not bool(valid.all()):
-        bad = ids[~valid][0].item()
-        allowed = f"0..{vocab_size - 1}" + (" or -100" if allow_ignore_index else "")
-        raise ValueError(f"`{name}` holds id {bad}, outside the vocabulary ({allowed}; `vocab_size`={vocab_size}).")
+class LabelSmoothedCrossEntropy(nn.Module):
+    """§5.4: cross-entropy against the smoothed target (1 - ε)·onehot(y) + ε/V (Szegedy et al. 2016), the
+    mean over the target tokens whose label is not -100. With ε = 0, the negative log-likelihood."""
+
+    def forward(self, logits, labels, epsilon: float):  # (B, T, V), (B, T)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), label_smoothing=epsilon)
 
 
-def _check_same_shape(name: str, tensor, reference_name: str, shape) -> None:
-    if tensor is not None and tuple(tensor.shape) != tuple(shape):
-        raise ValueError(
-            f"`{name}` has shape {tuple(tensor.shape)} but `{reference_name}` has shape {tuple(shape)}; they must match."
-        )
+# --------------------------------------------------------------------------------------
+# The models transformers loads: AutoModel (encoder and decoder) and AutoModelForSeq2SeqLM
+# --------------------------------------------------------------------------------------
+
+# transformers 5.24 renamed the cache `past_key_values` to `cache` in generate's model arguments and in
+# the model outputs. CACHE_NAME is the installed version's name; our models and `generate` accept both.
+CACHE_NAME = "cache" if "cache" in {field.name for field in dataclasses.fields(Seq2SeqLMOutput)} else "past_key_values"
 
 
-def _tokens_or_embeddings(name: str, ids, embeds, vocab_size: int) -> tuple[int, int] | None:
-    """Check whichever of `<name>_ids` and `<name>s_embeds` was given (not both); return its (batch, length)."""
-    ids_name, embeds_name = f"{name}_ids", f"{name}s_embeds"
-    if ids is not None and embeds is not None:
-        raise ValueError(f"Pass `{ids_name}` or `{embeds_name}`, not both.")
-    if embeds is not None:
-        if embeds.dim() != 3:
-            raise ValueError(f"`{embeds_name}` must have shape (batch, length, d_model); got {tuple(embeds.shape)}.")
-        return tuple(embeds.shape[:2])
-    if ids is not None:
-        _check_ids(ids_name, ids, vocab_size)
-        return tuple(ids.shape)
-    return None
+def one_cache(cache=None, past_key_values=None):
+    """The cache passed under either name (`cache` since transformers 5.24, `past_key_values` before)."""
+    if cache is not None and past_key_values is not None:
+        raise ValueError("Pass the cache as `cache` or as `past_key_values` (its name before transformers 5.24), not both.")
+    return past_key_values if cache is None else cache
 
 
 # Every Auto class that can load a saved folder. `register_for_auto_class` records only the class
@@ -611,12 +656,14 @@ AUTO_MAP = {
     "AutoModelForSeq2SeqLM": "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration",
 }
 # The model's code, saved beside its weights. transformers copies a model file and what it imports
-# relatively (so the pipeline file is imported above) when it loads or saves custom code, but not when
-# the model came from a Hub repository: `save_pretrained` copies them itself.
+# relatively when it loads or saves custom code, but not when the model came from a Hub repository:
+# `save_pretrained` copies them itself.
 CODE_FILES = (
     "configuration_vanilla_transformer.py",
     "modeling_vanilla_transformer.py",
+    "fast_modeling_vanilla_transformer.py",
     "generation_vanilla_transformer.py",
+    "fast_generation_vanilla_transformer.py",
     "pipeline_vanilla_transformer.py",
 )
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
@@ -629,6 +676,16 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["EncoderLayer", "DecoderLayer"]
     _supports_sdpa = True
+
+    def post_init(self):
+        """transformers' `post_init` (weights, gradient checkpointing), then the one place where the speed-ups
+        take over: each plain module with a drop-in in fast_modeling_vanilla_transformer.py (nn.Dropout,
+        SinusoidalEncoding, LabelSmoothedCrossEntropy) is replaced by it. The drop-ins give the same numbers
+        and run the plain forward whenever `config.fast_paths` is False."""
+        super().post_init()
+        from .fast_modeling_vanilla_transformer import install  # the speed-ups live in their own file
+
+        install(self)
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         """`attn_implementation`: "sdpa" (the default) runs dot-product scores on torch's fused kernel and
@@ -645,6 +702,8 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
         """transformers' `save_pretrained`, plus what makes the folder load anywhere, whichever way it is
         saved (`save_pretrained`, `Trainer.save_model`, PEFT's `merge_and_unload()`, `push_to_hub`): the
         Auto classes and the `translation` pipeline in config.json, and the code files beside the weights."""
+        from .pipeline_vanilla_transformer import CUSTOM_PIPELINES  # the pipeline that config.json names
+
         self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
         self.config.custom_pipelines = CUSTOM_PIPELINES
         result = super().save_pretrained(save_directory, *args, **kwargs)
@@ -662,8 +721,7 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
 
         The attention's W^Q, W^K and W^V get fairseq's gain of 1/sqrt(2): the Xavier bound of the three
         as one (3·d_model × d_model) matrix, which is how fairseq and tensor2tensor hold them. With the
-        full bound of a square matrix the small quickstart model learned measurably slower (validation
-        perplexity 140 instead of 125 after 300 steps; docs/tuning.md).
+        full bound of a square matrix the small quickstart model learned measurably slower (docs/tuning.md).
         """
         if isinstance(module, nn.Linear):
             nn.init.xavier_uniform_(module.weight, gain=2**-0.5 if getattr(module, "is_attention_input", False) else 1.0)
@@ -717,27 +775,16 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         return self.decoder
 
     def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        decoder_input_ids=None,
-        decoder_attention_mask=None,
-        encoder_outputs=None,
-        cache=None,
-        inputs_embeds=None,
-        decoder_inputs_embeds=None,
-        use_cache=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        past_key_values=None,
-    ) -> Seq2SeqModelOutput:
-        """`return_dict` is accepted for `generate()` and ignored: outputs are always `ModelOutput`s,
-        which also index like tuples. Positions come from the cache length. `inputs_embeds` and
-        `decoder_inputs_embeds` (what `get_input_embeddings()` returns for the ids, unscaled) can
-        replace `input_ids` and `decoder_input_ids`, as in transformers' other models. The cache is
-        `cache` or, as transformers before 5.24 named it, `past_key_values`; the output names it as the
-        installed transformers does."""
+        self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
+        encoder_outputs=None, cache=None, inputs_embeds=None, decoder_inputs_embeds=None, use_cache=None,
+        output_attentions=None, output_hidden_states=None, return_dict=None, past_key_values=None,
+    ) -> Seq2SeqModelOutput | tuple:
+        """The source through the encoder, the target so far through the decoder. As in transformers' models:
+        `inputs_embeds` and `decoder_inputs_embeds` (what `get_input_embeddings()` returns for the ids,
+        unscaled) can replace the ids; the cache is `cache` or, before transformers 5.24, `past_key_values`,
+        and the output names it as the installed transformers does; a cache that is passed is read and
+        extended, in training too (PEFT's prefix tuning passes its prefix as one), and positions continue
+        from its length; `return_dict=False` (or `config.return_dict` False) returns `to_tuple()`."""
         config = self.config
         cache = one_cache(cache, past_key_values)
         output_attentions = config.output_attentions if output_attentions is None else output_attentions
@@ -754,41 +801,18 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
-        memory = encoder_outputs.last_hidden_state
+        memory = encoder_outputs.last_hidden_state  # (B, S, d_model)
 
-        if cache is not None and not isinstance(cache, EncoderDecoderCache):
-            raise ValueError(
-                "`cache` (`past_key_values`) must be an EncoderDecoderCache (self-attention and cross-attention "
-                f"caches); got {type(cache).__name__}."
-            )
-        if cache is None or (not torch.compiler.is_compiling() and cache.get_seq_length() == 0):
-            # Once decoding has started the ids come from the model itself; checking is a sync per step
-            # (and a break in a compiled step's graph: a static cache's length is a tensor).
-            shape = _tokens_or_embeddings("decoder_input", decoder_input_ids, decoder_inputs_embeds, config.vocab_size)
-        else:
-            shape = (decoder_input_ids if decoder_inputs_embeds is None else decoder_inputs_embeds).shape[:2]
-        if shape is None:
-            raise ValueError(
-                "Pass `decoder_input_ids` or `decoder_inputs_embeds`, or `labels` to the ForConditionalGeneration model."
-            )
-        if shape[0] != memory.size(0):
-            name = "decoder_input_ids" if decoder_inputs_embeds is None else "decoder_inputs_embeds"
-            raise ValueError(f"`{name}` has batch size {shape[0]} but the source has {memory.size(0)}.")
+        _check_decoder_inputs(decoder_input_ids, decoder_inputs_embeds, cache, memory.size(0), config.vocab_size)
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
         decoder_outputs = self.decoder(
-            decoder_input_ids,
-            memory,
-            encoder_attention_mask=attention_mask,
-            attention_mask=decoder_attention_mask,
-            cache=cache if use_cache else None,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            inputs_embeds=decoder_inputs_embeds,
+            decoder_input_ids, memory, attention_mask, decoder_attention_mask, cache, output_attentions,
+            output_hidden_states, decoder_inputs_embeds,
         )
-        return Seq2SeqModelOutput(
-            last_hidden_state=decoder_outputs.last_hidden_state,
-            **{CACHE_NAME: cache if use_cache else None},
+        output = Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,  # (B, T, d_model)
+            **{CACHE_NAME: cache},
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -796,6 +820,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
         )
+        return output if _wants_dict(return_dict, config) else output.to_tuple()
 
 
 class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
@@ -806,6 +831,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.criterion = LabelSmoothedCrossEntropy()
         if config.tie_word_embeddings:
             self._tied_weights_keys = {
                 "lm_head.weight": "model.shared.weight",
@@ -833,11 +859,10 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         return self.model.decoder
 
     def generate(self, inputs=None, generation_config=None, logits_processor=None, **kwargs):
-        """transformers' `generate`, plus two generation-config attributes for decoding as in §6.1:
-        `length_penalty_style="gnmt"` ranks beams by log P / ((5 + |Y|) / 6) ** length_penalty, and
-        `max_length_offset` (default 50) caps each sentence at its source length + offset new tokens
-        when no max_new_tokens / max_length is given. See generation_vanilla_transformer.py."""
-        return _paper_generate(self, super().generate, inputs, generation_config, logits_processor, **kwargs)
+        """transformers' `generate`, with the paper's decoding (§6.1) available: GNMT length penalty
+        (`length_penalty_style="gnmt"`) and outputs capped at source length + `max_length_offset`."""
+        from .generation_vanilla_transformer import generate  # decoding (§6.1) lives in its own file
+        return generate(self, super().generate, inputs, generation_config, logits_processor, **kwargs)
 
     def _reorder_cache(self, cache, beam_idx):
         """Called by transformers' beam search after each step (its hook for models with their own way).
@@ -850,52 +875,101 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
     def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        decoder_input_ids=None,
-        decoder_attention_mask=None,
-        encoder_outputs=None,
-        cache=None,
-        inputs_embeds=None,
-        decoder_inputs_embeds=None,
-        labels=None,
-        use_cache=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-        past_key_values=None,
-    ) -> Seq2SeqLMOutput:
-        """As `VanillaTransformerModel.forward`, with `labels` for the loss."""
+        self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
+        encoder_outputs=None, cache=None, inputs_embeds=None, decoder_inputs_embeds=None, labels=None, use_cache=None,
+        output_attentions=None, output_hidden_states=None, return_dict=None, past_key_values=None,
+    ) -> Seq2SeqLMOutput | tuple:
+        """As `VanillaTransformerModel.forward`, then the logits and, given `labels`, the loss."""
         if labels is not None:
             _check_ids("labels", labels, self.config.vocab_size, allow_ignore_index=True)
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
             decoder_input = decoder_input_ids if decoder_inputs_embeds is None else decoder_inputs_embeds
             _check_same_shape("labels", labels, "the decoder input", decoder_input.shape[:2])
+            use_cache = False  # as transformers' seq2seq models: scoring makes no cache (a passed one is still read)
         outputs = self.model(
-            input_ids,
-            attention_mask=attention_mask,
-            decoder_input_ids=decoder_input_ids,
-            decoder_attention_mask=decoder_attention_mask,
-            encoder_outputs=encoder_outputs,
-            cache=cache,
+            input_ids, attention_mask, decoder_input_ids, decoder_attention_mask, encoder_outputs, cache, inputs_embeds,
+            decoder_inputs_embeds, use_cache, output_attentions, output_hidden_states, return_dict=True,
             past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            decoder_inputs_embeds=decoder_inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
         )
-        logits = project_to_vocabulary(self.lm_head, outputs.last_hidden_state)  # (B, T, vocab)
+        logits = self.lm_head(outputs.last_hidden_state)  # §3.4: the pre-softmax projection, (B, T, vocab)
         loss = None
         if labels is not None:
-            summed, _ = smoothed_cross_entropy(logits, labels, self.config.label_smoothing)
-            loss = summed / (labels != -100).sum()  # the mean over target tokens, as transformers' models
-        # Everything the base model returned (caches, attentions, hidden states), but the logits
-        # in place of the last hidden state.
+            loss = self.criterion(logits, labels, self.config.label_smoothing)  # §5.4
+        # Everything the base model returned (caches, attentions, hidden states), the logits in place of
+        # the last hidden state.
         passed_on = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
-        return Seq2SeqLMOutput(loss=loss, logits=logits, **passed_on)
+        output = Seq2SeqLMOutput(loss=loss, logits=logits, **passed_on)
+        return output if _wants_dict(return_dict, self.config) else output.to_tuple()
+
+
+# --------------------------------------------------------------------------------------
+# Input checks: bad input gets an error naming the argument, not a shape error deep inside
+# --------------------------------------------------------------------------------------
+
+
+def _wants_dict(return_dict, config) -> bool:
+    """transformers' rule: the argument, else `config.return_dict`."""
+    return config.return_dict if return_dict is None else return_dict
+
+
+def _check_ids(name: str, ids: torch.Tensor, vocab_size: int, allow_ignore_index: bool = False) -> None:
+    if ids.dim() != 2:
+        raise ValueError(f"`{name}` must have shape (batch, length); got {tuple(ids.shape)}.")
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"`{name}` must hold integer token ids; got dtype {ids.dtype}.")
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return  # exporting (torch.export, ONNX): the values are symbolic, and a check on them cannot be traced
+    valid = (ids >= 0) & (ids < vocab_size)
+    if allow_ignore_index:
+        valid |= ids == -100
+    if not bool(valid.all()):
+        bad = ids[~valid][0].item()
+        allowed = f"0..{vocab_size - 1}" + (" or -100" if allow_ignore_index else "")
+        raise ValueError(f"`{name}` holds id {bad}, outside the vocabulary ({allowed}; `vocab_size`={vocab_size}).")
+
+
+def _check_same_shape(name: str, tensor, reference_name: str, shape) -> None:
+    if tensor is not None and tuple(tensor.shape) != tuple(shape):
+        raise ValueError(
+            f"`{name}` has shape {tuple(tensor.shape)} but `{reference_name}` has shape {tuple(shape)}; they must match."
+        )
+
+
+def _tokens_or_embeddings(name: str, ids, embeds, vocab_size: int) -> tuple[int, int] | None:
+    """Check whichever of `<name>_ids` and `<name>s_embeds` was given (not both); return its (batch, length)."""
+    ids_name, embeds_name = f"{name}_ids", f"{name}s_embeds"
+    if ids is not None and embeds is not None:
+        raise ValueError(f"Pass `{ids_name}` or `{embeds_name}`, not both.")
+    if embeds is not None:
+        if embeds.dim() != 3:
+            raise ValueError(f"`{embeds_name}` must have shape (batch, length, d_model); got {tuple(embeds.shape)}.")
+        return tuple(embeds.shape[:2])
+    if ids is not None:
+        _check_ids(ids_name, ids, vocab_size)
+        return tuple(ids.shape)
+    return None
+
+
+def _check_decoder_inputs(ids, embeds, cache, batch_size: int, vocab_size: int) -> None:
+    if cache is not None and not isinstance(cache, EncoderDecoderCache):
+        raise ValueError(
+            "`cache` (`past_key_values`) must be an EncoderDecoderCache (self-attention and cross-attention "
+            f"caches); got {type(cache).__name__}."
+        )
+    if cache is None or (not torch.compiler.is_compiling() and cache.get_seq_length() == 0):
+        shape = _tokens_or_embeddings("decoder_input", ids, embeds, vocab_size)
+    else:
+        # Once decoding has started the ids come from the model itself; checking is a sync per step
+        # (and a break in a compiled step's graph: a static cache's length is a tensor).
+        shape = (ids if embeds is None else embeds).shape[:2]
+    if shape is None:
+        raise ValueError(
+            "Pass `decoder_input_ids` or `decoder_inputs_embeds`, or `labels` to the ForConditionalGeneration model."
+        )
+    if shape[0] != batch_size:
+        name = "decoder_input_ids" if embeds is None else "decoder_inputs_embeds"
+        raise ValueError(f"`{name}` has batch size {shape[0]} but the source has {batch_size}.")
 
 
 __all__ = [

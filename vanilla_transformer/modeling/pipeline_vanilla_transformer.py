@@ -24,13 +24,18 @@ ids, the raw tokens and `readable_pieces`, the text each token stands for). `src
 (the names transformers' translation pipelines used) are checked against the pair the model was
 trained on, with a warning if they differ.
 
-Texts longer than the model's limit (the tokenizer's `model_max_length`, and the position table
-for learned positions) are truncated to it with a warning, as the old transformers pipelines did,
-rather than failing a whole batch for one long line.
+The call takes every argument of transformers 4's `TranslationPipeline`, with its meaning there
+(`return_tensors`, `return_text`, `return_type`, `clean_up_tokenization_spaces`, `truncation`,
+`stop_sequence`, `num_return_sequences`, ...: see `TranslationPipeline.__call__`). Two things no
+longer fail a whole batch for one line: a text longer than the model's limit (the tokenizer's
+`model_max_length`, and the position table for learned positions) is truncated to it with a
+warning, and an empty or blank text translates to "" with a warning, the rest of its batch
+translated as if it were not there.
 """
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from types import GeneratorType
 
@@ -147,21 +152,73 @@ def _trim(ids: torch.Tensor, stop_ids: set[int], keep_first: bool) -> torch.Tens
     return ids
 
 
+def _strip_padding(ids: torch.Tensor, pad: int) -> torch.Tensor:
+    """A generated sequence (T,) without the batch padding after its end; the decoder start token stays."""
+    real = (ids[1:] != pad).nonzero()
+    return ids[: int(real[-1]) + 2] if real.numel() else ids[:1]
+
+
+def _first(token_id):
+    """One id from a setting that may hold several (`eos_token_id` can be a list)."""
+    return token_id[0] if isinstance(token_id, (list, tuple)) else token_id
+
+
+def _positive_int(name: str, value) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
+    return int(value)
+
+
 class TranslationPipeline(Pipeline):
     """Translate text with a sequence-to-sequence model; returns `[{"translation_text": ...}]`."""
 
-    def _sanitize_parameters(self, return_attentions=None, truncation=None, src_lang=None, tgt_lang=None, **generate_kwargs):
+    def _sanitize_parameters(
+        self,
+        return_attentions=None,
+        truncation=None,
+        src_lang=None,
+        tgt_lang=None,
+        return_tensors=None,
+        return_text=None,
+        return_type=None,
+        clean_up_tokenization_spaces=None,
+        stop_sequence=None,
+        **generate_kwargs,
+    ):
         preprocess_params, forward_params, postprocess_params = {}, {}, {}
         mismatch = language_pair_mismatch(self.model.config, src_lang, tgt_lang)
         if mismatch:
             warnings.warn(mismatch, stacklevel=3)
         if truncation is not None:
-            preprocess_params["truncation"] = truncation
+            preprocess_params["truncation"] = _truncates(truncation)
         if return_attentions is not None:
             forward_params["return_attentions"] = return_attentions
             postprocess_params["return_attentions"] = return_attentions
-        if generate_kwargs.get("num_return_sequences", 1) != 1:
-            raise ValueError("`num_return_sequences` other than 1 is not supported by this pipeline.")
+        # transformers 4's ReturnType: TENSORS (0) gives the token ids alone, TEXT (1) the text alone.
+        if return_type is not None and return_tensors is None and return_text is None:
+            kind = getattr(return_type, "value", return_type)
+            if kind not in (0, 1):
+                raise ValueError(f"`return_type` must be 0 (token ids) or 1 (text), as transformers 4's ReturnType; got {return_type!r}.")
+            return_tensors, return_text = kind == 0, kind == 1
+        if return_tensors is not None or return_text is not None:
+            # Either alone says what to return: `return_tensors=True` gives the ids instead of the text, as before.
+            return_tensors = not return_text if return_tensors is None else bool(return_tensors)
+            return_text = not return_tensors if return_text is None else bool(return_text)
+            if not (return_tensors or return_text):
+                raise ValueError("`return_text` and `return_tensors` are both False: there would be nothing to return.")
+            postprocess_params.update(return_tensors=return_tensors, return_text=return_text)
+        if clean_up_tokenization_spaces is not None:
+            postprocess_params["clean_up_tokenization_spaces"] = clean_up_tokenization_spaces
+        if stop_sequence is not None:
+            # As transformers 4 did: generation ends at the stop sequence's first token, which is kept.
+            stop_ids = self.tokenizer.encode(stop_sequence, add_special_tokens=False)
+            if not stop_ids:
+                raise ValueError(f"`stop_sequence` must be text that has tokens; got {stop_sequence!r}.")
+            if len(stop_ids) > 1:
+                warnings.warn(f"`stop_sequence` {stop_sequence!r} is {len(stop_ids)} tokens; generation stops at its first.", stacklevel=3)
+            generate_kwargs["eos_token_id"] = stop_ids[0]
+        if "num_return_sequences" in generate_kwargs:
+            _positive_int("num_return_sequences", generate_kwargs["num_return_sequences"])
         check_decoding_options(**{name: generate_kwargs.get(name) for name in ("num_beams", "length_penalty", "max_new_tokens")})
         forward_params["generate_kwargs"] = generate_kwargs
         return preprocess_params, forward_params, postprocess_params
@@ -169,17 +226,33 @@ class TranslationPipeline(Pipeline):
     def __call__(self, inputs, **kwargs):
         """Translate `inputs`: a string; a list, tuple or `datasets` column of strings; or a stream that
         `Pipeline.__call__` iterates over: `KeyDataset(dataset, "text")` (any torch Dataset), a
-        generator or an iterator.
+        generator or an iterator. An empty or blank string translates to "" (with a warning), without
+        touching the other texts of its batch.
 
         Returns a list with one `{"translation_text": ...}` per string (a list of one for a single
         string), and an iterator of those dicts for a stream, so that `list(translate(KeyDataset(ds,
-        "text")))` equals `translate(ds["text"])`. Keyword arguments:
-        `batch_size`, `return_attentions`, `truncation` (default True), `src_lang`/`tgt_lang` (checked
-        against the model's pair) and any option of `model.generate` (`num_beams`, `max_new_tokens`, ...).
+        "text")))` equals `translate(ds["text"])`. With `num_return_sequences=n` > 1 each text gets a
+        list of n dicts instead (a single string: that list). Keyword arguments, those of transformers 4's
+        `TranslationPipeline` with their meaning there:
+
+        - `batch_size`, `num_workers`: as for every pipeline.
+        - `return_text` (default True) and `return_tensors` (default False): whether each dict holds
+          `translation_text` and `translation_token_ids` (the generated ids, decoder start and `</s>`
+          included, as a tensor); `return_tensors=True` alone gives the ids instead of the text.
+          `return_type` (0: ids, 1: text) is the older spelling.
+        - `clean_up_tokenization_spaces` (default False): as in `tokenizer.decode` ("a ." -> "a.").
+        - `truncation` (default True here): texts longer than the model's limit are cut to it with a
+          warning; False (or "do_not_truncate") refuses them instead.
+        - `src_lang`/`tgt_lang`: checked against the model's pair (a warning if they differ).
+        - `stop_sequence`: generation ends at its first token.
+        - `return_attentions`: adds the attention weights behind each translation.
+        - anything else goes to `model.generate` (`num_beams`, `max_new_tokens`, `num_return_sequences`,
+          `do_sample`, `generation_config`, ...).
         """
         if isinstance(inputs, (str, bytes)) or not hasattr(inputs, "__iter__") and not isinstance(inputs, Dataset):
             _check_text(inputs, "inputs")
-            return [super().__call__(inputs, **kwargs)]
+            result = super().__call__(inputs, **kwargs)
+            return result if isinstance(result, list) else [result]
         if isinstance(inputs, Dataset) or iter(inputs) is inputs:  # KeyDataset, generators, iterators: streamed
             return super().__call__(inputs if isinstance(inputs, (Dataset, GeneratorType)) else (t for t in inputs), **kwargs)
         inputs = list(inputs)  # a list, tuple or data set column
@@ -191,6 +264,11 @@ class TranslationPipeline(Pipeline):
 
     def preprocess(self, text, truncation=True):
         _check_text(text, "each input")
+        blank = not text.strip()
+        if blank:
+            # One blank line in a file should not cost the rest of its batch: it is not translated at all.
+            warnings.warn("An empty or blank text translates to the empty string.", stacklevel=2)
+            text = ""
         limit = source_length_limit(self.model, self.tokenizer)
         encoded = self.tokenizer(text, return_tensors="pt", truncation=False)
         length = encoded["input_ids"].size(1)
@@ -206,42 +284,82 @@ class TranslationPipeline(Pipeline):
                 stacklevel=2,
             )
             encoded = self.tokenizer(text, return_tensors="pt", truncation=True, max_length=limit)
-        return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+        return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "blank": torch.tensor([blank])}
 
     def _forward(self, model_inputs, generate_kwargs=None, return_attentions=False):
-        # No length default here: the model's generate caps each text of the batch at its own length + 50.
-        output_ids = self.model.generate(**model_inputs, **(generate_kwargs or {}))
+        generate_kwargs = generate_kwargs or {}
+        stored = generate_kwargs.get("generation_config") or self.model.generation_config
+        sequences = _positive_int("num_return_sequences", generate_kwargs.get("num_return_sequences") or stored.num_return_sequences or 1)
+        start = _first(stored.decoder_start_token_id if stored.decoder_start_token_id is not None else self.model.config.decoder_start_token_id)
+        eos = _first(generate_kwargs.get("eos_token_id", stored.eos_token_id))
+        pad = self.model.config.pad_token_id
+        # Blank texts leave the batch: the others are generated exactly as they would be without them.
+        blank = model_inputs["blank"]
+        inputs = {name: model_inputs[name][~blank] for name in ("input_ids", "attention_mask")}
+        inputs = {name: tensor[:, inputs["attention_mask"].any(0)] for name, tensor in inputs.items()}
+        generated = self.model.generate(**inputs, **generate_kwargs) if bool((~blank).any()) else None
+        # (texts, sequences, length): transformers 4's layout, which the pipeline's unbatching splits by text.
+        length = 2 if generated is None else max(2, generated.size(1))
+        output_ids = torch.full((blank.size(0), sequences, length), pad, dtype=torch.long, device=blank.device)
+        output_ids[blank, :, 0], output_ids[blank, :, 1] = start, eos  # the empty translation
+        if generated is not None:
+            output_ids[~blank, :, : generated.size(1)] = generated.view(-1, sequences, generated.size(1))
         outputs = {"output_ids": output_ids}
         if return_attentions:
-            stops = {self.model.generation_config.eos_token_id, self.model.config.pad_token_id}
+            stops = {eos, pad}
             per_text = []
             for row in range(output_ids.size(0)):
                 source = model_inputs["input_ids"][row][model_inputs["attention_mask"][row].bool()]
-                target = _trim(output_ids[row], stops, keep_first=True)
-                if target.size(0) < 2:  # nothing was generated: nothing was attended
-                    target = torch.cat([target, target.new_tensor([self.model.generation_config.eos_token_id])])
-                per_text.append(teacher_forced_attentions(self.model, source[None], target[None]))
+                weights = []
+                for sequence in output_ids[row]:
+                    target = _trim(sequence, stops, keep_first=True)
+                    if target.size(0) < 2:  # nothing was generated: nothing was attended
+                        target = torch.cat([target, target.new_tensor([eos])])
+                    weights.append(teacher_forced_attentions(self.model, source[None], target[None]))
+                per_text.append(weights)
             # A list: when batching, the pipeline's unbatching hands each text its own entry.
             outputs["attention_weights"] = per_text
         return outputs
 
-    def postprocess(self, model_outputs, return_attentions=False):
-        text = self.tokenizer.decode(model_outputs["output_ids"][0], skip_special_tokens=True)
-        result = {"translation_text": text}
-        if return_attentions:
-            weights = model_outputs["attention_weights"]
-            weights = dict(weights[0] if isinstance(weights, list) else weights)
-            for side, key in (("encoder", "input_ids"), ("decoder", "decoder_input_ids")):
-                ids = weights.pop(key)
-                weights[f"{side}_ids"] = ids
-                weights[f"{side}_tokens"] = self.tokenizer.convert_ids_to_tokens(ids)  # raw, as bertviz takes them
-                weights[f"{side}_pieces"] = readable_pieces(self.tokenizer, ids)  # the text each token stands for
-            result["attentions"] = weights
-        return result
+    def postprocess(self, model_outputs, return_attentions=False, return_text=True, return_tensors=False,
+                    clean_up_tokenization_spaces=False):
+        weights = model_outputs.get("attention_weights")
+        if weights and isinstance(weights[0], list):  # not unbatched: the batch of this one text
+            weights = weights[0]
+        records = []
+        for index, output_ids in enumerate(model_outputs["output_ids"][0]):
+            record = {}
+            if return_text:
+                record["translation_text"] = self.tokenizer.decode(
+                    output_ids, skip_special_tokens=True, clean_up_tokenization_spaces=clean_up_tokenization_spaces
+                )
+            if return_tensors:
+                record["translation_token_ids"] = _strip_padding(output_ids, self.model.config.pad_token_id)
+            if return_attentions:
+                record["attentions"] = self._readable_attentions(weights[index])
+            records.append(record)
+        return records[0] if len(records) == 1 else records
+
+    def _readable_attentions(self, weights: dict) -> dict:
+        weights = dict(weights)
+        for side, key in (("encoder", "input_ids"), ("decoder", "decoder_input_ids")):
+            ids = weights.pop(key)
+            weights[f"{side}_ids"] = ids
+            weights[f"{side}_tokens"] = self.tokenizer.convert_ids_to_tokens(ids)  # raw, as bertviz takes them
+            weights[f"{side}_pieces"] = readable_pieces(self.tokenizer, ids)  # the text each token stands for
+        return weights
+
+
+def _truncates(truncation) -> bool:
+    """transformers 4's truncation settings for one text: True, False or a TruncationStrategy (or its name)."""
+    value = getattr(truncation, "value", truncation)
+    if value in (True, "longest_first", "only_first"):
+        return True
+    if value in (False, "do_not_truncate"):
+        return False
+    raise ValueError(f"`truncation` must be True, False, 'longest_first', 'only_first' or 'do_not_truncate'; got {truncation!r}.")
 
 
 def _check_text(text, name: str) -> None:
     if not isinstance(text, str):
         raise TypeError(f"`{name}` must be a string to translate; got {type(text).__name__}: {text!r:.80}")
-    if not text.strip():
-        raise ValueError(f"`{name}` is an empty or blank string: there is nothing to translate.")

@@ -8,7 +8,10 @@ a `.tmp-*` folder that is never taken for a checkpoint.
 
 A checkpoint is verified before it is read (`verify_checkpoint`): a file damaged after it was
 written (a copy cut short, a full disk elsewhere, a bad sector) is named, and `newest_sound_checkpoint`
-lets a resumed run fall back to the newest checkpoint that is whole.
+lets a resumed run fall back to the newest checkpoint that is whole. Accelerate unpickles the
+`custom_checkpoint_*.pkl` files of registered objects (the schedule, the weight average) with
+`weights_only=False`, which runs whatever code a crafted file holds; `verify_checkpoint` reads each
+of them first with `weights_only=True`, so a checkpoint someone hands you is refused, never executed.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import re
 import shutil
 from pathlib import Path
 
+import pickle
+
 import torch
 from safetensors.torch import load_file
 
@@ -27,6 +32,7 @@ from ..file_checks import check_weights_file, read_json
 __all__ = [
     "STATE_FILE",
     "average_checkpoints",
+    "check_plain_pickle",
     "checkpoint_path",
     "list_checkpoints",
     "latest_checkpoint",
@@ -39,6 +45,7 @@ __all__ = [
 STATE_FILE = "trainer_state.json"
 WEIGHTS_FILE = "model.safetensors"  # what Accelerate's save_state names the (first) model
 OPTIMIZER_FILE = "optimizer.bin"
+CUSTOM_STATE_PREFIX = "custom_checkpoint_"  # Accelerate's pickles of objects given to register_for_checkpointing
 DAMAGED_PREFIX = "damaged-"  # a checkpoint set aside by `newest_sound_checkpoint`
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 
@@ -80,6 +87,21 @@ def verify_checkpoint(checkpoint: str | os.PathLike) -> None:
     for path in sorted(checkpoint.iterdir()):
         if path.suffix in (".safetensors", ".bin", ".pkl"):
             check_weights_file(path)
+        if path.name.startswith(CUSTOM_STATE_PREFIX) and path.suffix == ".pkl":
+            check_plain_pickle(path)
+
+
+def check_plain_pickle(path: str | os.PathLike) -> None:
+    """Raise ValueError naming `path` unless it unpickles as tensors and plain values only (Accelerate
+    reads it next with `weights_only=False`, which would run any code a crafted file holds)."""
+    try:
+        torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(
+            f"{path} holds more than tensors and plain values, so reading it could run code from the file; "
+            f"it is not read ({reason})"
+        ) from None
 
 
 def newest_sound_checkpoint(root: str | os.PathLike) -> tuple[Path, list[str]]:

@@ -25,6 +25,8 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import signal
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -61,6 +63,7 @@ from .checkpoints import (
 from .data import PadCollator, TokenBatchSampler, TokenizedSplit, tokenize_pairs
 from .distributed import configure_deepspeed, end_training, start_accelerator
 from .lock import RunLock
+from ..modeling.fast_modeling_vanilla_transformer import enabled as fast_paths
 from .loss import IGNORE_INDEX, label_smoothed_loss
 from .schedule import PAPER_WARMUP_STEPS, SCHEDULES, make_optimizer, make_scheduler
 
@@ -69,6 +72,7 @@ __all__ = ["TrainingArguments", "evaluate", "train"]
 logger = get_logger(__name__)  # logs on the main process only
 
 CHECKPOINTS = "checkpoints"  # sub-folder of output_dir; the rest of output_dir is the Hub folder (hub.py)
+MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")  # a saved model
 TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")  # the config takes them from the tokenizer
 DATA_FIELDS = ("source_lang", "target_lang", "dataset_name")  # ... and these from the data
 # What a resumed run must share with the run it continues (its data, tokenizer, model and batches);
@@ -307,7 +311,7 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
     sampler = TokenBatchSampler(split.lengths, args.max_tokens, **shard)
     for batch in _batches(split, sampler, collate, accelerator.device):
         logits = _forward(model, batch)
-        loss, nll = label_smoothed_loss(logits, batch["labels"], args.label_smoothing)
+        loss, nll = label_smoothed_loss(logits, batch["labels"], args.label_smoothing, fast_paths(model.config))
         sums += torch.stack([loss.double(), nll.double(), (batch["labels"] != IGNORE_INDEX).sum().double()])
     loss, nll, tokens = accelerator.gather_for_metrics(sums.unsqueeze(0)).sum(0).tolist()
     metrics = {"loss": loss / tokens, "nll": nll / tokens, "perplexity": math.exp(min(nll / tokens, 100.0))}
@@ -396,6 +400,8 @@ class _Run:
     started: float = field(default_factory=time.perf_counter)
     elapsed: float = 0.0  # seconds since `started` on the main process, as of the current step (the same on every process)
     tokens_since_start: int = 0
+    stop_requests: Any = None  # the _StopRequests recording signals while training
+    stop_signal: int = 0  # SIGINT or SIGTERM received by the main process: checkpoint and stop (the same on every process)
 
     def remaining_steps(self, step: int) -> float:
         """The optimiser steps left after `step`, to the first limit: `max_steps`, `num_epochs` or `time_limit` (at
@@ -431,10 +437,51 @@ def train(args: TrainingArguments) -> dict:
     _on_main(accelerator, lock.acquire)
     try:
         run = _setup(args, accelerator)
-        _train_until_done(run)
+        with _StopRequests() as stop:
+            run.stop_requests = stop
+            _train_until_done(run)
+        if run.stop_signal:
+            raise TrainingInterrupted(run.stop_signal, args.output_dir, run.step)
         return _finish(run)
     finally:
         lock.release()
+
+
+class TrainingInterrupted(Exception):
+    """SIGINT or SIGTERM stopped the run after its current step, saved as a checkpoint; `exit_code` is 128 + signal."""
+
+    def __init__(self, signum: int, output_dir: str, step: int):
+        self.exit_code = 128 + signum
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name} after step {step}, saved in {Path(output_dir) / CHECKPOINTS}; "
+            "run the same command with --resume to continue"
+        )
+
+
+class _StopRequests:
+    """While training: SIGINT and SIGTERM are recorded (the step under way finishes, then a checkpoint is
+    written) instead of killing the run and losing every step since the last checkpoint. A second signal
+    acts at once, as it would without this."""
+
+    def __init__(self):
+        self.signum, self._previous = 0, {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._record)
+        return self
+
+    def _record(self, signum, frame) -> None:
+        self.signum = signum
+        for number, handler in self._previous.items():  # the next one interrupts for real
+            signal.signal(number, handler)
+        logger.warning(f"{signal.Signals(signum).name}: stopping after this step and saving a checkpoint "
+                       "(send it again to stop at once, unsaved)")
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
 
 
 def _on_main(accelerator, decide) -> int | None:
@@ -533,6 +580,13 @@ def _resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
         raise ValueError(
             f"{args.output_dir} holds checkpoints of an earlier run; pass `resume` to continue it, or pick a new `output_dir`"
         )
+    model_files = [name for name in MODEL_FILES if (Path(args.output_dir) / name).exists()]
+    if model_files:  # a finished model (from the Hub, or a run whose checkpoints were removed): never replaced
+        raise ValueError(
+            f"{args.output_dir} holds a model ({', '.join(model_files)}) that a new run would replace; pass `resume` "
+            f"to continue its run (it needs its {CHECKPOINTS}/ folder), `model_name_or_path {args.output_dir}` "
+            "to fine-tune it into another `output_dir`, or pick another `output_dir`"
+        )
     return None
 
 
@@ -629,7 +683,8 @@ def _train_until_done(run: _Run) -> None:
                 break
             total_tokens = _step_tokens_unless_out_of_time(run, micro_batches)
             if total_tokens is None:
-                logger.info(f"time limit of {args.time_limit} min reached at step {run.step}")
+                if not run.stop_signal:
+                    logger.info(f"time limit of {args.time_limit} min reached at step {run.step}")
                 done = True
                 break
             loss, nll, lr = _optimizer_step(run, micro_batches, total_tokens)
@@ -655,12 +710,13 @@ def _step_tokens_unless_out_of_time(run: _Run, micro_batches: list[dict]) -> int
     args, accelerator = run.args, run.accelerator
     elapsed_ms = int((time.perf_counter() - run.started) * 1000) if accelerator.is_main_process else 0
     local_tokens = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro_batches)
-    total_tokens, elapsed_ms = accelerator.reduce(
-        torch.tensor([local_tokens, elapsed_ms], device=accelerator.device), "sum"
+    stop_signal = run.stop_requests.signum if run.stop_requests is not None and accelerator.is_main_process else 0
+    total_tokens, elapsed_ms, run.stop_signal = accelerator.reduce(  # the main process's signal stops every process
+        torch.tensor([local_tokens, elapsed_ms, stop_signal], device=accelerator.device), "sum"
     ).tolist()
     run.elapsed = elapsed_ms / 1000  # the main process's clock: every process decays its learning rate alike
     out_of_time = args.time_limit is not None and run.elapsed > args.time_limit * 60
-    return None if out_of_time else total_tokens
+    return None if out_of_time or run.stop_signal else total_tokens
 
 
 def _optimizer_step(run: _Run, micro_batches: list[dict], total_tokens: int) -> tuple[float, float, float]:
@@ -668,11 +724,12 @@ def _optimizer_step(run: _Run, micro_batches: list[dict], total_tokens: int) -> 
     label-smoothed loss and NLL per target token, and the learning rate it used."""
     accelerator, model, world = run.accelerator, run.model, run.accelerator.num_processes
     model.train()
+    fast = fast_paths(accelerator.unwrap_model(model).config)  # the closed-form loss, or F.cross_entropy
     sums = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     for i, batch in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
         with nullcontext() if last else accelerator.no_sync(model):  # all-reduce gradients once per step
-            loss, nll = label_smoothed_loss(_forward(model, batch), batch["labels"], run.args.label_smoothing)
+            loss, nll = label_smoothed_loss(_forward(model, batch), batch["labels"], run.args.label_smoothing, fast)
             # DDP averages gradients over processes; * world turns that average into a sum.
             accelerator.backward(loss * world / total_tokens)
         sums += torch.stack([loss.detach().double(), nll.double()])

@@ -1,0 +1,143 @@
+"""Issue #40: nothing from a file the user was handed is executed, nothing they made is overwritten."""
+
+import pytest
+import torch
+from accelerate import Accelerator
+
+from vanilla_transformer.training.checkpoints import newest_sound_checkpoint, save_checkpoint, verify_checkpoint
+from vanilla_transformer.training.schedule import make_scheduler
+
+
+class _Payload:
+    """What a crafted pickle holds: unpickling it calls `open(marker, "w")`, i.e. runs the file's code."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.fixture
+def checkpointed(tmp_path):
+    """A real checkpoint with a registered schedule, as `train` writes it (custom_checkpoint_0.pkl)."""
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    scheduler = make_scheduler(optimizer, 8, 4, 1.0, "noam", remaining_steps=lambda step: 10)
+    accelerator.register_for_checkpointing(scheduler)
+    root = tmp_path / "checkpoints"
+    return accelerator, root, save_checkpoint(accelerator, root, 3, {"epoch": 0})
+
+
+def test_a_crafted_custom_checkpoint_is_refused_and_never_run(tmp_path, checkpointed):
+    accelerator, root, checkpoint = checkpointed
+    custom = checkpoint / "custom_checkpoint_0.pkl"
+    verify_checkpoint(checkpoint)  # the genuine file: tensors and plain values
+    accelerator.load_state(str(checkpoint))
+    marker = tmp_path / "ran"
+    torch.save(_Payload(marker), custom)  # a valid zip archive with correct CRCs: only its content is hostile
+    with pytest.raises(ValueError, match=r"custom_checkpoint_0.pkl holds more than tensors and plain values"):
+        verify_checkpoint(checkpoint)
+    assert not marker.exists()
+    # `train --resume` reads only a checkpoint that verifies: with no other one, it stops before loading.
+    with pytest.raises(ValueError, match="no checkpoint in .* can be read: .*custom_checkpoint_0.pkl holds more"):
+        newest_sound_checkpoint(root)
+    assert not marker.exists()
+
+
+def test_resume_falls_back_past_a_crafted_checkpoint(tmp_path, checkpointed):
+    accelerator, root, older = checkpointed
+    newer = save_checkpoint(accelerator, root, 4, {"epoch": 0})
+    marker = tmp_path / "ran"
+    torch.save(_Payload(marker), newer / "custom_checkpoint_0.pkl")
+    chosen, problems = newest_sound_checkpoint(root)
+    assert chosen == older and len(problems) == 1 and "custom_checkpoint_0.pkl holds more" in problems[0]
+    assert not marker.exists() and (root / "damaged-checkpoint-00000004").is_dir()
+
+
+@pytest.mark.slow
+def test_a_model_folder_with_another_tokenizer_is_refused_in_one_line(hub_tiny_folder, tiny_corpus, tmp_path, capsys):
+    import shutil
+
+    from vanilla_transformer.cli import main
+    from vanilla_transformer.inference import load_model
+    from vanilla_transformer.tokenizer import train_tokenizer
+
+    load_model(hub_tiny_folder, "cpu")  # its own tokenizer fits
+    folder = tmp_path / "mixed"
+    shutil.copytree(hub_tiny_folder, folder)
+    _, pairs = tiny_corpus
+    other = train_tokenizer([text for pair in pairs[:500] for text in pair], vocab_size=300)
+    other.save_pretrained(tmp_path / "other")
+    shutil.copy(tmp_path / "other" / "tokenizer.json", folder / "tokenizer.json")
+    rows = load_model(hub_tiny_folder, "cpu")[0].config.vocab_size
+    with pytest.raises(ValueError, match=rf"the tokenizer in {folder} is not the model's: its tokenizer has "
+                                         rf"{len(other)} tokens and the model {rows} embedding rows"):
+        load_model(folder, "cpu")
+    with pytest.raises(SystemExit) as stop:
+        main(["translate", "--model", str(folder), "--device", "cpu", "In the beginning."])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err
+    assert "Traceback" not in error
+    assert error.strip().splitlines()[-1].startswith(f"vanilla-transformer translate: error: the tokenizer in {folder} is not")
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--device", "banana"], "--device 'banana' is not a device; expected cpu, cuda, cuda:N or mps"),
+    (["--max-new-tokens", "1000000000"], "--max-new-tokens must be at most 4096"),
+    (["--length-penalty", "1e308"], "--length-penalty must be between -10.0 and 10.0"),
+])
+def test_decoding_options_beyond_what_can_run_are_refused_in_one_line(tmp_path, options, message, capsys):
+    from vanilla_transformer.cli import main
+
+    with pytest.raises(SystemExit) as stop:  # refused before any model is read
+        main(["translate", "--model", str(tmp_path), *options, "In the beginning."])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.startswith(f"vanilla-transformer translate: error: {message}")
+
+
+def test_cuda_without_cuda_is_refused(monkeypatch):
+    from vanilla_transformer.cli import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="--device cuda:1: this machine has no CUDA device; use --device cpu"):
+        check_device("cuda:1")
+    check_device("cpu")
+
+
+def _translate_process(folder, stdin, stdout, *extra):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", "translate", "--model", str(folder),
+                           "--device", "cpu", "--num-beams", "1", "--max-new-tokens", "8", *extra],
+                          stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+@pytest.mark.slow
+def test_closed_stdin_full_disk_and_broken_pipe_end_in_one_line(hub_tiny_folder, tmp_path):
+    import subprocess
+    import sys
+
+    closed = subprocess.run(  # standard input closed by the shell
+        ["bash", "-c", f"{sys.executable} -m vanilla_transformer.cli translate --model {hub_tiny_folder} --device cpu <&-"],
+        capture_output=True, text=True, timeout=300)
+    assert closed.returncode == 2 and "Traceback" not in closed.stderr
+    assert closed.stderr.strip().splitlines()[-1] == ("vanilla-transformer translate: error: standard input is closed; "
+                                                      "give the texts as arguments or with --input-file")
+    with open("/dev/full", "w") as full:
+        result = _translate_process(hub_tiny_folder, subprocess.DEVNULL, full, "In the beginning.")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == ("vanilla-transformer translate: error: cannot write the output: "
+                                                      "No space left on device")
+    lines = tmp_path / "many.txt"
+    lines.write_text("In the beginning.\n" * 1000)
+    reader = subprocess.Popen(["head", "-n", "1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    result = _translate_process(hub_tiny_folder, subprocess.DEVNULL, reader.stdin, "--input-file", str(lines))
+    reader.stdin.close()
+    reader.wait()
+    assert result.returncode == 141 and "Traceback" not in result.stderr and "Exception ignored" not in result.stderr

@@ -1,0 +1,131 @@
+"""Issue #40: a command never overwrites what it did not make (the model folder of a new run, its own inputs)."""
+
+import errno
+import os
+
+import pytest
+
+from vanilla_transformer.cli import main
+from vanilla_transformer.file_checks import write_text_file
+
+
+def test_train_refuses_a_finished_model_folder_as_a_new_output_dir(tmp_path, small_task, small_run, capsys):
+    model = tmp_path / "downloaded"  # as from the Hub: a model and no checkpoints/
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "vanilla-transformer"}')
+    (model / "model.safetensors").write_bytes(b"weights")
+    before = {p.name: p.read_bytes() for p in model.iterdir()}
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--dataset", str(small_task), "--output-dir", str(model), *small_run, "--max-steps", "2"])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err
+    assert f"{model} holds a model (config.json, model.safetensors) that a new run would replace" in error
+    assert "`resume`" in error and f"`model_name_or_path {model}`" in error and "another `output_dir`" in error
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == before
+
+
+def _evaluate(model, data, *outputs):
+    return main(["evaluate", "--model", str(model), "--dataset", str(data), "--max-samples", "2",
+                 "--num-beams", "1", *outputs])
+
+
+@pytest.mark.parametrize("case", ["the data file", "a file of the model", "the other output"])
+def test_evaluate_refuses_an_output_that_is_an_input_or_the_other_output(tmp_path, small_task, case, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    test_file = small_task / "test.jsonl"
+    data_before = test_file.read_bytes()
+    hypotheses, references = {
+        "the data file": (test_file, tmp_path / "ref.txt"),
+        "a file of the model": (model / "config.json", tmp_path / "ref.txt"),
+        "the other output": (tmp_path / "same.txt", tmp_path / "same.txt"),
+    }[case]
+    with pytest.raises(SystemExit) as stop:
+        _evaluate(model, small_task, "--hypotheses-out", str(hypotheses), "--references-out", str(references))
+    assert stop.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    if case == "the other output":
+        assert f"--references-out {references} is also the file of --hypotheses-out" in error
+    else:
+        assert f"--hypotheses-out {hypotheses} is an input of this command" in error
+    assert test_file.read_bytes() == data_before and (model / "config.json").read_text() == "{}"
+    assert not references.exists()
+
+
+def test_an_output_file_is_replaced_whole_or_left_as_it_was(tmp_path, monkeypatch):
+    target = tmp_path / "hyp.txt"
+    write_text_file(target, "old\n")
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask  # the user's umask, not mkstemp's 0600
+    real_fdopen = os.fdopen
+
+    class FullDisk:  # a writer that fails as a full disk does, after the file was opened
+        def __init__(self, *args, **kwargs):
+            self.file = real_fdopen(*args, **kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+        def write(self, text):
+            self.file.write(text[:3])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fdopen", FullDisk)
+    with pytest.raises(OSError, match=rf"could not write {target}: No space left on device"):
+        write_text_file(target, "new and longer\n")
+    assert target.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["hyp.txt"]
+
+
+def _train_then_signal(tmp_path, data, small_run, signum):
+    """A real `vanilla-transformer train` process, sent `signum` once it has finished a step."""
+    import re
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    log = tmp_path / "stderr.txt"
+    command = [sys.executable, "-m", "vanilla_transformer.cli", "train", "--dataset", str(data),
+               "--output-dir", str(out), *small_run, "--max-steps", "100000", "--save-steps", "100000"]
+    with open(log, "wb") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
+                                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        try:
+            deadline = time.monotonic() + 240
+            while not re.search(r"\| *[1-9]\d*/100000", log.read_text(errors="replace")):
+                assert process.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
+                time.sleep(0.2)
+            process.send_signal(signum)
+            code = process.wait(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    return out, code, log.read_text(errors="replace")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_training_saves_a_checkpoint_and_exits_with_one_line(tmp_path, small_task, small_run, name):
+    import re
+    import signal
+
+    from vanilla_transformer.training.checkpoints import latest_checkpoint, read_state, verify_checkpoint
+    from vanilla_transformer.training.lock import LOCK_FILE
+
+    signum = getattr(signal, name)
+    out, code, stderr = _train_then_signal(tmp_path, small_task, small_run, signum)
+    assert code == 128 + signum  # 130 for SIGINT, 143 for SIGTERM
+    last = stderr.strip().splitlines()[-1]
+    match = re.fullmatch(rf"vanilla-transformer train: stopped by {name} after step (\d+), saved in "
+                         rf"{re.escape(str(out / 'checkpoints'))}; run the same command with --resume to continue", last)
+    assert match, stderr[-2000:]
+    assert "Traceback" not in stderr
+    checkpoint = latest_checkpoint(out / "checkpoints")
+    verify_checkpoint(checkpoint)
+    assert read_state(checkpoint)["step"] == int(match.group(1)) >= 1
+    assert not (out / LOCK_FILE).exists() and not list((out / "checkpoints").glob(".tmp-*"))
