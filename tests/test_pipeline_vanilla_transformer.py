@@ -11,6 +11,7 @@ SENTENCES = ["In the beginning God created the heavens and the earth.", "Jesus w
 ACCENTED = "Jesús wept; ¿why? In the beginning God created the heavens and the earth."
 
 
+@pytest.mark.slow
 def test_pipeline_loads_from_the_folder_without_the_package(hub_tiny_folder, run_without_package):
     """`pipeline("translation", model=folder, trust_remote_code=True)` in a process that cannot import
     vanilla_transformer: strings and lists, batching, generation options, attention weights."""
