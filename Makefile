@@ -18,7 +18,7 @@ GPU_TESTS = tests/test_gpu.py tests/test_decoding_speed.py::test_greedy_search_w
 BIN = $(VENV)/bin
 TRANSFORMERS_OLDEST := $(shell sed -n 's/^ *"transformers>=\([0-9.]*\),.*/\1/p' pyproject.toml)
 
-.PHONY: install test test-gpu test-oldest demo bench clean
+.PHONY: install test test-fast test-gpu test-oldest demo bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,9 @@ install: $(BIN)/python
 test: install
 	@$(BIN)/python -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q --durations=10 $(TESTS)
+
+test-fast: install  # every unit test; no process started, no command run end to end
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" --durations=10 $(TESTS)
 
 test-gpu: install
 	@$(BIN)/python -c "import torch, transformers; print('torch', torch.__version__, '| CUDA', torch.version.cuda, '| GPU', torch.cuda.is_available() and torch.cuda.get_device_name(), '| transformers', transformers.__version__)"

@@ -41,6 +41,7 @@ def test_weights_are_probabilities_over_the_right_tokens(record, hub_tiny_model)
     assert record.translation.startswith(read_so_far)
 
 
+@pytest.mark.slow
 def test_one_png_per_layer_and_kind_plus_overview_and_bertviz_data(record, hub_tiny_model, tmp_path):
     model, _ = hub_tiny_model
     paths = save_attention_maps(record, tmp_path / "maps")

@@ -17,6 +17,7 @@ import pytest
 from vanilla_transformer.quickstart import SIZES
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # every test starts a benchmark process
 
 
 def test_quick_benchmark_writes_json_and_markdown(tmp_path, hub_tiny_folder):

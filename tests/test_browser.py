@@ -19,6 +19,8 @@ from vanilla_transformer.visualize.attention_maps import collect_attentions
 from vanilla_transformer.visualize.explorer import explorer_data, save_explorer
 from vanilla_transformer.inference import translate_texts
 
+pytestmark = pytest.mark.slow  # every test drives a Chromium process
+
 SENTENCE = "Jesús wept; ¿why? In the beginning God created the heavens and the earth."
 LINES = "svg.links line"
 

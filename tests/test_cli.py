@@ -16,6 +16,7 @@ LINES = ["In the beginning God created the heavens and the earth.", "", "Jesus w
 GREEDY = ["--num-beams", "1", "--max-new-tokens", "12"]
 
 
+@pytest.mark.slow
 def test_translate_reads_standard_input_and_writes_one_line_per_line(hub_tiny_folder, hub_tiny_model):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(
@@ -40,6 +41,7 @@ def test_translate_from_arguments_and_from_a_file(hub_tiny_folder, tmp_path, cap
     assert len(from_arguments) == 2
 
 
+@pytest.mark.slow
 def test_evaluate_prints_the_numbers_of_the_sacrebleu_command_line(hub_tiny_folder, tmp_path, capsys):
     hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
     assert main(["evaluate", "--model", str(hub_tiny_folder), "--max-samples", "8", *GREEDY,
@@ -66,6 +68,7 @@ def test_evaluate_prints_the_numbers_of_the_sacrebleu_command_line(hub_tiny_fold
     assert signatures[0].startswith("nrefs:1|case:mixed|eff:no|tok:13a") and "nc:6" in signatures[1]
 
 
+@pytest.mark.slow
 def test_attention_writes_the_maps(hub_tiny_folder, tmp_path, capsys):
     assert main(["attention", "--model", str(hub_tiny_folder), "Jesus wept.", "--output-dir", str(tmp_path / "maps"), "--num-beams", "1"]) == 0
     out = capsys.readouterr().out

@@ -165,6 +165,7 @@ def test_output_attentions_and_the_pipeline_still_work(model_and_batch, hub_tiny
     assert texts == [r["translation_text"] for r in translate(SENTENCES, batch_size=2, cache_implementation="dynamic")]
 
 
+@pytest.mark.slow
 def test_a_saved_folder_uses_the_preallocated_cache_without_the_package(hub_tiny_folder, model_and_batch, run_without_package):
     model, batch = model_and_batch
     expected = model.generate(**batch).tolist()

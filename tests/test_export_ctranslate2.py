@@ -117,6 +117,7 @@ def test_bad_input_is_refused_and_a_failed_export_leaves_nothing(hub_tiny_model,
         export_ctranslate2(model, tokenizer, tmp_path / "d")
 
 
+@pytest.mark.slow
 def test_the_exported_folder_translates_without_the_package(hub_tiny_folder, run_without_package, tmp_path):
     """The README's own example, run in a process where vanilla_transformer cannot be imported."""
     folder = export_ctranslate2(*load_model(hub_tiny_folder, "cpu"), tmp_path / "ct2")

@@ -302,6 +302,7 @@ def test_attentions_and_hidden_states_come_back(toy_model):
     assert len(out.encoder_attentions) == 2 and len(out.decoder_hidden_states[0]) == 3
 
 
+@pytest.mark.slow
 def test_saved_folder_decodes_the_papers_way_without_the_package(toy_model, tmp_path, run_without_package):
     model = copy.deepcopy(toy_model)
     model.generation_config = paper_generation_config(model.config, max_length_offset=5)

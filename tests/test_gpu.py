@@ -202,6 +202,7 @@ def test_generate_on_the_device_gives_the_cpu_s_tokens(hub_tiny_model, num_beams
     assert torch.equal(on_the_device.cpu(), on_cpu), tokenizer.batch_decode([*on_the_device, *on_cpu])
 
 
+@pytest.mark.slow
 def test_the_training_command_trains_in_bf16_saves_and_resumes(tmp_path):
     # Proves: `vanilla-transformer train --mixed-precision bf16` runs 50 steps on the device with the
     # validation loss falling, leaves a folder that AutoModelForSeq2SeqLM loads whole (fp32 weights), and

@@ -50,6 +50,7 @@ def untrained_folder(hub_tiny_model, tmp_path_factory):
     return save_for_hub(model, tokenizer, tmp_path_factory.mktemp("untrained") / "untrained")
 
 
+@pytest.mark.slow
 def test_seq2seq_trainer_round_trip_keeps_full_length_translations(untrained_folder, verses, tmp_path, run_without_package):
     """Seq2SeqTrainer(predict_with_generate=True) writes transformers' default max_length=20 into the model's
     generation config at its first evaluation, and save_model saves it. Translations must not be cut by it:
@@ -113,6 +114,7 @@ def test_seq2seq_trainer_round_trip_keeps_full_length_translations(untrained_fol
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_way_of_saving_gives_a_folder_the_translation_pipeline_loads(hub_tiny_folder, tmp_path, run_without_package):
     saved = {name: str(tmp_path / name) for name in ("save_pretrained", "trainer", "peft_merged", "push_to_hub")}
     run_without_package(
@@ -249,6 +251,7 @@ def test_pipeline_over_a_dataset_equals_the_list_call(hub_tiny_model, verses):
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_tokenizer_loads_without_a_question(hub_tiny_folder, run_without_package):
     """AutoTokenizer reads config.json before tokenizer_config.json, and config.json names our code
     (`auto_map`): transformers asks before running it unless told. `trust_remote_code=True`, or the
@@ -314,6 +317,7 @@ def test_torch_export_with_static_and_dynamic_lengths():
             assert torch.allclose(dynamic.module()(**inputs, use_cache=False).logits, model(**inputs).logits, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_onnx_export_runs_in_onnx_runtime_with_our_logits(tmp_path):
     import onnxruntime
 
@@ -416,6 +420,7 @@ def test_stored_max_length_does_not_cut_but_stored_max_new_tokens_caps(hub_tiny_
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_the_finetuning_example_runs_and_its_folder_translates(hub_tiny_folder, tmp_path, lora, run_without_package):
     import subprocess

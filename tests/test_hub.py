@@ -42,6 +42,7 @@ def test_card_metadata_parses_back_and_shows_the_results(hub_tiny_folder):
     assert "| steps | 60 |" in card.text
 
 
+@pytest.mark.slow
 def test_folder_loads_and_translates_the_same_without_the_package(hub_tiny_folder, hub_tiny_model, run_without_package):
     model, tokenizer = hub_tiny_model
     sentence = "And God said, Let there be light: and there was light."

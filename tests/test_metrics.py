@@ -80,6 +80,7 @@ def assert_same_as_command_line(ours: dict, command_line: dict):
     assert ours["chrf_text"] == f"chrF2 = {ours['chrf']:.2f}"
 
 
+@pytest.mark.slow
 def test_evaluate_load_offline_gives_the_numbers_of_the_sacrebleu_command_line(spanish, tmp_path):
     hypotheses = perturb(spanish, seed=0)
     (tmp_path / "inputs.json").write_text(json.dumps({"predictions": hypotheses, "references": spanish}), encoding="utf-8")
@@ -105,6 +106,7 @@ def test_evaluate_load_offline_gives_the_numbers_of_the_sacrebleu_command_line(s
     assert 20 < ours["bleu"] < 95 and 20 < ours["chrf"] < 95  # a real test: neither trivial nor perfect
 
 
+@pytest.mark.slow
 def test_several_references_per_prediction(spanish, tmp_path):
     spanish = spanish[:200]
     hypotheses, second = perturb(spanish, seed=1), perturb(spanish, seed=2)

@@ -359,6 +359,7 @@ def test_save_load_round_trip_is_bit_identical(tmp_path, score):
     assert (tmp_path / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [{}, {"attention_score": "location", "location_max_length": 16}])
 def test_saved_folder_loads_with_auto_classes_without_the_package(tmp_path, run_without_package, overrides):
     model = make_model(**overrides)

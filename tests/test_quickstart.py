@@ -17,6 +17,7 @@ def quickstart_folder(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_quickstart_prints_a_summary_and_leaves_a_complete_folder(quickstart_folder, capsys):
     summary = json.loads((quickstart_folder / "quickstart.json").read_text())
     assert summary["split"] == "test" and summary["scored_pairs"] == 40 and 0 <= summary["bleu"] <= 100 and 0 <= summary["chrf"] <= 100
@@ -35,6 +36,7 @@ def test_quickstart_prints_a_summary_and_leaves_a_complete_folder(quickstart_fol
     assert f"{summary['bleu']:.2f}" in card or f"{summary['bleu']:.1f}" in card
 
 
+@pytest.mark.slow
 def test_quickstart_folder_translates_in_a_process_without_the_package(quickstart_folder, run_without_package):
     out = run_without_package(
         f"""

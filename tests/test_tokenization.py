@@ -76,6 +76,7 @@ def test_typed_special_tokens_are_the_one_exception(tokenizer):
     assert tokenizer.decode(ids, skip_special_tokens=True) == text
 
 
+@pytest.mark.slow
 def test_no_unknown_tokens_on_the_corpora(tokenizer, corpora):
     texts = [text for data in corpora.values() for text in iter_texts(data, splits=("train", "validation", "test"))]
     # The backend's batch encoder: 3x faster than the Python wrapper, same ids.
@@ -126,6 +127,7 @@ def test_save_and_load_give_identical_encodings(tokenizer, corpora, tmp_path):
         assert loaded.batch_decode(expected, skip_special_tokens=True) == lines
 
 
+@pytest.mark.slow
 def test_autotokenizer_loads_offline_without_the_package(tokenizer, tmp_path):
     folder = save_tokenizer(tokenizer, tmp_path / "tok")
     code = textwrap.dedent(

@@ -53,6 +53,7 @@ def finish(launched: subprocess.Popen, timeout: int = 480) -> tuple[int, str]:
     return launched.returncode, launched.log.read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the mismatch needs a machine without GPUs")
 def test_multi_gpu_launch_without_gpus_is_refused_before_anything_is_written(tmp_path, small_task, small_run):
     """`--multi_gpu` without ACCELERATE_USE_CPU=1 on a CPU machine: Accelerate runs each process alone. Both
@@ -68,6 +69,7 @@ def test_multi_gpu_launch_without_gpus_is_refused_before_anything_is_written(tmp
     assert not output.exists()  # no lock, no tokenizer, no checkpoints folder
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="FSDP runs where there are GPUs")
 def test_fsdp_without_gpus_is_one_clear_error(tmp_path, small_task, small_run):
     """Accelerate's FSDP plugin raises "no available devices" on CPU; the run says to use DDP instead."""
@@ -81,6 +83,7 @@ def test_fsdp_without_gpus_is_one_clear_error(tmp_path, small_task, small_run):
     assert not output.exists()
 
 
+@pytest.mark.slow
 def test_two_machines_on_loopback_match_one_machine_with_two_processes(tmp_path, small_task, small_run):
     """Two `accelerate launch` commands, machine ranks 0 and 1 over 127.0.0.1 (gloo), one process each, train
     together: the same weights, tokens and losses as two processes on one machine. Each run says at the start

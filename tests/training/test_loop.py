@@ -38,6 +38,7 @@ def weights(checkpoint) -> dict:
     return load_file(str(Path(checkpoint) / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_tiny_model_learns_to_copy_and_folder_loads_without_package(tmp_path, write_synthetic_task, run_without_package):
     data = write_synthetic_task(tmp_path / "data", n_train=2000, n_eval=100)
     out = tmp_path / "model"
@@ -83,6 +84,7 @@ def _run(tmp_path, name, data, small_run, *extra):
     return out
 
 
+@pytest.mark.slow
 def test_resume_gives_the_same_parameters_as_an_uninterrupted_run(tmp_path, small_task, small_run):
     # Dropout on: the resumed run must also restore the RNG states.
     small_run[small_run.index("--config-overrides") + 1] += ",dropout=0.1"
@@ -110,6 +112,7 @@ class _Died(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_a_budget_schedule_with_a_weight_average_resumes_to_the_same_run(tmp_path, small_task, small_run, monkeypatch):
     # The same budget of 8 steps; one run dies after its checkpoint at step 4 and is resumed. The decay's
     # progress and the moving average are part of the checkpoint: the resumed run ends with the same weights,
@@ -145,6 +148,7 @@ def test_a_budget_schedule_with_a_weight_average_resumes_to_the_same_run(tmp_pat
     assert results[0]["validation_perplexity"] == pytest.approx(min(scores.values()))  # the saved model is the better
 
 
+@pytest.mark.slow
 def test_a_time_limited_linear_schedule_ends_near_zero(tmp_path, small_task, small_run):
     out = _run(tmp_path, "timed", small_task, small_run, "--max-steps", "100000", "--time-limit", "0.15",
                "--lr-schedule", "linear", "--warmup-steps", "2", "--save-steps", "100000")
@@ -171,6 +175,7 @@ def _launch_two_processes(output_dir, args, env):
     assert launched.returncode == 0, stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_with_the_same_global_batch_and_resume_to_it(tmp_path, small_task, small_run):
     small_run[small_run.index("--config-overrides") + 1] += ",dropout=0"
     args = ["--dataset", str(small_task), *small_run, "--max-steps", "4", "--save-steps", "4"]
@@ -209,6 +214,7 @@ def test_two_processes_match_one_process_with_the_same_global_batch_and_resume_t
         tmp_path / "two" / "checkpoints" / "checkpoint-00000004")["train_tokens"]
 
 
+@pytest.mark.slow
 def test_embedded_corpus_lowers_validation_loss(tmp_path):
     # A slice of the embedded en-es corpus (the whole test split would take long to beam-search).
     corpus = load_translation_dataset("bible-en-es")
@@ -306,6 +312,7 @@ def test_bad_data_files_are_clear_errors(tmp_path, small_run, capsys):
         capsys, ["train", "--dataset", str(columns), "--output-dir", str(tmp_path / "o3"), *small_run])
 
 
+@pytest.mark.slow
 def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, small_task, small_run, monkeypatch, capsys):
     real_loss, calls = loop.label_smoothed_loss, []
 
@@ -337,6 +344,7 @@ def test_tensorboard_without_the_package_is_a_clear_error(tmp_path):
             args.validate()
 
 
+@pytest.mark.slow
 def test_push_to_hub_uploads_the_finished_folder(tmp_path, small_task, small_run, monkeypatch):
     import huggingface_hub
 
@@ -360,6 +368,7 @@ def test_push_to_hub_with_a_bad_repo_id_fails_before_training(tmp_path, small_ta
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_long_first_validation_sentence_does_not_cost_the_model(tmp_path, small_task, small_run):
     # Before: the model card's heat map was drawn from the first validation source, attention_maps refused
     # it (over 1,024 tokens), and the run died after training with no weights, config or card saved.
@@ -376,6 +385,7 @@ def test_a_long_first_validation_sentence_does_not_cost_the_model(tmp_path, smal
     assert json.loads(rows[1])["translation"]["src"] in card and long[:40] not in card  # the first that fits
 
 
+@pytest.mark.slow
 def test_a_failing_model_card_or_upload_leaves_the_model_saved(tmp_path, small_task, small_run, monkeypatch, caplog):
     import huggingface_hub
 
@@ -418,6 +428,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_run_killed_while_writing_the_final_folder_is_completed_by_resume(tmp_path, small_task, small_run):
     out = tmp_path / "out"
     argv = ["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run, "--max-steps", "4", "--save-steps", "2"]
@@ -436,6 +447,7 @@ def test_a_run_killed_while_writing_the_final_folder_is_completed_by_resume(tmp_
     assert not (tmp_path / ".out.saving").exists()  # the dead run's staging folder is gone
 
 
+@pytest.mark.slow
 def test_a_second_run_on_the_same_folder_is_refused_and_a_dead_runs_lock_is_taken_over(
     tmp_path, small_task, small_run, capsys, caplog
 ):
@@ -477,6 +489,7 @@ DAMAGE = {
 }
 
 
+@pytest.mark.slow
 def test_resume_falls_back_past_a_damaged_checkpoint_to_the_same_weights(tmp_path, small_task, small_run, caplog):
     # Before: a raw SafetensorError traceback, "[Errno 22] Invalid argument" or "Invalid control character",
     # naming no file, and no way to resume from the checkpoint before.
@@ -498,6 +511,7 @@ def test_resume_falls_back_past_a_damaged_checkpoint_to_the_same_weights(tmp_pat
         assert (out / "checkpoints" / "damaged-checkpoint-00000004" / name).is_file()  # kept for a look
 
 
+@pytest.mark.slow
 def test_resume_with_no_readable_checkpoint_names_each_damaged_file(tmp_path, small_task, small_run, capsys):
     argv = [*small_run, "--max-steps", "2", "--save-steps", "1"]
     out = _run(tmp_path, "out", small_task, argv)
@@ -512,6 +526,7 @@ def test_resume_with_no_readable_checkpoint_names_each_damaged_file(tmp_path, sm
     assert [p.name for p in list_checkpoints(out / "checkpoints")] == ["checkpoint-00000001", "checkpoint-00000002"]
 
 
+@pytest.mark.slow
 def test_resume_with_other_data_or_model_options_is_refused(tmp_path, small_task, small_run, capsys, monkeypatch):
     out = _run(tmp_path, "out", small_task, [*small_run, "--max-steps", "2"])
     config = json.loads((out / "config.json").read_text())  # the pair travels with the model
