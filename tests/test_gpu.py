@@ -85,13 +85,10 @@ def loss_and_gradient(model, batch, dtype):
     return loss.item(), torch.cat([p.grad.flatten() for p in model.parameters()]) / scale
 
 
-# Relative differences from fp32, measured on the CPU (VANILLA_TRANSFORMER_TEST_GPU_DEVICE=cpu) over seven
-# draws of weights and batch: bf16 moved the loss by up to 2.4e-4, the gradient norm by up to 3.3e-3 and the
-# whole gradient by 2% to 4.1% (L2 distance over norm); fp16 by up to 4.4e-5, 1.1e-3 and 0.1% to 1.4%. The
-# gradient's share is mostly not rounding but ReLU (§3.3): a unit whose input is near 0 is off in one
-# precision and on in the other (with GELU the distances fell to 0.7% and 0.09%, the 8x of fp16's 3 more
-# bits). The bounds leave 3x to 20x for other kernels and GPUs; a real fault (a mask lost, a gradient that
-# under- or overflows) moves the gradient by its own size, the loss by whole percents.
+# Relative differences from fp32 allowed in bf16 and fp16. Most of the gradient's difference is not rounding
+# but ReLU (§3.3): a unit whose input is near 0 is off in one precision and on in the other. The bounds leave
+# several times the spread seen on the CPU (VANILLA_TRANSFORMER_TEST_GPU_DEVICE=cpu); a real fault (a mask
+# lost, a gradient that under- or overflows) moves the gradient by its own size, the loss by whole percents.
 TOLERANCES = {
     torch.bfloat16: dict(loss=2e-3, norm=2e-2, gradient=0.15),
     torch.float16: dict(loss=1e-3, norm=1e-2, gradient=0.05),
@@ -232,7 +229,6 @@ def test_the_training_command_trains_in_bf16_saves_and_resumes(tmp_path):
 
     results, losses = train("--max-steps", "50")
     assert results["steps"] == 50
-    # Measured on the CPU: 6.48 at step 10, 5.74 at step 50 (label-smoothed loss per target token).
     assert [step for step, _ in losses] == [10, 20, 30, 40, 50, 50]  # every 10 steps, then the final weights'
     assert losses[-1][1] < losses[0][1] - 0.2, losses
     model, info = AutoModelForSeq2SeqLM.from_pretrained(out, trust_remote_code=True, output_loading_info=True)

@@ -47,8 +47,8 @@ def _add_train_tokenizer(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=8000,  # DEFAULT_VOCAB_SIZE, not imported so that --help stays instant
         help="joint vocabulary size (default: %(default)s). The paper's 37k was for 4.5M pairs; on the "
-        "~29k-pair Bible corpora 8k is the knee: 16k shortens sequences by only 5-8%% while a quarter of its "
-        "entries are seen fewer than 10 times in training",
+        "~29k-pair Bible corpora larger vocabularies shorten sequences little while many entries are too rare "
+        "to train (docs/tokenizer.md)",
     )
     p.add_argument("--min-frequency", type=int, default=2, help="least count of a pair to merge (default: %(default)s)")
     p.add_argument(

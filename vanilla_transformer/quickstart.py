@@ -1,6 +1,6 @@
 """The whole mission in one command, on a fresh machine with no network and no GPU:
 
-    vanilla-transformer quickstart                      # about 15 minutes on 2 CPU cores
+    vanilla-transformer quickstart                      # a 15-minute budget by default
     vanilla-transformer quickstart --minutes 3 --output-dir /tmp/quick
 
 It trains a BPE tokenizer and a Transformer on the embedded English-Spanish Bible with the
@@ -30,27 +30,16 @@ from .training.loop import TrainingArguments, train
 CORPUS = "bible-en-es"
 EXAMPLE = "In the beginning, God created the heavens and the earth."
 
-# Model sizes, and the minutes each keeps back from the budget for what follows training: scoring
-# the whole test split with beam search, saving, the pipeline and the heat maps. On 2 CPU cores
-# everything but training took 0.9-1.1 minutes for the small model (docs/tuning.md J): 1.5 leaves a
-# margin for a slower machine or a model that loops.
+# Model sizes, and the minutes each keeps back from the budget for what follows training (scoring the
+# test split with beam search, saving, the pipeline and the heat maps). Why each departure from the
+# paper in "small" is there, run by run: docs/tuning.md.
 SIZES = {
-    # The paper's base model (65M parameters with a 37k vocabulary; 44M with our 8k), for a GPU.
+    # The paper's base model, for a GPU.
     "base": dict(preset="base", max_tokens=8192, warmup_steps=1000, reserve_minutes=1.0),
-    # A small Transformer that learns in minutes on 2 CPU cores. The paper's 4,000 warm-up steps
-    # alone would take longer than the whole budget: small batches, many steps, and the peak
-    # learning rate of a 1,000-step warm-up (2e-3 for d_model 256) reached after 250 steps.
-    # No dropout (the paper's P_drop is 0.1): two passes over the corpus in 15 minutes do not overfit,
-    # and without it the model learns faster and steps run 20 % faster (docs/tuning.md: validation
-    # perplexity 22.6 instead of 33.7, test BLEU 16.2 instead of 10.7). Six layers, two in the encoder
-    # and four in the decoder (the paper splits its 6 + 6 evenly): in a short run a deeper decoder
-    # learns much faster (docs/tuning.md F: validation perplexity 18.8 instead of 22.6, test BLEU 22.1
-    # instead of 16.3, side by side). A feed-forward width of 256 (the paper's ratio is 4 × d_model,
-    # 1024): in a short run cheaper steps, and more of them, beat a wider layer (docs/tuning.md H, I:
-    # validation perplexity 16.6-16.9 with 1024, 14.1-15.0 with 512, 13.4 with 256). A model width of
-    # 192 (the paper's is 512; 4 heads of 48) for the same reason: a step costs a quarter less than
-    # with 256, and a third more steps beat the wider model (docs/tuning.md J, K: validation perplexity
-    # 12.9-13.3 instead of 13.9-14.7); lr_scale 0.433 keeps d_model 256's peak learning rate, 2e-3.
+    # A small Transformer that learns in minutes on a CPU: small batches and a short warm-up (the paper's
+    # 4,000 steps would outlast the budget); no dropout (a short run does not overfit); a deeper decoder
+    # than encoder (2 + 4); narrow layers (d_model 192, d_ff 256), whose cheaper steps beat wider ones in a
+    # short run; lr_scale keeps the peak learning rate of d_model 256 (docs/tuning.md F-K).
     "small": dict(preset="base", config_overrides=dict(d_model=192, encoder_layers=2, decoder_layers=4,
                                                        num_heads=4, d_ff=256, dropout=0.0),
                   max_tokens=2048, warmup_steps=250, lr_scale=0.433, reserve_minutes=1.5),

@@ -21,46 +21,9 @@ are read as the special tokens (so `skip_special_tokens` drops them); pass
 input is that a word at the start of a text tokenises differently from the same
 word after a space ("In" vs " In"), as in GPT-2.
 
-Measured on the en-es train split (28,955 pairs), vocabulary 8,000, 2026-11-22,
-2-core CPU; round trip checked on the 4,950 validation and test lines of both
-corpora plus edge cases (runs of spaces, tabs, emoji, CJK, "▁", NFD accents):
-
-| scheme                                   | tokens/sent en | es    | round-trip failures |
-|------------------------------------------|----------------|-------|---------------------|
-| byte-level BPE, GPT-2 regex (chosen)     | 31.54          | 31.48 | 0                   |
-| byte-level BPE, split on spaces only     | 29.36          | 30.03 | 0                   |
-| Metaspace + byte fallback (SentencePiece-like) | 29.19    | 29.91 | 2 (leading spaces, literal "▁") |
-
-Splitting on spaces only is 5-7 % shorter but spends 1,534 of the 8,000
-entries on word+punctuation fusions ("ing,", "earth.") and fragments bare
-words more (1.444 vs 1.403 pieces per held-out word), because punctuation is
-not split off as Moses tokenisation did for the paper. The GPT-2 regex keeps
-punctuation apart (0 fused entries) at that small length cost. Metaspace is
-not lossless (with prepend_scheme="never" leading spaces survive, but a literal
-"▁" still comes back as a space). Hence the chosen scheme.
-
-Vocabulary size (same corpus, tokens/sentence en / es, entries seen fewer than
-10 times in the training text; at 4,000 most of these are unused byte symbols):
-
-| vocab  | tokens/sent en / es | rare entries |
-|--------|---------------------|--------------|
-| 4,000  | 34.59 / 35.14       | 324 (8 %)    |
-| 8,000  | 31.54 / 31.48       | 786 (10 %)   |
-| 16,000 | 29.88 / 29.07       | 4,182 (26 %) |
-| 32,000 | 29.12 / 27.61       | 22,500 (70 %)|
-
-The paper's 37k shared vocabulary was for 4.5M sentence pairs; on ~29k pairs
-growing past 8,000 shortens sequences by a few percent while most new entries
-are too rare to train, so 8,000 is the default.
-
-Benchmark (`python -m benchmarks.tokenizer`, 2026-11-22, 2-core CPU shared
-with other jobs, en-es train split, vocabulary 8,000, medians of 3-5 runs):
-training the vocabulary on both sides (57,910 sentences) takes 1.2-1.3 s;
-batched encoding of the whole split (one call, 57,910 sentences) runs at
-~22,000 sentences/s through the transformers tokenizer and 17,000-37,000
-sentences/s through the Rust `encode_batch_fast` alone (the spread is load
-from other processes); mean tokens per sentence, without `</s>`, en 31.54 and
-es 31.48; `<unk>` share 0.0.
+Why this scheme and a vocabulary of 8,000 (the paper's 37k shared vocabulary was for 4.5M pairs; on
+~29k pairs most entries past 8,000 are too rare to train): the comparison of schemes and sizes is in
+docs/tokenizer.md, and `python -m benchmarks.tokenizer` times training and encoding.
 """
 
 from __future__ import annotations

@@ -45,8 +45,7 @@ def tokenization_workers(pairs: int) -> int | None:
 
 def encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
     """`tokenizer(texts)["input_ids"]`, from the Rust tokenizer directly where that gives the same ids (a backend
-    that neither truncates nor pads on its own): 28 % less time on 200,000 sentences, without transformers'
-    wrapping."""
+    that neither truncates nor pads on its own), without transformers' wrapping, which costs time on large corpora."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or backend.truncation is not None or backend.padding is not None:
         return tokenizer(texts)["input_ids"]
@@ -78,7 +77,7 @@ def map_fingerprint(dataset: datasets.Dataset, tokenizer, **options) -> str | No
 
 def column(dataset: datasets.Dataset, name: str) -> np.ndarray:
     """A whole numeric column as a NumPy array, read through Arrow: `np.asarray(dataset[name])` converts it
-    row by row (215 of the 262 seconds before the first step on 2M pairs, benchmarks/big_corpus.py)."""
+    row by row, most of the wait before the first step on a large corpus (benchmarks/big_corpus.py)."""
     return dataset.with_format("arrow")[name].to_numpy()
 
 

@@ -137,7 +137,7 @@ def end_training(run) -> None:
     Accelerate's `end_training` destroys the process group; the DDP wrapper's reducer still held it, and
     freeing the wrapper afterwards (when `train` returns) ran the gloo group's destructor with the GIL held,
     which joins gloo's worker threads while one of them waits for the GIL to free a finished all-gather:
-    measured, rank 1 of a 2-process CPU run hung at exit, after the run had written everything.
+    rank 1 of a 2-process CPU run then hangs at exit, after the run had written everything.
     """
     import gc
 

@@ -38,7 +38,7 @@ def make_optimizer(model: torch.nn.Module, device: torch.device | str | None = N
     The base rate is 1: the scheduler's multiplier *is* the learning rate. On the `device` the
     model will train on (default: where its parameters are), CPUs and CUDA GPUs get torch's fused
     kernel (the default of transformers' Trainer): each tensor is updated in one pass, without the
-    default loop's temporaries, and a base-model step takes 24 ms instead of 48 on 2 CPU threads.
+    default loop's temporaries (faster: benchmarks/training.py).
     Other devices (MPS, XLA) get the default loop, which runs everywhere.
     """
     device = torch.device(device) if device is not None else next(model.parameters()).device
