@@ -347,7 +347,7 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
             sequences[active, : tokens.size(1)] = tokens
             return sequences[:, : tokens.size(1)]
         # Finished rows leave once they are an eighth of the batch: gathering the rest costs about what
-        # computing a few finished rows for a few steps does (benchmarks/ compares leaving at once).
+        # computing a few finished rows for a few steps does.
         if prune and 8 * int((~running).sum()) >= running.numel():
             sequences[active[~running], : tokens.size(1)] = tokens[~running]
             memory, attention_mask = _keep_rows(running.nonzero().squeeze(1), cache, memory, attention_mask)
