@@ -6,7 +6,7 @@ import pytest
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 
 CONFIGS = Path(__file__).resolve().parents[2] / "accelerate_configs"
-README = Path(__file__).resolve().parents[2] / "README.md"
+SCALING = Path(__file__).resolve().parents[2] / "docs" / "scaling.md"  # the launch lines live there, linked from the README
 
 EXPECTED = {  # file: (distributed_type, num_machines, num_processes, mixed_precision)
     "one_gpu_bf16.yaml": ("NO", 1, 1, "bf16"),
@@ -29,7 +29,7 @@ def test_config_parses_with_accelerates_loader(name):
     assert (str(config.distributed_type).split(".")[-1], config.num_machines, config.num_processes,
             str(config.mixed_precision).split(".")[-1].lower()) == (kind, machines, processes, precision)
     assert config.use_cpu is False
-    assert f"accelerate_configs/{name}" in README.read_text(), f"README has no launch line for {name}"
+    assert f"accelerate_configs/{name}" in SCALING.read_text(), f"docs/scaling.md has no launch line for {name}"
 
 
 def test_fsdp_config_is_fsdp2_wrapping_the_models_layers():
