@@ -3,11 +3,13 @@
     python -m benchmarks                      # tiny,base on CPU; base,big on a GPU
     python -m benchmarks --sizes tiny --quick # the CI smoke run: seconds, numbers meaningless
     python -m benchmarks --out DIR            # DIR/benchmarks-<date>-<device>[-<run>].{json,md}
+    python -m benchmarks --docs-from REPORT.json   # only docs/benchmarks.md, from a report
     python -m benchmarks --sizes none --generation-model runs/quickstart   # a trained model's generation only
 
 Training: ours vs transformers' MarianMTModel of the same shape (benchmarks/training.py).
 Generation: ours vs MarianMTModel and CTranslate2 with the same weights (benchmarks/generation.py).
-Tokenizer: benchmarks/tokenizer.py. Ratios are measured in the same run, contenders interleaved,
+Tokenizer: benchmarks/tokenizer.py. A full run (not --quick) also writes docs/benchmarks.md from its
+report (`render_docs`). Ratios are measured in the same run, contenders interleaved,
 so they hold under a changing machine load; absolute numbers do not.
 """
 
@@ -70,7 +72,15 @@ def main(argv: list[str] | None = None) -> dict:
                         help="also time generation with this trained model folder (e.g. from `vanilla-transformer "
                              "train`) and its tokenizer: outputs that end at their own lengths")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for the JSON and Markdown")
+    parser.add_argument("--docs-from", type=Path, metavar="REPORT.json",
+                        help=f"run nothing: write {DOCS_PAGE.name} in docs/ from this report (and the .md beside it)")
     args = parser.parse_args(argv)
+    if args.docs_from:
+        try:
+            print(f"wrote {render_docs(args.docs_from)}")
+        except (OSError, ValueError, KeyError) as err:
+            parser.error(f"--docs-from: {err}")
+        return {}
     if args.generation_model and not (args.generation_model / "config.json").is_file():
         parser.error(f"--generation-model must be a model folder with a config.json; got {args.generation_model}")
     if args.threads < 1:
@@ -144,6 +154,8 @@ def main(argv: list[str] | None = None) -> dict:
     json_path, md_path = write_report(report, args.out)
     print(md_path.read_text())
     print(f"wrote {json_path} and {md_path}")
+    if not args.quick and json_path.resolve().parent == RESULTS:  # a smoke run's numbers mean nothing
+        print(f"wrote {render_docs(json_path)}")
     return report
 
 
@@ -196,9 +208,11 @@ def markdown(report: dict) -> str:
         "",
         "## Training",
         "",
+    ]
+    lines += [
         "| size | contender | tokens/batch | target tokens/s | vs Marian | peak memory (MB) | MFU | attention |",
         "|---|---|---|---|---|---|---|---|",
-    ]
+    ] if report["training"] else ["Not run (`--sizes none`)."]
     for size, r in report["training"].items():
         for name in training.CONTENDERS:
             lines.append(_training_row(size, name, r))
@@ -265,6 +279,79 @@ def markdown(report: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+# --- docs/benchmarks.md: the current report, for readers, generated from benchmarks/results ---
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS_PAGE = ROOT / "docs" / "benchmarks.md"
+RESULTS = ROOT / "benchmarks" / "results"
+_OTHER_REPORTS = {  # the other benchmarks of this folder, each with its current report linked from the page
+    "score-functions": "six attention score functions trained side by side (`python -m benchmarks.score_functions`)",
+    "big-corpus": "time to the first step and peak memory on a two-million-pair corpus (`python -m benchmarks.big_corpus`)",
+}
+
+
+def current_report(results: Path, prefix: str) -> Path | None:
+    """The newest `<prefix>-<date>-<device>[-<run>].json` in `results` (dates sort as text; then the run number)."""
+    def order(path: Path) -> tuple:
+        stem = path.stem[len(prefix) + 1:]
+        run = stem.rsplit("-", 1)[-1]
+        return stem[:10], int(run) if run.isdigit() else 1
+
+    reports = [p for p in results.glob(f"{prefix}-*.json") if not p.stem.endswith("-quick")]
+    return max(reports, key=order, default=None)
+
+
+def render_docs(report_json: Path, docs: Path = DOCS_PAGE) -> Path:
+    """Write `docs` from a `python -m benchmarks` report's JSON: how the numbers are measured, the report's
+    tables (as `markdown` writes them), and how to reproduce them. Generated, never edited by hand."""
+    report_json = Path(report_json).resolve()
+    if not report_json.is_file() or report_json.parent != RESULTS:
+        raise FileNotFoundError(f"no report at {report_json}; the page links reports in {RESULTS.relative_to(ROOT)}/")
+    report = json.loads(report_json.read_text(encoding="utf-8"))
+    title, _, body = markdown(report).partition("\n")
+    results = report_json.parent
+
+    def link(path: Path) -> str:
+        return f"[`{path.relative_to(ROOT).as_posix()}`](../{path.relative_to(ROOT).as_posix()})"
+
+    others = [f"- {text}: {link(path.with_suffix('.md') if path.with_suffix('.md').is_file() else path)}"
+              for prefix, text in _OTHER_REPORTS.items() if (path := current_report(results, prefix))]
+    sizes = ",".join(report["settings"]["sizes"]) or "none"
+    lines = [
+        "# Benchmarks",
+        "",
+        f"<!-- Generated by `python -m benchmarks` from {report_json.relative_to(ROOT).as_posix()}: "
+        "do not edit; rerun the benchmark or `python -m benchmarks --docs-from REPORT.json`. -->",
+        "",
+        "## Method",
+        "",
+        "Each contender runs the same work in the same run, interleaved round by round, so ratios hold while "
+        "the machine's load changes and absolute numbers do not. Training: ours against transformers' "
+        "`MarianMTModel` of the same shape (forward, backward and Adam on one batch of the median length). "
+        "Generation: ours against `MarianMTModel` and CTranslate2 with the same weights, greedy and beam 4, "
+        "after checking that ours and Marian produce the same tokens. Tokenizer: training and encoding speed. "
+        "The code is in `benchmarks/` (`training.py`, `generation.py`, `tokenizer.py`); each report records "
+        "the machine, the versions and the load average.",
+        "",
+        f"## Current results ({title.lstrip('# ').strip().removeprefix('Benchmarks, ')})",
+        "",
+        f"From {link(report_json.with_suffix('.md'))} (data: {link(report_json)}).",
+        body.replace("\n## ", "\n### "),
+        "## How to reproduce",
+        "",
+        "```bash",
+        f"python -m benchmarks --sizes {sizes}{' --quick' if report['settings']['quick'] else ''}"
+        f"      # writes benchmarks/results/benchmarks-<date>-<device>.{{json,md}} and this page",
+        f"python -m benchmarks --docs-from {report_json.relative_to(ROOT).as_posix()}   # this page alone",
+        "```",
+        "",
+        "`benchmarks/results/` holds the current report of each benchmark; earlier ones are in the git history.",
+    ]
+    if others:
+        lines += ["", "## Other benchmarks", "", *others]
+    return write_atomically(docs, "\n".join(lines).rstrip("\n") + "\n")
 
 
 def _training_row(size: str, name: str, r: dict) -> str:

@@ -209,3 +209,4 @@ def write_atomically(path: Path, text: str) -> Path:
     os.chmod(tmp.name, 0o644)  # as a plain write would make it (a temporary file is private to its owner)
     os.replace(tmp.name, path)
     return path
+

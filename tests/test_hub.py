@@ -1,6 +1,7 @@
 """save_for_hub writes a complete Hub folder that loads without the package; push_folder uploads it."""
 
 import json
+import re
 import shutil
 
 import huggingface_hub
@@ -8,6 +9,7 @@ import pytest
 from huggingface_hub import ModelCard
 
 from vanilla_transformer.hub import check_hub_folder, check_repo_id, push_folder, save_for_hub
+from vanilla_transformer.model_card import card_repo_id
 
 EXPECTED_FILES = {
     "README.md", "attention.png", "config.json", "configuration_vanilla_transformer.py", "generation_config.json",
@@ -96,17 +98,47 @@ def test_repo_id_of_the_wrong_form_is_refused(repo_id):
         check_repo_id(repo_id)
 
 
-def test_push_uploads_the_folder_to_the_repo(hub_tiny_folder, monkeypatch):
+@pytest.mark.slow
+def test_card_usage_snippets_run_verbatim_against_the_folder(hub_tiny_folder, run_without_package):
+    """What a visitor pastes: the card's Python blocks as written, with the repository id standing for the
+    folder that from_pretrained would download."""
+    card = ModelCard.load(hub_tiny_folder / "README.md")
+    repo_id = card_repo_id(card)
+    assert repo_id == "your-name/tiny-en-es"
+    blocks = re.findall(r"^```python\n(.*?)^```", card.text, re.MULTILINE | re.DOTALL)
+    assert len(blocks) == 2
+    code = "\n".join(blocks).replace(repr(repo_id), repr(str(hub_tiny_folder)))
+    assert repo_id not in code
+    out = run_without_package(code + "\nprint(translate(['In the beginning.'])[0]['translation_text'] != '')\n")
+    assert out.strip().splitlines()[-1] == "True"
+
+
+def test_push_uploads_the_folder_to_the_repo(hub_tiny_folder, tmp_path, monkeypatch):
+    folder = shutil.copytree(hub_tiny_folder, tmp_path / "tiny-en-es")
     calls = []
     monkeypatch.setattr(huggingface_hub, "create_repo", lambda repo_id, **kw: calls.append(("create", repo_id, kw)) or f"https://huggingface.co/{repo_id}")
-    monkeypatch.setattr(huggingface_hub, "upload_folder", lambda **kw: calls.append(("upload", kw)))
-    url = push_folder(hub_tiny_folder, "someone/tiny-en-es", token="hf_test", private=True)
+    monkeypatch.setattr(huggingface_hub, "upload_folder", lambda **kw: calls.append(("upload", kw, (folder / "README.md").read_text())))
+    url = push_folder(folder, "someone/tiny-en-es", token="hf_test", private=True)
     assert url == "https://huggingface.co/someone/tiny-en-es"
-    (create, repo_id, create_kw), (upload, upload_kw) = calls
+    (create, repo_id, create_kw), (upload, upload_kw, uploaded_card) = calls
     assert (create, repo_id, create_kw["private"], create_kw["token"], create_kw["exist_ok"]) == ("create", "someone/tiny-en-es", True, "hf_test", True)
     assert upload == "upload"
-    assert upload_kw["repo_id"] == "someone/tiny-en-es" and upload_kw["folder_path"] == str(hub_tiny_folder)
+    assert upload_kw["repo_id"] == "someone/tiny-en-es" and upload_kw["folder_path"] == str(folder)
     assert upload_kw["token"] == "hf_test" and upload_kw["repo_type"] == "model"
+    assert "your-name/" not in uploaded_card and "from_pretrained('someone/tiny-en-es'" in uploaded_card
+
+
+def test_push_writes_the_repo_id_into_the_card_before_upload(hub_tiny_folder, tmp_path, monkeypatch):
+    folder = shutil.copytree(hub_tiny_folder, tmp_path / "quickstart")
+    uploaded = []
+    monkeypatch.setattr(huggingface_hub, "create_repo", lambda repo_id, **kw: f"https://huggingface.co/{repo_id}")
+    monkeypatch.setattr(huggingface_hub, "upload_folder", lambda **kw: uploaded.append(ModelCard.load(folder / "README.md")))
+    push_folder(folder, "alice/x", token="hf_test")
+    (card,) = uploaded
+    assert card_repo_id(card) == "alice/x" and "your-name" not in card.content
+    assert "vanilla-transformer translate --model alice/x " in card.text and card.text.startswith("\n# x\n")
+    assert card.data.model_name == "x" and {r.metric_type for r in card.data.eval_results} == {"bleu", "chrf"}
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(".")]  # no staging left
 
 
 @pytest.fixture

@@ -271,7 +271,9 @@ def push_folder(
 ) -> str:
     """Upload a folder written by `save_for_hub` to the Hub model repository `repo_id`; return its URL.
 
-    The folder and the repo id are checked before anything is sent. `upload_folder` makes one commit,
+    The folder and the repo id are checked before anything is sent. The folder's card (README.md) is
+    rewritten to load `repo_id` in its snippets and to carry its name (`retarget_card`), so that what a
+    visitor pastes from the Hub page runs. `upload_folder` makes one commit,
     so an interrupted upload leaves the repository as it was. The token is found the usual way when
     not given: the HF_TOKEN environment variable, or the one saved by `hf auth login`.
     """
@@ -284,6 +286,7 @@ def push_folder(
             "No Hugging Face token: set HF_TOKEN, run `hf auth login`, or pass `token=`. "
             "Nothing was uploaded."
         )
+    _retarget_card_file(folder / "README.md", repo_id)
     repo_url = huggingface_hub.create_repo(repo_id, token=token, private=private, repo_type="model", exist_ok=True)
     huggingface_hub.upload_folder(
         repo_id=repo_id,
@@ -295,3 +298,21 @@ def push_folder(
         ignore_patterns=["checkpoints/**", "checkpoint-*", "checkpoint-*/**", "runs/**", ".*", "**/.*", "*.tmp"],
     )
     return str(repo_url)
+
+
+def _retarget_card_file(path: Path, repo_id: str) -> None:
+    """Write the card at `path` for the repository `repo_id`, whole or not at all; a folder without a card,
+    or with one that loads no repository, is left as it is."""
+    from huggingface_hub import ModelCard
+
+    from .model_card import retarget_card
+
+    if not path.is_file():
+        return
+    card = ModelCard.load(path)
+    retargeted = retarget_card(card, repo_id)
+    if retargeted is card:
+        return
+    staging = path.with_name(f".{path.name}.saving")
+    retargeted.save(staging)
+    os.replace(staging, path)

@@ -1,10 +1,14 @@
 """The model card: huggingface_hub metadata that parses back, and a body with what a user needs."""
 
+import ast
+import re
+import shlex
+
 import pytest
 from huggingface_hub import ModelCard
 
 from vanilla_transformer import VanillaTransformerConfig
-from vanilla_transformer.model_card import build_model_card, metrics_from_results
+from vanilla_transformer.model_card import build_model_card, card_repo_id, metrics_from_results, retarget_card
 
 RESULTS = {
     "split": "test",
@@ -53,10 +57,11 @@ def test_body_has_architecture_training_usage_image_and_limitations(card):
     for expected in (
         "| encoder / decoder layers (N) | 6 / 6 |", "| d_model | 512 |", "| attention heads (h) | 8", "| d_ff | 2048 |",
         "52,000,123", "| warmup_steps | 4000 |", "| BLEU | test | 27.35 |", RESULTS["sacrebleu_signature"],
-        'AutoModelForSeq2SeqLM.from_pretrained("someone/vanilla-en-es", trust_remote_code=True)',
-        'pipeline("translation", model="someone/vanilla-en-es", trust_remote_code=True)',
+        "AutoModelForSeq2SeqLM.from_pretrained('someone/vanilla-en-es', trust_remote_code=True)",
+        "pipeline(\"translation\", model='someone/vanilla-en-es', trust_remote_code=True)",
         "vanilla-transformer translate --model someone/vanilla-en-es",
         "![attention heat map](attention.png)", "does **not** translate\nnews", "English to Spanish",
+        "@inproceedings{vaswani2017attention",
     ):
         assert expected in body, expected
     assert "{{" not in body and "{%" not in body
@@ -78,3 +83,74 @@ def test_metrics_are_read_with_their_split():
 def test_bad_hyperparameters_are_refused():
     with pytest.raises(TypeError, match="`hyperparameters` must be a dict"):
         build_model_card(VanillaTransformerConfig.tiny(vocab_size=500), hyperparameters=["lr", 1])
+
+
+HOSTILE = '"); import os; os.system("echo pwned") # $(touch /tmp/x) `id` \'; <script>alert(1)</script>\n```\nrm -rf ~'
+
+
+@pytest.fixture(scope="module")
+def hostile_card():
+    """Every text the card takes from the data or the options, written to break out of where it lands."""
+    return build_model_card(
+        VanillaTransformerConfig.tiny(vocab_size=500),
+        results={"split": "test</td><script>x</script>", "bleu": 3.0, "sacrebleu_signature": "`x` <script>s</script>"},
+        dataset="bible-<script>alert(1)</script>",
+        source_lang="en",
+        target_lang="[es](javascript:alert(1))<img src=x onerror=alert(1)>",
+        hyperparameters={"<script>": "| x | `y` <b>"},
+        repo_id="someone/vanilla-en-es",
+        example=HOSTILE,
+    )
+
+
+def _blocks(text, language):
+    return re.findall(rf"^```{language}\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+
+
+def test_python_snippets_hold_the_sentence_as_one_string_and_run_nothing_else(hostile_card):
+    sentence = " ".join(HOSTILE.split())  # the card shows it on one line
+    for block in _blocks(hostile_card.text, "python"):
+        tree = ast.parse(block)
+        imports = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+        assert [node.module for node in imports] == ["transformers"]
+        calls = {ast.unparse(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+        assert calls <= {"AutoTokenizer.from_pretrained", "AutoModelForSeq2SeqLM.from_pretrained", "tokenizer",
+                         "model.generate", "print", "tokenizer.batch_decode", "pipeline", "translate"}
+        lists = [node for node in ast.walk(tree) if isinstance(node, ast.List)]
+        assert [[ast.literal_eval(item) for item in node.elts] for node in lists] == [[sentence]]
+
+
+def test_shell_lines_hold_the_sentence_as_one_argument(hostile_card):
+    sentence = " ".join(HOSTILE.split())
+    (block,) = _blocks(hostile_card.text, "bash")
+    lines = block.splitlines()
+    assert [shlex.split(line)[:5] for line in lines] == [
+        ["vanilla-transformer", "translate", "--model", "someone/vanilla-en-es", sentence],
+        ["vanilla-transformer", "attention", "--model", "someone/vanilla-en-es", sentence],
+    ]
+
+
+def test_markdown_holds_no_html_from_the_data(hostile_card, tmp_path):
+    body = re.sub(r"^```\w*\n.*?^```", "", hostile_card.text, flags=re.MULTILINE | re.DOTALL)  # code shows as text
+    assert body.count("```") == 0  # and no sentence closed a code block early
+    assert "<script>" not in body and "<img" not in body and "<b>" not in body and "[es](" not in body
+    assert "English to \\[es\\](javascript:alert(1))&lt;img src=x onerror=alert(1)&gt;." in body  # text, not a link
+    assert "Data: bible-&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    assert "| &lt;script&gt; | \\| x \\| \\`y\\` &lt;b&gt; |" in body  # one row, two cells
+    assert "sacrebleu signature: \\`x\\` &lt;script&gt;" in body
+    hostile_card.save(tmp_path / "README.md")  # the front matter is YAML, written by huggingface_hub: it reads back as given
+    data = ModelCard.load(tmp_path / "README.md").data
+    assert data.datasets == ["bible-<script>alert(1)</script>"]
+    assert data.language == ["en", "[es](javascript:alert(1))<img src=x onerror=alert(1)>"]
+
+
+def test_retarget_points_the_snippets_title_and_model_index_at_the_repository(card, tmp_path):
+    retargeted = retarget_card(card, "alice/x")
+    assert card_repo_id(retargeted) == "alice/x"
+    assert "someone/vanilla-en-es" not in retargeted.content
+    assert "vanilla-transformer translate --model alice/x " in retargeted.text
+    assert retargeted.text.startswith("\n# x\n") and retargeted.data.model_name == "x"
+    retargeted.save(tmp_path / "README.md")
+    data = ModelCard.load(tmp_path / "README.md").data
+    assert data.model_name == "x" and len(data.eval_results) == len(card.data.eval_results)
+    assert retarget_card(retargeted, "alice/x") is retargeted

@@ -2,16 +2,27 @@
 
 The metadata (languages, licence, library, tags, data set, scores as `model-index`) is a
 `ModelCardData`, so huggingface_hub writes and validates the YAML; the body is the Jinja template
-`template.md` beside this file, filled by `ModelCard.from_template`.
+`template.md` beside this file.
+
+Every text that comes from the data or the options (the example sentence, the data set name, language
+keys, hyper-parameters, signatures) is escaped for the place it lands in, with one filter each: `py` (a
+Python string literal, `repr`), `sh` (one shell word, `shlex.quote`), `md` (Markdown text that no HTML,
+link or code span can come out of) and `cell` (the same in a table cell). A sentence pasted from the card
+is then only ever a sentence.
 """
 
 from __future__ import annotations
 
+import ast
+import html
+import re
+import shlex
 from pathlib import Path
 
+import jinja2
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-__all__ = ["METRICS", "TEMPLATE", "build_model_card", "metrics_from_results"]
+__all__ = ["METRICS", "TEMPLATE", "build_model_card", "card_repo_id", "metrics_from_results", "retarget_card"]
 
 TEMPLATE = Path(__file__).resolve().parent / "template.md"
 
@@ -21,6 +32,29 @@ METRICS = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER", "perplexity": "perplexi
 _SPLIT_PREFIXES = {"test": "test", "eval": "validation", "validation": "validation", "valid": "validation", "train": "train"}
 _LANGUAGE_NAMES = {"en": "English", "es": "Spanish", "fr": "French", "de": "German"}
 _EXAMPLES = {"en": "In the beginning God created the heavens and the earth."}
+
+
+_MARKDOWN_SPECIALS = re.compile(r"([\\`*\[\]])")  # what opens code spans, emphasis or links inline
+
+
+def _one_line(text) -> str:
+    """`text` on one line of printable characters: no line break can end a code block or start markup."""
+    return " ".join("".join(c if c.isprintable() else " " for c in str(text)).split())
+
+
+def _markdown(text) -> str:
+    """Markdown text that renders as `text`: HTML escaped, markup characters backslash-escaped."""
+    return _MARKDOWN_SPECIALS.sub(r"\\\1", html.escape(_one_line(text), quote=True))
+
+
+def _cell(text) -> str:
+    """Markdown text for a table cell, where `|` would end the cell."""
+    return _markdown(text).replace("|", "\\|")
+
+
+_ENVIRONMENT = jinja2.Environment(keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+_ENVIRONMENT.filters.update(py=lambda text: repr(_one_line(text)), sh=lambda text: shlex.quote(_one_line(text)),
+                            md=_markdown, cell=_cell)
 
 
 def metrics_from_results(results: dict | None) -> list[dict]:
@@ -100,9 +134,8 @@ def build_model_card(
         eval_results=eval_results or None,
     )
     names = [_LANGUAGE_NAMES.get(lang, lang) for lang in languages]
-    return ModelCard.from_template(
-        card_data,
-        template_path=str(TEMPLATE),
+    return ModelCard(_ENVIRONMENT.from_string(TEMPLATE.read_text(encoding="utf-8")).render(
+        card_data=card_data.to_yaml(),
         model_name=model_name,
         pair_text=" to ".join(names) if len(names) == 2 else "between two languages",
         config=config,
@@ -114,7 +147,36 @@ def build_model_card(
         metrics=metrics,
         signatures=sorted({s for s in (_signature(results, m) for m in ("bleu", "chrf")) if s}),
         repo_id=repo_id,
-        example=(example or _EXAMPLES.get(source_lang or "en", "...")).replace('"', '\\"'),
+        example=example or _EXAMPLES.get(source_lang or "en", "..."),
         image=image,
         max_length=max_length or getattr(config, "max_position_embeddings", 1024),
-    )
+    ))
+
+
+def card_repo_id(card: ModelCard) -> str | None:
+    """The repository id the card's usage snippet loads: the first `from_pretrained` argument of its first
+    Python block, read with `ast` (never run)."""
+    block = re.search(r"^```python\n(.*?)^```", card.text, re.MULTILINE | re.DOTALL)
+    if block is None:
+        return None
+    for node in ast.walk(ast.parse(block.group(1))):
+        if (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "from_pretrained" and node.args
+                and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            return node.args[0].value
+    return None
+
+
+def retarget_card(card: ModelCard, repo_id: str) -> ModelCard:
+    """The card of the same model as it reads in the Hub repository `repo_id` (a checked id): its snippets
+    load `repo_id`, and its title and `model-index` name are the repository's name. A card whose snippets
+    load no repository is returned as it is."""
+    old = card_repo_id(card)
+    if old is None or old == repo_id:
+        return card
+    old_name, new_name = old.split("/")[-1], repo_id.split("/")[-1]
+    text = re.sub(rf"(?<![\w./-]){re.escape(old)}(?![\w/-]|\.\w)", repo_id, card.text)
+    text = re.sub(rf"^# {re.escape(old_name)}$", f"# {new_name}", text, count=1, flags=re.MULTILINE)
+    data = card.data
+    if data.model_name in (old_name, None):
+        data.model_name = new_name  # the name `model-index` is written under
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n{text}")
