@@ -111,6 +111,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "Runs on one CPU or GPU as is, and on several processes under `accelerate launch -m "
         "vanilla_transformer.cli train ...`. The output folder ends as a complete Hub repository.",
     )
+    # One option per TrainingArguments field, with its default written out (importing it would slow --help);
+    # tests/training/test_options.py holds the two equal.
     data = p.add_argument_group("data")
     data.add_argument(
         "--dataset", default="bible-en-es",

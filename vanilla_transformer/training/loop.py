@@ -65,7 +65,7 @@ from .distributed import configure_deepspeed, end_training, start_accelerator
 from .lock import RunLock
 from ..modeling.fast_modeling_vanilla_transformer import enabled as fast_paths
 from .loss import IGNORE_INDEX, label_smoothed_loss
-from .schedule import PAPER_WARMUP_STEPS, SCHEDULES, make_optimizer, make_scheduler
+from .schedule import PAPER_WARMUP_STEPS, check_schedule, make_optimizer, make_scheduler
 
 __all__ = ["TrainingArguments", "evaluate", "train"]
 
@@ -135,8 +135,8 @@ class TrainingArguments:
 
     def validate(self) -> None:
         """Fail early, naming the option and what it accepts."""
-        positive = ("max_length", "vocab_size", "max_tokens", "gradient_accumulation_steps", "warmup_steps",
-                    "save_steps", "keep_checkpoints", "average_last", "eval_steps", "num_beams", "log_steps")
+        positive = ("max_length", "vocab_size", "max_tokens", "gradient_accumulation_steps", "save_steps",
+                    "keep_checkpoints", "average_last", "eval_steps", "num_beams", "log_steps")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -161,16 +161,15 @@ class TrainingArguments:
             )
         if self.max_tokens < self.max_length:
             raise ValueError(f"`max_tokens` ({self.max_tokens}) must be at least `max_length` ({self.max_length}).")
-        if self.lr_schedule not in SCHEDULES:
-            raise ValueError(f"`lr_schedule` must be one of {', '.join(map(repr, SCHEDULES))}; got {self.lr_schedule!r}.")
+        check_schedule(self.warmup_steps, self.lr_scale, self.lr_schedule, names=("warmup_steps", "lr_scale", "lr_schedule"))
         if self.ema_decay is not None and not (_is_finite(self.ema_decay) and 0 < self.ema_decay < 1):
             raise ValueError(f"`ema_decay` must be a number in (0, 1), e.g. 0.999, or None; got {self.ema_decay!r}.")
         if not 0 <= self.label_smoothing < 1:
             raise ValueError(f"`label_smoothing` must be in [0, 1); got {self.label_smoothing!r}.")
-        for name in ("lr_scale", "max_grad_norm", "time_limit"):
+        for name in ("max_grad_norm", "time_limit"):
             value = getattr(self, name)  # a negative norm would flip every gradient: training would ascend
             if value is not None and not (_is_finite(value) and value > 0):
-                raise ValueError(f"`{name}` must be a positive number{' or None' if name != 'lr_scale' else ''}; got {value!r}.")
+                raise ValueError(f"`{name}` must be a positive number or None; got {value!r}.")
         if not _is_finite(self.length_penalty):
             raise ValueError(f"`length_penalty` must be a finite number (the paper's: 0.6); got {self.length_penalty!r}.")
         if self.mixed_precision not in (None, "no", "fp16", "bf16"):
@@ -383,8 +382,6 @@ class _Run:
     accelerator: Accelerator
     model: torch.nn.Module  # as prepared by Accelerate (DDP-wrapped on several processes)
     optimizer: torch.optim.Optimizer
-    scheduler: Any  # torch's LambdaLR (Noam) or a BudgetSchedule
-    average: WeightAverage | None  # `ema_decay`
     tokenizer: Any
     data: Any  # the DatasetDict of raw pairs
     source_lang: str
@@ -396,6 +393,8 @@ class _Run:
     step: int
     last_saved: int | None  # the step of the newest checkpoint this run wrote or resumed from
     epoch_batches: int  # batches per epoch on each process
+    scheduler: Any = None  # torch's LambdaLR (Noam) or a BudgetSchedule, built on the record: it asks `remaining_steps`
+    average: WeightAverage | None = None  # `ema_decay`
     start_step: int = 0  # where this session began
     started: float = field(default_factory=time.perf_counter)
     elapsed: float = 0.0  # seconds since `started` on the main process, as of the current step (the same on every process)
@@ -523,40 +522,41 @@ def _setup(args: TrainingArguments, accelerator) -> _Run:
         checkpoint_root.mkdir(parents=True, exist_ok=True)
         model.config.to_json_file(checkpoint_root / "config.json")
     logger.info(f"model: {sum(p.numel() for p in model.parameters()):,} parameters; {model.config.to_diff_dict()}")
+    d_model = model.config.d_model
     optimizer = make_optimizer(model, accelerator.device)  # built before `prepare` moves the model there
-    # A budget schedule asks the run (built below) how many steps are left.
-    scheduler = make_scheduler(optimizer, model.config.d_model, args.warmup_steps, args.lr_scale, args.lr_schedule,
-                               remaining_steps=lambda step: run.remaining_steps(step))
     configure_deepspeed(accelerator, args)  # the batch sizes DeepSpeed asks for; nothing without DeepSpeed
-    model, optimizer = accelerator.prepare(model, optimizer)
-    # The scheduler is not prepared: Accelerate would step it once per process, and the Noam
-    # schedule counts optimiser steps. It is registered so that save_state/load_state keep it.
-    accelerator.register_for_checkpointing(scheduler)
-    average = None
-    if args.ema_decay is not None:
-        average = WeightAverage(accelerator.unwrap_model(model), args.ema_decay)
-        accelerator.register_for_checkpointing(average)
-    _log_recipe(args, accelerator, accelerator.unwrap_model(model).config.d_model)
-
+    model, prepared_optimizer = accelerator.prepare(model, optimizer)
     state = {"epoch": 0, "batches_done": 0, "train_tokens": 0, "history": [], "run_options": _run_options(args)}
     if resume_from is not None:
-        accelerator.load_state(str(resume_from))  # weights, optimiser, scheduler, RNG states
-        state = read_state(resume_from)
-        logger.info(f"resumed from {resume_from} (step {state['step']})")
-    else:
-        set_seed(args.seed, device_specific=True)  # different dropout masks on each process
-    if accelerator.is_main_process:
-        accelerator.init_trackers("train", config={k: v for k, v in asdict(args).items() if not isinstance(v, dict)})
+        state = read_state(resume_from)  # the counters; the weights and the rest come with load_state below
     sampler = TokenBatchSampler(
         train_split.lengths, args.max_tokens, seed=args.seed,
         num_replicas=accelerator.num_processes, rank=accelerator.process_index,
     )
     step = state.get("step", 0)
-    run = _Run(  # the name the scheduler's remaining_steps reads
-        args, accelerator, model, optimizer, scheduler, average, tokenizer, data, source_lang, target_lang, train_split,
+    run = _Run(
+        args, accelerator, model, prepared_optimizer, tokenizer, data, source_lang, target_lang, train_split,
         eval_splits, sampler, state, step, last_saved=step if resume_from is not None else None,
         epoch_batches=len(sampler.local_batches(state["epoch"])), start_step=step,
     )
+    # A budget schedule asks the run how many steps are left. The scheduler is not prepared: Accelerate
+    # would step it once per process, and the Noam schedule counts optimiser steps. It is registered so
+    # that save_state/load_state keep it.
+    run.scheduler = make_scheduler(optimizer, d_model, args.warmup_steps, args.lr_scale, args.lr_schedule,
+                                   remaining_steps=run.remaining_steps)
+    accelerator.register_for_checkpointing(run.scheduler)
+    if args.ema_decay is not None:
+        run.average = WeightAverage(accelerator.unwrap_model(model), args.ema_decay)
+        accelerator.register_for_checkpointing(run.average)
+    _log_recipe(args, accelerator, d_model)
+
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from))  # weights, optimiser, scheduler, RNG states
+        logger.info(f"resumed from {resume_from} (step {step})")
+    else:
+        set_seed(args.seed, device_specific=True)  # different dropout masks on each process
+    if accelerator.is_main_process:
+        accelerator.init_trackers("train", config={k: v for k, v in asdict(args).items() if not isinstance(v, dict)})
     return run
 
 

@@ -20,7 +20,8 @@ from typing import Callable
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-__all__ = ["PAPER_WARMUP_STEPS", "SCHEDULES", "BudgetSchedule", "make_optimizer", "make_scheduler", "noam_rate"]
+__all__ = ["PAPER_WARMUP_STEPS", "SCHEDULES", "BudgetSchedule", "check_schedule", "make_optimizer", "make_scheduler",
+           "noam_rate"]
 
 PAPER_WARMUP_STEPS = 4000
 SCHEDULES = ("noam", "linear", "cosine")
@@ -61,12 +62,7 @@ def make_scheduler(
     hence `i + 1`. "linear" and "cosine" are `BudgetSchedule`s with the Noam schedule's warm-up and
     peak, which need `remaining_steps` (see there).
     """
-    if warmup_steps < 1:
-        raise ValueError(f"`warmup_steps` must be a positive integer; got {warmup_steps!r}.")
-    if scale <= 0:
-        raise ValueError(f"the learning-rate `scale` must be positive; got {scale!r}.")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"`schedule` must be one of {', '.join(map(repr, SCHEDULES))}; got {schedule!r}.")
+    check_schedule(warmup_steps, scale, schedule)
     for group in optimizer.param_groups:
         group["lr"] = group["initial_lr"] = 1.0
     if schedule == "noam":
@@ -75,6 +71,18 @@ def make_scheduler(
         raise ValueError(f"the {schedule!r} schedule decays to zero at the end of the budget: give `remaining_steps`.")
     peak = noam_rate(warmup_steps, d_model, warmup_steps, scale)
     return BudgetSchedule(optimizer, peak, warmup_steps, schedule, remaining_steps)
+
+
+def check_schedule(warmup_steps, scale, schedule, names=("warmup_steps", "scale", "schedule")) -> None:
+    """The schedule's options, checked in one place for `make_scheduler` and, before any data is read,
+    for `TrainingArguments` (whose `names` for them are warmup_steps, lr_scale and lr_schedule)."""
+    if not isinstance(warmup_steps, int) or warmup_steps < 1:
+        raise ValueError(f"`{names[0]}` must be a positive integer; got {warmup_steps!r}.")
+    finite = isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale)
+    if not (finite and scale > 0):
+        raise ValueError(f"`{names[1]}` must be a positive number; got {scale!r}.")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"`{names[2]}` must be one of {', '.join(map(repr, SCHEDULES))}; got {schedule!r}.")
 
 
 class BudgetSchedule:
