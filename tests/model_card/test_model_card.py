@@ -61,7 +61,8 @@ def test_body_has_architecture_training_usage_image_and_limitations(card):
         "pipeline(\"translation\", model='someone/vanilla-en-es', trust_remote_code=True)",
         "vanilla-transformer translate --model someone/vanilla-en-es",
         "![attention heat map](attention.png)", "does **not** translate\nnews", "English to Spanish",
-        "@inproceedings{vaswani2017attention",
+        "@inproceedings{vaswani2017attention", "## Evaluation", "β2 = 0.98", "20,000 steps",
+        "min(step^-0.5, step · warmup^-1.5) with warmup = 4000 (§5.3)", "label smoothing ε_ls = 0.1 (§5.4)",
     ):
         assert expected in body, expected
     assert "{{" not in body and "{%" not in body
@@ -72,7 +73,7 @@ def test_card_without_results_or_image_says_so():
     assert card.data.eval_results is None
     assert "No evaluation results were recorded." in card.text
     assert "were not recorded" in card.text and "![" not in card.text
-    assert "Bible" not in card.text
+    assert "Bible" not in card.text and "Recipe" not in card.text  # no training loop's settings: no recipe claimed
 
 
 def test_metrics_are_read_with_their_split():

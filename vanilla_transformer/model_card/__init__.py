@@ -79,6 +79,27 @@ def _signature(results: dict | None, metric: str) -> str | None:
     return results.get(f"{metric}_signature") or results.get("sacrebleu_signature")
 
 
+def _recipe(hyperparameters: dict | None, config) -> list[str]:
+    """The training recipe in the paper's terms, for the settings `vanilla-transformer train` records."""
+    h = hyperparameters or {}
+    if "warmup_steps" not in h:  # not a run of our training loop: its optimiser is unknown
+        return []
+    steps = f"; {h['max_steps']:,} steps" if isinstance(h.get("max_steps"), int) else ""
+    recipe = [f"Adam with β1 = 0.9, β2 = 0.98, ε = 1e-9{steps}"]
+    if h.get("lr_schedule", "noam") == "noam":
+        recipe.append(f"learning rate d_model^-0.5 · min(step^-0.5, step · warmup^-1.5) with warmup = {h['warmup_steps']} (§5.3)")
+    else:
+        recipe.append(f"a linear warm-up over {h['warmup_steps']} steps, then {h['lr_schedule']} decay (not the paper's schedule)")
+    if "label_smoothing" in h:
+        recipe.append(f"label smoothing ε_ls = {h['label_smoothing']} (§5.4)")
+    recipe.append(f"residual dropout P_drop = {config.dropout} (§5.4)")
+    if "max_tokens" in h:
+        recipe.append(f"batches of up to {h['max_tokens']} source and target tokens per process (§5.1)")
+    if isinstance(h.get("average_last"), int) and h["average_last"] > 1:
+        recipe.append(f"the final weights are the average of the last {h['average_last']} checkpoints (§6.1)")
+    return [_markdown(item) for item in recipe]
+
+
 def build_model_card(
     config,
     *,
@@ -134,7 +155,7 @@ def build_model_card(
         eval_results=eval_results or None,
     )
     names = [_LANGUAGE_NAMES.get(lang, lang) for lang in languages]
-    return ModelCard(_ENVIRONMENT.from_string(TEMPLATE.read_text(encoding="utf-8")).render(
+    text = _ENVIRONMENT.from_string(TEMPLATE.read_text(encoding="utf-8")).render(
         card_data=card_data.to_yaml(),
         model_name=model_name,
         pair_text=" to ".join(names) if len(names) == 2 else "between two languages",
@@ -144,13 +165,15 @@ def build_model_card(
         dataset_note="verse-aligned Bible translations embedded in the package" if dataset and dataset.startswith("bible-") else None,
         bible=bool(dataset and dataset.startswith("bible-")),
         hyperparameters=hyperparameters,
+        recipe=_recipe(hyperparameters, config),
         metrics=metrics,
         signatures=sorted({s for s in (_signature(results, m) for m in ("bleu", "chrf")) if s}),
         repo_id=repo_id,
         example=example or _EXAMPLES.get(source_lang or "en", "..."),
         image=image,
         max_length=max_length or getattr(config, "max_position_embeddings", 1024),
-    ))
+    )
+    return ModelCard(re.sub(r"\n(?:[ \t]*\n){2,}", "\n\n", text))  # the blank lines that skipped sections leave
 
 
 def card_repo_id(card: ModelCard) -> str | None:
