@@ -1,0 +1,112 @@
+"""Which loop serves a `generate` request (`choose_search`), and that every request handed over, or ending
+unusually, gives what transformers' own loop gives (#37, #39)."""
+
+import pytest
+import torch
+from transformers import GenerationMixin
+
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.modeling.generation_vanilla_transformer import (
+    beam_search,
+    choose_search,
+    gnmt_beam_search,
+    greedy_search,
+)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=40, dropout=0.0)).eval()
+
+
+def transformers_loop(model, input_ids, **options):
+    """transformers' own `generate`, none of our loops or our length cap."""
+    return GenerationMixin.generate(model, input_ids, attention_mask=torch.ones_like(input_ids), **options)
+
+
+def source(rows=2, length=6, seed=0):
+    return torch.randint(4, 40, (rows, length), generator=torch.Generator().manual_seed(seed))
+
+
+def chosen(model, options, style="transformers"):
+    kwargs = dict(options)
+
+    def setting(name, default=None):
+        value = kwargs.get(name, getattr(model.generation_config, name, None))
+        return default if value is None else value
+
+    return choose_search(model, kwargs, setting, style)
+
+
+@pytest.mark.parametrize("options,reason", [
+    (dict(do_sample=True), "sampling"),
+    (dict(num_beams=4, num_beam_groups=2, diversity_penalty=1.0), "beam groups"),
+    (dict(num_beams=2, force_words_ids=[[5]]), "constraints"),
+    (dict(penalty_alpha=0.6, top_k=4), "contrastive search"),
+    (dict(prompt_lookup_num_tokens=3), "assisted generation"),
+    (dict(assistant_early_exit=1), "assisted generation"),
+    (dict(stop_strings=["x"]), "stop_strings"),
+    (dict(streamer=object()), "streamer"),
+    (dict(cache_implementation="static"), "static cache"),
+    (dict(num_beams=2, output_logits=True, return_dict_in_generate=True), "output_logits"),
+    (dict(return_dict_in_generate=True), "return_dict_in_generate"),
+    (dict(custom_generate=greedy_search), "custom_generate given"),
+])
+def test_each_request_our_loops_cannot_serve_goes_to_transformers_loop_by_name(model, options, reason):
+    assert chosen(model, options) == (None, reason)
+
+
+def test_plain_requests_run_our_loops(model):
+    assert chosen(model, {}) == (greedy_search, None)
+    assert chosen(model, dict(num_beams=3)) == (beam_search, None)
+    assert chosen(model, dict(num_beams=3), style="gnmt") == (gnmt_beam_search, None)
+    assert chosen(model, dict(num_beams=3, return_dict_in_generate=True, output_scores=True)) == (beam_search, None)
+
+
+def test_a_cache_passed_in_and_peft_go_to_transformers_loop(model):
+    from vanilla_transformer.modeling.modeling_vanilla_transformer import CACHE_NAME
+
+    assert chosen(model, {CACHE_NAME: object()}) == (None, "a cache passed in")
+    patched = VanillaTransformerForConditionalGeneration(model.config)
+    patched.prepare_inputs_for_generation = model.prepare_inputs_for_generation
+    assert chosen(patched, {}) == (None, "PEFT's prepare_inputs_for_generation")
+
+
+@pytest.mark.parametrize("options", [dict(min_new_tokens=80), dict(suppress_tokens=[2])])
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_no_hypothesis_can_end_in_time_gives_transformers_output(model, options, num_beams):
+    """</s> ruled out up to the length limit: the best live beams at the limit, as transformers returns them."""
+    input_ids = source()
+    options = dict(options, num_beams=num_beams, max_new_tokens=7)
+    ours = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), length_penalty_style="transformers",
+                          **options)
+    assert torch.equal(ours, transformers_loop(model, input_ids, **options))
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_no_hypothesis_can_end_inside_the_source_length_cap(model, num_beams):
+    """Under the cap (source + max_length_offset) a sentence that cannot end stops at its cap unfinished."""
+    input_ids = source()
+    out = model.generate(input_ids, num_beams=num_beams, min_new_tokens=80, max_length_offset=5,
+                         length_penalty_style="transformers")
+    assert out.shape == (2, 1 + 6 + 5) and not (out[:, 1:] == model.config.eos_token_id).any()
+
+
+@pytest.mark.parametrize("assistance", [dict(assistant_model="self"), dict(prompt_lookup_num_tokens=3)])
+def test_assisted_greedy_search_gives_the_unassisted_tokens(model, assistance):
+    assistance = {k: model if v == "self" else v for k, v in assistance.items()}
+    input_ids = source(rows=1)
+    plain = model.generate(input_ids, max_new_tokens=12)
+    assert torch.equal(model.generate(input_ids, max_new_tokens=12, **assistance), plain)
+    assert torch.equal(transformers_loop(model, input_ids, max_new_tokens=12, **assistance), plain)
+
+
+def test_assisted_sampling_runs(model):
+    out = model.generate(source(rows=1), do_sample=True, assistant_model=model, max_new_tokens=8)
+    assert out.shape[0] == 1 and out.shape[1] <= 9
+
+
+def test_assisted_beam_search_is_refused_in_one_line(model):
+    with pytest.raises(ValueError, match=r"assistant_model.*num_beams=1\); got num_beams=2"):
+        model.generate(source(rows=1), num_beams=2, assistant_model=model)
