@@ -3,7 +3,7 @@ unusually, gives what transformers' own loop gives (#37, #39)."""
 
 import pytest
 import torch
-from transformers import GenerationMixin
+from transformers import GenerationMixin, StoppingCriteriaList, StopStringCriteria
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling.generation_vanilla_transformer import (
@@ -110,3 +110,21 @@ def test_assisted_sampling_runs(model):
 def test_assisted_beam_search_is_refused_in_one_line(model):
     with pytest.raises(ValueError, match=r"assistant_model.*num_beams=1\); got num_beams=2"):
         model.generate(source(rows=1), num_beams=2, assistant_model=model)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", [dict(), dict(num_beams=3), dict(do_sample=True, top_k=1)])
+def test_stop_strings_end_the_output_as_in_transformers_loop(hub_tiny_model, options):
+    """The tokenizer passed to `generate` reaches transformers' stop-string criterion, not `forward`."""
+    model, tokenizer = hub_tiny_model
+    inputs = tokenizer(["In the beginning God created the heaven and the earth."], return_tensors="pt")
+    free = model.generate(**inputs, max_new_tokens=20, **options)
+    text = tokenizer.decode(free[0], skip_special_tokens=True)
+    stop = text.split()[1][:2]  # a string the output reaches after its first word
+    ours = model.generate(**inputs, max_new_tokens=20, stop_strings=[stop], tokenizer=tokenizer, **options)
+    criterion = StoppingCriteriaList([StopStringCriteria(tokenizer, [stop])])  # what transformers builds from them
+    theirs = GenerationMixin.generate(model, **inputs, max_new_tokens=20, stopping_criteria=criterion, **options)
+    assert torch.equal(ours, theirs)
+    # the last token completes the stop string (it may run past it, as in transformers)
+    assert ours.shape[1] < free.shape[1] and stop in tokenizer.decode(ours[0], skip_special_tokens=True)
+    assert stop not in tokenizer.decode(ours[0, :-1], skip_special_tokens=True)

@@ -68,6 +68,8 @@ from transformers.generation import (
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     SuppressTokensAtBeginLogitsProcessor,
+    StoppingCriteriaList,
+    StopStringCriteria,
     SuppressTokensLogitsProcessor,
 )
 from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
@@ -206,6 +208,12 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
     def setting(name, default=None):
         return _setting(name, kwargs, generation_config, model.generation_config, default)
 
+    if kwargs.get("stop_strings") is not None and kwargs.get("tokenizer") is not None:
+        # transformers would pass the tokenizer on to `forward`: the criterion it builds from it, built here
+        # (any loop applies stopping criteria).
+        kwargs["stopping_criteria"] = StoppingCriteriaList(
+            [*(kwargs.get("stopping_criteria") or []), StopStringCriteria(kwargs.pop("tokenizer"), kwargs.pop("stop_strings"))]
+        )
     search, _reason = choose_search(model, kwargs, setting, style)
     if search is not None:
         kwargs["custom_generate"] = search
