@@ -1,6 +1,8 @@
 """Which loop serves a `generate` request (`choose_search`), and that every request handed over, or ending
 unusually, gives what transformers' own loop gives (#37, #39)."""
 
+import copy
+
 import pytest
 import torch
 from transformers import GenerationMixin, StoppingCriteriaList, StopStringCriteria
@@ -128,3 +130,18 @@ def test_stop_strings_end_the_output_as_in_transformers_loop(hub_tiny_model, opt
     # the last token completes the stop string (it may run past it, as in transformers)
     assert ours.shape[1] < free.shape[1] and stop in tokenizer.decode(ours[0], skip_special_tokens=True)
     assert stop not in tokenizer.decode(ours[0, :-1], skip_special_tokens=True)
+
+
+def test_a_saved_model_decodes_as_it_did_in_memory(model, tmp_path):
+    """The paper's settings (`paper_generation_config`, a config not derived from the model's) survive
+    save_pretrained + from_pretrained: the same style, cap and tokens."""
+    from vanilla_transformer.modeling.generation_vanilla_transformer import paper_generation_config
+
+    model = copy.deepcopy(model)
+    model.generation_config = paper_generation_config(model.config, max_length_offset=9)
+    input_ids = source(rows=3)
+    before = model.generate(input_ids, attention_mask=torch.ones_like(input_ids))
+    model.save_pretrained(tmp_path)
+    loaded = VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path).eval()
+    assert (loaded.generation_config.length_penalty_style, loaded.generation_config.max_length_offset) == ("gnmt", 9)
+    assert torch.equal(loaded.generate(input_ids, attention_mask=torch.ones_like(input_ids)), before)
