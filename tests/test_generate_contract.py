@@ -10,6 +10,7 @@ from transformers import GenerationMixin, StoppingCriteriaList, StopStringCriter
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling.generation_vanilla_transformer import (
     beam_search,
+    paper_generation_config,
     choose_search,
     gnmt_beam_search,
     greedy_search,
@@ -117,15 +118,18 @@ def test_assisted_beam_search_is_refused_in_one_line(model):
 @pytest.mark.slow
 @pytest.mark.parametrize("options", [dict(), dict(num_beams=3), dict(do_sample=True, top_k=1)])
 def test_stop_strings_end_the_output_as_in_transformers_loop(hub_tiny_model, options):
+    options = dict(options, max_new_tokens=20, min_new_tokens=6)
     """The tokenizer passed to `generate` reaches transformers' stop-string criterion, not `forward`."""
     model, tokenizer = hub_tiny_model
+    model = copy.deepcopy(model)  # transformers' ranking, as in its loop
+    model.generation_config = paper_generation_config(model.config, num_beams=1, length_penalty_style="transformers")
     inputs = tokenizer(["In the beginning God created the heaven and the earth."], return_tensors="pt")
-    free = model.generate(**inputs, max_new_tokens=20, **options)
-    text = tokenizer.decode(free[0], skip_special_tokens=True)
-    stop = text.split()[1][:2]  # a string the output reaches after its first word
-    ours = model.generate(**inputs, max_new_tokens=20, stop_strings=[stop], tokenizer=tokenizer, **options)
+    free = model.generate(**inputs, **options)
+    assert free.shape[1] > 4
+    stop = tokenizer.decode(free[0, 3]).strip()[:2]  # a string the output reaches by its third token
+    ours = model.generate(**inputs, stop_strings=[stop], tokenizer=tokenizer, **options)
     criterion = StoppingCriteriaList([StopStringCriteria(tokenizer, [stop])])  # what transformers builds from them
-    theirs = GenerationMixin.generate(model, **inputs, max_new_tokens=20, stopping_criteria=criterion, **options)
+    theirs = GenerationMixin.generate(model, **inputs, stopping_criteria=criterion, **options)
     assert torch.equal(ours, theirs)
     # the last token completes the stop string (it may run past it, as in transformers)
     assert ours.shape[1] < free.shape[1] and stop in tokenizer.decode(ours[0], skip_special_tokens=True)
@@ -135,8 +139,6 @@ def test_stop_strings_end_the_output_as_in_transformers_loop(hub_tiny_model, opt
 def test_a_saved_model_decodes_as_it_did_in_memory(model, tmp_path):
     """The paper's settings (`paper_generation_config`, a config not derived from the model's) survive
     save_pretrained + from_pretrained: the same style, cap and tokens."""
-    from vanilla_transformer.modeling.generation_vanilla_transformer import paper_generation_config
-
     model = copy.deepcopy(model)
     model.generation_config = paper_generation_config(model.config, max_length_offset=9)
     input_ids = source(rows=3)
@@ -145,3 +147,17 @@ def test_a_saved_model_decodes_as_it_did_in_memory(model, tmp_path):
     loaded = VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path).eval()
     assert (loaded.generation_config.length_penalty_style, loaded.generation_config.max_length_offset) == ("gnmt", 9)
     assert torch.equal(loaded.generate(input_ids, attention_mask=torch.ones_like(input_ids)), before)
+
+
+@pytest.mark.parametrize("position_encoding,refused", [("learned", True), ("sinusoidal", False)])
+def test_an_input_past_the_learned_position_table_is_refused_in_one_line(position_encoding, refused):
+    config = VanillaTransformerConfig.tiny(vocab_size=40, dropout=0.0, max_position_embeddings=16,
+                                           position_encoding=position_encoding)
+    model = VanillaTransformerForConditionalGeneration(config).eval()
+    assert model.generate(source(length=16), max_new_tokens=3).shape == (2, 4)
+    if refused:
+        with pytest.raises(ValueError, match=r"^The input is 17 tokens long; this model reads at most 16 "
+                                             r"\(max_position_embeddings\)\. Truncate it: .*truncation=True"):
+            model.generate(source(length=17), max_new_tokens=3)
+    else:  # sinusoids extend past the table's nominal length
+        assert model.generate(source(length=17), max_new_tokens=3).shape == (2, 4)

@@ -11,12 +11,12 @@ instead, a different function of length; both are available.
 Two generation-config attributes select the paper's behaviour (GenerationConfig keeps unknown
 attributes and saves them in generation_config.json; they can also be passed to `generate`):
 
-    length_penalty_style: "gnmt" runs `gnmt_beam_search` below for plain beam search (num_beams > 1,
-        no sampling, groups or constraints); "transformers" (the default when unset) keeps
-        transformers' ranking and stopping rules, run by `beam_search` below (the same tokens and
-        scores as transformers' loop, with finished sentences leaving the batch; transformers' own
-        loop where `output_logits` is asked for). Greedy search and sampling are unaffected by a
-        length penalty.
+    length_penalty_style: "gnmt" runs `gnmt_beam_search` below for beam search; "transformers" (the
+        default when unset) keeps transformers' ranking and stopping rules, run by `beam_search` below
+        (the same tokens and scores as transformers' loop, with finished sentences leaving the batch).
+        Greedy search and sampling are unaffected by a length penalty. Set both attributes with
+        `paper_generation_config`: set on a generation config derived from the model config
+        (`_from_model_config`), transformers drops them when it loads the saved folder.
     max_length_offset: when the call sets neither `max_new_tokens` nor `max_length` (as arguments or
         in a `generation_config` argument), sentence i may generate at most
         (number of non-padding source tokens of i) + max_length_offset new tokens, </s> included;
@@ -30,6 +30,12 @@ tokens wherever it is unset (`Seq2SeqTrainer` writes it into the model's generat
 evaluation, and `save_model` then saves it), so honouring it would cut every later translation at 19
 tokens. To cap outputs, pass `max_new_tokens` or `max_length` to `generate` (or the pipeline), which
 replaces the cap, store `max_new_tokens`, or lower `max_length_offset`.
+
+Which loop serves a request is one table, `HAND_OVERS` (read by `choose_search`): sampling, beam
+groups, constraints, contrastive search, assisted generation, streamers, a cache passed in, output_logits
+and the like go to transformers' own loop, named. A sentence that cannot end in time (</s> suppressed,
+or `min_new_tokens` past its cap) stops at its cap unfinished, as transformers' loop does at max_length.
+An input longer than a learned position table (`max_position_embeddings`) is refused in one line.
 
 The search runs inside transformers' `generate` as a `custom_generate` callable (a documented
 argument of `generate`: "perform the usual input preparation steps, then call the provided callable
@@ -178,8 +184,13 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
         max_new_tokens=_setting("max_new_tokens", kwargs, generation_config, None),
     )
 
-    lengths_in_call = (kwargs, vars(generation_config) if generation_config is not None else {})
     source = next((x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None), None)
+    limit = model.config.max_position_embeddings
+    if source is not None and getattr(model.config, "position_encoding", None) == "learned" and source.size(1) > limit:
+        # the pipeline's limit (source_length_limit): a learned position table ends there
+        raise ValueError(f"The input is {source.size(1)} tokens long; this model reads at most {limit} "
+                         f"(max_position_embeddings). Truncate it: tokenizer(..., truncation=True, max_length={limit}).")
+    lengths_in_call = (kwargs, vars(generation_config) if generation_config is not None else {})
     if source is not None and all(c.get(n) is None for c in lengths_in_call for n in ("max_new_tokens", "max_length")):
         mask = kwargs.get("attention_mask")
         if mask is not None:
@@ -617,6 +628,7 @@ __all__ = [
     "TransformersRanking",
     "beam_search",
     "check_decoding_options",
+    "choose_search",
     "generate",
     "gnmt_beam_search",
     "gnmt_length_penalty",
