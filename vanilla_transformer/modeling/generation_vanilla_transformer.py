@@ -11,12 +11,12 @@ instead, a different function of length; both are available.
 Two generation-config attributes select the paper's behaviour (GenerationConfig keeps unknown
 attributes and saves them in generation_config.json; they can also be passed to `generate`):
 
-    length_penalty_style: "gnmt" runs `gnmt_beam_search` below for plain beam search (num_beams > 1,
-        no sampling, groups or constraints); "transformers" (the default when unset) keeps
-        transformers' ranking and stopping rules, run by `beam_search` below (the same tokens and
-        scores as transformers' loop, with finished sentences leaving the batch; transformers' own
-        loop where `output_logits` is asked for). Greedy search and sampling are unaffected by a
-        length penalty.
+    length_penalty_style: "gnmt" runs `gnmt_beam_search` below for beam search; "transformers" (the
+        default when unset) keeps transformers' ranking and stopping rules, run by `beam_search` below
+        (the same tokens and scores as transformers' loop, with finished sentences leaving the batch).
+        Greedy search and sampling are unaffected by a length penalty. Set both attributes with
+        `paper_generation_config`: set on a generation config derived from the model config
+        (`_from_model_config`), transformers drops them when it loads the saved folder.
     max_length_offset: when the call sets neither `max_new_tokens` nor `max_length` (as arguments or
         in a `generation_config` argument), sentence i may generate at most
         (number of non-padding source tokens of i) + max_length_offset new tokens, </s> included;
@@ -30,6 +30,12 @@ tokens wherever it is unset (`Seq2SeqTrainer` writes it into the model's generat
 evaluation, and `save_model` then saves it), so honouring it would cut every later translation at 19
 tokens. To cap outputs, pass `max_new_tokens` or `max_length` to `generate` (or the pipeline), which
 replaces the cap, store `max_new_tokens`, or lower `max_length_offset`.
+
+Which loop serves a request is one table, `HAND_OVERS` (read by `choose_search`): sampling, beam
+groups, constraints, contrastive search, assisted generation, streamers, a cache passed in, output_logits
+and the like go to transformers' own loop, named. A sentence that cannot end in time (</s> suppressed,
+or `min_new_tokens` past its cap) stops at its cap unfinished, as transformers' loop does at max_length.
+An input longer than a learned position table (`max_position_embeddings`) is refused in one line.
 
 The search runs inside transformers' `generate` as a `custom_generate` callable (a documented
 argument of `generate`: "perform the usual input preparation steps, then call the provided callable
@@ -68,6 +74,8 @@ from transformers.generation import (
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     SuppressTokensAtBeginLogitsProcessor,
+    StoppingCriteriaList,
+    StopStringCriteria,
     SuppressTokensLogitsProcessor,
 )
 from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
@@ -114,7 +122,10 @@ def gnmt_length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Ten
 
 
 def _force_eos(scores: torch.Tensor, last_step: torch.Tensor, eos: int) -> torch.Tensor:
-    """Rows at their last allowed step may only end: every token but </s> gets -inf (§6.1's cap)."""
+    """Rows at their last allowed step may only end: every token but </s> gets -inf (§6.1's cap). Where
+    </s> is ruled out (min_new_tokens past the cap, a suppressed </s>) the row is left as it is: the
+    search ends it at the cap unfinished, as transformers' loop does at max_length."""
+    last_step = last_step & (scores[:, eos] > float("-inf"))
     if not bool(last_step.any()):
         return scores
     only_eos = torch.full_like(scores, float("-inf"))
@@ -173,8 +184,13 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
         max_new_tokens=_setting("max_new_tokens", kwargs, generation_config, None),
     )
 
-    lengths_in_call = (kwargs, vars(generation_config) if generation_config is not None else {})
     source = next((x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None), None)
+    limit = model.config.max_position_embeddings
+    if source is not None and getattr(model.config, "position_encoding", None) == "learned" and source.size(1) > limit:
+        # the pipeline's limit (source_length_limit): a learned position table ends there
+        raise ValueError(f"The input is {source.size(1)} tokens long; this model reads at most {limit} "
+                         f"(max_position_embeddings). Truncate it: tokenizer(..., truncation=True, max_length={limit}).")
+    lengths_in_call = (kwargs, vars(generation_config) if generation_config is not None else {})
     if source is not None and all(c.get(n) is None for c in lengths_in_call for n in ("max_new_tokens", "max_length")):
         mask = kwargs.get("attention_mask")
         if mask is not None:
@@ -200,49 +216,88 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
             generation_config = copy.deepcopy(generation_config)
             setattr(generation_config, name, value)
 
-    if fast.enabled(model.config) and _wants_preallocated_cache(kwargs, generation_config, model.generation_config):
-        capacity = _decoder_capacity(kwargs, generation_config, kwargs.get("decoder_input_ids"))
-        if capacity is not None:
-            kwargs[CACHE_NAME] = preallocated_cache(model.config.decoder_layers, capacity)
-
     def setting(name, default=None):
         return _setting(name, kwargs, generation_config, model.generation_config, default)
 
-    # A static cache keeps greedy search in transformers' loop, which compiles the decoder step with it
-    # (on a GPU, or wherever `compile_config` asks); beam search does not compile in transformers.
-    static_cache = setting("cache_implementation") in ALL_STATIC_CACHE_IMPLEMENTATIONS or (
-        kwargs.get(CACHE_NAME) is not None and kwargs[CACHE_NAME].is_compileable
-    )
-    plain = (  # no sampling, groups, constraints, assistant, streamer or other decoding strategy
-        not setting("do_sample", False)
-        and setting("num_beam_groups", 1) == 1
-        and setting("constraints") is None
-        and setting("force_words_ids") is None
-        and not setting("penalty_alpha")
-        and kwargs.get("assistant_model") is None
-        and kwargs.get("streamer") is None
-        and kwargs.get("custom_generate") is None
-        # PEFT's prompt learning (prefix tuning) feeds its prefix through prepare_inputs_for_generation,
-        # which only transformers' loop calls.
-        and "prepare_inputs_for_generation" not in vars(model)
-    )
-    if plain and setting("num_beams", 1) > 1 and style == "gnmt":
-        kwargs["custom_generate"] = gnmt_beam_search
-    elif plain and setting("num_beams", 1) > 1 and not setting("output_logits", False):
-        kwargs["custom_generate"] = beam_search  # transformers' rules; finished sentences leave the batch
-    elif plain and setting("num_beams", 1) == 1 and not setting("return_dict_in_generate", False) and not static_cache:
-        kwargs["custom_generate"] = greedy_search  # finished sentences leave the batch
+    if kwargs.get("stop_strings") is not None and kwargs.get("tokenizer") is not None:
+        # transformers would pass the tokenizer on to `forward`: the criterion it builds from it, built here
+        # (any loop applies stopping criteria).
+        kwargs["stopping_criteria"] = StoppingCriteriaList(
+            [*(kwargs.get("stopping_criteria") or []), StopStringCriteria(kwargs.pop("tokenizer"), kwargs.pop("stop_strings"))]
+        )
+    search, _reason = choose_search(model, kwargs, setting, style)
+    if search is not None:
+        kwargs["custom_generate"] = search
+    if fast.enabled(model.config) and _wants_preallocated_cache(kwargs, setting):
+        capacity = _decoder_capacity(kwargs, generation_config, kwargs.get("decoder_input_ids"))
+        if capacity is not None:
+            kwargs[CACHE_NAME] = preallocated_cache(model.config.decoder_layers, capacity)
     return base_generate(inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs)
 
 
-def _wants_preallocated_cache(kwargs, generation_config, stored) -> bool:
+def _assisted(kwargs, setting) -> bool:
+    """Assisted generation (an assistant model, prompt lookup, early exit), or this model serving as
+    an assistant: transformers' loop crops the cache, which only its dynamic cache can do."""
+    return (
+        kwargs.get("assistant_model") is not None
+        or bool(setting("prompt_lookup_num_tokens"))
+        or setting("assistant_early_exit") is not None
+        or bool(setting("is_assistant", False))
+    )
+
+
+# Which loop serves a request: the first rule that holds hands it to transformers' own loop, by name.
+# Our loops run plain greedy and beam search; anything else transformers' `generate` does itself.
+HAND_OVERS = (
+    ("custom_generate given", lambda model, kwargs, setting: kwargs.get("custom_generate") is not None),
+    ("sampling", lambda model, kwargs, setting: setting("do_sample", False)),
+    ("beam groups", lambda model, kwargs, setting: setting("num_beam_groups", 1) > 1),
+    ("constraints", lambda model, kwargs, setting: setting("constraints") is not None
+     or setting("force_words_ids") is not None),
+    ("contrastive search", lambda model, kwargs, setting: bool(setting("penalty_alpha"))),
+    ("assisted generation", lambda model, kwargs, setting: _assisted(kwargs, setting)),
+    ("stop_strings", lambda model, kwargs, setting: setting("stop_strings") is not None),
+    ("streamer", lambda model, kwargs, setting: kwargs.get("streamer") is not None),
+    ("a cache passed in", lambda model, kwargs, setting: kwargs.get(CACHE_NAME) is not None),
+    ("output_logits", lambda model, kwargs, setting: setting("output_logits", False)),
+    # PEFT's prompt learning (prefix tuning) feeds its prefix through prepare_inputs_for_generation,
+    # which only transformers' loop calls.
+    ("PEFT's prepare_inputs_for_generation", lambda model, kwargs, setting:
+     "prepare_inputs_for_generation" in vars(model)),
+)
+# Greedy search only: with a static cache transformers' loop compiles the decoder step (beam search
+# does not compile in transformers), and per-step outputs come from transformers' loop.
+GREEDY_HAND_OVERS = (
+    ("static cache", lambda model, kwargs, setting: setting("cache_implementation") in ALL_STATIC_CACHE_IMPLEMENTATIONS),
+    ("return_dict_in_generate", lambda model, kwargs, setting: setting("return_dict_in_generate", False)),
+)
+
+
+def choose_search(model, kwargs, setting, style):
+    """The loop that serves a `generate` request: (our search, None), or (None, the reason it goes to
+    transformers' own loop). `setting(name, default)` reads an option as `generate` resolves it."""
+    beams = setting("num_beams", 1)
+    if beams > 1 and _assisted(kwargs, setting):  # transformers would pass the assistant to forward
+        raise ValueError(f"Assisted generation (`assistant_model`, `prompt_lookup_num_tokens`) works with greedy "
+                         f"search and sampling (num_beams=1); got num_beams={beams}.")
+    for reason, applies in HAND_OVERS + (GREEDY_HAND_OVERS if beams == 1 else ()):
+        if applies(model, kwargs, setting):
+            return None, reason
+    if beams == 1:
+        return greedy_search, None  # finished sentences leave the batch
+    if style == "gnmt":
+        return gnmt_beam_search, None
+    return beam_search, None  # transformers' rules; finished sentences leave the batch
+
+
+def _wants_preallocated_cache(kwargs, setting) -> bool:
     """Our cache is the default: unless the call brings a cache, names one (`cache_implementation`,
-    e.g. "dynamic" for transformers' own), or turns caching off."""
+    e.g. "dynamic" for transformers' own), turns caching off, or is assisted (the cache is cropped)."""
     return (
         kwargs.get(CACHE_NAME) is None
-        and _setting("cache_implementation", kwargs, generation_config, stored) is None
-        and _setting("use_cache", kwargs, generation_config, stored, True) is not False
-        and kwargs.get("assistant_model") is None
+        and setting("cache_implementation") is None
+        and setting("use_cache", True) is not False
+        and not _assisted(kwargs, setting)
     )
 
 
@@ -342,7 +397,7 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
         scores = _force_eos(scores, tokens.size(1) - prompt_length + 1 >= cap[active], eos)
         next_tokens = torch.where(running, scores.argmax(dim=-1), pad)  # finished rows are fed padding
         tokens = torch.cat((tokens, next_tokens[:, None]), dim=1)
-        running &= ~stopping_criteria(tokens, scores)
+        running &= ~(stopping_criteria(tokens, scores) | (tokens.size(1) - prompt_length >= cap[active]))
         if not bool(running.any()):
             sequences[active, : tokens.size(1)] = tokens
             return sequences[:, : tokens.size(1)]
@@ -503,7 +558,8 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
         candidate_tokens = torch.cat((tokens[source_row], (top_index % vocab).view(-1, 1)), dim=1)
         # in the input's batch (rows leave as sentences finish), as transformers numbers beam_indices
         candidate_origins = torch.cat((origins[source_row], (parent + active[:, None] * beams).view(-1, 1)), dim=1)
-        stops = stopping_criteria(candidate_tokens, None).view(live_sentences, 2 * beams)
+        # A candidate at its sentence's cap stops, as one at max_length does.
+        stops = stopping_criteria(candidate_tokens, None).view(live_sentences, 2 * beams) | last_step[:, None]
         ended = stops & (top_scores > float("-inf"))  # a -inf candidate never finishes
 
         # Finished hypotheses: ended among the K best, in sentences still searching.
@@ -572,6 +628,7 @@ __all__ = [
     "TransformersRanking",
     "beam_search",
     "check_decoding_options",
+    "choose_search",
     "generate",
     "gnmt_beam_search",
     "gnmt_length_penalty",
