@@ -297,8 +297,8 @@ def _decoding_options(args: argparse.Namespace) -> dict:
     if getattr(args, "max_new_tokens", None) is not None and args.max_new_tokens > MAX_NEW_TOKENS:
         raise ValueError(f"--max-new-tokens must be at most {MAX_NEW_TOKENS} (its cache is allocated up front); "
                          f"got {args.max_new_tokens}")
-    if getattr(args, "device", None) is not None:
-        check_device(args.device)
+    if getattr(args, "device", None) is not None and getattr(args, "engine", "transformers") != "ctranslate2":
+        check_device(args.device)  # CTranslate2 names the devices it takes itself
     return {name: getattr(args, name) for name in names}
 
 
