@@ -77,13 +77,14 @@ def test_attention_writes_the_maps(hub_tiny_folder, tmp_path, capsys):
     assert names == sorted(["bertviz.pt", "overview.png"] + [f"{k}_layer{n}.png" for k in ("encoder", "decoder", "cross") for n in (1, 2)])
 
 
-def test_push_uploads_the_folder(hub_tiny_folder, monkeypatch, capsys):
+def test_push_uploads_the_folder(hub_tiny_folder, tmp_path, monkeypatch, capsys):
+    folder = shutil.copytree(hub_tiny_folder, tmp_path / "tiny-en-es")  # push rewrites the card's repo id in place
     calls = []
     monkeypatch.setenv("HF_TOKEN", "hf_test")
     monkeypatch.setattr(huggingface_hub, "create_repo", lambda repo_id, **kw: calls.append(repo_id) or f"https://huggingface.co/{repo_id}")
     monkeypatch.setattr(huggingface_hub, "upload_folder", lambda **kw: calls.append((kw["repo_id"], kw["folder_path"])))
-    assert main(["push", "--folder", str(hub_tiny_folder), "--repo-id", "someone/tiny-en-es"]) == 0
-    assert calls == ["someone/tiny-en-es", ("someone/tiny-en-es", str(hub_tiny_folder))]
+    assert main(["push", "--folder", str(folder), "--repo-id", "someone/tiny-en-es"]) == 0
+    assert calls == ["someone/tiny-en-es", ("someone/tiny-en-es", str(folder))]
     assert "https://huggingface.co/someone/tiny-en-es" in capsys.readouterr().out
 
 
