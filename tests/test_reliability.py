@@ -135,9 +135,11 @@ def test_closed_stdin_full_disk_and_broken_pipe_end_in_one_line(hub_tiny_folder,
     assert result.stderr.strip().splitlines()[-1] == ("vanilla-transformer translate: error: cannot write the output: "
                                                       "No space left on device")
     lines = tmp_path / "many.txt"
-    lines.write_text("In the beginning.\n" * 1000)
-    reader = subprocess.Popen(["head", "-n", "1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    lines.write_text("In the beginning.\n" * 20)
+    # The reader has left before the first write (as `| head` does after its lines): the pipe is broken for
+    # certain, not only once the pipe's buffer fills.
+    reader = subprocess.Popen(["true"], stdin=subprocess.PIPE)
+    reader.wait()
     result = _translate_process(hub_tiny_folder, subprocess.DEVNULL, reader.stdin, "--input-file", str(lines))
     reader.stdin.close()
-    reader.wait()
     assert result.returncode == 141 and "Traceback" not in result.stderr and "Exception ignored" not in result.stderr
