@@ -24,10 +24,10 @@ import json
 import logging
 import os
 import re
-import shutil
 from pathlib import Path
 
 from .file_checks import check_model_files
+from .staging import STAGING_PREFIX, publish_files, staging_folder, sweep_staging
 from .modeling.pipeline_vanilla_transformer import CUSTOM_PIPELINES, source_length_limit
 
 __all__ = [
@@ -105,29 +105,27 @@ def save_for_hub(
 
 def save_model_files(model, tokenizer, output_dir: str | os.PathLike) -> Path:
     """The model itself: weights, config.json (auto_map, custom_pipelines), generation_config.json, the code
-    and pipeline files, and the tokenizer, written to a staging folder beside `output_dir` and then renamed
-    into place. A staging folder left by a process that died while saving is removed first."""
+    and pipeline files, and the tokenizer, written to a staging folder inside `output_dir` (so that a
+    read-only parent does not matter) and then renamed into place, config.json last. What a process that
+    died while saving left there is removed first; a full disk is raised as DiskFull naming the file."""
     output_dir = Path(output_dir)
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = output_dir.parent / f".{output_dir.name}.saving"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    try:
+    sweep_staging(output_dir)
+    with staging_folder(output_dir, "model") as staging:
         _write_generation_defaults(model)
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        publish_files(staging)
         _move_into_place(staging, output_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return output_dir
 
 
 def write_results(output_dir: str | os.PathLike, results: dict) -> Path:
-    """results.json, written whole or not at all."""
+    """results.json, written whole or not at all; a full disk is raised as DiskFull naming it."""
     path = Path(output_dir) / RESULTS_FILE
-    staging = path.with_name(f".{path.name}.saving")
-    staging.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(staging, path)
+    with staging_folder(output_dir, RESULTS_FILE, output_dir) as staging:
+        (staging / RESULTS_FILE).write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        publish_files(staging)
+        os.replace(staging / RESULTS_FILE, path)
     return path
 
 
@@ -155,10 +153,11 @@ def write_model_card(
             max_length=source_length_limit(model, tokenizer),
             **descriptions,
         )
-        staging = output_dir / ".README.md.saving"
+        staging = output_dir / f"{STAGING_PREFIX}README.md"
         card.save(staging)
         os.replace(staging, output_dir / "README.md")
     except Exception as err:  # an extra: whatever went wrong, the model is saved
+        (output_dir / f"{STAGING_PREFIX}README.md").unlink(missing_ok=True)
         logger.warning(f"the model card (README.md) was not written: {type(err).__name__}: {err}. The model in "
                        f"{output_dir} is complete without it.")
         return None
@@ -171,11 +170,12 @@ def _draw_attention(model, tokenizer, example: str, path: Path) -> bool:
 
     try:
         record = collect_attentions(model, tokenizer, example)
-        staging = path.with_name(f".saving-{path.name}")
+        staging = path.with_name(f"{STAGING_PREFIX}{path.name}")
         plot_layer(record, "cross", record.num_decoder_layers - 1, staging)
         os.replace(staging, path)
         return True
     except Exception as err:  # an extra: the card goes without it
+        path.with_name(f"{STAGING_PREFIX}{path.name}").unlink(missing_ok=True)
         logger.warning(f"no attention heat map in the model card: {type(err).__name__}: {err}")
         return False
 
@@ -199,16 +199,11 @@ def _write_generation_defaults(model) -> None:
 
 
 def _move_into_place(staging: Path, output_dir: Path) -> None:
-    if not output_dir.exists() or not any(output_dir.iterdir()):
-        if output_dir.exists():
-            output_dir.rmdir()
-        staging.rename(output_dir)  # one atomic step
-        return
     new_names = {entry.name for entry in staging.iterdir()}
     for entry in output_dir.iterdir():  # weights of another shape (say, sharded), the old model's card and scores
         if entry.name not in new_names and (_STALE_WEIGHTS.match(entry.name) or entry.name in _DESCRIPTIONS):
             entry.unlink()
-    for entry in staging.iterdir():
+    for entry in sorted(staging.iterdir(), key=lambda entry: entry.name == "config.json"):  # a model once config.json lands
         os.replace(entry, output_dir / entry.name)
 
 

@@ -29,8 +29,6 @@ docs/tokenizer.md, and `python -m benchmarks.tokenizer` times training and encod
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -40,6 +38,7 @@ from transformers import PreTrainedTokenizerFast
 
 from .corpora import iter_texts
 from .file_checks import utf8_lines
+from .staging import publish_files, staging_folder, sweep_staging
 
 __all__ = [
     "DEFAULT_MIN_FREQUENCY",
@@ -171,22 +170,17 @@ def train_tokenizer(
 def save_tokenizer(tokenizer: PreTrainedTokenizerFast, output_dir: str | os.PathLike) -> Path:
     """`save_pretrained` into `output_dir` without ever leaving it half written.
 
-    Files are written to a temporary folder beside `output_dir` first. A new
-    folder is then renamed into place; an existing one (say, a model folder)
-    receives each file by an atomic rename.
+    Files are written to a staging folder inside `output_dir` (so that a read-only parent does not
+    matter), then each is renamed into place; what an interrupted save left there is removed first.
+    A full disk is raised as DiskFull naming the file, and a folder made for the tokenizer is removed.
     """
     output_dir = Path(output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise NotADirectoryError(f"output_dir exists and is not a folder: {output_dir}")
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
-    try:
+    sweep_staging(output_dir)
+    with staging_folder(output_dir, "tokenizer") as staging:
         tokenizer.save_pretrained(staging)
-        if not output_dir.exists():
-            staging.rename(output_dir)
-        else:
-            for file in staging.iterdir():
-                os.replace(file, output_dir / file.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        publish_files(staging)
+        for file in staging.iterdir():
+            os.replace(file, output_dir / file.name)
     return output_dir

@@ -30,10 +30,10 @@ def test_save_keeps_the_last_k_and_finds_the_newest_complete_one(tmp_path, accel
         path = save_checkpoint(accelerator, tmp_path, step, {"epoch": 0, "note": step}, keep=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-00000002", "checkpoint-00000003"]
     assert latest_checkpoint(tmp_path) == path and read_state(path) == {"epoch": 0, "note": 3, "step": 3}
-    assert not list(tmp_path.glob(".tmp-*"))
+    assert not list(tmp_path.glob(".vanilla-transformer-staging-*"))
     # A save that died half way (staging folder left behind, or a folder without the state file)
     # is never the newest.
-    (tmp_path / ".tmp-checkpoint-00000004").mkdir()
+    (tmp_path / ".vanilla-transformer-staging-checkpoint-00000004").mkdir()
     (tmp_path / "checkpoint-00000005").mkdir()
     assert latest_checkpoint(tmp_path) == path
     assert latest_checkpoint(tmp_path / "nowhere") is None

@@ -93,8 +93,8 @@ def test_resume_gives_the_same_parameters_as_an_uninterrupted_run(tmp_path, smal
     part = _run(tmp_path, "part", small_task, small_run, "--max-steps", "4", "--save-steps", "4")
     assert [p.name for p in list_checkpoints(part / "checkpoints")] == ["checkpoint-00000004"]
     # A checkpoint that was being written when the process died is never taken for the newest.
-    (part / "checkpoints" / ".tmp-checkpoint-00000006").mkdir()
-    (part / "checkpoints" / ".tmp-checkpoint-00000006" / "model.safetensors").write_bytes(b"half written")
+    (part / "checkpoints" / ".vanilla-transformer-staging-checkpoint-00000006").mkdir()
+    (part / "checkpoints" / ".vanilla-transformer-staging-checkpoint-00000006" / "model.safetensors").write_bytes(b"half")
     main(["train", "--dataset", str(small_task), "--output-dir", str(part), *small_run, "--max-steps", "8",
           "--save-steps", "4", "--resume"])
     a, b = weights(latest_checkpoint(whole / "checkpoints")), weights(latest_checkpoint(part / "checkpoints"))
@@ -406,7 +406,7 @@ def test_a_failing_model_card_or_upload_leaves_the_model_saved(tmp_path, small_t
                      "--push-to-hub", "someone/tiny"]) == 0
     names = {p.name for p in out.iterdir()}
     assert {"model.safetensors", "config.json", "tokenizer.json", "generation_config.json", "results.json"} <= names
-    assert "README.md" not in names and not [n for n in names if n.endswith(".saving")]
+    assert "README.md" not in names and not [n for n in names if n.startswith(".vanilla-transformer-staging-")]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("the model card (README.md) was not written: RuntimeError: the card template is broken" in w for w in warnings)
     assert any(f"upload it with `vanilla-transformer push --folder {out} --repo-id someone/tiny`" in w for w in warnings)
@@ -435,7 +435,8 @@ def test_a_run_killed_while_writing_the_final_folder_is_completed_by_resume(tmp_
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     killed = subprocess.run([sys.executable, "-c", KILL_WHILE_SAVING, *argv], env=env, capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    assert not (out / "results.json").exists() and (tmp_path / ".out.saving").is_dir()  # half a final folder
+    staging = out / ".vanilla-transformer-staging-model"
+    assert not (out / "results.json").exists() and staging.is_dir()  # half a final folder
     with pytest.raises(ValueError, match="missing"):
         check_hub_folder(out)
 
@@ -444,7 +445,7 @@ def test_a_run_killed_while_writing_the_final_folder_is_completed_by_resume(tmp_
     assert json.loads((out / "results.json").read_text())["steps"] == 4 and (out / "README.md").is_file()
     final, last = weights(out), weights(out / "checkpoints" / "checkpoint-00000004")  # --average-last 1
     assert final.keys() <= last.keys() and all(torch.equal(final[name], last[name]) for name in final)
-    assert not (tmp_path / ".out.saving").exists()  # the dead run's staging folder is gone
+    assert not staging.exists()  # the dead run's staging folder is gone
 
 
 @pytest.mark.slow

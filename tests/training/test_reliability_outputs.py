@@ -128,4 +128,4 @@ def test_a_signal_during_training_saves_a_checkpoint_and_exits_with_one_line(tmp
     checkpoint = latest_checkpoint(out / "checkpoints")
     verify_checkpoint(checkpoint)
     assert read_state(checkpoint)["step"] == int(match.group(1)) >= 1
-    assert not (out / LOCK_FILE).exists() and not list((out / "checkpoints").glob(".tmp-*"))
+    assert not (out / LOCK_FILE).exists() and not list((out / "checkpoints").glob(".vanilla-transformer-staging-*"))

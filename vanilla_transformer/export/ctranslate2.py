@@ -41,8 +41,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -51,6 +49,7 @@ import torch
 from ..modeling.generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_encoding
 from ..modeling.pipeline_vanilla_transformer import source_length_limit
+from ..staging import publish_files, staging_folder, sweep_staging
 
 __all__ = ["CTranslate2Translator", "QUANTIZATIONS", "export_ctranslate2", "import_ctranslate2"]
 
@@ -198,11 +197,12 @@ def export_ctranslate2(model, tokenizer, output_dir: str | os.PathLike, quantiza
     """Write a self-contained CTranslate2 folder: model.bin, config.json and shared_vocabulary.json
     (CTranslate2's), our tokenizer.json, translation_options.json (the decoding defaults) and a README.
 
-    The folder is built beside `output_dir` and renamed into place, so a failed export leaves nothing;
-    an existing non-empty `output_dir` is refused rather than overwritten.
+    The files are staged inside `output_dir` (its parent may be read-only) and renamed into place, so a
+    failed export leaves nothing; an existing non-empty `output_dir` is refused rather than overwritten.
     """
     ctranslate2 = import_ctranslate2()
     output_dir = Path(output_dir)
+    sweep_staging(output_dir)  # what an interrupted export left
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
         raise ValueError(f"`output_dir` {output_dir} already exists and is not an empty folder; choose a new one.")
     tokens = _check_exportable(model, tokenizer, quantization)
@@ -213,18 +213,14 @@ def export_ctranslate2(model, tokenizer, output_dir: str | os.PathLike, quantiza
             return spec
 
     options = translation_options(model, tokenizer)
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
-    try:
+    with staging_folder(output_dir, "export") as staging:
         VanillaTransformerConverter().convert(str(staging), quantization=quantization, force=True)
         _plain_tokenizer(tokenizer.backend_tokenizer).save(str(staging / "tokenizer.json"))
         (staging / OPTIONS_FILE).write_text(json.dumps(options, indent=2) + "\n")
         (staging / "README.md").write_text(_readme(model.config, quantization, options, ctranslate2.__version__))
-        if output_dir.exists():
-            output_dir.rmdir()  # empty, checked above
-        staging.rename(output_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        publish_files(staging)
+        for file in sorted(staging.iterdir(), key=lambda file: file.name == "model.bin"):  # an export once model.bin lands
+            os.replace(file, output_dir / file.name)
     return output_dir
 
 

@@ -3,8 +3,9 @@
 A checkpoint is a folder `checkpoint-<step>` holding Accelerate's `save_state` output
 (model weights, optimiser, scheduler, gradient scaler, every process's RNG state) plus
 `trainer_state.json` (step, epoch, position in the epoch, ...). It is written under a
-temporary name and renamed when complete, so a process that dies while writing leaves
-a `.tmp-*` folder that is never taken for a checkpoint.
+staging name (`.vanilla-transformer-staging-checkpoint-<step>`, swept by the next run) and renamed
+when complete, so a process that dies while writing leaves nothing that is taken for a checkpoint.
+A full disk is raised as `DiskFull` naming the file that did not fit, with nothing half written left.
 
 A checkpoint is verified before it is read (`verify_checkpoint`): a file damaged after it was
 written (a copy cut short, a full disk elsewhere, a bad sector) is named, and `newest_sound_checkpoint`
@@ -28,6 +29,7 @@ import torch
 from safetensors.torch import load_file
 
 from ..file_checks import check_weights_file, read_json
+from ..staging import STAGING_PREFIX, disk_full_error, publish_files
 
 __all__ = [
     "STATE_FILE",
@@ -136,21 +138,30 @@ def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict
     """
     root = Path(root)
     final = checkpoint_path(root, step)
-    staging = root / f".tmp-{final.name}"
+    staging = root / f"{STAGING_PREFIX}{final.name}"
     if accelerator.is_main_process:
+        root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(staging, ignore_errors=True)  # left over from a run that died while saving
-        staging.mkdir(parents=True)
+        staging.mkdir()
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(staging))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        (staging / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2))
-        if final.exists():  # the same step saved again (e.g. a resumed run that was already finished)
-            shutil.rmtree(final)
-        os.rename(staging, final)  # atomic: the checkpoint appears complete or not at all
-        if keep is not None:
-            for old in list_checkpoints(root)[:-keep]:
-                shutil.rmtree(old)
+    try:
+        accelerator.save_state(str(staging))
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            (staging / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2))
+            publish_files(staging)
+            if final.exists():  # the same step saved again (e.g. a resumed run that was already finished)
+                shutil.rmtree(final)
+            os.rename(staging, final)  # atomic: the checkpoint appears complete or not at all
+            if keep is not None:
+                for old in list_checkpoints(root)[:-keep]:
+                    shutil.rmtree(old)
+    except Exception as err:
+        full = disk_full_error(err, staging, final)
+        shutil.rmtree(staging, ignore_errors=True)
+        if full is None:
+            raise
+        raise full from None
     accelerator.wait_for_everyone()
     return final
 

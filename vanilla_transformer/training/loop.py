@@ -49,6 +49,7 @@ from ..hub import RESULTS_FILE, save_model_files, write_model_card, write_result
 from ..inference import load_pretrained
 from ..metrics import load as load_metric, repeated_phrase
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
+from ..staging import sweep_staging
 from ..tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
 from .averaging import WeightAverage
 from .checkpoints import (
@@ -433,7 +434,7 @@ def train(args: TrainingArguments) -> dict:
         project_dir=str(Path(args.output_dir) / "runs") if args.report_to else None,
     )
     lock = RunLock(args.output_dir)  # one run per folder: taken by the main process for all of them
-    _on_main(accelerator, lock.acquire)
+    _on_main(accelerator, lambda: _take_folder(lock))
     try:
         run = _setup(args, accelerator)
         with _StopRequests() as stop:
@@ -444,6 +445,13 @@ def train(args: TrainingArguments) -> dict:
         return _finish(run)
     finally:
         lock.release()
+
+
+def _take_folder(lock: RunLock) -> None:
+    """Lock the run's folder, then remove what a run killed while saving left in it."""
+    lock.acquire()
+    for folder in (lock.folder, lock.folder / CHECKPOINTS):
+        sweep_staging(folder)
 
 
 class TrainingInterrupted(Exception):

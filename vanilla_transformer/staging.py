@@ -1,0 +1,123 @@
+"""Writing a folder's files whole or not at all, inside the folder itself.
+
+Checkpoints, the final model, the tokenizer and exports are written to a staging folder named
+`.vanilla-transformer-staging-*` INSIDE the folder they go to, then renamed into place. Staging
+inside (never beside, in the parent) lets an output folder whose parent is read-only (a container's
+volume mount) be written, and keeps every rename on one file system. A process killed while writing
+leaves such an entry behind; the next run or save in that folder sweeps it (`sweep_staging`), and
+nothing without the prefix is ever touched.
+
+A full disk surfaces from torch as "[enforce fail at inline_container.cc:672] unexpected pos" and from
+safetensors as a SafetensorError, naming no file. `staging_folder` turns it into `DiskFull`, an OSError
+naming the file that did not fit and the cause, after removing what was half written.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["STAGING_PREFIX", "DiskFull", "disk_full", "disk_full_error", "publish_files", "staging_folder", "sweep_staging"]
+
+STAGING_PREFIX = ".vanilla-transformer-staging-"
+_NEARLY_FULL = 1 << 20  # bytes free after a failed write below which the disk is taken to be full
+_FULL_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+
+logger = logging.getLogger(__name__)
+
+
+class DiskFull(OSError):
+    """A write failed for want of space: the message names the file and the cause (errno ENOSPC or EDQUOT)."""
+
+    def __init__(self, message: str, code: int = errno.ENOSPC):
+        super().__init__(message)
+        self.errno = code
+
+
+def sweep_staging(folder: str | os.PathLike) -> list[str]:
+    """Remove the staging entries a killed process left directly in `folder`; return their names."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    swept = []
+    for entry in sorted(folder.iterdir()):
+        if entry.name.startswith(STAGING_PREFIX):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            swept.append(entry.name)
+    if swept:
+        logger.info(f"removed what an interrupted save left in {folder}: {', '.join(swept)}")
+    return swept
+
+
+def publish_files(folder: str | os.PathLike) -> None:
+    """Give every file under `folder` the mode a plain `open` gives (0666 less the umask): safetensors and
+    mkstemp write 0600, which the other users of a shared model folder cannot read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in Path(folder).rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, 0o666 & ~umask)
+
+
+def disk_full(err: BaseException, folder: str | os.PathLike) -> int | None:
+    """ENOSPC or EDQUOT when `err` (or what caused it) is a write that found no space in `folder`, else None.
+
+    torch names no errno, so a failed write in a folder with (nearly) no space left counts as one."""
+    seen = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in _FULL_ERRNOS:
+            return seen.errno
+        if "os error 28" in str(seen):  # safetensors (Rust) spells ENOSPC this way
+            return errno.ENOSPC
+        seen = seen.__cause__ or seen.__context__
+    try:
+        stats = os.statvfs(folder)
+    except (OSError, AttributeError):  # gone, or no statvfs (Windows)
+        return None
+    return errno.ENOSPC if stats.f_bavail * stats.f_frsize < _NEARLY_FULL else None
+
+
+def disk_full_error(err: BaseException, staging: Path, target: str | os.PathLike) -> DiskFull | None:
+    """The DiskFull to raise for `err`, a failed write into `staging` of files bound for `target`: it names
+    the file that did not fit (the newest in `staging`) under `target`. None when the disk is not full."""
+    code = disk_full(err, staging.parent)
+    if code is None:
+        return None
+    written = [p for p in staging.rglob("*") if p.is_file()] if staging.is_dir() else []
+    last = max(written, key=lambda p: p.stat().st_mtime_ns, default=None)
+    path = Path(target) / last.relative_to(staging) if last is not None else Path(target)
+    return DiskFull(f"could not write {path}: {_FULL_ERRNOS[code]}", code)
+
+
+@contextmanager
+def staging_folder(folder: str | os.PathLike, name: str, target: str | os.PathLike | None = None) -> Iterator[Path]:
+    """A new staging folder `folder/.vanilla-transformer-staging-<name>` for the files bound for `target`
+    (default `folder`, made if missing), removed on the way out: the caller moves its files into place
+    before leaving. On a failure, a `folder` made for these files goes too, and a write that found the
+    disk full is raised as DiskFull naming the file."""
+    folder = Path(folder)
+    made = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = folder / f"{STAGING_PREFIX}{name}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.mkdir()
+        yield staging
+    except BaseException as err:
+        full = disk_full_error(err, staging, target or folder) if isinstance(err, Exception) else None
+        shutil.rmtree(staging, ignore_errors=True)
+        if made and not any(folder.iterdir()):
+            folder.rmdir()
+        if full is None:
+            raise
+        raise full from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
