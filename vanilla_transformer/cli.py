@@ -16,9 +16,10 @@ from typing import NoReturn
 
 
 def _refuse(parser: argparse.ArgumentParser, err: Exception) -> NoReturn:
-    """A bad value or file: one line naming it, exit status 2. (argparse's own `error`, which also prints
-    the usage, is for arguments that are malformed.)"""
-    parser.exit(2, f"{parser.prog}: error: {err}\n")
+    """A bad value or file: one line naming it, exit status 2; a full disk is no usage error: status 1.
+    (argparse's own `error`, which also prints the usage, is for arguments that are malformed.)"""
+    full = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+    parser.exit(1 if full else 2, f"{parser.prog}: error: {err}\n")
 
 
 def _add_train_tokenizer(sub: argparse._SubParsersAction) -> None:

@@ -1,6 +1,8 @@
-"""Issue #40: saving on unlucky machines (a read-only parent, a killed run's leftovers, a shared folder)."""
+"""Issue #40: saving on unlucky machines (a read-only parent, a full disk, a killed run's leftovers, a shared folder)."""
 
+import errno
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,9 +15,9 @@ from vanilla_transformer.cli import main
 from vanilla_transformer.hub import check_hub_folder, save_model_files
 from vanilla_transformer.modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer.staging import STAGING_PREFIX
-from vanilla_transformer.tokenizer import train_tokenizer
-from vanilla_transformer.training.checkpoints import save_checkpoint
+from vanilla_transformer.staging import STAGING_PREFIX, DiskFull
+from vanilla_transformer.tokenizer import save_tokenizer, train_tokenizer
+from vanilla_transformer.training.checkpoints import latest_checkpoint, read_state, save_checkpoint, verify_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
@@ -69,6 +71,64 @@ def test_a_run_and_an_export_into_folders_whose_parent_is_read_only(tmp_path, sm
     check_hub_folder(out)
     assert (ct2 / "model.bin").is_file() and (ct2 / "tokenizer.json").is_file()
     assert sorted(p.name for p in parent.iterdir()) == ["ct2", "out"] and not _staging_left(parent)
+
+
+@pytest.mark.slow
+def test_a_full_disk_names_the_file_keeps_the_newest_checkpoint_and_resume_continues(tmp_path, small_task, small_run):
+    _mount_namespace_or_skip()
+    disk = tmp_path / "disk"  # a 2 MB tmpfs: the tokenizer and a few checkpoints fit, then the disk is full
+    disk.mkdir()
+    out = disk / "out"
+    script = f"""
+        mount -t tmpfs -o size=2m tmpfs {disk}
+        {_train_command(small_task, out, small_run, "--max-steps", "12", "--save-steps", "1", "--keep-checkpoints", "100")}
+        echo "exit $?" >&2
+        cp -a {out} {tmp_path}/full
+        mount -o remount,size=64m {disk}
+        {_train_command(small_task, out, small_run, "--max-steps", "12", "--save-steps", "1", "--keep-checkpoints", "100",
+                        "--resume")}
+        echo "exit $?" >&2
+        cp -a {out} {tmp_path}/resumed
+    """
+    result = subprocess.run(["unshare", "-m", "bash", "-c", script], env=ENV, capture_output=True, text=True, timeout=600)
+    first, second = result.stderr.split("\nexit ")[:2]
+    assert second.startswith("1\n") and result.stderr.rstrip().endswith("exit 0"), result.stderr[-4000:]
+    assert "Traceback" not in first and "enforce fail" not in first and "SafetensorError" not in first
+    full = tmp_path / "full"
+    newest = latest_checkpoint(full / "checkpoints")
+    verify_checkpoint(newest)
+    step = read_state(newest)["step"]
+    pattern = (rf"vanilla-transformer train: error: could not write {re.escape(str(out))}/checkpoints/"
+               rf"checkpoint-{step + 1:08d}/\S+: no space left on device; the newest complete checkpoint is "
+               rf"{re.escape(str(out / 'checkpoints' / newest.name))} \(step {step}\); free some space, then run the "
+               r"same command with --resume to continue")
+    assert re.fullmatch(pattern, first.strip().splitlines()[-1]), first[-2000:]
+    assert 1 <= step < 12 and not _staging_left(full)  # nothing half written left
+    resumed = tmp_path / "resumed"
+    check_hub_folder(resumed)
+    assert read_state(latest_checkpoint(resumed / "checkpoints"))["step"] == 12
+
+
+def test_a_full_disk_while_saving_the_model_or_tokenizer_names_the_file_and_leaves_the_folder_as_it_was(
+    tmp_path, monkeypatch
+):
+    model, tokenizer = _tiny_model_and_tokenizer()
+    folder = tmp_path / "model"
+    save_model_files(model, tokenizer, folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    def fill_the_disk(self, staging, **kwargs):  # half a weights file, then what a full disk raises
+        (Path(staging) / "model.safetensors").write_bytes(b"half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(type(model), "save_pretrained", fill_the_disk)
+    with pytest.raises(DiskFull, match=rf"^could not write {re.escape(str(folder))}/model.safetensors: no space left"):
+        save_model_files(model, tokenizer, folder)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    monkeypatch.setattr(type(tokenizer), "save_pretrained", fill_the_disk)
+    with pytest.raises(DiskFull, match=r"could not write .*/new/model.safetensors: no space left on device"):
+        save_tokenizer(tokenizer, tmp_path / "new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # the folder made for it is gone too
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])

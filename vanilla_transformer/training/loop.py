@@ -22,9 +22,11 @@ first; scores, card and upload after it, none of which can lose it).
 
 from __future__ import annotations
 
+import errno
 import inspect
 import logging
 import math
+import os
 import signal
 import threading
 import time
@@ -49,7 +51,7 @@ from ..hub import RESULTS_FILE, save_model_files, write_model_card, write_result
 from ..inference import load_pretrained
 from ..metrics import load as load_metric, repeated_phrase
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
-from ..staging import sweep_staging
+from ..staging import DiskFull, sweep_staging
 from ..tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
 from .averaging import WeightAverage
 from .checkpoints import (
@@ -443,6 +445,10 @@ def train(args: TrainingArguments) -> dict:
         if run.stop_signal:
             raise TrainingInterrupted(run.stop_signal, args.output_dir, run.step)
         return _finish(run)
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise DiskFull(f"{_named(err)}; {_what_was_saved(args)}", err.errno) from None
     finally:
         lock.release()
 
@@ -452,6 +458,22 @@ def _take_folder(lock: RunLock) -> None:
     lock.acquire()
     for folder in (lock.folder, lock.folder / CHECKPOINTS):
         sweep_staging(folder)
+
+
+def _named(err: OSError) -> str:
+    """`err` as "could not write FILE: CAUSE" (DiskFull says so already; a plain OSError names its file)."""
+    if isinstance(err, DiskFull):
+        return str(err)
+    return f"could not write {err.filename or 'a file'}: {os.strerror(err.errno).lower()}"
+
+
+def _what_was_saved(args: TrainingArguments) -> str:
+    """What a run that could not save has kept, and how to go on."""
+    checkpoint = latest_checkpoint(Path(args.output_dir) / CHECKPOINTS)
+    if checkpoint is None:
+        return "no checkpoint was saved; free some space, then run the same command again"
+    return (f"the newest complete checkpoint is {checkpoint} (step {read_state(checkpoint)['step']}); free some "
+            "space, then run the same command with --resume to continue")
 
 
 class TrainingInterrupted(Exception):
@@ -678,33 +700,33 @@ def _train_until_done(run: _Run) -> None:
     """Optimiser steps until `max_steps`, `num_epochs` or `time_limit`; a checkpoint every `save_steps` and at the end."""
     args, state, accelerator = run.args, run.state, run.accelerator
     collate = PadCollator(run.tokenizer.pad_token_id)
-    progress = tqdm(total=args.max_steps, initial=run.step, disable=not accelerator.is_local_main_process, desc="training")
-    done = args.max_steps is not None and run.step >= args.max_steps
-    while not done:
-        if args.num_epochs is not None and state["epoch"] >= args.num_epochs:
-            break
-        run.sampler.set_epoch(state["epoch"], state["batches_done"])
-        batches = _batches(run.train_split, run.sampler, collate, accelerator.device)
+    bar = tqdm(total=args.max_steps, initial=run.step, disable=not accelerator.is_local_main_process, desc="training")
+    with bar as progress:  # closed on the way out, so that a failure's one line comes after the bar, not before
+        done = args.max_steps is not None and run.step >= args.max_steps
         while not done:
-            micro_batches = list(islice(batches, args.gradient_accumulation_steps))
-            if not micro_batches:
+            if args.num_epochs is not None and state["epoch"] >= args.num_epochs:
                 break
-            total_tokens = _step_tokens_unless_out_of_time(run, micro_batches)
-            if total_tokens is None:
-                if not run.stop_signal:
-                    logger.info(f"time limit of {args.time_limit} min reached at step {run.step}")
-                done = True
-                break
-            loss, nll, lr = _optimizer_step(run, micro_batches, total_tokens)
-            _record_step(run, progress, len(micro_batches), total_tokens, loss, nll, lr)
-            done = args.max_steps is not None and run.step >= args.max_steps
-            if run.step % args.save_steps == 0 or done:
-                _checkpoint(run)
-        if not done:
-            state["epoch"] += 1
-            state["batches_done"] = 0
-            logger.info(f"epoch {state['epoch']} finished at step {run.step}")
-    progress.close()
+            run.sampler.set_epoch(state["epoch"], state["batches_done"])
+            batches = _batches(run.train_split, run.sampler, collate, accelerator.device)
+            while not done:
+                micro_batches = list(islice(batches, args.gradient_accumulation_steps))
+                if not micro_batches:
+                    break
+                total_tokens = _step_tokens_unless_out_of_time(run, micro_batches)
+                if total_tokens is None:
+                    if not run.stop_signal:
+                        logger.info(f"time limit of {args.time_limit} min reached at step {run.step}")
+                    done = True
+                    break
+                loss, nll, lr = _optimizer_step(run, micro_batches, total_tokens)
+                _record_step(run, progress, len(micro_batches), total_tokens, loss, nll, lr)
+                done = args.max_steps is not None and run.step >= args.max_steps
+                if run.step % args.save_steps == 0 or done:
+                    _checkpoint(run)
+            if not done:
+                state["epoch"] += 1
+                state["batches_done"] = 0
+                logger.info(f"epoch {state['epoch']} finished at step {run.step}")
     if run.last_saved != run.step:
         _checkpoint(run)
 
