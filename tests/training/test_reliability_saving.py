@@ -1,11 +1,14 @@
-"""Issue #40: saving on unlucky machines (a read-only parent, a full disk, a killed run's leftovers, a shared folder)."""
+"""Issue #40: saving on unlucky machines (a read-only parent, a full disk, a killed run's leftovers, a
+shared folder) and a restarted run that must not reuse a stale tokenizer."""
 
 import errno
+import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -165,3 +168,65 @@ def test_leftovers_of_a_killed_save_are_swept_and_nothing_else(tmp_path, small_t
     assert not [path for path in ours if path.exists()] and not _staging_left(out)
     assert all(path.read_text() == "mine" for path in foreign)
     check_hub_folder(out)
+
+
+def _kill_before_the_first_checkpoint(tmp_path, data, out, small_run, *extra) -> None:
+    """A real `train` process killed (SIGKILL) once it trains, before it saved any checkpoint."""
+    log = tmp_path / "killed.txt"
+    command = [sys.executable, "-m", "vanilla_transformer.cli", "train", "--dataset", str(data), "--output-dir", str(out),
+               *small_run, "--max-steps", "100000", "--save-steps", "100000", *extra]
+    with open(log, "wb") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=ENV)
+        try:
+            deadline = time.monotonic() + 240
+            while not re.search(r"\| *[1-9]\d*/100000", log.read_text(errors="replace")):
+                assert process.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
+                time.sleep(0.2)
+        finally:
+            process.kill()
+            process.wait()
+    assert (out / "tokenizer.json").is_file() and latest_checkpoint(out / "checkpoints") is None
+
+
+def _words_task(folder: Path) -> Path:
+    """Pairs of made-up words (longer than the letters of `small_task`), so that BPE has merges to learn."""
+    import json
+    import random
+
+    rng = random.Random(1)
+    folder.mkdir()
+    for split, n in (("train", 300), ("validation", 12), ("test", 12)):
+        with open(folder / f"{split}.jsonl", "w") as f:
+            for _ in range(n):
+                words = ["".join(rng.choice("mnoprstu") for _ in range(rng.randint(2, 5))) for _ in range(4)]
+                f.write(json.dumps({"translation": {"src": " ".join(words), "tgt": " ".join(words[::-1])}}) + "\n")
+    return folder
+
+
+@pytest.mark.slow
+def test_a_restarted_run_with_other_data_and_vocab_size_trains_a_new_tokenizer(
+    tmp_path, small_task, small_run, caplog, capsys
+):
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "out"
+    _kill_before_the_first_checkpoint(tmp_path, small_task, out, small_run)
+    old = AutoTokenizer.from_pretrained(out)
+    words = _words_task(tmp_path / "words")
+    run = [*small_run, "--max-steps", "2"]
+    run[run.index("--vocab-size") + 1] = "320"
+    with caplog.at_level(logging.WARNING):
+        assert main(["train", "--dataset", str(words), "--output-dir", str(out), *run]) == 0
+    warning = next(r.getMessage() for r in caplog.records if "was trained with other options" in r.getMessage())
+    assert f"dataset '{small_task}' -> '{words}'" in warning and "vocab_size 300 -> 320" in warning
+    assert "training a new one" in warning
+    new = AutoTokenizer.from_pretrained(out)
+    assert len(new) == 320 != len(old)
+    assert new.tokenize("mnop stur") != old.tokenize("mnop stur")
+    # A resumed run keeps its tokenizer: another --vocab-size is refused, not ignored.
+    run[run.index("--vocab-size") + 1] = "300"
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--dataset", str(words), "--output-dir", str(out), *run, "--resume"])
+    assert stop.value.code == 2
+    assert (f"`resume`: the tokenizer of the run in {out} was trained with other options: vocab_size 320 -> 300"
+            in capsys.readouterr().err)

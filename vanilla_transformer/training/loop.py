@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import inspect
+import json
 import logging
 import math
 import os
@@ -51,7 +52,7 @@ from ..hub import RESULTS_FILE, save_model_files, write_model_card, write_result
 from ..inference import load_pretrained
 from ..metrics import load as load_metric, repeated_phrase
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
-from ..staging import DiskFull, sweep_staging
+from ..staging import STAGING_PREFIX, DiskFull, sweep_staging
 from ..tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
 from .averaging import WeightAverage
 from .checkpoints import (
@@ -75,6 +76,7 @@ __all__ = ["TrainingArguments", "evaluate", "train"]
 logger = get_logger(__name__)  # logs on the main process only
 
 CHECKPOINTS = "checkpoints"  # sub-folder of output_dir; the rest of output_dir is the Hub folder (hub.py)
+TOKENIZER_OPTIONS = "tokenizer_options.json"  # in CHECKPOINTS: what the run's own tokenizer was trained from
 MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")  # a saved model
 TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")  # the config takes them from the tokenizer
 DATA_FIELDS = ("source_lang", "target_lang", "dataset_name")  # ... and these from the data
@@ -249,13 +251,54 @@ def _load_tokenizer(args: TrainingArguments, data, source_lang: str, target_lang
         if not Path(args.tokenizer).is_dir():
             raise FileNotFoundError(f"`tokenizer`: no tokenizer folder at {args.tokenizer}")
         return AutoTokenizer.from_pretrained(args.tokenizer)
-    for folder in (output_dir, args.model_name_or_path):
-        if folder is not None and (Path(folder) / "tokenizer.json").is_file():
-            return AutoTokenizer.from_pretrained(folder)
+    options = _tokenizer_options(args, source_lang, target_lang)
+    if (output_dir / "tokenizer.json").is_file() and _keep_own_tokenizer(args, options):
+        return AutoTokenizer.from_pretrained(output_dir)
+    if args.model_name_or_path is not None and (Path(args.model_name_or_path) / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(args.model_name_or_path)
     logger.info(f"training a {args.vocab_size}-token joint BPE tokenizer on the train split; saved to {output_dir}")
-    return train_tokenizer(
+    record = output_dir / CHECKPOINTS / TOKENIZER_OPTIONS
+    record.unlink(missing_ok=True)  # the old record goes first: a tokenizer is never described by another's
+    tokenizer = train_tokenizer(
         data["train"], languages=[source_lang, target_lang], vocab_size=args.vocab_size, output_dir=output_dir
     )
+    record.parent.mkdir(exist_ok=True)
+    staging = record.with_name(f"{STAGING_PREFIX}{record.name}")  # whole or not at all: a record is trusted
+    staging.write_text(json.dumps(options, indent=2) + "\n")
+    os.replace(staging, record)
+    return tokenizer
+
+
+def _tokenizer_options(args: TrainingArguments, source_lang: str, target_lang: str) -> dict:
+    """What a tokenizer trained by this run is learnt from (recorded in checkpoints/tokenizer_options.json)."""
+    options = _run_options(args)
+    return {"dataset": options["dataset"], "dataset_config": args.dataset_config, "source_lang": source_lang,
+            "target_lang": target_lang, "vocab_size": args.vocab_size}
+
+
+def _keep_own_tokenizer(args: TrainingArguments, options: dict) -> bool:
+    """Whether the tokenizer already in output_dir is the one these options would train. A run interrupted
+    before its first checkpoint and started again with other data or `vocab_size` trains a new one (a
+    resumed run refuses instead); a tokenizer whose options were never recorded is used, with a warning."""
+    record = Path(args.output_dir) / CHECKPOINTS / TOKENIZER_OPTIONS
+    if not record.is_file():
+        if args.resume:  # a run from before tokenizers were recorded: its checkpoints hold its options
+            return True
+        logger.warning(f"using the tokenizer already in {args.output_dir} (what it was trained from is not recorded); "
+                       "delete its tokenizer.json to train a new one, or pass `tokenizer`")
+        return True
+    before = read_json(record)
+    changed = [f"{name} {before.get(name)!r} -> {value!r}" for name, value in options.items() if before.get(name) != value]
+    if not changed:
+        return True
+    if args.resume:
+        raise ValueError(
+            f"`resume`: the tokenizer of the run in {args.output_dir} was trained with other options: "
+            f"{'; '.join(changed)}. Resume it with the options it was started with, or train into a new `output_dir`."
+        )
+    logger.warning(f"the tokenizer in {args.output_dir} was trained with other options ({'; '.join(changed)}) by a "
+                   "run that saved no checkpoint: training a new one")
+    return False
 
 
 def _load_model(args: TrainingArguments, tokenizer, resume_from: Path | None):
