@@ -30,11 +30,14 @@ from pathlib import Path
 import torch
 
 from .attention_maps import KINDS, AttentionRecord
+from .neuron_view import Neurons, NeuronTensors
 
 __all__ = ["MAX_BYTES", "explorer_data", "explorer_html", "html_path", "save_explorer"]
 
-MAX_BYTES = 4_000_000  # stored weights in one page, before base64 (x 4/3)
+MAX_BYTES = 2_500_000  # stored weights in one page, before base64 (x 4/3)
 MIN_KEEP = 4  # keys kept per query, however long the sentence
+NEURON_BYTES = 1_500_000  # the neuron view's own share: with the weights, 4 MB at most before base64
+NEURON_MIN_QUERIES = 8  # query tokens of each kind the neuron view keeps, however long the sentence
 _PLACEHOLDER = "__EXPLORER_DATA__"
 
 
@@ -72,6 +75,78 @@ def _keep(record: AttentionRecord) -> int | None:
     return max(MIN_KEEP, MAX_BYTES // (3 * rows))
 
 
+def _neuron_fields(tensors: NeuronTensors) -> list[tuple[str, torch.Tensor, bool]]:
+    """The arrays of one kind's neuron view, (layers, heads, ...) each, and whether they have a row per query."""
+    fields = [("query", tensors.queries, True)]
+    if tensors.keys is not None:
+        fields.append(("key", tensors.keys, False))
+    for name, term in tensors.terms.items():
+        if term.dim() == 2:  # one number per head: cosine's strength
+            term = term[..., None, None]
+        elif name in ("vector", "centres"):  # additive's v_a (one row per head), local-p's p_t (one per query)
+            term = term.unsqueeze(-1 if name == "centres" else -2)
+        fields.append((name, term, name in ("query_part", "centres")))
+    return fields + [("score", tensors.scores, True), ("weight", tensors.weights, True)]
+
+
+def _neuron_unit(fields, allowed, layer: int, head: int, queries: int) -> dict:
+    """One head's neuron view: its arrays as float16 (little-endian), one after the other, base64-encoded, and
+    its mask as bits (1: the key was allowed), first key of the first query in the top bit of the first byte."""
+    values = torch.cat([array[layer, head, :queries if per_query else None].reshape(-1) for _, array, per_query in fields])
+    bits = allowed[layer, head, :queries].reshape(-1)
+    bits = torch.cat([bits, bits.new_zeros(-bits.numel() % 8)]).view(-1, 8).to(torch.uint8)
+    packed = (bits << torch.arange(7, -1, -1, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
+    return {"values": _base64(values.half()), "allowed": _base64(packed)}
+
+
+def _neuron_cost(fields, keys: int, queries: int) -> int:
+    per_head = sum((queries if per_query else array.size(2)) * array.size(3) for _, array, per_query in fields)
+    return 2 * per_head + -(-queries * keys // 8)
+
+
+def _neuron_data(neurons: Neurons | None) -> dict | None:
+    """The neuron view's numbers. Past `NEURON_BYTES` it keeps the first query tokens of each kind, as many as
+    fit (at least `NEURON_MIN_QUERIES`), and then the heads that fit, layer by layer, head by head, each kind in turn."""
+    if neurons is None:
+        return None
+    fields = {kind: _neuron_fields(tensors) for kind, tensors in neurons.kinds.items()}
+    shape = {kind: tuple(tensors.scores.shape[2:]) for kind, tensors in neurons.kinds.items()}  # (queries, keys)
+    heads = sorted((layer, head, kind) for kind, tensors in neurons.kinds.items()
+                   for layer in range(tensors.scores.size(0)) for head in range(tensors.scores.size(1)))
+
+    def cost(kind, queries):
+        return _neuron_cost(fields[kind], shape[kind][1], min(queries, shape[kind][0]))
+
+    def fits(queries):
+        return sum(cost(kind, queries) for *_, kind in heads) <= NEURON_BYTES
+
+    queries = max(queries for queries, _ in shape.values())
+    if not fits(queries):  # the most queries that fit, by bisection (at least NEURON_MIN_QUERIES)
+        low, high = NEURON_MIN_QUERIES, queries
+        while low + 1 < high:
+            middle = (low + high) // 2
+            low, high = (middle, high) if fits(middle) else (low, middle)
+        queries = low
+    kept, total = [], 0
+    for layer, head, kind in heads:
+        total += cost(kind, queries)
+        if kept and total > NEURON_BYTES:
+            break
+        kept.append((layer, head, kind))
+    kinds = {}
+    for kind, tensors in neurons.kinds.items():
+        rows = min(queries, shape[kind][0])
+        kinds[kind] = {
+            "queries": rows, "of": shape[kind][0], "keys": shape[kind][1],
+            "fields": [[name, rows if per_query else array.size(2), array.size(3)] for name, array, per_query in fields[kind]],
+            "heads": {f"{layer},{head}": _neuron_unit(fields[kind], tensors.allowed, layer, head, rows)
+                      for layer, head, unit_kind in kept if unit_kind == kind},
+        }
+    return {"score": neurons.score, "normalization": neurons.normalization, "hard": neurons.hard,
+            "local_attention": neurons.local_attention, "window": neurons.window,
+            "kept": len(kept), "of": len(heads), "kinds": kinds}
+
+
 def explorer_data(record: AttentionRecord) -> dict:
     """What the page shows, as JSON-ready values: texts, settings, both token axes and the packed weights."""
     keep = _keep(record)
@@ -84,6 +159,7 @@ def explorer_data(record: AttentionRecord) -> dict:
         "target": {"ids": record.target_ids, "tokens": record.target_tokens, "pieces": record.target_pieces},
         "special_ids": record.special_ids,
         "weights": {kind: _pack(record.weights(kind), keep) for kind in KINDS},
+        "neurons": _neuron_data(record.neurons),
     }
 
 
