@@ -8,15 +8,22 @@ every request, so it works offline, from disk, attached to a mail or inside the 
 the sentence and its translation as readable pieces (sub-word pieces joined to their word), the kind of
 attention (cross, decoder self, encoder self), layer and head (or their mean), a lines view (keys on
 the left, the tokens attending on the right, a line's opacity its weight; hovering a token shows its
-lines and weights), a heat map, and a step-through of the translation that shows, one output token at
-a time, what the decoder attended to while writing it.
+lines and weights), a heat map, a step-through of the translation that shows, one output token at
+a time, what the decoder attended to while writing it, and the neuron view (`neuron_view`): for one
+head and query token, q, each key, their elementwise product (or the score function's own terms), the
+score the model computed and the weight it gave, in bertviz's colours (blue positive, orange negative).
 
 Weights are stored as bytes (weight × 255, rounded: steps of 0.004), base64-encoded: 20 source and
-22 target tokens on the base model (6 + 6 layers, 8 heads) make a page of 110 KB. A page would grow
-with the square of the length, so past `MAX_BYTES` each query keeps only its strongest keys, as many
-as fit (at least `MIN_KEEP`); the page says so and how much of the weight they hold. A sentence of
-1,000 tokens a side on a small model (3 + 3 layers, 4 heads) keeps 37 keys per query: 5.4 MB. The
-page then draws the 4,000 strongest lines until a token is hovered or a step chosen.
+22 target tokens on the base model (6 + 6 layers, 8 heads) take 110 KB. A page would grow with the
+square of the length, so past `MAX_BYTES` each query keeps only its strongest keys, as many as fit (at
+least `MIN_KEEP`); the page says so and how much of the weight they hold. The neuron view's numbers
+are float16 (3 significant digits) in their own share, `NEURON_BYTES`: the same sentence's, every head
+and token of the base model, take another 1.4 MB. Past it the neuron view keeps the first query tokens
+of each kind, as many as fit (at least `NEURON_MIN_QUERIES`), then the heads that fit, layer by layer;
+the page says so. A sentence of 1,000 tokens a side on a small model (3 + 3 layers, 4 heads) keeps 23
+keys per query and the neuron view of 8 query tokens in 9 of the 36 heads: 5.3 MB, the cap of a page
+without the neuron view. The page then draws the 4,000 strongest lines until a token is hovered or a
+step chosen, and the neuron view shows the 64 keys a query weights most.
 """
 
 from __future__ import annotations
