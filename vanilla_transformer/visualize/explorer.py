@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from .attention_maps import KINDS, AttentionRecord
-from .neuron_view import Neurons, NeuronTensors
+from .neuron_view import QUERY_TERMS, Neurons, NeuronTensors
 
 __all__ = ["MAX_BYTES", "explorer_data", "explorer_html", "html_path", "save_explorer"]
 
@@ -83,16 +83,11 @@ def _keep(record: AttentionRecord) -> int | None:
 
 
 def _neuron_fields(tensors: NeuronTensors) -> list[tuple[str, torch.Tensor, bool]]:
-    """The arrays of one kind's neuron view, (layers, heads, ...) each, and whether they have a row per query."""
+    """The arrays of one kind's neuron view, (layers, heads, rows, columns) each, and whether they have a row per query."""
     fields = [("query", tensors.queries, True)]
     if tensors.keys is not None:
         fields.append(("key", tensors.keys, False))
-    for name, term in tensors.terms.items():
-        if term.dim() == 2:  # one number per head: cosine's strength
-            term = term[..., None, None]
-        elif name in ("vector", "centres"):  # additive's v_a (one row per head), local-p's p_t (one per query)
-            term = term.unsqueeze(-1 if name == "centres" else -2)
-        fields.append((name, term, name in ("query_part", "centres")))
+    fields += [(name, term, name in QUERY_TERMS) for name, term in tensors.terms.items()]
     return fields + [("score", tensors.scores, True), ("weight", tensors.weights, True)]
 
 

@@ -30,15 +30,16 @@ from ..modeling.modeling_vanilla_transformer import ATTENTION_SCORES, predicted_
 
 KINDS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
 
-# What `NeuronTensors.terms` holds for each score function, beside q and k.
+# What `NeuronTensors.terms` holds for each score function, beside q and k: (L, H, rows, Dh|1) each.
 SCORE_TERMS = {
     "scaled_dot": (),
     "dot": (),
-    "general": ("transformed_keys",),  # W_a·k_j (L, H, S, Dh): the score is q·(W_a k_j)
-    "additive": ("query_part", "key_part", "vector"),  # W_q·q (L, H, T, Dh), W_k·k_j (L, H, S, Dh), v_a (L, H, Dh)
-    "cosine": ("strength",),  # the learned strength (L, H): the score is strength · cos(q, k_j)
-    "location": ("position_weights",),  # W_a's column of key position j (L, H, S, Dh): the score is q·column
+    "general": ("transformed_keys",),  # W_a·k_j, a row per key: the score is q·(W_a k_j)
+    "additive": ("query_part", "key_part", "vector"),  # W_q·q (a row per query), W_k·k_j (per key), v_a (one row)
+    "cosine": ("strength",),  # the head's learned strength (one number): the score is strength · cos(q, k_j)
+    "location": ("position_weights",),  # W_a's column for key position j, a row per key: the score is q·column
 }
+QUERY_TERMS = ("query_part", "centres")  # the terms with a row per query; local-p adds "centres", p_t (T, 1)
 
 
 @dataclass
@@ -59,7 +60,7 @@ class NeuronTensors:
     scores: torch.Tensor  # (L, H, T, S): the score function's output, before masking and normalisation
     weights: torch.Tensor  # (L, H, T, S): the weights the model attended with
     allowed: torch.Tensor  # (L, H, T, S) bool: the mask it attended under
-    terms: dict[str, torch.Tensor] = field(default_factory=dict)  # SCORE_TERMS, and "centres" (L, H, T) for local-p
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)  # SCORE_TERMS, and "centres" for local-p
 
 
 @dataclass
@@ -132,14 +133,14 @@ def _block_tensors(block, captured, name, weights, row: int) -> dict:
     if block.predicts_position:  # local-p: the window is around each query's predicted position p_t
         centres = predicted_position(block, q, keys, mask)  # (1, H, T, 1)
         allowed = allowed & ((torch.arange(keys, device=q.device) - centres[0]).abs() <= block.config.attention_window)
-        terms["centres"] = centres[0, ..., 0]
+        terms["centres"] = centres[0]  # (H, T, 1)
     if block.score_name == "general":
         terms["transformed_keys"] = (k @ block.score_weight.transpose(-1, -2))[0]
     elif block.score_name == "additive":
         terms.update(query_part=(q @ block.score_query_weight)[0], key_part=(k @ block.score_key_weight)[0],
-                     vector=block.score_vector)
+                     vector=block.score_vector[:, None])
     elif block.score_name == "cosine":
-        terms["strength"] = block.score_strength
+        terms["strength"] = block.score_strength[:, None, None]
     elif block.score_name == "location":
         terms["position_weights"] = block.score_location_weight[..., :keys].transpose(-1, -2)  # (H, S, Dh)
     return dict(queries=q[0], keys=None if k is None else k[0], scores=scores, allowed=allowed, terms=terms)
