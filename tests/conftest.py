@@ -121,10 +121,13 @@ def hub_tiny_folder(hub_tiny_model, tmp_path_factory):
 @pytest.fixture(scope="session")
 def synthetic_record():
     """Makes an AttentionRecord of random (softmax) weights over made-up tokens, as long as wanted, without
-    translating: `synthetic_record(source_tokens, target_tokens, layers=3, heads=4)` (the small model's shape)."""
+    translating: `synthetic_record(source_tokens, target_tokens, layers=3, heads=4)` (the small model's shape).
+    With `neurons=True` it holds the neuron view of a random model of that shape (64 dimensions a head)."""
+    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
     from vanilla_transformer.visualize.attention_maps import AttentionRecord
+    from vanilla_transformer.visualize.neuron_view import neuron_tensors
 
-    def make(source: int, target: int, layers: int = 3, heads: int = 4) -> AttentionRecord:
+    def make(source: int, target: int, layers: int = 3, heads: int = 4, neurons: bool = False) -> AttentionRecord:
         g = torch.Generator().manual_seed(0)
 
         def weights(queries, keys, causal=False):
@@ -136,12 +139,19 @@ def synthetic_record():
         source_ids, target_ids = [*range(10, 9 + source), 2], [0, *range(10, 9 + target), 2]
         tokens = {0: "<pad>", 2: "</s>"}
         pieces = lambda ids: [tokens.get(i, f" w{i}") for i in ids]  # noqa: E731
+        if neurons:
+            torch.manual_seed(0)
+            config = VanillaTransformerConfig(vocab_size=64, d_model=64 * heads, num_heads=heads, d_ff=64,
+                                              encoder_layers=layers, decoder_layers=layers)
+            ids = lambda length: torch.randint(3, 64, (1, length), generator=g)  # noqa: E731
+            neurons = neuron_tensors(VanillaTransformerForConditionalGeneration(config), ids(source), None, ids(target))
         return AttentionRecord(
             source="".join(pieces(source_ids[:-1])).strip(), translation="".join(pieces(target_ids[1:-1])).strip(),
             source_ids=source_ids, target_ids=target_ids, source_tokens=pieces(source_ids), target_tokens=pieces(target_ids),
             source_pieces=pieces(source_ids), target_pieces=pieces(target_ids),
             encoder_attention=weights(source, source), decoder_attention=weights(target, target, causal=True),
             cross_attention=weights(target, source), special_ids=[0, 1, 2, 3], model="synthetic", settings={"beam size": "4"},
+            neurons=neurons or None,
         )
 
     return make

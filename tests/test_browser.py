@@ -143,10 +143,50 @@ def test_the_explorer_renders_offline_switches_views_and_highlights_hovered_line
     watched.close()
 
 
+def test_the_neuron_view_shows_the_models_numbers_for_the_chosen_kind_layer_head_and_query(chromium, explorer_file, tmp_path):
+    record, path = explorer_file
+    watched = Watched(chromium, allowed=path.as_uri())
+    page = watched.page
+    page.goto(path.as_uri())
+    page.wait_for_selector(LINES)
+    _click(page, "views", "neuron")
+    assert page.locator('#heads button[data-value="-1"]').is_disabled()  # one head at a time, not their mean
+    dh = record.neurons.kinds["cross"].queries.size(-1)
+    for kind, layer, head, query in (("cross", 1, 2, 3), ("decoder", 0, 1, 4), ("encoder", 1, 3, 6)):
+        _click(page, "kinds", kind)
+        _click(page, "layers", layer)
+        _click(page, "heads", head)
+        page.click(f'#nv-queries button[data-query="{query}"]')
+        assert page.locator("#nv-queries button[aria-pressed=true]").get_attribute("data-query") == str(query)
+        numbers = record.neurons.kinds[kind]
+        keys = numbers.scores.size(-1)
+        assert page.locator("td.score").count() == page.locator("td.wt").count() == keys
+        # the query's vector, square by square, as the hover titles give it
+        q = [float(title.rsplit("= ", 1)[1]) for title in page.eval_on_selector_all("tbody tr.first:first-child .cells span", "s => s.map(x => x.title)")]
+        assert q == pytest.approx(numbers.queries[layer, head, query].tolist(), abs=2e-3, rel=2e-3) and len(q) == dh
+        shown = [float(text) for text in page.eval_on_selector_all("td.score", "s => s.map(x => x.textContent)")]
+        assert shown == pytest.approx(numbers.scores[layer, head, query].tolist(), abs=2e-3, rel=2e-3)
+        weights = [float(w) for w in page.eval_on_selector_all("td.wt", "s => s.map(x => x.dataset.weight)")]
+        assert weights == pytest.approx(numbers.weights[layer, head, query].tolist(), abs=1e-3)
+        j = int(numbers.weights[layer, head, query].argmax())
+        assert "/ \u221a16" in page.get_attribute(f'td.score[data-key="{j}"]', "title")  # scaled dot product: q·k / √Dh
+        if kind == "decoder":  # the look-ahead mask: keys after the query are greyed, their weight 0
+            assert page.locator("tr.masked td.wt").count() == keys - query - 1
+    _click(page, "kinds", "cross")
+    page.keyboard.press("ArrowRight")  # a step of the translation picks its query: the token being written
+    page.keyboard.press("ArrowRight")
+    assert page.locator("#nv-queries button[aria-pressed=true]").get_attribute("data-query") == "1"
+    screenshot = page.screenshot(path=tmp_path / "neuron.png", full_page=True)
+    assert screenshot[:8] == b"\x89PNG\r\n\x1a\n"
+    assert watched.errors == [] and watched.requests == [path.as_uri()]
+    watched.close()
+
+
 def test_a_1000_token_sentence_stays_usable(chromium, synthetic_record, tmp_path):
     """3 + 3 layers, 4 heads, 1,000 tokens a side: the page keeps each query's strongest keys, draws the strongest
-    lines until a token is hovered or a step chosen, and answers in well under a second once loaded."""
-    record = synthetic_record(1000, 1000)
+    lines until a token is hovered or a step chosen, holds the neuron view of the heads that fit, and answers in
+    well under a second once loaded."""
+    record = synthetic_record(1000, 1000, neurons=True)
     path = save_explorer(record, tmp_path / "long.html")
     watched = Watched(chromium, allowed=path.as_uri())
     page = watched.page
@@ -164,8 +204,13 @@ def test_a_1000_token_sentence_stays_usable(chromium, synthetic_record, tmp_path
     assert "Step 1 of 1000" in page.inner_text("#what")
     _click(page, "views", "heat")
     assert page.eval_on_selector("canvas.heat", "c => c.width") >= 1000
+    _click(page, "views", "neuron")  # the heads that fit, and the first 8 query tokens of each kind
+    neurons = explorer_data(record)["neurons"]
+    assert f"holds {neurons['kept']} of the 36 heads" in page.inner_text("#note") and "first 8 of 1000 query tokens" in page.inner_text("#note")
+    assert page.locator("#nv-queries button:disabled").count() == 1000 - 8
+    assert page.locator('#layers button[data-value="2"]').is_disabled() and page.locator("td.score").count() == 64  # the strongest keys
     answered = time.perf_counter() - start
-    print(f"1,000 tokens: {path.stat().st_size / 1e6:.1f} MB, loaded in {loaded:.1f} s, hover + step + heat map in {answered:.1f} s")
+    print(f"1,000 tokens: {path.stat().st_size / 1e6:.1f} MB, loaded in {loaded:.1f} s, hover + step + heat map + neuron view in {answered:.1f} s")
     assert loaded < 20 and answered < 10  # generous: a shared 2-core machine
     assert watched.errors == [] and watched.requests == [path.as_uri()]
     watched.close()

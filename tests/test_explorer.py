@@ -7,9 +7,9 @@ import re
 import pytest
 import torch
 
-from vanilla_transformer.visualize.attention_maps import collect_attentions
+from vanilla_transformer.visualize.attention_maps import KINDS, collect_attentions
 from vanilla_transformer.cli import main
-from vanilla_transformer.visualize.explorer import MAX_BYTES, explorer_data, explorer_html, save_explorer
+from vanilla_transformer.visualize.explorer import MAX_BYTES, NEURON_BYTES, explorer_data, explorer_html, save_explorer
 
 SENTENCE = "Jesús wept; ¿why? In the beginning God created the heavens and the earth."
 
@@ -45,21 +45,33 @@ def test_the_page_holds_every_weight_to_1_in_510_and_loads_nothing(record):
     assert embedded["sentence"] == SENTENCE
 
 
-def test_a_normal_sentence_on_the_base_model_makes_a_page_of_about_110_kb(record, synthetic_record):
-    """Base model: 6 + 6 layers, 8 heads; 20 source and 22 target tokens."""
-    page = explorer_html(synthetic_record(20, 22, layers=6, heads=8))
-    assert 100_000 < len(page.encode()) < 200_000
-    assert len(explorer_html(record).encode()) < 60_000  # the tiny model: 2 + 2 layers, 4 heads
+def test_a_normal_sentence_on_the_base_model_makes_a_page_of_about_1_4_mb(record, synthetic_record):
+    """Base model: 6 + 6 layers, 8 heads; 20 source and 22 target tokens. The weights take 110 KB, the neuron
+    view of every head and token (q and k of 64 dimensions, scores and weights, in float16) the rest."""
+    assert 100_000 < len(explorer_html(synthetic_record(20, 22, layers=6, heads=8)).encode()) < 200_000
+    base = synthetic_record(20, 22, layers=6, heads=8, neurons=True)
+    neurons = explorer_data(base)["neurons"]
+    assert neurons["kept"] == neurons["of"] == 3 * 6 * 8
+    assert [info["queries"] for info in neurons["kinds"].values()] == [20, 22, 22]  # encoder, decoder, cross
+    assert 1_200_000 < len(explorer_html(base).encode()) < 1_600_000
+    assert len(explorer_html(record).encode()) < 250_000  # the tiny model (2 + 2 layers, 4 heads) on 30-odd tokens
 
 
 def test_a_1000_token_sentence_keeps_each_querys_strongest_keys(synthetic_record):
-    """The small model's shape (3 + 3 layers, 4 heads): 36M weights would be 48 MB of page."""
-    record = synthetic_record(1000, 1000)
+    """The small model's shape (3 + 3 layers, 4 heads): 36M weights would be 48 MB of page, and the neuron view of
+    every head and token 300 MB."""
+    record = synthetic_record(1000, 1000, neurons=True)
     page = explorer_html(record)
-    assert len(page.encode()) < MAX_BYTES * 4 / 3 + 100_000  # about 5.4 MB
+    assert len(page.encode()) < (MAX_BYTES + NEURON_BYTES) * 4 / 3 + 100_000  # about 5.4 MB, as without the neuron view
     data = explorer_data(record)
     keep = data["weights"]["cross"]["keep"]
-    assert 30 <= keep <= 40
+    assert 20 <= keep <= 30
+    # the neuron view keeps the first 8 query tokens of each kind, and the heads that fit, layer by layer
+    neurons = data["neurons"]
+    assert [info["queries"] for info in neurons["kinds"].values()] == [8, 8, 8]
+    assert 4 <= neurons["kept"] < neurons["of"] == 36
+    kept = sorted((int(key.split(",")[0]), int(key.split(",")[1]), kind) for kind, info in neurons["kinds"].items() for key in info["heads"])
+    assert kept == sorted((layer, head, kind) for layer in range(3) for head in range(4) for kind in KINDS)[:neurons["kept"]]
     for kind, packed in data["weights"].items():
         assert packed["keep"] == keep
         kept = _unpack(packed)

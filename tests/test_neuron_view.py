@@ -1,7 +1,11 @@
 """The neuron view's numbers are the model's own: q and k from the block's projections, the score from its
-score function, the weight from `output_attentions`, and normalising the scores gives those weights."""
+score function, the weight from `output_attentions`, and normalising the scores gives those weights; and the
+explorer page holds exactly those numbers (tests/test_browser.py reads them off the rendered page)."""
 
+import base64
+import json
 import math
+import re
 
 import pytest
 import torch
@@ -9,8 +13,11 @@ import torch
 from vanilla_transformer.modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.modeling.modeling_vanilla_transformer import (
     ATTENTION_NORMALIZATIONS,
+    ATTENTION_SCORES,
     VanillaTransformerForConditionalGeneration,
 )
+from vanilla_transformer.visualize.attention_maps import collect_attentions
+from vanilla_transformer.visualize.explorer import explorer_html
 from vanilla_transformer.visualize.neuron_view import neuron_view
 
 
@@ -63,3 +70,129 @@ def test_bad_choices_are_refused_in_one_line(arguments, message):
     input_ids, attention_mask, decoder_input_ids = batch()
     with pytest.raises(ValueError, match=message):
         neuron_view(make_model(), input_ids, attention_mask, decoder_input_ids, **arguments)
+
+
+# --- the neuron view in the explorer page: the numbers the page holds are the model's --------------------------
+
+SENTENCE = "In the beginning God created the heavens and the earth."
+VARIANTS = [dict(attention_score=score) for score in ATTENTION_SCORES] + [
+    dict(attention_normalization="relu"),
+    dict(attention_score="general", attention_normalization="sparsemax"),
+    dict(attention_score="additive", local_attention="local-m", attention_window=2),
+    dict(attention_score="cosine", local_attention="local-p", attention_window=2),
+    dict(attention_score="location", local_attention="local-p", attention_window=3),
+    dict(attention_score="dot", attention_hardness="hard"),
+]
+
+
+def page_neurons(page: str) -> tuple[dict, dict]:
+    """The page's neuron data as it holds it, and its arrays: {(kind, layer, head): {name: tensor, "allowed": bool}}."""
+    data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S).group(1))["neurons"]
+    heads = {}
+    for kind, info in data["kinds"].items():
+        for key, unit in info["heads"].items():
+            values = torch.frombuffer(bytearray(base64.b64decode(unit["values"])), dtype=torch.float16).float()
+            sizes = [rows * cols for _, rows, cols in info["fields"]]
+            arrays = {name: part.view(rows, cols) for (name, rows, cols), part in zip(info["fields"], values.split(sizes))}
+            bits = torch.frombuffer(bytearray(base64.b64decode(unit["allowed"])), dtype=torch.uint8)
+            bits = (bits[:, None] >> torch.arange(7, -1, -1, dtype=torch.uint8)) & 1
+            arrays["allowed"] = bits.flatten()[:info["queries"] * info["keys"]].view(info["queries"], info["keys"]).bool()
+            layer, head = map(int, key.split(","))
+            heads[kind, layer, head] = arrays
+    return data, heads
+
+
+def model_tensors(model, record):
+    """q and k of every block, read by hooks on its projections, and its scores from the model's score function."""
+    captured = {}
+    blocks = {(kind, layer): layer_module.cross_attn if kind == "cross" else layer_module.self_attn
+              for kind, stack in (("encoder", model.model.encoder), ("decoder", model.model.decoder), ("cross", model.model.decoder))
+              for layer, layer_module in enumerate(stack.layers)}
+    hooks = [getattr(block, name).register_forward_hook(lambda m, a, out, key=key + (name,): captured.__setitem__(key, out))
+             for key, block in blocks.items() for name in ("q_proj", "k_proj") if getattr(block, name) is not None]
+    with torch.no_grad():
+        model(torch.tensor([record.source_ids]), decoder_input_ids=torch.tensor([record.target_ids[:-1]]), use_cache=False)
+    for hook in hooks:
+        hook.remove()
+    split = lambda x: x.view(1, x.size(1), model.config.num_heads, -1).transpose(1, 2)  # noqa: E731
+    tensors = {}
+    for key, block in blocks.items():
+        q = split(captured[key + ("q_proj",)])
+        k = split(captured[key + ("k_proj",)]) if block.k_proj is not None else None
+        keys = record.weights(key[0]).size(-1)
+        with torch.no_grad():
+            scores = ATTENTION_SCORES[block.score_name](block, q, k if k is not None else q.new_zeros(1, q.size(1), keys, q.size(-1)))
+        tensors[key] = (q[0], None if k is None else k[0], scores[0])
+    return tensors
+
+
+def drawn_scores(score: str, arrays: dict) -> torch.Tensor:
+    """The scores as the page's rows make them: the sum of each key's last row (and cosine's norms and strength)."""
+    q = arrays["query"]
+    if score == "general":
+        return q @ arrays["transformed_keys"].T
+    if score == "additive":
+        return (torch.tanh(arrays["query_part"][:, None] + arrays["key_part"][None]) * arrays["vector"]).sum(-1)
+    if score == "location":
+        return q @ arrays["position_weights"].T
+    dots = q @ arrays["key"].T
+    if score == "scaled_dot":
+        return dots / math.sqrt(q.size(-1))
+    if score == "cosine":
+        return dots / q.norm(dim=-1, keepdim=True) / arrays["key"].norm(dim=-1) * arrays["strength"]
+    return dots
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_corpus):
+    return tiny_corpus[0]
+
+
+@pytest.mark.parametrize("overrides", VARIANTS, ids=lambda o: "-".join(map(str, o.values())))
+def test_the_pages_neuron_data_is_the_models_own(overrides, tokenizer):
+    torch.manual_seed(0)
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=len(tokenizer), **overrides))
+    record = collect_attentions(model.eval(), tokenizer, SENTENCE, num_beams=1, max_new_tokens=8)
+    assert len(record.target_ids) >= 4
+    data, heads = page_neurons(explorer_html(record))
+    config = model.config
+    assert (data["score"], data["normalization"], data["hard"], data["local_attention"]) == (
+        config.attention_score, config.attention_normalization, config.attention_hardness == "hard", config.local_attention)
+    assert data["kept"] == data["of"] == len(heads) == 3 * 2 * 4  # a short sentence: every head, every query
+    tensors = model_tensors(model, record)
+    float16 = dict(rtol=2e-3, atol=2e-3)
+    for (kind, layer, head), arrays in heads.items():
+        q, k, scores = tensors[kind, layer][0][head], tensors[kind, layer][1], tensors[kind, layer][2][head]
+        torch.testing.assert_close(arrays["query"], q, **float16)
+        if k is not None:
+            torch.testing.assert_close(arrays["key"], k[head], **float16)
+        torch.testing.assert_close(arrays["score"], scores, **float16)
+        torch.testing.assert_close(arrays["weight"], record.weights(kind)[layer, head], rtol=0, atol=1e-3)
+        # what the page draws adds up to the scores
+        torch.testing.assert_close(drawn_scores(config.attention_score, arrays), arrays["score"], rtol=1e-2, atol=2e-2)
+        # and the scores, masked and normalised as the model does, give its weights
+        allowed = arrays["allowed"]
+        masked = arrays["score"].masked_fill(~allowed, torch.finfo(torch.float32).min)
+        if config.attention_hardness == "hard":
+            expected = torch.nn.functional.one_hot(masked.argmax(-1), masked.size(-1)).float()
+        else:
+            expected = ATTENTION_NORMALIZATIONS[config.attention_normalization](masked)
+        if "centres" in arrays:  # local-p (Luong eq. 10)
+            distance = torch.arange(allowed.size(1)) - arrays["centres"]
+            expected = expected * torch.exp(-distance**2 / (2 * (config.attention_window / 2) ** 2))
+        torch.testing.assert_close(arrays["weight"], expected.masked_fill(~allowed, 0), rtol=0, atol=5e-3)
+        # the mask is the model's: look-ahead in the decoder, the window where attention is local
+        queries, keys = allowed.shape
+        expected_mask = torch.ones(queries, keys, dtype=torch.bool)
+        if kind == "decoder":
+            expected_mask = expected_mask.tril()
+        if config.local_attention != "none" and kind != "cross":  # self-attention: ±D around the query itself
+            expected_mask &= (torch.arange(keys) - torch.arange(queries)[:, None]).abs() <= config.attention_window
+        elif config.local_attention == "local-m":  # target position t aligned with source position t
+            aligned = torch.arange(queries).clamp(max=keys - 1)
+            expected_mask &= (torch.arange(keys) - aligned[:, None]).abs() <= config.attention_window
+        if config.local_attention == "local-p" and kind == "cross":  # around the predicted position p_t (in float16)
+            near = (torch.arange(keys) - arrays["centres"]).abs() <= config.attention_window + 0.01
+            assert (allowed <= near).all() and allowed.any(-1).all()
+        else:
+            assert torch.equal(allowed, expected_mask)

@@ -8,15 +8,22 @@ every request, so it works offline, from disk, attached to a mail or inside the 
 the sentence and its translation as readable pieces (sub-word pieces joined to their word), the kind of
 attention (cross, decoder self, encoder self), layer and head (or their mean), a lines view (keys on
 the left, the tokens attending on the right, a line's opacity its weight; hovering a token shows its
-lines and weights), a heat map, and a step-through of the translation that shows, one output token at
-a time, what the decoder attended to while writing it.
+lines and weights), a heat map, a step-through of the translation that shows, one output token at
+a time, what the decoder attended to while writing it, and the neuron view (`neuron_view`): for one
+head and query token, q, each key, their elementwise product (or the score function's own terms), the
+score the model computed and the weight it gave, in bertviz's colours (blue positive, orange negative).
 
 Weights are stored as bytes (weight × 255, rounded: steps of 0.004), base64-encoded: 20 source and
-22 target tokens on the base model (6 + 6 layers, 8 heads) make a page of 110 KB. A page would grow
-with the square of the length, so past `MAX_BYTES` each query keeps only its strongest keys, as many
-as fit (at least `MIN_KEEP`); the page says so and how much of the weight they hold. A sentence of
-1,000 tokens a side on a small model (3 + 3 layers, 4 heads) keeps 37 keys per query: 5.4 MB. The
-page then draws the 4,000 strongest lines until a token is hovered or a step chosen.
+22 target tokens on the base model (6 + 6 layers, 8 heads) take 110 KB. A page would grow with the
+square of the length, so past `MAX_BYTES` each query keeps only its strongest keys, as many as fit (at
+least `MIN_KEEP`); the page says so and how much of the weight they hold. The neuron view's numbers
+are float16 (3 significant digits) in their own share, `NEURON_BYTES`: the same sentence's, every head
+and token of the base model, take another 1.4 MB. Past it the neuron view keeps the first query tokens
+of each kind, as many as fit (at least `NEURON_MIN_QUERIES`), then the heads that fit, layer by layer;
+the page says so. A sentence of 1,000 tokens a side on a small model (3 + 3 layers, 4 heads) keeps 23
+keys per query and the neuron view of 8 query tokens in 9 of the 36 heads: 5.3 MB, the cap of a page
+without the neuron view. The page then draws the 4,000 strongest lines until a token is hovered or a
+step chosen, and the neuron view shows the 64 keys a query weights most.
 """
 
 from __future__ import annotations
@@ -30,11 +37,14 @@ from pathlib import Path
 import torch
 
 from .attention_maps import KINDS, AttentionRecord
+from .neuron_view import QUERY_TERMS, Neurons, NeuronTensors
 
 __all__ = ["MAX_BYTES", "explorer_data", "explorer_html", "html_path", "save_explorer"]
 
-MAX_BYTES = 4_000_000  # stored weights in one page, before base64 (x 4/3)
+MAX_BYTES = 2_500_000  # stored weights in one page, before base64 (x 4/3)
 MIN_KEEP = 4  # keys kept per query, however long the sentence
+NEURON_BYTES = 1_500_000  # the neuron view's own share: with the weights, 4 MB at most before base64
+NEURON_MIN_QUERIES = 8  # query tokens of each kind the neuron view keeps, however long the sentence
 _PLACEHOLDER = "__EXPLORER_DATA__"
 
 
@@ -72,6 +82,73 @@ def _keep(record: AttentionRecord) -> int | None:
     return max(MIN_KEEP, MAX_BYTES // (3 * rows))
 
 
+def _neuron_fields(tensors: NeuronTensors) -> list[tuple[str, torch.Tensor, bool]]:
+    """The arrays of one kind's neuron view, (layers, heads, rows, columns) each, and whether they have a row per query."""
+    fields = [("query", tensors.queries, True)]
+    if tensors.keys is not None:
+        fields.append(("key", tensors.keys, False))
+    fields += [(name, term, name in QUERY_TERMS) for name, term in tensors.terms.items()]
+    return fields + [("score", tensors.scores, True), ("weight", tensors.weights, True)]
+
+
+def _neuron_unit(fields, allowed, layer: int, head: int, queries: int) -> dict:
+    """One head's neuron view: its arrays as float16 (little-endian), one after the other, base64-encoded, and
+    its mask as bits (1: the key was allowed), first key of the first query in the top bit of the first byte."""
+    values = torch.cat([array[layer, head, :queries if per_query else None].reshape(-1) for _, array, per_query in fields])
+    bits = allowed[layer, head, :queries].reshape(-1)
+    bits = torch.cat([bits, bits.new_zeros(-bits.numel() % 8)]).view(-1, 8).to(torch.uint8)
+    packed = (bits << torch.arange(7, -1, -1, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
+    return {"values": _base64(values.half()), "allowed": _base64(packed)}
+
+
+def _neuron_cost(fields, keys: int, queries: int) -> int:
+    per_head = sum((queries if per_query else array.size(2)) * array.size(3) for _, array, per_query in fields)
+    return 2 * per_head + -(-queries * keys // 8)
+
+
+def _neuron_data(neurons: Neurons | None) -> dict | None:
+    """The neuron view's numbers. Past `NEURON_BYTES` it keeps the first query tokens of each kind, as many as
+    fit (at least `NEURON_MIN_QUERIES`), and then the heads that fit, layer by layer, head by head, each kind in turn."""
+    if neurons is None:
+        return None
+    fields = {kind: _neuron_fields(tensors) for kind, tensors in neurons.kinds.items()}
+    shape = {kind: tuple(tensors.scores.shape[2:]) for kind, tensors in neurons.kinds.items()}  # (queries, keys)
+    heads = sorted((layer, head, kind) for kind, tensors in neurons.kinds.items()
+                   for layer in range(tensors.scores.size(0)) for head in range(tensors.scores.size(1)))
+
+    def cost(kind, queries):
+        return _neuron_cost(fields[kind], shape[kind][1], min(queries, shape[kind][0]))
+
+    def fits(queries):
+        return sum(cost(kind, queries) for *_, kind in heads) <= NEURON_BYTES
+
+    queries = max(queries for queries, _ in shape.values())
+    if not fits(queries):  # the most queries that fit, by bisection (at least NEURON_MIN_QUERIES)
+        low, high = NEURON_MIN_QUERIES, queries
+        while low + 1 < high:
+            middle = (low + high) // 2
+            low, high = (middle, high) if fits(middle) else (low, middle)
+        queries = low
+    kept, total = [], 0
+    for layer, head, kind in heads:
+        total += cost(kind, queries)
+        if kept and total > NEURON_BYTES:
+            break
+        kept.append((layer, head, kind))
+    kinds = {}
+    for kind, tensors in neurons.kinds.items():
+        rows = min(queries, shape[kind][0])
+        kinds[kind] = {
+            "queries": rows, "of": shape[kind][0], "keys": shape[kind][1],
+            "fields": [[name, rows if per_query else array.size(2), array.size(3)] for name, array, per_query in fields[kind]],
+            "heads": {f"{layer},{head}": _neuron_unit(fields[kind], tensors.allowed, layer, head, rows)
+                      for layer, head, unit_kind in kept if unit_kind == kind},
+        }
+    return {"score": neurons.score, "normalization": neurons.normalization, "hard": neurons.hard,
+            "local_attention": neurons.local_attention, "window": neurons.window,
+            "kept": len(kept), "of": len(heads), "kinds": kinds}
+
+
 def explorer_data(record: AttentionRecord) -> dict:
     """What the page shows, as JSON-ready values: texts, settings, both token axes and the packed weights."""
     keep = _keep(record)
@@ -84,6 +161,7 @@ def explorer_data(record: AttentionRecord) -> dict:
         "target": {"ids": record.target_ids, "tokens": record.target_tokens, "pieces": record.target_pieces},
         "special_ids": record.special_ids,
         "weights": {kind: _pack(record.weights(kind), keep) for kind in KINDS},
+        "neurons": _neuron_data(record.neurons),
     }
 
 

@@ -2,6 +2,7 @@
 
     view = neuron_view(model, input_ids, attention_mask, decoder_input_ids, kind="cross", layer=0, head=1, query=3)
     view.query, view.keys, view.products, view.scores, view.weights
+    neurons = neuron_tensors(model, input_ids, attention_mask, decoder_input_ids)   # every block at once
 
 For one kind of attention ("encoder" self, "decoder" self or "cross"), layer, head and query token: the
 query vector q (Dh,), each key vector k_j (S, Dh), their elementwise product q×k_j (S, Dh), the score as
@@ -10,17 +11,35 @@ normalised weight the model used (S,). Everything is read from one teacher-force
 k_j are the outputs of the block's own W^Q and W^K, the scores come from its score function, and the
 weights are the model's `output_attentions`; nothing is computed by a second implementation.
 Location-based scores read no keys: `keys` and `products` are then None.
+
+`neuron_tensors` gives the same for every block of the model, and beside them what each score function
+is made of (`SCORE_TERMS`), read from the block's own parameters, so that a page can show the sum that
+makes each score: general's W_a·k_j, additive's W_q·q and W_k·k_j (the tanh units are tanh of their sum)
+with v_a, cosine's learned strength, location's column of W_a for each position, and local-p's
+predicted position p_t. `allowed` is the mask the block attended under: padding, the look-ahead mask
+of §3.2.3 and any local window.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from ..modeling.modeling_vanilla_transformer import ATTENTION_SCORES
+from ..modeling.modeling_vanilla_transformer import ATTENTION_SCORES, predicted_position
 
 KINDS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
+
+# What `NeuronTensors.terms` holds for each score function, beside q and k: (L, H, rows, Dh|1) each.
+SCORE_TERMS = {
+    "scaled_dot": (),
+    "dot": (),
+    "general": ("transformed_keys",),  # W_a·k_j, a row per key: the score is q·(W_a k_j)
+    "additive": ("query_part", "key_part", "vector"),  # W_q·q (a row per query), W_k·k_j (per key), v_a (one row)
+    "cosine": ("strength",),  # the head's learned strength (one number): the score is strength · cos(q, k_j)
+    "location": ("position_weights",),  # W_a's column for key position j, a row per key: the score is q·column
+}
+QUERY_TERMS = ("query_part", "centres")  # the terms with a row per query; local-p adds "centres", p_t (T, 1)
 
 
 @dataclass
@@ -32,11 +51,125 @@ class NeuronView:
     weights: torch.Tensor  # (S,): the weights the model attended with
 
 
-def _block(model, kind: str, layer: int):
+@dataclass
+class NeuronTensors:
+    """One kind of attention, every layer and head: L layers, H heads, T queries, S keys."""
+
+    queries: torch.Tensor  # (L, H, T, Dh)
+    keys: torch.Tensor | None  # (L, H, S, Dh); None for location scores
+    scores: torch.Tensor  # (L, H, T, S): the score function's output, before masking and normalisation
+    weights: torch.Tensor  # (L, H, T, S): the weights the model attended with
+    allowed: torch.Tensor  # (L, H, T, S) bool: the mask it attended under
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)  # SCORE_TERMS, and "centres" for local-p
+
+
+@dataclass
+class Neurons:
+    """The neuron-view numbers of a whole model on one sentence, and the attention settings behind them."""
+
+    score: str  # config.attention_score
+    normalization: str  # config.attention_normalization
+    hard: bool
+    local_attention: str  # "none", "local-m" or "local-p"
+    window: int  # D, when local
+    kinds: dict[str, NeuronTensors]
+
+
+def _blocks(model, kind: str):
     stack = model.model.encoder if kind == "encoder" else model.model.decoder
-    if not -len(stack.layers) <= layer < len(stack.layers):
-        raise ValueError(f"`layer` must be in [0, {len(stack.layers)}) for {kind} attention; got {layer}.")
-    return stack.layers[layer].cross_attn if kind == "cross" else stack.layers[layer].self_attn
+    return [layer.cross_attn if kind == "cross" else layer.self_attn for layer in stack.layers]
+
+
+def _block(model, kind: str, layer: int):
+    blocks = _blocks(model, kind)
+    if not -len(blocks) <= layer < len(blocks):
+        raise ValueError(f"`layer` must be in [0, {len(blocks)}) for {kind} attention; got {layer}.")
+    return blocks[layer]
+
+
+@torch.no_grad()
+def _capture(model, input_ids, attention_mask, decoder_input_ids, blocks):
+    """One teacher-forced pass; returns its output and, per block, its q and k projections and the mask it got."""
+    captured = {}
+
+    def keep(name):
+        def hook(module, args, *rest):  # (module, args, output) or, before a block, (module, args, kwargs)
+            captured[name] = rest[0] if name[1] != "mask" else (rest[0].get("mask"), rest[0].get("causal", False))
+        return hook
+
+    hooks = []
+    for name, block in blocks.items():
+        hooks.append(block.q_proj.register_forward_hook(keep((name, "q"))))
+        if block.k_proj is not None:
+            hooks.append(block.k_proj.register_forward_hook(keep((name, "k"))))
+        hooks.append(block.register_forward_pre_hook(keep((name, "mask")), with_kwargs=True))
+    try:
+        out = model.eval()(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                           output_attentions=True, use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return out, captured
+
+
+def _block_tensors(block, captured, name, weights, row: int) -> dict:
+    """One block's numbers for sentence `row`: q (H, T, Dh), k (H, S, Dh) or None, scores, allowed, terms."""
+    q = _split(block, captured[(name, "q")])[row:row + 1]  # (1, H, T, Dh)
+    k = _split(block, captured[(name, "k")])[row:row + 1] if (name, "k") in captured else None  # (1, H, S, Dh)
+    keys = weights.size(-1)
+    # location scores read only the number of keys; any tensor with S rows stands in for them
+    stand_in = k if k is not None else q.new_zeros(q.shape[:2] + (keys, q.size(-1)))
+    scores = ATTENTION_SCORES[block.score_name](block, q, stand_in)[0]  # (H, T, S)
+    mask, causal = captured[(name, "mask")]
+    allowed = torch.ones(q.size(-2), keys, dtype=torch.bool, device=q.device)
+    if mask is not None:
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # broadcasts as (B|1, 1, T|1, S)
+        mask = mask[min(row, mask.size(0) - 1):][:1]  # (1, 1, T|1, S)
+        allowed = allowed & mask[0, 0]
+    if causal:
+        allowed = allowed.tril()
+    allowed = allowed.expand(block.num_heads, -1, -1)
+    terms = {}
+    if block.predicts_position:  # local-p: the window is around each query's predicted position p_t
+        centres = predicted_position(block, q, keys, mask)  # (1, H, T, 1)
+        allowed = allowed & ((torch.arange(keys, device=q.device) - centres[0]).abs() <= block.config.attention_window)
+        terms["centres"] = centres[0]  # (H, T, 1)
+    if block.score_name == "general":
+        terms["transformed_keys"] = (k @ block.score_weight.transpose(-1, -2))[0]
+    elif block.score_name == "additive":
+        terms.update(query_part=(q @ block.score_query_weight)[0], key_part=(k @ block.score_key_weight)[0],
+                     vector=block.score_vector[:, None])
+    elif block.score_name == "cosine":
+        terms["strength"] = block.score_strength[:, None, None]
+    elif block.score_name == "location":
+        terms["position_weights"] = block.score_location_weight[..., :keys].transpose(-1, -2)  # (H, S, Dh)
+    return dict(queries=q[0], keys=None if k is None else k[0], scores=scores, allowed=allowed, terms=terms)
+
+
+@torch.no_grad()
+def neuron_tensors(model, input_ids, attention_mask, decoder_input_ids, row: int = 0) -> Neurons:
+    """The neuron-view numbers of every block, from one teacher-forced pass over sentence `row` of the batch."""
+    blocks = {(kind, layer): block for kind in KINDS for layer, block in enumerate(_blocks(model, kind))}
+    out, captured = _capture(model, input_ids, attention_mask, decoder_input_ids, blocks)
+    kinds = {}
+    for kind, output_name in KINDS.items():
+        per_layer = [
+            _block_tensors(block, captured, (kind, layer), weights[row], row)
+            for layer, (block, weights) in enumerate(zip(_blocks(model, kind), getattr(out, output_name)))
+        ]
+        stack = lambda values: torch.stack(values).float().cpu() if values[0] is not None else None  # noqa: E731
+        kinds[kind] = NeuronTensors(
+            queries=stack([layer["queries"] for layer in per_layer]),
+            keys=stack([layer["keys"] for layer in per_layer]),
+            scores=stack([layer["scores"] for layer in per_layer]),
+            weights=torch.stack([weights[row] for weights in getattr(out, output_name)]).float().cpu(),
+            allowed=torch.stack([layer["allowed"] for layer in per_layer]).cpu(),
+            terms={name: stack([layer["terms"][name] for layer in per_layer]) for name in per_layer[0]["terms"]},
+        )
+    config = model.config
+    return Neurons(score=config.attention_score, normalization=config.attention_normalization,
+                   hard=config.attention_hardness == "hard", local_attention=config.local_attention,
+                   window=config.attention_window, kinds=kinds)
 
 
 @torch.no_grad()
@@ -48,27 +181,16 @@ def neuron_view(model, input_ids, attention_mask, decoder_input_ids, kind: str, 
     block = _block(model, kind, layer)
     if not 0 <= head < block.num_heads:
         raise ValueError(f"`head` must be in [0, {block.num_heads}); got {head}.")
-    captured = {}
-    hooks = [projection.register_forward_hook(lambda module, args, out, name=name: captured.setdefault(name, out))
-             for name, projection in (("q", block.q_proj), ("k", block.k_proj)) if projection is not None]
-    try:
-        out = model.eval()(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
-                           output_attentions=True)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    q = _split(block, captured["q"])  # (B, H, T, Dh)
-    if not 0 <= query < q.size(-2):
-        raise ValueError(f"`query` must be in [0, {q.size(-2)}); got {query}.")
-    k = _split(block, captured["k"]) if "k" in captured else None  # (B, H, S, Dh)
-    weights = getattr(out, KINDS[kind])[layer][row, head, query]  # (S,)
-    # location scores read only the number of keys; any tensor with S rows stands in for them
-    stand_in = k if k is not None else q.new_zeros(q.shape[:2] + (weights.numel(), q.size(-1)))
-    scores = ATTENTION_SCORES[block.score_name](block, q[row:row + 1, :, query:query + 1], stand_in[row:row + 1])
-    q_vector = q[row, head, query]
-    keys = None if k is None else k[row, head]
+    out, captured = _capture(model, input_ids, attention_mask, decoder_input_ids, {"block": block})
+    queries = captured[("block", "q")].size(1)
+    if not 0 <= query < queries:
+        raise ValueError(f"`query` must be in [0, {queries}); got {query}.")
+    weights = getattr(out, KINDS[kind])[layer][row]  # (H, T, S)
+    numbers = _block_tensors(block, captured, "block", weights, row)
+    q_vector = numbers["queries"][head, query]
+    keys = None if numbers["keys"] is None else numbers["keys"][head]
     return NeuronView(query=q_vector, keys=keys, products=None if keys is None else q_vector * keys,
-                      scores=scores[0, head, 0], weights=weights)
+                      scores=numbers["scores"][head, query], weights=weights[head, query])
 
 
 def _split(block, projected: torch.Tensor) -> torch.Tensor:
