@@ -143,3 +143,39 @@ def test_closed_stdin_full_disk_and_broken_pipe_end_in_one_line(hub_tiny_folder,
     result = _translate_process(hub_tiny_folder, subprocess.DEVNULL, reader.stdin, "--input-file", str(lines))
     reader.stdin.close()
     assert result.returncode == 141 and "Traceback" not in result.stderr and "Exception ignored" not in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [
+    ["translate", "In the beginning."],
+    ["evaluate", "--max-samples", "2"],
+    ["attention", "In the beginning."],
+    ["export", "--format", "ctranslate2"],
+])
+def test_a_config_of_another_shape_or_a_tokenizer_without_its_keys_is_named_in_one_line(
+        hub_tiny_folder, tmp_path, command, capsys):
+    import json
+    import shutil
+
+    from vanilla_transformer.cli import main
+
+    def edited(name, file, edit):
+        folder = tmp_path / name
+        shutil.copytree(hub_tiny_folder, folder)
+        content = json.loads((folder / file).read_text())
+        edit(content)
+        (folder / file).write_text(json.dumps(content))
+        return folder
+
+    shape = edited("shape", "config.json", lambda config: config.update(d_model=2 * config["d_model"]))
+    keyless = edited("keyless", "tokenizer.json", lambda tokenizer: tokenizer.pop("model"))
+    for folder, message in ((shape, f"{shape / 'config.json'} does not fit the weights in {shape / 'model.safetensors'}: "),
+                            (keyless, f"{keyless / 'tokenizer.json'} is not a tokenizer file this version can read: "
+                                      "Model missing")):
+        extra = ["--output-dir", str(tmp_path / "out")] if command[0] in ("export", "attention") else []
+        with pytest.raises(SystemExit) as stop:
+            main([command[0], "--model", str(folder), *command[1:], *extra])
+        assert stop.value.code == 2
+        error = capsys.readouterr().err
+        assert error.startswith(f"vanilla-transformer {command[0]}: error: {message}") and "Traceback" not in error
+        assert not (tmp_path / "out").exists()

@@ -10,6 +10,7 @@ line, the pipeline and the Hub give the same outputs.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -18,7 +19,8 @@ import torch
 from .file_checks import check_model_files
 from .modeling.pipeline_vanilla_transformer import TranslationPipeline
 
-__all__ = ["check_tokenizer_fits", "default_device", "load_model", "load_pretrained", "score_translations", "translate_texts"]
+__all__ = ["check_config_fits_weights", "check_tokenizer_fits", "default_device", "load_model", "load_pretrained",
+           "load_tokenizer", "score_translations", "translate_texts"]
 
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -37,8 +39,6 @@ def load_model(name_or_path: str | os.PathLike, device: str | None = None):
 
     A folder is checked first, so that a missing piece gets a clear error instead of a stack trace.
     """
-    from transformers import AutoTokenizer
-
     from .hub import _REPO_ID
 
     path = Path(name_or_path)
@@ -55,12 +55,26 @@ def load_model(name_or_path: str | os.PathLike, device: str | None = None):
     elif not _REPO_ID.match(str(name_or_path)):
         raise FileNotFoundError(f"`model` is neither a folder nor a Hub id (user/name): {name_or_path}")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        tokenizer = load_tokenizer(name_or_path)
         model = load_pretrained(name_or_path)  # the package's own classes: no remote code
     except OSError as err:
         raise ValueError(f"cannot load the model {name_or_path!r}: not a model folder, and not reachable on the Hub ({err})") from err
     check_tokenizer_fits(tokenizer, model.config, name_or_path)
     return model.to(device or default_device()).eval(), tokenizer
+
+
+def load_tokenizer(name_or_path: str | os.PathLike):
+    """`AutoTokenizer.from_pretrained`, with a tokenizer.json the tokenizers library cannot read (a key missing,
+    another format) named in a ValueError instead of its bare `Exception`."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except OSError:
+        raise
+    except Exception as err:  # tokenizers raises plain Exception ("Model missing. at line 1 column 1214")
+        where = Path(name_or_path) / "tokenizer.json" if Path(name_or_path).is_dir() else f"the tokenizer of {name_or_path}"
+        raise ValueError(f"{where} is not a tokenizer file this version can read: {err}") from None
 
 
 def check_tokenizer_fits(tokenizer, config, name_or_path) -> None:
@@ -87,6 +101,7 @@ def load_pretrained(name_or_path: str | os.PathLike, **kwargs):
 
     if Path(name_or_path).is_dir():
         check_model_files(Path(name_or_path))
+        check_config_fits_weights(Path(name_or_path))
     model, info = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
     kinds = ("missing_keys", "unexpected_keys", "mismatched_keys")
     wrong = {kind.replace("_", " "): sorted(map(str, info.get(kind) or ())) for kind in kinds if info.get(kind)}
@@ -97,6 +112,35 @@ def load_pretrained(name_or_path: str | os.PathLike, **kwargs):
                if "kv_proj" in found else "")
         raise ValueError(f"the weights in {name_or_path} do not fit this version's model{old}: {found}")
     return model
+
+
+def check_config_fits_weights(folder: Path) -> None:
+    """Raise ValueError naming config.json and the first tensor whose shape it contradicts (an edited
+    d_model, vocab_size or layer count), before transformers' own report and RuntimeError. The shapes the
+    config gives come from a model built on the meta device: no memory, no weights."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+    try:
+        config = AutoConfig.from_pretrained(folder)
+        with torch.device("meta"):
+            expected = {key: tuple(value.shape) for key, value in AutoModelForSeq2SeqLM.from_config(config).state_dict().items()}
+    except (TypeError, ValueError, KeyError) as err:
+        raise ValueError(f"{folder / 'config.json'} does not describe a model: {err}") from None
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    for name in files:
+        if not (folder / name).is_file():
+            continue  # weights in another format: transformers' own check applies
+        with safe_open(str(folder / name), framework="pt") as weights:
+            for key in weights.keys():
+                shape = tuple(weights.get_slice(key).get_shape())
+                if key in expected and expected[key] != shape:
+                    raise ValueError(
+                        f"{folder / 'config.json'} does not fit the weights in {folder / name}: {key} is "
+                        f"{list(shape)} there and {list(expected[key])} by the config (was config.json edited?). "
+                        "Put back the config.json saved with these weights")
 
 
 def translate_texts(
