@@ -284,6 +284,8 @@ def _add_decoding_options(p: argparse.ArgumentParser, batches: bool = True) -> N
 
 def _decoding_options(args: argparse.Namespace) -> dict:
     """The decoding options given (and --batch-size where the command has it), checked."""
+    from .inference import MAX_LENGTH_PENALTY, MAX_NEW_TOKENS
+
     names = [name for name in ("batch_size", "num_beams", "length_penalty", "max_new_tokens") if hasattr(args, name)]
     for name in names:
         value = getattr(args, name)
@@ -300,10 +302,6 @@ def _decoding_options(args: argparse.Namespace) -> dict:
     if getattr(args, "device", None) is not None and getattr(args, "engine", "transformers") != "ctranslate2":
         check_device(args.device)  # CTranslate2 names the devices it takes itself
     return {name: getattr(args, name) for name in names}
-
-
-MAX_NEW_TOKENS = 4096  # far beyond any sentence; a larger bound only sizes buffers that memory cannot hold
-MAX_LENGTH_PENALTY = 10.0  # GNMT's ((5 + length) / 6) ** alpha stays finite in float32 below this
 
 
 def check_device(device: str) -> None:
