@@ -179,3 +179,32 @@ def test_a_config_of_another_shape_or_a_tokenizer_without_its_keys_is_named_in_o
         error = capsys.readouterr().err
         assert error.startswith(f"vanilla-transformer {command[0]}: error: {message}") and "Traceback" not in error
         assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_byte_order_mark_does_not_change_the_first_lines_translation(hub_tiny_folder, tmp_path, capsys, monkeypatch):
+    import codecs
+
+    from vanilla_transformer import inference
+    from vanilla_transformer.cli import main
+    from vanilla_transformer.tokenizer import read_text_files
+
+    seen = []  # what reaches the model: the BOM's three bytes would be three more source tokens
+
+    def translate_texts(model, tokenizer, texts, **options):
+        seen.append(list(texts))
+        return translate(model, tokenizer, texts, **options)
+
+    translate = inference.translate_texts
+    monkeypatch.setattr(inference, "translate_texts", translate_texts)
+    text = "In the beginning God created the heavens.\nJesus wept.\n"
+    plain, marked = tmp_path / "plain.txt", tmp_path / "marked.txt"
+    plain.write_text(text, encoding="utf-8")
+    marked.write_bytes(codecs.BOM_UTF8 + text.encode())  # as Notepad saves "UTF-8 with BOM"
+    outputs = []
+    for path in (plain, marked):
+        main(["translate", "--model", str(hub_tiny_folder), "--device", "cpu", "--num-beams", "1", "--input-file", str(path)])
+        outputs.append(capsys.readouterr().out)
+    assert seen[0] == seen[1] == ["In the beginning God created the heavens.", "Jesus wept."]
+    assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 2
+    assert list(read_text_files([marked])) == seen[0]  # train-tokenizer --text-files
