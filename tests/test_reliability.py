@@ -168,8 +168,14 @@ def test_a_config_of_another_shape_or_a_tokenizer_without_its_keys_is_named_in_o
         return folder
 
     shape = edited("shape", "config.json", lambda config: config.update(d_model=2 * config["d_model"]))
+    layers = edited("layers", "config.json", lambda config: config.update(encoder_layers=config["encoder_layers"] + 1))
     keyless = edited("keyless", "tokenizer.json", lambda tokenizer: tokenizer.pop("model"))
-    for folder, message in ((shape, f"{shape / 'config.json'} does not fit the weights in {shape / 'model.safetensors'}: "),
+    # Another model_type made transformers ask whether to run the folder's code, on the terminal.
+    other = edited("other", "config.json", lambda config: config.update(model_type="bert"))
+    for folder, message in ((other, f"{other / 'config.json'} is not this package's: its model_type is 'bert'"),(shape, f"{shape / 'config.json'} does not fit the weights in {shape}: model.shared.weight "
+                                    "is [600, 64] in model.safetensors and [600, 128] by the config"),
+                            (layers, f"{layers / 'config.json'} does not fit the weights in {layers}: the config has "
+                                     "model.encoder.layers.2."),
                             (keyless, f"{keyless / 'tokenizer.json'} is not a tokenizer file this version can read: "
                                       "Model missing")):
         extra = ["--output-dir", str(tmp_path / "out")] if command[0] in ("export", "attention") else []
