@@ -1,5 +1,7 @@
 """Issue #40: nothing from a file the user was handed is executed, nothing they made is overwritten."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from accelerate import Accelerator
@@ -249,3 +251,65 @@ def test_scoring_local_data_sends_no_request_when_not_offline(hub_tiny_folder, t
          "--split", "train", "--device", "cpu", "--num-beams", "1", "--max-new-tokens", "4"],
         capture_output=True, text=True, timeout=300, env=env)
     assert result.stdout.strip().splitlines()[-1] == "exit 0 network []", result.stderr[-2000:]
+
+
+def test_the_app_refuses_a_request_beyond_its_limits_naming_the_limit(hub_tiny_model, tmp_path):
+    import re
+
+    gr = pytest.importorskip("gradio")
+    from vanilla_transformer.inference import translate_texts
+    from vanilla_transformer.visualize.app import Limits, make_translate
+
+    model, tokenizer = hub_tiny_model
+    translate = make_translate(model, tokenizer, Limits(max_input_tokens=12, max_new_tokens=5, max_beams=2), tmp_path)
+    for request, message in (
+        (("In the beginning God created the heavens and the earth.", 1, 0.6, 0),
+         r"The sentence is \d+ tokens long; this app translates at most 12 \(max_input_tokens\)"),
+        (("Jesus wept.", 3, 0.6, 0), r"Beam size 3 is over this app's limit of 2 \(max_beams\)"),
+        (("Jesus wept.", 1, 0.6, 6), r"The longest output asked for, 6 tokens, is over this app's limit of 5 \(max_new_tokens\)"),
+        (("Jesus wept.", 1, 1e308, 0), r"The length penalty must be between -10.0 and 10.0"),
+    ):
+        with pytest.raises(gr.Error) as refused:  # refused, not clipped
+            translate(*request)
+        assert re.match(message, refused.value.message), refused.value.message
+    # Within the limits; asking for no length gives the model's default, here capped at max_new_tokens.
+    translation, frame, page = translate("Jesus wept.", 2, 0.6, 0)
+    assert translation == translate_texts(model, tokenizer, ["Jesus wept."], num_beams=2, max_new_tokens=5)[0]
+    assert translate("Jesus wept.", 1, 0.6, 3)[0] == translate_texts(model, tokenizer, ["Jesus wept."], num_beams=1,
+                                                                      max_new_tokens=3)[0]
+
+
+def test_the_app_serves_its_limits(hub_tiny_folder):
+    import gc
+
+    gr = pytest.importorskip("gradio")
+    from vanilla_transformer.visualize.app import Limits, build_app
+
+    demo = build_app(hub_tiny_folder, "cpu", Limits(max_beams=2, max_concurrent=2, max_queued=3))
+    gc.collect()  # the explorer pages' folder lives as long as the app
+    (translate,) = {block.fn for block in demo.fns.values() if block.fn.__name__ == "translate"}  # click and submit
+    with pytest.raises(gr.Error, match="over this app's limit of 2"):
+        translate("Jesus wept.", 3, 0.6, 0)
+    assert Path(translate("Jesus wept.", 2, 0.6, 0)[2]).is_file()
+
+
+def test_the_apps_limits_come_from_serves_options_then_the_environment_then_the_defaults(monkeypatch, capsys):
+    pytest.importorskip("gradio")
+    from vanilla_transformer.cli import main
+    from vanilla_transformer.visualize import app
+
+    assert app.Limits() == app.Limits(max_input_tokens=128, max_new_tokens=256, max_beams=8, max_concurrent=1, max_queued=8)
+    served = []
+    monkeypatch.setattr(app, "serve", lambda model, host, port, device, limits: served.append(limits))
+    monkeypatch.setenv("VANILLA_TRANSFORMER_MAX_NEW_TOKENS", "64")  # as a Space's variable sets it
+    monkeypatch.setenv("VANILLA_TRANSFORMER_MAX_BEAMS", "4")
+    assert main(["serve", "--model", "m", "--max-beams", "2", "--max-concurrent", "3", "--max-input-tokens", "32"]) == 0
+    assert served == [app.Limits(max_input_tokens=32, max_new_tokens=64, max_beams=2, max_concurrent=3, max_queued=8)]
+    for argv, message in ((["--max-queued", "0"], "--max-queued (VANILLA_TRANSFORMER_MAX_QUEUED) must be a whole number "
+                                                  "of at least 1; got 0"),
+                          ([], "--max-beams (VANILLA_TRANSFORMER_MAX_BEAMS) must be a whole number of at least 1; got 'many'")):
+        monkeypatch.setenv("VANILLA_TRANSFORMER_MAX_BEAMS", "many" if not argv else "4")
+        with pytest.raises(SystemExit) as stop:
+            main(["serve", "--model", "m", *argv])
+        assert stop.value.code == 2
+        assert capsys.readouterr().err == f"vanilla-transformer serve: error: {message}\n"
