@@ -176,7 +176,7 @@ def test_a_config_of_another_shape_or_a_tokenizer_without_its_keys_is_named_in_o
     other = edited("other", "config.json", lambda config: config.update(model_type="bert"))
     damaged = edited("damaged", "generation_config.json", lambda generation: None)
     (damaged / "generation_config.json").write_text("{")  # transformers ignored it: the model's decoding defaults were lost
-    for folder, message in ((other, f"{other / 'config.json'} is not this package's: its model_type is 'bert'"),
+    for folder, message in ((other, f"{other / 'config.json'} describes a 'bert' model, which is not a translation"),
                             (damaged, f"{damaged / 'generation_config.json'} is damaged: not valid JSON"),(shape, f"{shape / 'config.json'} does not fit the weights in {shape}: model.shared.weight "
                                     "is [600, 64] in model.safetensors and [600, 128] by the config"),
                             (layers, f"{layers / 'config.json'} does not fit the weights in {layers}: the config has "

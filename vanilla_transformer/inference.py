@@ -126,9 +126,9 @@ def load_pretrained(name_or_path: str | os.PathLike, **kwargs):
 
 
 def check_config_fits_weights(folder: Path) -> None:
-    """Raise ValueError naming config.json and what it contradicts in the weights (an edited model_type,
-    d_model, vocab_size or layer count), before transformers' own report and RuntimeError. What the config
-    gives comes from a model built on the meta device: no memory, no weights."""
+    """Raise ValueError naming config.json and what it contradicts (an edited model_type, d_model, vocab_size
+    or layer count), before transformers' own report and RuntimeError. What the config gives comes from a
+    model built on the meta device: no memory, no weights."""
     import torch
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForSeq2SeqLM
@@ -136,16 +136,20 @@ def check_config_fits_weights(folder: Path) -> None:
     from .modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 
     config_file = folder / "config.json"
-    model_type = read_json(config_file).get("model_type")
-    if model_type != VanillaTransformerConfig.model_type:
-        raise ValueError(f"{config_file} is not this package's: its model_type is {model_type!r}, not "
-                         f"{VanillaTransformerConfig.model_type!r}")
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    except (TypeError, ValueError, KeyError) as err:
+        raise ValueError(f"{config_file} does not describe a model: {err}") from None
+    ours = config.model_type == VanillaTransformerConfig.model_type
+    try:
         with torch.device("meta"):
             tensors = AutoModelForSeq2SeqLM.from_config(config).state_dict(keep_vars=True)
     except (TypeError, ValueError, KeyError) as err:
-        raise ValueError(f"{config_file} does not describe a model: {err}") from None
+        raise ValueError(f"{config_file} does not describe a model: {err}" if ours else
+                         f"{config_file} describes a {config.model_type!r} model, which is not a translation "
+                         "(sequence-to-sequence) model transformers knows") from None
+    if not ours:
+        return  # another architecture (a Marian folder, say): transformers checks its weights
     index = folder / "model.safetensors.index.json"
     files = sorted(set(read_json(index)["weight_map"].values())) if index.is_file() else ["model.safetensors"]
     if not all((folder / name).is_file() for name in files):
