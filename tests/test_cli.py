@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import huggingface_hub
 import pytest
@@ -154,3 +155,25 @@ def test_evaluate_warns_when_the_data_is_another_language_pair(hub_tiny_folder, 
             "language asked for; scoring bible-en-fr test (en->fr) anyway") in err
     assert main(["evaluate", "--model", str(hub_tiny_folder), "--max-samples", "2", *GREEDY]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_help_is_instant_and_imports_neither_torch_nor_transformers():
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    start = time.perf_counter()
+    shown = subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", "--help"], capture_output=True, text=True,
+                           env=env, timeout=60)
+    seconds = time.perf_counter() - start
+    assert shown.returncode == 0 and "COMMAND" in shown.stdout
+    assert seconds < 2, f"--help took {seconds:.1f} s"  # it took 6-9 s while the package imported torch
+    imported = subprocess.run(
+        [sys.executable, "-c", "import sys, vanilla_transformer.cli as cli; cli.build_parser().format_help(); "
+         "print(sorted({'torch', 'transformers', 'datasets'} & set(sys.modules)))"],
+        capture_output=True, text=True, env=env, timeout=60)
+    assert imported.stdout.strip() == "[]", imported.stderr
+    # The classes still come with their registration: the Auto classes know the model in this process.
+    registered = subprocess.run(
+        [sys.executable, "-c", "from vanilla_transformer import VanillaTransformerConfig as C\n"
+         "from transformers import AutoConfig\nprint(type(AutoConfig.for_model(C.model_type)).__name__)"],
+        capture_output=True, text=True, env=env, timeout=120)
+    assert registered.stdout.strip() == "VanillaTransformerConfig", registered.stderr

@@ -1,31 +1,32 @@
-"""vanilla-transformer: the Transformer of "Attention Is All You Need" for the Hugging Face ecosystem."""
+"""vanilla-transformer: the Transformer of "Attention Is All You Need" for the Hugging Face ecosystem.
 
-from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+The model classes are imported on first use, so that `import vanilla_transformer` (and with it the
+command line's `--help`) does not wait for torch and transformers. Importing them registers them with
+the Auto classes (see `modeling/__init__.py`).
+"""
 
-from .modeling.configuration_vanilla_transformer import VanillaTransformerConfig
-from .modeling.modeling_vanilla_transformer import (
-    VanillaTransformerForConditionalGeneration,
-    VanillaTransformerModel,
-    VanillaTransformerPreTrainedModel,
-)
-from .modeling.pipeline_vanilla_transformer import TranslationPipeline
+from importlib import import_module
 
 __version__ = "0.1.0"
 
-# In this process the Auto classes know the model without trust_remote_code ...
-AutoConfig.register(VanillaTransformerConfig.model_type, VanillaTransformerConfig, exist_ok=True)
-AutoModel.register(VanillaTransformerConfig, VanillaTransformerModel, exist_ok=True)
-AutoModelForSeq2SeqLM.register(VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, exist_ok=True)
-# ... and save_pretrained copies the code files next to the weights and writes `auto_map`,
-# so that a saved folder loads anywhere with trust_remote_code=True.
-VanillaTransformerConfig.register_for_auto_class()
-VanillaTransformerModel.register_for_auto_class("AutoModel")
-VanillaTransformerForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+_LAZY = {
+    "TranslationPipeline": ".modeling.pipeline_vanilla_transformer",
+    "VanillaTransformerConfig": ".modeling.configuration_vanilla_transformer",
+    "VanillaTransformerForConditionalGeneration": ".modeling.modeling_vanilla_transformer",
+    "VanillaTransformerModel": ".modeling.modeling_vanilla_transformer",
+    "VanillaTransformerPreTrainedModel": ".modeling.modeling_vanilla_transformer",
+}
 
-__all__ = [
-    "TranslationPipeline",
-    "VanillaTransformerConfig",
-    "VanillaTransformerForConditionalGeneration",
-    "VanillaTransformerModel",
-    "VanillaTransformerPreTrainedModel",
-]
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(_LAZY[name], __name__), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -285,6 +285,8 @@ def _add_decoding_options(p: argparse.ArgumentParser, batches: bool = True) -> N
 
 def _decoding_options(args: argparse.Namespace) -> dict:
     """The decoding options given (and --batch-size where the command has it), checked."""
+    from .inference import MAX_LENGTH_PENALTY, MAX_NEW_TOKENS
+
     names = [name for name in ("batch_size", "num_beams", "length_penalty", "max_new_tokens") if hasattr(args, name)]
     for name in names:
         value = getattr(args, name)
@@ -301,10 +303,6 @@ def _decoding_options(args: argparse.Namespace) -> dict:
     if getattr(args, "device", None) is not None and getattr(args, "engine", "transformers") != "ctranslate2":
         check_device(args.device)  # CTranslate2 names the devices it takes itself
     return {name: getattr(args, name) for name in names}
-
-
-MAX_NEW_TOKENS = 4096  # far beyond any sentence; a larger bound only sizes buffers that memory cannot hold
-MAX_LENGTH_PENALTY = 10.0  # GNMT's ((5 + length) / 6) ** alpha stays finite in float32 below this
 
 
 def check_device(device: str) -> None:
@@ -540,14 +538,25 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, help="port (default: 7860, or the next free one)")
     p.add_argument("--device", help="cpu, cuda, mps (default: the GPU when there is one)")
+    limits = p.add_argument_group(
+        "limits", "what one visitor may ask; a request beyond them is refused with a message naming the limit. "
+        "Each defaults to its VANILLA_TRANSFORMER_<NAME> environment variable (as a Space sets it), else the value shown")
+    # The defaults are Limits' (vanilla_transformer/visualize/app.py), written out so that --help stays instant.
+    limits.add_argument("--max-input-tokens", type=int, metavar="N", help="longest sentence in tokens (128)")
+    limits.add_argument("--max-new-tokens", type=int, metavar="N", help="longest output in tokens (256)")
+    limits.add_argument("--max-beams", type=int, metavar="N", help="largest beam size (8)")
+    limits.add_argument("--max-concurrent", type=int, metavar="N", help="requests translated at once (1)")
+    limits.add_argument("--max-queued", type=int, metavar="N", help="requests waiting their turn; more are refused (8)")
 
     def run(args: argparse.Namespace) -> int:
         try:
             if args.port is not None and not 0 < args.port < 65536:
                 raise ValueError(f"--port must be in 1..65535; got {args.port}")
-            from .visualize.app import serve
+            from .visualize.app import Limits, serve
 
-            serve(args.model, args.host, args.port, args.device)
+            limits = Limits.from_environment(**{name: getattr(args, name) for name in (
+                "max_input_tokens", "max_new_tokens", "max_beams", "max_concurrent", "max_queued")})
+            serve(args.model, args.host, args.port, args.device, limits)
         except (OSError, ValueError, ImportError) as err:
             _refuse(p, err)
         return 0

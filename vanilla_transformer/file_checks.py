@@ -6,6 +6,7 @@ as a codec, Arrow or safetensors error that names neither the file nor the line.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import zipfile
@@ -18,9 +19,13 @@ __all__ = ["check_model_files", "check_weights_file", "read_json", "utf8_lines"]
 def utf8_lines(lines: Iterable[bytes], name: str) -> Iterator[str]:
     """Decode the lines of a binary file (or of standard input), without their line ends.
 
-    A byte that is not UTF-8 is a ValueError naming `name`, the line and the column.
+    A UTF-8 byte-order mark opening the first line (Notepad and PowerShell write one) is dropped: it
+    would otherwise become part of the first text. A byte that is not UTF-8 is a ValueError naming `name`,
+    the line and the column.
     """
     for number, raw in enumerate(lines, 1):
+        if number == 1 and raw.startswith(codecs.BOM_UTF8):
+            raw = raw[len(codecs.BOM_UTF8):]
         try:
             yield raw.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError as err:

@@ -10,15 +10,20 @@ line, the pipeline and the Hub give the same outputs.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import torch
 
-from .file_checks import check_model_files
+from .file_checks import check_model_files, read_json
 from .modeling.pipeline_vanilla_transformer import TranslationPipeline
 
-__all__ = ["check_tokenizer_fits", "default_device", "load_model", "load_pretrained", "score_translations", "translate_texts"]
+__all__ = ["check_config_fits_weights", "check_tokenizer_fits", "default_device", "load_model", "load_pretrained",
+           "load_tokenizer", "score_translations", "translate_texts"]
+
+MAX_NEW_TOKENS = 4096  # far beyond any sentence; a larger bound only sizes buffers that memory cannot hold
+MAX_LENGTH_PENALTY = 10.0  # GNMT's ((5 + length) / 6) ** alpha stays finite in float32 below this
 
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -37,8 +42,6 @@ def load_model(name_or_path: str | os.PathLike, device: str | None = None):
 
     A folder is checked first, so that a missing piece gets a clear error instead of a stack trace.
     """
-    from transformers import AutoTokenizer
-
     from .hub import _REPO_ID
 
     path = Path(name_or_path)
@@ -52,15 +55,36 @@ def load_model(name_or_path: str | os.PathLike, device: str | None = None):
             missing.append("tokenizer (tokenizer.json)")
         if missing:
             raise ValueError(f"model folder {path} lacks {', '.join(missing)}; give a folder written by training or save_for_hub")
+        if (path / "generation_config.json").is_file():  # transformers ignores a damaged one: the decoding defaults would be lost
+            read_json(path / "generation_config.json")
     elif not _REPO_ID.match(str(name_or_path)):
         raise FileNotFoundError(f"`model` is neither a folder nor a Hub id (user/name): {name_or_path}")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        tokenizer = load_tokenizer(name_or_path)
         model = load_pretrained(name_or_path)  # the package's own classes: no remote code
     except OSError as err:
         raise ValueError(f"cannot load the model {name_or_path!r}: not a model folder, and not reachable on the Hub ({err})") from err
     check_tokenizer_fits(tokenizer, model.config, name_or_path)
     return model.to(device or default_device()).eval(), tokenizer
+
+
+def load_tokenizer(name_or_path: str | os.PathLike):
+    """`AutoTokenizer.from_pretrained`, with a tokenizer.json the tokenizers library cannot read (a key missing,
+    another format) named in a ValueError instead of its bare `Exception`."""
+    from transformers import AutoTokenizer
+
+    folder = Path(name_or_path)
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if folder.is_dir() and (folder / name).is_file():
+            read_json(folder / name)  # a damaged one is named, not blamed on tokenizer.json
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)  # never a question, never code
+    except OSError:
+        raise
+    except Exception as err:  # tokenizers raises plain Exception ("Model missing. at line 1 column 1214")
+        where = folder / "tokenizer.json" if folder.is_dir() else f"the tokenizer of {name_or_path}"
+        cause = f"it lacks the key {err}" if isinstance(err, KeyError) else err
+        raise ValueError(f"{where} is not a tokenizer file this version can read: {cause}") from None
 
 
 def check_tokenizer_fits(tokenizer, config, name_or_path) -> None:
@@ -87,6 +111,8 @@ def load_pretrained(name_or_path: str | os.PathLike, **kwargs):
 
     if Path(name_or_path).is_dir():
         check_model_files(Path(name_or_path))
+        check_config_fits_weights(Path(name_or_path))
+    kwargs.setdefault("trust_remote_code", False)  # the package's classes: no question, no code from the folder
     model, info = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
     kinds = ("missing_keys", "unexpected_keys", "mismatched_keys")
     wrong = {kind.replace("_", " "): sorted(map(str, info.get(kind) or ())) for kind in kinds if info.get(kind)}
@@ -97,6 +123,55 @@ def load_pretrained(name_or_path: str | os.PathLike, **kwargs):
                if "kv_proj" in found else "")
         raise ValueError(f"the weights in {name_or_path} do not fit this version's model{old}: {found}")
     return model
+
+
+def check_config_fits_weights(folder: Path) -> None:
+    """Raise ValueError naming config.json and what it contradicts (an edited model_type, d_model, vocab_size
+    or layer count), before transformers' own report and RuntimeError. What the config gives comes from a
+    model built on the meta device: no memory, no weights."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+    from .modeling.configuration_vanilla_transformer import VanillaTransformerConfig
+
+    config_file = folder / "config.json"
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    except (TypeError, ValueError, KeyError) as err:
+        raise ValueError(f"{config_file} does not describe a model: {err}") from None
+    ours = config.model_type == VanillaTransformerConfig.model_type
+    try:
+        with torch.device("meta"):
+            tensors = AutoModelForSeq2SeqLM.from_config(config).state_dict(keep_vars=True)
+    except (TypeError, ValueError, KeyError) as err:
+        raise ValueError(f"{config_file} does not describe a model: {err}" if ours else
+                         f"{config_file} describes a {config.model_type!r} model, which is not a translation "
+                         "(sequence-to-sequence) model transformers knows") from None
+    if not ours:
+        return  # another architecture (a Marian folder, say): transformers checks its weights
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(read_json(index)["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    if not all((folder / name).is_file() for name in files):
+        return  # weights in another format: transformers' own check applies
+    saved = {}
+    for name in files:
+        with safe_open(str(folder / name), framework="pt") as weights:
+            saved.update({key: (name, tuple(weights.get_slice(key).get_shape())) for key in weights.keys()})
+    if any("kv_proj" in key for key in saved):
+        return  # a folder of vanilla-transformer 0.1: load_pretrained says how it loads
+    tied: dict[int, list[str]] = {}  # a tied tensor is saved under one of its names
+    for key, tensor in tensors.items():
+        tied.setdefault(id(tensor), []).append(key)
+    lacking = [names[0] for names in tied.values() if not any(key in saved for key in names)]
+    problems = [f"{key} is {list(saved[key][1])} in {saved[key][0]} and {list(tensor.shape)} by the config"
+                for key, tensor in tensors.items() if key in saved and tuple(tensor.shape) != saved[key][1]]
+    problems += [f"the config has {key}, which the weights lack" for key in lacking]
+    problems += [f"the weights have {key}, which the config has no place for" for key in saved if key not in tensors]
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ValueError(f"{config_file} does not fit the weights in {folder}: {problems[0]}{more} (was config.json "
+                         "edited?). Put back the config.json saved with these weights")
 
 
 def translate_texts(

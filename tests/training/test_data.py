@@ -27,7 +27,7 @@ def test_tokenize_drops_empty_and_long_pairs_and_counts_them(tokenizer):
     row = split.dataset[0]
     assert row["input_ids"][-1] == tokenizer.eos_token_id and row["labels"][-1] == tokenizer.eos_token_id
     assert row["length"] == max(len(row["input_ids"]), len(row["labels"]))
-    assert "1 of 4 pairs kept; 2 dropped with an empty side, 1 dropped" in split.describe("train", 16, False)
+    assert "1 of 4 pairs kept; 2 dropped with an empty or blank side, 1 dropped" in split.describe("train", 16, False)
 
     cut = tokenize_pairs(data, tokenizer, "en", "es", max_length=16, truncate=True, keep_references=True)
     assert (len(cut.dataset), cut.too_long) == (2, 1)
@@ -37,8 +37,17 @@ def test_tokenize_drops_empty_and_long_pairs_and_counts_them(tokenizer):
     assert cut.lengths.tolist() == [len(cut.dataset[0]["labels"]), 16] and split.lengths.tolist() == [row["length"]]
 
 
+def test_pairs_with_a_side_of_white_space_only_are_dropped_and_counted(tokenizer):
+    blank = ["   ", "\t", "\n", "\u3000 \u00a0"]  # spaces, a tab, a line end, an ideographic and a no-break space
+    data = pairs([("in the beginning", "en el principio"), *((text, "creó") for text in blank), ("god", " \t ")])
+    split = tokenize_pairs(data, tokenizer, "en", "es", max_length=16, keep_references=True)
+    assert (len(split.dataset), split.total, split.empty) == (1, 6, 5)
+    assert split.dataset[0]["reference"] == "en el principio"
+    assert "1 of 6 pairs kept; 5 dropped with an empty or blank side" in split.describe("train", 16, False)
+
+
 def test_pairs_that_tokenise_to_nothing_are_a_clear_error(tokenizer):
-    with pytest.raises(ValueError, match="no pairs left in the train split.*2 dropped with an empty side"):
+    with pytest.raises(ValueError, match="no pairs left in the train split.*2 dropped with an empty or blank side"):
         tokenize_pairs(pairs([("", "x"), ("y", "")]), tokenizer, "en", "es", 16, name="train")
 
 

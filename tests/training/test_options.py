@@ -75,6 +75,18 @@ def test_every_choice_offered_passes_validation(tmp_path):
                 assert (name, choice) == ("report_to", "tensorboard") and "needs the tensorboard package" in str(err)
 
 
+@pytest.mark.parametrize("value", [1e308, -11.0, float("inf")])
+def test_the_python_api_refuses_a_length_penalty_the_command_line_refuses(tmp_path, value):
+    # The bound beam search can score with lives in TrainingArguments, which `train`'s options go through:
+    # `train` refuses it before reading anything, not after training and saving.
+    from vanilla_transformer.training.loop import train
+
+    with pytest.raises(ValueError, match=r"^`length_penalty` must be between -10.0 and 10.0 .* got "):
+        train(TrainingArguments(output_dir=str(tmp_path / "out"), length_penalty=value))
+    assert not (tmp_path / "out").exists()
+    TrainingArguments(output_dir=str(tmp_path), length_penalty=-10.0).validate()
+
+
 def test_train_tokenizer_defaults_are_the_tokenizers():
     parser = subcommand(cli._add_train_tokenizer, "train-tokenizer")
     defaults = {a.dest: a.default for a in parser._actions}

@@ -27,6 +27,7 @@ import gzip
 import json
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -104,6 +105,18 @@ def _is_blank(path: Path) -> bool:
         raise ValueError(f"could not read {path}: {err}") from err
 
 
+@contextmanager
+def _no_download_count():
+    """Unless offline, `load_dataset` sends a request to count a download of the builder ("json", "csv")
+    even for local files; local files are not a download of anything."""
+    counts = datasets.config.HF_UPDATE_DOWNLOAD_COUNTS
+    datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
+    try:
+        yield
+    finally:
+        datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = counts
+
+
 def _load_files(files: dict[str, Path]) -> datasets.DatasetDict:
     """Read one file per split; all files must share a format."""
     builders = {_BUILDERS[_file_suffix(path)][0] for path in files.values()}
@@ -116,7 +129,8 @@ def _load_files(files: dict[str, Path]) -> datasets.DatasetDict:
             raise ValueError(f"{path} is empty: the {split!r} split has no rows")
     names = ", ".join(str(p) for p in files.values())
     try:
-        loaded = datasets.load_dataset(builder, data_files={s: str(p) for s, p in files.items()}, **options)
+        with _no_download_count():
+            loaded = datasets.load_dataset(builder, data_files={s: str(p) for s, p in files.items()}, **options)
     except StopIteration:  # what the json builder raises on a compressed file with no rows
         raise ValueError(f"a data file in {names} has no rows") from None
     except (OSError, ValueError, datasets.exceptions.DatasetGenerationError) as err:

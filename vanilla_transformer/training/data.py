@@ -63,7 +63,7 @@ def map_fingerprint(dataset: datasets.Dataset, tokenizer, **options) -> str | No
     if backend is None:
         return None
     try:
-        code = inspect.getsource(tokenize_pairs) + inspect.getsource(encode_texts)
+        code = inspect.getsource(tokenize_pairs) + inspect.getsource(encode_texts) + inspect.getsource(blank_to_empty)
     except OSError:  # installed without sources
         return None
     described = {
@@ -87,7 +87,7 @@ class TokenizedSplit:
 
     dataset: datasets.Dataset  # columns: input_ids, labels, length
     total: int  # pairs before filtering
-    empty: int  # pairs with a side that tokenises to nothing (only </s>)
+    empty: int  # pairs with a side that is empty or only white space (it tokenises to </s> alone)
     too_long: int  # pairs with a side over max_length (dropped, or truncated when truncate=True)
 
     @property
@@ -99,9 +99,14 @@ class TokenizedSplit:
         kept = len(self.dataset)
         action = "truncated" if truncate else "dropped"
         return (
-            f"{name}: {kept:,} of {self.total:,} pairs kept; {self.empty:,} dropped with an empty side, "
+            f"{name}: {kept:,} of {self.total:,} pairs kept; {self.empty:,} dropped with an empty or blank side, "
             f"{self.too_long:,} {action} for a side over {max_length} tokens"
         )
+
+
+def blank_to_empty(text: str | None) -> str:
+    """"" for a missing text or one of white space only, which then tokenises to </s> alone: an empty side."""
+    return text if text and text.strip() else ""
 
 
 def tokenize_pairs(
@@ -118,7 +123,7 @@ def tokenize_pairs(
     """Tokenise the `translation` column with `Dataset.map` (batched; cached on disk for file-backed data).
 
     Both sides are encoded with the one joint tokenizer, which appends </s>. A pair whose
-    source or target is empty is dropped; a pair with a side longer than `max_length` tokens
+    source or target is empty or only white space is dropped (and counted); a pair with a side longer than `max_length` tokens
     is dropped, or cut to `max_length` (keeping </s>) when `truncate`. `keep_references` keeps
     the target text in a `reference` column, to score translations against. `num_proc` processes
     tokenise ("auto": `tokenization_workers`); for file-backed data the result is cached next to the
@@ -129,8 +134,9 @@ def tokenize_pairs(
 
     def encode(batch):
         pairs = batch["translation"]
-        sources = [(p or {}).get(source_lang) or "" for p in pairs]
-        targets = [(p or {}).get(target_lang) or "" for p in pairs]
+        # A blank side would otherwise be a pair teaching that a space translates to a sentence, or to nothing.
+        sources = [blank_to_empty((p or {}).get(source_lang)) for p in pairs]
+        targets = [blank_to_empty((p or {}).get(target_lang)) for p in pairs]
         raw_src, raw_tgt = encode_texts(tokenizer, sources), encode_texts(tokenizer, targets)
         options = dict(truncation=True, max_length=max_length)
         src = tokenizer(sources, **options)["input_ids"] if truncate else raw_src

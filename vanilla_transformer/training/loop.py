@@ -49,7 +49,7 @@ from ..corpora import load_translation_dataset, resolve_languages
 from ..file_checks import read_json
 from ..modeling.generation_vanilla_transformer import paper_generation_config
 from ..hub import RESULTS_FILE, save_model_files, write_model_card, write_results
-from ..inference import load_pretrained
+from ..inference import MAX_LENGTH_PENALTY, load_pretrained
 from ..metrics import load as load_metric, repeated_phrase
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
 from ..staging import STAGING_PREFIX, DiskFull, sweep_staging
@@ -175,8 +175,9 @@ class TrainingArguments:
             value = getattr(self, name)  # a negative norm would flip every gradient: training would ascend
             if value is not None and not (_is_finite(value) and value > 0):
                 raise ValueError(f"`{name}` must be a positive number or None; got {value!r}.")
-        if not _is_finite(self.length_penalty):
-            raise ValueError(f"`length_penalty` must be a finite number (the paper's: 0.6); got {self.length_penalty!r}.")
+        if not (_is_finite(self.length_penalty) and abs(self.length_penalty) <= MAX_LENGTH_PENALTY):
+            raise ValueError(f"`length_penalty` must be between -{MAX_LENGTH_PENALTY} and {MAX_LENGTH_PENALTY} (the paper's: "
+                             f"0.6; larger ones overflow the beam scores); got {self.length_penalty!r}.")
         if self.mixed_precision not in (None, "no", "fp16", "bf16"):
             raise ValueError(f"`mixed_precision` must be 'no', 'fp16' or 'bf16'; got {self.mixed_precision!r}.")
         if self.report_to not in (None, "tensorboard"):

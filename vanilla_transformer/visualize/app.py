@@ -7,6 +7,11 @@ Space as app.py, with a requirements.txt that names this package with its `serve
 Space variable MODEL_ID to the model's repository (user/name). Spaces run `python app.py`, and Gradio
 takes the address from GRADIO_SERVER_NAME and GRADIO_SERVER_PORT.
 
+What one visitor may ask is bounded (`Limits`: source and output length, beams, requests served at once
+and waiting): a request beyond a limit is refused with a message naming it. A deployer changes them with
+`serve --max-input-tokens ...` or, in a Space, the variables VANILLA_TRANSFORMER_MAX_INPUT_TOKENS,
+..._MAX_NEW_TOKENS, ..._MAX_BEAMS, ..._MAX_CONCURRENT and ..._MAX_QUEUED.
+
 The page loads nothing from other hosts: the theme uses the system's fonts, analytics are off, and
 the explorer is the self-contained page of `vanilla_transformer.visualize.explorer`, shown in a sandboxed frame
 (and offered as a file to keep). Gradio is an optional dependency: `pip install vanilla-transformer[serve]`.
@@ -14,10 +19,13 @@ the explorer is the self-contained page of `vanilla_transformer.visualize.explor
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import html
 import os
 import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 try:
@@ -27,9 +35,10 @@ except ImportError as err:  # an optional dependency
 
 from vanilla_transformer.visualize.attention_maps import check_attention_support, collect_attentions
 from vanilla_transformer.visualize.explorer import explorer_html
-from vanilla_transformer.inference import load_model
+from vanilla_transformer.inference import MAX_LENGTH_PENALTY, load_model
+from vanilla_transformer.modeling.generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
 
-__all__ = ["build_app", "serve"]
+__all__ = ["Limits", "build_app", "make_translate", "serve"]
 
 EXAMPLES = [
     "In the beginning, God created the heavens and the earth.",
@@ -38,27 +47,96 @@ EXAMPLES = [
 ]
 
 
-def build_app(model_name_or_path: str, device: str | None = None) -> gr.Blocks:
-    """The Gradio app for one model (loaded now, so that a bad folder fails before anything is served)."""
-    model, tokenizer = load_model(model_name_or_path, device)
-    check_attention_support(model)
-    config = model.generation_config
-    pages = tempfile.TemporaryDirectory(prefix="vanilla-transformer-app-")  # lives as long as the app
+@dataclass(frozen=True)
+class Limits:
+    """What the app serves: one request without a ceiling on its output took 152 s and 1.7 GB."""
+
+    max_input_tokens: int = 128  # source tokens, </s> included: a long sentence
+    max_new_tokens: int = 256  # output tokens a visitor may ask for
+    max_beams: int = 8
+    max_concurrent: int = 1  # requests translated at once; the others wait in the queue ...
+    max_queued: int = 8  # ... which refuses more than this many
+
+    def __post_init__(self):
+        for name, value in dataclasses.asdict(self).items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} ({ENVIRONMENT_PREFIX}{name.upper()}) must be a whole "
+                                 f"number of at least 1; got {value!r}")
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] = os.environ, **given: int | None) -> Limits:
+        """The limits `given` (None: not given), else those the environment sets, else the defaults."""
+        values = {}
+        for field in dataclasses.fields(cls):
+            value, variable = given.get(field.name), ENVIRONMENT_PREFIX + field.name.upper()
+            if value is None and environ.get(variable, "").strip():
+                text = environ[variable].strip()
+                value = int(text) if text.isdigit() else text  # refused below, named
+            values[field.name] = field.default if value is None else value
+        return cls(**values)
+
+
+ENVIRONMENT_PREFIX = "VANILLA_TRANSFORMER_"
+
+
+def _length_offset(model) -> int:
+    """New tokens the model allows beyond the source's length when the request names no limit."""
+    return getattr(model.generation_config, "max_length_offset", None) or DEFAULT_MAX_LENGTH_OFFSET
+
+
+def make_translate(model, tokenizer, limits: Limits, pages: str | os.PathLike | tempfile.TemporaryDirectory):
+    """The app's function: (sentence, beams, length penalty, longest output (0: the model's default)) ->
+    (translation, the explorer in a frame, the explorer's file, written under `pages`). A request beyond
+    `limits` is a gr.Error naming the limit."""
+    offset = _length_offset(model)
+
+    def refuse(message: str):
+        return gr.Error(message, print_exception=False)
 
     def translate(sentence: str, num_beams: float, length_penalty: float, max_new_tokens: float):
+        num_beams, requested = int(num_beams), int(max_new_tokens or 0)
+        tokens = len(tokenizer(sentence or "")["input_ids"])
+        if tokens > limits.max_input_tokens:
+            raise refuse(f"The sentence is {tokens} tokens long; this app translates at most {limits.max_input_tokens} "
+                         "(max_input_tokens). Give a shorter sentence.")
+        if num_beams > limits.max_beams:
+            raise refuse(f"Beam size {num_beams} is over this app's limit of {limits.max_beams} (max_beams).")
+        if requested > limits.max_new_tokens:
+            raise refuse(f"The longest output asked for, {requested} tokens, is over this app's limit of "
+                         f"{limits.max_new_tokens} (max_new_tokens).")
+        if length_penalty is None or not abs(float(length_penalty)) <= MAX_LENGTH_PENALTY:
+            raise refuse(f"The length penalty must be between -{MAX_LENGTH_PENALTY} and {MAX_LENGTH_PENALTY}; "
+                         f"got {length_penalty}.")
+        if not requested and tokens + offset > limits.max_new_tokens:
+            requested = limits.max_new_tokens  # the model's default (source length + offset) within the limit
         try:
             record = collect_attentions(
-                model, tokenizer, sentence, num_beams=int(num_beams), length_penalty=float(length_penalty),
-                max_new_tokens=int(max_new_tokens) or None,
+                model, tokenizer, sentence, num_beams=num_beams, length_penalty=float(length_penalty),
+                max_new_tokens=requested or None,
             )
         except (TypeError, ValueError) as err:
-            raise gr.Error(str(err).replace("`text`", "The sentence"), print_exception=False) from err
+            raise refuse(str(err).replace("`text`", "The sentence")) from err
         page = explorer_html(record)
-        path = Path(pages.name) / f"explorer-{hashlib.sha1(page.encode()).hexdigest()[:12]}.html"
+        # `pages` itself, not its name: a TemporaryDirectory lives as long as this function refers to it
+        folder = pages.name if isinstance(pages, tempfile.TemporaryDirectory) else pages
+        path = Path(folder) / f"explorer-{hashlib.sha1(page.encode()).hexdigest()[:12]}.html"
         path.write_text(page, encoding="utf-8")
         frame = (f'<iframe title="Attention explorer" sandbox="allow-scripts" srcdoc="{html.escape(page)}" '
                  'style="width: 100%; height: 1000px; border: 0"></iframe>')
         return record.translation, frame, str(path)
+
+    return translate
+
+
+def build_app(model_name_or_path: str, device: str | None = None, limits: Limits | None = None) -> gr.Blocks:
+    """The Gradio app for one model (loaded now, so that a bad folder fails before anything is served), serving
+    within `limits` (default: `Limits.from_environment()`)."""
+    limits = limits or Limits.from_environment()
+    model, tokenizer = load_model(model_name_or_path, device)
+    check_attention_support(model)
+    config = model.generation_config
+    pages = tempfile.TemporaryDirectory(prefix="vanilla-transformer-app-")  # lives as long as the app
+    translate = make_translate(model, tokenizer, limits, pages)
 
     with gr.Blocks(title=f"Translate with {model_name_or_path}", analytics_enabled=False) as demo:
         gr.Markdown(
@@ -69,9 +147,12 @@ def build_app(model_name_or_path: str, device: str | None = None) -> gr.Blocks:
         sentence = gr.Textbox(label="Sentence", lines=2, placeholder=EXAMPLES[0], elem_id="sentence")
         with gr.Accordion("Decoding", open=False):
             with gr.Row():
-                num_beams = gr.Slider(1, 8, value=config.num_beams or 1, step=1, label="Beam size (1: greedy)")
+                num_beams = gr.Slider(1, limits.max_beams, value=min(config.num_beams or 1, limits.max_beams), step=1,
+                                      label="Beam size (1: greedy)")
                 length_penalty = gr.Number(value=config.length_penalty, label="Length penalty (beam search)")
-                max_new_tokens = gr.Number(value=0, precision=0, minimum=0, label="Longest output in tokens (0: source length + 50)")
+                max_new_tokens = gr.Number(value=0, precision=0, minimum=0,
+                                           label=f"Longest output in tokens (0: source length + {_length_offset(model)}, at most "
+                                                 f"{limits.max_new_tokens})")
         button = gr.Button("Translate", variant="primary", elem_id="translate")
         translation = gr.Textbox(label="Translation", interactive=False, elem_id="translation")
         explorer = gr.HTML(elem_id="explorer")
@@ -80,16 +161,21 @@ def build_app(model_name_or_path: str, device: str | None = None) -> gr.Blocks:
         inputs, outputs = [sentence, num_beams, length_penalty, max_new_tokens], [translation, explorer, download]
         button.click(translate, inputs, outputs)
         sentence.submit(translate, inputs, outputs)
-    return demo
+    return demo.queue(max_size=limits.max_queued, default_concurrency_limit=limits.max_concurrent)
 
 
-def serve(model_name_or_path: str, host: str | None = None, port: int | None = None, device: str | None = None) -> None:
+def serve(model_name_or_path: str, host: str | None = None, port: int | None = None, device: str | None = None,
+          limits: Limits | None = None) -> None:
     """Serve the app until interrupted; `host` and `port` default to Gradio's (GRADIO_SERVER_NAME/PORT, else 127.0.0.1:7860)."""
     theme = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])  # no web fonts
-    build_app(model_name_or_path, device).launch(server_name=host, server_port=port, theme=theme)
+    build_app(model_name_or_path, device, limits).launch(server_name=host, server_port=port, theme=theme)
 
 
 if __name__ == "__main__":  # as a Space's app.py
     if not os.environ.get("MODEL_ID"):
         raise SystemExit("Set MODEL_ID to the model to serve: a Hub repository (user/name) or a model folder.")
-    serve(os.environ["MODEL_ID"])
+    try:
+        limits = Limits.from_environment()
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    serve(os.environ["MODEL_ID"], limits=limits)
