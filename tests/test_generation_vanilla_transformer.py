@@ -99,9 +99,11 @@ class ScriptedModel(VanillaTransformerForConditionalGeneration):
         return self.source_ids
 
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, encoder_outputs=None, cache=None,
-                **kwargs):
-        """transformers' loops call the whole model: the scripted network, then the identity projection."""
-        outputs = self.model(input_ids, attention_mask, decoder_input_ids, encoder_outputs, cache=cache, **kwargs)
+                past_key_values=None, **kwargs):
+        """transformers' loops call the whole model: the scripted network, then the identity projection.
+        Both names of the cache, as our model's `forward` takes them (transformers checks for them)."""
+        outputs = self.model(input_ids, attention_mask, decoder_input_ids, encoder_outputs, cache=cache,
+                             past_key_values=past_key_values, **kwargs)
         return Seq2SeqLMOutput(logits=outputs.last_hidden_state, **{CACHE_NAME: outputs[CACHE_NAME]})
 
 
