@@ -228,8 +228,9 @@ class Pair:
         self.marian.set_attn_implementation("eager")  # sdpa returns no attention weights
         self.inputs = self.tokenizer(SENTENCES[:3], padding=True, return_tensors="pt")
 
-    def generate(self, model, argument, mode):
-        value, companions = {**VALUES, **OUR_ARGUMENTS}[argument]
+    def generate(self, model, argument, mode, sentences=None):
+        """`argument` set on `model`'s call, with its companions (None: the first `sentences`, nothing set)."""
+        value, companions = {**VALUES, **OUR_ARGUMENTS}.get(argument, (None, {"sentences": sentences}))
         options = {"max_new_tokens": MAX_NEW_TOKENS, "num_beams": MODES[mode], **companions, argument: value}
         if argument in OUR_ARGUMENTS and model is self.marian:
             del options[argument]
@@ -288,7 +289,13 @@ def compare(pair, argument, mode):
         describe = lambda r: one_line(r) if isinstance(r, Exception) else type(r).__name__
         return "wrong", f"ours {describe(ours)}; Marian {describe(theirs)}"
     difference = same(ours, theirs)
-    return ("same output", "") if difference is None else ("wrong", difference)
+    if difference is not None:
+        return "wrong", difference
+    sequences = lambda output: output if isinstance(output, torch.Tensor) else output.sequences
+    sentences = {**VALUES, **OUR_ARGUMENTS}[argument][1].get("sentences")
+    plain = pair.generate(pair.ours, None, mode, sentences)  # the same call without the argument
+    changed = sequences(ours).shape != plain.shape or not torch.equal(sequences(ours), plain)
+    return "same output", "the argument changes it" if changed else ""
 
 
 @pytest.fixture(scope="module")
@@ -341,7 +348,8 @@ def table():
         for mode in MODES:
             result, detail = compare(pair, argument, mode)
             counts[result] += 1
-            cells.append(f"{result}: {detail[:160]}" if detail else result)
+            detail = detail if len(detail) < 120 else detail[:120] + "…"
+            cells.append((f"{result}: {detail}" if detail else result).replace("|", "\\|"))
         rows.append(f"| `{argument}` | {' | '.join(cells)} |")
     header = [f"transformers {transformers.__version__}: {len(rows) - len(OUR_ARGUMENTS)} arguments of transformers' "
               f"and {len(OUR_ARGUMENTS)} of ours, {sum(counts.values())} rows: "
@@ -351,4 +359,5 @@ def table():
 
 
 if __name__ == "__main__":
+    torch.set_num_threads(1)  # as the tests run (tests/conftest.py)
     sys.exit(print(table()))
