@@ -49,6 +49,14 @@ def chosen(model, options, style="transformers"):
     (dict(penalty_alpha=0.6, top_k=4), "contrastive search"),
     (dict(prompt_lookup_num_tokens=3), "assisted generation"),
     (dict(assistant_early_exit=1), "assisted generation"),
+    (dict(use_mtp=True), "assisted generation"),
+    (dict(is_assistant=True), "is_assistant"),
+    (dict(num_beams=2, assistant_model=object(), assistant_tokenizer=object()), "assistant_tokenizer"),
+    (dict(num_beams=2, is_assistant=True), "is_assistant"),
+    (dict(dola_layers="low"), "DoLa"),
+    (dict(token_healing=True), "token_healing"),
+    (dict(num_beams=2, low_memory=True), "low_memory"),
+    (dict(synced_gpus=True), "synced_gpus"),
     (dict(stop_strings=["x"]), "stop_strings"),
     (dict(streamer=object()), "streamer"),
     (dict(cache_implementation="static"), "static cache"),
@@ -58,6 +66,12 @@ def chosen(model, options, style="transformers"):
 ])
 def test_each_request_our_loops_cannot_serve_goes_to_transformers_loop_by_name(model, options, reason):
     assert chosen(model, options) == (None, reason)
+
+
+@pytest.mark.parametrize("options", [dict(assistant_model=object()), dict(prompt_lookup_num_tokens=3),
+                                     dict(dola_layers="low")])
+def test_options_transformers_ignores_with_beams_run_our_beam_search(model, options):
+    assert chosen(model, dict(options, num_beams=3)) == (beam_search, None)
 
 
 def test_plain_requests_run_our_loops(model):
@@ -96,7 +110,8 @@ def test_no_hypothesis_can_end_inside_the_source_length_cap(model, num_beams):
     assert out.shape == (2, 1 + 6 + 5) and not (out[:, 1:] == model.config.eos_token_id).any()
 
 
-@pytest.mark.parametrize("assistance", [dict(assistant_model="self"), dict(prompt_lookup_num_tokens=3)])
+@pytest.mark.parametrize("assistance", [dict(assistant_model="self"), dict(prompt_lookup_num_tokens=3),
+                                        dict(assistant_early_exit=1)])
 def test_assisted_greedy_search_gives_the_unassisted_tokens(model, assistance):
     assistance = {k: model if v == "self" else v for k, v in assistance.items()}
     input_ids = source(rows=1)
@@ -110,9 +125,20 @@ def test_assisted_sampling_runs(model):
     assert out.shape[0] == 1 and out.shape[1] <= 9
 
 
-def test_assisted_beam_search_is_refused_in_one_line(model):
-    with pytest.raises(ValueError, match=r"assistant_model.*num_beams=1\); got num_beams=2"):
-        model.generate(source(rows=1), num_beams=2, assistant_model=model)
+@pytest.mark.parametrize("assistance", [dict(assistant_model="self"), dict(prompt_lookup_num_tokens=3)])
+def test_assisted_beam_search_ignores_the_assistance_as_transformers_does(model, assistance):
+    assistance = {k: model if v == "self" else v for k, v in assistance.items()}
+    input_ids = source(rows=1)
+    plain = model.generate(input_ids, num_beams=2, max_new_tokens=12)
+    assert torch.equal(model.generate(input_ids, num_beams=2, max_new_tokens=12, **assistance), plain)
+    assert torch.equal(transformers_loop(model, input_ids, num_beams=2, max_new_tokens=12, **assistance), plain)
+
+
+def test_early_exit_leaves_the_model_whole(model):
+    """transformers lowers num_hidden_layers while the draft runs: the decoder runs that many layers."""
+    input_ids = source(rows=1)
+    model.generate(input_ids, max_new_tokens=4, assistant_early_exit=1)
+    assert model.config.decoder_layers == len(model.model.decoder.layers) == 2
 
 
 @pytest.mark.slow

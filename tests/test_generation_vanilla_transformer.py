@@ -98,9 +98,12 @@ class ScriptedModel(VanillaTransformerForConditionalGeneration):
     def get_encoder(self, modality=None):
         return self.source_ids
 
-    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, encoder_outputs=None, **kwargs):
-        """transformers' loops call the whole model: the scripted network, then the identity projection."""
-        outputs = self.model(input_ids, attention_mask, decoder_input_ids, encoder_outputs, **kwargs)
+    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, encoder_outputs=None, cache=None,
+                past_key_values=None, **kwargs):
+        """transformers' loops call the whole model: the scripted network, then the identity projection.
+        Both names of the cache, as our model's `forward` takes them (transformers checks for them)."""
+        outputs = self.model(input_ids, attention_mask, decoder_input_ids, encoder_outputs, cache=cache,
+                             past_key_values=past_key_values, **kwargs)
         return Seq2SeqLMOutput(logits=outputs.last_hidden_state, **{CACHE_NAME: outputs[CACHE_NAME]})
 
 
@@ -226,7 +229,7 @@ def test_real_network_same_output_alone_and_in_a_batch(toy_model):
     model = toy_model
     input_ids, attention_mask = padded_sources([9, 3, 6, 1])
     args = dict(num_beams=4, length_penalty=0.6, length_penalty_style="gnmt", max_length_offset=4,
-                return_dict_in_generate=True)
+                return_dict_in_generate=True, output_scores=True)
     together = model.generate(input_ids, attention_mask=attention_mask, **args)
     for i, n in enumerate(attention_mask.sum(1).tolist()):
         alone = model.generate(input_ids[i : i + 1, :n], **args)

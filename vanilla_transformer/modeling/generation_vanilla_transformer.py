@@ -74,8 +74,6 @@ from transformers.generation import (
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     SuppressTokensAtBeginLogitsProcessor,
-    StoppingCriteriaList,
-    StopStringCriteria,
     SuppressTokensLogitsProcessor,
 )
 from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
@@ -219,12 +217,6 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
     def setting(name, default=None):
         return _setting(name, kwargs, generation_config, model.generation_config, default)
 
-    if kwargs.get("stop_strings") is not None and kwargs.get("tokenizer") is not None:
-        # transformers would pass the tokenizer on to `forward`: the criterion it builds from it, built here
-        # (any loop applies stopping criteria).
-        kwargs["stopping_criteria"] = StoppingCriteriaList(
-            [*(kwargs.get("stopping_criteria") or []), StopStringCriteria(kwargs.pop("tokenizer"), kwargs.pop("stop_strings"))]
-        )
     search, _reason = choose_search(model, kwargs, setting, style)
     if search is not None:
         kwargs["custom_generate"] = search
@@ -242,6 +234,7 @@ def _assisted(kwargs, setting) -> bool:
         kwargs.get("assistant_model") is not None
         or bool(setting("prompt_lookup_num_tokens"))
         or setting("assistant_early_exit") is not None
+        or bool(setting("use_mtp", False))
         or bool(setting("is_assistant", False))
     )
 
@@ -255,19 +248,29 @@ HAND_OVERS = (
     ("constraints", lambda model, kwargs, setting: setting("constraints") is not None
      or setting("force_words_ids") is not None),
     ("contrastive search", lambda model, kwargs, setting: bool(setting("penalty_alpha"))),
-    ("assisted generation", lambda model, kwargs, setting: _assisted(kwargs, setting)),
+    ("is_assistant", lambda model, kwargs, setting: bool(setting("is_assistant", False))),
+    # transformers checks an assistant's tokenizer in its own loops (with beams too)
+    ("assistant_tokenizer", lambda model, kwargs, setting: kwargs.get("assistant_tokenizer") is not None),
     ("stop_strings", lambda model, kwargs, setting: setting("stop_strings") is not None),
     ("streamer", lambda model, kwargs, setting: kwargs.get("streamer") is not None),
     ("a cache passed in", lambda model, kwargs, setting: kwargs.get(CACHE_NAME) is not None),
     ("output_logits", lambda model, kwargs, setting: setting("output_logits", False)),
+    # transformers heals tokens with the tokenizer, which it hands only to its own loops
+    ("token_healing", lambda model, kwargs, setting: bool(setting("token_healing", False))),
+    # options transformers refuses or acts on in its own loop: its error, or its synchronisation across GPUs
+    ("low_memory", lambda model, kwargs, setting: bool(setting("low_memory", False))),
+    ("synced_gpus", lambda model, kwargs, setting: bool(kwargs.get("synced_gpus"))),
     # PEFT's prompt learning (prefix tuning) feeds its prefix through prepare_inputs_for_generation,
     # which only transformers' loop calls.
     ("PEFT's prepare_inputs_for_generation", lambda model, kwargs, setting:
      "prepare_inputs_for_generation" in vars(model)),
 )
 # Greedy search only: with a static cache transformers' loop compiles the decoder step (beam search
-# does not compile in transformers), and per-step outputs come from transformers' loop.
+# does not compile in transformers), and per-step outputs come from transformers' loop. transformers
+# assists (and runs DoLa for) greedy search and sampling only: with beams it ignores these, and so do we.
 GREEDY_HAND_OVERS = (
+    ("assisted generation", lambda model, kwargs, setting: _assisted(kwargs, setting)),
+    ("DoLa", lambda model, kwargs, setting: setting("dola_layers") is not None),
     ("static cache", lambda model, kwargs, setting: setting("cache_implementation") in ALL_STATIC_CACHE_IMPLEMENTATIONS),
     ("return_dict_in_generate", lambda model, kwargs, setting: setting("return_dict_in_generate", False)),
 )
@@ -277,9 +280,6 @@ def choose_search(model, kwargs, setting, style):
     """The loop that serves a `generate` request: (our search, None), or (None, the reason it goes to
     transformers' own loop). `setting(name, default)` reads an option as `generate` resolves it."""
     beams = setting("num_beams", 1)
-    if beams > 1 and _assisted(kwargs, setting):  # transformers would pass the assistant to forward
-        raise ValueError(f"Assisted generation (`assistant_model`, `prompt_lookup_num_tokens`) works with greedy "
-                         f"search and sampling (num_beams=1); got num_beams={beams}.")
     for reason, applies in HAND_OVERS + (GREEDY_HAND_OVERS if beams == 1 else ()):
         if applies(model, kwargs, setting):
             return None, reason
@@ -608,7 +608,7 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
     beam_indices = pad_sequence([h[2] for h in hypotheses], batch_first=True, padding_value=-1)
     return GenerateBeamEncoderDecoderOutput(
         sequences=sequences,
-        sequences_scores=torch.tensor([h[0] for h in hypotheses], device=device),
+        sequences_scores=torch.tensor([h[0] for h in hypotheses], device=device) if generation_config.output_scores else None,
         scores=tuple(step_scores) if generation_config.output_scores else None,
         beam_indices=beam_indices,
         encoder_attentions=encoder_outputs.attentions if output_attentions else None,

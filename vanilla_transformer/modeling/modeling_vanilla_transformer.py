@@ -527,6 +527,7 @@ class VanillaTransformerDecoder(nn.Module):
         super().__init__()
         self.embeddings = Embeddings(config, embed_tokens)
         self.layers = nn.ModuleList(DecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers))
+        self.config = config
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
         self.window = None if config.local_attention == "none" else config.attention_window
         self.local_m = config.local_attention == "local-m"  # local-p places its cross-attention window itself
@@ -590,7 +591,8 @@ class VanillaTransformerDecoder(nn.Module):
         if self.local_m:  # Luong's local-m: target position t looks at source t ± D (t clipped to the last token)
             memory_mask = self._local_m_mask(x.size(1), past_length, encoder_hidden_states.size(1), memory_mask, x.device)
         hidden_states, self_attentions, cross_attentions = [], [], []
-        for layer in self.layers:
+        # The first config.decoder_layers (num_hidden_layers): assistant_early_exit lowers it for its draft
+        for layer in self.layers[: self.config.decoder_layers]:
             if output_hidden_states:
                 hidden_states.append(x)
             x, self_weights, cross_weights = _run_layer(
@@ -863,6 +865,13 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         (`length_penalty_style="gnmt"`) and outputs capped at source length + `max_length_offset`."""
         from .generation_vanilla_transformer import generate  # decoding (§6.1) lives in its own file
         return generate(self, super().generate, inputs, generation_config, logits_processor, **kwargs)
+
+    def prepare_inputs_for_generation(self, *args, tokenizer=None, assistant_tokenizer=None, assistant_model=None,
+                                      **kwargs):
+        """transformers' own loops keep some of `generate`'s arguments among the model's inputs (the
+        tokenizers of stop strings and token healing, an assistant that beam search ignores); `forward`
+        takes none of them."""
+        return super().prepare_inputs_for_generation(*args, **kwargs)
 
     def _reorder_cache(self, cache, beam_idx):
         """Called by transformers' beam search after each step (its hook for models with their own way).
