@@ -6,8 +6,9 @@
 A task that cannot be solved without attending to the right source position: reverse a random sequence
 of 6 to 12 symbols. The tiny model (d_model 64, 2 + 2 layers, 4 heads, no dropout) is trained from the
 same initialisation on the same batches (seed 0, 64 sequences a step, Adam, lr 1e-3 after 50 warm-up steps)
-three times: soft attention (the reference), `attention_hardness="hard"` (straight-through Gumbel-softmax,
-Jang et al. 2017) and `"hard-reinforce"` (REINFORCE with a moving-average baseline, Williams 1992).
+with soft attention (the reference), `attention_hardness="hard"` (straight-through Gumbel-softmax,
+Jang et al. 2017), `"hard-reinforce"` (REINFORCE with a moving-average baseline, Williams 1992), and
+a control: hard attention whose scores get no gradient (REINFORCE's samples without its loss term).
 Every `steps // CURVE_POINTS` steps, 512 held-out sequences are scored in evaluation mode (hard attention
 then takes the argmax): perplexity and the share of target tokens predicted right under teacher forcing.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,8 +30,12 @@ from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForC
 
 from .common import environment, write_atomically
 
-ESTIMATORS = {"soft": "soft attention (reference)", "hard": "hard, straight-through Gumbel-softmax",
-              "hard-reinforce": "hard, REINFORCE with a baseline"}
+# Row -> (attention_hardness, its label). The last row is the control: REINFORCE's sampling without its
+# term in the loss, so that the scores get no gradient at all; what REINFORCE learns is what it learns beyond that.
+ESTIMATORS = {"soft": ("soft", "soft attention (reference)"),
+              "hard": ("hard", "hard, straight-through Gumbel-softmax"),
+              "hard-reinforce": ("hard-reinforce", "hard, REINFORCE with a baseline"),
+              "hard-untrained-scores": ("hard-reinforce", "hard, no estimator (control: the scores get no gradient)")}
 DEFAULT_STEPS = 300
 CURVE_POINTS = 6
 VOCAB, SYMBOLS = 32, range(3, 32)  # 0 <pad>, 1 <s>, 2 </s>
@@ -62,9 +68,10 @@ def evaluate(model, held_out: dict) -> dict:
     return {"perplexity": round(out.loss.exp().item(), 3), "accuracy": round(accuracy.item(), 4)}
 
 
-def train_one(hardness: str, steps: int, seed: int) -> dict:
+def train_one(row: str, steps: int, seed: int) -> dict:
     """Train one model from the seed's initialisation on the seed's batches; its held-out curve and speed."""
     torch.manual_seed(seed)
+    hardness = ESTIMATORS[row][0]
     config = VanillaTransformerConfig.tiny(vocab_size=VOCAB, dropout=0.0, attention_hardness=hardness)
     model = VanillaTransformerForConditionalGeneration(config).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.98))
@@ -73,7 +80,9 @@ def train_one(hardness: str, steps: int, seed: int) -> dict:
     every = max(1, steps // CURVE_POINTS)
     curve, losses, started = [], [], time.perf_counter()
     for step in range(1, steps + 1):
-        loss = model(**reversal_batch(BATCH, data)).loss
+        batch = reversal_batch(BATCH, data)
+        out = model(**batch)
+        loss = model.criterion(out.logits, batch["labels"], 0.0) if row == "hard-untrained-scores" else out.loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -82,7 +91,7 @@ def train_one(hardness: str, steps: int, seed: int) -> dict:
         if step % every == 0 or step == steps:
             curve.append({"step": step, "train_loss": round(sum(losses) / len(losses), 4), **evaluate(model, held_out)})
             losses = []
-            print(f"[hard attention] {hardness} step {step}: {curve[-1]}", file=sys.stderr, flush=True)
+            print(f"[hard attention] {row} step {step}: {curve[-1]}", file=sys.stderr, flush=True)
     return {"curve": curve, "seconds": round(time.perf_counter() - started, 1),
             "finite": all(torch.isfinite(p).all().item() for p in model.parameters())}
 
@@ -91,13 +100,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.hard_attention", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="training steps of every model (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="initialisation and data seed (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads; the tiny model gains nothing from more "
+                                                              "(default: %(default)s)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for the JSON and Markdown")
     args = parser.parse_args(argv)
-    if args.steps < 1:
-        parser.error(f"--steps must be a positive integer; got {args.steps}")
-    env = environment("cpu", torch.get_num_threads())
-    results = {hardness: train_one(hardness, args.steps, args.seed) for hardness in ESTIMATORS}
-    env["load_average_end"] = __import__("os").getloadavg()
+    for option in ("steps", "threads"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option} must be a positive integer; got {getattr(args, option)}")
+    torch.set_num_threads(args.threads)
+    env = environment("cpu", args.threads)
+    results = {row: train_one(row, args.steps, args.seed) for row in ESTIMATORS}
+    env["load_average_end"] = os.getloadavg()
     report = {"environment": env, "settings": {
         "command": "python -m benchmarks.hard_attention " + " ".join(argv if argv is not None else sys.argv[1:]),
         "steps": args.steps, "seed": args.seed, "batch": BATCH, "held_out": HELD_OUT, "lengths": LENGTHS,
@@ -130,11 +143,11 @@ def markdown(report: dict) -> str:
         "| attention | " + " | ".join(f"ppl / acc. @{step}" for step in steps) + " | seconds |",
         "|---|" + "---:|" * (len(steps) + 1),
     ]
-    for hardness, r in results.items():
+    for row, r in results.items():
         points = " | ".join(f"{p['perplexity']:,.2f} / {p['accuracy']:.2f}" for p in r["curve"])
-        lines.append(f"| {ESTIMATORS[hardness]} | {points} | {r['seconds']:.0f} |")
+        lines.append(f"| {ESTIMATORS[row][1]} | {points} | {r['seconds']:.0f} |")
     lines += ["", "Training loss (mean over each interval): " + "; ".join(
-        f"{hardness}: " + ", ".join(f"{p['train_loss']:.2f}" for p in r["curve"]) for hardness, r in results.items()), ""]
+        f"{row}: " + ", ".join(f"{p['train_loss']:.2f}" for p in r["curve"]) for row, r in results.items()), ""]
     return "\n".join(lines)
 
 

@@ -193,7 +193,7 @@ def test_hard_attention_estimators_benchmark_writes_its_curves(tmp_path):
     assert completed.returncode == 0, completed.stderr[-3000:]
     (json_path,) = tmp_path.glob("hard-attention-*-cpu.json")
     report = json.loads(json_path.read_text())
-    assert list(report["results"]) == ["soft", "hard", "hard-reinforce"]
+    assert list(report["results"]) == ["soft", "hard", "hard-reinforce", "hard-untrained-scores"]
     for r in report["results"].values():
         assert [point["step"] for point in r["curve"]] == [1, 2, 3, 4] and r["finite"]
         assert all(1 < point["perplexity"] < 1e3 and 0 <= point["accuracy"] <= 1 for point in r["curve"])
