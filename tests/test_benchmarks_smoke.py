@@ -115,7 +115,8 @@ def test_ctranslate2_decodes_in_a_process_of_its_own(tmp_path, hub_tiny_model):
 
 
 def test_score_function_study_writes_its_table_and_figure(tmp_path):
-    """`python -m benchmarks.score_functions` at smoke size: two score functions, two steps each."""
+    """`python -m benchmarks.score_functions` at smoke size: two score functions, two steps each, then a variant
+    appended to the report."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     completed = subprocess.run(
         [sys.executable, "-m", "benchmarks.score_functions", "--steps", "2", "--score-functions", "scaled_dot,location",
@@ -147,11 +148,56 @@ def test_score_function_study_writes_its_table_and_figure(tmp_path):
     assert results["location"]["parameters_added"] == blocks * (d * 256 - (d * d + d))
     assert results["scaled_dot"]["fused_kernel"] and not results["location"]["fused_kernel"]
     assert results["location"]["attention_kernels"] == ["explicit"]
-    image = matplotlib.image.imread(report["figure"])
+    assert {r["figure"] for r in results.values()} == {str(tmp_path / "figure.png")}
+    image = matplotlib.image.imread(tmp_path / "figure.png")
     assert image.shape[0] > 300 and image.shape[1] > 600 and image[..., :3].std() > 0.05
     markdown = md_path.read_text()
     for expected in ("| scaled_dot | ", "| location | ", "val. ppl @2", "no (explicit)", "yes (sdpa", "load average"):
         assert expected in markdown
+
+    # More rows in the same report: trained with its settings, the table and the figure redrawn with every row.
+    def append(*options):
+        return subprocess.run(
+            [sys.executable, "-m", "benchmarks.score_functions", "--append-to", str(json_path), "--threads", "1",
+             "--figure", str(tmp_path / "variants.png"), *options],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+        )
+
+    for options, message in ((["--steps", "3"], "leave out --steps"),
+                             (["--score-functions", "location"], "already has the row(s) location")):
+        refused = append(*options)
+        assert refused.returncode == 2 and message in refused.stderr.splitlines()[-1]
+    completed = append("--score-functions", "scaled_dot", "--variants", "hard-reinforce")
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    appended = json.loads(json_path.read_text())
+    name = "scaled_dot + hard (REINFORCE)"
+    assert list(appended["results"]) == ["scaled_dot", "location", name]
+    assert {key: results[key]["curve"] for key in results} == {key: appended["results"][key]["curve"] for key in results}
+    row = appended["results"][name]
+    assert row["config"] == {"attention_score": "scaled_dot", "attention_hardness": "hard-reinforce"}
+    assert [point["step"] for point in row["curve"]] == [1, 2] and row["test"]["translated"] == 4
+    assert row["parameters_added"] == 0 and not row["fused_kernel"] and row["run"]["command"].endswith("hard-reinforce")
+    assert {r["figure"] for r in appended["results"].values()} == {str(tmp_path / "variants.png")}
+    assert matplotlib.image.imread(tmp_path / "variants.png").shape[1] > image.shape[1]  # three panels across, not two
+    markdown = md_path.read_text()
+    assert f"| {name} | " in markdown and "Rows added to the report later" in markdown and "What so short a run" in markdown
+
+
+def test_hard_attention_estimators_benchmark_writes_its_curves(tmp_path):
+    """`python -m benchmarks.hard_attention` at smoke size: every estimator trains and is scored."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.hard_attention", "--steps", "4", "--out", str(tmp_path)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+        timeout=900,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    (json_path,) = tmp_path.glob("hard-attention-*-cpu.json")
+    report = json.loads(json_path.read_text())
+    assert list(report["results"]) == ["soft", "hard", "hard-reinforce", "hard-untrained-scores"]
+    for r in report["results"].values():
+        assert [point["step"] for point in r["curve"]] == [1, 2, 3, 4] and r["finite"]
+        assert all(1 < point["perplexity"] < 1e3 and 0 <= point["accuracy"] <= 1 for point in r["curve"])
+    assert "| hard, REINFORCE with a baseline | " in (tmp_path / json_path.with_suffix(".md").name).read_text()
 
 
 def test_big_corpus_benchmark_reaches_the_first_step_and_reuses_its_caches(tmp_path):
