@@ -108,6 +108,7 @@ class VanillaTransformerConfig(PretrainedConfig):
             at inference; in training "hard" samples with the straight-through Gumbel-softmax (Jang et al.
             2017), "hard-reinforce" samples from the softmax and trains the scores by REINFORCE (Williams
             1992; Xu et al. 2015), a sentence's loss minus a moving-average baseline rewarding its samples.
+            Straight-through trains; REINFORCE, measured beside it, does not (docs/attention.md): use "hard".
             Hard attention needs "softmax" normalisation.
         layer_norm_eps: epsilon of every LayerNorm.
         label_smoothing: epsilon_ls used when `labels` are given to the model. The paper trains with 0.1
