@@ -6,9 +6,10 @@
 A task that cannot be solved without attending to the right source position: reverse a random sequence
 of 6 to 12 symbols. The tiny model (d_model 64, 2 + 2 layers, 4 heads, no dropout) is trained from the
 same initialisation on the same batches (seed 0, 64 sequences a step, Adam, lr 1e-3 after 50 warm-up steps)
-with soft attention (the reference), `attention_hardness="hard"` (straight-through Gumbel-softmax,
-Jang et al. 2017), `"hard-reinforce"` (REINFORCE with a moving-average baseline, Williams 1992), and
-a control: hard attention whose scores get no gradient (REINFORCE's samples without its loss term).
+with soft attention (the reference), `attention_hardness="hard"` (the model's straight-through
+Gumbel-softmax, Jang et al. 2017), REINFORCE with a moving-average baseline (Williams 1992; `Reinforce`
+below: it did not train, so it lives here and not in the model), and a control: hard attention whose scores
+get no gradient (REINFORCE's samples without its loss term).
 At CURVE_POINTS evenly spaced steps, 512 held-out sequences are scored in evaluation mode (hard attention
 then takes the argmax): perplexity and the share of target tokens predicted right under teacher forcing.
 
@@ -24,18 +25,24 @@ import sys
 import time
 from pathlib import Path
 
+from contextlib import nullcontext
+from unittest import mock
+
 import torch
+import torch.nn.functional as F
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.modeling import modeling_vanilla_transformer
 
 from .common import environment, write_atomically
 
-# Row -> (attention_hardness, its label). The last row is the control: REINFORCE's sampling without its
-# term in the loss, so that the scores get no gradient at all; what REINFORCE learns is what it learns beyond that.
-ESTIMATORS = {"soft": ("soft", "soft attention (reference)"),
-              "hard": ("hard", "hard, straight-through Gumbel-softmax"),
-              "hard-reinforce": ("hard-reinforce", "hard, REINFORCE with a baseline"),
-              "hard-untrained-scores": ("hard-reinforce", "hard, no estimator (control: the scores get no gradient)")}
+# Row -> (attention_hardness, the estimator in training, its label). The last row is the control: REINFORCE's
+# sampling without its term in the loss, so that the scores get no gradient; REINFORCE must learn beyond it.
+ESTIMATORS = {"soft": ("soft", None, "soft attention (reference)"),
+              "hard": ("hard", None, "hard, straight-through Gumbel-softmax"),
+              "hard-reinforce": ("hard", "reinforce", "hard, REINFORCE with a baseline"),
+              "hard-untrained-scores": ("hard", "samples only", "hard, no estimator (control: the scores get no gradient)")}
+BASELINE_DECAY = 0.9  # REINFORCE's baseline follows the loss of about the last ten batches
 DEFAULT_STEPS = 1000  # straight-through reaches soft attention's accuracy by then; 300 steps leave it halfway
 CURVE_POINTS = 6
 VOCAB, SYMBOLS = 32, range(3, 32)  # 0 <pad>, 1 <s>, 2 </s>
@@ -68,11 +75,47 @@ def evaluate(model, held_out: dict) -> dict:
     return {"perplexity": round(out.loss.exp().item(), 3), "accuracy": round(accuracy.item(), 4)}
 
 
+class Reinforce:
+    """REINFORCE with a baseline (Williams 1992) for hard attention's sampled keys (Xu et al. 2015, §4.1).
+
+    While `installed`, every hard attention block in training samples its key from the softmax of the scores
+    with no gradient through the sample, and the sample's log-probability is kept. `term` then estimates the
+    scores' gradient as (L - b) · ∇ log p(samples): each sentence's loss L (its mean token NLL) against b, the
+    moving average of the batches' mean loss, times the log-probability of every key sampled for that sentence
+    (every layer, head and query). The term is 0 in value, so the reported loss stays the task's.
+    """
+
+    def __init__(self):
+        self.log_probs, self.baseline = [], None
+
+    def sample(self, module, scores):
+        if not module.training:
+            return F.one_hot(scores.argmax(dim=-1), scores.size(-1)).float()
+        samples = torch.distributions.Categorical(logits=scores.float())
+        choice = samples.sample()
+        self.log_probs.append(samples.log_prob(choice).sum(dim=(1, 2)))  # (B,)
+        return F.one_hot(choice, scores.size(-1)).float()
+
+    def installed(self):
+        return mock.patch.object(modeling_vanilla_transformer, "hard_attention", self.sample)
+
+    def term(self, logits, labels):
+        log_prob, self.log_probs = sum(self.log_probs), []
+        with torch.no_grad():
+            token_loss = F.cross_entropy(logits.float().transpose(1, 2), labels, reduction="none")  # (B, T); 0 at -100
+            sentence_loss = token_loss.sum(-1) / (labels != -100).sum(-1).clamp_min(1)
+            baseline = sentence_loss.mean() if self.baseline is None else self.baseline
+            self.baseline = BASELINE_DECAY * baseline + (1 - BASELINE_DECAY) * sentence_loss.mean()
+        surrogate = ((sentence_loss - baseline) * log_prob).mean()
+        return surrogate - surrogate.detach()
+
+
 def train_one(row: str, steps: int, seed: int) -> dict:
     """Train one model from the seed's initialisation on the seed's batches; its held-out curve and speed."""
     torch.manual_seed(seed)
-    hardness = ESTIMATORS[row][0]
+    hardness, estimator, _ = ESTIMATORS[row]
     config = VanillaTransformerConfig.tiny(vocab_size=VOCAB, dropout=0.0, attention_hardness=hardness)
+    reinforce = Reinforce() if estimator else None
     model = VanillaTransformerForConditionalGeneration(config).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.98))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / WARMUP))
@@ -81,8 +124,13 @@ def train_one(row: str, steps: int, seed: int) -> dict:
     curve, losses, started = [], [], time.perf_counter()
     for step in range(1, steps + 1):
         batch = reversal_batch(BATCH, data)
-        out = model(**batch)
-        loss = model.criterion(out.logits, batch["labels"], 0.0) if row == "hard-untrained-scores" else out.loss
+        with reinforce.installed() if reinforce else nullcontext():
+            out = model(**batch)
+        loss = out.loss
+        if estimator == "reinforce":
+            loss = loss + reinforce.term(out.logits, batch["labels"])
+        elif reinforce:  # the control: the samples' log-probabilities are dropped, the scores learn nothing
+            reinforce.log_probs = []
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -145,7 +193,7 @@ def markdown(report: dict) -> str:
     ]
     for row, r in results.items():
         points = " | ".join(f"{p['perplexity']:,.2f} / {p['accuracy']:.2f}" for p in r["curve"])
-        lines.append(f"| {ESTIMATORS[row][1]} | {points} | {r['seconds']:.0f} |")
+        lines.append(f"| {ESTIMATORS[row][2]} | {points} | {r['seconds']:.0f} |")
     lines += ["", "Training loss (mean over each interval): " + "; ".join(
         f"{row}: " + ", ".join(f"{p['train_loss']:.2f}" for p in r["curve"]) for row, r in results.items()), ""]
     return "\n".join(lines)

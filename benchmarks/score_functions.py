@@ -3,7 +3,7 @@
     python -m benchmarks.score_functions              # all six, 400 steps each (see DEFAULT_STEPS): 66 minutes on 2 CPU cores
     python -m benchmarks.score_functions --steps 20 --score-functions scaled_dot,location --test-samples 16
     python -m benchmarks.score_functions --append-to benchmarks/results/score-functions-2026-11-23-cpu.json \
-        --score-functions scaled_dot --variants hard,hard-reinforce,local-m,local-p,relu,sparsemax \
+        --score-functions scaled_dot --variants hard,local-m,local-p,relu,sparsemax \
         --figure docs/score-functions-variants.png     # more rows in an existing report, its settings reused
 
 The quickstart's small model (quickstart.SIZES["small"]: 4 heads, 8k joint BPE; d_model 256, 3 + 3 layers
@@ -80,7 +80,6 @@ SMALL = SIZES["small"]
 VARIANTS = {
     "none": ({}, ""),
     "hard": ({"attention_hardness": "hard"}, "hard (straight-through Gumbel)"),
-    "hard-reinforce": ({"attention_hardness": "hard-reinforce"}, "hard (REINFORCE)"),
     "local-m": ({"local_attention": "local-m"}, "local-m (D={window})"),
     "local-p": ({"local_attention": "local-p"}, "local-p (D={window})"),
     "relu": ({"attention_normalization": "relu"}, "relu"),

@@ -167,16 +167,16 @@ def test_score_function_study_writes_its_table_and_figure(tmp_path):
                              (["--score-functions", "location"], "already has the row(s) location")):
         refused = append(*options)
         assert refused.returncode == 2 and message in refused.stderr.splitlines()[-1]
-    completed = append("--score-functions", "scaled_dot", "--variants", "hard-reinforce")
+    completed = append("--score-functions", "scaled_dot", "--variants", "hard")
     assert completed.returncode == 0, completed.stderr[-3000:]
     appended = json.loads(json_path.read_text())
-    name = "scaled_dot + hard (REINFORCE)"
+    name = "scaled_dot + hard (straight-through Gumbel)"
     assert list(appended["results"]) == ["scaled_dot", "location", name]
     assert {key: results[key]["curve"] for key in results} == {key: appended["results"][key]["curve"] for key in results}
     row = appended["results"][name]
-    assert row["config"] == {"attention_score": "scaled_dot", "attention_hardness": "hard-reinforce"}
+    assert row["config"] == {"attention_score": "scaled_dot", "attention_hardness": "hard"}
     assert [point["step"] for point in row["curve"]] == [1, 2] and row["test"]["translated"] == 4
-    assert row["parameters_added"] == 0 and not row["fused_kernel"] and row["run"]["command"].endswith("hard-reinforce")
+    assert row["parameters_added"] == 0 and not row["fused_kernel"] and row["run"]["command"].endswith("--variants hard")
     assert {r["figure"] for r in appended["results"].values()} == {str(tmp_path / "variants.png")}
     assert matplotlib.image.imread(tmp_path / "variants.png").shape[1] > image.shape[1]  # three panels across, not two
     markdown = md_path.read_text()

@@ -17,7 +17,7 @@ from transformers import PretrainedConfig
 ATTENTION_SCORES = ("scaled_dot", "dot", "general", "additive", "cosine", "location")
 ATTENTION_NORMALIZATIONS = ("softmax", "relu", "sparsemax")
 LOCAL_ATTENTIONS = ("none", "local-m", "local-p")
-ATTENTION_HARDNESSES = ("soft", "hard", "hard-reinforce")
+ATTENTION_HARDNESSES = ("soft", "hard")
 POSITION_ENCODINGS = ("sinusoidal", "learned")
 NORM_POSITIONS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu")
@@ -104,10 +104,8 @@ class VanillaTransformerConfig(PretrainedConfig):
             t with source position t (clipped to the source's last token), and "local-p" predicts it,
             p_t = S·sigmoid(v_p^T tanh(W_p q_t)), and weights the window by a Gaussian of sigma = D/2.
         attention_window: D, the half-width of the local window (used when `local_attention` is not "none").
-        attention_hardness: "soft" (weights spread over keys) or hard, each query taking one key: the argmax
-            at inference; in training "hard" samples with the straight-through Gumbel-softmax (Jang et al.
-            2017), "hard-reinforce" samples from the softmax and trains the scores by REINFORCE (Williams
-            1992; Xu et al. 2015), a sentence's loss minus a moving-average baseline rewarding its samples.
+        attention_hardness: "soft" (weights spread over keys) or "hard" (each query takes one key: the
+            argmax at inference, a straight-through Gumbel-softmax sample in training, Jang et al. 2017).
             Straight-through trains; REINFORCE, measured beside it, does not (docs/attention.md): use "hard".
             Hard attention needs "softmax" normalisation.
         layer_norm_eps: epsilon of every LayerNorm.
@@ -174,9 +172,9 @@ class VanillaTransformerConfig(PretrainedConfig):
         _check_choice("attention_normalization", attention_normalization, ATTENTION_NORMALIZATIONS)
         _check_choice("local_attention", local_attention, LOCAL_ATTENTIONS)
         _check_choice("attention_hardness", attention_hardness, ATTENTION_HARDNESSES)
-        if attention_hardness != "soft" and attention_normalization != "softmax":
+        if attention_hardness == "hard" and attention_normalization != "softmax":
             raise ValueError(
-                f'`attention_hardness`={attention_hardness!r} picks one key by a softmax sample; it cannot be combined with '
+                f'`attention_hardness`="hard" picks one key by a (Gumbel-)softmax sample; it cannot be combined with '
                 f'`attention_normalization`={attention_normalization!r} (use "softmax").'
             )
         _check_choice("position_encoding", position_encoding, POSITION_ENCODINGS)

@@ -156,19 +156,13 @@ ATTENTION_NORMALIZATIONS = {"softmax": softmax_normalization, "relu": relu_norma
 def hard_attention(module, scores):
     """Hard attention (Xu et al. 2015): each query takes exactly one key, its weights one-hot (B, H, T, S).
 
-    Inference takes the best-scoring key. Training samples a key from the softmax of the scores:
-    "hard" by the straight-through Gumbel-softmax (Jang et al. 2017), the forward pass one-hot, the
-    gradient the softmax's; "hard-reinforce" passes no gradient through the sample and keeps its
-    log-probability (B, H, T) for the REINFORCE term of the loss (`reinforce_surrogate`).
+    Inference takes the best-scoring key. Training samples with the straight-through Gumbel-softmax
+    (Jang et al. 2017): the forward pass is one-hot, the gradient is the softmax's. (REINFORCE, the other
+    estimator, did not train: docs/attention.md.)
     """
-    if not module.training:
-        return F.one_hot(scores.argmax(dim=-1), scores.size(-1)).float()
-    if module.hardness == "hard":
+    if module.training:
         return F.gumbel_softmax(scores.float(), hard=True)
-    samples = torch.distributions.Categorical(logits=scores.float())
-    choice = samples.sample()
-    module.sampled_log_prob = samples.log_prob(choice)
-    return F.one_hot(choice, scores.size(-1)).float()
+    return F.one_hot(scores.argmax(dim=-1), scores.size(-1)).float()
 
 
 def local_window(positions, keys: int, window: int):
@@ -251,9 +245,7 @@ class MultiHeadAttention(nn.Module):
         self.layer_idx = layer_idx
         self.attention_dropout = config.attention_dropout
         self.score_name = config.attention_score
-        self.hardness = config.attention_hardness
-        self.hard = self.hardness != "soft"
-        self.sampled_log_prob = None  # "hard-reinforce" in training: the last forward's samples, for the loss
+        self.hard = config.attention_hardness == "hard"
         # local-p predicts where to look in the source; in self-attention the aligned position is the query's own.
         self.predicts_position = is_cross_attention and config.local_attention == "local-p"
         self.fusable = config.attention_normalization == "softmax" and not self.hard and not self.predicts_position
@@ -643,32 +635,6 @@ class LabelSmoothedCrossEntropy(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), label_smoothing=epsilon)
 
 
-REINFORCE_BASELINE_DECAY = 0.9  # the baseline follows the loss of about the last ten batches
-
-
-def reinforce_surrogate(model, logits, labels):
-    """REINFORCE with a baseline (Williams 1992) for hard attention's sampled keys (Xu et al. 2015, §4.1).
-
-    The samples are not differentiable; their gradient is estimated as (L - b) · ∇ log p(samples): each
-    sentence's loss L (its mean token NLL) against a baseline b, the moving average of the batches'
-    mean loss, times the log-probability of every key sampled for that sentence (every layer, head and
-    query). Returns a term that is 0 in value, so the reported loss stays the task's, and carries that gradient.
-    """
-    modules = [m for m in model.modules() if isinstance(m, MultiHeadAttention) and m.sampled_log_prob is not None]
-    if not modules:
-        return logits.new_zeros(())
-    log_prob = sum(m.sampled_log_prob.sum(dim=(1, 2)) for m in modules)  # (B,)
-    for m in modules:
-        m.sampled_log_prob = None  # the graph is freed with the loss
-    with torch.no_grad():
-        token_loss = F.cross_entropy(logits.float().transpose(1, 2), labels, reduction="none")  # (B, T); 0 at -100
-        sentence_loss = token_loss.sum(-1) / (labels != -100).sum(-1).clamp_min(1)
-        baseline = sentence_loss.mean() if model.reinforce_baseline is None else model.reinforce_baseline
-        model.reinforce_baseline = REINFORCE_BASELINE_DECAY * baseline + (1 - REINFORCE_BASELINE_DECAY) * sentence_loss.mean()
-    surrogate = ((sentence_loss - baseline) * log_prob).mean()
-    return surrogate - surrogate.detach()
-
-
 # --------------------------------------------------------------------------------------
 # The models transformers loads: AutoModel (encoder and decoder) and AutoModelForSeq2SeqLM
 # --------------------------------------------------------------------------------------
@@ -869,7 +835,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         self.model = VanillaTransformerModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.criterion = LabelSmoothedCrossEntropy()
-        self.reinforce_baseline = None  # "hard-reinforce": the moving average of the training loss
         if config.tie_word_embeddings:
             self._tied_weights_keys = {
                 "lm_head.weight": "model.shared.weight",
@@ -941,8 +906,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         loss = None
         if labels is not None:
             loss = self.criterion(logits, labels, self.config.label_smoothing)  # §5.4
-            if self.training and self.config.attention_hardness == "hard-reinforce":
-                loss = loss + reinforce_surrogate(self, logits, labels)
         # Everything the base model returned (caches, attentions, hidden states), the logits in place of
         # the last hidden state.
         passed_on = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
