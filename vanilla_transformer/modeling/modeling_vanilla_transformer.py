@@ -20,6 +20,7 @@ only the standard library, torch and the public API of transformers.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import shutil
 from pathlib import Path
@@ -593,7 +594,7 @@ class VanillaTransformerDecoder(nn.Module):
             memory_mask = self._local_m_mask(x.size(1), past_length, encoder_hidden_states.size(1), memory_mask, x.device)
         hidden_states, self_attentions, cross_attentions = [], [], []
         # The first config.decoder_layers (num_hidden_layers): assistant_early_exit lowers it for its draft
-        for layer in self.layers[: self.config.decoder_layers]:
+        for layer in itertools.islice(self.layers, self.config.decoder_layers):  # a ModuleList slice builds a module each step
             if output_hidden_states:
                 hidden_states.append(x)
             x, self_weights, cross_weights = _run_layer(
