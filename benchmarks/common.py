@@ -201,6 +201,11 @@ def environment(device: str, threads: int) -> dict:
     return info
 
 
+def load_text(average) -> str:
+    """A load average (1, 5, 15 minutes) as the reports print it."""
+    return ", ".join(f"{value:.2f}" for value in average)
+
+
 def write_atomically(path: Path, text: str) -> Path:
     """Write `text` to `path` through a temporary file beside it: never a half-written report."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling import modeling_vanilla_transformer
 
-from .common import environment, write_atomically
+from .common import environment, load_text, write_atomically
 
 # Row -> (attention_hardness, the estimator in training, its label). The last row is the control: REINFORCE's
 # sampling without its term in the loss, so that the scores get no gradient; REINFORCE must learn beyond it.
@@ -174,12 +174,11 @@ def main(argv: list[str] | None = None) -> dict:
 def markdown(report: dict) -> str:
     env, settings, results = report["environment"], report["settings"], report["results"]
     steps = [point["step"] for point in results["soft"]["curve"]]
-    load = lambda average: ", ".join(f"{value:.2f}" for value in average)  # noqa: E731
     lines = [
         f"# Hard attention's estimators, {env['date']}, {env['cpu']}",
         "",
-        f"Machine: {env['cpu']}, {env['threads']} threads, load average {load(env['load_average_start'])} at the start, "
-        f"{load(env['load_average_end'])} at the end; torch {env['torch']}, transformers {env['transformers']}. "
+        f"Machine: {env['cpu']}, {env['threads']} threads, load average {load_text(env['load_average_start'])} at the start, "
+        f"{load_text(env['load_average_end'])} at the end; torch {env['torch']}, transformers {env['transformers']}. "
         f"`{settings['command'].strip()}`.",
         "",
         f"Task: reverse a random sequence of {settings['lengths'][0]} to {settings['lengths'][1]} symbols (29 symbols). "

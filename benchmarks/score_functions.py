@@ -61,7 +61,7 @@ from vanilla_transformer.tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
 from vanilla_transformer.training.loop import train
 
 from . import training as training_benchmark
-from .common import by_length, environment, model_config, pairs, peak_memory_mb, summary, token_batch, write_atomically
+from .common import by_length, environment, load_text, model_config, pairs, peak_memory_mb, summary, token_batch, write_atomically
 from .decoding import ROWS, translate
 
 # Steps, not minutes. 400 steps for all six took 66.0 minutes on 2 CPU cores (AMD EPYC, 2026-11-23): about
@@ -350,12 +350,11 @@ def markdown(report: dict) -> str:
     env, settings, results = report["environment"], report["settings"], report["results"]
     steps = [point["step"] for point in next(iter(results.values()))["curve"]]
     model = settings["model"]
-    load = lambda average: ", ".join(f"{value:.2f}" for value in average)  # noqa: E731
     lines = [
         f"# Score functions, {env['date']}, {env.get('gpu') or env['cpu']}",
         "",
         f"Machine: {env['cpu']}, {env['cpu_count']} cores, {env['threads']} threads; {env['platform']}; load average "
-        f"(1, 5, 15 min) {load(env['load_average_start'])} at the start, {load(env['load_average_end'])} at the end. "
+        f"(1, 5, 15 min) {load_text(env['load_average_start'])} at the start, {load_text(env['load_average_end'])} at the end. "
         f"Python {env['python']}, torch {env['torch']}, transformers {env['transformers']}. "
         f"`{settings['command'].strip()}` took {report['seconds'] / 60:.1f} min.",
         "",
@@ -388,8 +387,8 @@ def markdown(report: dict) -> str:
     added = {name: r["run"] for name, r in results.items() if "run" in r}
     if added:
         lines += ["", "Rows added to the report later (`--append-to`), with the settings above, each on its own run:", ""]
-        lines += [f"- {name}: {run['date']}, {run['cpu']}, {run['threads']} threads, load average {load(run['load_average_start'])} "
-                  f"at the start, {load(run['load_average_end'])} at the end; torch {run['torch']}, transformers "
+        lines += [f"- {name}: {run['date']}, {run['cpu']}, {run['threads']} threads, load average {load_text(run['load_average_start'])} "
+                  f"at the start, {load_text(run['load_average_end'])} at the end; torch {run['torch']}, transformers "
                   f"{run['transformers']}; `{run['command'].strip()}`." for name, run in added.items()]
     lines += [
         "",
