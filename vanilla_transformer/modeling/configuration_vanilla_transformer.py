@@ -32,38 +32,35 @@ PRESETS = {
 }
 
 
+# What each field takes; VanillaTransformerConfig._validate refuses anything else, naming the field.
+CHOICES = {
+    "attention_score": ATTENTION_SCORES,
+    "attention_normalization": ATTENTION_NORMALIZATIONS,
+    "local_attention": LOCAL_ATTENTIONS,
+    "attention_hardness": ATTENTION_HARDNESSES,
+    "position_encoding": POSITION_ENCODINGS,
+    "norm_position": NORM_POSITIONS,
+    "activation": ACTIVATIONS,
+}
+SIZES = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "num_heads", "d_ff", "max_position_embeddings",
+         "location_max_length", "attention_window")
+PROBABILITIES = ("dropout", "attention_dropout", "label_smoothing")
+FLAGS = ("scale_embedding", "tie_word_embeddings", "use_cache", "fast_paths")
+TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+OPTIONAL_STRINGS = ("source_lang", "target_lang", "dataset_name")
+
+
 def _check_choice(name: str, value, allowed) -> None:
     if value not in allowed:
         raise ValueError(f"`{name}` must be one of {', '.join(map(repr, allowed))}; got {value!r}.")
 
 
+def _is_int(value) -> bool:  # True and False are ints to Python, not sizes or token ids
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check_sizes(**sizes) -> None:
-    for name, value in sizes.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
-
-
-def _check_probabilities(**probabilities) -> None:
-    for name, value in probabilities.items():
-        if not _is_number(value) or not 0 <= value < 1:
-            raise ValueError(f"`{name}` must be a number in [0, 1); got {value!r}.")
-
-
-def _check_flags(**flags) -> None:
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise ValueError(f"`{name}` must be true or false; got {value!r}.")
-
-
-def _check_token_ids(vocab_size: int, **ids) -> None:
-    """Special tokens must be rows of the embedding table (None: not used)."""
-    for name, value in ids.items():
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < vocab_size):
-            raise ValueError(f"`{name}` must be a token id in [0, vocab_size={vocab_size}); got {value!r}.")
 
 
 class VanillaTransformerConfig(PretrainedConfig):
@@ -167,38 +164,6 @@ class VanillaTransformerConfig(PretrainedConfig):
         fast_paths: bool = True,
         **kwargs,
     ):
-        _check_choice("attention_score", attention_score, ATTENTION_SCORES)
-        local_attention = "none" if local_attention is None else local_attention
-        _check_choice("attention_normalization", attention_normalization, ATTENTION_NORMALIZATIONS)
-        _check_choice("local_attention", local_attention, LOCAL_ATTENTIONS)
-        _check_choice("attention_hardness", attention_hardness, ATTENTION_HARDNESSES)
-        if attention_hardness == "hard" and attention_normalization != "softmax":
-            raise ValueError(
-                f'`attention_hardness`="hard" picks one key by a (Gumbel-)softmax sample; it cannot be combined with '
-                f'`attention_normalization`={attention_normalization!r} (use "softmax").'
-            )
-        _check_choice("position_encoding", position_encoding, POSITION_ENCODINGS)
-        _check_choice("norm_position", norm_position, NORM_POSITIONS)
-        _check_choice("activation", activation, ACTIVATIONS)
-        _check_sizes(vocab_size=vocab_size, d_model=d_model, encoder_layers=encoder_layers,
-                     decoder_layers=decoder_layers, num_heads=num_heads, d_ff=d_ff,
-                     max_position_embeddings=max_position_embeddings, location_max_length=location_max_length,
-                     attention_window=attention_window)
-        if d_model % num_heads:
-            raise ValueError(f"`d_model` ({d_model}) must be divisible by `num_heads` ({num_heads}).")
-        _check_probabilities(dropout=dropout, attention_dropout=attention_dropout, label_smoothing=label_smoothing)
-        if not _is_number(layer_norm_eps) or layer_norm_eps <= 0:
-            raise ValueError(f"`layer_norm_eps` must be a positive number; got {layer_norm_eps!r}.")
-        _check_flags(scale_embedding=scale_embedding, tie_word_embeddings=tie_word_embeddings, use_cache=use_cache,
-                     fast_paths=fast_paths)
-        if pad_token_id is None:
-            raise ValueError("`pad_token_id` must be a token id; got None (padding and the decoder start need one).")
-        _check_token_ids(vocab_size, pad_token_id=pad_token_id, bos_token_id=bos_token_id,
-                         eos_token_id=eos_token_id, decoder_start_token_id=decoder_start_token_id)
-        for name, value in (("source_lang", source_lang), ("target_lang", target_lang), ("dataset_name", dataset_name)):
-            if value is not None and not isinstance(value, str):
-                raise ValueError(f"`{name}` must be a string or None; got {value!r}.")
-
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.encoder_layers = encoder_layers
@@ -215,7 +180,7 @@ class VanillaTransformerConfig(PretrainedConfig):
         self.attention_score = attention_score
         self.location_max_length = location_max_length
         self.attention_normalization = attention_normalization
-        self.local_attention = local_attention
+        self.local_attention = "none" if local_attention is None else local_attention
         self.attention_window = attention_window
         self.attention_hardness = attention_hardness
         self.layer_norm_eps = layer_norm_eps
@@ -231,7 +196,41 @@ class VanillaTransformerConfig(PretrainedConfig):
         self.target_lang = target_lang
         self.dataset_name = dataset_name
         self.fast_paths = fast_paths
+        self._validate()
         super().__init__(is_encoder_decoder=is_encoder_decoder, **kwargs)
+
+    def _validate(self) -> None:
+        """A value the model cannot be built with is a ValueError naming the field and what it takes, here
+        rather than deep inside the first forward pass."""
+        for name, allowed in CHOICES.items():
+            _check_choice(name, getattr(self, name), allowed)
+        if self.attention_hardness == "hard" and self.attention_normalization != "softmax":
+            raise ValueError(
+                f'`attention_hardness`="hard" picks one key by a (Gumbel-)softmax sample; it cannot be combined with '
+                f'`attention_normalization`={self.attention_normalization!r} (use "softmax").'
+            )
+        for name in SIZES:
+            if not _is_int(value := getattr(self, name)) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
+        if self.d_model % self.num_heads:
+            raise ValueError(f"`d_model` ({self.d_model}) must be divisible by `num_heads` ({self.num_heads}).")
+        for name in PROBABILITIES:
+            if not _is_number(value := getattr(self, name)) or not 0 <= value < 1:
+                raise ValueError(f"`{name}` must be a number in [0, 1); got {value!r}.")
+        if not _is_number(self.layer_norm_eps) or self.layer_norm_eps <= 0:
+            raise ValueError(f"`layer_norm_eps` must be a positive number; got {self.layer_norm_eps!r}.")
+        for name in FLAGS:
+            if not isinstance(value := getattr(self, name), bool):
+                raise ValueError(f"`{name}` must be true or false; got {value!r}.")
+        if self.pad_token_id is None:
+            raise ValueError("`pad_token_id` must be a token id; got None (padding and the decoder start need one).")
+        for name in TOKEN_IDS:  # rows of the embedding table, or None: not used
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or not 0 <= value < self.vocab_size):
+                raise ValueError(f"`{name}` must be a token id in [0, vocab_size={self.vocab_size}); got {value!r}.")
+        for name in OPTIONAL_STRINGS:
+            if (value := getattr(self, name)) is not None and not isinstance(value, str):
+                raise ValueError(f"`{name}` must be a string or None; got {value!r}.")
 
     @property
     def head_dim(self) -> int:
