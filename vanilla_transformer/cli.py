@@ -2,7 +2,10 @@
 
 Each sub-command has an `_add_<name>` function that declares its arguments and
 points `func` at the code that runs it; heavy imports happen inside the
-runners so that `vanilla-transformer --help` stays instant.
+runners so that `vanilla-transformer --help` stays instant. An option several
+commands take is declared once (`_add_data_options`, `_add_vocab_size`,
+`_add_beam_options`, `_add_decoding_options`); `train`'s options come in
+argument groups, one function each (`_train_<what>_group`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,41 @@ def _refuse(parser: argparse.ArgumentParser, err: Exception) -> NoReturn:
     parser.exit(1 if full else 2, f"{parser.prog}: error: {err}\n")
 
 
+def _add_data_options(
+    p: argparse.ArgumentParser, reads: str, languages: str = "the corpus pair, or the two keys there are",
+    text_files: bool = False,
+) -> argparse._ArgumentGroup:
+    """The data set and its two language keys, as `train`, `evaluate` and `train-tokenizer` read them
+    (`reads`: what the command reads of it; `text_files`: or plain text files instead). Returns the group,
+    for the command's own data options."""
+    data = p.add_argument_group("data")
+    source = data.add_mutually_exclusive_group() if text_files else data
+    source.add_argument(
+        "--dataset", default="bible-en-es",
+        help="embedded corpus (bible-en-es, bible-en-fr), local .json/.jsonl/.csv/.tsv/.parquet file (optionally .gz) "
+        "or folder of split files ({'translation': {lang: text}} rows or one column per language), save_to_disk "
+        f"folder, or Hub data set name (default: %(default)s); {reads}",
+    )
+    if text_files:
+        source.add_argument("--text-files", nargs="+", metavar="FILE",
+                            help="plain UTF-8 text files, one text per line, instead of --dataset")
+    data.add_argument("--dataset-config", help="Hub data set configuration, e.g. de-en")
+    data.add_argument("--source-lang", help=f"source language key (default: {languages})")
+    data.add_argument("--target-lang", help="target language key")
+    return data
+
+
+def _add_vocab_size(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--vocab-size",
+        type=int,
+        default=8000,  # DEFAULT_VOCAB_SIZE, not imported so that --help stays instant
+        help="size of a new joint vocabulary (default: %(default)s). The paper's 37k was for 4.5M pairs; on the "
+        "~29k-pair Bible corpora larger vocabularies shorten sequences little while many entries are too rare "
+        "to train (docs/tokenizer.md)",
+    )
+
+
 def _add_train_tokenizer(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train-tokenizer",
@@ -29,30 +67,13 @@ def _add_train_tokenizer(sub: argparse._SubParsersAction) -> None:
         description="Learn one byte-level BPE vocabulary shared by the source and target languages "
         "(lossless: decode(encode(x)) == x for any text) and save it as a transformers tokenizer folder.",
     )
-    source = p.add_mutually_exclusive_group()
-    source.add_argument(
-        "--dataset",
-        default="bible-en-es",
-        help="embedded corpus (bible-en-es, bible-en-fr), local .json/.jsonl/.csv/.tsv/.parquet file "
-        "(optionally .gz), folder of split files or save_to_disk folder, or Hub data set name "
-        "(default: %(default)s); both language sides of its train split are read",
-    )
-    source.add_argument(
-        "--text-files", nargs="+", metavar="FILE", help="plain UTF-8 text files, one text per line, instead of --dataset"
-    )
-    p.add_argument("--dataset-config", help="Hub data set configuration, e.g. de-en")
-    p.add_argument("--source-lang", help="source language key (default: the corpus pair, or all keys of the data set)")
-    p.add_argument("--target-lang", help="target language key")
-    p.add_argument(
-        "--vocab-size",
-        type=int,
-        default=8000,  # DEFAULT_VOCAB_SIZE, not imported so that --help stays instant
-        help="joint vocabulary size (default: %(default)s). The paper's 37k was for 4.5M pairs; on the "
-        "~29k-pair Bible corpora larger vocabularies shorten sequences little while many entries are too rare "
-        "to train (docs/tokenizer.md)",
-    )
-    p.add_argument("--min-frequency", type=int, default=2, help="least count of a pair to merge (default: %(default)s)")
-    p.add_argument(
+    _add_data_options(p, reads="both language sides of its train split are read",
+                      languages="the corpus pair, or all keys of the data set", text_files=True)
+    vocabulary = p.add_argument_group("vocabulary")
+    _add_vocab_size(vocabulary)
+    vocabulary.add_argument("--min-frequency", type=int, default=2,
+                            help="least count of a pair to merge (default: %(default)s)")
+    vocabulary.add_argument(
         "--special-tokens", nargs="*", default=[], metavar="TOKEN",
         help="extra special tokens after <pad> <s> </s> <unk>, e.g. language tags",
     )
@@ -106,6 +127,8 @@ def _add_train_tokenizer(sub: argparse._SubParsersAction) -> None:
 def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
+        # Every option in the usage line would fill a screen; they follow, by group.
+        usage="%(prog)s --output-dir OUTPUT_DIR [option ...]",
         help="train a model from scratch, fine-tune one, or resume a run (also under `accelerate launch`)",
         description="Train the paper's Transformer with its recipe (§5): token-count batches, Adam with the "
         "warm-up / inverse-square-root schedule, label smoothing, checkpoint averaging, beam-search BLEU. "
@@ -114,25 +137,49 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     )
     # One option per TrainingArguments field, with its default written out (importing it would slow --help);
     # tests/training/test_options.py holds the two equal.
-    data = p.add_argument_group("data")
-    data.add_argument(
-        "--dataset", default="bible-en-es",
-        help="embedded corpus (bible-en-es, bible-en-fr), local .json/.jsonl/.csv/.tsv/.parquet file or folder of "
-        "split files ({'translation': {lang: text}} rows or one column per language), or Hub data set name "
-        "(default: %(default)s). Without a validation split 2%% of train (at most 1000 pairs) is held out",
-    )
-    data.add_argument("--dataset-config", help="Hub data set configuration, e.g. de-en")
-    data.add_argument("--source-lang", help="source language key (default: the corpus pair, or the two keys there are)")
-    data.add_argument("--target-lang", help="target language key")
+    for add_group in (
+        _train_data_group, _train_tokenizer_group, _train_model_group, _train_steps_group,
+        _train_optimisation_group, _train_checkpoints_group, _train_evaluation_group, _train_output_group,
+    ):
+        add_group(p)
+
+    def run(args: argparse.Namespace) -> int:
+        from .training.loop import TrainingArguments, TrainingInterrupted, train
+
+        options = {k: v for k, v in vars(args).items() if k not in ("command", "func")}
+        options["config_overrides"] = _parse_overrides(p, args.config_overrides)
+        try:  # bad input is a usage error: one clear line, exit status 2
+            train(TrainingArguments(**options))
+        except (OSError, ValueError) as err:
+            _refuse(p, err)
+        except FloatingPointError as err:
+            print(f"vanilla-transformer train: error: {err}", file=sys.stderr)
+            return 1
+        except TrainingInterrupted as err:  # SIGINT/SIGTERM: the last step is saved; one line, 128 + signal
+            print(f"vanilla-transformer train: {err}", file=sys.stderr)
+            return err.exit_code
+        return 0
+
+    p.set_defaults(func=run)
+
+
+def _train_data_group(p: argparse.ArgumentParser) -> None:
+    data = _add_data_options(p, reads="without a validation split 2%% of train (at most 1000 pairs) is held out")
     data.add_argument("--max-length", type=int, default=256, help="tokens per side, </s> included (default: %(default)s)")
     data.add_argument("--truncate", action="store_true", help="cut longer training pairs to --max-length instead of dropping them")
-    data.add_argument(
+
+
+def _train_tokenizer_group(p: argparse.ArgumentParser) -> None:
+    tokenizer = p.add_argument_group("tokenizer")
+    tokenizer.add_argument(
         "--tokenizer",
         help="tokenizer folder (default: the one in --output-dir, else the fine-tuned model's, else a new joint BPE "
         "learnt on the train split and saved to --output-dir)",
     )
-    data.add_argument("--vocab-size", type=int, default=8000, help="size of a new tokenizer (default: %(default)s)")
+    _add_vocab_size(tokenizer)
 
+
+def _train_model_group(p: argparse.ArgumentParser) -> None:
     model = p.add_argument_group("model")
     model.add_argument(
         "--preset", default="tiny", choices=("tiny", "base", "big"),
@@ -145,6 +192,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     )
     model.add_argument("--model-name-or-path", help="saved model folder to fine-tune instead of a preset")
 
+
+def _train_steps_group(p: argparse.ArgumentParser) -> None:
     steps = p.add_argument_group("batches and steps (training stops at the first limit reached)")
     steps.add_argument(
         "--max-tokens", type=int, default=4096,
@@ -156,7 +205,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     steps.add_argument("--time-limit", type=float, metavar="MINUTES", help="stop (with a checkpoint) after this long")
     steps.add_argument("--seed", type=int, default=0, help="seeds weights, data order and dropout (default: %(default)s)")
 
-    optim = p.add_argument_group("optimisation (§5.3, §5.4)")
+
+def _train_optimisation_group(p: argparse.ArgumentParser) -> None:
+    optim = p.add_argument_group("optimisation and schedule (§5.3, §5.4)")
     optim.add_argument(
         "--warmup-steps", type=int, default=4000,
         help="linear warm-up steps (the paper: %(default)s; a short CPU run wants a few hundred)",
@@ -179,7 +230,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         help="default: what `accelerate launch`/`accelerate config` say, else no",
     )
 
-    ckpt = p.add_argument_group("checkpoints and evaluation")
+
+def _train_checkpoints_group(p: argparse.ArgumentParser) -> None:
+    ckpt = p.add_argument_group("checkpoints")
     ckpt.add_argument("--save-steps", type=int, default=1000, help="checkpoint every N steps (default: %(default)s)")
     ckpt.add_argument("--keep-checkpoints", type=int, default=5, help="newest checkpoints kept (default: %(default)s)")
     ckpt.add_argument(
@@ -187,54 +240,44 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         help="final weights = mean of the last K checkpoints (the paper: 5 for base models) (default: %(default)s)",
     )
     ckpt.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output-dir")
-    ckpt.add_argument("--eval-steps", type=int, default=1000, help="validate every N steps (default: %(default)s)")
-    ckpt.add_argument(
+
+
+def _train_evaluation_group(p: argparse.ArgumentParser) -> None:
+    evaluation = p.add_argument_group("evaluation (validation perplexity, then beam-search BLEU/chrF)")
+    evaluation.add_argument("--eval-steps", type=int, default=1000, help="validate every N steps (default: %(default)s)")
+    evaluation.add_argument(
         "--eval-samples", type=int, default=500,
         help="validation pairs translated for BLEU/chrF at each evaluation, and at the end when there is a test "
         "split; 0 for none (default: %(default)s)",
     )
-    ckpt.add_argument("--test-samples", type=int,
-                      help="test pairs translated for the final BLEU/chrF (default: the whole test split)")
-    ckpt.add_argument("--num-beams", type=int, default=4, help="beam size when scoring (the paper: %(default)s)")
-    ckpt.add_argument("--length-penalty", type=float, default=0.6, help="alpha when scoring (the paper: %(default)s)")
-    ckpt.add_argument("--log-steps", type=int, default=50, help="tracker logging interval (default: %(default)s)")
-    ckpt.add_argument("--report-to", choices=("tensorboard",), help="tracker, logging under OUTPUT_DIR/runs")
-    p.add_argument("--output-dir", required=True, help="the run's folder: checkpoints/ while training, then a Hub repository")
-    p.add_argument("--push-to-hub", metavar="USER/NAME",
-                   help="upload the finished folder to this Hub model repository (token from HF_TOKEN or `hf auth login`)")
+    evaluation.add_argument("--test-samples", type=int,
+                            help="test pairs translated for the final BLEU/chrF (default: the whole test split)")
+    _add_beam_options(evaluation, num_beams=4, length_penalty=0.6)
 
-    def run(args: argparse.Namespace) -> int:
-        import json
 
-        from .training.loop import TrainingArguments, TrainingInterrupted, train
+def _train_output_group(p: argparse.ArgumentParser) -> None:
+    output = p.add_argument_group("output and logging")
+    output.add_argument("--output-dir", required=True, help="the run's folder: checkpoints/ while training, then a Hub repository")
+    output.add_argument("--push-to-hub", metavar="USER/NAME",
+                        help="upload the finished folder to this Hub model repository (token from HF_TOKEN or `hf auth login`)")
+    output.add_argument("--log-steps", type=int, default=50, help="tracker logging interval (default: %(default)s)")
+    output.add_argument("--report-to", choices=("tensorboard",), help="tracker, logging under OUTPUT_DIR/runs")
 
-        def parse_overrides(text: str) -> dict:
-            overrides = {}
-            for item in filter(None, (part.strip() for part in text.split(","))):
-                key, sep, value = item.partition("=")
-                if not sep or not key.strip():
-                    p.error(f"--config-overrides: expected KEY=VALUE pairs separated by commas; got {item!r}")
-                try:
-                    overrides[key.strip()] = json.loads(value)
-                except json.JSONDecodeError:
-                    overrides[key.strip()] = value.strip()  # a bare string such as position_encoding=learned
-            return overrides
 
-        options = {k: v for k, v in vars(args).items() if k not in ("command", "func")}
-        options["config_overrides"] = parse_overrides(args.config_overrides)
-        try:  # bad input is a usage error: one clear line, exit status 2
-            train(TrainingArguments(**options))
-        except (OSError, ValueError) as err:
-            _refuse(p, err)
-        except FloatingPointError as err:
-            print(f"vanilla-transformer train: error: {err}", file=sys.stderr)
-            return 1
-        except TrainingInterrupted as err:  # SIGINT/SIGTERM: the last step is saved; one line, 128 + signal
-            print(f"vanilla-transformer train: {err}", file=sys.stderr)
-            return err.exit_code
-        return 0
+def _parse_overrides(p: argparse.ArgumentParser, text: str) -> dict:
+    """--config-overrides as a dict, each value read as JSON where it is JSON, else kept as a string."""
+    import json
 
-    p.set_defaults(func=run)
+    overrides = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            p.error(f"--config-overrides: expected KEY=VALUE pairs separated by commas; got {item!r}")
+        try:
+            overrides[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key.strip()] = value.strip()  # a bare string such as position_encoding=learned
+    return overrides
 
 
 def _add_translate(sub: argparse._SubParsersAction) -> None:
@@ -268,19 +311,31 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
 
 def _add_decoding_options(p: argparse.ArgumentParser, batches: bool = True) -> None:
     """Decoding options; `batches`: also the engine and --batch-size (commands translating many texts)."""
+    decoding = p.add_argument_group("decoding")
     if batches:
-        p.add_argument(
+        decoding.add_argument(
             "--engine", choices=("transformers", "ctranslate2"), default="transformers",
             help="transformers: a model folder or Hub id, decoded by its own generate (the paper's search); "
             "ctranslate2: a folder written by `export --format ctranslate2`, decoded by CTranslate2 with the "
             "folder's defaults (its length penalty and stopping differ slightly: see the folder's README) "
             "(default: %(default)s)",
         )
-        p.add_argument("--batch-size", type=int, default=32, help="texts per batch (default: %(default)s)")
-    p.add_argument("--num-beams", type=int, help="beam size (default: the model's, 4 as in the paper §6.1)")
-    p.add_argument("--length-penalty", type=float, help="beam length penalty (default: the model's, 0.6)")
-    p.add_argument("--max-new-tokens", type=int, help="longest translation in tokens (default: input length + 50, §6.1)")
-    p.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the GPU when there is one)")
+        decoding.add_argument("--batch-size", type=int, default=32, help="texts per batch (default: %(default)s)")
+    _add_beam_options(decoding)
+    decoding.add_argument("--max-new-tokens", type=int, help="longest translation in tokens (default: input length + 50, §6.1)")
+    decoding.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the GPU when there is one)")
+
+
+def _add_beam_options(
+    group: argparse._ArgumentGroup, num_beams: int | None = None, length_penalty: float | None = None
+) -> None:
+    """--num-beams and --length-penalty: `train` gives the values its scoring uses; the decoding commands
+    leave them None, which decodes with the model's own."""
+    default = "the model's" if num_beams is None else "%(default)s"
+    group.add_argument("--num-beams", type=int, default=num_beams,
+                       help=f"beam size (the paper: 4, §6.1; default: {default})")
+    group.add_argument("--length-penalty", type=float, default=length_penalty,
+                       help=f"beam length penalty alpha (the paper: 0.6; default: {default})")
 
 
 def _decoding_options(args: argparse.Namespace) -> dict:
@@ -377,14 +432,12 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", required=True,
                    help="model folder or Hub id user/name; with --engine ctranslate2, a folder written by `export`")
-    p.add_argument("--dataset", default="bible-en-es", help="data set, as for `train` (default: %(default)s)")
-    p.add_argument("--dataset-config", help="Hub data set configuration, e.g. de-en")
-    p.add_argument("--split", default="test", help="split to score (default: %(default)s)")
-    p.add_argument("--source-lang", help="source language key (default: the corpus pair)")
-    p.add_argument("--target-lang", help="target language key")
-    p.add_argument("--max-samples", type=int, help="score only the first N pairs (a quick look)")
-    p.add_argument("--hypotheses-out", help="write the translations here, one per line")
-    p.add_argument("--references-out", help="write the references here, one per line")
+    data = _add_data_options(p, reads="its --split is translated and scored")
+    data.add_argument("--split", default="test", help="split to score (default: %(default)s)")
+    data.add_argument("--max-samples", type=int, help="score only the first N pairs (a quick look)")
+    files = p.add_argument_group("output files (for the sacrebleu command line)")
+    files.add_argument("--hypotheses-out", help="write the translations here, one per line")
+    files.add_argument("--references-out", help="write the references here, one per line")
     _add_decoding_options(p)
 
     def run(args: argparse.Namespace) -> int:
