@@ -85,23 +85,10 @@ def _add_train_tokenizer(sub: argparse._SubParsersAction) -> None:
     def run(args: argparse.Namespace) -> int:
         import time
 
-        from .corpora import iter_texts, language_keys, load_translation_dataset, resolve_languages
-        from .tokenizer import read_text_files, train_tokenizer
+        from .tokenizer import train_tokenizer
 
         try:  # bad input is a usage error: one clear line, exit status 2, nothing written
-            if args.text_files:
-                sides = {"text": list(read_text_files(args.text_files))}
-            else:
-                data = load_translation_dataset(
-                    args.dataset, args.dataset_config, source_lang=args.source_lang, target_lang=args.target_lang
-                )
-                train = data["train"] if "train" in data else next(iter(data.values()))
-                langs = (
-                    resolve_languages(train, args.source_lang, args.target_lang)
-                    if args.source_lang or args.target_lang
-                    else language_keys(train)
-                )
-                sides = {lang: list(iter_texts(data, [lang])) for lang in langs}
+            sides = _texts_by_language(args)
             start = time.perf_counter()
             tokenizer = train_tokenizer(
                 [text for texts in sides.values() for text in texts],
@@ -122,6 +109,25 @@ def _add_train_tokenizer(sub: argparse._SubParsersAction) -> None:
         return 0
 
     p.set_defaults(func=run)
+
+
+def _texts_by_language(args: argparse.Namespace) -> dict[str, list[str]]:
+    """train-tokenizer's texts by language key ("text" for --text-files), for the lengths it reports."""
+    from .corpora import iter_texts, language_keys, load_translation_dataset, resolve_languages
+    from .tokenizer import read_text_files
+
+    if args.text_files:
+        return {"text": list(read_text_files(args.text_files))}
+    data = load_translation_dataset(
+        args.dataset, args.dataset_config, source_lang=args.source_lang, target_lang=args.target_lang
+    )
+    train = data["train"] if "train" in data else next(iter(data.values()))
+    langs = (
+        resolve_languages(train, args.source_lang, args.target_lang)
+        if args.source_lang or args.target_lang
+        else language_keys(train)
+    )
+    return {lang: list(iter_texts(data, [lang])) for lang in langs}
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -443,39 +449,15 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     def run(args: argparse.Namespace) -> int:
         import time
 
-        from .corpora import load_translation_dataset, resolve_languages, text_pairs
+        from .file_checks import write_text_file
         from .inference import score_translations
-        from .file_checks import check_outputs_apart, write_text_file
         from .modeling.pipeline_vanilla_transformer import language_pair_mismatch
 
         try:
             _decoding_options(args)  # bad options fail before the data set is read
-            data = load_translation_dataset(
-                args.dataset, args.dataset_config, source_lang=args.source_lang, target_lang=args.target_lang
-            )
-            if args.split not in data:
-                raise ValueError(f"--split {args.split!r} is not in {args.dataset}; it has {', '.join(data)}")
-            split = data[args.split]
-            source_lang, target_lang = resolve_languages(split, args.source_lang, args.target_lang)
-            if args.max_samples is not None and args.max_samples < 1:
-                raise ValueError(f"--max-samples must be at least 1; got {args.max_samples}")
-            _check_output_file("--hypotheses-out", args.hypotheses_out)
-            _check_output_file("--references-out", args.references_out)
-            check_outputs_apart({"--hypotheses-out": args.hypotheses_out, "--references-out": args.references_out},
-                                inputs=[args.dataset, args.model])
-            # As training scores a split: pairs with a missing or blank side are left out, and counted.
-            pairs = list(zip(*text_pairs(split, source_lang, target_lang)))
-            incomplete = [row for row, pair in enumerate(pairs, 1) if not all(text and text.strip() for text in pair)]
-            if incomplete:
-                rows = ", ".join(map(str, incomplete[:10])) + (" ..." if len(incomplete) > 10 else "")
-                print(f"note: {len(incomplete)} of {len(pairs)} pairs left out: a side is missing or blank (rows {rows})",
-                      file=sys.stderr)
-            pairs = [pair for pair in pairs if all(text and text.strip() for text in pair)][: args.max_samples]
-            if not pairs:
-                raise ValueError(f"the {args.split} split of {args.dataset} has no pair with text on both sides")
-            sources, references = map(list, zip(*pairs))
-            # sacrebleu reads one segment per line: a newline inside a reference would shift every line after it.
-            references = [" ".join(text.splitlines()) for text in references]
+            split, source_lang, target_lang = _evaluation_split(args)
+            _check_evaluation_options(args)
+            sources, references = _complete_pairs(args, split, source_lang, target_lang)
             translate, config = _translator(args)
             mismatch = config is not None and language_pair_mismatch(config, source_lang, target_lang)
             if mismatch:
@@ -499,6 +481,50 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
         return 0
 
     p.set_defaults(func=run)
+
+
+def _evaluation_split(args: argparse.Namespace):
+    """(the --split to score, its source language key, its target language key)."""
+    from .corpora import load_translation_dataset, resolve_languages
+
+    data = load_translation_dataset(
+        args.dataset, args.dataset_config, source_lang=args.source_lang, target_lang=args.target_lang
+    )
+    if args.split not in data:
+        raise ValueError(f"--split {args.split!r} is not in {args.dataset}; it has {', '.join(data)}")
+    split = data[args.split]
+    return (split, *resolve_languages(split, args.source_lang, args.target_lang))
+
+
+def _check_evaluation_options(args: argparse.Namespace) -> None:
+    """--max-samples and the output files, before the translating."""
+    from .file_checks import check_outputs_apart
+
+    if args.max_samples is not None and args.max_samples < 1:
+        raise ValueError(f"--max-samples must be at least 1; got {args.max_samples}")
+    _check_output_file("--hypotheses-out", args.hypotheses_out)
+    _check_output_file("--references-out", args.references_out)
+    check_outputs_apart({"--hypotheses-out": args.hypotheses_out, "--references-out": args.references_out},
+                        inputs=[args.dataset, args.model])
+
+
+def _complete_pairs(args: argparse.Namespace, split, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
+    """(sources, references) of the first --max-samples pairs with text on both sides: as training scores a
+    split, pairs with a missing or blank side are left out, and counted."""
+    from .corpora import text_pairs
+
+    pairs = list(zip(*text_pairs(split, source_lang, target_lang)))
+    incomplete = [row for row, pair in enumerate(pairs, 1) if not all(text and text.strip() for text in pair)]
+    if incomplete:
+        rows = ", ".join(map(str, incomplete[:10])) + (" ..." if len(incomplete) > 10 else "")
+        print(f"note: {len(incomplete)} of {len(pairs)} pairs left out: a side is missing or blank (rows {rows})",
+              file=sys.stderr)
+    pairs = [pair for pair in pairs if all(text and text.strip() for text in pair)][: args.max_samples]
+    if not pairs:
+        raise ValueError(f"the {args.split} split of {args.dataset} has no pair with text on both sides")
+    sources, references = map(list, zip(*pairs))
+    # sacrebleu reads one segment per line: a newline inside a reference would shift every line after it.
+    return sources, [" ".join(text.splitlines()) for text in references]
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
