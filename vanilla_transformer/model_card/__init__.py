@@ -126,34 +126,7 @@ def build_model_card(
     pair = f"{source_lang}-{target_lang}" if source_lang and target_lang else None
     model_name = repo_id.split("/")[-1]
     metrics = metrics_from_results(results)
-    dataset_name = dataset or "unknown"
-    eval_results = [
-        EvalResult(
-            task_type="translation",
-            task_name=f"Translation {pair}" if pair else "Translation",
-            dataset_type=dataset_name,
-            dataset_name=dataset_name,
-            dataset_config=pair,
-            dataset_split=metric["split"],
-            metric_type=metric["type"],
-            metric_name=metric["name"],
-            metric_value=metric["value"],
-            metric_config=_signature(results, metric["type"]),
-        )
-        for metric in metrics
-    ]
-    card_data = ModelCardData(
-        language=languages or None,
-        license=license,
-        library_name="transformers",
-        pipeline_tag="translation",
-        tags=["translation", "transformer", "attention-is-all-you-need", "vanilla-transformer", "custom_code"]
-        + ([pair] if pair else []),
-        datasets=[dataset] if dataset else None,
-        metrics=sorted({metric["type"] for metric in metrics}) or None,
-        model_name=model_name,
-        eval_results=eval_results or None,
-    )
+    card_data = _card_data(model_name, license, dataset, languages, pair, metrics, results)
     names = [_LANGUAGE_NAMES.get(lang, lang) for lang in languages]
     text = _ENVIRONMENT.from_string(TEMPLATE.read_text(encoding="utf-8")).render(
         card_data=card_data.to_yaml(),
@@ -174,6 +147,42 @@ def build_model_card(
         max_length=max_length or getattr(config, "max_position_embeddings", 1024),
     )
     return ModelCard(re.sub(r"\n(?:[ \t]*\n){2,}", "\n\n", text))  # the blank lines that skipped sections leave
+
+
+def _card_data(
+    model_name: str, license: str, dataset: str | None, languages: list[str], pair: str | None, metrics: list[dict],
+    results: dict | None,
+) -> ModelCardData:
+    """The card's YAML metadata: what the Hub files the model under, and its scores as `model-index`
+    entries, each with its sacrebleu signature."""
+    dataset_name = dataset or "unknown"
+    eval_results = [
+        EvalResult(
+            task_type="translation",
+            task_name=f"Translation {pair}" if pair else "Translation",
+            dataset_type=dataset_name,
+            dataset_name=dataset_name,
+            dataset_config=pair,
+            dataset_split=metric["split"],
+            metric_type=metric["type"],
+            metric_name=metric["name"],
+            metric_value=metric["value"],
+            metric_config=_signature(results, metric["type"]),
+        )
+        for metric in metrics
+    ]
+    return ModelCardData(
+        language=languages or None,
+        license=license,
+        library_name="transformers",
+        pipeline_tag="translation",
+        tags=["translation", "transformer", "attention-is-all-you-need", "vanilla-transformer", "custom_code"]
+        + ([pair] if pair else []),
+        datasets=[dataset] if dataset else None,
+        metrics=sorted({metric["type"] for metric in metrics}) or None,
+        model_name=model_name,
+        eval_results=eval_results or None,
+    )
 
 
 def card_repo_id(card: ModelCard) -> str | None:
