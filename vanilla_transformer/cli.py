@@ -3,9 +3,9 @@
 Each sub-command has an `_add_<name>` function that declares its arguments and
 points `func` at the code that runs it; heavy imports happen inside the
 runners so that `vanilla-transformer --help` stays instant. An option several
-commands take is declared once (`_add_data_options`, `_add_vocab_size`,
-`_add_beam_options`, `_add_decoding_options`); `train`'s options come in
-argument groups, one function each (`_train_<what>_group`).
+commands take is declared once (`_add_model_option`, `_add_data_options`,
+`_add_vocab_size`, `_add_beam_options`, `_add_decoding_options`); `train`'s
+options come in argument groups, one function each (`_train_<what>_group`).
 """
 
 from __future__ import annotations
@@ -286,6 +286,13 @@ def _parse_overrides(p: argparse.ArgumentParser, text: str) -> dict:
     return overrides
 
 
+def _add_model_option(p: argparse.ArgumentParser, engines: bool = False) -> None:
+    """--model, the folder or Hub id to load; `engines`: or, with --engine ctranslate2, an exported folder."""
+    exported = "; with --engine ctranslate2, a folder written by `export`" if engines else ""
+    p.add_argument("--model", required=True,
+                   help=f"model folder (written by training or save_for_hub) or Hub id user/name{exported}")
+
+
 def _add_translate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "translate",
@@ -294,8 +301,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
         "write one line per input line to standard output. Blank lines stay blank. Uses the GPU when there is one.",
     )
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to translate (default: read lines from --input-file or standard input)")
-    p.add_argument("--model", required=True, help="model folder (written by training or save_for_hub) or Hub id user/name; "
-                   "with --engine ctranslate2, a folder written by `export`")
+    _add_model_option(p, engines=True)
     p.add_argument("--input-file", help="UTF-8 text file, one text per line ('-' = standard input)")
     _add_decoding_options(p)
 
@@ -436,8 +442,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
         "printing the scores and their signatures. The same numbers come from "
         "`sacrebleu REFERENCES -i HYPOTHESES -m bleu chrf` on the files that --hypotheses-out and --references-out write.",
     )
-    p.add_argument("--model", required=True,
-                   help="model folder or Hub id user/name; with --engine ctranslate2, a folder written by `export`")
+    _add_model_option(p, engines=True)
     data = _add_data_options(p, reads="its --split is translated and scored")
     data.add_argument("--split", default="test", help="split to score (default: %(default)s)")
     data.add_argument("--max-samples", type=int, help="score only the first N pairs (a quick look)")
@@ -535,7 +540,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
         "CTranslate2 model, the tokenizer (tokenizer.json), the decoding defaults (translation_options.json) and "
         "a README with a Python example. Needs `pip install 'vanilla-transformer[ctranslate2]'`.",
     )
-    p.add_argument("--model", required=True, help="model folder or Hub id user/name")
+    _add_model_option(p)
     p.add_argument("--format", required=True, choices=("ctranslate2",), help="what to export to")
     p.add_argument("--output-dir", required=True, help="new folder for the export (it must not exist, or be empty)")
     p.add_argument(
@@ -574,7 +579,7 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
         "head in a browser, offline: lines and heat maps, stepping through the translation.",
     )
     p.add_argument("text", help="the sentence to translate")
-    p.add_argument("--model", required=True, help="model folder or Hub id user/name")
+    _add_model_option(p)
     p.add_argument("--output-dir", help="folder for the images (default: attention, unless only --html is given)")
     p.add_argument("--html", metavar="FILE", help="write the interactive explorer to this .html file")
     _add_decoding_options(p, batches=False)
@@ -613,7 +618,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "attention explorer of the sentence typed. It loads nothing from other hosts. Needs the serve extra: "
         "pip install 'vanilla-transformer[serve]'. The same code runs as a Hub Space: see vanilla_transformer/visualize/app.py.",
     )
-    p.add_argument("--model", required=True, help="model folder or Hub id user/name")
+    _add_model_option(p)
     p.add_argument("--host", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, help="port (default: 7860, or the next free one)")
     p.add_argument("--device", help="cpu, cuda, mps (default: the GPU when there is one)")
