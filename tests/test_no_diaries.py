@@ -14,6 +14,7 @@ DIARY = re.compile(
     r"|\b\d+(\.\d+)? ?(ms|s|seconds|minutes) (instead of|vs\.?|against)\b"  # a timing
     r"|\b\d[\d,.]* (tokens|sentences)/s\b"  # a throughput
     r"|\b\d+(\.\d+)? ?% (faster|slower|fewer|more|less)\b"  # a speed-up
+    r"|#.*\btook (about )?\d[\d.,]*([-–]\d[\d.,]*)? ?(ms|s|seconds|minutes)\b"  # a timing in a comment
 )
 # Code that formats the current time (a lock file's holder) is not a diary.
 ALLOWED = re.compile(r"strftime|%Y-%m-%d")
