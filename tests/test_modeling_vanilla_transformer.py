@@ -226,7 +226,8 @@ def test_score_functions_match_their_formulas():
     model = make_model(attention_score="additive")
     module = model.model.encoder.layers[0].self_attn
     q, k = torch.randn(1, 4, 2, 16), torch.randn(1, 4, 3, 16)
-    from vanilla_transformer.modeling.modeling_vanilla_transformer import additive_score, cosine_score, scaled_dot_score
+    from vanilla_transformer.modeling.attention_variants_vanilla_transformer import additive_score, cosine_score
+    from vanilla_transformer.modeling.modeling_vanilla_transformer import scaled_dot_score
 
     h, i, j = 2, 1, 2
     expected = module.score_vector[h] @ torch.tanh(
@@ -398,7 +399,7 @@ def test_saved_folder_loads_with_auto_classes_without_the_package(tmp_path, run_
 
 
 def test_location_score_is_the_query_through_w_a_and_has_no_key_projection():
-    from vanilla_transformer.modeling.modeling_vanilla_transformer import location_score
+    from vanilla_transformer.modeling.attention_variants_vanilla_transformer import location_score
 
     model = make_model(attention_score="location", location_max_length=12)
     module = model.model.decoder.layers[0].cross_attn

@@ -9,6 +9,9 @@ generation_vanilla_transformer.py.
 Section numbers (§) refer to the paper. Shapes: B batch, T target length, S source length,
 H heads, Dh = d_model / H. Masks are boolean, True where attention is allowed.
 
+Attention beyond the paper (the classic score functions, ReLU and sparsemax, hard and local attention)
+is in attention_variants_vanilla_transformer.py; the registries and `attend` below call it.
+
 Every piece here is the plain computation. Three have drop-ins with the same numbers and less work in
 fast_modeling_vanilla_transformer.py, which take over in one place (`post_init` below) unless
 `config.fast_paths` is False.
@@ -38,12 +41,23 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 
+from .attention_variants_vanilla_transformer import (
+    CLASSIC_SCORES,
+    OTHER_NORMALIZATIONS,
+    add_score_parameters,
+    hard_attention,
+    local_m_mask,
+    local_p_window,
+    local_self_attention_mask,
+    local_window,
+    reset_score_parameters,
+)
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 
 
 # --------------------------------------------------------------------------------------
-# §3.2.1 and the classic score functions: compare queries (B, H, T, Dh) with keys
-# (B, H, S, Dh) and return scores (B, H, T, S). `module` holds any learned parameters.
+# §3.2.1: scaled dot-product attention. A score function compares queries (B, H, T, Dh) with keys
+# (B, H, S, Dh) and returns scores (B, H, T, S); a normalization turns them into weights (B, H, T, S).
 # --------------------------------------------------------------------------------------
 
 
@@ -52,132 +66,20 @@ def scaled_dot_score(module, q, k):
     return q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
 
 
-def dot_score(module, q, k):
-    """Luong et al. 2015: q·k."""
-    return q @ k.transpose(-1, -2)
-
-
-def general_score(module, q, k):
-    """Luong et al. 2015: q^T W_a k, one W_a per head.
-
-    Behind learned query/key projections W_a adds parameters but no expressiveness
-    (q^T W_a k = (W_a^T q)^T k); it is here to compare score functions.
-    """
-    return (q @ module.score_weight) @ k.transpose(-1, -2)
-
-
-def additive_score(module, q, k):
-    """Bahdanau et al. 2015: v_a^T tanh(W_a [q; k]) = v_a^T tanh(W_q q + W_k k).
-
-    Memory grows as B·H·T·S·Dh: fine for study, slow for long inputs.
-    """
-    query_part = (q @ module.score_query_weight).unsqueeze(-2)  # (B, H, T, 1, Dh)
-    key_part = (k @ module.score_key_weight).unsqueeze(-3)  # (B, H, 1, S, Dh)
-    hidden = torch.tanh(query_part + key_part)  # (B, H, T, S, Dh)
-    return torch.einsum("bhtsd,hd->bhts", hidden, module.score_vector)
-
-
-def cosine_score(module, q, k):
-    """Graves et al. 2014 (content-based): cosine(q, k) times a learned strength per head.
-
-    Graves sharpens with a key strength beta; without it softmax over values in [-1, 1] is
-    nearly uniform and the model cannot attend.
-    """
-    cosine = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
-    return cosine * module.score_strength.view(1, -1, 1, 1)
-
-
-def location_score(module, q, k):
-    """Luong et al. 2015, §3.1 (location-based): a_t = softmax(W_a h_t), scores over source positions
-    from the target state alone. Here one W_a (Dh × `location_max_length`) per head maps the query to
-    a score for each key position; the keys' content is never read, only their number S.
-
-    Luong computes it once per target step from an RNN decoder's state; here it replaces the key
-    comparison inside multi-head attention, in every attention block. Column j scores the j-th key
-    (sources are right-padded, so j is the real position), and the padding mask hides positions past a
-    sentence's end. In self-attention this is a position-only pattern (where to look, not at what);
-    in the decoder the look-ahead mask of §3.2.3 still hides later positions.
-    """
-    keys, positions = k.size(-2), module.score_location_weight.size(-1)
-    if keys > positions:
-        raise ValueError(
-            f"Location-based attention scores at most {positions} positions (`location_max_length`={positions}); "
-            f"got a sequence of {keys} (the source, or the target so far in decoder self-attention). Use shorter "
-            "inputs, or train a model with a larger `location_max_length`."
-        )
-    return q @ module.score_location_weight[..., :keys]  # (B, H, T, Dh) @ (H, Dh, S) -> (B, H, T, S)
-
-
-ATTENTION_SCORES = {
-    "scaled_dot": scaled_dot_score,
-    "dot": dot_score,
-    "general": general_score,
-    "additive": additive_score,
-    "cosine": cosine_score,
-    "location": location_score,
-}
-
-# Scores that are a plain dot product up to a constant run on torch's fused kernel
-# (`scaled_dot_product_attention`); the value is its `scale` argument (None = 1/sqrt(Dh)). The
-# others (learned, cosine or location scores) always take the explicit path.
-SDPA_SCALES = {"scaled_dot": None, "dot": 1.0}
-
-
-# How scores (B, H, T, S) become weights (B, H, T, S): `config.attention_normalization`.
 def softmax_normalization(scores):
     """§3.2.1: exp(s_j) / sum_i exp(s_i). Computed in fp32, as fp16 exp overflows."""
     return scores.softmax(dim=-1, dtype=torch.float32)
 
 
-def relu_normalization(scores):
-    """The lecture's alternative to softmax: ReLU(s_j) / sum_i ReLU(s_i).
+# `config.attention_score` and `config.attention_normalization`: the paper's first, then those that
+# attention_variants_vanilla_transformer.py adds for comparison. `module` holds any learned parameters.
+ATTENTION_SCORES = {"scaled_dot": scaled_dot_score, **CLASSIC_SCORES}
+ATTENTION_NORMALIZATIONS = {"softmax": softmax_normalization, **OTHER_NORMALIZATIONS}
 
-    A row with no positive score (or every key masked) has nothing to share out: its weights are all 0.
-    """
-    positive = scores.float().relu()
-    return positive / positive.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
-
-
-def sparsemax_normalization(scores):
-    """Sparsemax (Martins & Astudillo 2016): the closest point of the probability simplex to the scores,
-    max(s_j - tau, 0) with tau chosen so that the row sums to 1; low scores get exactly 0."""
-    scores = scores.float()
-    ranked = scores.sort(dim=-1, descending=True).values
-    cumulative = ranked.cumsum(dim=-1)
-    k = torch.arange(1, scores.size(-1) + 1, device=scores.device, dtype=scores.dtype)
-    support = (1 + k * ranked > cumulative).sum(dim=-1, keepdim=True).clamp_min(1)  # (B, H, T, 1): keys kept
-    tau = (cumulative.gather(-1, support - 1) - 1) / support
-    return (scores - tau).clamp_min(0)
-
-
-ATTENTION_NORMALIZATIONS = {"softmax": softmax_normalization, "relu": relu_normalization,
-                            "sparsemax": sparsemax_normalization}
-
-
-def hard_attention(module, scores):
-    """Hard attention (Xu et al. 2015): each query takes exactly one key, its weights one-hot (B, H, T, S).
-
-    Inference takes the best-scoring key. Training samples with the straight-through Gumbel-softmax
-    (Jang et al. 2017): the forward pass is one-hot, the gradient is the softmax's. (REINFORCE, the other
-    estimator, did not train: docs/attention.md.)
-    """
-    if module.training:
-        return F.gumbel_softmax(scores.float(), hard=True)
-    return F.one_hot(scores.argmax(dim=-1), scores.size(-1)).float()
-
-
-def local_window(positions, keys: int, window: int):
-    """Luong et al. 2015, §3.2 (local attention): True for keys within ±D of each query's aligned
-    position. positions (..., T) -> (..., T, keys)."""
-    return (torch.arange(keys, device=positions.device) - positions[..., None]).abs() <= window
-
-
-def predicted_position(module, q, keys: int, mask):
-    """Luong et al. 2015, eq. 9 (local-p): p_t = S · sigmoid(v_p^T tanh(W_p h_t)), from each head's query,
-    S each source's length (from the padding mask (B, 1, 1, S)). Returns (B, H, T, 1), in [0, S]."""
-    length = keys if mask is None else mask.sum(dim=-1, keepdim=True)  # (B, 1, 1, 1): padding is not source
-    hidden = torch.tanh(q @ module.position_weight)  # (B, H, T, Dh)
-    return length * torch.sigmoid(torch.einsum("bhtd,hd->bht", hidden, module.position_vector)).unsqueeze(-1)
+# Scores that are a plain dot product up to a constant run on torch's fused kernel
+# (`scaled_dot_product_attention`); the value is its `scale` argument (None = 1/sqrt(Dh)). The
+# others (learned, cosine or location scores) always take the explicit path.
+SDPA_SCALES = {"scaled_dot": None, "dot": 1.0}
 
 
 def attend(module, q, k, v, mask, dropout, need_weights, causal=False):
@@ -198,22 +100,19 @@ def attend(module, q, k, v, mask, dropout, need_weights, causal=False):
         return out, None
     if causal:
         mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
-    if module.predicts_position:  # local-p: the window moves to the predicted position p_t (Luong §3.2)
-        centre = predicted_position(module, q, k.size(-2), mask)  # (B, H, T, 1)
-        distance = torch.arange(k.size(-2), device=q.device) - centre  # (B, H, T, S)
-        window = distance.abs() <= module.config.attention_window
-        mask = window if mask is None else mask & window
+    if module.predicts_position:  # local-p: only keys near each query's predicted position p_t (Luong §3.2)
+        mask, favour = local_p_window(module, q, k.size(-2), mask)  # (B, H, T, S) each
     scores = ATTENTION_SCORES[module.score_name](module, q, k)
     if mask is not None:
         # The dtype's own minimum, not -inf: exp() of it is exactly 0 in fp32, fp16 and bf16, and
         # a row with every key masked stays finite instead of becoming NaN.
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    if module.hard:
+    if module.hard:  # one key per query (Xu et al. 2015)
         weights = hard_attention(module, scores)
     else:
         weights = ATTENTION_NORMALIZATIONS[module.config.attention_normalization](scores)
-    if module.predicts_position:  # Luong eq. 10: favour keys near p_t, sigma = D / 2
-        weights = weights * torch.exp(-(distance**2) / (2 * (module.config.attention_window / 2) ** 2))
+    if module.predicts_position:  # Luong eq. 10: favour keys near p_t
+        weights = weights * favour
     weights = weights.to(v.dtype)
     if mask is not None:
         # A fully masked row (a sequence that is all padding) would otherwise spread its weight
@@ -258,37 +157,7 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model)  # W^O
         for projection in filter(None, (self.q_proj, self.k_proj, self.v_proj)):
             projection.is_attention_input = True  # initialised as fairseq does (see _init_weights)
-        heads, dh = self.num_heads, self.head_dim
-        if self.score_name == "general":
-            self.score_weight = nn.Parameter(torch.empty(heads, dh, dh))
-        elif self.score_name == "additive":
-            self.score_query_weight = nn.Parameter(torch.empty(heads, dh, dh))
-            self.score_key_weight = nn.Parameter(torch.empty(heads, dh, dh))
-            self.score_vector = nn.Parameter(torch.empty(heads, dh))
-        elif self.score_name == "cosine":
-            self.score_strength = nn.Parameter(torch.empty(heads))
-        elif self.score_name == "location":
-            self.score_location_weight = nn.Parameter(torch.empty(heads, dh, config.location_max_length))
-        if self.predicts_position:  # W_p and v_p of Luong's eq. 9, per head
-            self.position_weight = nn.Parameter(torch.empty(heads, dh, dh))
-            self.position_vector = nn.Parameter(torch.empty(heads, dh))
-
-    def reset_score_parameters(self) -> None:
-        # N(0, 1/Dh) keeps x @ W at the scale of x. (torch.nn.init, not in-place tensor ops: when a
-        # checkpoint is loaded, transformers makes these calls skip the weights that were loaded.)
-        if self.score_name == "general":
-            nn.init.normal_(self.score_weight, std=self.head_dim**-0.5)
-        elif self.score_name == "location":
-            nn.init.normal_(self.score_location_weight, std=self.head_dim**-0.5)
-        elif self.score_name == "additive":
-            for weight in (self.score_query_weight, self.score_key_weight, self.score_vector):
-                nn.init.normal_(weight, std=self.head_dim**-0.5)
-        elif self.score_name == "cosine":
-            # sqrt(Dh): the scale a scaled dot product of unit-variance vectors would have.
-            nn.init.constant_(self.score_strength, math.sqrt(self.head_dim))
-        if self.predicts_position:
-            for weight in (self.position_weight, self.position_vector):
-                nn.init.normal_(weight, std=self.head_dim**-0.5)
+        add_score_parameters(self, config)  # the score function's and local-p's own, if any
 
     def _heads(self, projection: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         batch, length, _ = x.shape
@@ -501,9 +370,7 @@ class VanillaTransformerEncoder(nn.Module):
         x = self.embeddings(input_ids, inputs_embeds)  # (B, S, d_model)
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
         if self.window is not None:  # local attention: each position sees ±D around itself
-            length = x.size(1)
-            window = local_window(torch.arange(length, device=x.device), length, self.window)  # (S, S)
-            mask = window if mask is None else mask & window  # (B, 1, S, S)
+            mask = local_self_attention_mask(mask, x.size(1), self.window, x.device)  # (B, 1, S, S)
         hidden_states, attentions = [], []
         for layer in self.layers:
             if output_hidden_states:
@@ -569,14 +436,6 @@ class VanillaTransformerDecoder(nn.Module):
             mask = mask & padding[:, None, None, :]
         return mask, False
 
-    def _local_m_mask(self, length, past_length, source_length, memory_mask, device):
-        """(B, 1, T, S): the source positions within ±D of each target position, clipped to each source's length."""
-        positions = torch.arange(length, device=device) + past_length  # (T,)
-        last = source_length - 1 if memory_mask is None else memory_mask.sum(dim=-1) - 1  # (B, 1, 1) or a number
-        aligned = torch.minimum(positions, torch.as_tensor(last, device=positions.device).clamp_min(0))  # (B|1, 1, T)
-        window = local_window(aligned, source_length, self.window)  # (B|1, 1, T, S)
-        return window if memory_mask is None else memory_mask & window
-
     def forward(
         self, input_ids, encoder_hidden_states, encoder_attention_mask=None, attention_mask=None,
         cache: EncoderDecoderCache | None = None, output_attentions=False, output_hidden_states=False, inputs_embeds=None,
@@ -590,8 +449,10 @@ class VanillaTransformerDecoder(nn.Module):
         x = self.embeddings(input_ids, inputs_embeds, past_length)  # (B, T, d_model)
         self_mask, causal = self._self_attention_mask(x.size(1), past_length, cache, attention_mask, x.device, self.window)
         memory_mask = None if encoder_attention_mask is None else encoder_attention_mask.bool()[:, None, None, :]
-        if self.local_m:  # Luong's local-m: target position t looks at source t ± D (t clipped to the last token)
-            memory_mask = self._local_m_mask(x.size(1), past_length, encoder_hidden_states.size(1), memory_mask, x.device)
+        if self.local_m:  # Luong's local-m: target position t looks at source t ± D
+            memory_mask = local_m_mask(
+                x.size(1), past_length, encoder_hidden_states.size(1), memory_mask, self.window, x.device
+            )  # (B, 1, T, S)
         hidden_states, self_attentions, cross_attentions = [], [], []
         # The first config.decoder_layers (num_hidden_layers): assistant_early_exit lowers it for its draft
         for layer in itertools.islice(self.layers, self.config.decoder_layers):  # a ModuleList slice builds a module each step
@@ -665,6 +526,7 @@ AUTO_MAP = {
 CODE_FILES = (
     "configuration_vanilla_transformer.py",
     "modeling_vanilla_transformer.py",
+    "attention_variants_vanilla_transformer.py",
     "fast_modeling_vanilla_transformer.py",
     "generation_vanilla_transformer.py",
     "fast_generation_vanilla_transformer.py",
@@ -737,7 +599,7 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
         elif isinstance(module, MultiHeadAttention):
-            module.reset_score_parameters()
+            reset_score_parameters(module)
 
 
 def _shared_embeddings(config: VanillaTransformerConfig) -> tuple[nn.Embedding | None, nn.Embedding, nn.Embedding]:

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..modeling.modeling_vanilla_transformer import ATTENTION_SCORES, predicted_position
+from ..modeling.attention_variants_vanilla_transformer import predicted_position
+from ..modeling.modeling_vanilla_transformer import ATTENTION_SCORES
 
 KINDS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
 
