@@ -82,7 +82,7 @@ def test_plain_requests_run_our_loops(model):
 
 
 def test_a_cache_passed_in_and_peft_go_to_transformers_loop(model):
-    from vanilla_transformer.modeling.modeling_vanilla_transformer import CACHE_NAME
+    from vanilla_transformer.modeling.arguments_vanilla_transformer import CACHE_NAME
 
     assert chosen(model, {CACHE_NAME: object()}) == (None, "a cache passed in")
     patched = VanillaTransformerForConditionalGeneration(model.config)

@@ -9,8 +9,8 @@ from vanilla_transformer import (
     VanillaTransformerModel,
 )
 from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES
+from vanilla_transformer.modeling.arguments_vanilla_transformer import CACHE_NAME
 from vanilla_transformer.modeling.modeling_vanilla_transformer import (
-    CACHE_NAME,
     CODE_FILES,
     attend,
     shift_tokens_right,

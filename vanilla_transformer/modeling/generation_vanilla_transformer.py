@@ -80,8 +80,8 @@ from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEME
 from transformers.modeling_outputs import BaseModelOutput
 
 from . import fast_generation_vanilla_transformer as fast
+from .arguments_vanilla_transformer import CACHE_NAME, one_cache
 from .fast_generation_vanilla_transformer import PreallocatedLayer, preallocated_cache
-from .modeling_vanilla_transformer import CACHE_NAME, one_cache
 
 
 LENGTH_PENALTY_STYLES = ("gnmt", "transformers")

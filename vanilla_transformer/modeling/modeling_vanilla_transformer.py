@@ -4,7 +4,8 @@ Read it top to bottom in the paper's order: attention (§3.2), the feed-forward 
 residual connections and layers (§3.1), embeddings and positions (§3.4, §3.5), the stacks (§3.1),
 then the models transformers loads, with the output projection and the loss (§3.4, §5.4). The
 hyperparameters are in configuration_vanilla_transformer.py; decoding (§6.1) is in
-generation_vanilla_transformer.py.
+generation_vanilla_transformer.py; the checks of the models' arguments (an error naming the argument
+for bad input) and the cache's two names are in arguments_vanilla_transformer.py.
 
 Section numbers (§) refer to the paper. Shapes: B batch, T target length, S source length,
 H heads, Dh = d_model / H. Masks are boolean, True where attention is allowed.
@@ -22,7 +23,6 @@ only the standard library, torch and the public API of transformers.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import shutil
@@ -41,6 +41,15 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 
+from .arguments_vanilla_transformer import (
+    CACHE_NAME,
+    check_decoder_inputs,
+    check_encoder_inputs,
+    check_ids,
+    check_same_shape,
+    one_cache,
+    wants_dict,
+)
 from .attention_variants_vanilla_transformer import (
     CLASSIC_SCORES,
     OTHER_NORMALIZATIONS,
@@ -501,18 +510,6 @@ class LabelSmoothedCrossEntropy(nn.Module):
 # The models transformers loads: AutoModel (encoder and decoder) and AutoModelForSeq2SeqLM
 # --------------------------------------------------------------------------------------
 
-# transformers 5.24 renamed the cache `past_key_values` to `cache` in generate's model arguments and in
-# the model outputs. CACHE_NAME is the installed version's name; our models and `generate` accept both.
-CACHE_NAME = "cache" if "cache" in {field.name for field in dataclasses.fields(Seq2SeqLMOutput)} else "past_key_values"
-
-
-def one_cache(cache=None, past_key_values=None):
-    """The cache passed under either name (`cache` since transformers 5.24, `past_key_values` before)."""
-    if cache is not None and past_key_values is not None:
-        raise ValueError("Pass the cache as `cache` or as `past_key_values` (its name before transformers 5.24), not both.")
-    return past_key_values if cache is None else cache
-
-
 # Every Auto class that can load a saved folder. `register_for_auto_class` records only the class
 # that is being saved, so a folder saved from the seq2seq model would not load with AutoModel.
 AUTO_MAP = {
@@ -527,6 +524,7 @@ CODE_FILES = (
     "configuration_vanilla_transformer.py",
     "modeling_vanilla_transformer.py",
     "attention_variants_vanilla_transformer.py",
+    "arguments_vanilla_transformer.py",
     "fast_modeling_vanilla_transformer.py",
     "generation_vanilla_transformer.py",
     "fast_generation_vanilla_transformer.py",
@@ -658,10 +656,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         use_cache = (config.use_cache and not self.training) if use_cache is None else use_cache
 
         if encoder_outputs is None:
-            shape = _tokens_or_embeddings("input", input_ids, inputs_embeds, config.vocab_size)
-            if shape is None:
-                raise ValueError("Pass `input_ids` (the source token ids), `inputs_embeds` or `encoder_outputs`.")
-            _check_same_shape("attention_mask", attention_mask, "the source", shape)
+            check_encoder_inputs(input_ids, inputs_embeds, attention_mask, config.vocab_size)
             encoder_outputs = self.encoder(
                 input_ids, attention_mask, output_attentions, output_hidden_states, inputs_embeds=inputs_embeds
             )
@@ -669,7 +664,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
         memory = encoder_outputs.last_hidden_state  # (B, S, d_model)
 
-        _check_decoder_inputs(decoder_input_ids, decoder_inputs_embeds, cache, memory.size(0), config.vocab_size)
+        check_decoder_inputs(decoder_input_ids, decoder_inputs_embeds, cache, memory.size(0), config.vocab_size)
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
         decoder_outputs = self.decoder(
@@ -686,7 +681,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
         )
-        return output if _wants_dict(return_dict, config) else output.to_tuple()
+        return output if wants_dict(return_dict, config) else output.to_tuple()
 
 
 class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
@@ -754,11 +749,11 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     ) -> Seq2SeqLMOutput | tuple:
         """As `VanillaTransformerModel.forward`, then the logits and, given `labels`, the loss."""
         if labels is not None:
-            _check_ids("labels", labels, self.config.vocab_size, allow_ignore_index=True)
+            check_ids("labels", labels, self.config.vocab_size, allow_ignore_index=True)
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
             decoder_input = decoder_input_ids if decoder_inputs_embeds is None else decoder_inputs_embeds
-            _check_same_shape("labels", labels, "the decoder input", decoder_input.shape[:2])
+            check_same_shape("labels", labels, "the decoder input", decoder_input.shape[:2])
             use_cache = False  # as transformers' seq2seq models: scoring makes no cache (a passed one is still read)
         outputs = self.model(
             input_ids, attention_mask, decoder_input_ids, decoder_attention_mask, encoder_outputs, cache, inputs_embeds,
@@ -773,76 +768,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         # the last hidden state.
         passed_on = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
         output = Seq2SeqLMOutput(loss=loss, logits=logits, **passed_on)
-        return output if _wants_dict(return_dict, self.config) else output.to_tuple()
-
-
-# --------------------------------------------------------------------------------------
-# Input checks: bad input gets an error naming the argument, not a shape error deep inside
-# --------------------------------------------------------------------------------------
-
-
-def _wants_dict(return_dict, config) -> bool:
-    """transformers' rule: the argument, else `config.return_dict`."""
-    return config.return_dict if return_dict is None else return_dict
-
-
-def _check_ids(name: str, ids: torch.Tensor, vocab_size: int, allow_ignore_index: bool = False) -> None:
-    if ids.dim() != 2:
-        raise ValueError(f"`{name}` must have shape (batch, length); got {tuple(ids.shape)}.")
-    if ids.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"`{name}` must hold integer token ids; got dtype {ids.dtype}.")
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return  # exporting (torch.export, ONNX): the values are symbolic, and a check on them cannot be traced
-    valid = (ids >= 0) & (ids < vocab_size)
-    if allow_ignore_index:
-        valid |= ids == -100
-    if not bool(valid.all()):
-        bad = ids[~valid][0].item()
-        allowed = f"0..{vocab_size - 1}" + (" or -100" if allow_ignore_index else "")
-        raise ValueError(f"`{name}` holds id {bad}, outside the vocabulary ({allowed}; `vocab_size`={vocab_size}).")
-
-
-def _check_same_shape(name: str, tensor, reference_name: str, shape) -> None:
-    if tensor is not None and tuple(tensor.shape) != tuple(shape):
-        raise ValueError(
-            f"`{name}` has shape {tuple(tensor.shape)} but `{reference_name}` has shape {tuple(shape)}; they must match."
-        )
-
-
-def _tokens_or_embeddings(name: str, ids, embeds, vocab_size: int) -> tuple[int, int] | None:
-    """Check whichever of `<name>_ids` and `<name>s_embeds` was given (not both); return its (batch, length)."""
-    ids_name, embeds_name = f"{name}_ids", f"{name}s_embeds"
-    if ids is not None and embeds is not None:
-        raise ValueError(f"Pass `{ids_name}` or `{embeds_name}`, not both.")
-    if embeds is not None:
-        if embeds.dim() != 3:
-            raise ValueError(f"`{embeds_name}` must have shape (batch, length, d_model); got {tuple(embeds.shape)}.")
-        return tuple(embeds.shape[:2])
-    if ids is not None:
-        _check_ids(ids_name, ids, vocab_size)
-        return tuple(ids.shape)
-    return None
-
-
-def _check_decoder_inputs(ids, embeds, cache, batch_size: int, vocab_size: int) -> None:
-    if cache is not None and not isinstance(cache, EncoderDecoderCache):
-        raise ValueError(
-            "`cache` (`past_key_values`) must be an EncoderDecoderCache (self-attention and cross-attention "
-            f"caches); got {type(cache).__name__}."
-        )
-    if cache is None or (not torch.compiler.is_compiling() and cache.get_seq_length() == 0):
-        shape = _tokens_or_embeddings("decoder_input", ids, embeds, vocab_size)
-    else:
-        # Once decoding has started the ids come from the model itself; checking is a sync per step
-        # (and a break in a compiled step's graph: a static cache's length is a tensor).
-        shape = (ids if embeds is None else embeds).shape[:2]
-    if shape is None:
-        raise ValueError(
-            "Pass `decoder_input_ids` or `decoder_inputs_embeds`, or `labels` to the ForConditionalGeneration model."
-        )
-    if shape[0] != batch_size:
-        name = "decoder_input_ids" if embeds is None else "decoder_inputs_embeds"
-        raise ValueError(f"`{name}` has batch size {shape[0]} but the source has {batch_size}.")
+        return output if wants_dict(return_dict, self.config) else output.to_tuple()
 
 
 __all__ = [

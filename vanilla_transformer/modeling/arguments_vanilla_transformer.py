@@ -1,0 +1,97 @@
+"""The models' arguments: checks that give bad input an error naming the argument and what was expected,
+not a shape error deep inside the model, and the two names of the cache.
+
+This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only the
+standard library, torch and the public API of transformers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from transformers.cache_utils import EncoderDecoderCache
+from transformers.modeling_outputs import Seq2SeqLMOutput
+
+# transformers 5.24 renamed the cache `past_key_values` to `cache` in generate's model arguments and in
+# the model outputs. CACHE_NAME is the installed version's name; our models and `generate` accept both.
+CACHE_NAME = "cache" if "cache" in {field.name for field in dataclasses.fields(Seq2SeqLMOutput)} else "past_key_values"
+
+
+def one_cache(cache=None, past_key_values=None):
+    """The cache passed under either name (`cache` since transformers 5.24, `past_key_values` before)."""
+    if cache is not None and past_key_values is not None:
+        raise ValueError("Pass the cache as `cache` or as `past_key_values` (its name before transformers 5.24), not both.")
+    return past_key_values if cache is None else cache
+
+
+def wants_dict(return_dict, config) -> bool:
+    """transformers' rule: the argument, else `config.return_dict`."""
+    return config.return_dict if return_dict is None else return_dict
+
+
+def check_ids(name: str, ids: torch.Tensor, vocab_size: int, allow_ignore_index: bool = False) -> None:
+    if ids.dim() != 2:
+        raise ValueError(f"`{name}` must have shape (batch, length); got {tuple(ids.shape)}.")
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"`{name}` must hold integer token ids; got dtype {ids.dtype}.")
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return  # exporting (torch.export, ONNX): the values are symbolic, and a check on them cannot be traced
+    valid = (ids >= 0) & (ids < vocab_size)
+    if allow_ignore_index:
+        valid |= ids == -100
+    if not bool(valid.all()):
+        bad = ids[~valid][0].item()
+        allowed = f"0..{vocab_size - 1}" + (" or -100" if allow_ignore_index else "")
+        raise ValueError(f"`{name}` holds id {bad}, outside the vocabulary ({allowed}; `vocab_size`={vocab_size}).")
+
+
+def check_same_shape(name: str, tensor, reference_name: str, shape) -> None:
+    if tensor is not None and tuple(tensor.shape) != tuple(shape):
+        raise ValueError(
+            f"`{name}` has shape {tuple(tensor.shape)} but `{reference_name}` has shape {tuple(shape)}; they must match."
+        )
+
+
+def tokens_or_embeddings(name: str, ids, embeds, vocab_size: int) -> tuple[int, int] | None:
+    """Check whichever of `<name>_ids` and `<name>s_embeds` was given (not both); return its (batch, length)."""
+    ids_name, embeds_name = f"{name}_ids", f"{name}s_embeds"
+    if ids is not None and embeds is not None:
+        raise ValueError(f"Pass `{ids_name}` or `{embeds_name}`, not both.")
+    if embeds is not None:
+        if embeds.dim() != 3:
+            raise ValueError(f"`{embeds_name}` must have shape (batch, length, d_model); got {tuple(embeds.shape)}.")
+        return tuple(embeds.shape[:2])
+    if ids is not None:
+        check_ids(ids_name, ids, vocab_size)
+        return tuple(ids.shape)
+    return None
+
+
+def check_encoder_inputs(ids, embeds, attention_mask, vocab_size: int) -> None:
+    """The source: `input_ids` or `inputs_embeds`, and an `attention_mask` of the same (batch, length)."""
+    shape = tokens_or_embeddings("input", ids, embeds, vocab_size)
+    if shape is None:
+        raise ValueError("Pass `input_ids` (the source token ids), `inputs_embeds` or `encoder_outputs`.")
+    check_same_shape("attention_mask", attention_mask, "the source", shape)
+
+
+def check_decoder_inputs(ids, embeds, cache, batch_size: int, vocab_size: int) -> None:
+    if cache is not None and not isinstance(cache, EncoderDecoderCache):
+        raise ValueError(
+            "`cache` (`past_key_values`) must be an EncoderDecoderCache (self-attention and cross-attention "
+            f"caches); got {type(cache).__name__}."
+        )
+    if cache is None or (not torch.compiler.is_compiling() and cache.get_seq_length() == 0):
+        shape = tokens_or_embeddings("decoder_input", ids, embeds, vocab_size)
+    else:
+        # Once decoding has started the ids come from the model itself; checking is a sync per step
+        # (and a break in a compiled step's graph: a static cache's length is a tensor).
+        shape = (ids if embeds is None else embeds).shape[:2]
+    if shape is None:
+        raise ValueError(
+            "Pass `decoder_input_ids` or `decoder_inputs_embeds`, or `labels` to the ForConditionalGeneration model."
+        )
+    if shape[0] != batch_size:
+        name = "decoder_input_ids" if embeds is None else "decoder_inputs_embeds"
+        raise ValueError(f"`{name}` has batch size {shape[0]} but the source has {batch_size}.")
