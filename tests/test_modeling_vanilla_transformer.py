@@ -8,14 +8,10 @@ from vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
 )
-from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES
 from vanilla_transformer.modeling.arguments_vanilla_transformer import CACHE_NAME
-from vanilla_transformer.modeling.modeling_vanilla_transformer import (
-    CODE_FILES,
-    attend,
-    shift_tokens_right,
-    sinusoidal_encoding,
-)
+from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES
+from vanilla_transformer.modeling.modeling_vanilla_transformer import attend, shift_tokens_right, sinusoidal_encoding
+from vanilla_transformer.modeling.saving_vanilla_transformer import CODE_FILES
 
 VOCAB = 40
 PAD, BOS, EOS = 0, 1, 2

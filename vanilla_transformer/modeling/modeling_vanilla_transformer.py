@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import shutil
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +60,7 @@ from .attention_variants_vanilla_transformer import (
     reset_score_parameters,
 )
 from .configuration_vanilla_transformer import VanillaTransformerConfig
+from .saving_vanilla_transformer import copy_code, name_the_code
 
 
 # --------------------------------------------------------------------------------------
@@ -510,26 +509,6 @@ class LabelSmoothedCrossEntropy(nn.Module):
 # The models transformers loads: AutoModel (encoder and decoder) and AutoModelForSeq2SeqLM
 # --------------------------------------------------------------------------------------
 
-# Every Auto class that can load a saved folder. `register_for_auto_class` records only the class
-# that is being saved, so a folder saved from the seq2seq model would not load with AutoModel.
-AUTO_MAP = {
-    "AutoConfig": "configuration_vanilla_transformer.VanillaTransformerConfig",
-    "AutoModel": "modeling_vanilla_transformer.VanillaTransformerModel",
-    "AutoModelForSeq2SeqLM": "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration",
-}
-# The model's code, saved beside its weights. transformers copies a model file and what it imports
-# relatively when it loads or saves custom code, but not when the model came from a Hub repository:
-# `save_pretrained` copies them itself.
-CODE_FILES = (
-    "configuration_vanilla_transformer.py",
-    "modeling_vanilla_transformer.py",
-    "attention_variants_vanilla_transformer.py",
-    "arguments_vanilla_transformer.py",
-    "fast_modeling_vanilla_transformer.py",
-    "generation_vanilla_transformer.py",
-    "fast_generation_vanilla_transformer.py",
-    "pipeline_vanilla_transformer.py",
-)
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 
 
@@ -565,17 +544,12 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' `save_pretrained`, plus what makes the folder load anywhere, whichever way it is
         saved (`save_pretrained`, `Trainer.save_model`, PEFT's `merge_and_unload()`, `push_to_hub`): the
-        Auto classes and the `translation` pipeline in config.json, and the code files beside the weights."""
-        from .pipeline_vanilla_transformer import CUSTOM_PIPELINES  # the pipeline that config.json names
-
-        self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
-        self.config.custom_pipelines = CUSTOM_PIPELINES
+        Auto classes and the `translation` pipeline in config.json, and the code files beside the weights
+        (saving_vanilla_transformer.py)."""
+        name_the_code(self.config)
         result = super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
-            here = Path(__file__).parent
-            for name in CODE_FILES:
-                if not (Path(save_directory) / name).is_file():
-                    shutil.copyfile(here / name, Path(save_directory) / name)
+            copy_code(save_directory)
         return result
 
     @torch.no_grad()

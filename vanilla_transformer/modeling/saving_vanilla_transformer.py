@@ -1,0 +1,50 @@
+"""What makes a saved model folder load anywhere with `trust_remote_code=True`, however it was saved
+(`save_pretrained`, `Trainer.save_model`, PEFT's `merge_and_unload()`, `push_to_hub`): the Auto classes
+and the `translation` pipeline named in config.json, and the code files beside the weights.
+
+This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only the
+standard library and the pipeline file beside it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+# Every Auto class that can load a saved folder. `register_for_auto_class` records only the class
+# that is being saved, so a folder saved from the seq2seq model would not load with AutoModel.
+AUTO_MAP = {
+    "AutoConfig": "configuration_vanilla_transformer.VanillaTransformerConfig",
+    "AutoModel": "modeling_vanilla_transformer.VanillaTransformerModel",
+    "AutoModelForSeq2SeqLM": "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration",
+}
+# The model's code, saved beside its weights. transformers copies a model file and what it imports
+# relatively when it loads or saves custom code, but not when the model came from a Hub repository:
+# `copy_code` copies them itself.
+CODE_FILES = (
+    "configuration_vanilla_transformer.py",
+    "modeling_vanilla_transformer.py",
+    "attention_variants_vanilla_transformer.py",
+    "arguments_vanilla_transformer.py",
+    "saving_vanilla_transformer.py",
+    "fast_modeling_vanilla_transformer.py",
+    "generation_vanilla_transformer.py",
+    "fast_generation_vanilla_transformer.py",
+    "pipeline_vanilla_transformer.py",
+)
+
+
+def name_the_code(config) -> None:
+    """Write the Auto classes (`auto_map`) and the `translation` pipeline (`custom_pipelines`) into `config`."""
+    from .pipeline_vanilla_transformer import CUSTOM_PIPELINES  # the pipeline that config.json names
+
+    config.auto_map = {**(getattr(config, "auto_map", None) or {}), **AUTO_MAP}
+    config.custom_pipelines = CUSTOM_PIPELINES
+
+
+def copy_code(save_directory) -> None:
+    """Copy the code files that are not in `save_directory` yet into it."""
+    here = Path(__file__).parent
+    for name in CODE_FILES:
+        if not (Path(save_directory) / name).is_file():
+            shutil.copyfile(here / name, Path(save_directory) / name)
