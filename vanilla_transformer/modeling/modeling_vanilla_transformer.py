@@ -263,7 +263,7 @@ class DecoderLayer(nn.Module):
         self.feed_forward = FeedForward(config)
         self.feed_forward_residual = Residual(config)
 
-    def forward(self, x, memory, self_mask, memory_mask, cache=None, output_attentions=False, causal=False):
+    def forward(self, x, memory, self_mask, memory_mask, cache=None, causal=False, output_attentions=False):
         x, self_weights = self.self_attn_residual(
             x,
             lambda h: self.self_attn(h, mask=self_mask, cache=cache, output_attentions=output_attentions, causal=causal),
@@ -348,27 +348,53 @@ class Embeddings(nn.Module):
 # --------------------------------------------------------------------------------------
 
 
-def _run_layer(stack: nn.Module, layer: nn.Module, *args):
-    """Call a layer, recomputing its activations in the backward pass when gradient checkpointing is on."""
-    if stack.gradient_checkpointing and stack.training:
-        return checkpoint(layer, *args, use_reentrant=False)
-    return layer(*args)
+class Stack(nn.Module):
+    """§3.1: "a stack of N identical layers", the encoder's and the decoder's alike: the embeddings, the
+    layers and, with pre-norm, a last LayerNorm. Each layer returns its output, then its attention
+    weights, which the stack's output names as `attention_outputs` says."""
 
+    attention_outputs = ("attentions",)
 
-class VanillaTransformerEncoder(nn.Module):
-    """§3.1: a stack of N identical layers over the embedded source."""
-
-    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding):
+    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding, layers):
         super().__init__()
+        self.config = config
         self.embeddings = Embeddings(config, embed_tokens)
-        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.encoder_layers))
+        self.layers = nn.ModuleList(layers)
         # Pre-norm leaves the residual stream unnormalised; the stack's output needs one more LayerNorm.
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
-        self.window = None if config.local_attention == "none" else config.attention_window
+        self.window = None if config.local_attention == "none" else config.attention_window  # local attention's D
         self.gradient_checkpointing = False
 
     def get_input_embeddings(self):
         return self.embeddings.embed_tokens
+
+    def run_layers(self, x, layers, *args, output_attentions=False, output_hidden_states=False):
+        """x (B, L, d_model) through each layer, called as layer(x, *args), then the final LayerNorm. Returns
+        the output, the hidden states (each layer's input, then the output) and the attention weights, a
+        tuple of one per layer under each name of `attention_outputs`; None for what was not asked for."""
+        hidden_states, weights = [], []
+        for layer in layers:
+            if output_hidden_states:
+                hidden_states.append(x)
+            if self.gradient_checkpointing and self.training:  # recompute the layer's activations in backward
+                x, *layer_weights = checkpoint(layer, x, *args, output_attentions=output_attentions, use_reentrant=False)
+            else:
+                x, *layer_weights = layer(x, *args, output_attentions=output_attentions)
+            weights.append(layer_weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        if output_hidden_states:
+            hidden_states.append(x)
+        attentions = {name: tuple(layer_weights[i] for layer_weights in weights) if output_attentions else None
+                      for i, name in enumerate(self.attention_outputs)}
+        return x, (tuple(hidden_states) if output_hidden_states else None), attentions
+
+
+class VanillaTransformerEncoder(Stack):
+    """§3.1: a stack of N identical layers over the embedded source."""
+
+    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding):
+        super().__init__(config, embed_tokens, (EncoderLayer(config) for _ in range(config.encoder_layers)))
 
     def forward(
         self, input_ids=None, attention_mask=None, output_attentions=False, output_hidden_states=False, return_dict=None,
@@ -379,39 +405,21 @@ class VanillaTransformerEncoder(nn.Module):
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
         if self.window is not None:  # local attention: each position sees ±D around itself
             mask = local_self_attention_mask(mask, x.size(1), self.window, x.device)  # (B, 1, S, S)
-        hidden_states, attentions = [], []
-        for layer in self.layers:
-            if output_hidden_states:
-                hidden_states.append(x)
-            x, weights = _run_layer(self, layer, x, mask, output_attentions)
-            attentions.append(weights)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        if output_hidden_states:
-            hidden_states.append(x)
-        output = BaseModelOutput(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            attentions=tuple(attentions) if output_attentions else None,
+        x, hidden_states, attentions = self.run_layers(
+            x, self.layers, mask, output_attentions=output_attentions, output_hidden_states=output_hidden_states
         )
+        output = BaseModelOutput(last_hidden_state=x, hidden_states=hidden_states, **attentions)
         return output.to_tuple() if return_dict is False else output
 
 
-class VanillaTransformerDecoder(nn.Module):
+class VanillaTransformerDecoder(Stack):
     """§3.1: a stack of N identical layers; position i sees only outputs before i and the whole source."""
 
-    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding):
-        super().__init__()
-        self.embeddings = Embeddings(config, embed_tokens)
-        self.layers = nn.ModuleList(DecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers))
-        self.config = config
-        self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
-        self.window = None if config.local_attention == "none" else config.attention_window
-        self.local_m = config.local_attention == "local-m"  # local-p places its cross-attention window itself
-        self.gradient_checkpointing = False
+    attention_outputs = ("attentions", "cross_attentions")
 
-    def get_input_embeddings(self):
-        return self.embeddings.embed_tokens
+    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding):
+        super().__init__(config, embed_tokens, (DecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)))
+        self.local_m = config.local_attention == "local-m"  # local-p places its cross-attention window itself
 
     @staticmethod
     def _self_attention_mask(length, past_length, cache, attention_mask, device, window=None):
@@ -461,26 +469,14 @@ class VanillaTransformerDecoder(nn.Module):
             memory_mask = local_m_mask(
                 x.size(1), past_length, encoder_hidden_states.size(1), memory_mask, self.window, x.device
             )  # (B, 1, T, S)
-        hidden_states, self_attentions, cross_attentions = [], [], []
         # The first config.decoder_layers (num_hidden_layers): assistant_early_exit lowers it for its draft
-        for layer in itertools.islice(self.layers, self.config.decoder_layers):  # a ModuleList slice builds a module each step
-            if output_hidden_states:
-                hidden_states.append(x)
-            x, self_weights, cross_weights = _run_layer(
-                self, layer, x, encoder_hidden_states, self_mask, memory_mask, cache, output_attentions, causal
-            )
-            self_attentions.append(self_weights)
-            cross_attentions.append(cross_weights)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        if output_hidden_states:
-            hidden_states.append(x)
+        layers = itertools.islice(self.layers, self.config.decoder_layers)  # a ModuleList slice builds a module each step
+        x, hidden_states, attentions = self.run_layers(
+            x, layers, encoder_hidden_states, self_mask, memory_mask, cache, causal,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+        )
         return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=x,
-            **{CACHE_NAME: cache},
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            attentions=tuple(self_attentions) if output_attentions else None,
-            cross_attentions=tuple(cross_attentions) if output_attentions else None,
+            last_hidden_state=x, **{CACHE_NAME: cache}, hidden_states=hidden_states, **attentions
         )
 
 
