@@ -30,6 +30,20 @@ def wants_dict(return_dict, config) -> bool:
     return config.return_dict if return_dict is None else return_dict
 
 
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+def check_attn_implementation(requested: str | None) -> None:
+    """`attn_implementation`: "sdpa" (the default) runs dot-product scores on torch's fused kernel and
+    falls back to the explicit path when weights are asked for; "eager" always takes the explicit path.
+    Both are the model's own attention; other implementations are refused."""
+    if requested not in (None, *ATTENTION_IMPLEMENTATIONS):
+        raise ValueError(
+            f"`attn_implementation` must be one of {', '.join(map(repr, ATTENTION_IMPLEMENTATIONS))} for this model "
+            f'("eager": explicit attention weights; "sdpa": torch\'s fused kernel); got {requested!r}.'
+        )
+
+
 def check_ids(name: str, ids: torch.Tensor, vocab_size: int, allow_ignore_index: bool = False) -> None:
     if ids.dim() != 2:
         raise ValueError(f"`{name}` must have shape (batch, length); got {tuple(ids.shape)}.")
@@ -74,6 +88,23 @@ def check_encoder_inputs(ids, embeds, attention_mask, vocab_size: int) -> None:
     if shape is None:
         raise ValueError("Pass `input_ids` (the source token ids), `inputs_embeds` or `encoder_outputs`.")
     check_same_shape("attention_mask", attention_mask, "the source", shape)
+
+
+def check_labels(labels, decoder_input_ids, decoder_inputs_embeds, vocab_size: int) -> None:
+    """`labels`: token ids or -100, of the decoder input's (batch, length) when one is given (without one
+    the decoder reads the labels shifted right, which have their shape)."""
+    check_ids("labels", labels, vocab_size, allow_ignore_index=True)
+    decoder_input = decoder_input_ids if decoder_inputs_embeds is None else decoder_inputs_embeds
+    if decoder_input is not None:
+        check_same_shape("labels", labels, "the decoder input", decoder_input.shape[:2])
+
+
+def check_cache_and_checkpointing(cache, checkpointing: bool) -> None:
+    if cache is not None and checkpointing:
+        raise ValueError(
+            "Gradient checkpointing replays each layer in the backward pass, which would extend `cache` a second "
+            "time: train with a cache (PEFT's prefix tuning) without gradient checkpointing."
+        )
 
 
 def check_decoder_inputs(ids, embeds, cache, batch_size: int, vocab_size: int) -> None:

@@ -2,20 +2,21 @@
 
 Read it top to bottom in the paper's order: attention (§3.2), the feed-forward network (§3.3), the
 residual connections and layers (§3.1), embeddings and positions (§3.4, §3.5), the stacks (§3.1),
-then the models transformers loads, with the output projection and the loss (§3.4, §5.4). The
-hyperparameters are in configuration_vanilla_transformer.py; decoding (§6.1) is in
-generation_vanilla_transformer.py; the checks of the models' arguments (an error naming the argument
-for bad input) and the cache's two names are in arguments_vanilla_transformer.py.
+then the models transformers loads, with the output projection and the loss (§3.4, §5.4). Section
+numbers (§) refer to the paper. Shapes: B batch, T target length, S source length, H heads,
+Dh = d_model / H. Masks are boolean, True where attention is allowed.
 
-Section numbers (§) refer to the paper. Shapes: B batch, T target length, S source length,
-H heads, Dh = d_model / H. Masks are boolean, True where attention is allowed.
+What is not the paper lives in the files beside this one, each called here in one line:
 
-Attention beyond the paper (the classic score functions, ReLU and sparsemax, hard and local attention)
-is in attention_variants_vanilla_transformer.py; the registries and `attend` below call it.
-
-Every piece here is the plain computation. Three have drop-ins with the same numbers and less work in
-fast_modeling_vanilla_transformer.py, which take over in one place (`post_init` below) unless
-`config.fast_paths` is False.
+    configuration_vanilla_transformer.py        the hyperparameters and the paper's presets
+    attention_variants_vanilla_transformer.py   attention beyond the paper: other score functions,
+                                                ReLU and sparsemax, hard and local attention
+    arguments_vanilla_transformer.py            the checks of the models' arguments (an error naming
+                                                the argument); the cache's two names
+    saving_vanilla_transformer.py               what a saved folder needs to load anywhere
+    fast_modeling_vanilla_transformer.py        drop-ins with the same numbers and less work, installed
+                                                in `post_init` unless `config.fast_paths` is False
+    generation_vanilla_transformer.py           decoding (§6.1)
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports
 only the standard library, torch and the public API of transformers.
@@ -41,10 +42,11 @@ from transformers.modeling_outputs import (
 
 from .arguments_vanilla_transformer import (
     CACHE_NAME,
+    check_attn_implementation,
+    check_cache_and_checkpointing,
     check_decoder_inputs,
     check_encoder_inputs,
-    check_ids,
-    check_same_shape,
+    check_labels,
     one_cache,
     wants_dict,
 )
@@ -456,11 +458,7 @@ class VanillaTransformerDecoder(Stack):
         self, input_ids, encoder_hidden_states, encoder_attention_mask=None, attention_mask=None,
         cache: EncoderDecoderCache | None = None, output_attentions=False, output_hidden_states=False, inputs_embeds=None,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
-        if cache is not None and self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-            raise ValueError(
-                "Gradient checkpointing replays each layer in the backward pass, which would extend `cache` a second "
-                "time: train with a cache (PEFT's prefix tuning) without gradient checkpointing."
-            )
+        check_cache_and_checkpointing(cache, self.gradient_checkpointing and self.training and torch.is_grad_enabled())
         past_length = cache.get_seq_length() if cache is not None else 0
         x = self.embeddings(input_ids, inputs_embeds, past_length)  # (B, T, d_model)
         self_mask, causal = self._self_attention_mask(x.size(1), past_length, cache, attention_mask, x.device, self.window)
@@ -505,9 +503,6 @@ class LabelSmoothedCrossEntropy(nn.Module):
 # The models transformers loads: AutoModel (encoder and decoder) and AutoModelForSeq2SeqLM
 # --------------------------------------------------------------------------------------
 
-ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
-
-
 class VanillaTransformerPreTrainedModel(PreTrainedModel):
     config_class = VanillaTransformerConfig
     base_model_prefix = "model"
@@ -527,14 +522,8 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
         install(self)
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """`attn_implementation`: "sdpa" (the default) runs dot-product scores on torch's fused kernel and
-        falls back to the explicit path when weights are asked for; "eager" always takes the explicit path.
-        Both are our own attention (the score functions above); other implementations are refused."""
-        if requested_attention not in (None, *ATTENTION_IMPLEMENTATIONS):
-            raise ValueError(
-                f"`attn_implementation` must be one of {', '.join(map(repr, ATTENTION_IMPLEMENTATIONS))} for this model "
-                f'("eager": explicit attention weights; "sdpa": torch\'s fused kernel); got {requested_attention!r}.'
-            )
+        """`attn_implementation`: "sdpa" (the default: torch's fused kernel where it applies) or "eager"."""
+        check_attn_implementation(requested_attention)
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
@@ -719,11 +708,9 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     ) -> Seq2SeqLMOutput | tuple:
         """As `VanillaTransformerModel.forward`, then the logits and, given `labels`, the loss."""
         if labels is not None:
-            check_ids("labels", labels, self.config.vocab_size, allow_ignore_index=True)
+            check_labels(labels, decoder_input_ids, decoder_inputs_embeds, self.config.vocab_size)
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
-            decoder_input = decoder_input_ids if decoder_inputs_embeds is None else decoder_inputs_embeds
-            check_same_shape("labels", labels, "the decoder input", decoder_input.shape[:2])
             use_cache = False  # as transformers' seq2seq models: scoring makes no cache (a passed one is still read)
         outputs = self.model(
             input_ids, attention_mask, decoder_input_ids, decoder_attention_mask, encoder_outputs, cache, inputs_embeds,
