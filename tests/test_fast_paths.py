@@ -34,13 +34,12 @@ def logits_and_labels():
     return logits, labels
 
 
-def test_the_model_uses_the_drop_ins_by_default_and_folders_without_the_switch_keep_it():
+def test_the_model_uses_the_drop_ins_by_default_and_configs_without_the_switch_get_it():
     model = make_model()
     kinds = {type(module) for module in model.modules()}
     assert {fast.CPUDropout, fast.SinusoidTable, fast.ClosedFormCrossEntropy} <= kinds
     assert torch.nn.Dropout not in kinds  # every plain one replaced, in one place
     assert VanillaTransformerConfig.from_dict({"vocab_size": VOCAB}).fast_paths is True
-    assert fast.enabled(object())  # a config from before the field existed
     with pytest.raises(ValueError, match="`fast_paths` must be true or false"):
         VanillaTransformerConfig.tiny(fast_paths="yes")
 

@@ -26,8 +26,8 @@ from .modeling_vanilla_transformer import LabelSmoothedCrossEntropy, SinusoidalE
 
 
 def enabled(config) -> bool:
-    """The one switch: `config.fast_paths`, True when absent (folders saved before it existed)."""
-    return getattr(config, "fast_paths", True)
+    """The one switch: `config.fast_paths`."""
+    return config.fast_paths
 
 
 class CPUDropout(nn.Dropout):
