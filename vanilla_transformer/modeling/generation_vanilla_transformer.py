@@ -163,68 +163,98 @@ def _setting(name, kwargs, generation_config, model_config, default=None):
 def generate(model, base_generate, inputs=None, generation_config=None, logits_processor=None, **kwargs):
     """`generate` with the two attributes described at the top of this file; everything else is transformers'.
 
-    `base_generate` is transformers' `GenerationMixin.generate` bound to `model`.
+    `base_generate` is transformers' `GenerationMixin.generate` bound to `model`. In steps: the options
+    checked (ours taken out of the call), the source-length cap added unless the call sets a length, the
+    loop chosen (`choose_search`), our cache made unless the call brings or names one.
     """
-    style = _setting("length_penalty_style", kwargs, generation_config, model.generation_config, "transformers")
-    offset = _setting("max_length_offset", kwargs, generation_config, model.generation_config, DEFAULT_MAX_LENGTH_OFFSET)
-    for name in ("length_penalty_style", "max_length_offset"):  # ours, not model inputs
-        kwargs.pop(name, None)
+
+    def setting(name, default=None):
+        return _setting(name, kwargs, generation_config, model.generation_config, default)
+
+    style, offset = _checked_options(kwargs, generation_config, setting)
     cache = one_cache(kwargs.pop("cache", None), kwargs.pop("past_key_values", None))
     if cache is not None:  # either name works, with any transformers version
         kwargs[CACHE_NAME] = cache
+    source = next((x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None), None)
+    _check_source_fits(model, source)
+
+    cap = _source_length_cap(model, source, kwargs, generation_config, offset, setting)
+    if cap is not None:
+        logits_processor = LogitsProcessorList([*(logits_processor or []), cap])
+        generation_config = _with_longest_output(model, cap, kwargs, generation_config)
+
+    search, _reason = choose_search(model, kwargs, setting, style)
+    if search is not None:
+        kwargs["custom_generate"] = search
+    cache = _preallocated_cache(model, kwargs, generation_config, setting)
+    if cache is not None:
+        kwargs[CACHE_NAME] = cache
+    return base_generate(inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs)
+
+
+def _checked_options(kwargs, generation_config, setting):
+    """Our two options (style, offset), taken out of the call (they are not model inputs), and the
+    settings transformers would fail on late, checked."""
+    style = setting("length_penalty_style", "transformers")
+    offset = setting("max_length_offset", DEFAULT_MAX_LENGTH_OFFSET)
+    for name in ("length_penalty_style", "max_length_offset"):
+        kwargs.pop(name, None)
     if style not in LENGTH_PENALTY_STYLES:
         raise ValueError(f"`length_penalty_style` must be one of {LENGTH_PENALTY_STYLES}; got {style!r}.")
     if not isinstance(offset, int) or offset < 1:
         raise ValueError(f"`max_length_offset` must be a positive integer; got {offset!r}.")
     check_decoding_options(
-        num_beams=_setting("num_beams", kwargs, generation_config, model.generation_config),
-        length_penalty=_setting("length_penalty", kwargs, generation_config, model.generation_config),
+        num_beams=setting("num_beams"),
+        length_penalty=setting("length_penalty"),
         max_new_tokens=_setting("max_new_tokens", kwargs, generation_config, None),
     )
+    return style, offset
 
-    source = next((x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None), None)
+
+def _check_source_fits(model, source) -> None:
+    """Refuse an input longer than a learned position table (the pipeline's `source_length_limit`)."""
     limit = model.config.max_position_embeddings
     if source is not None and getattr(model.config, "position_encoding", None) == "learned" and source.size(1) > limit:
-        # the pipeline's limit (source_length_limit): a learned position table ends there
         raise ValueError(f"The input is {source.size(1)} tokens long; this model reads at most {limit} "
                          f"(max_position_embeddings). Truncate it: tokenizer(..., truncation=True, max_length={limit}).")
+
+
+def _source_length_cap(model, source, kwargs, generation_config, offset: int, setting) -> SourceLengthCap | None:
+    """§6.1's cap: sentence i may generate its number of non-padding source tokens + `offset`. None where
+    the call sets a length (`max_new_tokens` or `max_length`, as an argument or in its config)."""
     lengths_in_call = (kwargs, vars(generation_config) if generation_config is not None else {})
-    if source is not None and all(c.get(n) is None for c in lengths_in_call for n in ("max_new_tokens", "max_length")):
-        mask = kwargs.get("attention_mask")
-        if mask is not None:
-            lengths = mask.sum(1)
-        elif source.dim() == 3:  # inputs_embeds (B, S, d_model)
-            lengths = torch.full((source.size(0),), source.size(1), device=source.device)
-        else:
-            lengths = (source != model.config.pad_token_id).sum(1)
-        prompt = kwargs["decoder_input_ids"].size(1) if kwargs.get("decoder_input_ids") is not None else 1
-        # A stored max_new_tokens is a ceiling (see the top of this file); learned position tables end
-        # at max_position_embeddings (sinusoids take it as a hint).
-        stored = model.generation_config
-        ceiling = min(stored.max_new_tokens or math.inf, model.config.max_position_embeddings - prompt)
-        limits = (lengths + offset).clamp(max=ceiling)
-        eos = _setting("eos_token_id", kwargs, generation_config, stored)
-        eos = eos[0] if isinstance(eos, (list, tuple)) else eos
-        logits_processor = LogitsProcessorList([*(logits_processor or []), SourceLengthCap(limits, eos, prompt)])
-        # Name the longest output as the stored config does, or transformers warns that both are set.
-        name, value = ("max_new_tokens", int(limits.max())) if stored.max_new_tokens else ("max_length", prompt + int(limits.max()))
-        if generation_config is None:
-            kwargs[name] = value
-        else:  # on the config: transformers warns about a config and generation kwargs together
-            generation_config = copy.deepcopy(generation_config)
-            setattr(generation_config, name, value)
+    if source is None or any(c.get(n) is not None for c in lengths_in_call for n in ("max_new_tokens", "max_length")):
+        return None
+    mask = kwargs.get("attention_mask")
+    if mask is not None:
+        lengths = mask.sum(1)
+    elif source.dim() == 3:  # inputs_embeds (B, S, d_model)
+        lengths = torch.full((source.size(0),), source.size(1), device=source.device)
+    else:
+        lengths = (source != model.config.pad_token_id).sum(1)
+    prompt = kwargs["decoder_input_ids"].size(1) if kwargs.get("decoder_input_ids") is not None else 1
+    # A stored max_new_tokens is a ceiling (see the top of this file); learned position tables end
+    # at max_position_embeddings (sinusoids take it as a hint).
+    ceiling = min(model.generation_config.max_new_tokens or math.inf, model.config.max_position_embeddings - prompt)
+    eos = setting("eos_token_id")
+    return SourceLengthCap((lengths + offset).clamp(max=ceiling), eos[0] if isinstance(eos, (list, tuple)) else eos, prompt)
 
-    def setting(name, default=None):
-        return _setting(name, kwargs, generation_config, model.generation_config, default)
 
-    search, _reason = choose_search(model, kwargs, setting, style)
-    if search is not None:
-        kwargs["custom_generate"] = search
-    if fast.enabled(model.config) and _wants_preallocated_cache(kwargs, setting):
-        capacity = _decoder_capacity(kwargs, generation_config, kwargs.get("decoder_input_ids"))
-        if capacity is not None:
-            kwargs[CACHE_NAME] = preallocated_cache(model.config.decoder_layers, capacity)
-    return base_generate(inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs)
+def _with_longest_output(model, cap: SourceLengthCap, kwargs, generation_config):
+    """Tell transformers the longest output the cap allows: in the call, or on a copy of the call's config
+    (transformers warns about a config and generation kwargs together). The call's config is returned."""
+    longest = int(cap.max_new_tokens.max())
+    # Named as the stored config names it, or transformers warns that both are set.
+    if model.generation_config.max_new_tokens:
+        name, value = "max_new_tokens", longest
+    else:
+        name, value = "max_length", cap.prompt_length + longest
+    if generation_config is None:
+        kwargs[name] = value
+        return None
+    generation_config = copy.deepcopy(generation_config)
+    setattr(generation_config, name, value)
+    return generation_config
 
 
 def _assisted(kwargs, setting) -> bool:
@@ -290,15 +320,19 @@ def choose_search(model, kwargs, setting, style):
     return beam_search, None  # transformers' rules; finished sentences leave the batch
 
 
-def _wants_preallocated_cache(kwargs, setting) -> bool:
-    """Our cache is the default: unless the call brings a cache, names one (`cache_implementation`,
-    e.g. "dynamic" for transformers' own), turns caching off, or is assisted (the cache is cropped)."""
-    return (
-        kwargs.get(CACHE_NAME) is None
+def _preallocated_cache(model, kwargs, generation_config, setting):
+    """Our cache (fast_generation_vanilla_transformer.py) for the call, or None: where the call brings a
+    cache, names one (`cache_implementation`, e.g. "dynamic" for transformers' own), turns caching off or is
+    assisted (the cache is cropped), where its longest output is unknown, and with the fast paths off."""
+    wanted = (
+        fast.enabled(model.config)
+        and kwargs.get(CACHE_NAME) is None
         and setting("cache_implementation") is None
         and setting("use_cache", True) is not False
         and not _assisted(kwargs, setting)
     )
+    capacity = _decoder_capacity(kwargs, generation_config, kwargs.get("decoder_input_ids")) if wanted else None
+    return None if capacity is None else preallocated_cache(model.config.decoder_layers, capacity)
 
 
 def _decoder_capacity(kwargs, generation_config, decoder_input_ids) -> int | None:
