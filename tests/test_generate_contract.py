@@ -110,6 +110,17 @@ def test_no_hypothesis_can_end_inside_the_source_length_cap(model, num_beams):
     assert out.shape == (2, 1 + 6 + 5) and not (out[:, 1:] == model.config.eos_token_id).any()
 
 
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_a_decoder_prompt_is_read_whole_as_in_transformers_loop(model, num_beams):
+    """`decoder_input_ids` longer than the start token: the first step reads all of it (beam search once
+    fed only its last token to an empty cache)."""
+    input_ids, prompt = source(), torch.tensor([[0, 7], [0, 9]])
+    options = dict(num_beams=num_beams, max_new_tokens=6, decoder_input_ids=prompt)
+    ours = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), length_penalty_style="transformers",
+                          **options)
+    assert torch.equal(ours, transformers_loop(model, input_ids, **options))
+
+
 @pytest.mark.parametrize("assistance", [dict(assistant_model="self"), dict(prompt_lookup_num_tokens=3),
                                         dict(assistant_early_exit=1)])
 def test_assisted_greedy_search_gives_the_unassisted_tokens(model, assistance):

@@ -263,6 +263,24 @@ def test_each_sentence_is_capped_at_its_source_length_plus_the_offset(mode):
     assert model.generate(input_ids, max_new_tokens=3, **mode).size(1) == 1 + 3
 
 
+def test_the_length_cap_answers_for_the_sentences_still_in_the_batch():
+    """Our searches apply the cap as a logits processor and ask it which sentences are at their last step;
+    as finished sentences leave, `select` gives the cap of those that stay."""
+    from vanilla_transformer.modeling.generation_vanilla_transformer import SourceLengthCap
+
+    cap = SourceLengthCap(torch.tensor([3, 1, 2]), eos_token_id=EOS)
+    tokens = torch.zeros(6, 2, dtype=torch.long)  # the start token and one generated: the next is the second
+    assert cap.last_step(tokens).tolist() == [False, True, True]
+    scores = torch.zeros(6, VOCAB)  # two rows (beams) a sentence
+    scores[5, EOS] = float("-inf")  # </s> ruled out: that row stays as it is, to stop unfinished at its cap
+    forced = cap(tokens, scores)
+    assert forced[:2].eq(0).all() and forced[5].eq(0).sum() == VOCAB - 1
+    assert all(forced[row].isfinite().tolist() == [t == EOS for t in range(VOCAB)] for row in (2, 3, 4))
+    kept = cap.select(torch.tensor([0, 2]))  # the second sentence has left
+    assert kept.max_new_tokens.tolist() == [3, 2] and kept.last_step(tokens).tolist() == [False, True]
+    assert torch.equal(kept(tokens[[0, 1, 4, 5]], scores[[0, 1, 4, 5]]), forced[[0, 1, 4, 5]])
+
+
 def test_style_comes_from_the_generation_config_and_transformers_is_the_default():
     model = ScriptedModel().eval()
     input_ids = torch.tensor([[A, EOS]])

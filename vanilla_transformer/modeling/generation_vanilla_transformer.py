@@ -57,6 +57,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+from typing import NamedTuple
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -137,6 +138,8 @@ class SourceLengthCap(LogitsProcessor):
     Works on logits (greedy, sampling) and on log-probabilities (beam search): every other token is
     set to -inf and </s> keeps its own score, as in fairseq. Rows are sentences repeated
     `rows // len(max_new_tokens)` times (beams or return sequences), as `generate` lays them out.
+    transformers' loops apply it as any logits processor; ours too, and ask it which sentences are at
+    their last step and, as finished sentences leave the batch, for the cap of those that stay.
     """
 
     def __init__(self, max_new_tokens: torch.Tensor, eos_token_id: int, prompt_length: int = 1):
@@ -144,10 +147,18 @@ class SourceLengthCap(LogitsProcessor):
         self.eos_token_id = eos_token_id
         self.prompt_length = prompt_length  # the decoder start token
 
+    def last_step(self, input_ids: torch.LongTensor) -> torch.Tensor:
+        """Per sentence: is the next token its last? `input_ids` are the tokens so far (any rows per sentence)."""
+        return input_ids.size(1) - self.prompt_length + 1 >= self.max_new_tokens.to(input_ids.device)
+
+    def select(self, sentences: torch.Tensor) -> SourceLengthCap:
+        """The cap of `sentences` alone (their places in the batch): for a batch that finished sentences leave."""
+        return SourceLengthCap(self.max_new_tokens[sentences.to(self.max_new_tokens.device)], self.eos_token_id,
+                               self.prompt_length)
+
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        generated = input_ids.size(1) - self.prompt_length
-        limit = self.max_new_tokens.to(scores.device).repeat_interleave(scores.size(0) // self.max_new_tokens.numel())
-        return _force_eos(scores, generated + 1 >= limit, self.eos_token_id)
+        rows_per_sentence = scores.size(0) // self.max_new_tokens.numel()
+        return _force_eos(scores, self.last_step(input_ids).repeat_interleave(rows_per_sentence), self.eos_token_id)
 
 
 def _setting(name, kwargs, generation_config, model_config, default=None):
@@ -346,8 +357,8 @@ def _decoder_capacity(kwargs, generation_config, decoder_input_ids) -> int | Non
     return None
 
 
-# Logits processors that treat every row on its own, from its tokens: with only these (and our length
-# cap, applied by the search itself), finished sentences can leave the batch without changing a score.
+# Logits processors that treat every row on its own, from its tokens, and our length cap, which selects
+# the rows that stay: with only these, finished sentences can leave the batch without changing a score.
 ROW_WISE_PROCESSORS = (
     ForcedBOSTokenLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
@@ -359,37 +370,87 @@ ROW_WISE_PROCESSORS = (
     RepetitionPenaltyLogitsProcessor,
     SuppressTokensAtBeginLogitsProcessor,
     SuppressTokensLogitsProcessor,
+    SourceLengthCap,
 )
 
 
-def _split_processors(logits_processor, sentences: int, device):
-    """Our per-sentence cap on new tokens (SourceLengthCap; none: no limit) and the other processors.
-    Our searches force </s> at the cap themselves, so that it follows rows leaving the batch."""
-    cap = torch.full((sentences,), torch.iinfo(torch.int64).max, device=device)
+def _with_one_length_cap(logits_processor, sentences: int, eos: int, prompt_length: int, device) -> LogitsProcessorList:
+    """The processors with one SourceLengthCap, last (where transformers' loop has the one `generate`
+    adds): the tightest of those given, or, without one, a cap that never ends a sentence."""
+    limit = torch.full((sentences,), torch.iinfo(torch.int64).max, device=device)
     for processor in logits_processor:
         if isinstance(processor, SourceLengthCap):
-            cap = torch.minimum(cap, processor.max_new_tokens.to(device))
-    return cap, LogitsProcessorList(p for p in logits_processor if not isinstance(p, SourceLengthCap))
-
-
-def _can_prune(processors, cache, per_step_outputs: bool) -> bool:
-    """Rows may leave the batch unless something needs every row at every step."""
-    static_cache = cache is not None and cache.is_compileable
-    return not per_step_outputs and not static_cache and all(isinstance(p, ROW_WISE_PROCESSORS) for p in processors)
-
-
-def _keep_rows(rows: torch.Tensor, cache, memory, attention_mask, self_attention_rows=None):
-    """Drop the rows not in `rows` from the cache and the encoder side (the self-attention cache takes
-    `self_attention_rows` instead when beams are reordered in the same gather)."""
-    if cache is not None:
-        cache.self_attention_cache.batch_select_indices(rows if self_attention_rows is None else self_attention_rows)
-        cache.cross_attention_cache.batch_select_indices(rows)
-    return memory[rows], attention_mask[rows] if attention_mask is not None else None
+            limit = torch.minimum(limit, processor.max_new_tokens.to(device))
+    others = (p for p in logits_processor if not isinstance(p, SourceLengthCap))
+    return LogitsProcessorList([*others, SourceLengthCap(limit, eos, prompt_length)])
 
 
 def _eos(generation_config) -> int:
     eos = generation_config.eos_token_id
     return eos[0] if isinstance(eos, (list, tuple)) else eos
+
+
+class _LiveRows:
+    """The decoder's side of our searches: the rows still in the batch (`rows_per_sentence` a sentence),
+    their cache, encoder output and logits processors, run one step at a time; finished sentences leave.
+    `output_attentions` and `output_hidden_states` go to the decoder (None: the model config's)."""
+
+    def __init__(self, model, input_ids, logits_processor, generation_config, model_kwargs, rows_per_sentence=1,
+                 output_attentions=None, output_hidden_states=None):
+        rows, prompt_length = input_ids.shape
+        self.model, self.rows_per_sentence = model, rows_per_sentence
+        self.use_cache = model_kwargs.get("use_cache", True)
+        self.cache = model_kwargs.get(CACHE_NAME) if self.use_cache else None
+        self.memory, self.attention_mask = model_kwargs["encoder_outputs"].last_hidden_state, model_kwargs.get("attention_mask")
+        self.output_attentions, self.output_hidden_states = output_attentions, output_hidden_states
+        self.processors = _with_one_length_cap(logits_processor, rows // rows_per_sentence, _eos(generation_config),
+                                               prompt_length, input_ids.device)
+        self.project = fast.output_projection(model, rows)
+
+    @property
+    def cap(self) -> SourceLengthCap:
+        """The sentences' length cap, last of the processors."""
+        return self.processors[-1]
+
+    def can_leave(self, per_step_outputs: bool) -> bool:
+        """Rows may leave the batch unless something needs every row at every step, or the fast paths are off."""
+        static_cache = self.cache is not None and self.cache.is_compileable
+        return (fast.enabled(self.model.config) and not per_step_outputs and not static_cache
+                and all(isinstance(p, ROW_WISE_PROCESSORS) for p in self.processors))
+
+    def step(self, tokens: torch.Tensor):
+        """Run the decoder on the rows' tokens so far: its outputs and the logits of the next token."""
+        outputs = self.model.model(
+            decoder_input_ids=tokens[:, -1:] if self.cache is not None and self.cache.get_seq_length() else tokens,
+            encoder_outputs=BaseModelOutput(last_hidden_state=self.memory),
+            attention_mask=self.attention_mask,
+            use_cache=self.use_cache,
+            output_attentions=self.output_attentions,
+            output_hidden_states=self.output_hidden_states,
+            return_dict=True,
+            **{CACHE_NAME: self.cache},  # the installed transformers' name, as generate passes it
+        )
+        return outputs, self.project(outputs.last_hidden_state[:, -1]).float()  # §3.4, last position only
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Beams move within a sentence, whose cross-attention rows are all equal: only the self-attention
+        cache is reordered."""
+        if self.cache is not None:
+            self.cache.self_attention_cache.reorder_cache(rows)
+
+    def keep(self, staying: torch.Tensor, self_attention_rows=None) -> None:
+        """Only the sentences `staying` (a mask over those in the batch) stay: their rows of the cache, the
+        encoder output and the length cap (the self-attention cache takes `self_attention_rows` instead,
+        where beams are reordered in the same gather)."""
+        rows = staying.repeat_interleave(self.rows_per_sentence).nonzero().squeeze(1)
+        if self.cache is not None:
+            self.cache.self_attention_cache.batch_select_indices(rows if self_attention_rows is None else self_attention_rows)
+            self.cache.cross_attention_cache.batch_select_indices(rows)
+        self.memory = self.memory[rows]
+        self.attention_mask = self.attention_mask[rows] if self.attention_mask is not None else None
+        sentences = staying.nonzero().squeeze(1)
+        self.processors = LogitsProcessorList(p.select(sentences) if isinstance(p, SourceLengthCap) else p
+                                              for p in self.processors)
 
 
 def greedy_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True, **model_kwargs):
@@ -398,40 +459,27 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
 
     Returns what transformers' greedy search returns, token for token: each row its argmax tokens,
     padded after it ends, up to the step the last row ended. Rows stay in place (as in transformers,
-    fed padding once finished) under the conditions of `gnmt_beam_search`. Our `generate` uses it for
+    fed padding once finished) under the conditions of `_beam_search`. Our `generate` uses it for
     plain greedy decoding without per-step outputs or a static cache (with one, transformers' loop
     compiles the step).
     """
-    rows, prompt_length = input_ids.shape
-    device = input_ids.device
-    use_cache = model_kwargs.get("use_cache", True)
-    cache = model_kwargs.get(CACHE_NAME) if use_cache else None
-    memory, attention_mask = model_kwargs["encoder_outputs"].last_hidden_state, model_kwargs.get("attention_mask")
-    cap, processors = _split_processors(logits_processor, rows, device)
-    prune = prune and fast.enabled(model.config) and _can_prune(processors, cache, per_step_outputs=False)
-    project = fast.output_projection(model, rows)
+    rows = input_ids.size(0)
+    decoder = _LiveRows(model, input_ids, logits_processor, generation_config, model_kwargs)
+    prune = prune and decoder.can_leave(per_step_outputs=False)
     eos = _eos(generation_config)
     pad = generation_config.pad_token_id if generation_config.pad_token_id is not None else eos
 
     sequences = input_ids.new_full((rows, generation_config.max_length), pad)
-    active = torch.arange(rows, device=device)  # the rows in the batch, by their index in the input
+    active = torch.arange(rows, device=input_ids.device)  # the rows in the batch, by their index in the input
     tokens = input_ids  # theirs so far
-    running = torch.ones(rows, dtype=torch.bool, device=device)
-    encoder_outputs = BaseModelOutput(last_hidden_state=memory)
+    running = torch.ones(rows, dtype=torch.bool, device=input_ids.device)
     while True:
-        outputs = model.model(
-            decoder_input_ids=tokens[:, -1:] if cache is not None and cache.get_seq_length() else tokens,
-            encoder_outputs=encoder_outputs,
-            attention_mask=attention_mask,
-            use_cache=use_cache,
-            return_dict=True,
-            **{CACHE_NAME: cache},  # the installed transformers' name, as generate passes it
-        )
-        scores = processors(tokens, project(outputs.last_hidden_state[:, -1]).float())  # §3.4, last position only
-        scores = _force_eos(scores, tokens.size(1) - prompt_length + 1 >= cap[active], eos)
+        _, logits = decoder.step(tokens)
+        scores = decoder.processors(tokens, logits)  # the length cap among them
+        at_cap = decoder.cap.last_step(tokens)
         next_tokens = torch.where(running, scores.argmax(dim=-1), pad)  # finished rows are fed padding
         tokens = torch.cat((tokens, next_tokens[:, None]), dim=1)
-        running &= ~(stopping_criteria(tokens, scores) | (tokens.size(1) - prompt_length >= cap[active]))
+        running &= ~(stopping_criteria(tokens, scores) | at_cap)
         if not bool(running.any()):
             sequences[active, : tokens.size(1)] = tokens
             return sequences[:, : tokens.size(1)]
@@ -439,8 +487,7 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
         # computing a few finished rows for a few steps does.
         if prune and 8 * int((~running).sum()) >= running.numel():
             sequences[active[~running], : tokens.size(1)] = tokens[~running]
-            memory, attention_mask = _keep_rows(running.nonzero().squeeze(1), cache, memory, attention_mask)
-            encoder_outputs = BaseModelOutput(last_hidden_state=memory)
+            decoder.keep(running)
             tokens, active, running = tokens[running], active[running], running[running]
 
 
@@ -498,6 +545,141 @@ class TransformersRanking:
         return ~can_improve | (full & (self.early_stopping is True))
 
 
+class _Candidates(NamedTuple):
+    """The 2K best extensions of each sentence's live hypotheses, best first."""
+
+    scores: torch.Tensor  # (sentences, 2K): log P
+    tokens: torch.Tensor  # (sentences * 2K, length)
+    origins: torch.Tensor  # (sentences * 2K, length - prompt): the rows the tokens were generated from
+    rows: torch.Tensor  # (sentences * 2K,): the rows they extend, in the batch now
+    stops: torch.Tensor  # (sentences, 2K): ends (</s>, a stopping criterion, the sentence's cap)
+
+
+class _Hypotheses:
+    """Beam search's hypotheses: per row of the batch a live one (tokens, origins, log P), per sentence
+    its finished ones (best first) and whether it is done; `active`: the sentences in the batch."""
+
+    def __init__(self, input_ids, beams: int, ranking):
+        rows, self.prompt_length = input_ids.shape
+        batch, device = rows // beams, input_ids.device
+        self.beams, self.ranking = beams, ranking
+        self.tokens = input_ids  # (rows, t)
+        self.origins = input_ids.new_zeros(rows, 0)  # the row each token was generated from (transformers' beam_indices)
+        self.scores = torch.full((batch, beams), ranking.dead, device=device)
+        self.scores[:, 0] = 0.0  # all beams start identical: expand only the first
+        self.active = torch.arange(batch, device=device)  # by their index in the input
+        self.finished = [[] for _ in range(batch)]  # per sentence: (score, tokens, origins), best first
+        self.worst_kept = torch.full((batch,), float("-inf"), device=device)  # the worst kept score, once ranking.keep are
+        self.full = torch.zeros(batch, dtype=torch.bool, device=device)  # ranking.keep hypotheses kept
+        self.done = torch.zeros(batch, dtype=torch.bool, device=device)
+
+    def all_done(self) -> bool:
+        return bool(self.done[self.active].all())
+
+    def candidates(self, log_probs: torch.Tensor, stopping_criteria, last_step: torch.Tensor) -> _Candidates:
+        """Extend every live hypothesis by every token; keep the 2K best per sentence by log P (all have the
+        same length, so the penalty does not change their order). `last_step`: per sentence, at its cap."""
+        beams, sentences, vocab = self.beams, self.active.numel(), log_probs.size(-1)
+        extended = (self.scores.view(-1, 1) + log_probs).view(sentences, beams * vocab)
+        scores, index = extended.topk(2 * beams, dim=1)
+        parent = index // vocab  # the beam within its sentence
+        position = torch.arange(sentences, device=scores.device)[:, None]  # (sentences, 1): their places in the batch now
+        rows = (parent + position * beams).view(-1)
+        tokens = torch.cat((self.tokens[rows], (index % vocab).view(-1, 1)), dim=1)
+        # in the input's batch (rows leave as sentences finish), as transformers numbers beam_indices
+        origins = torch.cat((self.origins[rows], (parent + self.active[:, None] * beams).view(-1, 1)), dim=1)
+        # A candidate at its sentence's cap stops, as one at max_length does.
+        stops = stopping_criteria(tokens, None).view(sentences, 2 * beams) | last_step[:, None]
+        return _Candidates(scores, tokens, origins, rows, stops)
+
+    def finish(self, candidates: _Candidates) -> None:
+        """Candidates that end among the K best of a sentence still searching are finished hypotheses,
+        scored by the ranking; a sentence keeps its `ranking.keep` best."""
+        final_scores = candidates.scores / self.ranking.penalty(candidates.tokens.size(1) - self.prompt_length)
+        final = candidates.stops & (candidates.scores > float("-inf"))  # a -inf candidate never finishes
+        final &= ~self.done[self.active][:, None]
+        final[:, self.beams :] = False
+        for row, rank in final.nonzero().tolist():
+            sentence = int(self.active[row])
+            i = row * 2 * self.beams + rank
+            kept = self.finished[sentence]
+            kept.append((final_scores[row, rank].item(), candidates.tokens[i], candidates.origins[i]))
+            kept.sort(key=lambda hypothesis: -hypothesis[0])
+            del kept[self.ranking.keep :]
+            if len(kept) == self.ranking.keep:
+                self.worst_kept[sentence], self.full[sentence] = kept[-1][0], True
+
+    def live_on(self, candidates: _Candidates) -> torch.Tensor:
+        """The K best candidates that did not stop are the live hypotheses (those that stopped score
+        `ranking.dead`, as in transformers, and live on only if fewer than K did not); returns the rows
+        they extend."""
+        ranked = torch.where(candidates.stops, candidates.scores + self.ranking.dead, candidates.scores)
+        self.scores, live = ranked.topk(self.beams, dim=1)
+        position = torch.arange(live.size(0), device=live.device)[:, None]
+        selected = (live + position * 2 * self.beams).view(-1)
+        self.tokens, self.origins = candidates.tokens[selected], candidates.origins[selected]
+        return candidates.rows[selected]
+
+    def sentences_done(self, max_new: torch.Tensor) -> torch.Tensor:
+        """Mark done the sentences at their longest output (`max_new`, per sentence in the batch) or whose
+        finished hypotheses no live one can beat, by the ranking; returns which in the batch are done."""
+        length = self.tokens.size(1) - self.prompt_length
+        active = self.active
+        self.done[active] |= (length >= max_new) | self.ranking.done(
+            self.scores[:, 0], length, max_new, self.worst_kept[active], self.full[active]
+        )
+        return self.done[active]
+
+    def keep(self, staying: torch.Tensor) -> None:
+        """Only the sentences `staying` (a mask over those in the batch) stay in the batch."""
+        rows = staying.repeat_interleave(self.beams)
+        self.tokens, self.origins, self.scores = self.tokens[rows], self.origins[rows], self.scores[staying]
+        self.active = self.active[staying]
+
+    def best(self, n: int) -> list:
+        """Each sentence's `n` best finished hypotheses, sentence by sentence: (score, tokens, origins)."""
+        return [hypothesis for kept in self.finished for hypothesis in kept[:n]]
+
+
+class _StepOutputs:
+    """What `return_dict_in_generate` asks a search for at each step (scores, attentions, hidden states)."""
+
+    def __init__(self, generation_config):
+        self.config = generation_config
+        self.wanted = bool(generation_config.return_dict_in_generate and (
+            generation_config.output_scores or generation_config.output_attentions
+            or generation_config.output_hidden_states))
+        self.scores, self.decoder_attentions, self.cross_attentions, self.decoder_hidden_states = [], [], [], []
+
+    def record(self, scores: torch.Tensor, outputs) -> None:
+        if self.wanted:
+            self.scores.append(scores)
+            self.decoder_attentions.append(outputs.decoder_attentions)
+            self.cross_attentions.append(outputs.cross_attentions)
+            self.decoder_hidden_states.append(outputs.decoder_hidden_states)
+
+    def beam_output(self, hypotheses: list, fill: int, encoder_outputs, cache, device):
+        """The sequences (padded with `fill`), or with `return_dict_in_generate` transformers' output of a
+        beam search: scores, beam indices and what each step gave."""
+        config = self.config
+        sequences = pad_sequence([h[1] for h in hypotheses], batch_first=True, padding_value=fill)
+        if not config.return_dict_in_generate:
+            return sequences
+        attentions, hidden_states = config.output_attentions, config.output_hidden_states
+        return GenerateBeamEncoderDecoderOutput(
+            sequences=sequences,
+            sequences_scores=torch.tensor([h[0] for h in hypotheses], device=device) if config.output_scores else None,
+            scores=tuple(self.scores) if config.output_scores else None,
+            beam_indices=pad_sequence([h[2] for h in hypotheses], batch_first=True, padding_value=-1),
+            encoder_attentions=encoder_outputs.attentions if attentions else None,
+            encoder_hidden_states=encoder_outputs.hidden_states if hidden_states else None,
+            decoder_attentions=tuple(self.decoder_attentions) if attentions else None,
+            cross_attentions=tuple(self.cross_attentions) if attentions else None,
+            decoder_hidden_states=tuple(self.decoder_hidden_states) if hidden_states else None,
+            **{CACHE_NAME: cache},
+        )
+
+
 def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True,
                      **model_kwargs):
     """Beam search ranked as the paper does (`GNMTRanking`); a `custom_generate` callable for `generate`."""
@@ -519,139 +701,45 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
     `generate` has already run the encoder once and repeated each sentence `num_beams` times, so
     `input_ids` is (batch * beams, 1), the decoder start token.
 
-    Each step (as fairseq and transformers): extend every live hypothesis by every token, keep the 2K
-    best candidates per sentence by log P (all have the same length, so the penalty does not change
-    their order); candidates that end (</s>, or a stopping criterion such as max_length) among the
-    best K are finished and scored by the ranking; the best K that did not end live on.
+    Each step (as fairseq and transformers): run the decoder on the live rows; extend every live
+    hypothesis by every token and keep the 2K best candidates per sentence by log P; candidates that end
+    (</s>, a stopping criterion such as max_length, the sentence's cap) among the best K are finished and
+    scored by the ranking; the best K that did not end live on; sentences whose finished hypotheses no
+    live one can beat are done.
 
-    Finished sentences leave the batch (as in fairseq's generator): their rows are no longer computed,
-    and the search ends when the last sentence is done. Outputs and scores are those of the full batch.
-    Rows stay in place when per-step outputs are asked for (`return_dict_in_generate` with scores or
-    attentions, which hold every row), with a static cache, with a logits processor that is not known
-    to treat rows on their own, or with `prune=False`.
+    Done sentences leave the batch (as in fairseq's generator): their rows are no longer computed, and
+    the search ends when the last sentence is done. Outputs and scores are those of the full batch.
+    Rows stay in place (done sentences are then ignored) when per-step outputs are asked for
+    (`return_dict_in_generate` with scores or attentions, which hold every row), with a static cache,
+    with a logits processor that is not known to treat rows on their own, or with `prune=False`.
     """
-    beams = generation_config.num_beams
+    beams, prompt_length = generation_config.num_beams, input_ids.size(1)
+    hypotheses = _Hypotheses(input_ids, beams, ranking(generation_config, prompt_length))
+    decoder = _LiveRows(model, input_ids, logits_processor, generation_config, model_kwargs, rows_per_sentence=beams,
+                        output_attentions=bool(generation_config.output_attentions),
+                        output_hidden_states=bool(generation_config.output_hidden_states))
+    steps = _StepOutputs(generation_config)
+    prune = prune and decoder.can_leave(steps.wanted)
+    longest = generation_config.max_length - prompt_length  # transformers' max_length, under the sentences' caps
+
+    while not hypotheses.all_done():
+        outputs, logits = decoder.step(hypotheses.tokens)
+        log_probs = decoder.processors(hypotheses.tokens, logits.log_softmax(dim=-1))  # the length cap among them
+        steps.record(log_probs, outputs)
+        candidates = hypotheses.candidates(log_probs, stopping_criteria, decoder.cap.last_step(hypotheses.tokens))
+        hypotheses.finish(candidates)
+        parents = hypotheses.live_on(candidates)
+        done = hypotheses.sentences_done(decoder.cap.max_new_tokens.clamp(max=longest))
+        if prune and bool(done.any()):  # done sentences leave, in the gather that reorders the beams
+            staying = ~done
+            decoder.keep(staying, self_attention_rows=parents[staying.repeat_interleave(beams)])
+            hypotheses.keep(staying)
+        else:
+            decoder.reorder(parents)
+
     n_return = generation_config.num_return_sequences or 1
-    rows, prompt_length = input_ids.shape
-    ranking = ranking(generation_config, prompt_length)
-    batch = rows // beams
-    device = input_ids.device
-    use_cache = model_kwargs.get("use_cache", True)
-    cache = model_kwargs.get(CACHE_NAME) if use_cache else None
-    encoder_outputs = model_kwargs["encoder_outputs"]
-    memory = encoder_outputs.last_hidden_state
-    attention_mask = model_kwargs.get("attention_mask")
-    output_attentions = bool(generation_config.output_attentions)
-    output_hidden_states = bool(generation_config.output_hidden_states)
-    want_dict = generation_config.return_dict_in_generate
-    eos = _eos(generation_config)
-    # Longest output per sentence: transformers' max_length, or the source-length cap (§6.1) if it is set.
-    cap, processors = _split_processors(logits_processor, batch, device)
-    max_new = cap.clamp(max=generation_config.max_length - prompt_length)
-    per_step_outputs = want_dict and (generation_config.output_scores or output_attentions or output_hidden_states)
-    prune = prune and fast.enabled(model.config) and _can_prune(processors, cache, per_step_outputs)
-    project = fast.output_projection(model, rows)
-
-    tokens = input_ids  # (rows, t)
-    origins = input_ids.new_zeros(rows, 0)  # the row each token was generated from (transformers' beam_indices)
-    scores = torch.full((batch, beams), ranking.dead, device=device)
-    scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    finished = [[] for _ in range(batch)]  # per sentence: (score, tokens, origins), best first
-    worst_kept = torch.full((batch,), float("-inf"), device=device)  # the worst kept score, once ranking.keep are
-    full = torch.zeros(batch, dtype=torch.bool, device=device)  # ranking.keep hypotheses kept
-    done = torch.zeros(batch, dtype=torch.bool, device=device)
-    active = torch.arange(batch, device=device)  # the sentences in the batch, by their index in the input
-    step_scores, decoder_attentions, cross_attentions, decoder_hidden_states = [], [], [], []
-
-    while not bool(done[active].all()):
-        outputs = model.model(
-            decoder_input_ids=tokens[:, -1:] if cache is not None else tokens,
-            encoder_outputs=BaseModelOutput(last_hidden_state=memory),
-            attention_mask=attention_mask,
-            use_cache=use_cache,
-            **{CACHE_NAME: cache},  # the installed transformers' name, as generate passes it
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        logits = project(outputs.last_hidden_state[:, -1])  # §3.4, last position only
-        log_probs = processors(tokens, logits.float().log_softmax(dim=-1))
-        last_step = tokens.size(1) - prompt_length + 1 >= cap[active]
-        log_probs = _force_eos(log_probs, last_step.repeat_interleave(beams), eos)
-        if want_dict:
-            step_scores.append(log_probs)
-            decoder_attentions.append(outputs.decoder_attentions)
-            cross_attentions.append(outputs.cross_attentions)
-            decoder_hidden_states.append(outputs.decoder_hidden_states)
-        vocab, live_sentences = log_probs.size(-1), active.numel()
-        candidates = (scores.view(-1, 1) + log_probs).view(live_sentences, beams * vocab)
-        top_scores, top_index = candidates.topk(2 * beams, dim=1)  # (sentences, 2K), best first
-        parent = top_index // vocab  # the beam within its sentence
-        position = torch.arange(live_sentences, device=device)[:, None]  # (sentences, 1): their places in the batch now
-        source_row = (parent + position * beams).view(-1)  # in the batch now
-        candidate_tokens = torch.cat((tokens[source_row], (top_index % vocab).view(-1, 1)), dim=1)
-        # in the input's batch (rows leave as sentences finish), as transformers numbers beam_indices
-        candidate_origins = torch.cat((origins[source_row], (parent + active[:, None] * beams).view(-1, 1)), dim=1)
-        # A candidate at its sentence's cap stops, as one at max_length does.
-        stops = stopping_criteria(candidate_tokens, None).view(live_sentences, 2 * beams) | last_step[:, None]
-        ended = stops & (top_scores > float("-inf"))  # a -inf candidate never finishes
-
-        # Finished hypotheses: ended among the K best, in sentences still searching.
-        length = candidate_tokens.size(1) - prompt_length
-        final_scores = top_scores / ranking.penalty(length)
-        final = ended & ~done[active][:, None]
-        final[:, beams:] = False
-        for row, rank in final.nonzero().tolist():
-            sentence = int(active[row])
-            i = row * 2 * beams + rank
-            kept = finished[sentence]
-            kept.append((final_scores[row, rank].item(), candidate_tokens[i], candidate_origins[i]))
-            kept.sort(key=lambda hypothesis: -hypothesis[0])
-            del kept[ranking.keep :]
-            if len(kept) == ranking.keep:
-                worst_kept[sentence], full[sentence] = kept[-1][0], True
-
-        # Live hypotheses: the K best that did not stop (those that did score `ranking.dead`, as in
-        # transformers, and live on only if fewer than K did not).
-        ranked = torch.where(stops, top_scores + ranking.dead, top_scores)
-        scores, live = ranked.topk(beams, dim=1)
-        selected = (live + position * 2 * beams).view(-1)
-        tokens, origins, parents = candidate_tokens[selected], candidate_origins[selected], source_row[selected]
-
-        done[active] |= (length >= max_new[active]) | ranking.done(
-            scores[:, 0], length, max_new[active], worst_kept[active], full[active]
-        )
-
-        # Beams move within a sentence, whose cross-attention rows are all equal: only the self-attention
-        # cache is reordered. Sentences that are done leave, in the same gather.
-        staying = ~done[active]
-        if not prune or bool(staying.all()):
-            if cache is not None:
-                cache.self_attention_cache.reorder_cache(parents)
-            continue
-        rows_staying = staying.repeat_interleave(beams)
-        memory, attention_mask = _keep_rows(
-            rows_staying.nonzero().squeeze(1), cache, memory, attention_mask, self_attention_rows=parents[rows_staying]
-        )
-        tokens, origins, scores, active = tokens[rows_staying], origins[rows_staying], scores[staying], active[staying]
-
-    hypotheses = [h for kept in finished for h in kept[:n_return]]
-    sequences = pad_sequence([h[1] for h in hypotheses], batch_first=True, padding_value=ranking.fill)
-    if not want_dict:
-        return sequences
-    beam_indices = pad_sequence([h[2] for h in hypotheses], batch_first=True, padding_value=-1)
-    return GenerateBeamEncoderDecoderOutput(
-        sequences=sequences,
-        sequences_scores=torch.tensor([h[0] for h in hypotheses], device=device) if generation_config.output_scores else None,
-        scores=tuple(step_scores) if generation_config.output_scores else None,
-        beam_indices=beam_indices,
-        encoder_attentions=encoder_outputs.attentions if output_attentions else None,
-        encoder_hidden_states=encoder_outputs.hidden_states if output_hidden_states else None,
-        decoder_attentions=tuple(decoder_attentions) if output_attentions else None,
-        cross_attentions=tuple(cross_attentions) if output_attentions else None,
-        decoder_hidden_states=tuple(decoder_hidden_states) if output_hidden_states else None,
-        **{CACHE_NAME: cache},
-    )
+    return steps.beam_output(hypotheses.best(n_return), hypotheses.ranking.fill, model_kwargs["encoder_outputs"],
+                             decoder.cache, input_ids.device)
 
 
 __all__ = [
