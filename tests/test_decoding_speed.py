@@ -137,18 +137,33 @@ def test_the_pruning_searches_are_what_generate_runs(model_and_batch, monkeypatc
         assert batch_sizes[0] == 4 * len(SENTENCES) and batch_sizes[-1] < 4 * len(SENTENCES), style
 
 
-def test_finished_greedy_rows_leave_once_they_are_an_eighth_of_the_batch(hub_tiny_model, monkeypatch):
-    model, tokenizer = hub_tiny_model
-    sentences = [f"{sentence} {tail}" for sentence in SENTENCES for tail in ("", "Amen.", "And it was so.")]
-    batch = tokenizer(sentences, return_tensors="pt", padding=True)
+def test_one_rule_lets_finished_rows_leave_greedy_and_beam_search(monkeypatch):
+    """`fast.rows_leave`, the rule of both searches: finished rows (in beam search, the rows of done
+    sentences) leave at once; rows that stay change no output."""
+    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+
+    assert [fast.rows_leave(torch.arange(16) < finished) for finished in (0, 1, 16)] == [False, True, True]
+    torch.manual_seed(0)
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=40, dropout=0.0)).eval()
+    # Random weights run every sentence to its cap (source length 1 to 16, + 2): one sentence ends per
+    # step from the third on.
+    input_ids = torch.randint(4, 40, (16, 16), generator=torch.Generator().manual_seed(0))
+    batch = dict(input_ids=input_ids, attention_mask=(torch.arange(16)[None] <= torch.arange(16)[:, None]).long(),
+                 max_length_offset=2)
     batch_sizes = []
     forward = model.model.forward  # our loops run the base model and project the last position themselves
     monkeypatch.setattr(model.model, "forward", lambda *a, **k: batch_sizes.append(k["decoder_input_ids"].size(0)) or forward(*a, **k))
-    pruned = model.generate(**batch, num_beams=1)
-    drops = [(before, before - after) for before, after in zip(batch_sizes, batch_sizes[1:]) if after < before]
-    assert drops and all(8 * left >= before for before, left in drops), drops
-    monkeypatch.undo()
-    assert torch.equal(pruned, model.generate(**batch, num_beams=1, custom_generate=functools.partial(greedy_search, prune=False)))
+    for search, beams in ((greedy_search, 1), (beam_search, 2), (gnmt_beam_search, 2)):
+        batch_sizes.clear()
+        pruned = model.generate(**batch, num_beams=beams, custom_generate=search)
+        assert batch_sizes == [16 * beams] * 3 + [sentences * beams for sentences in range(15, 0, -1)], search
+        whole = model.generate(**batch, num_beams=beams, custom_generate=functools.partial(search, prune=False))
+        assert torch.equal(pruned, whole)
+        with monkeypatch.context() as patch:
+            patch.setattr(fast, "rows_leave", lambda finished: False)  # the rule decides, in each search
+            batch_sizes.clear()
+            assert torch.equal(model.generate(**batch, num_beams=beams, custom_generate=search), whole)
+            assert set(batch_sizes) == {16 * beams}
 
 
 def test_output_attentions_and_the_pipeline_still_work(model_and_batch, hub_tiny_model):

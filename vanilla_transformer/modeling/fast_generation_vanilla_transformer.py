@@ -1,10 +1,11 @@
-"""Decoding speed-ups: drop-ins for two plain pieces of decoding that give the same tokens and scores
+"""Decoding speed-ups: drop-ins for three plain pieces of decoding that give the same tokens and scores
 with less work. `config.fast_paths = False` (the one switch, shared with fast_modeling_vanilla_transformer.py)
-turns both off, and our search loops then keep finished sentences in the batch too.
+turns them off.
 
     plain                                   drop-in (here)
     lm_head(x) (§3.4)                       output_projection: the same product on oneDNN, weight packed once per call
     transformers' DynamicCache              preallocated_cache: buffers written in place, gathered on reorder
+    every row computed until the last ends  rows_leave: finished sentences leave our search loops' batch
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only torch and
 the public API of transformers (and looks up two of torch's own oneDNN ops by name, see below).
@@ -58,6 +59,14 @@ def output_projection(model, rows: int):
 
     project.packed = True  # for tests: which path a loop took
     return project
+
+
+def rows_leave(finished: torch.Tensor) -> bool:
+    """The one rule by which finished rows leave the batch of our searches (greedy and beam): at once.
+    `finished` is a mask over the rows in the batch, or over its sentences (each as many rows). Gathering
+    the rows that stay costs no more than computing finished rows for a step or two, and beam search
+    gathers its self-attention cache at every step anyway (to reorder its beams)."""
+    return bool(finished.any())
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -140,4 +149,4 @@ def preallocated_cache(num_layers: int, max_length: int) -> EncoderDecoderCache:
     return EncoderDecoderCache(self_attention, DynamicCache())
 
 
-__all__ = ["ONEDNN_LINEAR", "PreallocatedLayer", "enabled", "output_projection", "preallocated_cache"]
+__all__ = ["ONEDNN_LINEAR", "PreallocatedLayer", "enabled", "output_projection", "preallocated_cache", "rows_leave"]

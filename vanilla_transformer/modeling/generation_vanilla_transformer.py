@@ -454,8 +454,8 @@ class _LiveRows:
 
 
 def greedy_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True, **model_kwargs):
-    """Greedy decoding in which finished sentences leave the batch (once they are an eighth of it); a
-    `custom_generate` callable.
+    """Greedy decoding in which finished sentences leave the batch (`fast.rows_leave`); a `custom_generate`
+    callable.
 
     Returns what transformers' greedy search returns, token for token: each row its argmax tokens,
     padded after it ends, up to the step the last row ended. Rows stay in place (as in transformers,
@@ -483,9 +483,7 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
         if not bool(running.any()):
             sequences[active, : tokens.size(1)] = tokens
             return sequences[:, : tokens.size(1)]
-        # Finished rows leave once they are an eighth of the batch: gathering the rest costs about what
-        # computing a few finished rows for a few steps does.
-        if prune and 8 * int((~running).sum()) >= running.numel():
+        if prune and fast.rows_leave(~running):
             sequences[active[~running], : tokens.size(1)] = tokens[~running]
             decoder.keep(running)
             tokens, active, running = tokens[running], active[running], running[running]
@@ -707,11 +705,12 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
     scored by the ranking; the best K that did not end live on; sentences whose finished hypotheses no
     live one can beat are done.
 
-    Done sentences leave the batch (as in fairseq's generator): their rows are no longer computed, and
-    the search ends when the last sentence is done. Outputs and scores are those of the full batch.
-    Rows stay in place (done sentences are then ignored) when per-step outputs are asked for
-    (`return_dict_in_generate` with scores or attentions, which hold every row), with a static cache,
-    with a logits processor that is not known to treat rows on their own, or with `prune=False`.
+    Done sentences leave the batch (as in fairseq's generator, by the rule of `fast.rows_leave`): their
+    rows are no longer computed, and the search ends when the last sentence is done. Outputs and scores
+    are those of the full batch. Rows stay in place (done sentences are then ignored) when per-step
+    outputs are asked for (`return_dict_in_generate` with scores or attentions, which hold every row),
+    with a static cache, with a logits processor that is not known to treat rows on their own, or with
+    `prune=False`.
     """
     beams, prompt_length = generation_config.num_beams, input_ids.size(1)
     hypotheses = _Hypotheses(input_ids, beams, ranking(generation_config, prompt_length))
@@ -730,7 +729,7 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
         hypotheses.finish(candidates)
         parents = hypotheses.live_on(candidates)
         done = hypotheses.sentences_done(decoder.cap.max_new_tokens.clamp(max=longest))
-        if prune and bool(done.any()):  # done sentences leave, in the gather that reorders the beams
+        if prune and fast.rows_leave(done):  # done sentences leave, in the gather that reorders the beams
             staying = ~done
             decoder.keep(staying, self_attention_rows=parents[staying.repeat_interleave(beams)])
             hypotheses.keep(staying)
