@@ -401,7 +401,8 @@ class _LiveRows:
         self.model, self.rows_per_sentence = model, rows_per_sentence
         self.use_cache = model_kwargs.get("use_cache", True)
         self.cache = model_kwargs.get(CACHE_NAME) if self.use_cache else None
-        self.memory, self.attention_mask = model_kwargs["encoder_outputs"].last_hidden_state, model_kwargs.get("attention_mask")
+        self.encoder_outputs = BaseModelOutput(last_hidden_state=model_kwargs["encoder_outputs"].last_hidden_state)
+        self.attention_mask = model_kwargs.get("attention_mask")
         self.output_attentions, self.output_hidden_states = output_attentions, output_hidden_states
         self.processors = _with_one_length_cap(logits_processor, rows // rows_per_sentence, _eos(generation_config),
                                                prompt_length, input_ids.device)
@@ -422,7 +423,7 @@ class _LiveRows:
         """Run the decoder on the rows' tokens so far: its outputs and the logits of the next token."""
         outputs = self.model.model(
             decoder_input_ids=tokens[:, -1:] if self.cache is not None and self.cache.get_seq_length() else tokens,
-            encoder_outputs=BaseModelOutput(last_hidden_state=self.memory),
+            encoder_outputs=self.encoder_outputs,
             attention_mask=self.attention_mask,
             use_cache=self.use_cache,
             output_attentions=self.output_attentions,
@@ -446,7 +447,7 @@ class _LiveRows:
         if self.cache is not None:
             self.cache.self_attention_cache.batch_select_indices(rows if self_attention_rows is None else self_attention_rows)
             self.cache.cross_attention_cache.batch_select_indices(rows)
-        self.memory = self.memory[rows]
+        self.encoder_outputs = BaseModelOutput(last_hidden_state=self.encoder_outputs.last_hidden_state[rows])
         self.attention_mask = self.attention_mask[rows] if self.attention_mask is not None else None
         sentences = staying.nonzero().squeeze(1)
         self.processors = LogitsProcessorList(p.select(sentences) if isinstance(p, SourceLengthCap) else p
