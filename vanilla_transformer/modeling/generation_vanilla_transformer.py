@@ -477,7 +477,7 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     while True:
         _, logits = decoder.step(tokens)
         scores = decoder.processors(tokens, logits)  # the length cap among them
-        at_cap = decoder.cap.last_step(tokens)
+        at_cap = decoder.cap.last_step(tokens)  # stops with this token, </s> or not (where </s> is ruled out)
         next_tokens = torch.where(running, scores.argmax(dim=-1), pad)  # finished rows are fed padding
         tokens = torch.cat((tokens, next_tokens[:, None]), dim=1)
         running &= ~(stopping_criteria(tokens, scores) | at_cap)
