@@ -17,10 +17,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 
-
-def enabled(config) -> bool:
-    """The one switch: `config.fast_paths`, True when absent (folders saved before it existed)."""
-    return getattr(config, "fast_paths", True)
+from .fast_modeling_vanilla_transformer import enabled  # the one switch, config.fast_paths
 
 
 # The output projection (§3.4's pre-softmax linear transformation, d_model x vocabulary) is the largest

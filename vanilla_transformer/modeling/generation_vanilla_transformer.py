@@ -743,7 +743,6 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
 
 
 __all__ = [
-    "CACHE_NAME",
     "GNMTRanking",
     "PreallocatedLayer",
     "SourceLengthCap",
@@ -755,7 +754,6 @@ __all__ = [
     "gnmt_beam_search",
     "gnmt_length_penalty",
     "greedy_search",
-    "one_cache",
     "paper_generation_config",
     "preallocated_cache",
 ]
