@@ -114,12 +114,12 @@ def test_ctranslate2_decodes_in_a_process_of_its_own(tmp_path, hub_tiny_model):
     assert not runner.process.is_alive()
 
 
-def test_score_function_study_writes_its_table_and_figure(tmp_path):
-    """`python -m benchmarks.score_functions` at smoke size: two score functions, two steps each, then a variant
-    appended to the report."""
+def test_score_function_study_writes_its_table_and_figure(tmp_path, capsys):
+    """`python -m benchmarks.score_functions` at smoke size: one score function for two steps, then another one
+    crossed with a variant appended to the report (each row trains a model: two rows see every path)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.score_functions", "--steps", "2", "--score-functions", "scaled_dot,location",
+        [sys.executable, "-m", "benchmarks.score_functions", "--steps", "2", "--score-functions", "scaled_dot",
          "--test-samples", "4", "--decode-sentences", "4", "--timing-steps", "1", "--threads", "1",
          "--out", str(tmp_path), "--figure", str(tmp_path / "figure.png")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
@@ -131,9 +131,38 @@ def test_score_function_study_writes_its_table_and_figure(tmp_path):
     assert report["environment"]["threads"] == 1 and report["environment"]["cpu"]
     assert report["settings"]["steps"] == 2 and report["settings"]["test_samples"] == 4
     results = report["results"]
-    assert list(results) == ["scaled_dot", "location"]
-    for r in results.values():
-        assert [point["step"] for point in r["curve"]] == [1, 2]
+    assert list(results) == ["scaled_dot"]
+    assert results["scaled_dot"]["parameters_added"] == 0
+    assert results["scaled_dot"]["fused_kernel"] and results["scaled_dot"]["figure"] == str(tmp_path / "figure.png")
+    image = matplotlib.image.imread(tmp_path / "figure.png")
+    assert image.shape[0] > 300 and image.shape[1] > 300 and image[..., :3].std() > 0.05
+    markdown = md_path.read_text()
+    for expected in ("| scaled_dot | ", "val. ppl @2", "yes (sdpa", "load average"):
+        assert expected in markdown
+
+    # More rows in the same report: trained with its settings, the table and the figure redrawn with every row.
+    from benchmarks.score_functions import main as study  # the refusals come before any work: no process needed
+
+    for options, message in ((["--steps", "3"], "leave out --steps"),
+                             (["--score-functions", "scaled_dot"], "already has the row(s) scaled_dot")):
+        with pytest.raises(SystemExit) as refused:
+            study(["--append-to", str(json_path), "--threads", "1", "--figure", str(tmp_path / "variants.png"), *options])
+        assert refused.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1]
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.score_functions", "--append-to", str(json_path), "--threads", "1",
+         "--figure", str(tmp_path / "variants.png"), "--score-functions", "location", "--variants", "hard"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    appended = json.loads(json_path.read_text())
+    name = "location + hard (straight-through Gumbel)"
+    assert list(appended["results"]) == ["scaled_dot", name]
+    assert appended["results"]["scaled_dot"]["curve"] == results["scaled_dot"]["curve"]
+    row = appended["results"][name]
+    assert row["config"] == {"attention_score": "location", "attention_hardness": "hard"}
+    assert row["run"]["command"].endswith("--variants hard")
+    for r in appended["results"].values():
+        assert [point["step"] for point in r["curve"]] == [1, 2]  # the report's steps, not the default
         assert all(1 < point["perplexity"] < 1e5 for point in r["curve"])  # an 8k vocabulary, barely trained
         assert r["curve"][-1]["perplexity"] == pytest.approx(r["validation_perplexity"])
         assert r["test"]["translated"] == 4 and 0 <= r["test"]["bleu"] <= 100 and 0 <= r["test"]["chrf"] <= 100
@@ -144,43 +173,13 @@ def test_score_function_study_writes_its_table_and_figure(tmp_path):
     shape = SIZES["small"]["config_overrides"]
     blocks = shape["encoder_layers"] + 2 * shape["decoder_layers"]
     d = shape["d_model"]
-    assert results["scaled_dot"]["parameters_added"] == 0
-    assert results["location"]["parameters_added"] == blocks * (d * 256 - (d * d + d))
-    assert results["scaled_dot"]["fused_kernel"] and not results["location"]["fused_kernel"]
-    assert results["location"]["attention_kernels"] == ["explicit"]
-    assert {r["figure"] for r in results.values()} == {str(tmp_path / "figure.png")}
-    image = matplotlib.image.imread(tmp_path / "figure.png")
-    assert image.shape[0] > 300 and image.shape[1] > 600 and image[..., :3].std() > 0.05
-    markdown = md_path.read_text()
-    for expected in ("| scaled_dot | ", "| location | ", "val. ppl @2", "no (explicit)", "yes (sdpa", "load average"):
-        assert expected in markdown
-
-    # More rows in the same report: trained with its settings, the table and the figure redrawn with every row.
-    def append(*options):
-        return subprocess.run(
-            [sys.executable, "-m", "benchmarks.score_functions", "--append-to", str(json_path), "--threads", "1",
-             "--figure", str(tmp_path / "variants.png"), *options],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-        )
-
-    for options, message in ((["--steps", "3"], "leave out --steps"),
-                             (["--score-functions", "location"], "already has the row(s) location")):
-        refused = append(*options)
-        assert refused.returncode == 2 and message in refused.stderr.splitlines()[-1]
-    completed = append("--score-functions", "scaled_dot", "--variants", "hard")
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    appended = json.loads(json_path.read_text())
-    name = "scaled_dot + hard (straight-through Gumbel)"
-    assert list(appended["results"]) == ["scaled_dot", "location", name]
-    assert {key: results[key]["curve"] for key in results} == {key: appended["results"][key]["curve"] for key in results}
-    row = appended["results"][name]
-    assert row["config"] == {"attention_score": "scaled_dot", "attention_hardness": "hard"}
-    assert [point["step"] for point in row["curve"]] == [1, 2] and row["test"]["translated"] == 4
-    assert row["parameters_added"] == 0 and not row["fused_kernel"] and row["run"]["command"].endswith("--variants hard")
+    assert row["parameters_added"] == blocks * (d * 256 - (d * d + d))
+    assert not row["fused_kernel"] and row["attention_kernels"] == ["explicit"]
     assert {r["figure"] for r in appended["results"].values()} == {str(tmp_path / "variants.png")}
-    assert matplotlib.image.imread(tmp_path / "variants.png").shape[1] > image.shape[1]  # three panels across, not two
+    assert matplotlib.image.imread(tmp_path / "variants.png").shape[1] > image.shape[1]  # two panels across, not one
     markdown = md_path.read_text()
-    assert f"| {name} | " in markdown and "Rows added to the report later" in markdown and "What so short a run" in markdown
+    for expected in (f"| {name} | ", "no (explicit)", "yes (sdpa", "Rows added to the report later", "What so short a run"):
+        assert expected in markdown
 
 
 def test_hard_attention_estimators_benchmark_writes_its_curves(tmp_path):
