@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
             model_dir=str(args.generation_model),
         )))
     report["tokenizer"] = timed("tokenizer", lambda: tokenizer_benchmark.run(
-        vocab_size=vocab_size, repeats=1 if args.quick else 3))
+        vocab_size=vocab_size, repeats=1 if args.quick else 3, train_pairs=tokenizer_pairs))
     report["seconds"] = time.perf_counter() - started
     report["environment"]["load_average_end"] = os.getloadavg()
     json_path, md_path = write_report(report, args.out)

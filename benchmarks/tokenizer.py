@@ -34,10 +34,14 @@ def _timed(fn, repeats: int) -> tuple[float, object]:
     return statistics.median(times), result
 
 
-def run(corpus: str = "bible-en-es", vocab_size: int = DEFAULT_VOCAB_SIZE, repeats: int = 3) -> dict:
+def run(corpus: str = "bible-en-es", vocab_size: int = DEFAULT_VOCAB_SIZE, repeats: int = 3,
+        train_pairs: int | None = None) -> dict:
+    """Trained on and encoding the train split (or its first `train_pairs` pairs: a smoke run)."""
     corpus_info = EMBEDDED_CORPORA[corpus]
     src_lang, tgt_lang = corpus_info.source_lang, corpus_info.target_lang
     data = load_translation_dataset(corpus)
+    if train_pairs is not None:
+        data["train"] = data["train"].select(range(train_pairs))
     src, tgt = text_pairs(data["train"], src_lang, tgt_lang)
     texts = list(iter_texts(data))  # both sides of the train split
 
