@@ -27,7 +27,7 @@ def small_task(tmp_path):
     return write_synthetic_task(tmp_path / "data", n_train=300, n_eval=12, reverse=True)
 
 
-@pytest.fixture(name="write_synthetic_task")
+@pytest.fixture(name="write_synthetic_task", scope="session")
 def write_synthetic_task_fixture():
     return write_synthetic_task
 
@@ -36,6 +36,12 @@ def write_synthetic_task_fixture():
 def small_run():
     """A very small model and a short, cheap run, as command-line arguments."""
     return list(SMALL_RUN)
+
+
+@pytest.fixture(scope="session")
+def small_run_options():
+    """The options of `small_run` for a fixture shared by several tests: a tuple, since tests change their list."""
+    return tuple(SMALL_RUN)
 
 
 SMALL_RUN = [

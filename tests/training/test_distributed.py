@@ -1,4 +1,5 @@
-"""Real `accelerate launch` runs on CPU processes: the launch guard, the start-of-run line, two machines on one.
+"""Real `accelerate launch` runs on CPU processes: the launch guard, the start-of-run line, two processes against
+one, a resumed run and two machines.
 
 Each launch runs in its own process group, so that a hang takes its ranks down with it.
 """
@@ -83,28 +84,83 @@ def test_fsdp_without_gpus_is_one_clear_error(tmp_path, small_task, small_run):
     assert not output.exists()
 
 
+def two_processes_command(output_dir: Path, args) -> list:
+    """`accelerate launch` of two CPU processes on one machine (DDP over gloo) training into `output_dir`."""
+    return [*LAUNCH, "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
+            str(free_port()), *TRAIN, "--output-dir", str(output_dir), *args]
+
+
+def weights(checkpoint: Path) -> dict:
+    return load_file(str(checkpoint / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory, write_synthetic_task, small_run_options):
+    """Four steps of two processes on one machine, the run the tests below match in other ways: its folder, its
+    options, its environment and its output."""
+    root = tmp_path_factory.mktemp("ddp")
+    data = write_synthetic_task(root / "data", n_train=300, n_eval=12, reverse=True)  # as `small_task`
+    options = list(small_run_options)
+    options[options.index("--config-overrides") + 1] += ",dropout=0"
+    args = ["--dataset", str(data), *options, "--max-steps", "4", "--save-steps", "4", "--log-steps", "1"]
+    env = environment(ACCELERATE_USE_CPU="1")
+    code, output = finish(start(two_processes_command(root / "two", args), env, root / "two.log"))
+    assert code == 0, output[-3000:]
+    return SimpleNamespace(folder=root / "two", args=args, env=env, output=output)
+
+
 @pytest.mark.slow
-def test_two_machines_on_loopback_match_one_machine_with_two_processes(tmp_path, small_task, small_run):
+def test_two_processes_match_one_process_with_the_same_global_batch_and_resume_to_it(two_processes, tmp_path):
+    run, args, env = two_processes, two_processes.args, two_processes.env
+    checksums = json.loads((run.folder / "results.json").read_text())["replica_checksums"]
+    assert len(checksums) == 2 and checksums[0] == checksums[1]  # both ranks hold the same weights
+
+    # One process accumulating two batches sees exactly the batches the two processes saw together.
+    # A fresh process as well, with the same environment: not this one, whose earlier tests may have
+    # changed process-wide state (threads, CPU floating-point modes set by other libraries).
+    one = subprocess.run([sys.executable, *TRAIN, "--output-dir", str(tmp_path / "one"), *args,
+                          "--gradient-accumulation-steps", "2"], env=env, cwd=REPO, capture_output=True, text=True,
+                         timeout=180)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two_checkpoint, one_checkpoint = (folder / "checkpoints" / "checkpoint-00000004"
+                                      for folder in (run.folder, tmp_path / "one"))
+    two, one = weights(two_checkpoint), weights(one_checkpoint)
+    # Each rank's loss is scaled by world/total_tokens, DDP averages: the gradient is the same sum
+    # over the same tokens. Measured: bit-identical on CPU/gloo (max difference 0.0). The 1e-5
+    # allows for an all-reduce that adds in another order (NCCL rings, more ranks): float32 rounding
+    # over 4 Adam steps of size ~lr (~1e-2 here) stays orders of magnitude below it.
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-5, msg=name)
+    assert read_state(one_checkpoint)["train_tokens"] == read_state(two_checkpoint)["train_tokens"]
+
+    # Under DDP as in one process: stopped after 2 steps and resumed by two processes, the same run.
+    part = tmp_path / "part"
+    for stage, extra in (("first", ["--max-steps", "2", "--save-steps", "2"]), ("resumed", ["--resume"])):
+        code, output = finish(start(two_processes_command(part, [*args, *extra]), env, tmp_path / f"{stage}.log"))
+        assert code == 0, output[-3000:]
+    resumed = weights(part / "checkpoints" / "checkpoint-00000004")
+    for name in two:
+        assert torch.equal(resumed[name], two[name]), name
+    assert read_state(part / "checkpoints" / "checkpoint-00000004")["train_tokens"] == read_state(
+        two_checkpoint)["train_tokens"]
+
+
+@pytest.mark.slow
+def test_two_machines_on_loopback_match_one_machine_with_two_processes(two_processes, tmp_path):
     """Two `accelerate launch` commands, machine ranks 0 and 1 over 127.0.0.1 (gloo), one process each, train
     together: the same weights, tokens and losses as two processes on one machine. Each run says at the start
     what runs. (The machines share the output folder here, as real ones must: see the README.)"""
-    small_run[small_run.index("--config-overrides") + 1] += ",dropout=0"
-    args = ["--dataset", str(small_task), *small_run, "--max-steps", "3", "--save-steps", "3", "--log-steps", "1"]
-    env = environment(ACCELERATE_USE_CPU="1")
-
-    one_machine = [*LAUNCH, "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                   "--main_process_port", str(free_port()), *TRAIN, "--output-dir", str(tmp_path / "one"), *args]
-    code, stderr = finish(start(one_machine, env, tmp_path / "one.log"))
-    assert code == 0, stderr[-3000:]
+    one_machine = two_processes.output
     assert "distributed: DDP (MULTI_CPU), world size 2 (1 machine(s) x 2 process(es)), mixed precision no, " \
-           "devices 2 x cpu" in stderr, stderr[-3000:]
-    assert "process 1 (local 1): cpu" in stderr
+           "devices 2 x cpu" in one_machine, one_machine[-3000:]
+    assert "process 1 (local 1): cpu" in one_machine
 
     port = free_port()
     machines = [
         start([*LAUNCH, "--multi_gpu", "--num_processes", "2", "--num_machines", "2", "--machine_rank", str(rank),
                "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--rdzv_backend", "static",
-               *TRAIN, "--output-dir", str(tmp_path / "two"), *args], env, tmp_path / f"machine{rank}.log")
+               *TRAIN, "--output-dir", str(tmp_path / "two"), *two_processes.args], two_processes.env,
+              tmp_path / f"machine{rank}.log")
         for rank in (0, 1)
     ]
     (code0, stderr0), (code1, stderr1) = [finish(m) for m in machines]
@@ -112,14 +168,15 @@ def test_two_machines_on_loopback_match_one_machine_with_two_processes(tmp_path,
     assert "distributed: DDP (MULTI_CPU), world size 2 (2 machine(s) x 1 process(es))" in stderr0, stderr0[-3000:]
     assert "process 1 (local 0): cpu" in stderr1
 
-    one, two = (tmp_path / name / "checkpoints" / "checkpoint-00000003" for name in ("one", "two"))
-    weights_one, weights_two = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
+    one, two = (folder / "checkpoints" / "checkpoint-00000004" for folder in (two_processes.folder, tmp_path / "two"))
+    weights_one, weights_two = weights(one), weights(two)
     assert weights_one.keys() == weights_two.keys()
     for name in weights_one:  # measured: bit-identical (gloo sums two tensors in the same order either way)
         torch.testing.assert_close(weights_two[name], weights_one[name], rtol=0, atol=1e-6, msg=name)
     state_one, state_two = read_state(one), read_state(two)
     assert state_one["train_tokens"] == state_two["train_tokens"]
-    results_one, results_two = (json.loads((tmp_path / n / "results.json").read_text()) for n in ("one", "two"))
+    results_one, results_two = (json.loads((folder / "results.json").read_text())
+                                for folder in (two_processes.folder, tmp_path / "two"))
     assert results_one["replica_checksums"] == pytest.approx(results_two["replica_checksums"], rel=1e-9)
     assert results_one["validation_loss"] == pytest.approx(results_two["validation_loss"], rel=1e-6)
 

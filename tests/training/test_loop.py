@@ -27,13 +27,6 @@ REPO = Path(__file__).resolve().parents[2]
 LETTERS = [chr(c) for c in range(ord("a"), ord("a") + 12)]  # the synthetic tasks' words
 
 
-def free_port() -> int:
-    """A port no one listens on: the default 29500 may be taken by another run on this machine."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def weights(checkpoint) -> dict:
     return load_file(str(Path(checkpoint) / "model.safetensors"))
 
@@ -158,62 +151,6 @@ def test_a_time_limited_linear_schedule_ends_near_zero(tmp_path, small_task, sma
     # The wiring: with 100000 steps allowed, only the time budget can have decayed the rate this far. The exact
     # end (near zero however the estimate wanders) is test_schedule's; a busy machine's clock only blurs it here.
     assert state["progress"] > 0.5
-
-
-def _launch_two_processes(output_dir, args, env):
-    """`accelerate launch` of two CPU processes (DDP over gloo) training into `output_dir`."""
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(free_port()),
-               "-m", "vanilla_transformer.cli", "train", "--output-dir", str(output_dir), *args]
-    # Its own process group, so that a hang takes the ranks down with the launcher.
-    with subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as launched:
-        try:
-            _, stderr = launched.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
-            os.killpg(launched.pid, signal.SIGKILL)
-            raise
-    assert launched.returncode == 0, stderr[-3000:]
-
-
-@pytest.mark.slow
-def test_two_processes_match_one_process_with_the_same_global_batch_and_resume_to_it(tmp_path, small_task, small_run):
-    small_run[small_run.index("--config-overrides") + 1] += ",dropout=0"
-    args = ["--dataset", str(small_task), *small_run, "--max-steps", "4", "--save-steps", "4"]
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    _launch_two_processes(tmp_path / "two", args, env)
-    results = json.loads((tmp_path / "two" / "results.json").read_text())
-    checksums = results["replica_checksums"]
-    assert len(checksums) == 2 and checksums[0] == checksums[1]  # both ranks hold the same weights
-
-    # One process accumulating two batches sees exactly the batches the two processes saw together.
-    # A fresh process as well, with the same environment: not this one, whose earlier tests may have
-    # changed process-wide state (threads, CPU floating-point modes set by other libraries).
-    one = subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", "train", "--output-dir", str(tmp_path / "one"),
-                          *args, "--gradient-accumulation-steps", "2"], env=env, cwd=REPO, capture_output=True, text=True,
-                         timeout=180)
-    assert one.returncode == 0, one.stderr[-3000:]
-    two, one = weights(tmp_path / "two" / "checkpoints" / "checkpoint-00000004"), weights(
-        tmp_path / "one" / "checkpoints" / "checkpoint-00000004")
-    # Each rank's loss is scaled by world/total_tokens, DDP averages: the gradient is the same sum
-    # over the same tokens. Measured: bit-identical on CPU/gloo (max difference 0.0). The 1e-5
-    # allows for an all-reduce that adds in another order (NCCL rings, more ranks): float32 rounding
-    # over 4 Adam steps of size ~lr (~1e-2 here) stays orders of magnitude below it.
-    for name in one:
-        torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-5, msg=name)
-    assert read_state(tmp_path / "one" / "checkpoints" / "checkpoint-00000004")["train_tokens"] == read_state(
-        tmp_path / "two" / "checkpoints" / "checkpoint-00000004")["train_tokens"]
-
-    # Under DDP as in one process: stopped after 2 steps and resumed by two processes, the same run.
-    part = tmp_path / "part"
-    _launch_two_processes(part, [*args[:-4], "--max-steps", "2", "--save-steps", "2"], env)
-    _launch_two_processes(part, [*args, "--resume"], env)
-    resumed = weights(part / "checkpoints" / "checkpoint-00000004")
-    for name in two:
-        assert torch.equal(resumed[name], two[name]), name
-    assert read_state(part / "checkpoints" / "checkpoint-00000004")["train_tokens"] == read_state(
-        tmp_path / "two" / "checkpoints" / "checkpoint-00000004")["train_tokens"]
 
 
 @pytest.mark.slow
