@@ -34,7 +34,7 @@ def run_without_package(code: str, cwd=None, timeout: int = 300) -> str:
     return result.stdout
 
 
-@pytest.fixture(name="run_without_package")
+@pytest.fixture(name="run_without_package", scope="session")
 def run_without_package_fixture():
     return run_without_package
 

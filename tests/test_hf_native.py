@@ -420,29 +420,45 @@ def test_stored_max_length_does_not_cut_but_stored_max_new_tokens_caps(hub_tiny_
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_the_finetuning_example_runs_and_its_folder_translates(hub_tiny_folder, tmp_path, lora, run_without_package):
+@pytest.fixture(scope="module")
+def finetuned(hub_tiny_folder, tmp_path_factory, run_without_package):
+    """examples/finetune.py run as a user runs it, all weights and with LoRA; then each output folder translating
+    through the pipeline in one process without the package: {"full" | "lora": (run, folder, translation)}."""
     import subprocess
     import sys
     from pathlib import Path
 
     script = Path(__file__).parent.parent / "examples" / "finetune.py"
-    command = [sys.executable, str(script), "--model", str(hub_tiny_folder), "--output-dir", str(tmp_path / "tuned"),
-               "--max-steps", "2", "--eval-samples", "4"] + (["--lora"] if lora else [])
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "'eval_bleu'" in done.stdout
-    if lora:
-        assert (tmp_path / "tuned" / "adapter" / "adapter_model.safetensors").is_file()
+    root, runs = tmp_path_factory.mktemp("finetuned"), {}
+    for name, extra in (("full", []), ("lora", ["--lora"])):
+        command = [sys.executable, str(script), "--model", str(hub_tiny_folder), "--output-dir", str(root / name),
+                   "--max-steps", "2", "--eval-samples", "4", *extra]
+        runs[name] = subprocess.run(command, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    folders = {name: str(root / name) for name, run in runs.items() if run.returncode == 0}
     out = run_without_package(
         f"""
+        import json
         from transformers import pipeline
-        translate = pipeline("translation", model={str(tmp_path / "tuned")!r}, trust_remote_code=True)
-        print(translate("Jesus wept.", num_beams=1, max_new_tokens=5)[0]["translation_text"])
+        translations = {{}}
+        for name, folder in {folders!r}.items():
+            translate = pipeline("translation", model=folder, trust_remote_code=True)
+            translations[name] = translate("Jesus wept.", num_beams=1, max_new_tokens=5)[0]["translation_text"]
+        print(json.dumps(translations))
         """
     )
-    assert out.strip()
+    translations = json.loads(out.strip().splitlines()[-1])
+    return {name: (run, root / name, translations.get(name)) for name, run in runs.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["full", "lora"])
+def test_the_finetuning_example_runs_and_its_folder_translates(finetuned, name):
+    done, folder, translation = finetuned[name]
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "'eval_bleu'" in done.stdout
+    if name == "lora":
+        assert (folder / "adapter" / "adapter_model.safetensors").is_file()
+    assert translation.strip()
 
 
 def test_weights_that_do_not_fit_are_refused_not_left_random(hub_tiny_model, tmp_path):
