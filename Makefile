@@ -29,9 +29,9 @@ install: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH_SPEC)
 	$(BIN)/pip install -q -e ".[test]" $(PIN)
 
-test: install
+test: install  # the whole suite, tests spread over up to 4 processes (pytest-xdist)
 	@$(BIN)/python -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q --durations=10 $(TESTS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n auto --maxprocesses 4 --durations=10 $(TESTS)
 
 test-fast: install  # every unit test; no process started, no command run end to end
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" --durations=10 $(TESTS)
