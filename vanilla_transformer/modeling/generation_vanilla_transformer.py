@@ -225,7 +225,7 @@ def _checked_options(kwargs, generation_config, setting):
 def _check_source_fits(model, source) -> None:
     """Refuse an input longer than a learned position table (the pipeline's `source_length_limit`)."""
     limit = model.config.max_position_embeddings
-    if source is not None and getattr(model.config, "position_encoding", None) == "learned" and source.size(1) > limit:
+    if source is not None and model.config.position_encoding == "learned" and source.size(1) > limit:
         raise ValueError(f"The input is {source.size(1)} tokens long; this model reads at most {limit} "
                          f"(max_position_embeddings). Truncate it: tokenizer(..., truncation=True, max_length={limit}).")
 
@@ -247,8 +247,7 @@ def _source_length_cap(model, source, kwargs, generation_config, offset: int, se
     # A stored max_new_tokens is a ceiling (see the top of this file); learned position tables end
     # at max_position_embeddings (sinusoids take it as a hint).
     ceiling = min(model.generation_config.max_new_tokens or math.inf, model.config.max_position_embeddings - prompt)
-    eos = setting("eos_token_id")
-    return SourceLengthCap((lengths + offset).clamp(max=ceiling), eos[0] if isinstance(eos, (list, tuple)) else eos, prompt)
+    return SourceLengthCap((lengths + offset).clamp(max=ceiling), _first(setting("eos_token_id")), prompt)
 
 
 def _with_longest_output(model, cap: SourceLengthCap, kwargs, generation_config):
@@ -385,9 +384,9 @@ def _with_one_length_cap(logits_processor, sentences: int, eos: int, prompt_leng
     return LogitsProcessorList([*others, SourceLengthCap(limit, eos, prompt_length)])
 
 
-def _eos(generation_config) -> int:
-    eos = generation_config.eos_token_id
-    return eos[0] if isinstance(eos, (list, tuple)) else eos
+def _first(eos_token_id) -> int:
+    """The </s> our searches and the cap force: the first where several are given."""
+    return eos_token_id[0] if isinstance(eos_token_id, (list, tuple)) else eos_token_id
 
 
 class _LiveRows:
@@ -404,8 +403,9 @@ class _LiveRows:
         self.encoder_outputs = BaseModelOutput(last_hidden_state=model_kwargs["encoder_outputs"].last_hidden_state)
         self.attention_mask = model_kwargs.get("attention_mask")
         self.output_attentions, self.output_hidden_states = output_attentions, output_hidden_states
-        self.processors = _with_one_length_cap(logits_processor, rows // rows_per_sentence, _eos(generation_config),
-                                               prompt_length, input_ids.device)
+        eos = _first(generation_config.eos_token_id)
+        self.processors = _with_one_length_cap(logits_processor, rows // rows_per_sentence, eos, prompt_length,
+                                               input_ids.device)
         self.project = fast.output_projection(model, rows)
 
     @property
@@ -467,7 +467,7 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     rows = input_ids.size(0)
     decoder = _LiveRows(model, input_ids, logits_processor, generation_config, model_kwargs)
     prune = prune and decoder.can_leave(per_step_outputs=False)
-    eos = _eos(generation_config)
+    eos = _first(generation_config.eos_token_id)
     pad = generation_config.pad_token_id if generation_config.pad_token_id is not None else eos
 
     sequences = input_ids.new_full((rows, generation_config.max_length), pad)
@@ -532,7 +532,7 @@ class TransformersRanking:
         self.keep = generation_config.num_beams
         self.early_stopping = generation_config.early_stopping
         self.longest = generation_config.max_length - prompt_length
-        self.fill = generation_config.pad_token_id or _eos(generation_config)
+        self.fill = generation_config.pad_token_id or _first(generation_config.eos_token_id)
 
     def penalty(self, length):
         return length**self.alpha
