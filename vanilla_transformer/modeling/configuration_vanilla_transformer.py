@@ -112,11 +112,11 @@ class VanillaTransformerConfig(PretrainedConfig):
         source_lang / target_lang / dataset_name: the language pair the model was trained to translate
             and the data set it was trained on (written by training; None when unknown), so that scoring
             or translating another pair can be warned about.
-        fast_paths: True (the default) lets the speed-ups run: drop-ins that give the plain path's numbers
-            with less work (fast_modeling_vanilla_transformer.py: CPU dropout, closed-form smoothed
-            cross-entropy, a table of sinusoids; fast_generation_vanilla_transformer.py for decoding).
-            False runs the plain paper path everywhere. Read at every call: `model.config.fast_paths =
-            False` takes effect at once.
+        fast_paths: True (the default) builds the model with its speed-ups, which give the plain path's
+            numbers with less work: the smoothed cross-entropy with its gradient in closed form
+            (fast_modeling_vanilla_transformer.py), and in decoding the output projection on oneDNN
+            (fast_generation_vanilla_transformer.py). False builds and decodes on the plain paper path.
+            Read when the model is built (and by `generate`).
     """
 
     model_type = "vanilla_transformer"

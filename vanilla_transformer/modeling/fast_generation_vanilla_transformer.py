@@ -17,7 +17,11 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 
-from .fast_modeling_vanilla_transformer import enabled  # the one switch, config.fast_paths
+
+
+def enabled(config) -> bool:
+    """The one switch: `config.fast_paths`."""
+    return config.fast_paths
 
 
 # The output projection (§3.4's pre-softmax linear transformation, d_model x vocabulary) is the largest
