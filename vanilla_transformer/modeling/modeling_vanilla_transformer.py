@@ -154,12 +154,15 @@ class MultiHeadAttention(nn.Module):
 
 def additive_mask(mask, module, query, key):
     """The additive mask of the explicit function from a mask built for torch's fused kernel: a boolean
-    one (True where attention is allowed), or None where the kernel applies §3.2.3's causality itself."""
+    one (True where attention is allowed), or None where the kernel applies §3.2.3's causality itself.
+    An additive mask is returned as it is."""
+    if mask is not None and mask.dtype != torch.bool:
+        return mask
     if mask is None:
         queries, keys = query.size(-2), key.size(-2)
         if not (module.is_causal and queries > 1):
             return None
-        mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
+        mask = torch.ones(1, 1, queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
     return torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, torch.finfo(query.dtype).min)
 
 
@@ -518,14 +521,14 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
-        self.encoder = VanillaTransformerEncoder(config)
-        self.decoder = VanillaTransformerDecoder(config)
         if config.tie_word_embeddings:  # §3.4: one matrix for the source and the target, tied by transformers
             self.shared = nn.Embedding(config.vocab_size, config.d_model)
             self._tied_weights_keys = {
                 "encoder.embeddings.embed_tokens.weight": "shared.weight",
                 "decoder.embeddings.embed_tokens.weight": "shared.weight",
             }
+        self.encoder = VanillaTransformerEncoder(config)
+        self.decoder = VanillaTransformerDecoder(config)
         self.post_init()
 
     def get_input_embeddings(self):
