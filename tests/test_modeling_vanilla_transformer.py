@@ -10,8 +10,8 @@ from vanilla_transformer import (
 )
 from vanilla_transformer.modeling.arguments_vanilla_transformer import CACHE_NAME
 from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES
+from vanilla_transformer.modeling.arguments_vanilla_transformer import additive_mask
 from vanilla_transformer.modeling.modeling_vanilla_transformer import (
-    additive_mask,
     scaled_dot_product_attention,
     shift_tokens_right,
     sinusoidal_encoding,

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .arguments_vanilla_transformer import explicit_attention
-from .modeling_vanilla_transformer import MultiHeadAttention, additive_mask
+from .arguments_vanilla_transformer import additive_mask, explicit_attention
+from .modeling_vanilla_transformer import MultiHeadAttention
 
 
 # --------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .arguments_vanilla_transformer import (
     CACHE_NAME,
+    additive_mask,
     check_cache_and_checkpointing,
     check_decoder_inputs,
     check_encoder_inputs,
@@ -150,20 +151,6 @@ class MultiHeadAttention(nn.Module):
             attention, attention_mask = scaled_dot_product_attention, additive_mask(attention_mask, self, q, k)
         dropout = self.dropout if self.training else 0.0
         return attention(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling)
-
-
-def additive_mask(mask, module, query, key):
-    """The additive mask of the explicit function from a mask built for torch's fused kernel: a boolean
-    one (True where attention is allowed), or None where the kernel applies §3.2.3's causality itself.
-    An additive mask is returned as it is."""
-    if mask is not None and mask.dtype != torch.bool:
-        return mask
-    if mask is None:
-        queries, keys = query.size(-2), key.size(-2)
-        if not (module.is_causal and queries > 1):
-            return None
-        mask = torch.ones(1, 1, queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
-    return torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, torch.finfo(query.dtype).min)
 
 
 def attention_class(config: VanillaTransformerConfig):

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..modeling.attention_variants_vanilla_transformer import predicted_position
-from ..modeling.modeling_vanilla_transformer import additive_mask
+from ..modeling.arguments_vanilla_transformer import additive_mask
 
 KINDS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
 
