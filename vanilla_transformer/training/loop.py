@@ -356,8 +356,7 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
     sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss, nll, tokens
     sampler = TokenBatchSampler(split.lengths, args.max_tokens, **shard)
     for batch in _batches(split, sampler, collate, accelerator.device):
-        logits = _forward(model, batch)
-        loss, nll = label_smoothed_loss(logits, batch["labels"], args.label_smoothing, fast_paths(model.config))
+        loss, nll = _loss(model, batch, args.label_smoothing)
         sums += torch.stack([loss.double(), nll.double(), (batch["labels"] != IGNORE_INDEX).sum().double()])
     loss, nll, tokens = accelerator.gather_for_metrics(sums.unsqueeze(0)).sum(0).tolist()
     metrics = {"loss": loss / tokens, "nll": nll / tokens, "perplexity": math.exp(min(nll / tokens, 100.0))}
@@ -398,6 +397,13 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
         )
     model.train(was_training)
     return metrics
+
+
+def _loss(model, batch, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's label-smoothed loss and NLL, each summed over its target tokens (§5.4): the one place
+    the loop computes a loss, for training and evaluation alike."""
+    config = getattr(model, "module", model).config
+    return label_smoothed_loss(_forward(model, batch), batch["labels"], label_smoothing, fast_paths(config))
 
 
 def _forward(model, batch) -> torch.Tensor:
@@ -798,12 +804,11 @@ def _optimizer_step(run: _Run, micro_batches: list[dict], total_tokens: int) -> 
     label-smoothed loss and NLL per target token, and the learning rate it used."""
     accelerator, model, world = run.accelerator, run.model, run.accelerator.num_processes
     model.train()
-    fast = fast_paths(accelerator.unwrap_model(model).config)  # the closed-form loss, or F.cross_entropy
     sums = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     for i, batch in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
         with nullcontext() if last else accelerator.no_sync(model):  # all-reduce gradients once per step
-            loss, nll = label_smoothed_loss(_forward(model, batch), batch["labels"], run.args.label_smoothing, fast)
+            loss, nll = _loss(model, batch, run.args.label_smoothing)
             # DDP averages gradients over processes; * world turns that average into a sum.
             accelerator.backward(loss * world / total_tokens)
         sums += torch.stack([loss.detach().double(), nll.double()])
