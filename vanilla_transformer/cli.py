@@ -233,7 +233,8 @@ def _train_optimisation_group(p: argparse.ArgumentParser) -> None:
     optim.add_argument("--max-grad-norm", type=float, help="clip the gradient norm (not in the paper; default: off)")
     optim.add_argument(
         "--mixed-precision", choices=("no", "fp16", "bf16"),
-        help="default: what `accelerate launch`/`accelerate config` say, else no",
+        help="default: what `accelerate launch`/`accelerate config` say, else bf16 on a GPU that has it (fp16 on one "
+        "that does not) and no on a CPU",
     )
 
 

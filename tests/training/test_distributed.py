@@ -238,3 +238,22 @@ def test_deepspeed_launch_without_gpus_names_the_cause(monkeypatch):
                                          r"ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu"):
         check_world_size(alone)
     check_world_size(SimpleNamespace(num_processes=2, distributed_type=DistributedType.DEEPSPEED, device=torch.device("cpu")))
+
+
+@pytest.mark.parametrize(
+    "cuda, bf16, launcher, expected",
+    [(True, True, None, "bf16"), (True, False, None, "fp16"), (False, False, None, None), (True, True, "no", None)],
+    ids=["bf16 GPU", "older GPU", "CPU", "the launcher says"],
+)
+def test_mixed_precision_defaults_to_bf16_on_a_gpu_that_has_it(monkeypatch, cuda, bf16, launcher, expected):
+    # Proves: without --mixed-precision a run on a GPU trains in bf16 autocast (fp16, which Accelerate pairs
+    # with a loss scaler, on a GPU without bf16), a CPU run in fp32, and a launcher's own setting is kept.
+    from vanilla_transformer.training.distributed import default_mixed_precision
+
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    if launcher is not None:
+        monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launcher)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    assert default_mixed_precision() == expected
