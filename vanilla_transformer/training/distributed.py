@@ -25,6 +25,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import DistributedType
 
 __all__ = [
+    "DEFAULT_DDP_TIMEOUT",
     "configure_deepspeed",
     "default_mixed_precision",
     "describe",
@@ -39,6 +40,9 @@ logger = get_logger(__name__)
 # The flags `accelerate launch --use_fsdp / --use_deepspeed` (or a config file) set for the processes.
 _ENGINE_FLAGS = {"FSDP": "ACCELERATE_USE_FSDP", "DEEPSPEED": "ACCELERATE_USE_DEEPSPEED"}
 _CPU_FIX = "set ACCELERATE_USE_CPU=1 (or `accelerate launch --cpu`) on a machine without GPUs"
+# Seconds a process waits in a collective for the others: the main process learns the vocabulary and
+# tokenises a WMT-size corpus meanwhile, which outlasts NCCL's default of 10 minutes.
+DEFAULT_DDP_TIMEOUT = 3 * 60 * 60
 
 
 def _flag(name: str) -> bool:
@@ -75,16 +79,21 @@ def default_mixed_precision() -> str | None:
     return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
 
 
-def start_accelerator(**kwargs) -> Accelerator:
+def start_accelerator(ddp_timeout: float = DEFAULT_DDP_TIMEOUT, **kwargs) -> Accelerator:
     """`Accelerator(**kwargs)`, refusing (ValueError) a launch whose processes would not train together.
 
-    fp32 matrix products on a GPU use TF32 (what stays fp32 under autocast: the optimiser's arithmetic is elementwise and stays exact).
+    `ddp_timeout` (seconds) is how long a process waits in a collective; fp32 matrix products on a GPU
+    use TF32 (what stays fp32 under autocast: the optimiser's arithmetic is elementwise and stays exact).
     """
+    from datetime import timedelta
+
     import torch
+    from accelerate.utils import InitProcessGroupKwargs
 
     engine = requested_engine()
+    handlers = [*kwargs.pop("kwargs_handlers", []), InitProcessGroupKwargs(timeout=timedelta(seconds=ddp_timeout))]
     try:
-        accelerator = Accelerator(**kwargs)
+        accelerator = Accelerator(kwargs_handlers=handlers, **kwargs)
     except RuntimeError as err:
         if engine == "FSDP" and "no available devices" in str(err):
             raise ValueError(

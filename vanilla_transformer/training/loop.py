@@ -65,7 +65,7 @@ from .checkpoints import (
     save_checkpoint,
 )
 from .data import PadCollator, PrefetchedBatches, TokenBatchSampler, TokenizedSplit, tokenize_pairs
-from .distributed import configure_deepspeed, default_mixed_precision, end_training, start_accelerator
+from .distributed import DEFAULT_DDP_TIMEOUT, configure_deepspeed, default_mixed_precision, end_training, start_accelerator
 from .lock import RunLock
 from ..modeling.fast_modeling_vanilla_transformer import enabled as fast_paths
 from .loss import IGNORE_INDEX, label_smoothed_loss
@@ -132,6 +132,8 @@ class TrainingArguments:
     test_samples: int | None = None  # test pairs translated at the end (None: all, the headline numbers)
     num_beams: int = 4
     length_penalty: float = 0.6
+    # Processes: how long one waits in a collective (seconds) while the main process prepares the data
+    ddp_timeout: int = DEFAULT_DDP_TIMEOUT
     # Logging
     log_steps: int = 50
     report_to: str | None = None  # "tensorboard": logs under output_dir/runs
@@ -141,7 +143,7 @@ class TrainingArguments:
     def validate(self) -> None:
         """Fail early, naming the option and what it accepts."""
         positive = ("max_length", "vocab_size", "max_tokens", "gradient_accumulation_steps", "save_steps",
-                    "keep_checkpoints", "average_last", "eval_steps", "num_beams", "log_steps")
+                    "keep_checkpoints", "average_last", "eval_steps", "num_beams", "log_steps", "ddp_timeout")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -485,6 +487,7 @@ def train(args: TrainingArguments) -> dict:
         logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per file saved is noise
     accelerator = start_accelerator(  # refuses a launch whose processes would train alone; logs what runs
+        ddp_timeout=args.ddp_timeout,
         mixed_precision=args.mixed_precision or default_mixed_precision(),
         log_with=args.report_to,
         project_dir=str(Path(args.output_dir) / "runs") if args.report_to else None,
@@ -719,9 +722,13 @@ def _record_language_pair(config, source_lang: str, target_lang: str, dataset: s
 
 def _prepare_data(args: TrainingArguments, accelerator):
     """The raw splits, the language pair, the tokenizer, and the tokenised training and evaluation splits."""
-    with accelerator.main_process_first():  # the main process trains the tokenizer and fills the map cache
+    # Each machine's first process reads the data and fills the map cache on its own disk before the others
+    # read them; the tokenizer, in output_dir (which every machine shares), is learnt by the main process alone.
+    with accelerator.local_main_process_first():
         data, source_lang, target_lang = _load_splits(args)
+    with accelerator.main_process_first():
         tokenizer = _load_tokenizer(args, data, source_lang, target_lang)
+    with accelerator.local_main_process_first():
         train_split = tokenize_pairs(
             data["train"], tokenizer, source_lang, target_lang, args.max_length, args.truncate, name="train"
         )
@@ -977,10 +984,9 @@ def _finish(run: _Run) -> dict:
             example=_card_example(run),
         )
         logger.info(f"saved {RESULTS_FILE} and the model card to {args.output_dir}")
-        if args.push_to_hub:
-            _upload(args.output_dir, args.push_to_hub)
-    accelerator.wait_for_everyone()
     end_training(run)  # frees the DDP wrapper before the process group (a gloo hang at exit otherwise)
+    if accelerator.is_main_process and args.push_to_hub:  # after the barrier: no process waits on the upload
+        _upload(args.output_dir, args.push_to_hub)
     return results
 
 
