@@ -71,7 +71,7 @@ from ..modeling.fast_modeling_vanilla_transformer import enabled as fast_paths
 from .loss import IGNORE_INDEX, label_smoothed_loss
 from .schedule import PAPER_WARMUP_STEPS, check_schedule, make_optimizer, make_scheduler
 
-__all__ = ["TrainingArguments", "evaluate", "prepare", "train"]
+__all__ = ["TrainingArguments", "evaluate", "full_model", "prepare", "train"]
 
 logger = get_logger(__name__)  # logs on the main process only
 
@@ -343,7 +343,7 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
     `perplexity` exp(NLL per target token) without smoothing. BLEU and chrF are the package's
     `evaluate` metric (`metrics.BLEU_CHRF`: sacrebleu's command-line defaults), with signatures.
     """
-    model = accelerator.unwrap_model(model)
+    model = full_model(accelerator, model)
     was_training = model.training
     model.eval()
     collate = PadCollator(tokenizer.pad_token_id)
@@ -385,6 +385,32 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
         )
     model.train(was_training)
     return metrics
+
+
+def full_model(accelerator, model):
+    """The model unwrapped, to evaluate, decode and save. Under FSDP2, whose layers hold shards of their
+    weights and gather them in every forward (all processes together), a plain copy with the whole weights
+    on each process, gathered by all of them here: each can then score and decode its own batches, of
+    different numbers and lengths, without waiting for the others."""
+    from torch.distributed.fsdp import FSDPModule
+
+    unwrapped = accelerator.unwrap_model(model)
+    if not isinstance(unwrapped, FSDPModule):
+        return unwrapped
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    weights = get_model_state_dict(unwrapped, options=StateDictOptions(full_state_dict=True))
+    full = type(unwrapped)(unwrapped.config).to(accelerator.device)
+    _load_weights(full, weights)
+    full.generation_config = unwrapped.generation_config
+    return full.train(unwrapped.training)
+
+
+def _load_weights(model, weights: dict) -> None:
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or set(missing) - set(model.all_tied_weights_keys):
+        raise RuntimeError(f"the weights do not fit the model: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
 
 
 def _translate(model, tokenizer, batches, indices: list[list[int]], args: TrainingArguments) -> list[tuple[int, str]]:
@@ -597,6 +623,9 @@ def _on_main(accelerator, decide) -> int | None:
 
 def _setup(args: TrainingArguments, accelerator) -> _Run:
     """On every process: where to resume from, the data, tokenizer, model, optimiser and schedule."""
+    if accelerator.distributed_type == DistributedType.FSDP and args.ema_decay is not None:
+        raise ValueError("`ema_decay` is not supported under FSDP: the moving average would hold each process's "
+                         "shards of the weights; train without it, or with DDP")
     checkpoint_root = Path(args.output_dir) / CHECKPOINTS
     resume_step = _on_main(accelerator, lambda: _resume_step(args, checkpoint_root))
     resume_from = None if resume_step is None else checkpoint_path(checkpoint_root, resume_step)
@@ -1018,12 +1047,9 @@ def _final_weights(run: _Run):
     average replaces them when its validation perplexity is lower. Returns the unwrapped model and what
     its weights are: {"averaged_checkpoints": names, "weight_average": the comparison, or None}."""
     chosen = list_checkpoints(run.checkpoint_root)[-run.args.average_last :]
-    unwrapped = run.accelerator.unwrap_model(run.model)
+    unwrapped = full_model(run.accelerator, run.model)  # every process: under FSDP they gather the weights together
     if len(chosen) > 1:
-        missing, unexpected = unwrapped.load_state_dict(average_checkpoints(chosen), strict=False)
-        if unexpected or set(missing) - set(unwrapped.all_tied_weights_keys):
-            raise RuntimeError(f"averaged weights do not fit the model: missing {missing}, unexpected {unexpected}")
-        unwrapped.tie_weights()
+        _load_weights(unwrapped, average_checkpoints(chosen))
         logger.info(f"final weights: the average of {', '.join(p.name for p in chosen)}")
     compared = _compare_weight_average(run, unwrapped) if run.average is not None else None
     return unwrapped, {"averaged_checkpoints": [p.name for p in chosen], "weight_average": compared}
@@ -1066,7 +1092,7 @@ def _final_results(run: _Run, unwrapped, weights: dict, elapsed: float) -> dict:
         # Validation translates what it translated during training (`eval_samples`); the test split,
         # which the headline numbers come from, is translated whole unless `test_samples` says otherwise.
         samples = args.eval_samples if name == "validation" and "test" in run.eval_splits else args.test_samples
-        results[name] = evaluate(run.accelerator, run.model, run.tokenizer, split, args, translate_samples=samples)
+        results[name] = evaluate(run.accelerator, unwrapped, run.tokenizer, split, args, translate_samples=samples)
         _report(run.accelerator, state, run.step, name, results[name])
     results["history"] = state["history"]
     # The headline numbers, flat, as the model card reads them.
