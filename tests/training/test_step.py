@@ -192,7 +192,14 @@ def test_evaluation_loss_and_perplexity_are_per_target_token_over_the_whole_spli
     assert metrics["perplexity"] == pytest.approx(math.exp(nll.item() / tokens), rel=rel)
 
 
-def test_a_bf16_step_evaluation_and_decoding_run_under_autocast_with_no_fp32_copy_of_the_logits(tmp_path):
+@pytest.fixture
+def fresh_accelerator_state():
+    """Accelerate keeps one state per process: the next test's Accelerator must not inherit this one's bf16."""
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_a_bf16_step_evaluation_and_decoding_run_under_autocast_with_no_fp32_copy_of_the_logits(tmp_path, fresh_accelerator_state):
     # Proves: in a bf16 run the logits reach the loss as the model made them, in bf16 (Accelerate's wrapper
     # of `forward` copied them to fp32: 4 bytes more per logit), in training and in evaluation, and decoding
     # runs under the same autocast (its output projection computes in bf16).
