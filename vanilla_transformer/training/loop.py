@@ -400,7 +400,7 @@ def full_model(accelerator, model):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     weights = get_model_state_dict(unwrapped, options=StateDictOptions(full_state_dict=True))
-    full = type(unwrapped)(unwrapped.config).to(accelerator.device)
+    full = VanillaTransformerForConditionalGeneration(unwrapped.config).to(accelerator.device)
     _load_weights(full, weights)
     full.generation_config = unwrapped.generation_config
     return full.train(unwrapped.training)
@@ -893,6 +893,7 @@ def _optimizer_step(run: _Run, micro_batches: list[tuple[dict, int]]) -> tuple[i
         run.loss_sums[1] += nll.double()
     run.loss_sums[0] += step_loss
     norm = None if deepspeed else accelerator.clip_grad_norm_(model.parameters(), run.args.max_grad_norm or math.inf)
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor
     bad = ~torch.isfinite(step_loss)
     skip = None if norm is None or accelerator.scaler is not None else ~torch.isfinite(norm)  # fp16's scaler skips
     if skip is not None:  # the gradients are all-reduced: every process decides alike
@@ -917,7 +918,8 @@ def _skip_on_device_if(run: _Run, skip: torch.Tensor) -> None:
     """Have the optimiser leave the weights as they are when `skip` (a device bool, the same on every process:
     it comes from the all-reduced gradients) is true; without device support, check on the host now."""
     optimizer = run.optimizer.optimizer
-    if getattr(optimizer, "_step_supports_amp_scaling", False):
+    fsdp = run.accelerator.distributed_type == DistributedType.FSDP  # its parameters are DTensors: checked on the host
+    if getattr(optimizer, "_step_supports_amp_scaling", False) and not fsdp:
         optimizer.found_inf = skip.float()
     elif skip.item():
         run.optimizer.zero_grad(set_to_none=True)
