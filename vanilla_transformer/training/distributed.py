@@ -150,7 +150,7 @@ def describe(accelerator) -> str:
         import torch
 
         devices = f"{world} x cuda ({torch.cuda.get_device_name(device)})"
-        tf32 = " (fp32 matmuls in TF32)" if torch.backends.cuda.matmul.allow_tf32 else ""
+        tf32 = ", fp32 matmuls in TF32" if torch.backends.cuda.matmul.allow_tf32 else ""
     else:
         devices = f"{world} x {device.type}"
     kind = accelerator.distributed_type
@@ -166,7 +166,7 @@ def describe(accelerator) -> str:
         kind_text = "none (one process)" if kind == DistributedType.NO else kind.name
     return (
         f"distributed: {kind_text}, world size {world} ({machines} machine(s) x {per_machine} process(es)), "
-        f"mixed precision {accelerator.mixed_precision}{tf32}, devices {devices}"
+        f"mixed precision {accelerator.mixed_precision}, devices {devices}{tf32}"
     )
 
 
