@@ -1,5 +1,11 @@
 """The first GPU run in one go (issue #47): `python -m benchmarks.gpu_smoke` on a CUDA machine, no network.
 
+    PYTHONPATH=. HF_HUB_OFFLINE=1 python -m benchmarks.gpu_smoke            # all parts
+    PYTHONPATH=. HF_HUB_OFFLINE=1 python -m benchmarks.gpu_smoke --skip fsdp tests   # the measurements only
+
+It needs what `make install` puts in the venv (torch with CUDA, transformers, accelerate, datasets,
+sacrebleu, pytest) and nothing from the network.
+
 It writes `benchmarks/results/gpu-smoke-<date>-<device>.json` and `.md`, naming the device, with:
 
 - the GPU tests (`make test-gpu`: tests/test_gpu.py and the compiled static-cache test), passed or not;
@@ -22,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -190,7 +197,13 @@ def run_command(command: list, timeout: int, env=None) -> dict:
 
 
 def gpu_tests(timeout: int) -> dict:
-    result = run_command(["make", "test-gpu", f"GPU_PYTHON={sys.executable}"], timeout)
+    """`make test-gpu` with this Python; where there is no make, the same tests (the Makefile's GPU_TESTS)."""
+    if shutil.which("make"):
+        command = ["make", "test-gpu", f"GPU_PYTHON={sys.executable}"]
+    else:
+        tests = re.search(r"^GPU_TESTS = (.*)$", (ROOT / "Makefile").read_text(), re.MULTILINE).group(1).split()
+        command = [sys.executable, "-m", "pytest", "-q", *tests]
+    result = run_command(command, timeout)
     summary = re.findall(r"^=*\s*(\d+ (?:passed|failed|skipped|error).*?)\s*=*$", result["output_tail"], re.MULTILINE)
     return {**result, "summary": summary[-1] if summary else None}
 
