@@ -233,7 +233,8 @@ def _train_optimisation_group(p: argparse.ArgumentParser) -> None:
     optim.add_argument("--max-grad-norm", type=float, help="clip the gradient norm (not in the paper; default: off)")
     optim.add_argument(
         "--mixed-precision", choices=("no", "fp16", "bf16"),
-        help="default: what `accelerate launch`/`accelerate config` say, else no",
+        help="default: what `accelerate launch`/`accelerate config` say, else bf16 on a GPU that has it (fp16 on one "
+        "that does not) and no on a CPU",
     )
 
 
@@ -268,6 +269,11 @@ def _train_output_group(p: argparse.ArgumentParser) -> None:
                         help="upload the finished folder to this Hub model repository (token from HF_TOKEN or `hf auth login`)")
     output.add_argument("--log-steps", type=int, default=50, help="tracker logging interval (default: %(default)s)")
     output.add_argument("--report-to", choices=("tensorboard",), help="tracker, logging under OUTPUT_DIR/runs")
+    output.add_argument(
+        "--ddp-timeout", type=int, default=10800, metavar="SECONDS",
+        help="how long a process waits for the others in a collective, e.g. while the main process learns the "
+        "vocabulary and tokenises (default: %(default)s)",
+    )
 
 
 def _parse_overrides(p: argparse.ArgumentParser, text: str) -> dict:
