@@ -476,7 +476,7 @@ def test_location_model_translates_sources_up_to_its_map_minus_the_decoding_cap(
     model = make_model(attention_score="location", location_max_length=60, eos_token_id=VOCAB - 1)
     model.generation_config = paper_generation_config(model.config)
     ids = torch.randint(3, VOCAB - 1, (1, 11))
-    bad_words = dict(bad_words_ids=[[VOCAB - 1]])  # never </s> before the cap forces it
+    bad_words = dict(suppress_tokens=[VOCAB - 1])  # never </s> (bad_words_ids may not hold </s>)
     assert model.generate(ids[:, :10], num_beams=4, **bad_words).shape == (1, 61)  # start + 50 + 10 tokens
     with pytest.raises(ValueError, match="`location_max_length`=60"):
         model.generate(ids, num_beams=4, **bad_words)

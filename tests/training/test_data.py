@@ -14,7 +14,8 @@ from vanilla_transformer.training.data import (
     encode_texts,
     tokenize_pairs,
 )
-from vanilla_transformer.training.loss import IGNORE_INDEX, label_smoothed_loss
+from vanilla_transformer.modeling.modeling_vanilla_transformer import LabelSmoothedCrossEntropy
+from vanilla_transformer.training.data import IGNORE_INDEX
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +72,10 @@ def test_loss_is_a_sum_over_non_padding_tokens():
 
     logits = torch.randn(2, 3, 11)
     labels = torch.tensor([[1, 2, IGNORE_INDEX], [3, IGNORE_INDEX, IGNORE_INDEX]])
-    loss, nll = label_smoothed_loss(logits, labels, epsilon=0.0)
+    loss, nll = LabelSmoothedCrossEntropy()(logits, labels, 0.0)  # the model's loss, which training asks for
     expected = -sum(logits[b, t].log_softmax(-1)[labels[b, t]] for b, t in ((0, 0), (0, 1), (1, 0)))
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5) and nll.item() == pytest.approx(loss.item())
-    smoothed, _ = label_smoothed_loss(logits, labels, epsilon=0.1)
+    smoothed, _ = LabelSmoothedCrossEntropy()(logits, labels, 0.1)
     uniform = -sum(logits[b, t].log_softmax(-1).mean() for b, t in ((0, 0), (0, 1), (1, 0)))
     assert smoothed.item() == pytest.approx(0.9 * expected.item() + 0.1 * uniform.item(), rel=1e-5)
 

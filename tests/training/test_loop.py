@@ -258,9 +258,9 @@ def test_bad_data_files_are_clear_errors(tmp_path, small_run, capsys):
 def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, small_task, small_run, monkeypatch, capsys):
     real_loss, calls = loop._loss, []
 
-    def loss_that_breaks_at_step_3(model, batch, label_smoothing):
+    def loss_that_breaks_at_step_3(model, batch):
         calls.append(1)
-        loss, nll = real_loss(model, batch, label_smoothing)
+        loss, nll = real_loss(model, batch)
         return (loss * float("nan"), nll) if len(calls) == 3 else (loss, nll)
 
     monkeypatch.setattr(loop, "_loss", loss_that_breaks_at_step_3)

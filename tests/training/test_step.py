@@ -29,7 +29,7 @@ from vanilla_transformer.training.loop import (
     evaluate,
     prepare,
 )
-from vanilla_transformer.training.loss import IGNORE_INDEX
+from vanilla_transformer.training.data import IGNORE_INDEX
 from vanilla_transformer.training.schedule import make_optimizer, make_scheduler, noam_rate
 
 PAD, VOCAB, D_MODEL, WARMUP, SMOOTHING = 0, 24, 32, 10, 0.1
@@ -49,6 +49,7 @@ def tiny_model(fast_paths: bool = True) -> VanillaTransformerForConditionalGener
     config = VanillaTransformerConfig.from_preset(
         "tiny", vocab_size=VOCAB, d_model=D_MODEL, d_ff=64, num_heads=2, encoder_layers=1, decoder_layers=1,
         dropout=0.0, pad_token_id=PAD, bos_token_id=1, eos_token_id=2, fast_paths=fast_paths,
+        label_smoothing=SMOOTHING,  # the model's own loss is the run's: `train` sets it from its argument
     )
     return VanillaTransformerForConditionalGeneration(config).double()
 

@@ -22,10 +22,9 @@ import datasets
 import numpy as np
 import torch
 
-from .loss import IGNORE_INDEX
-
 __all__ = ["PadCollator", "PrefetchedBatches", "TokenBatchSampler", "TokenizedSplit", "tokenization_workers", "tokenize_pairs"]
 
+IGNORE_INDEX = -100  # the label of padding positions, which the loss skips (transformers' convention)
 PAIRS_PER_WORKER = 200_000  # below this a worker process costs more (start, pickling the tokenizer) than it saves
 NUM_PROC_ENV = "VANILLA_TRANSFORMER_NUM_PROC"  # set to override how many processes tokenise a large split
 

@@ -51,7 +51,7 @@ from ..modeling.generation_vanilla_transformer import paper_generation_config
 from ..hub import RESULTS_FILE, save_model_files, write_model_card, write_results
 from ..inference import MAX_LENGTH_PENALTY, load_pretrained
 from ..metrics import load as load_metric, repeated_phrase
-from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
+from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from ..staging import STAGING_PREFIX, DiskFull, sweep_staging
 from ..tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
 from .averaging import WeightAverage
@@ -67,8 +67,6 @@ from .checkpoints import (
 from .data import PadCollator, PrefetchedBatches, TokenBatchSampler, TokenizedSplit, tokenize_pairs
 from .distributed import DEFAULT_DDP_TIMEOUT, configure_deepspeed, default_mixed_precision, end_training, start_accelerator
 from .lock import RunLock
-from ..modeling.fast_modeling_vanilla_transformer import enabled as fast_paths
-from .loss import IGNORE_INDEX, label_smoothed_loss
 from .schedule import PAPER_WARMUP_STEPS, check_schedule, make_optimizer, make_scheduler
 
 __all__ = ["TrainingArguments", "evaluate", "full_model", "prepare", "train"]
@@ -352,7 +350,7 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
     sampler = TokenBatchSampler(split.lengths, args.max_tokens, **shard)
     with PrefetchedBatches(split, sampler, collate, accelerator.device) as batches, accelerator.autocast():
         for batch, batch_tokens in batches:
-            loss, nll = _loss(model, batch, args.label_smoothing)
+            loss, nll = _loss(model, batch)
             sums += torch.stack([loss.double(), nll.double()])
             tokens += batch_tokens
     sums = torch.cat([sums, sums.new_tensor([tokens])])
@@ -429,19 +427,13 @@ def _translate(model, tokenizer, batches, indices: list[list[int]], args: Traini
     return translations
 
 
-def _loss(model, batch, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batch's label-smoothed loss and NLL, each summed over its target tokens (§5.4): the one place
-    the loop computes a loss, for training and evaluation alike."""
-    config = getattr(model, "module", model).config
-    return label_smoothed_loss(_forward(model, batch), batch["labels"], label_smoothing, fast_paths(config))
-
-
-def _forward(model, batch) -> torch.Tensor:
-    config = getattr(model, "module", model).config
-    decoder_input_ids = shift_tokens_right(batch["labels"], config.pad_token_id, config.decoder_start_token_id)
-    return model(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], decoder_input_ids=decoder_input_ids
-    ).logits
+def _loss(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's label-smoothed loss and NLL, each summed over its target tokens (§5.4): the model's own loss
+    from `labels` (summed: `num_items_in_batch=1`; the loop divides by the step's target tokens over every
+    micro-batch and process), for training and evaluation alike."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"],
+                num_items_in_batch=1)
+    return out.loss, out.nll
 
 
 def _describe(metrics: dict) -> str:
@@ -633,6 +625,8 @@ def _setup(args: TrainingArguments, accelerator) -> _Run:
     data, source_lang, target_lang, tokenizer, train_split, eval_splits = _prepare_data(args, accelerator)
 
     model = _load_model(args, tokenizer, resume_from)
+
+    model.config.label_smoothing = args.label_smoothing  # the model's own loss is the run's objective (§5.4)
     _record_language_pair(model.config, source_lang, target_lang, args.dataset)
     if accelerator.is_main_process and resume_from is None:
         checkpoint_root.mkdir(parents=True, exist_ok=True)
@@ -884,7 +878,7 @@ def _optimizer_step(run: _Run, micro_batches: list[tuple[dict, int]]) -> tuple[i
         last = i == len(micro_batches) - 1
         with nullcontext() if last else accelerator.no_sync(model):  # all-reduce gradients once per step
             with accelerator.autocast():
-                loss, nll = _loss(model, batch, run.args.label_smoothing)
+                loss, nll = _loss(model, batch)
             if deepspeed:  # its engine steps inside backward: the guard comes first
                 _stop_unless_finite(run, loss)
             # DDP averages gradients over processes; * world turns that average into a sum.
