@@ -421,7 +421,7 @@ class LabelSmoothedCrossEntropy(nn.Module):
     over the same tokens without gradient (perplexity is made from it). logits (B, T, V), labels (B, T)."""
 
     def forward(self, logits, labels, epsilon: float):
-        log_probs = logits.log_softmax(dim=-1, dtype=torch.float32)  # (B, T, V), in fp32 whatever the logits' dtype
+        log_probs = logits.log_softmax(dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))  # at least fp32
         kept = labels != -100  # (B, T)
         nll = -log_probs.gather(-1, labels.masked_fill(~kept, 0).unsqueeze(-1)).squeeze(-1)  # -log p(y_t)
         smoothed = (1.0 - epsilon) * nll - epsilon * log_probs.mean(dim=-1)  # -sum_v q(v) log p(v)
