@@ -188,7 +188,7 @@ SENTENCES = [
 
 @pytest.mark.parametrize("num_beams", [1, 4], ids=["greedy", "beam 4"])
 def test_generate_on_the_device_gives_the_cpu_s_tokens(hub_tiny_model, num_beams):
-    # Proves: greedy and beam search in fp32 on the device (its attention kernels, the preallocated cache,
+    # Proves: greedy and beam search in fp32 on the device (its attention kernels, transformers' cache,
     # beam reordering) pick the very tokens they pick on the CPU, with a trained model whose output is real.
     model, tokenizer = hub_tiny_model
     batch = tokenizer(SENTENCES, return_tensors="pt", padding=True)

@@ -80,9 +80,8 @@ from transformers.generation import (
 from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 from transformers.modeling_outputs import BaseModelOutput
 
-from . import fast_generation_vanilla_transformer as fast
 from .arguments_vanilla_transformer import CACHE_NAME, one_cache
-from .fast_generation_vanilla_transformer import PreallocatedLayer, preallocated_cache
+from .fast_generation_vanilla_transformer import enabled, output_projection, rows_leave
 
 
 LENGTH_PENALTY_STYLES = ("gnmt", "transformers")
@@ -176,7 +175,8 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
 
     `base_generate` is transformers' `GenerationMixin.generate` bound to `model`. In steps: the options
     checked (ours taken out of the call), the source-length cap added unless the call sets a length, the
-    loop chosen (`choose_search`), our cache made unless the call brings or names one.
+    loop chosen (`choose_search`). The cache is transformers' own (an `EncoderDecoderCache` of
+    `DynamicCache`s unless the call brings one or names another), so a returned one continues a generation.
     """
 
     def setting(name, default=None):
@@ -197,9 +197,6 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
     search, _reason = choose_search(model, kwargs, setting, style)
     if search is not None:
         kwargs["custom_generate"] = search
-    cache = _preallocated_cache(model, kwargs, generation_config, setting)
-    if cache is not None:
-        kwargs[CACHE_NAME] = cache
     return base_generate(inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs)
 
 
@@ -330,32 +327,6 @@ def choose_search(model, kwargs, setting, style):
     return beam_search, None  # transformers' rules; finished sentences leave the batch
 
 
-def _preallocated_cache(model, kwargs, generation_config, setting):
-    """Our cache (fast_generation_vanilla_transformer.py) for the call, or None: where the call brings a
-    cache, names one (`cache_implementation`, e.g. "dynamic" for transformers' own), turns caching off or is
-    assisted (the cache is cropped), where its longest output is unknown, and with the fast paths off."""
-    wanted = (
-        fast.enabled(model.config)
-        and kwargs.get(CACHE_NAME) is None
-        and setting("cache_implementation") is None
-        and setting("use_cache", True) is not False
-        and not _assisted(kwargs, setting)
-    )
-    capacity = _decoder_capacity(kwargs, generation_config, kwargs.get("decoder_input_ids")) if wanted else None
-    return None if capacity is None else preallocated_cache(model.config.decoder_layers, capacity)
-
-
-def _decoder_capacity(kwargs, generation_config, decoder_input_ids) -> int | None:
-    """The longest decoder sequence the call can reach (prompt included), from the lengths it sets."""
-    prompt = decoder_input_ids.size(1) if decoder_input_ids is not None else 1
-    for settings in (kwargs, vars(generation_config) if generation_config is not None else {}):
-        if settings.get("max_new_tokens") is not None:
-            return prompt + settings["max_new_tokens"]
-        if settings.get("max_length") is not None:
-            return max(settings["max_length"], prompt + 1)
-    return None
-
-
 # Logits processors that treat every row on its own, from its tokens, and our length cap, which selects
 # the rows that stay: with only these, finished sentences can leave the batch without changing a score.
 ROW_WISE_PROCESSORS = (
@@ -406,17 +377,18 @@ class _LiveRows:
         eos = _first(generation_config.eos_token_id)
         self.processors = _with_one_length_cap(logits_processor, rows // rows_per_sentence, eos, prompt_length,
                                                input_ids.device)
-        self.project = fast.output_projection(model, rows)
+        self.project = output_projection(model, rows)
 
     @property
     def cap(self) -> SourceLengthCap:
         """The sentences' length cap, last of the processors."""
         return self.processors[-1]
 
-    def can_leave(self, per_step_outputs: bool) -> bool:
-        """Rows may leave the batch unless something needs every row at every step, or the fast paths are off."""
+    def can_leave(self, returns_dict: bool) -> bool:
+        """Rows may leave the batch unless something needs every row (the returned cache and per-step outputs
+        of `return_dict_in_generate`, a static cache, a processor that reads across rows) or the fast paths are off."""
         static_cache = self.cache is not None and self.cache.is_compileable
-        return (fast.enabled(self.model.config) and not per_step_outputs and not static_cache
+        return (enabled(self.model.config) and not returns_dict and not static_cache
                 and all(isinstance(p, ROW_WISE_PROCESSORS) for p in self.processors))
 
     def step(self, tokens: torch.Tensor):
@@ -455,7 +427,7 @@ class _LiveRows:
 
 
 def greedy_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True, **model_kwargs):
-    """Greedy decoding in which finished sentences leave the batch (`fast.rows_leave`); a `custom_generate`
+    """Greedy decoding in which finished sentences leave the batch (`rows_leave`); a `custom_generate`
     callable.
 
     Returns what transformers' greedy search returns, token for token: each row its argmax tokens,
@@ -466,7 +438,7 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     """
     rows = input_ids.size(0)
     decoder = _LiveRows(model, input_ids, logits_processor, generation_config, model_kwargs)
-    prune = prune and decoder.can_leave(per_step_outputs=False)
+    prune = prune and decoder.can_leave(returns_dict=False)  # with it, transformers' loop runs
     eos = _first(generation_config.eos_token_id)
     pad = generation_config.pad_token_id if generation_config.pad_token_id is not None else eos
 
@@ -484,7 +456,7 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
         if not bool(running.any()):
             sequences[active, : tokens.size(1)] = tokens
             return sequences[:, : tokens.size(1)]
-        if prune and fast.rows_leave(~running):
+        if prune and rows_leave(~running):
             sequences[active[~running], : tokens.size(1)] = tokens[~running]
             decoder.keep(running)
             tokens, active, running = tokens[running], active[running], running[running]
@@ -706,11 +678,11 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
     scored by the ranking; the best K that did not end live on; sentences whose finished hypotheses no
     live one can beat are done.
 
-    Done sentences leave the batch (as in fairseq's generator, by the rule of `fast.rows_leave`): their
+    Done sentences leave the batch (as in fairseq's generator, by the rule of `rows_leave`): their
     rows are no longer computed, and the search ends when the last sentence is done. Outputs and scores
-    are those of the full batch. Rows stay in place (done sentences are then ignored) when per-step
-    outputs are asked for (`return_dict_in_generate` with scores or attentions, which hold every row),
-    with a static cache, with a logits processor that is not known to treat rows on their own, or with
+    are those of the full batch. Rows stay in place (done sentences are then ignored) with
+    `return_dict_in_generate` (the returned cache, as transformers returns it, and any per-step outputs
+    hold every row), with a static cache, with a logits processor that is not known to treat rows on their own, or with
     `prune=False`.
     """
     beams, prompt_length = generation_config.num_beams, input_ids.size(1)
@@ -719,7 +691,7 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
                         output_attentions=bool(generation_config.output_attentions),
                         output_hidden_states=bool(generation_config.output_hidden_states))
     steps = _StepOutputs(generation_config)
-    prune = prune and decoder.can_leave(steps.wanted)
+    prune = prune and decoder.can_leave(bool(generation_config.return_dict_in_generate))
     longest = generation_config.max_length - prompt_length  # transformers' max_length, under the sentences' caps
 
     while not hypotheses.all_done():
@@ -730,7 +702,7 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
         hypotheses.finish(candidates)
         parents = hypotheses.live_on(candidates)
         done = hypotheses.sentences_done(decoder.cap.max_new_tokens.clamp(max=longest))
-        if prune and fast.rows_leave(done):  # done sentences leave, in the gather that reorders the beams
+        if prune and rows_leave(done):  # done sentences leave, in the gather that reorders the beams
             staying = ~done
             decoder.keep(staying, self_attention_rows=parents[staying.repeat_interleave(beams)])
             hypotheses.keep(staying)
@@ -744,7 +716,6 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
 
 __all__ = [
     "GNMTRanking",
-    "PreallocatedLayer",
     "SourceLengthCap",
     "TransformersRanking",
     "beam_search",
@@ -755,5 +726,4 @@ __all__ = [
     "gnmt_length_penalty",
     "greedy_search",
     "paper_generation_config",
-    "preallocated_cache",
 ]
