@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import CompileConfig, GenerationMixin
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 
@@ -20,6 +21,8 @@ from vanilla_transformer.modeling.generation_vanilla_transformer import (
     gnmt_beam_search,
     greedy_search,
 )
+
+aten = torch.ops.aten
 
 # Very different source lengths: sentences end (and leave the batch) at very different steps.
 SENTENCES = [
@@ -134,6 +137,64 @@ def test_finished_sentences_leaving_the_batch_changes_nothing(model_and_batch, e
         assert torch.equal(pruned, whole)
 
 
+class _HostWaits(TorchDispatchMode):
+    """Counts what makes the host wait for the device's values (on a GPU, a synchronisation): a scalar read
+    (`.item()`, `bool()`, `int()`), `nonzero`, boolean indexing, a repeat by a tensor of counts, `tolist`,
+    outside the model's forward (`model.model`, which our loops call)."""
+
+    READS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default,
+             aten.repeat_interleave.Tensor, aten.equal.default}
+    INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}
+
+    def __init__(self, model, monkeypatch):
+        super().__init__()
+        self.count, self.in_forward = 0, False
+        self.rows, self.before = [], []  # at each step: the rows in the batch, the count before it
+        forward, tolist = model.model.forward, torch.Tensor.tolist
+
+        def counted_forward(*args, **kwargs):
+            self.rows.append(kwargs["decoder_input_ids"].size(0))  # as our loops call it
+            self.before.append(self.count)
+            self.in_forward = True
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self.in_forward = False
+
+        def counted_tolist(tensor):
+            self.count += not self.in_forward
+            return tolist(tensor)
+
+        monkeypatch.setattr(model.model, "forward", counted_forward)
+        monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        waits = func in self.READS or (func in self.INDEXING and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]))
+        self.count += waits and not self.in_forward
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("search", [greedy_search, beam_search, gnmt_beam_search], ids=["greedy", "beam", "GNMT beam"])
+def test_our_loops_wait_for_the_device_at_most_once_a_step(model_and_batch, search, monkeypatch):
+    """At most one host-device synchronisation per decoding step in our loops (where rows leave: the count of
+    those going on), against the length cap's check, `nonzero().tolist()`, `.item()` per finished hypothesis
+    and boolean indexing. (Counted on the CPU by the aten operations that would wait on a GPU.)"""
+    model, batch = model_and_batch
+    waits = _HostWaits(model, monkeypatch)
+
+    @functools.wraps(search)
+    def counted(*args, **kwargs):
+        with waits:
+            return search(*args, **kwargs)
+
+    model.generate(**batch, num_beams=1 if search is greedy_search else 4, custom_generate=counted)
+    assert len(waits.rows) > 3 and min(waits.rows) < max(waits.rows)  # rows left the batch
+    per_step = [b - a for a, b in zip(waits.before, waits.before[1:] + [waits.count])]
+    # None before the first step; the last step's followed by reading the results once (two tables in beam search).
+    assert waits.before[0] == 0 and max(per_step[:-1]) <= 1 and per_step[-1] <= 3, per_step
+
+
 # transformers' beam search, rule for rule: each way `early_stopping` ends a sentence, both signs of
 # the length penalty, more than one sequence returned, our source-length cap and a fixed max_new_tokens.
 TRANSFORMERS_RULES = {
@@ -190,7 +251,7 @@ def test_one_rule_lets_finished_rows_leave_greedy_and_beam_search(monkeypatch):
     sentences) leave at once; rows that stay change no output."""
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
-    assert [fast.rows_leave(torch.arange(16) < finished) for finished in (0, 1, 16)] == [False, True, True]
+    assert [fast.rows_leave(16 - finished, 16) for finished in (0, 1, 16)] == [False, True, True]
     torch.manual_seed(0)
     model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=40, dropout=0.0)).eval()
     # Random weights run every sentence to its cap (source length 1 to 16, + 2): one sentence ends per
@@ -208,7 +269,7 @@ def test_one_rule_lets_finished_rows_leave_greedy_and_beam_search(monkeypatch):
         whole = model.generate(**batch, num_beams=beams, custom_generate=functools.partial(search, prune=False))
         assert torch.equal(pruned, whole)
         with monkeypatch.context() as patch:
-            patch.setattr(generation, "rows_leave", lambda finished: False)  # the rule decides, in each search
+            patch.setattr(generation, "rows_leave", lambda going_on, batch: False)  # the rule decides, in each search
             batch_sizes.clear()
             assert torch.equal(model.generate(**batch, num_beams=beams, custom_generate=search), whole)
             assert set(batch_sizes) == {16 * beams}

@@ -56,12 +56,12 @@ def output_projection(model, rows: int):
     return project
 
 
-def rows_leave(finished: torch.Tensor) -> bool:
-    """The one rule by which finished rows leave the batch of our searches (greedy and beam): at once.
-    `finished` is a mask over the rows in the batch, or over its sentences (each as many rows). Gathering
-    the rows that stay costs no more than computing finished rows for a step or two, and beam search
-    gathers its self-attention cache at every step anyway (to reorder its beams)."""
-    return bool(finished.any())
+def rows_leave(going_on: int, batch: int) -> bool:
+    """The one rule by which finished rows leave the batch of our searches (greedy and beam): at once,
+    when fewer than the `batch` rows (or, in beam search, sentences) are `going_on`. Gathering the rows
+    that stay costs no more than computing finished rows for a step or two, and beam search gathers its
+    self-attention cache at every step anyway (to reorder its beams)."""
+    return going_on < batch
 
 
 __all__ = ["ONEDNN_LINEAR", "enabled", "output_projection", "rows_leave"]
