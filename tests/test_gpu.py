@@ -203,7 +203,7 @@ def sequence_scores(model, batch, sequences, length_penalty: float | None) -> to
 
 @pytest.mark.parametrize("num_beams", [1, 4], ids=["greedy", "beam 4"])
 def test_generate_on_the_device_gives_the_cpu_s_tokens_or_an_equally_scored_output(hub_tiny_model, num_beams):
-    # Proves: greedy and beam search in fp32 on the device (its attention kernels, the preallocated cache,
+    # Proves: greedy and beam search in fp32 on the device (its attention kernels, transformers' cache,
     # beam reordering) pick the tokens they pick on the CPU, with a trained model whose output is real; where
     # a row differs, the two outputs score the same under the CPU's model to 1e-4 (a near-tie that the
     # kernels' different rounding breaks the other way), not a wrong search.
