@@ -1,6 +1,6 @@
-"""Decoding speed-ups: drop-ins for two plain pieces of decoding that give the same tokens and scores
-with less work. `config.fast_paths = False` (the one switch, shared with fast_modeling_vanilla_transformer.py)
-turns them off.
+"""Decoding speed-ups: two pieces of decoding that give the plain path's tokens and scores with less work,
+each chosen by `generate` in one place. `fast_paths=False` in the config (the one switch, which also
+chooses the model's loss) turns them off.
 
     plain                                   drop-in (here)
     lm_head(x) (§3.4)                       output_projection: the same product on oneDNN, weight packed once per call
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-
 
 
 def enabled(config) -> bool:
