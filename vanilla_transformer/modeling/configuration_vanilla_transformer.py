@@ -107,8 +107,8 @@ class VanillaTransformerConfig(PretrainedConfig):
             Hard attention needs "softmax" normalisation.
         layer_norm_eps: epsilon of every LayerNorm.
         label_smoothing: epsilon_ls used when `labels` are given to the model. The paper trains with 0.1
-            (§5.4); the model's default is 0 so that its loss is the plain negative log-likelihood, and
-            the training script passes 0.1.
+            (§5.4); the model's default is 0 so that its loss is the plain negative log-likelihood. The
+            training command sets it to its `--label-smoothing` (0.1), and the saved model keeps it.
         source_lang / target_lang / dataset_name: the language pair the model was trained to translate
             and the data set it was trained on (written by training; None when unknown), so that scoring
             or translating another pair can be warned about.
