@@ -660,7 +660,10 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         # Everything the base model returned (caches, attentions, hidden states), the logits in place of
         # the last hidden state.
         passed_on = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
-        output = Seq2SeqLMOutputWithNLL(loss=loss, logits=logits, **passed_on, nll=nll)
+        if labels is None:
+            output = Seq2SeqLMOutput(logits=logits, **passed_on)
+        else:
+            output = Seq2SeqLMOutputWithNLL(loss=loss, logits=logits, **passed_on, nll=nll)
         return output if wants_dict(return_dict, self.config) else output.to_tuple()
 
 
