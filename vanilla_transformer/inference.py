@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -183,22 +184,37 @@ def translate_texts(
     num_beams: int | None = None,
     length_penalty: float | None = None,
     max_new_tokens: int | None = None,
+    first_line: int = 1,
 ) -> list[str]:
     """Translate each text; blank texts give "". Output i is the translation of text i, on one line.
 
     Texts are translated longest first, so that a batch holds texts of similar length (little padding),
-    and put back in input order.
+    and put back in input order. A text that cannot be translated gives "" with a warning naming its line
+    (`first_line` is the number of `texts[0]`), the rest of its batch translated without it.
     """
     pipe = TranslationPipeline(model=model, tokenizer=tokenizer, device=model.device)
     options = {"num_beams": num_beams, "length_penalty": length_penalty, "max_new_tokens": max_new_tokens}
     options = {key: value for key, value in options.items() if value is not None}
     order = sorted((i for i, text in enumerate(texts) if text.strip()), key=lambda i: -len(texts[i]))
     translations = [""] * len(texts)
-    if order:
-        results = pipe([texts[i] for i in order], batch_size=batch_size, **options)
-        for i, result in zip(order, results):
-            translations[i] = " ".join(result["translation_text"].splitlines())  # one line per input line
+    for start in range(0, len(order), batch_size):
+        batch = order[start : start + batch_size]
+        lines = {first_line + i: texts[i] for i in batch}
+        for i, result in zip(batch, _translate_batch(pipe, lines, options)):
+            translations[i] = " ".join(result.splitlines())  # one line per input line
     return translations
+
+
+def _translate_batch(pipe, lines: dict[int, str], options: dict) -> list[str]:
+    """The translations of one batch ({line number: text}); where the batch fails, of each text alone, and
+    "" with a warning naming the line for a text that fails alone."""
+    try:
+        return [result["translation_text"] for result in pipe(list(lines.values()), batch_size=len(lines), **options)]
+    except (ValueError, RuntimeError, IndexError) as err:
+        if len(lines) == 1:
+            warnings.warn(f"line {next(iter(lines))} was not translated (an empty line stands for it): {err}", stacklevel=3)
+            return [""]
+    return [_translate_batch(pipe, {line: text}, options)[0] for line, text in lines.items()]
 
 
 def score_translations(hypotheses: list[str], references: list[str] | list[list[str]]) -> dict:

@@ -28,7 +28,8 @@ The call takes every argument of transformers 4's `TranslationPipeline`, with it
 (`return_tensors`, `return_text`, `return_type`, `clean_up_tokenization_spaces`, `truncation`,
 `stop_sequence`, `num_return_sequences`, ...: see `TranslationPipeline.__call__`). Two things no
 longer fail a whole batch for one line: a text longer than the model's limit (the tokenizer's
-`model_max_length`, and the position table for learned positions) is truncated to it with a
+`model_max_length`, the position table for learned positions, `location_max_length` for location-based
+scores) is truncated to it with a
 warning, and an empty or blank text translates to "" with a warning, the rest of its batch
 translated as if it were not there.
 """
@@ -72,10 +73,13 @@ def language_pair_mismatch(config, source_lang: str | None, target_lang: str | N
 
 def source_length_limit(model, tokenizer) -> int:
     """The longest source, in tokens, that the model reads: the tokenizer's `model_max_length`,
-    and for learned positions (which have a fixed table) `max_position_embeddings`."""
+    for learned positions (which have a fixed table) `max_position_embeddings`, and for location-based
+    scores `location_max_length`."""
     limit = tokenizer.model_max_length
     if getattr(model.config, "position_encoding", None) == "learned":
         limit = min(limit, model.config.max_position_embeddings)
+    if getattr(model.config, "attention_score", None) == "location":
+        limit = min(limit, model.config.location_max_length)
     return limit
 
 

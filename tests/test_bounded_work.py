@@ -1,0 +1,52 @@
+"""Bounded work for every input (#46): each limit checked before the work, output as it is made.
+
+One test (or a few) per row of the issue's table, with the real thing: `vanilla-transformer` processes, a
+real `serve` process and HTTP client, real files.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+LONG_LINE = " ".join(["And the men of the city said unto him, Bring forth the man."] * 6)
+
+
+def run_cli(*args, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=ENV, timeout=600, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def location_folder(train_tiny, tmp_path_factory):
+    """A tiny model with location-based scores over at most 64 positions, saved as a folder."""
+    model, tokenizer = train_tiny(steps=20, attention_score="location", location_max_length=64)
+    folder = tmp_path_factory.mktemp("location")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+# --- row 1: decoding a model with a bounded length stops there; one bad line costs that line ---
+
+
+def test_translate_a_long_line_with_a_bounded_model_costs_nothing_else(location_folder, tmp_path):
+    lines = tmp_path / "in.txt"
+    lines.write_text(f"Jesus wept.\n{LONG_LINE}\nJesus wept.\n")
+    result = run_cli("translate", "--model", location_folder, "--input-file", lines, "--num-beams", 1)
+    assert result.returncode == 0, result.stderr[-2000:]
+    output = result.stdout.split("\n")
+    assert len(output) == 4 and output[0] == output[2] and output[3] == ""
+    assert "truncated" in result.stderr
+
+
+def test_translate_keeps_the_lines_that_decode_when_others_fail(location_folder, tmp_path):
+    """A longest output past location_max_length fails each line alone: every line is named, none stops the run."""
+    result = run_cli("translate", "--model", location_folder, "--num-beams", 1, "--max-new-tokens", 100, "--batch-size", 2,
+                     "Jesus wept.", "", "In the beginning God created the heaven.")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("\n") == 3
+    named = [number for number in (1, 2, 3) if f"line {number} was not translated" in result.stderr]
+    assert 2 not in named and named, result.stderr[-2000:]
