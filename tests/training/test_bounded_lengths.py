@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -21,3 +23,21 @@ def test_train_with_location_scores_ends_with_its_scores_and_card(small_task, sm
                      "--test-samples", 4, *small_run)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (output / "results.json").is_file() and (output / "README.md").is_file()
+
+
+# --- row 2: --max-length within every length the model reads, checked when train starts ---
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ("attention_score=location,location_max_length=16", "location_max_length"),
+    ("position_encoding=learned,max_position_embeddings=16", "max_position_embeddings"),
+])
+def test_train_refuses_a_max_length_the_model_cannot_read(small_task, small_run, tmp_path, overrides, field):
+    small_run[small_run.index("--config-overrides") + 1] += "," + overrides
+    result = run_cli("train", "--dataset", small_task, "--output-dir", tmp_path / "run", "--max-length", 32,
+                     "--max-steps", 2, *small_run)
+    assert result.returncode == 2
+    assert f"`max_length` (32) is over the model's {field} (16)" in result.stderr
+    assert "Traceback" not in result.stderr and "training:" not in result.stderr
+
+

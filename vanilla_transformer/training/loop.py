@@ -327,6 +327,17 @@ def _load_model(args: TrainingArguments, tokenizer, resume_from: Path | None):
     return VanillaTransformerForConditionalGeneration(config)
 
 
+def _check_max_length(args: TrainingArguments, config) -> None:
+    """`max_length` within every length the model reads: a longer pair would fail at its batch, on every resume."""
+    bounds = {"location_max_length": config.location_max_length} if config.attention_score == "location" else {}
+    if config.position_encoding == "learned":
+        bounds["max_position_embeddings"] = config.max_position_embeddings
+    for name, bound in bounds.items():
+        if args.max_length > bound:
+            raise ValueError(f"`max_length` ({args.max_length}) is over the model's {name} ({bound}), the longest "
+                             f"sequence it reads: give a `max_length` of at most {bound}.")
+
+
 def _batches(split: TokenizedSplit, sampler: TokenBatchSampler, collate: PadCollator, device):
     """Padded batches in the sampler's order. (No DataLoader: its iterators draw from torch's global
     RNG, which would make a resumed run's dropout differ from an uninterrupted one.)"""
@@ -591,6 +602,7 @@ def _setup(args: TrainingArguments, accelerator) -> _Run:
     data, source_lang, target_lang, tokenizer, train_split, eval_splits = _prepare_data(args, accelerator)
 
     model = _load_model(args, tokenizer, resume_from)
+    _check_max_length(args, model.config)
     _record_language_pair(model.config, source_lang, target_lang, args.dataset)
     if accelerator.is_main_process and resume_from is None:
         checkpoint_root.mkdir(parents=True, exist_ok=True)
