@@ -5,6 +5,7 @@ real `serve` process and HTTP client, real files.
 """
 
 import os
+import select
 import subprocess
 import sys
 
@@ -50,3 +51,25 @@ def test_translate_keeps_the_lines_that_decode_when_others_fail(location_folder,
     assert result.stdout.count("\n") == 3
     named = [number for number in (1, 2, 3) if f"line {number} was not translated" in result.stderr]
     assert 2 not in named and named, result.stderr[-2000:]
+
+
+# --- row 6: translate writes each batch as it is done ---
+
+
+def test_translate_writes_the_first_lines_before_the_input_ends(hub_tiny_folder):
+    process = subprocess.Popen([*CLI, "translate", "--model", str(hub_tiny_folder), "--batch-size", "1", "--num-beams", "1"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    try:
+        process.stdin.write(b"Jesus wept.\n")
+        process.stdin.flush()
+        ready, _, _ = select.select([process.stdout], [], [], 120)
+        assert ready, "no line written while the input was still open"
+        first = process.stdout.readline()
+        assert first.strip() and process.poll() is None
+        process.stdin.write(b"In the beginning.\n")
+        process.stdin.close()
+        rest = process.stdout.read()
+        assert process.wait(60) == 0 and rest.count(b"\n") == 1
+    finally:
+        process.kill()
+        process.wait()

@@ -311,11 +311,12 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
                 raise ValueError("give texts as arguments or --input-file, not both")
             _decoding_options(args)  # bad options fail before reading the input
             texts = args.texts or _read_lines(args.input_file or "-")
-            translations = _translator(args)[0](texts)
+            translate = _translator(args)[0]
+            # Batch by batch, each written as it is done: a pipe sees lines at once, an interrupt keeps them.
+            for first_line, batch in _batches_of(texts, args.batch_size):
+                print("\n".join(translate(batch, first_line=first_line)), flush=True)
         except (OSError, ValueError, TypeError, ImportError) as err:
             _refuse(p, err)
-        for line in translations:
-            print(line)
         return 0
 
     p.set_defaults(func=run)
@@ -393,28 +394,53 @@ def _translator(args: argparse.Namespace):
         from .export.ctranslate2 import CTranslate2Translator
 
         translator = CTranslate2Translator(args.model, args.device)
-        return (lambda texts: translator.translate(texts, **options)), None
+        return (lambda texts, first_line=1: translator.translate(texts, **options)), None
     from .inference import load_model, translate_texts
 
     model, tokenizer = load_model(args.model, args.device)
-    return (lambda texts: translate_texts(model, tokenizer, texts, **options)), model.config
+    return (lambda texts, first_line=1: translate_texts(model, tokenizer, texts, first_line=first_line, **options)), \
+        model.config
 
 
-def _read_lines(path: str) -> list[str]:
+def _batches_of(texts, size: int):
+    """(line number of the first, list of up to `size` texts) for each batch of an iterable of texts."""
+    batch, first = [], 1
+    for number, text in enumerate(texts, 1):
+        batch.append(text)
+        if len(batch) == size:
+            yield first, batch
+            batch, first = [], number + 1
+    if batch:
+        yield first, batch
+
+
+def _read_lines(path: str):
+    """The lines of a file or of standard input ("-"), read as they are used; a file that cannot be opened
+    fails here, before the model is loaded."""
     from .file_checks import utf8_lines
 
-    if path == "-":
-        closed = ValueError("standard input is closed; give the texts as arguments or with --input-file")
-        if sys.stdin is None or sys.stdin.closed:  # started with it closed (`<&-`)
-            raise closed
+    if path != "-":
+        return _lines_of(open(path, "rb"), path)
+    closed = ValueError("standard input is closed; give the texts as arguments or with --input-file")
+    if sys.stdin is None or sys.stdin.closed:  # started with it closed (`<&-`)
+        raise closed
+
+    def stdin_lines():
         try:
-            return list(utf8_lines(sys.stdin.buffer, "standard input"))
+            yield from utf8_lines(sys.stdin.buffer, "standard input")
         except OSError as err:
             if err.errno == errno.EBADF:
                 raise closed from None
             raise
-    with open(path, "rb") as f:
-        return list(utf8_lines(f, path))
+
+    return stdin_lines()
+
+
+def _lines_of(file, path: str):
+    from .file_checks import utf8_lines
+
+    with file:
+        yield from utf8_lines(file, path)
 
 
 def _check_output_file(option: str, path: str | None) -> None:
