@@ -8,6 +8,8 @@ import os
 import select
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +75,59 @@ def test_translate_writes_the_first_lines_before_the_input_ends(hub_tiny_folder)
     finally:
         process.kill()
         process.wait()
+
+
+# --- row 3: serve bounds a request before reading it ---
+
+
+@pytest.fixture(scope="module")
+def served(hub_tiny_folder, tmp_path_factory):
+    """A real `serve` process on a free loopback port, its Gradio cache in a folder of its own: (url, process, cache)."""
+    import socket
+    import urllib.request
+
+    pytest.importorskip("gradio_client")
+    cache = tmp_path_factory.mktemp("gradio")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = subprocess.Popen([*CLI, "serve", "--model", str(hub_tiny_folder), "--port", str(port)],
+                               env={**ENV, "GRADIO_TEMP_DIR": str(cache)}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 300
+    while True:
+        assert process.poll() is None and time.monotonic() < deadline, process.stdout.read().decode()[-2000:]
+        try:
+            urllib.request.urlopen(url, timeout=5)
+            break
+        except OSError:
+            time.sleep(1)
+    yield url, process, cache
+    process.kill()
+    process.wait()
+
+
+def _client(url):
+    from gradio_client import Client
+
+    return Client(url, download_files=False, verbose=False)
+
+
+def test_serve_refuses_a_large_request_from_its_length_before_reading_it(served):
+    import http.client
+    from urllib.parse import urlparse
+
+    url, process, _ = served
+    connection = http.client.HTTPConnection(urlparse(url).hostname, urlparse(url).port, timeout=30)
+    connection.putrequest("POST", "/gradio_api/queue/join")
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Content-Length", str(50_000_000))
+    connection.endheaders()  # the 50 MB never sent: the answer comes from the header alone
+    response = connection.getresponse()
+    assert response.status == 413 and b"over this app's limit of" in response.read()
+    # A sentence within the body's limit but longer than max_input_tokens could be: refused before tokenising.
+    client = _client(url)
+    with pytest.raises(Exception, match=r"The sentence is 50000 characters long, more than the 128 tokens"):
+        client.predict("x" * 50_000, 1, 0.6, 0, api_name="/translate")
+    assert client.predict("Jesus wept.", 1, 0.6, 0, api_name="/translate")[0].strip()
