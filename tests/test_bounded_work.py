@@ -77,7 +77,7 @@ def test_translate_writes_the_first_lines_before_the_input_ends(hub_tiny_folder)
         process.wait()
 
 
-# --- row 3: serve bounds a request before reading it ---
+# --- rows 3 and 5: serve bounds a request before reading it, and keeps its files in one folder it removes ---
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +131,28 @@ def test_serve_refuses_a_large_request_from_its_length_before_reading_it(served)
     with pytest.raises(Exception, match=r"The sentence is 50000 characters long, more than the 128 tokens"):
         client.predict("x" * 50_000, 1, 0.6, 0, api_name="/translate")
     assert client.predict("Jesus wept.", 1, 0.6, 0, api_name="/translate")[0].strip()
+
+
+def test_serve_keeps_its_files_in_one_folder_and_removes_it_when_stopped(served):
+    import signal
+
+    url, process, cache = served
+    client = _client(url)
+    pages = {Path(client.predict(text, 1, 0.6, 0, api_name="/translate")[2]["path"])
+             for text in ("Jesus wept.", "In the beginning.")}
+    (folder,) = {page.parent for page in pages}
+    assert folder.parent == cache and sorted(folder.iterdir()) == sorted(pages)
+    assert [path for path in cache.rglob("*.html") if path.parent != folder] == []  # no copy in Gradio's cache
+    process.send_signal(signal.SIGTERM)
+    process.wait(60)
+    assert not folder.exists()
+
+
+def test_the_app_keeps_the_newest_explorer_pages(hub_tiny_model, tmp_path, monkeypatch):
+    pytest.importorskip("gradio")
+    from vanilla_transformer.visualize import app
+
+    monkeypatch.setattr(app, "KEPT_PAGES", 2)
+    translate = app.make_translate(*hub_tiny_model, app.Limits(max_new_tokens=5), tmp_path)
+    pages = [Path(translate(text, 1, 0.6, 0)[2]) for text in ("Jesus wept.", "In the beginning.", "God is love.")]
+    assert sorted(tmp_path.iterdir()) == sorted(pages[1:])

@@ -9,7 +9,8 @@ takes the address from GRADIO_SERVER_NAME and GRADIO_SERVER_PORT.
 
 What one visitor may ask is bounded (`Limits`: source and output length, beams, requests served at once
 and waiting): a request beyond a limit is refused with a message naming it; `serve` refuses a request body
-larger than the longest sentence needs from its length, before reading it (`BodyLimit`). A deployer changes them with
+larger than the longest sentence needs from its length, before reading it (`BodyLimit`). The explorer's
+files are kept in one folder inside Gradio's cache (the newest `KEPT_PAGES`), removed when the app stops. A deployer changes them with
 `serve --max-input-tokens ...` or, in a Space, the variables VANILLA_TRANSFORMER_MAX_INPUT_TOKENS,
 ..._MAX_NEW_TOKENS, ..._MAX_BEAMS, ..._MAX_CONCURRENT and ..._MAX_QUEUED.
 
@@ -93,7 +94,8 @@ def longest_token(tokenizer) -> int:
 
 def make_translate(model, tokenizer, limits: Limits, pages: str | os.PathLike | tempfile.TemporaryDirectory):
     """The app's function: (sentence, beams, length penalty, longest output (0: the model's default)) ->
-    (translation, the explorer in a frame, the explorer's file, written under `pages`). A request beyond `limits` is a gr.Error naming the limit."""
+    (translation, the explorer in a frame, the explorer's file, written under `pages`, which keeps the
+    newest `KEPT_PAGES`). A request beyond `limits` is a gr.Error naming the limit."""
     offset = _length_offset(model)
     longest_text = limits.max_input_tokens * longest_token(tokenizer)
 
@@ -131,11 +133,31 @@ def make_translate(model, tokenizer, limits: Limits, pages: str | os.PathLike | 
         folder = pages.name if isinstance(pages, tempfile.TemporaryDirectory) else pages
         path = Path(folder) / f"explorer-{hashlib.sha1(page.encode()).hexdigest()[:12]}.html"
         path.write_text(page, encoding="utf-8")
+        _keep_newest(Path(folder), KEPT_PAGES)
         frame = (f'<iframe title="Attention explorer" sandbox="allow-scripts" srcdoc="{html.escape(page)}" '
                  'style="width: 100%; height: 1000px; border: 0"></iframe>')
         return record.translation, frame, str(path)
 
     return translate
+
+
+KEPT_PAGES = 32  # explorer files kept for download: a few MB each, for as long as the app serves
+
+
+def _keep_newest(folder: Path, count: int) -> None:
+    """Remove all but the `count` newest files of `folder`."""
+    files = sorted(folder.iterdir(), key=lambda path: path.stat().st_mtime_ns)
+    for path in files[:-count]:
+        path.unlink(missing_ok=True)
+
+
+def pages_folder() -> tempfile.TemporaryDirectory:
+    """A new folder for the explorer's files inside Gradio's cache, which serves them from there instead of
+    keeping a copy of each; it is removed when the app stops."""
+    from gradio.utils import get_upload_folder
+
+    Path(get_upload_folder()).mkdir(parents=True, exist_ok=True)
+    return tempfile.TemporaryDirectory(prefix="vanilla-transformer-app-", dir=get_upload_folder())
 
 
 def build_app(model_name_or_path: str, device: str | None = None, limits: Limits | None = None) -> gr.Blocks:
@@ -145,7 +167,7 @@ def build_app(model_name_or_path: str, device: str | None = None, limits: Limits
     model, tokenizer = load_model(model_name_or_path, device)
     check_attention_support(model)
     config = model.generation_config
-    pages = tempfile.TemporaryDirectory(prefix="vanilla-transformer-app-")  # lives as long as the app
+    pages = pages_folder()  # lives as long as the app
     translate = make_translate(model, tokenizer, limits, pages)
     max_request_bytes = request_bytes(limits, longest_token(tokenizer))
 
@@ -179,11 +201,15 @@ def build_app(model_name_or_path: str, device: str | None = None, limits: Limits
 def serve(model_name_or_path: str, host: str | None = None, port: int | None = None, device: str | None = None,
           limits: Limits | None = None) -> None:
     """Serve the app until interrupted; `host` and `port` default to Gradio's (GRADIO_SERVER_NAME/PORT, else 127.0.0.1:7860)."""
+    import signal
+
     from starlette.middleware import Middleware
 
     limits = limits or Limits.from_environment()
     theme = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])  # no web fonts
     demo = build_app(model_name_or_path, device, limits)
+    # SIGTERM stops the server as Ctrl-C does (Gradio closes it), so that the explorer's folder is removed.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     body_limit = Middleware(BodyLimit, max_bytes=demo.max_request_bytes)
     demo.launch(server_name=host, server_port=port, theme=theme, app_kwargs={"middleware": [body_limit]})
 
