@@ -156,3 +156,44 @@ def test_the_app_keeps_the_newest_explorer_pages(hub_tiny_model, tmp_path, monke
     translate = app.make_translate(*hub_tiny_model, app.Limits(max_new_tokens=5), tmp_path)
     pages = [Path(translate(text, 1, 0.6, 0)[2]) for text in ("Jesus wept.", "In the beginning.", "God is love.")]
     assert sorted(tmp_path.iterdir()) == sorted(pages[1:])
+
+
+# --- row 4: attention draws pictures whose size has a ceiling, and cleans its staging folder on every exit ---
+
+LONGER_LINE = " ".join([LONG_LINE] * 2)
+
+
+def test_attention_on_a_long_sentence_draws_pictures_of_bounded_size(hub_tiny_folder, tmp_path):
+    from PIL import Image
+
+    from vanilla_transformer.inference import load_tokenizer
+    from vanilla_transformer.visualize.attention_maps import MAX_FIGURE_INCHES
+
+    result = run_cli("attention", "--model", hub_tiny_folder, "--output-dir", tmp_path, "--num-beams", 1,
+                     "--max-new-tokens", 60, LONGER_LINE)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert len(load_tokenizer(hub_tiny_folder)(LONGER_LINE)["input_ids"]) > 200
+    for path in tmp_path.glob("*.png"):
+        with Image.open(path) as image:
+            image.load()  # PIL reads it whole: no decompression-bomb refusal
+            assert max(image.size) <= MAX_FIGURE_INCHES * 110, (path.name, image.size)
+            assert image.size[0] * image.size[1] <= 25_000_000, (path.name, image.size)
+
+
+def test_attention_stopped_by_sigterm_leaves_no_staging_folder(hub_tiny_folder, tmp_path):
+    import signal
+
+    process = subprocess.Popen([*CLI, "attention", "--model", str(hub_tiny_folder), "--output-dir", str(tmp_path),
+                                "--num-beams", "1", "--max-new-tokens", "60", LONGER_LINE],
+                               env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(tmp_path.glob(".attention.*/*.png")):  # drawing has begun
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read().decode()[-2000:]
+            time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(120) == 130
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        process.kill()
+        process.wait()

@@ -611,9 +611,12 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
     _add_decoding_options(p, batches=False)
 
     def run(args: argparse.Namespace) -> int:
+        import signal
+
         from .visualize.attention_maps import collect_attentions, save_attention_maps
         from .inference import load_model
 
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: the staging folder is removed
         try:
             options = _decoding_options(args)
             if args.html:
