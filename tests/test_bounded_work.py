@@ -197,3 +197,29 @@ def test_attention_stopped_by_sigterm_leaves_no_staging_folder(hub_tiny_folder, 
     finally:
         process.kill()
         process.wait()
+
+
+# --- row 7: the beam count has a bound on every path ---
+
+
+@pytest.mark.parametrize("command", ["translate", "attention", "evaluate", "train"])
+def test_a_beam_count_past_the_bound_is_refused_by_every_command(command, hub_tiny_folder, tmp_path):
+    args = {"translate": ["translate", "--model", hub_tiny_folder, "Jesus wept."],
+            "attention": ["attention", "--model", hub_tiny_folder, "--output-dir", tmp_path, "Jesus wept."],
+            "evaluate": ["evaluate", "--model", hub_tiny_folder],
+            "train": ["train", "--output-dir", tmp_path / "run", "--max-steps", 1]}[command]
+    result = run_cli(*args, "--num-beams", 10000)
+    assert result.returncode == 2
+    assert "num-beams must be at most 32" in result.stderr or "`num_beams` must be at most 32" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_pipeline_refuses_a_beam_count_or_length_past_the_bound(hub_tiny_model):
+    from vanilla_transformer.modeling.pipeline_vanilla_transformer import TranslationPipeline
+
+    model, tokenizer = hub_tiny_model
+    translate = TranslationPipeline(model=model, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match=r"`num_beams` must be at most 32; got 10000"):
+        translate("Jesus wept.", num_beams=10000)
+    with pytest.raises(ValueError, match=r"`max_new_tokens` must be at most 4096; got 100000"):
+        translate("Jesus wept.", max_new_tokens=100_000)

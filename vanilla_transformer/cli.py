@@ -353,7 +353,7 @@ def _add_beam_options(
 
 def _decoding_options(args: argparse.Namespace) -> dict:
     """The decoding options given (and --batch-size where the command has it), checked."""
-    from .inference import MAX_LENGTH_PENALTY, MAX_NEW_TOKENS
+    from .inference import MAX_LENGTH_PENALTY, MAX_NEW_TOKENS, MAX_NUM_BEAMS
 
     names = [name for name in ("batch_size", "num_beams", "length_penalty", "max_new_tokens") if hasattr(args, name)]
     for name in names:
@@ -368,6 +368,9 @@ def _decoding_options(args: argparse.Namespace) -> dict:
     if getattr(args, "max_new_tokens", None) is not None and args.max_new_tokens > MAX_NEW_TOKENS:
         raise ValueError(f"--max-new-tokens must be at most {MAX_NEW_TOKENS} (its cache is allocated up front); "
                          f"got {args.max_new_tokens}")
+    if args.num_beams is not None and args.num_beams > MAX_NUM_BEAMS:
+        raise ValueError(f"--num-beams must be at most {MAX_NUM_BEAMS} (the paper's: 4; each beam holds a copy of the "
+                         f"search's state); got {args.num_beams}")
     if getattr(args, "device", None) is not None and getattr(args, "engine", "transformers") != "ctranslate2":
         check_device(args.device)  # CTranslate2 names the devices it takes itself
     return {name: getattr(args, name) for name in names}

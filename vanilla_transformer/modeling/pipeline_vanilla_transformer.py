@@ -46,6 +46,17 @@ from transformers import Pipeline
 
 from .generation_vanilla_transformer import check_decoding_options
 
+MAX_NUM_BEAMS = 32  # far beyond the paper's 4; each beam holds a copy of the search's state
+MAX_NEW_TOKENS = 4096  # far beyond any sentence; a larger bound only sizes buffers that memory cannot hold
+
+
+def check_decoding_bounds(num_beams=None, max_new_tokens=None) -> None:
+    """Refuse a beam count or a longest output whose memory would grow past any use (None: not given)."""
+    for name, value, bound in (("num_beams", num_beams, MAX_NUM_BEAMS), ("max_new_tokens", max_new_tokens, MAX_NEW_TOKENS)):
+        if isinstance(value, numbers.Integral) and value > bound:
+            raise ValueError(f"`{name}` must be at most {bound}; got {value!r}.")
+
+
 # What config.json names under `custom_pipelines` (the model's `save_pretrained` writes it), read by
 # transformers' `pipeline()`: "impl" is "<module file>.<class>" inside the model folder, "pt" the Auto
 # class the model is loaded with.
@@ -224,6 +235,7 @@ class TranslationPipeline(Pipeline):
         if "num_return_sequences" in generate_kwargs:
             _positive_int("num_return_sequences", generate_kwargs["num_return_sequences"])
         check_decoding_options(**{name: generate_kwargs.get(name) for name in ("num_beams", "length_penalty", "max_new_tokens")})
+        check_decoding_bounds(generate_kwargs.get("num_beams"), generate_kwargs.get("max_new_tokens"))
         forward_params["generate_kwargs"] = generate_kwargs
         return preprocess_params, forward_params, postprocess_params
 

@@ -49,7 +49,7 @@ from ..corpora import load_translation_dataset, resolve_languages
 from ..file_checks import read_json
 from ..modeling.generation_vanilla_transformer import paper_generation_config
 from ..hub import RESULTS_FILE, save_model_files, write_model_card, write_results
-from ..inference import MAX_LENGTH_PENALTY, load_pretrained
+from ..inference import MAX_LENGTH_PENALTY, MAX_NUM_BEAMS, load_pretrained
 from ..metrics import load as load_metric, repeated_phrase
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
 from ..staging import STAGING_PREFIX, DiskFull, sweep_staging
@@ -175,6 +175,8 @@ class TrainingArguments:
             value = getattr(self, name)  # a negative norm would flip every gradient: training would ascend
             if value is not None and not (_is_finite(value) and value > 0):
                 raise ValueError(f"`{name}` must be a positive number or None; got {value!r}.")
+        if self.num_beams > MAX_NUM_BEAMS:
+            raise ValueError(f"`num_beams` must be at most {MAX_NUM_BEAMS} (the paper's: 4); got {self.num_beams}.")
         if not (_is_finite(self.length_penalty) and abs(self.length_penalty) <= MAX_LENGTH_PENALTY):
             raise ValueError(f"`length_penalty` must be between -{MAX_LENGTH_PENALTY} and {MAX_LENGTH_PENALTY} (the paper's: "
                              f"0.6; larger ones overflow the beam scores); got {self.length_penalty!r}.")
