@@ -223,3 +223,24 @@ def test_the_pipeline_refuses_a_beam_count_or_length_past_the_bound(hub_tiny_mod
         translate("Jesus wept.", num_beams=10000)
     with pytest.raises(ValueError, match=r"`max_new_tokens` must be at most 4096; got 100000"):
         translate("Jesus wept.", max_new_tokens=100_000)
+
+
+# --- row 9: the saved tokenizer.json without training's truncation ---
+
+
+def test_a_saved_tokenizer_reads_long_texts_whole_with_tokenizers_alone(tiny_corpus, tmp_path):
+    from tokenizers import Tokenizer
+
+    from vanilla_transformer.hub import save_model_files
+    from vanilla_transformer.modeling.configuration_vanilla_transformer import VanillaTransformerConfig
+    from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+    from vanilla_transformer.tokenizer import save_tokenizer
+
+    tokenizer, _ = tiny_corpus
+    whole = len(tokenizer(LONG_LINE)["input_ids"])
+    tokenizer([LONG_LINE], truncation=True, max_length=16)  # as training tokenises its pairs
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=len(tokenizer)))
+    save_model_files(model, tokenizer, tmp_path / "model")
+    save_tokenizer(tokenizer, tmp_path / "tokenizer")
+    for folder in ("model", "tokenizer"):
+        assert len(Tokenizer.from_file(str(tmp_path / folder / "tokenizer.json")).encode(LONG_LINE).ids) == whole > 16

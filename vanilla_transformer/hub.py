@@ -29,6 +29,7 @@ from pathlib import Path
 from .file_checks import check_model_files
 from .staging import STAGING_PREFIX, publish_files, staging_folder, sweep_staging
 from .modeling.pipeline_vanilla_transformer import CUSTOM_PIPELINES, source_length_limit
+from .tokenizer import save_tokenizer_files
 
 __all__ = [
     "PIPELINE_TASK",
@@ -113,7 +114,7 @@ def save_model_files(model, tokenizer, output_dir: str | os.PathLike) -> Path:
     with staging_folder(output_dir, "model") as staging:
         _write_generation_defaults(model)
         model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        save_tokenizer_files(tokenizer, staging)
         publish_files(staging)
         _move_into_place(staging, output_dir)
     return output_dir
