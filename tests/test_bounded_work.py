@@ -244,3 +244,17 @@ def test_a_saved_tokenizer_reads_long_texts_whole_with_tokenizers_alone(tiny_cor
     save_tokenizer(tokenizer, tmp_path / "tokenizer")
     for folder in ("model", "tokenizer"):
         assert len(Tokenizer.from_file(str(tmp_path / folder / "tokenizer.json")).encode(LONG_LINE).ids) == whole > 16
+
+
+# --- row 8: a size too large for torch is refused by the config ---
+
+
+def test_a_size_past_what_torch_indexes_is_refused_in_one_line(tmp_path):
+    from vanilla_transformer.modeling.configuration_vanilla_transformer import VanillaTransformerConfig
+
+    with pytest.raises(ValueError, match=r"`attention_window` must be at most 2147483647; got 100000000000000000000"):
+        VanillaTransformerConfig(local_attention="local-m", attention_window=10**20)
+    result = run_cli("train", "--output-dir", tmp_path / "run", "--max-steps", 1,
+                     "--config-overrides", "local_attention=local-m,attention_window=100000000000000000000")
+    assert result.returncode == 2 and "`attention_window` must be at most 2147483647" in result.stderr
+    assert result.stderr.count("\n") == 1
