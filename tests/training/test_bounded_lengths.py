@@ -41,3 +41,18 @@ def test_train_refuses_a_max_length_the_model_cannot_read(small_task, small_run,
     assert "Traceback" not in result.stderr and "training:" not in result.stderr
 
 
+
+
+# --- row 14: the card's average_last is what happened ---
+
+
+def test_the_card_says_how_many_checkpoints_were_averaged(small_task, small_run, tmp_path):
+    import json
+
+    output = tmp_path / "run"
+    result = run_cli("train", "--dataset", small_task, "--output-dir", output, "--max-steps", 2, "--average-last", 3,
+                     "--keep-checkpoints", 3, "--test-samples", 2, *small_run)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "`average_last` is 3, but the run has 1 checkpoint(s)" in result.stderr
+    assert len(json.loads((output / "results.json").read_text())["averaged_checkpoints"]) == 1
+    assert "average of the last 3" not in (output / "README.md").read_text()

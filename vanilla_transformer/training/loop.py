@@ -890,7 +890,7 @@ def _finish(run: _Run) -> dict:
             dataset=args.dataset,
             source_lang=run.source_lang,
             target_lang=run.target_lang,
-            hyperparameters={k: v for k, v in asdict(args).items() if v is not None and k != "output_dir"},
+            hyperparameters=_card_hyperparameters(args, weights),
             example=_card_example(run),
         )
         logger.info(f"saved {RESULTS_FILE} and the model card to {args.output_dir}")
@@ -899,6 +899,12 @@ def _finish(run: _Run) -> dict:
     accelerator.wait_for_everyone()
     end_training(run)  # frees the DDP wrapper before the process group (a gloo hang at exit otherwise)
     return results
+
+
+def _card_hyperparameters(args: TrainingArguments, weights: dict) -> dict:
+    """The options as the card states them, `average_last` as many checkpoints as were averaged."""
+    options = {k: v for k, v in asdict(args).items() if v is not None and k != "output_dir"}
+    return {**options, "average_last": len(weights["averaged_checkpoints"])}
 
 
 def _card_example(run: _Run) -> str | None:
@@ -929,6 +935,9 @@ def _final_weights(run: _Run):
     average replaces them when its validation perplexity is lower. Returns the unwrapped model and what
     its weights are: {"averaged_checkpoints": names, "weight_average": the comparison, or None}."""
     chosen = list_checkpoints(run.checkpoint_root)[-run.args.average_last :]
+    if len(chosen) < run.args.average_last:
+        logger.warning(f"`average_last` is {run.args.average_last}, but the run has {len(chosen)} checkpoint(s): the "
+                       f"final weights average those {len(chosen)} (save more often with `save_steps`)")
     unwrapped = run.accelerator.unwrap_model(run.model)
     if len(chosen) > 1:
         missing, unexpected = unwrapped.load_state_dict(average_checkpoints(chosen), strict=False)
