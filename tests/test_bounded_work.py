@@ -258,3 +258,25 @@ def test_a_size_past_what_torch_indexes_is_refused_in_one_line(tmp_path):
                      "--config-overrides", "local_attention=local-m,attention_window=100000000000000000000")
     assert result.returncode == 2 and "`attention_window` must be at most 2147483647" in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+# --- row 11: push reads transformers' list form of auto_map ---
+
+
+def _edit_json(path, **changes):
+    import json
+
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+def test_push_checks_a_folder_whose_auto_map_holds_the_tokenizers_list_form(hub_tiny_folder, tmp_path):
+    import json
+    import shutil
+
+    folder = shutil.copytree(hub_tiny_folder, tmp_path / "model")
+    config = json.loads((folder / "config.json").read_text())
+    _edit_json(folder / "config.json", auto_map={**config["auto_map"], "AutoTokenizer": [None, "tokenization_x.XFast"]})
+    result = run_cli("push", "--folder", folder, "--repo-id", "someone/model")
+    assert result.returncode == 2 and "missing: tokenization_x.py" in result.stderr and "Traceback" not in result.stderr

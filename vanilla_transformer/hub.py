@@ -199,6 +199,19 @@ def _write_generation_defaults(model) -> None:
         model.generation_config = paper_generation_config(model.config)
 
 
+def _named_classes(auto_map: dict) -> list[str]:
+    """Each class an `auto_map` names: a string, or transformers' [slow, fast] pair for AutoTokenizer."""
+    named = []
+    for value in auto_map.values():
+        named += [v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, str)]
+    return named
+
+
+def _code_file(reference: str) -> str:
+    """The module file of an `auto_map` class, "module.Class" or "user/repo--module.Class"."""
+    return reference.split("--")[-1].rsplit(".", 1)[0] + ".py"
+
+
 def _move_into_place(staging: Path, output_dir: Path) -> None:
     new_names = {entry.name for entry in staging.iterdir()}
     for entry in output_dir.iterdir():  # weights of another shape (say, sharded), the old model's card and scores
@@ -241,14 +254,14 @@ def check_hub_folder(folder: str | os.PathLike) -> Path:
             raise ValueError(f"{folder / 'config.json'} is not valid JSON: {err}") from err
     if not (folder / "tokenizer.json").is_file() or not (folder / "tokenizer_config.json").is_file():
         missing.append("tokenizer (tokenizer.json and tokenizer_config.json)")
-    references = list((config.get("auto_map") or {}).values())
+    auto_map = config.get("auto_map")
+    references = _named_classes(auto_map) if isinstance(auto_map, dict) else []
     references += [task["impl"] for task in (config.get("custom_pipelines") or {}).values()]
     if config and not references:
         missing.append("auto_map in config.json (save the model with vanilla_transformer imported)")
     for reference in references:
-        code_file = reference.split("--")[-1].rsplit(".", 1)[0] + ".py"
-        if not (folder / code_file).is_file():
-            missing.append(code_file)
+        if not (folder / _code_file(reference)).is_file():
+            missing.append(_code_file(reference))
     if missing:
         raise ValueError(
             f"{folder} is not a complete model folder; missing: {', '.join(dict.fromkeys(missing))}. "
