@@ -260,7 +260,7 @@ def test_a_size_past_what_torch_indexes_is_refused_in_one_line(tmp_path):
     assert result.stderr.count("\n") == 1
 
 
-# --- row 11: push reads transformers' list form of auto_map ---
+# --- rows 10 and 11: auto_map entries whose code a folder lacks, and transformers' list form ---
 
 
 def _edit_json(path, **changes):
@@ -269,6 +269,25 @@ def _edit_json(path, **changes):
     data = json.loads(path.read_text())
     data.update(changes)
     path.write_text(json.dumps(data))
+
+
+def test_a_model_saved_from_a_folder_keeps_no_auto_map_entry_whose_code_it_lacks(hub_tiny_folder, tmp_path):
+    import json
+    import shutil
+
+    from vanilla_transformer.hub import check_hub_folder, save_model_files
+    from vanilla_transformer.inference import load_model
+
+    base = shutil.copytree(hub_tiny_folder, tmp_path / "base")
+    config = json.loads((base / "config.json").read_text())
+    _edit_json(base / "config.json", auto_map={**config["auto_map"], "AutoModelForCausalLM": "modeling_other.Other"})
+    _edit_json(base / "tokenizer_config.json", auto_map={"AutoTokenizer": ["tokenization_other.OtherTokenizer", None]})
+    model, tokenizer = load_model(base, "cpu")  # fine-tuned, say: its config and tokenizer carry the entries
+    save_model_files(model, tokenizer, tmp_path / "tuned")
+    saved = json.loads((tmp_path / "tuned" / "config.json").read_text())["auto_map"]
+    assert "AutoModelForCausalLM" not in saved and saved["AutoConfig"] == config["auto_map"]["AutoConfig"]
+    assert "auto_map" not in json.loads((tmp_path / "tuned" / "tokenizer_config.json").read_text())
+    check_hub_folder(tmp_path / "tuned")
 
 
 def test_push_checks_a_folder_whose_auto_map_holds_the_tokenizers_list_form(hub_tiny_folder, tmp_path):

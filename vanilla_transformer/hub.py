@@ -115,6 +115,7 @@ def save_model_files(model, tokenizer, output_dir: str | os.PathLike) -> Path:
         _write_generation_defaults(model)
         model.save_pretrained(staging)
         save_tokenizer_files(tokenizer, staging)
+        _drop_absent_code(staging)
         publish_files(staging)
         _move_into_place(staging, output_dir)
     return output_dir
@@ -210,6 +211,27 @@ def _named_classes(auto_map: dict) -> list[str]:
 def _code_file(reference: str) -> str:
     """The module file of an `auto_map` class, "module.Class" or "user/repo--module.Class"."""
     return reference.split("--")[-1].rsplit(".", 1)[0] + ".py"
+
+
+def _drop_absent_code(folder: Path) -> None:
+    """Remove the `auto_map` entries of config.json and tokenizer_config.json whose module `folder` lacks
+    (a fine-tuned model's folder may name code it never held): such an entry fails every load of the folder.
+    An entry naming another repository's code ("user/repo--module.Class") stays."""
+    for name in ("config.json", "tokenizer_config.json"):
+        path = folder / name
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        auto_map = data.get("auto_map")
+        if not isinstance(auto_map, dict):
+            continue
+        kept = {key: value for key, value in auto_map.items()
+                if all("--" in ref or (folder / _code_file(ref)).is_file() for ref in _named_classes({key: value}))}
+        if kept != auto_map:
+            logger.warning(f"{name}: auto_map entries dropped, their code is not in the folder: "
+                           f"{', '.join(sorted(set(auto_map) - set(kept)))}")
+            data["auto_map"] = kept
+            if not kept:
+                del data["auto_map"]
+            path.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _move_into_place(staging: Path, output_dir: Path) -> None:
