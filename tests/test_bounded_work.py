@@ -299,3 +299,23 @@ def test_push_checks_a_folder_whose_auto_map_holds_the_tokenizers_list_form(hub_
     _edit_json(folder / "config.json", auto_map={**config["auto_map"], "AutoTokenizer": [None, "tokenization_x.XFast"]})
     result = run_cli("push", "--folder", folder, "--repo-id", "someone/model")
     assert result.returncode == 2 and "missing: tokenization_x.py" in result.stderr and "Traceback" not in result.stderr
+
+
+# --- row 12: the card's heat map of a bf16 run ---
+
+
+@pytest.mark.parametrize("overrides", [{"attention_score": "general"}, {"attention_score": "additive"},
+                                       {"local_attention": "local-p"}])
+def test_the_card_draws_the_attention_of_a_model_trained_in_bf16(overrides, tiny_corpus, tmp_path):
+    from accelerate import Accelerator
+
+    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+    from vanilla_transformer.hub import save_for_hub
+
+    tokenizer, _ = tiny_corpus
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=len(tokenizer), **overrides))
+    accelerator = Accelerator(mixed_precision="bf16", cpu=True)
+    model = accelerator.unwrap_model(accelerator.prepare(model))  # as train's final model: its forward autocasts
+    model.generation_config.max_new_tokens = 5
+    folder = save_for_hub(model, tokenizer, tmp_path / "model", example="Jesus wept.")
+    assert (folder / "attention.png").is_file()
