@@ -319,3 +319,20 @@ def test_the_card_draws_the_attention_of_a_model_trained_in_bf16(overrides, tiny
     model.generation_config.max_new_tokens = 5
     folder = save_for_hub(model, tokenizer, tmp_path / "model", example="Jesus wept.")
     assert (folder / "attention.png").is_file()
+
+
+# --- row 13: a language column holding a number names its row ---
+
+
+@pytest.mark.parametrize("command", ["train-tokenizer", "train"])
+def test_a_number_in_a_language_column_is_named_with_its_row(command, tmp_path):
+    import json
+
+    data = tmp_path / "pairs.jsonl"
+    rows = [{"en": "In the beginning", "es": "En el principio"}] * 4
+    rows[2] = {"en": "Jesus wept.", "es": 5}
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = run_cli(command, "--dataset", data, "--source-lang", "en", "--target-lang", "es",
+                     "--output-dir", tmp_path / "out", *(["--max-steps", 1] if command == "train" else []))
+    assert result.returncode == 2
+    assert "target_lang='es': the column must hold text, and row 3 holds int 5" in result.stderr
