@@ -336,3 +336,16 @@ def test_a_number_in_a_language_column_is_named_with_its_row(command, tmp_path):
                      "--output-dir", tmp_path / "out", *(["--max-steps", 1] if command == "train" else []))
     assert result.returncode == 2
     assert "target_lang='es': the column must hold text, and row 3 holds int 5" in result.stderr
+
+
+# --- row 15: invalid UTF-8 in a command-line argument ---
+
+
+@pytest.mark.parametrize("command", ["translate", "attention"])
+def test_a_text_argument_that_is_not_utf8_is_named(command, hub_tiny_folder):
+    result = subprocess.run([*map(os.fsencode, CLI), command.encode(), b"--model", os.fsencode(hub_tiny_folder), b"Jes\xffus"],
+                            capture_output=True, env=ENV, timeout=300)
+    shown = "TEXT" if command == "translate" else "text"
+    assert result.returncode == 2
+    assert result.stderr.decode() == (f"vanilla-transformer {command}: error: argument {shown}: byte 0xff at character 4 "
+                                      "is not UTF-8; give the text in UTF-8\n")

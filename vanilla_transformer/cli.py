@@ -743,8 +743,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_TEXT_ARGUMENTS = {"texts": "TEXT", "text": "text", "special_tokens": "--special-tokens", "source_lang": "--source-lang",
+                   "target_lang": "--target-lang"}
+
+
+def _check_text_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Text given as an argument must be UTF-8: Python keeps another byte as a lone surrogate, which the
+    tokenizer would refuse with a TypeError. (Paths may hold any bytes: they are left alone.)"""
+    for name, shown in _TEXT_ARGUMENTS.items():
+        values = getattr(args, name, None)
+        for value in values if isinstance(values, list) else [values]:
+            bad = next((i for i, c in enumerate(value or "") if "\udc80" <= c <= "\udcff"), None)
+            if bad is not None:
+                parser.exit(2, f"{parser.prog} {args.command}: error: argument {shown}: byte {ord(value[bad]) - 0xDC00:#04x} "
+                               f"at character {bad + 1} is not UTF-8; give the text in UTF-8\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_text_arguments(parser, args)
     try:
         code = args.func(args) or 0
         sys.stdout.flush()  # here, so that a failing write is reported below, not as a traceback at exit
