@@ -349,3 +349,26 @@ def test_a_text_argument_that_is_not_utf8_is_named(command, hub_tiny_folder):
     assert result.returncode == 2
     assert result.stderr.decode() == (f"vanilla-transformer {command}: error: argument {shown}: byte 0xff at character 4 "
                                       "is not UTF-8; give the text in UTF-8\n")
+
+
+# --- row 16: a weights file with a tensor added or removed is named, not config.json ---
+
+
+@pytest.mark.parametrize("change", ["extra", "missing"])
+def test_a_weights_file_with_a_tensor_added_or_removed_is_the_one_named(change, hub_tiny_folder, tmp_path):
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    folder = shutil.copytree(hub_tiny_folder, tmp_path / "model")
+    weights = load_file(folder / "model.safetensors")
+    if change == "extra":
+        weights["model.encoder.layers.0.spare.weight"] = torch.zeros(2)
+    else:
+        weights.pop(next(key for key in weights if key.startswith("model.encoder.layers.0.") and key.endswith("bias")))
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    result = run_cli("translate", "--model", folder, "Jesus wept.")
+    assert result.returncode == 2 and "config.json edited" not in result.stderr
+    assert f"the weights in {folder} (model.safetensors) are not those config.json describes: they " in result.stderr
+    assert ("have model.encoder.layers.0.spare.weight" if change == "extra" else "lack model.encoder.layers.0.") in result.stderr

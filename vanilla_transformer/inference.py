@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -164,14 +165,30 @@ def check_config_fits_weights(folder: Path) -> None:
     for key, tensor in tensors.items():
         tied.setdefault(id(tensor), []).append(key)
     lacking = [names[0] for names in tied.values() if not any(key in saved for key in names)]
+    extra = [key for key in saved if key not in tensors]
+    if (lacking or extra) and _layers(saved) == _layers(tensors):
+        _refuse_changed_weights(folder, files, lacking, extra)
     problems = [f"{key} is {list(saved[key][1])} in {saved[key][0]} and {list(tensor.shape)} by the config"
                 for key, tensor in tensors.items() if key in saved and tuple(tensor.shape) != saved[key][1]]
     problems += [f"the config has {key}, which the weights lack" for key in lacking]
-    problems += [f"the weights have {key}, which the config has no place for" for key in saved if key not in tensors]
+    problems += [f"the weights have {key}, which the config has no place for" for key in extra]
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ValueError(f"{config_file} does not fit the weights in {folder}: {problems[0]}{more} (was config.json "
                          "edited?). Put back the config.json saved with these weights")
+
+
+def _layers(keys) -> set[str]:
+    """The layers ("model.encoder.layers.2.") that tensor names belong to."""
+    return {match.group(0) for key in keys if (match := re.match(r".*\.layers\.\d+\.", key))}
+
+
+def _refuse_changed_weights(folder: Path, files: list[str], lacking: list[str], extra: list[str]) -> None:
+    """The same layers on both sides, but a tensor missing or added: the weights file is the one changed."""
+    problems = [f"they lack {key}" for key in lacking] + [f"they have {key}, which the model has no place for" for key in extra]
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    raise ValueError(f"the weights in {folder} ({', '.join(files)}) are not those config.json describes: "
+                     f"{problems[0]}{more}. Put back the weights file saved with this config.json")
 
 
 def translate_texts(
