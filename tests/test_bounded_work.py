@@ -372,3 +372,16 @@ def test_a_weights_file_with_a_tensor_added_or_removed_is_the_one_named(change, 
     assert result.returncode == 2 and "config.json edited" not in result.stderr
     assert f"the weights in {folder} (model.safetensors) are not those config.json describes: they " in result.stderr
     assert ("have model.encoder.layers.0.spare.weight" if change == "extra" else "lack model.encoder.layers.0.") in result.stderr
+
+
+# --- row 17: export's hint runs as printed ---
+
+
+def test_the_export_hint_runs_as_printed_with_spaces_in_the_path(hub_tiny_folder, tmp_path):
+    import shlex
+
+    pytest.importorskip("ctranslate2")
+    result = run_cli("export", "--model", hub_tiny_folder, "--format", "ctranslate2", "--output-dir", tmp_path / "my export")
+    assert result.returncode == 0, result.stderr[-2000:]
+    hint = shlex.split(result.stdout.splitlines()[-1])
+    assert hint[hint.index("--model") + 1] == str(tmp_path / "my export") and hint[-1] == "Jesus wept."

@@ -581,6 +581,8 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     )
 
     def run(args: argparse.Namespace) -> int:
+        import shlex
+
         from .export.ctranslate2 import export_ctranslate2
         from .inference import load_model
 
@@ -591,7 +593,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
             _refuse(p, err)
         size = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
         print(f"exported {args.model} to {folder} ({args.quantization} weights, {size:.1f} MB); try it with\n"
-              f"  vanilla-transformer translate --engine ctranslate2 --model {folder} \"Jesus wept.\"")
+              f"  vanilla-transformer translate --engine ctranslate2 --model {shlex.quote(str(folder))} \"Jesus wept.\"")
         return 0
 
     p.set_defaults(func=run)
