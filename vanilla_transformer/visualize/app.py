@@ -8,11 +8,11 @@ Space variable MODEL_ID to the model's repository (user/name). Spaces run `pytho
 takes the address from GRADIO_SERVER_NAME and GRADIO_SERVER_PORT.
 
 What one visitor may ask is bounded (`Limits`: source and output length, beams, requests served at once
-and waiting): a request beyond a limit is refused with a message naming it; `serve` refuses a request body
-larger than the longest sentence needs from its length, before reading it (`BodyLimit`). The explorer's
-files are kept in one folder inside Gradio's cache (the newest `KEPT_PAGES`), removed when the app stops. A deployer changes them with
+and waiting): a request beyond a limit is refused with a message naming it. A deployer changes them with
 `serve --max-input-tokens ...` or, in a Space, the variables VANILLA_TRANSFORMER_MAX_INPUT_TOKENS,
-..._MAX_NEW_TOKENS, ..._MAX_BEAMS, ..._MAX_CONCURRENT and ..._MAX_QUEUED.
+..._MAX_NEW_TOKENS, ..._MAX_BEAMS, ..._MAX_CONCURRENT and ..._MAX_QUEUED. `serve` refuses a request body
+larger than the longest sentence needs from its length, before reading it (`BodyLimit`), and keeps the
+explorer's files in one folder inside Gradio's cache (the newest `KEPT_PAGES`), removed when it stops.
 
 The page loads nothing from other hosts: the theme uses the system's fonts, analytics are off, and
 the explorer is the self-contained page of `vanilla_transformer.visualize.explorer`, shown in a sandboxed frame
