@@ -45,14 +45,31 @@ def test_translate_a_long_line_with_a_bounded_model_costs_nothing_else(location_
     assert "truncated" in result.stderr
 
 
-def test_translate_keeps_the_lines_that_decode_when_others_fail(location_folder, tmp_path):
-    """A longest output past location_max_length fails each line alone: every line is named, none stops the run."""
+def test_translate_with_a_longest_output_past_a_bounded_models_stops_there(location_folder):
     result = run_cli("translate", "--model", location_folder, "--num-beams", 1, "--max-new-tokens", 100, "--batch-size", 2,
                      "Jesus wept.", "", "In the beginning God created the heaven.")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.count("\n") == 3
-    named = [number for number in (1, 2, 3) if f"line {number} was not translated" in result.stderr]
-    assert 2 not in named and named, result.stderr[-2000:]
+    assert result.stdout.count("\n") == 3 and "not translated" not in result.stderr
+    assert "`max_new_tokens`=100 is more than this model writes; translations stop at 63 tokens" in result.stderr
+
+
+def test_a_text_that_fails_costs_its_line_alone(hub_tiny_model, monkeypatch):
+    from vanilla_transformer.inference import translate_texts
+    from vanilla_transformer.modeling.pipeline_vanilla_transformer import TranslationPipeline
+
+    model, tokenizer = hub_tiny_model
+    texts = ["Jesus wept.", "a text that fails", "In the beginning."]
+    expected = translate_texts(model, tokenizer, texts[::2], num_beams=1)
+    preprocess = TranslationPipeline.preprocess
+
+    def failing(self, text, **kwargs):
+        if text == texts[1]:
+            raise ValueError("this text fails")
+        return preprocess(self, text, **kwargs)
+
+    monkeypatch.setattr(TranslationPipeline, "preprocess", failing)
+    with pytest.warns(UserWarning, match="line 11 was not translated .*: this text fails"):
+        assert translate_texts(model, tokenizer, texts, num_beams=1, first_line=10) == [expected[0], "", expected[1]]
 
 
 # --- row 6: translate writes each batch as it is done ---

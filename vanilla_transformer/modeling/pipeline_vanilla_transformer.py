@@ -44,7 +44,7 @@ import torch
 from torch.utils.data import Dataset
 from transformers import Pipeline
 
-from .generation_vanilla_transformer import check_decoding_options
+from .generation_vanilla_transformer import check_decoding_options, longest_target
 
 MAX_NUM_BEAMS = 32  # far beyond the paper's 4; each beam holds a copy of the search's state
 MAX_NEW_TOKENS = 4096  # far beyond any sentence; a larger bound only sizes buffers that memory cannot hold
@@ -236,6 +236,12 @@ class TranslationPipeline(Pipeline):
             _positive_int("num_return_sequences", generate_kwargs["num_return_sequences"])
         check_decoding_options(**{name: generate_kwargs.get(name) for name in ("num_beams", "length_penalty", "max_new_tokens")})
         check_decoding_bounds(generate_kwargs.get("num_beams"), generate_kwargs.get("max_new_tokens"))
+        longest = _longest_output(self.model.config)
+        if longest is not None and isinstance(generate_kwargs.get("max_new_tokens"), numbers.Integral) \
+                and generate_kwargs["max_new_tokens"] > longest:
+            warnings.warn(f"`max_new_tokens`={generate_kwargs['max_new_tokens']} is more than this model writes; "
+                          f"translations stop at {longest} tokens.", stacklevel=3)
+            generate_kwargs["max_new_tokens"] = longest
         forward_params["generate_kwargs"] = generate_kwargs
         return preprocess_params, forward_params, postprocess_params
 
@@ -364,6 +370,14 @@ class TranslationPipeline(Pipeline):
             weights[f"{side}_tokens"] = self.tokenizer.convert_ids_to_tokens(ids)  # raw, as bertviz takes them
             weights[f"{side}_pieces"] = readable_pieces(self.tokenizer, ids)  # the text each token stands for
         return weights
+
+
+def _longest_output(config) -> int | None:
+    """The most tokens a model with a bounded target length (learned positions, location-based scores) writes
+    after the decoder start token; None for a model without one."""
+    if getattr(config, "position_encoding", None) == "learned" or getattr(config, "attention_score", None) == "location":
+        return longest_target(config) - 1
+    return None
 
 
 def _truncates(truncation) -> bool:
