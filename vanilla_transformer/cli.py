@@ -312,11 +312,11 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
             _decoding_options(args)  # bad options fail before reading the input
             texts = args.texts or _read_lines(args.input_file or "-")
             translate = _translator(args)[0]
-            # Batch by batch, each written as it is done: a pipe sees lines at once, an interrupt keeps them.
-            for first_line, batch in _batches_of(texts, args.batch_size):
-                print("\n".join(translate(batch, first_line=first_line)), flush=True)
         except (OSError, ValueError, TypeError, ImportError) as err:
             _refuse(p, err)
+        # Batch by batch, each written as it is done: a pipe sees lines at once, an interrupt keeps them.
+        for translations in _translated_batches(p, _batches_of(texts, args.batch_size), translate):
+            print("\n".join(translations), flush=True)
         return 0
 
     p.set_defaults(func=run)
@@ -403,6 +403,20 @@ def _translator(args: argparse.Namespace):
     model, tokenizer = load_model(args.model, args.device)
     return (lambda texts, first_line=1: translate_texts(model, tokenizer, texts, first_line=first_line, **options)), \
         model.config
+
+
+def _translated_batches(p: argparse.ArgumentParser, batches, translate):
+    """The translations of each batch; bad input met on the way (a line that is not UTF-8) is refused as if
+    met first. (Writing them is the caller's: a full disk or a closed pipe is no input error.)"""
+    while True:
+        try:
+            first_line, batch = next(batches)
+            translations = translate(batch, first_line=first_line)
+        except StopIteration:
+            return
+        except (OSError, ValueError, TypeError, ImportError) as err:
+            _refuse(p, err)
+        yield translations
 
 
 def _batches_of(texts, size: int):
