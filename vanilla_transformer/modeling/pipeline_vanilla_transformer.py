@@ -31,7 +31,9 @@ longer fail a whole batch for one line: a text longer than the model's limit (th
 `model_max_length`, the position table for learned positions, `location_max_length` for location-based
 scores) is truncated to it with a
 warning, and an empty or blank text translates to "" with a warning, the rest of its batch
-translated as if it were not there.
+translated as if it were not there. `num_beams` and `max_new_tokens` have bounds (`MAX_NUM_BEAMS`,
+`MAX_NEW_TOKENS`), and a `max_new_tokens` past what a model with a bounded length writes (learned
+positions, location-based scores) is lowered to it with a warning.
 """
 
 from __future__ import annotations
