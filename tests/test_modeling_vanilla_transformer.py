@@ -468,16 +468,19 @@ def test_location_refuses_inputs_longer_than_its_map_naming_the_option():
         model(ids[:, :8], decoder_input_ids=ids)  # the target, in decoder self-attention
 
 
-def test_location_model_translates_sources_up_to_its_map_minus_the_decoding_cap():
-    """Decoding stops a translation at the source length + 50 new tokens (§6.1): with `location_max_length`
-    L, a source of L - 50 tokens translates even when every sentence runs to the cap (no </s> in reach)."""
+def test_location_model_decodes_within_its_map_whatever_the_source_length():
+    """Decoding stops a translation at the source length + 50 new tokens (§6.1), and with `location_max_length`
+    L at L - 1 (the positions the decoder reads): with no </s> in reach, every source up to L tokens translates
+    (#46); a longer source is refused, naming the field."""
     from vanilla_transformer.modeling.generation_vanilla_transformer import paper_generation_config
 
     model = make_model(attention_score="location", location_max_length=60, eos_token_id=VOCAB - 1)
     model.generation_config = paper_generation_config(model.config)
-    ids = torch.randint(3, VOCAB - 1, (1, 11))
+    ids = torch.randint(3, VOCAB - 1, (1, 61))
     bad_words = dict(suppress_tokens=[VOCAB - 1])  # never </s> (bad_words_ids may not hold </s>)
-    assert model.generate(ids[:, :10], num_beams=4, **bad_words).shape == (1, 61)  # start + 50 + 10 tokens
+    assert model.generate(ids[:, :5], num_beams=4, **bad_words).shape == (1, 56)  # start + 5 + 50 tokens
+    for length in (10, 11, 60):  # start + 59 tokens
+        assert model.generate(ids[:, :length], num_beams=4, **bad_words).shape == (1, 60)
     with pytest.raises(ValueError, match="`location_max_length`=60"):
         model.generate(ids, num_beams=4, **bad_words)
 

@@ -44,6 +44,7 @@ CHOICES = {
 }
 SIZES = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "num_heads", "d_ff", "max_position_embeddings",
          "location_max_length", "attention_window")
+MAX_SIZE = 2**31 - 1  # past any real model; larger numbers overflow torch's index arithmetic
 PROBABILITIES = ("dropout", "attention_dropout", "label_smoothing")
 FLAGS = ("scale_embedding", "tie_word_embeddings", "use_cache", "fast_paths")
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
@@ -212,6 +213,8 @@ class VanillaTransformerConfig(PretrainedConfig):
         for name in SIZES:
             if not _is_int(value := getattr(self, name)) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
+            if value > MAX_SIZE:
+                raise ValueError(f"`{name}` must be at most {MAX_SIZE}; got {value!r}.")
         if self.d_model % self.num_heads:
             raise ValueError(f"`d_model` ({self.d_model}) must be divisible by `num_heads` ({self.num_heads}).")
         for name in PROBABILITIES:

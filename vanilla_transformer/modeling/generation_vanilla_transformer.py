@@ -245,10 +245,17 @@ def _source_length_cap(model, source, kwargs, generation_config, offset: int, se
     else:
         lengths = (source != model.config.pad_token_id).sum(1)
     prompt = kwargs["decoder_input_ids"].size(1) if kwargs.get("decoder_input_ids") is not None else 1
-    # A stored max_new_tokens is a ceiling (see the top of this file); learned position tables end
-    # at max_position_embeddings (sinusoids take it as a hint).
-    ceiling = min(model.generation_config.max_new_tokens or math.inf, model.config.max_position_embeddings - prompt)
+    # A stored max_new_tokens is a ceiling (see the top of this file), and so is the longest target the model reads.
+    ceiling = min(model.generation_config.max_new_tokens or math.inf, longest_target(model.config) - prompt)
     return SourceLengthCap((lengths + offset).clamp(max=ceiling), _first(setting("eos_token_id")), prompt)
+
+
+def longest_target(config) -> int:
+    """The longest decoder input the model reads: learned position tables end at max_position_embeddings
+    (sinusoids take it as a hint), location-based scores at location_max_length."""
+    if getattr(config, "attention_score", None) == "location":
+        return min(config.max_position_embeddings, config.location_max_length)
+    return config.max_position_embeddings
 
 
 def _with_longest_output(model, cap: SourceLengthCap, kwargs, generation_config):

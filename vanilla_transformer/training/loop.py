@@ -49,7 +49,7 @@ from ..corpora import load_translation_dataset, resolve_languages
 from ..file_checks import read_json
 from ..modeling.generation_vanilla_transformer import paper_generation_config
 from ..hub import RESULTS_FILE, save_model_files, write_model_card, write_results
-from ..inference import MAX_LENGTH_PENALTY, load_pretrained
+from ..inference import MAX_LENGTH_PENALTY, MAX_NUM_BEAMS, load_pretrained
 from ..metrics import load as load_metric, repeated_phrase
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from ..staging import STAGING_PREFIX, DiskFull, sweep_staging
@@ -175,6 +175,8 @@ class TrainingArguments:
             value = getattr(self, name)  # a negative norm would flip every gradient: training would ascend
             if value is not None and not (_is_finite(value) and value > 0):
                 raise ValueError(f"`{name}` must be a positive number or None; got {value!r}.")
+        if self.num_beams > MAX_NUM_BEAMS:
+            raise ValueError(f"`num_beams` must be at most {MAX_NUM_BEAMS} (the paper's: 4); got {self.num_beams}.")
         if not (_is_finite(self.length_penalty) and abs(self.length_penalty) <= MAX_LENGTH_PENALTY):
             raise ValueError(f"`length_penalty` must be between -{MAX_LENGTH_PENALTY} and {MAX_LENGTH_PENALTY} (the paper's: "
                              f"0.6; larger ones overflow the beam scores); got {self.length_penalty!r}.")
@@ -325,6 +327,17 @@ def _load_model(args: TrainingArguments, tokenizer, resume_from: Path | None):
         **args.config_overrides,
     )
     return VanillaTransformerForConditionalGeneration(config)
+
+
+def _check_max_length(args: TrainingArguments, config) -> None:
+    """`max_length` within every length the model reads: a longer pair would fail at its batch, on every resume."""
+    bounds = {"location_max_length": config.location_max_length} if config.attention_score == "location" else {}
+    if config.position_encoding == "learned":
+        bounds["max_position_embeddings"] = config.max_position_embeddings
+    for name, bound in bounds.items():
+        if args.max_length > bound:
+            raise ValueError(f"`max_length` ({args.max_length}) is over the model's {name} ({bound}), the longest "
+                             f"sequence it reads: give a `max_length` of at most {bound}.")
 
 
 # ------------------------------------------------------------------------------------------
@@ -625,8 +638,8 @@ def _setup(args: TrainingArguments, accelerator) -> _Run:
     data, source_lang, target_lang, tokenizer, train_split, eval_splits = _prepare_data(args, accelerator)
 
     model = _load_model(args, tokenizer, resume_from)
-
     model.config.label_smoothing = args.label_smoothing  # the model's own loss is the run's objective (§5.4)
+    _check_max_length(args, model.config)
     _record_language_pair(model.config, source_lang, target_lang, args.dataset)
     if accelerator.is_main_process and resume_from is None:
         checkpoint_root.mkdir(parents=True, exist_ok=True)
@@ -1005,7 +1018,7 @@ def _finish(run: _Run) -> dict:
             dataset=args.dataset,
             source_lang=run.source_lang,
             target_lang=run.target_lang,
-            hyperparameters={k: v for k, v in asdict(args).items() if v is not None and k != "output_dir"},
+            hyperparameters=_card_hyperparameters(args, weights),
             example=_card_example(run),
         )
         logger.info(f"saved {RESULTS_FILE} and the model card to {args.output_dir}")
@@ -1013,6 +1026,12 @@ def _finish(run: _Run) -> dict:
     if accelerator.is_main_process and args.push_to_hub:  # after the barrier: no process waits on the upload
         _upload(args.output_dir, args.push_to_hub)
     return results
+
+
+def _card_hyperparameters(args: TrainingArguments, weights: dict) -> dict:
+    """The options as the card states them, `average_last` as many checkpoints as were averaged."""
+    options = {k: v for k, v in asdict(args).items() if v is not None and k != "output_dir"}
+    return {**options, "average_last": len(weights["averaged_checkpoints"])}
 
 
 def _card_example(run: _Run) -> str | None:
@@ -1043,6 +1062,9 @@ def _final_weights(run: _Run):
     average replaces them when its validation perplexity is lower. Returns the unwrapped model and what
     its weights are: {"averaged_checkpoints": names, "weight_average": the comparison, or None}."""
     chosen = list_checkpoints(run.checkpoint_root)[-run.args.average_last :]
+    if len(chosen) < run.args.average_last:
+        logger.warning(f"`average_last` is {run.args.average_last}, but the run has {len(chosen)} checkpoint(s): the "
+                       f"final weights average those {len(chosen)} (save more often with `save_steps`)")
     unwrapped = full_model(run.accelerator, run.model)  # every process: under FSDP they gather the weights together
     if len(chosen) > 1:
         _load_weights(unwrapped, average_checkpoints(chosen))

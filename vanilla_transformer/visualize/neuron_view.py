@@ -115,8 +115,9 @@ def _capture(model, input_ids, attention_mask, decoder_input_ids, blocks):
 
 def _block_tensors(block, captured, name, weights, row: int) -> dict:
     """One block's numbers for sentence `row`: q (H, T, Dh), k (H, S, Dh) or None, scores, allowed, terms."""
-    q = _split(block, captured[(name, "q")])[row:row + 1]  # (1, H, T, Dh)
-    k = _split(block, captured[(name, "k")])[row:row + 1] if (name, "k") in captured else None  # (1, H, S, Dh)
+    dtype = block.q_proj.weight.dtype  # under autocast (a bf16 run's model) the projections are bf16, the weights not
+    q = _split(block, captured[(name, "q")])[row:row + 1].to(dtype)  # (1, H, T, Dh)
+    k = _split(block, captured[(name, "k")])[row:row + 1].to(dtype) if (name, "k") in captured else None  # (1, H, S, Dh)
     keys = weights.size(-1)
     # location scores read only the number of keys; any tensor with S rows stands in for them
     stand_in = k if k is not None else q.new_zeros(q.shape[:2] + (keys, q.size(-1)))
