@@ -7,11 +7,10 @@ import warnings
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import GenerationConfig
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from vanilla_transformer.modeling.arguments_vanilla_transformer import CACHE_NAME, check_ids
+from vanilla_transformer.modeling.arguments_vanilla_transformer import CACHE_NAME, check_attn_implementation, check_ids
 from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerModel
 
 VOCAB = 40
@@ -109,6 +108,10 @@ def test_attention_beyond_the_paper_runs_on_its_own_function_and_refuses_another
         VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(
             vocab_size=VOCAB, attention_normalization="relu", attn_implementation="flex_attention"))
     assert make_model(attention_score="dot").config._attn_implementation == "sdpa"  # Luong's dot: a scale of 1
+    local = make_model(local_attention="local-m")  # a window is a mask: sdpa and flex take it, flash does not
+    assert local.config._attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match="`attn_implementation`='flash_attention_2' takes no mask for local"):
+        check_attn_implementation(local.config, "flash_attention_2")
 
 
 def test_a_custom_4d_attention_mask_gives_what_the_2d_one_gives():
@@ -152,16 +155,4 @@ def test_the_id_check_reads_values_only_from_cpu_tensors():
         check_ids("input_ids", torch.tensor([1, 40], device="meta"), VOCAB)  # shapes are still checked
 
 
-def test_a_returned_cache_continues_the_generation():
-    """transformers' documented way: pass the returned cache back with the longer sequence."""
-    model = make_model()
-    input_ids, attention_mask, _ = batch()
-    config = GenerationConfig(max_new_tokens=4, num_beams=1, do_sample=False, decoder_start_token_id=0,
-                              eos_token_id=None, pad_token_id=model.config.pad_token_id)
-    first = model.generate(input_ids, attention_mask=attention_mask, generation_config=config,
-                           return_dict_in_generate=True)
-    continued = model.generate(input_ids, attention_mask=attention_mask, decoder_input_ids=first.sequences,
-                               generation_config=config, **{CACHE_NAME: getattr(first, CACHE_NAME)})
-    config.max_new_tokens = 8
-    at_once = model.generate(input_ids, attention_mask=attention_mask, generation_config=config)
-    assert torch.equal(continued, at_once)
+# A cache that `generate` returns continues a generation: tests/test_decoding_speed.py.

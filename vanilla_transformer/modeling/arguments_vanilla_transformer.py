@@ -47,13 +47,18 @@ def explicit_attention(config) -> bool:
     )
 
 
-def check_explicit_attention(requested: str | None) -> None:
-    if requested not in (None, "eager"):
+def check_attn_implementation(config, requested: str | None) -> None:
+    """Attention beyond the paper runs on its own explicit function only ("eager"); local-m's window is a mask,
+    which flash attention does not take."""
+    if explicit_attention(config) and requested not in (None, "eager"):
         raise ValueError(
             f'`attn_implementation`={requested!r}: this model\'s attention (its `attention_score`, '
             '`attention_normalization`, `attention_hardness` or `local_attention`) runs only on its own explicit '
             'function; use "eager" or leave it out.'
         )
+    if config.local_attention != "none" and requested is not None and requested.startswith("flash"):
+        raise ValueError(f'`attn_implementation`={requested!r} takes no mask for local attention\'s window; use '
+                         '"sdpa", "eager" or "flex_attention".')
 
 
 def additive_mask(mask, module, query, key):

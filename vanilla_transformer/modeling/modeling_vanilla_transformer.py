@@ -52,7 +52,7 @@ from .arguments_vanilla_transformer import (
     check_cache_and_checkpointing,
     check_decoder_inputs,
     check_encoder_inputs,
-    check_explicit_attention,
+    check_attn_implementation,
     check_labels,
     check_learned_positions,
     explicit_attention,
@@ -465,8 +465,8 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        check_attn_implementation(self.config, requested_attention)
         if explicit_attention(self.config):
-            check_explicit_attention(requested_attention)
             return "eager"
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
@@ -590,7 +590,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         self.model = VanillaTransformerModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.criterion = loss_class(config)()
-        if config.tie_word_embeddings:  # §3.4: "the same weight matrix between the two embedding layers and the pre-softmax linear transformation"
+        if config.tie_word_embeddings:  # §3.4: one matrix for both embeddings and the pre-softmax projection
             self._tied_weights_keys = {
                 "lm_head.weight": "model.shared.weight",
                 "model.encoder.embeddings.embed_tokens.weight": "model.shared.weight",
@@ -652,18 +652,15 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             past_key_values=past_key_values,
         )
         logits = self.lm_head(outputs.last_hidden_state)  # §3.4: the pre-softmax projection, (B, T, vocab)
-        loss = nll = None
-        if labels is not None:  # §5.4
-            loss, nll = self.criterion(logits, labels, self.config.label_smoothing)
-            tokens = (labels != -100).sum() if num_items_in_batch is None else num_items_in_batch
-            loss, nll = loss / tokens, nll / tokens
         # Everything the base model returned (caches, attentions, hidden states), the logits in place of
         # the last hidden state.
         passed_on = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
         if labels is None:
             output = Seq2SeqLMOutput(logits=logits, **passed_on)
-        else:
-            output = Seq2SeqLMOutputWithNLL(loss=loss, logits=logits, **passed_on, nll=nll)
+        else:  # §5.4
+            loss, nll = self.criterion(logits, labels, self.config.label_smoothing)
+            tokens = (labels != -100).sum() if num_items_in_batch is None else num_items_in_batch
+            output = Seq2SeqLMOutputWithNLL(loss=loss / tokens, logits=logits, **passed_on, nll=nll / tokens)
         return output if wants_dict(return_dict, self.config) else output.to_tuple()
 
 
