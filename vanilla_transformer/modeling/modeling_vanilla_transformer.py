@@ -83,6 +83,9 @@ def scaled_dot_product_attention(module, query, key, value, attention_mask, scal
     return out.transpose(1, 2), weights
 
 
+eager_attention_forward = scaled_dot_product_attention  # the name transformers' models give their own attention
+
+
 # --------------------------------------------------------------------------------------
 # §3.2.2 and §3.3: multi-head attention and the position-wise feed-forward network
 # --------------------------------------------------------------------------------------
@@ -145,7 +148,7 @@ class MultiHeadAttention(nn.Module):
 
     def attend(self, q, k, v, attention_mask, output_attentions=False):
         implementation = self.config._attn_implementation
-        attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, scaled_dot_product_attention)
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         if output_attentions and implementation == "sdpa":
             # torch's fused kernel returns no weights: the explicit function computes the same numbers.
             attention, attention_mask = scaled_dot_product_attention, additive_mask(attention_mask, self, q, k)
