@@ -17,7 +17,7 @@ TESTS ?=
 TRANSFORMERS_TESTS = tests/test_hf_native.py tests/test_modeling_vanilla_transformer.py \
 	tests/test_generation_vanilla_transformer.py tests/test_decoding_speed.py tests/test_pipeline_vanilla_transformer.py \
 	tests/test_marian_equivalence.py tests/test_generate_differential.py tests/test_generate_contract.py tests/test_peft.py \
-	tests/test_hub.py tests/model_card tests/test_tokenization.py tests/test_metrics.py
+	tests/test_hub.py tests/model_card tests/test_tokenization.py tests/test_metrics.py tests/test_transformers_conventions.py
 GPU_TESTS = tests/test_gpu.py tests/test_decoding_speed.py::test_greedy_search_with_a_static_cache_compiles_the_decoder_step_into_one_graph
 BIN = $(VENV)/bin
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
