@@ -4,8 +4,11 @@
 # `make test-oldest` runs the tests of everything transformers touches (the model, generate, the
 # pipeline, saved folders, Trainer/PEFT/export, the tokenizer, the metric) again in .venv-oldest, on
 # the oldest transformers that pyproject.toml allows (read from its "transformers>=X,<Y"); CI runs both.
-# `make test-gpu` runs the GPU tests (tests/test_gpu.py and the compiled static-cache test) on a CUDA machine,
-# e.g. `make test-gpu TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu130"`; without CUDA they skip.
+# `make test-gpu` runs the GPU tests (tests/test_gpu.py and the compiled static-cache test) on a CUDA machine with
+# what is installed, without installing (a GPU machine may have no network): `make install TORCH_SPEC="torch
+# --index-url https://download.pytorch.org/whl/cu130"` first where it has one. It uses $(VENV) if there is one,
+# else GPU_PYTHON (default $(PYTHON)); without CUDA the tests skip. `python -m benchmarks.gpu_smoke` runs them
+# and the GPU measurements in one go (issue #47).
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
@@ -14,9 +17,10 @@ TESTS ?=
 TRANSFORMERS_TESTS = tests/test_hf_native.py tests/test_modeling_vanilla_transformer.py \
 	tests/test_generation_vanilla_transformer.py tests/test_decoding_speed.py tests/test_pipeline_vanilla_transformer.py \
 	tests/test_marian_equivalence.py tests/test_generate_differential.py tests/test_generate_contract.py tests/test_peft.py \
-	tests/test_hub.py tests/model_card tests/test_tokenization.py tests/test_metrics.py
+	tests/test_hub.py tests/model_card tests/test_tokenization.py tests/test_metrics.py tests/test_transformers_conventions.py
 GPU_TESTS = tests/test_gpu.py tests/test_decoding_speed.py::test_greedy_search_with_a_static_cache_compiles_the_decoder_step_into_one_graph
 BIN = $(VENV)/bin
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 TRANSFORMERS_OLDEST := $(shell sed -n 's/^ *"transformers>=\([0-9.]*\),.*/\1/p' pyproject.toml)
 
 .PHONY: install test test-fast test-gpu test-oldest demo bench clean
@@ -36,9 +40,9 @@ test: install  # the whole suite, tests spread over up to 4 processes (pytest-xd
 test-fast: install  # every unit test; no process started, no command run end to end
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" --durations=10 $(TESTS)
 
-test-gpu: install
-	@$(BIN)/python -c "import torch, transformers; print('torch', torch.__version__, '| CUDA', torch.version.cuda, '| GPU', torch.cuda.is_available() and torch.cuda.get_device_name(), '| transformers', transformers.__version__)"
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q --durations=10 $(GPU_TESTS)
+test-gpu:  # no install: see above
+	@$(GPU_PYTHON) -c "import torch, transformers; print('torch', torch.__version__, '| CUDA', torch.version.cuda, '| GPU', torch.cuda.is_available() and torch.cuda.get_device_name(), '| transformers', transformers.__version__)"
+	HF_HUB_OFFLINE=1 $(GPU_PYTHON) -m pytest -q --durations=10 $(GPU_TESTS)
 
 test-oldest:
 	@test -n "$(TRANSFORMERS_OLDEST)" || { echo 'no "transformers>=X,<Y" in pyproject.toml'; exit 1; }

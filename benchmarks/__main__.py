@@ -26,6 +26,7 @@ import torch
 
 from . import generation, tokenizer as tokenizer_benchmark, training
 from .common import benchmark_tokenizer, environment, write_atomically
+from .mfu import matmul_tflops, rated_peak_tflops
 
 # Per size and device: target tokens per training batch, test sentences generated, and training
 # steps before generating. On the CPU there is no time for training that changes the outputs (200
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> dict:
         },
     }
     if kind == "cuda":
-        report["environment"]["matmul_bf16_tflops"] = training.matmul_peak_tflops(args.device)
+        report["environment"]["matmul_bf16_tflops"] = matmul_tflops(args.device)
+        report["environment"]["rated_bf16_tflops"] = rated_peak_tflops(torch.cuda.get_device_name(args.device), "bf16")
 
     report["training"], report["generation"], report["part_seconds"] = {}, {}, {}
 
@@ -132,6 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
         report["training"].update(timed(f"training {size}", lambda: training.run(
             tokenizer, [size], args.device, args.threads, settings["train_tokens"], repeats["warmup"],
             repeats["steps"], repeats["rounds"], report["environment"].get("matmul_bf16_tflops"),
+            report["environment"].get("rated_bf16_tflops"),
         )))
         report["generation"].update(timed(f"generation {size}", lambda: generation.run(
             tokenizer, [size], args.device, args.threads, settings["sentences"], repeats["max_new_tokens"],
@@ -192,8 +195,9 @@ def markdown(report: dict) -> str:
         f"average (1, 5, 15 min) {_load(env.get('load_average_start'))} at the start, "
         f"{_load(env.get('load_average_end'))} at the end. "
         f"Python {env['python']}, torch {env['torch']}, transformers {env['transformers']}, "
-        f"CTranslate2 {env['ctranslate2']}" + (f", CUDA {env['cuda']}, bf16 matmul peak "
-                                                f"{env['matmul_bf16_tflops']:.0f} TFLOP/s" if "gpu" in env else "")
+        f"CTranslate2 {env['ctranslate2']}" + (f", CUDA {env['cuda']}, bf16 rated peak "
+                                                f"{env.get('rated_bf16_tflops') or '(not listed)'} TFLOP/s, bf16 matmul "
+                                                f"measured {env['matmul_bf16_tflops']:.0f} TFLOP/s" if "gpu" in env else "")
         + f". Vocabulary {settings['vocab_size']} (joint BPE, en-es). Run took {report['seconds']:.0f} s ("
         + ", ".join(f"{part} {seconds:.0f} s" for part, seconds in report["part_seconds"].items()) + ")"
         + (" (--quick: smoke run, numbers meaningless)" if settings["quick"] else "") + ".",
@@ -203,8 +207,9 @@ def markdown(report: dict) -> str:
         f"and {settings['steps']} timed steps per process × {settings['rounds']} rounds, on one batch of pairs of "
         "the median length (batched by length, as the training loop does); tokens are non-padding target "
         "tokens. Memory: peak resident memory of the contender's own process above the interpreter with "
-        "torch imported (CPU), or `torch.cuda.max_memory_allocated` (GPU). MFU = 6 × parameters × target "
-        "tokens/s / measured bf16 matmul peak.",
+        "torch imported (CPU), or `torch.cuda.max_memory_allocated` (GPU). MFU = the step's FLOPs (weights and "
+        "attention, forward and backward: benchmarks/mfu.py) per second / the GPU's rated bf16 peak; in brackets, "
+        "/ the bf16 matmul rate measured on it.",
         "",
         "## Training",
         "",
@@ -230,11 +235,11 @@ def markdown(report: dict) -> str:
         "search with the GNMT penalty ((5+|Y|)/6)^α. 'agrees' is the share of sentences with the same tokens "
         "as ours in fp32; BLEU (a trained model only) is sacrebleu's on the same sentences. Peak memory is "
         "what decoding the sentences needs beyond the loaded model: resident memory (CPU) or torch's "
-        "allocated memory (GPU) above the start. Rows 'ours, …' are ours with one of its decoding changes "
-        "undone, the latest first ('plain projection': the output projection on torch's default kernel (MKL on a "
-        "CPU) instead of oneDNN's on the weight packed for the call; 'finished stay': our loop keeps finished "
-        "sentences in the batch; 'transformers' loop': transformers' own search loop, which keeps them too; "
-        "'dynamic cache' is transformers' growing cache), to show what each buys.",
+        "allocated memory (GPU) above the start. Rows 'ours, …' are ours with its decoding changes undone one "
+        "more per row ('rows stay': our loop keeps finished sentences in the batch instead of letting them leave; "
+        "'plain projection': the output projection on torch's default kernel (MKL on a CPU) instead of oneDNN's "
+        "on the weight packed for the call; 'transformers' loop': transformers' own search loop, which keeps "
+        "them too), to show what each buys.",
         "",
         "| size | sentences | mode | contender | generated tokens/s | sentences/s | vs Marian | agrees | BLEU "
         "| peak memory (MB) |",
@@ -360,7 +365,9 @@ def _training_row(size: str, name: str, r: dict) -> str:
     memory = c["peak_gpu_memory_mb"] if gpu else c["peak_rss_above_imports_mb"]
     memory_text = f"{memory:,.0f}" + (f" ({r['memory_ratio_vs_marian']:.2f}×)" if name == "ours" else "")
     versus = _ratio(r["speedup_vs_marian"]) if name == "ours" else "1"
-    mfu = f"{c['mfu']:.1%}" if "mfu" in c else "–"
+    mfu = f"{c['mfu']:.1%}" if c.get("mfu") else "–"
+    if c.get("mfu_of_measured_matmul"):
+        mfu += f" ({c['mfu_of_measured_matmul']:.1%})"
     return (f"| {size} | {name} | {c['target_tokens_per_batch']} | {_rate(c['tokens_per_s'])} | {versus} | "
             f"{memory_text} | {mfu} | {', '.join(c['attention_kernels'])} |")
 

@@ -29,7 +29,7 @@ from transformers import CompileConfig, GenerationConfig, GenerationMixin
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.export.marian import to_marian
-from vanilla_transformer.modeling.generation_vanilla_transformer import beam_search, gnmt_beam_search
+from vanilla_transformer.modeling.generation_vanilla_transformer import beam_search, gnmt_beam_search, greedy_search
 from vanilla_transformer.inference import score_translations
 
 from .common import Timer, attention_kernels, encode, model_config, pairs, peak_memory_mb, summary, token_batch
@@ -41,28 +41,24 @@ MODES = {
     "beam4": dict(num_beams=4, length_penalty=LENGTH_PENALTY, early_stopping=True),
 }
 GNMT = dict(length_penalty_style="gnmt")
-# What each of our decoding changes buys (issue #14): ours with some undone, timed beside the rest, most
-# recent first. PLAIN: the output projection as `lm_head(x)` (MKL on a CPU) instead of oneDNN's kernel on
-# the weight packed for the call. transformers' own loops keep finished sentences in the batch (ours drop
-# them, unless the call asks for per-step outputs); "dynamic" is transformers' growing cache instead of our
-# preallocated one. Beam search: plain projection -> rows stay -> transformers' loop -> transformers' cache.
+# What each of our decoding changes buys (issues #14, #45): ours with them undone one at a time, timed beside
+# the rest. "rows stay": our loop keeps finished sentences in the batch (`prune=False`) instead of letting them
+# leave (`rows_leave`). PLAIN: the output projection as `lm_head(x)` (MKL on a CPU) instead of oneDNN's kernel
+# on the weight packed for the call. "transformers' loop": transformers' own search loop instead of ours (it
+# keeps rows and projects with lm_head). Each row undoes one more than the row before it.
 PLAIN = {"packed_projection": False}  # not a `generate` option: `_hf_runner` turns oneDNN off around the call
+ROWS_STAY = {"greedy": functools.partial(greedy_search, prune=False), "beam4": functools.partial(beam_search, prune=False)}
 ABLATIONS = {
     "greedy": {
-        "ours, plain projection": PLAIN,
+        "ours, rows stay": dict(custom_generate=ROWS_STAY["greedy"]),
+        "ours, rows stay, plain projection": dict(PLAIN, custom_generate=ROWS_STAY["greedy"]),
         "ours, plain projection, transformers' loop": dict(PLAIN, return_dict_in_generate=True),
-        "ours, plain projection, transformers' loop, dynamic cache": dict(
-            PLAIN, return_dict_in_generate=True, cache_implementation="dynamic"
-        ),
     },
     "beam4": {
-        "ours, plain projection": PLAIN,
-        "ours, plain projection, finished stay": dict(PLAIN, custom_generate=functools.partial(beam_search, prune=False)),
+        "ours, rows stay": dict(custom_generate=ROWS_STAY["beam4"]),
+        "ours, rows stay, plain projection": dict(PLAIN, custom_generate=ROWS_STAY["beam4"]),
         "ours, plain projection, transformers' loop": dict(PLAIN, custom_generate=GenerationMixin._beam_search),
-        "ours, plain projection, transformers' loop, dynamic cache": dict(
-            PLAIN, custom_generate=GenerationMixin._beam_search, cache_implementation="dynamic"
-        ),
-        "ours-gnmt, finished stay": dict(GNMT, custom_generate=functools.partial(gnmt_beam_search, prune=False)),
+        "ours-gnmt, rows stay": dict(GNMT, custom_generate=functools.partial(gnmt_beam_search, prune=False)),
     },
 }
 # Greedy search with transformers' static cache runs in transformers' loop, which compiles the decoder step

@@ -1,24 +1,28 @@
-"""Decoding's fast paths: the preallocated cache, finished sentences leaving the batch and
-the self-attention-only beam reordering change no output, in every mode, against transformers' own
-dynamic cache and loops."""
+"""Decoding: transformers' own cache in every mode (a returned one continues a generation); the fast
+paths (finished sentences leaving the batch, the self-attention-only beam reordering, the packed output
+projection) change no output against transformers' own loops."""
 
 import functools
+import inspect
 import json
 
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import CompileConfig, GenerationMixin
+from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 
 from vanilla_transformer.modeling import fast_generation_vanilla_transformer as fast
+from vanilla_transformer.modeling import generation_vanilla_transformer as generation
 from vanilla_transformer.modeling.generation_vanilla_transformer import (
     CACHE_NAME,
-    PreallocatedLayer,
     beam_search,
     gnmt_beam_search,
     greedy_search,
-    preallocated_cache,
 )
+
+aten = torch.ops.aten
 
 # Very different source lengths: sentences end (and leave the batch) at very different steps.
 SENTENCES = [
@@ -51,23 +55,70 @@ MODES = {
 }
 
 
+def _is_transformers_cache(cache) -> bool:
+    """An EncoderDecoderCache of transformers' DynamicCaches, as transformers' `generate` makes for Marian."""
+    parts = (cache.self_attention_cache, cache.cross_attention_cache) if type(cache) is EncoderDecoderCache else ()
+    return bool(parts) and all(type(part) is DynamicCache and {type(layer) for layer in part.layers} <= {DynamicLayer}
+                               for part in parts)
+
+
 @pytest.mark.parametrize("mode", MODES)
-def test_every_mode_gives_the_dynamic_cache_s_tokens_and_scores(model_and_batch, mode):
+def test_generate_s_default_cache_is_transformers_own(model_and_batch, mode, monkeypatch):
+    """Every mode, in our loops and transformers', decodes with transformers' own cache, and returns it."""
     model, batch = model_and_batch
-    options = dict(MODES[mode], return_dict_in_generate=True, output_scores=True)
-    fast = _generate(model, batch, **options)
-    reference = _generate(model, batch, cache_implementation="dynamic", **options)
-    assert torch.equal(fast.sequences, reference.sequences)
-    assert type(fast[CACHE_NAME].self_attention_cache.layers[0]) is PreallocatedLayer
-    assert type(reference[CACHE_NAME].self_attention_cache.layers[0]) is not PreallocatedLayer
-    if "beam" in mode:
-        assert torch.allclose(fast.sequences_scores, reference.sequences_scores, atol=1e-5)
-    for step, (a, b) in enumerate(zip(fast.scores, reference.scores)):
-        finite = b.isfinite()
-        assert torch.equal(a.isfinite(), finite) and torch.allclose(a[finite], b[finite], atol=1e-5), step
-    # Plain calls (no per-step outputs) take the pruning searches: still the same tokens.
-    plain = dict(MODES[mode])
-    assert torch.equal(_generate(model, batch, **plain), _generate(model, batch, cache_implementation="dynamic", **plain))
+    caches = []
+    forward = model.model.forward  # our loops and transformers' both run the base model with the cache
+    signature = inspect.signature(forward)
+
+    def spy(*args, **kwargs):
+        arguments = signature.bind(*args, **kwargs).arguments
+        caches.append(next(arguments[name] for name in ("cache", "past_key_values") if arguments.get(name) is not None))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model.model, "forward", spy)
+    _generate(model, batch, **MODES[mode])  # plain: our loops, except sampling
+    assert caches and all(_is_transformers_cache(cache) for cache in caches), {type(c).__name__ for c in caches}
+    returned = _generate(model, batch, return_dict_in_generate=True, **MODES[mode])[CACHE_NAME]
+    assert _is_transformers_cache(returned)
+
+
+@pytest.mark.parametrize("start", ["given", "prepended by transformers"])
+def test_a_returned_cache_continues_the_generation(model_and_batch, start):
+    """As transformers documents: the cache `generate` returns, passed back with the tokens so far (and
+    their `decoder_attention_mask`, by whose length transformers 5.24 tells an encoder-decoder's cached
+    tokens from new ones; MarianMTModel needs it too), continues them: 3 then 2 new tokens are the 5 of
+    one call, with the same cache. Without the decoder start token, transformers prepends it (to the
+    mask too), and the cache still fits."""
+    model, batch = model_and_batch
+    # No sentence ends early: a continuation cannot know which did (transformers' own test sets eos to -1).
+    options = dict(num_beams=1, return_dict_in_generate=True,
+                   suppress_tokens=[model.config.eos_token_id, model.config.pad_token_id])
+    whole = model.generate(**batch, max_new_tokens=5, **options)
+    first = model.generate(**batch, max_new_tokens=3, **options)
+    so_far = first.sequences if start == "given" else first.sequences[:, 1:]
+    assert so_far[0, 0] != model.config.decoder_start_token_id or start == "given"
+    rest = model.generate(**batch, decoder_input_ids=so_far, decoder_attention_mask=torch.ones_like(so_far),
+                          max_new_tokens=2, **{CACHE_NAME: first[CACHE_NAME]}, **options)
+    assert torch.equal(rest.sequences, whole.sequences)
+    for ours, one_call in zip(rest[CACHE_NAME].self_attention_cache.layers, whole[CACHE_NAME].self_attention_cache.layers):
+        torch.testing.assert_close(ours.keys, one_call.keys)
+        torch.testing.assert_close(ours.values, one_call.values)
+
+
+def test_beam_search_returns_the_cache_transformers_beam_search_returns(model_and_batch):
+    """Our beam search hands back what transformers' `_beam_search` does: its cache class holding every
+    row (batch x beams) as the beams stood at the last step, so that it continues as theirs would. (A beam
+    cache holds the live beams, not the returned hypotheses: token-exact continuation is greedy's.)"""
+    model, batch = model_and_batch
+    options = dict(num_beams=4, return_dict_in_generate=True, length_penalty_style="transformers", max_new_tokens=9)
+    ours = model.generate(**batch, **options)[CACHE_NAME]
+    theirs = model.generate(**batch, custom_generate=GenerationMixin._beam_search, **options)[CACHE_NAME]
+    assert _is_transformers_cache(ours)
+    for part in ("self_attention_cache", "cross_attention_cache"):
+        for a, b in zip(getattr(ours, part).layers, getattr(theirs, part).layers, strict=True):
+            assert a.keys.shape == b.keys.shape == (4 * len(SENTENCES), *b.keys.shape[1:]), part
+            torch.testing.assert_close(a.keys, b.keys)
+            torch.testing.assert_close(a.values, b.values)
 
 
 @pytest.mark.parametrize("extra", [{}, dict(no_repeat_ngram_size=2), dict(max_new_tokens=9)], ids=["cap", "ngram", "max_new"])
@@ -80,12 +131,68 @@ def test_finished_sentences_leaving_the_batch_changes_nothing(model_and_batch, e
         lengths = pruned[:, 1:].ne(model.config.pad_token_id).sum(1)
         assert lengths.min() < lengths.max()  # sentences did end at different steps
 
-    options = dict(num_beams=4, return_dict_in_generate=True, **extra)
     for search in (gnmt_beam_search, beam_search):
-        pruned = model.generate(**batch, custom_generate=search, **options)
-        whole = model.generate(**batch, custom_generate=functools.partial(search, prune=False), **options)
-        assert torch.equal(pruned.sequences, whole.sequences)
-        assert torch.equal(pruned.beam_indices, whole.beam_indices)  # rows of the input's batch, not the pruned one
+        pruned = model.generate(**batch, num_beams=4, custom_generate=search, **extra)
+        whole = model.generate(**batch, num_beams=4, custom_generate=functools.partial(search, prune=False), **extra)
+        assert torch.equal(pruned, whole)
+
+
+class _HostWaits(TorchDispatchMode):
+    """Counts what makes the host wait for the device's values (on a GPU, a synchronisation): a scalar read
+    (`.item()`, `bool()`, `int()`), `nonzero`, boolean indexing, a repeat by a tensor of counts, `tolist`,
+    outside the model's forward (`model.model`, which our loops call)."""
+
+    READS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default,
+             aten.repeat_interleave.Tensor, aten.equal.default}
+    INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}
+
+    def __init__(self, model, monkeypatch):
+        super().__init__()
+        self.count, self.in_forward = 0, False
+        self.rows, self.before = [], []  # at each step: the rows in the batch, the count before it
+        forward, tolist = model.model.forward, torch.Tensor.tolist
+
+        def counted_forward(*args, **kwargs):
+            self.rows.append(kwargs["decoder_input_ids"].size(0))  # as our loops call it
+            self.before.append(self.count)
+            self.in_forward = True
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self.in_forward = False
+
+        def counted_tolist(tensor):
+            self.count += not self.in_forward
+            return tolist(tensor)
+
+        monkeypatch.setattr(model.model, "forward", counted_forward)
+        monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        waits = func in self.READS or (func in self.INDEXING and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]))
+        self.count += waits and not self.in_forward
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("search", [greedy_search, beam_search, gnmt_beam_search], ids=["greedy", "beam", "GNMT beam"])
+def test_our_loops_wait_for_the_device_at_most_once_a_step(model_and_batch, search, monkeypatch):
+    """At most one host-device synchronisation per decoding step in our loops (where rows leave: the count of
+    those going on), against the length cap's check, `nonzero().tolist()`, `.item()` per finished hypothesis
+    and boolean indexing. (Counted on the CPU by the aten operations that would wait on a GPU.)"""
+    model, batch = model_and_batch
+    waits = _HostWaits(model, monkeypatch)
+
+    @functools.wraps(search)
+    def counted(*args, **kwargs):
+        with waits:
+            return search(*args, **kwargs)
+
+    model.generate(**batch, num_beams=1 if search is greedy_search else 4, custom_generate=counted)
+    assert len(waits.rows) > 3 and min(waits.rows) < max(waits.rows)  # rows left the batch
+    per_step = [b - a for a, b in zip(waits.before, waits.before[1:] + [waits.count])]
+    # None before the first step; the last step's followed by reading the results once (two tables in beam search).
+    assert waits.before[0] == 0 and max(per_step[:-1]) <= 1 and per_step[-1] <= 3, per_step
 
 
 # transformers' beam search, rule for rule: each way `early_stopping` ends a sentence, both signs of
@@ -96,30 +203,33 @@ TRANSFORMERS_RULES = {
     "early_stopping=never": dict(early_stopping="never", length_penalty=1.0),
     "negative penalty": dict(early_stopping=False, length_penalty=-0.5),
     "3 returned": dict(early_stopping=False, length_penalty=0.6, num_return_sequences=3),
-    "max_new_tokens": dict(early_stopping=False, length_penalty=0.6, max_new_tokens=9),
+    "max_new_tokens": dict(early_stopping=False, length_penalty=0.6, max_new_tokens=20),  # some end, some are cut
 }
 
 
 @pytest.mark.parametrize("rules", TRANSFORMERS_RULES)
 def test_beam_search_in_our_loop_is_transformers_beam_search(model_and_batch, rules):
     """Our loop with transformers' ranking (what `generate` runs for plain beam search) gives the tokens,
-    scores and beam indices of transformers' own `_beam_search`, with rows leaving the batch and without."""
+    scores, beam indices and cache of transformers' own `_beam_search`; a plain call (rows leave the batch)
+    its tokens."""
     model, batch = model_and_batch
     # The style named: the session's shared model may carry a generation config set to "gnmt" by now.
     options = dict(num_beams=4, return_dict_in_generate=True, length_penalty_style="transformers",
                    **TRANSFORMERS_RULES[rules])
     theirs = model.generate(**batch, custom_generate=GenerationMixin._beam_search, output_scores=True, **options)
-    ours = model.generate(**batch, **options)  # no per-step outputs: finished sentences leave
-    stepwise = model.generate(**batch, output_scores=True, **options)  # every row, every step
+    ours = model.generate(**batch, **options)
+    stepwise = model.generate(**batch, output_scores=True, **options)
     for out in (ours, stepwise):
         assert torch.equal(out.sequences, theirs.sequences)
         assert torch.equal(out.beam_indices, theirs.beam_indices)
+    assert torch.equal(model.generate(**batch, **dict(options, return_dict_in_generate=False)), theirs.sequences)
     # sequences_scores come with output_scores, as in transformers
     assert ours.sequences_scores is None
     assert torch.allclose(stepwise.sequences_scores, theirs.sequences_scores, atol=1e-6, rtol=0)
     assert len(stepwise.scores) == len(theirs.scores)
     assert all(torch.equal(a, b) for a, b in zip(stepwise.scores, theirs.scores))
-    ended = theirs.sequences[:, 1:].eq(model.config.eos_token_id).float().argmax(1)
+    ends = theirs.sequences[:, 1:].eq(model.config.eos_token_id)
+    ended = torch.where(ends.any(1), ends.float().argmax(1), ends.size(1))  # a hypothesis cut at the cap: its length
     assert ended.min() < ended.max()  # hypotheses of different lengths: the rules were exercised
 
 
@@ -142,7 +252,7 @@ def test_one_rule_lets_finished_rows_leave_greedy_and_beam_search(monkeypatch):
     sentences) leave at once; rows that stay change no output."""
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
-    assert [fast.rows_leave(torch.arange(16) < finished) for finished in (0, 1, 16)] == [False, True, True]
+    assert [fast.rows_leave(16 - finished, 16) for finished in (0, 1, 16)] == [False, True, True]
     torch.manual_seed(0)
     model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=40, dropout=0.0)).eval()
     # Random weights run every sentence to its cap (source length 1 to 16, + 2): one sentence ends per
@@ -160,7 +270,7 @@ def test_one_rule_lets_finished_rows_leave_greedy_and_beam_search(monkeypatch):
         whole = model.generate(**batch, num_beams=beams, custom_generate=functools.partial(search, prune=False))
         assert torch.equal(pruned, whole)
         with monkeypatch.context() as patch:
-            patch.setattr(fast, "rows_leave", lambda finished: False)  # the rule decides, in each search
+            patch.setattr(generation, "rows_leave", lambda going_on, batch: False)  # the rule decides, in each search
             batch_sizes.clear()
             assert torch.equal(model.generate(**batch, num_beams=beams, custom_generate=search), whole)
             assert set(batch_sizes) == {16 * beams}
@@ -170,19 +280,20 @@ def test_output_attentions_and_the_pipeline_still_work(model_and_batch, hub_tiny
     from vanilla_transformer import TranslationPipeline
 
     model, batch = model_and_batch
-    out = model.generate(**batch, num_beams=3, output_attentions=True, return_dict_in_generate=True)
-    reference = model.generate(**batch, num_beams=3, output_attentions=True, return_dict_in_generate=True,
-                               cache_implementation="dynamic")
+    options = dict(num_beams=3, output_attentions=True, return_dict_in_generate=True, length_penalty_style="transformers")
+    out = model.generate(**batch, **options)
+    reference = model.generate(**batch, custom_generate=GenerationMixin._beam_search, **options)
     assert len(out.cross_attentions) == len(reference.cross_attentions)
     for a, b in zip(out.decoder_attentions[-1], reference.decoder_attentions[-1]):
         assert torch.allclose(a, b, atol=1e-5)
     translate = TranslationPipeline(model=hub_tiny_model[0], tokenizer=hub_tiny_model[1])
     texts = [r["translation_text"] for r in translate(SENTENCES, batch_size=2)]
-    assert texts == [r["translation_text"] for r in translate(SENTENCES, batch_size=2, cache_implementation="dynamic")]
+    assert texts == [tokenizer_text for tokenizer_text in hub_tiny_model[1].batch_decode(
+        model.generate(**batch), skip_special_tokens=True)]
 
 
 @pytest.mark.slow
-def test_a_saved_folder_uses_the_preallocated_cache_without_the_package(hub_tiny_folder, model_and_batch, run_without_package):
+def test_a_saved_folder_uses_transformers_cache_without_the_package(hub_tiny_folder, model_and_batch, run_without_package):
     model, batch = model_and_batch
     expected = model.generate(**batch).tolist()
     out = run_without_package(
@@ -199,26 +310,18 @@ def test_a_saved_folder_uses_the_preallocated_cache_without_the_package(hub_tiny
         """
     )
     name, module, sequences = json.loads(out.strip().splitlines()[-1])
-    assert name == "PreallocatedLayer" and module.startswith("transformers_modules")
+    assert (name, module) == ("DynamicLayer", "transformers.cache_utils")
     assert sequences == expected
 
 
-def test_a_cache_of_the_wrong_size_or_kind_is_refused_clearly(model_and_batch):
-    from transformers.cache_utils import DynamicCache
-
+def test_a_cache_of_the_wrong_kind_or_under_two_names_is_refused_clearly(model_and_batch):
     model, batch = model_and_batch
-    for name in ("cache", "past_key_values"):  # its name from transformers 5.24, and before: both work with any
-        with pytest.raises(ValueError, match="The cache holds 8 positions of 5 rows"):
-            model.generate(**batch, num_beams=1, max_new_tokens=20, **{name: preallocated_cache(2, 8)})
-    layer = PreallocatedLayer(16)
-    layer.update(torch.zeros(1, 4, 3, 16), torch.zeros(1, 4, 3, 16))  # sized for one row
-    with pytest.raises(ValueError, match=r"holds 16 positions of 1 rows \(batch x beams\); asked to store position 4 of 5 rows"):
-        layer.update(torch.zeros(5, 4, 1, 16), torch.zeros(5, 4, 1, 16))
     start = batch["input_ids"][:, :1] * 0
     with pytest.raises(ValueError, match=r"`cache` \(`past_key_values`\) must be an EncoderDecoderCache"):
         model(**batch, decoder_input_ids=start, past_key_values=DynamicCache())
+    both = {name: EncoderDecoderCache(DynamicCache(), DynamicCache()) for name in ("cache", "past_key_values")}
     with pytest.raises(ValueError, match="Pass the cache as `cache` or as `past_key_values`"):
-        model(**batch, decoder_input_ids=start, cache=preallocated_cache(2, 8), past_key_values=preallocated_cache(2, 8))
+        model(**batch, decoder_input_ids=start, **both)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -262,7 +365,7 @@ def packed_steps(monkeypatch):
         seen.append(getattr(project, "packed", False))
         return project
 
-    monkeypatch.setattr(fast, "output_projection", spy)
+    monkeypatch.setattr(generation, "output_projection", spy)
     return seen
 
 

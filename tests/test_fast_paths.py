@@ -1,5 +1,7 @@
-"""The model's speed-ups (fast_modeling_vanilla_transformer.py) give the plain path's numbers, and
-`config.fast_paths = False` runs none of them."""
+"""The model's speed-up (fast_modeling_vanilla_transformer.py) is chosen when the model is built, gives the
+plain path's numbers, and `fast_paths=False` builds the plain paper path; nothing is swapped afterwards."""
+
+import inspect
 
 import pytest
 import torch
@@ -7,8 +9,7 @@ import torch.nn.functional as F
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling import fast_modeling_vanilla_transformer as fast
-from vanilla_transformer.modeling.modeling_vanilla_transformer import sinusoidal_encoding
-from vanilla_transformer.training.loss import label_smoothed_loss
+from vanilla_transformer.modeling.modeling_vanilla_transformer import LabelSmoothedCrossEntropy
 
 VOCAB = 40
 
@@ -34,105 +35,66 @@ def logits_and_labels():
     return logits, labels
 
 
-def test_the_model_uses_the_drop_ins_by_default_and_configs_without_the_switch_get_it():
-    model = make_model()
-    kinds = {type(module) for module in model.modules()}
-    assert {fast.CPUDropout, fast.SinusoidTable, fast.ClosedFormCrossEntropy} <= kinds
-    assert torch.nn.Dropout not in kinds  # every plain one replaced, in one place
-    assert VanillaTransformerConfig.from_dict({"vocab_size": VOCAB}).fast_paths is True
+@pytest.mark.parametrize("overrides", [{}, {"attention_score": "location", "local_attention": "local-p"}])
+def test_a_model_is_made_of_the_modeling_files_classes_and_torch_s_and_the_switch_is_read_at_construction(overrides):
+    for switch, loss in ((True, fast.ClosedFormCrossEntropy), (False, LabelSmoothedCrossEntropy)):
+        model = make_model(fast_paths=switch, **overrides)
+        assert type(model.criterion) is loss
+        for module in model.modules():
+            home = inspect.getmodule(type(module)).__name__
+            assert home.startswith(("vanilla_transformer.modeling.", "torch.nn.modules.")), (type(module), home)
+        printed = repr(model)
+        assert "Dropout(" in printed and "CPUDropout" not in printed and "SinusoidTable" not in printed
     with pytest.raises(ValueError, match="`fast_paths` must be true or false"):
         VanillaTransformerConfig.tiny(fast_paths="yes")
 
 
 @pytest.mark.parametrize("epsilon", [0.0, 0.1])
-def test_closed_form_cross_entropy_and_its_gradient_are_torchs(epsilon):
+def test_closed_form_cross_entropy_and_its_gradient_are_the_plain_loss_s_and_torch_s(epsilon):
     logits, labels = logits_and_labels()
     expected = F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1), label_smoothing=epsilon, reduction="sum")
     (expected_grad,) = torch.autograd.grad(expected * 0.5, logits)
-    loss, nll = fast.smoothed_cross_entropy(logits, labels, epsilon)
-    (grad,) = torch.autograd.grad(loss * 0.5, logits)
-    torch.testing.assert_close(loss, expected)
-    torch.testing.assert_close(grad, expected_grad)
-    assert grad[0, 3:].abs().max() == 0 and grad[2, 1:].abs().max() == 0  # ignored tokens get none
-    torch.testing.assert_close(nll, F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1), reduction="sum"))
-    assert not nll.requires_grad
-    with torch.no_grad():
-        torch.testing.assert_close(fast.smoothed_cross_entropy(logits, labels, epsilon)[0], expected)
-    # Half-precision logits: computed in fp32, the gradient comes back in the logits' dtype.
-    (half_grad,) = torch.autograd.grad(fast.smoothed_cross_entropy(logits.bfloat16(), labels, epsilon)[0] * 0.5, logits)
-    torch.testing.assert_close(half_grad, expected_grad, atol=2e-2, rtol=2e-2)
-
-
-@pytest.mark.parametrize("epsilon", [0.0, 0.1])
-def test_training_loss_fast_and_plain_agree(epsilon):
-    logits, labels = logits_and_labels()
-    results = []
-    for switch in (True, False):
-        loss, nll = label_smoothed_loss(logits, labels, epsilon, fast=switch)
-        results.append((loss, nll, torch.autograd.grad(loss, logits)[0]))
+    expected_nll = F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1), reduction="sum")
+    for criterion in (fast.ClosedFormCrossEntropy(), LabelSmoothedCrossEntropy()):
+        loss, nll = criterion(logits, labels, epsilon)
+        (grad,) = torch.autograd.grad(loss * 0.5, logits)
+        torch.testing.assert_close(loss, expected)
+        torch.testing.assert_close(grad, expected_grad)
+        assert grad[0, 3:].abs().max() == 0 and grad[2, 1:].abs().max() == 0  # ignored tokens get none
+        torch.testing.assert_close(nll, expected_nll)
         assert not nll.requires_grad
-    for fast_value, plain_value in zip(*results):
-        torch.testing.assert_close(fast_value, plain_value)
+        # Half-precision logits: computed in fp32, the gradient comes back in the logits' dtype.
+        (half_grad,) = torch.autograd.grad(criterion(logits.bfloat16(), labels, epsilon)[0] * 0.5, logits)
+        torch.testing.assert_close(half_grad, expected_grad, atol=2e-2, rtol=2e-2)
+    with torch.no_grad():
+        torch.testing.assert_close(fast.ClosedFormCrossEntropy()(logits, labels, epsilon)[0], expected)
 
 
-def test_the_model_s_loss_and_gradients_are_the_same_on_both_paths():
-    """Dropout off: the closed-form loss against F.cross_entropy(..., label_smoothing=ε), through the model."""
-    results = []
+def test_fast_paths_true_and_false_train_to_the_same_weights_for_the_same_seed():
+    """20 SGD steps with dropout and label smoothing: the same random stream, the same numbers. (Adam would turn
+    the rounding differences of near-zero gradients into whole steps: it divides by their size.)"""
+    weights = []
     for switch in (True, False):
-        model = make_model(dropout=0.0, label_smoothing=0.1).train()
-        model.config.fast_paths = switch
-        loss = model(**batch()).loss
-        loss.backward()
-        results.append((loss, [p.grad for p in model.parameters()]))
-    torch.testing.assert_close(results[0][0], results[1][0])
-    for a, b in zip(results[0][1], results[1][1]):
-        torch.testing.assert_close(a, b)
+        model = make_model(fast_paths=switch, label_smoothing=0.1).train()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        torch.manual_seed(1)
+        for _ in range(20):
+            model(**batch()).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    torch.testing.assert_close(weights[0], weights[1], rtol=1e-4, atol=1e-5)
+    assert not torch.equal(weights[0], torch.cat([p.detach().flatten() for p in make_model().parameters()]))
 
 
-def test_sinusoids_from_the_table_are_the_formula_s_bit_for_bit():
-    embeddings = make_model(max_position_embeddings=8).model.decoder.embeddings
-    table = embeddings.sinusoids
-    assert table.table is None
-    for past_length, length in [(0, 5), (3, 1), (7, 1), (6, 9), (40, 2)]:
-        positions = torch.arange(length) + past_length
-        assert torch.equal(table(past_length, length, positions.device), sinusoidal_encoding(positions, 64))
-    assert table.table.size(0) == 42  # 8 at first, then twice that, then the 42 asked for
-    assert not any("sinusoid" in name for name in make_model().state_dict())  # no weight, not saved
-    model = make_model().eval()
-    inputs = {k: v for k, v in batch().items() if k != "labels"}
-    inputs["decoder_input_ids"] = batch()["labels"].clamp(min=0)
-    on = model(**inputs).logits
-    model.config.fast_paths = False
-    assert torch.equal(model(**inputs).logits, on)
-
-
-def test_cpu_dropout_zeroes_p_of_the_elements_and_scales_the_rest_as_torch_s():
-    config = VanillaTransformerConfig.tiny(vocab_size=VOCAB)
-    x = torch.randn(400, 500, requires_grad=True)
-    for dropout in (fast.CPUDropout(0.25, config).train(), torch.nn.Dropout(0.25).train()):
-        y = dropout(x)
-        kept = y != 0
-        assert abs(kept.float().mean().item() - 0.75) < 0.005
-        torch.testing.assert_close(y[kept], x[kept] / 0.75)
-        (grad,) = torch.autograd.grad(y.sum(), x)
-        torch.testing.assert_close(grad, kept.float() / 0.75)  # the same mask in backward
-        assert torch.equal(dropout.eval()(x), x)  # the identity in evaluation
-        assert not torch.equal(dropout.train()(x), y)  # a new mask every call
-    assert torch.equal(fast.CPUDropout(0.0, config).train()(x), x)
-
-
-def test_fast_paths_false_runs_none_of_the_fast_code_and_true_runs_all_of_it(monkeypatch):
-    calls = []
-    for name in ("cpu_dropout", "sinusoid_rows", "smoothed_cross_entropy"):
-        real = getattr(fast, name)
-        monkeypatch.setattr(fast, name, lambda *args, _real=real, _name=name: calls.append(_name) or _real(*args))
-    model = make_model(label_smoothing=0.1)
-    for switch, expected in ((False, set()), (True, {"cpu_dropout", "sinusoid_rows", "smoothed_cross_entropy"})):
-        calls.clear()
-        model.config.fast_paths = switch  # read at every call: no rebuilding
-        model.train()(**batch()).loss.backward()
-        model.eval().generate(batch()["input_ids"], max_new_tokens=3)
-        assert set(calls) == expected
-        calls.clear()
-        label_smoothed_loss(torch.randn(2, 3, VOCAB), torch.ones(2, 3, dtype=torch.long), fast=switch)
-        assert calls == (["smoothed_cross_entropy"] if switch else [])
+def test_the_loss_is_per_target_token_or_per_num_items_in_batch_and_the_nll_beside_it():
+    model = make_model(label_smoothing=0.1, dropout=0.0).eval()
+    out = model(**batch())
+    tokens = (batch()["labels"] != -100).sum()
+    logits = out.logits.detach()
+    plain_loss, plain_nll = LabelSmoothedCrossEntropy()(logits, batch()["labels"], 0.1)
+    torch.testing.assert_close(out.loss, plain_loss / tokens)
+    torch.testing.assert_close(out.nll, plain_nll / tokens)
+    summed = model(**batch(), num_items_in_batch=1)
+    torch.testing.assert_close(summed.loss, plain_loss)
+    assert not torch.allclose(summed.nll, summed.loss)  # no smoothing in the NLL

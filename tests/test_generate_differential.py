@@ -13,7 +13,7 @@ on the same sentences, greedy and with num_beams=3, the argument set to the vali
 
 Our paper generation config is neutralised: transformers' length penalty style and an explicit
 `max_new_tokens` (the source + 50 cap applies only when the call names no length). The returned cache is
-not compared: ours may be our preallocated one, another class.
+not compared here (tests/test_decoding_speed.py compares it with transformers' loop's).
 
 `python tests/test_generate_differential.py` prints the table of every argument with its result.
 """

@@ -10,7 +10,12 @@ from vanilla_transformer import (
 )
 from vanilla_transformer.modeling.arguments_vanilla_transformer import CACHE_NAME
 from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES
-from vanilla_transformer.modeling.modeling_vanilla_transformer import attend, shift_tokens_right, sinusoidal_encoding
+from vanilla_transformer.modeling.arguments_vanilla_transformer import additive_mask
+from vanilla_transformer.modeling.modeling_vanilla_transformer import (
+    scaled_dot_product_attention,
+    shift_tokens_right,
+    sinusoidal_encoding,
+)
 from vanilla_transformer.modeling.saving_vanilla_transformer import CODE_FILES
 
 VOCAB = 40
@@ -115,12 +120,10 @@ def test_fully_padded_rows_stay_finite_in_half_precision(dtype):
     q, k, v = (torch.randn(2, 4, 3, 8, dtype=dtype) for _ in range(3))
     mask = torch.ones(2, 1, 1, 3, dtype=torch.bool)
     mask[1] = False  # a sequence that is all padding
-    module = make_model().model.encoder.layers[0].self_attn
-    for need_weights in (False, True):
-        out, weights = attend(module, q, k, v, mask, 0.0, need_weights)
-        assert torch.isfinite(out).all()
-        if need_weights:
-            assert torch.all(weights[1] == 0)
+    module = make_model().model.encoder.layers[0].self_attn.eval()
+    out, weights = scaled_dot_product_attention(module, q, k, v, additive_mask(mask, module, q, k), module.scaling)
+    assert torch.isfinite(out).all() and torch.isfinite(weights).all()
+    torch.testing.assert_close(weights[1], torch.ones_like(weights[1]) / 3)  # as Marian: spread evenly, finite
     model = make_model().to(torch.bfloat16)
     input_ids, attention_mask, decoder_input_ids = batch()
     attention_mask[1] = 0
@@ -222,18 +225,16 @@ def test_score_functions_match_their_formulas():
     model = make_model(attention_score="additive")
     module = model.model.encoder.layers[0].self_attn
     q, k = torch.randn(1, 4, 2, 16), torch.randn(1, 4, 3, 16)
-    from vanilla_transformer.modeling.attention_variants_vanilla_transformer import additive_score, cosine_score
-    from vanilla_transformer.modeling.modeling_vanilla_transformer import scaled_dot_score
-
     h, i, j = 2, 1, 2
     expected = module.score_vector[h] @ torch.tanh(
         q[0, h, i] @ module.score_query_weight[h] + k[0, h, j] @ module.score_key_weight[h]
     )
-    torch.testing.assert_close(additive_score(module, q, k)[0, h, i, j], expected)
-    torch.testing.assert_close(scaled_dot_score(None, q, k)[0, h, i, j], q[0, h, i] @ k[0, h, j] / 4.0)
+    torch.testing.assert_close(module.score(q, k)[0, h, i, j], expected)
+    sparse = make_model(attention_normalization="sparsemax").model.encoder.layers[0].self_attn  # the paper's score
+    torch.testing.assert_close(sparse.score(q, k)[0, h, i, j], q[0, h, i] @ k[0, h, j] / 4.0)
     module = make_model(attention_score="cosine").model.encoder.layers[0].self_attn
     cosine = torch.nn.functional.cosine_similarity(q[0, h, i], k[0, h, j], dim=0)
-    torch.testing.assert_close(cosine_score(module, q, k)[0, h, i, j], cosine * 4.0)
+    torch.testing.assert_close(module.score(q, k)[0, h, i, j], cosine * 4.0)
 
 
 def test_sinusoidal_encoding_is_the_papers_formula():
@@ -279,7 +280,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(dropout):
         model = make_model(dropout=dropout).train()
         if checkpointing:
             model.gradient_checkpointing_enable()
-            assert model.model.encoder.gradient_checkpointing
+            assert all(layer.gradient_checkpointing for layer in model.model.encoder.layers)
         torch.manual_seed(1)  # the recomputed forward draws the same dropout masks
         model(input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
@@ -395,18 +396,16 @@ def test_saved_folder_loads_with_auto_classes_without_the_package(tmp_path, run_
 
 
 def test_location_score_is_the_query_through_w_a_and_has_no_key_projection():
-    from vanilla_transformer.modeling.attention_variants_vanilla_transformer import location_score
-
     model = make_model(attention_score="location", location_max_length=12)
     module = model.model.decoder.layers[0].cross_attn
     assert module.k_proj is None  # no keys are compared: no W^K
     assert module.score_location_weight.shape == (4, 16, 12)  # (H, Dh, location_max_length)
     q, k = torch.randn(2, 4, 3, 16), torch.randn(2, 4, 5, 16)
-    scores = location_score(module, q, k)
+    scores = module.score(q, k)
     assert scores.shape == (2, 4, 3, 5)
     h, i, j = 3, 2, 4
     torch.testing.assert_close(scores[1, h, i, j], q[1, h, i] @ module.score_location_weight[h, :, j])
-    assert torch.equal(location_score(module, q, torch.randn(2, 4, 5, 16)), scores)  # other keys, same scores
+    assert torch.equal(module.score(q, torch.randn(2, 4, 5, 16)), scores)  # other keys, same scores
 
 
 def test_location_rows_sum_to_one_over_real_positions_and_are_zero_on_padding():
@@ -469,16 +468,19 @@ def test_location_refuses_inputs_longer_than_its_map_naming_the_option():
         model(ids[:, :8], decoder_input_ids=ids)  # the target, in decoder self-attention
 
 
-def test_location_model_translates_sources_up_to_its_map_minus_the_decoding_cap():
-    """Decoding stops a translation at the source length + 50 new tokens (§6.1): with `location_max_length`
-    L, a source of L - 50 tokens translates even when every sentence runs to the cap (no </s> in reach)."""
+def test_location_model_decodes_within_its_map_whatever_the_source_length():
+    """Decoding stops a translation at the source length + 50 new tokens (§6.1), and with `location_max_length`
+    L at L - 1 (the positions the decoder reads): with no </s> in reach, every source up to L tokens translates
+    (#46); a longer source is refused, naming the field."""
     from vanilla_transformer.modeling.generation_vanilla_transformer import paper_generation_config
 
     model = make_model(attention_score="location", location_max_length=60, eos_token_id=VOCAB - 1)
     model.generation_config = paper_generation_config(model.config)
-    ids = torch.randint(3, VOCAB - 1, (1, 11))
-    bad_words = dict(bad_words_ids=[[VOCAB - 1]])  # never </s> before the cap forces it
-    assert model.generate(ids[:, :10], num_beams=4, **bad_words).shape == (1, 61)  # start + 50 + 10 tokens
+    ids = torch.randint(3, VOCAB - 1, (1, 61))
+    bad_words = dict(suppress_tokens=[VOCAB - 1])  # never </s> (bad_words_ids may not hold </s>)
+    assert model.generate(ids[:, :5], num_beams=4, **bad_words).shape == (1, 56)  # start + 5 + 50 tokens
+    for length in (10, 11, 60):  # start + 59 tokens
+        assert model.generate(ids[:, :length], num_beams=4, **bad_words).shape == (1, 60)
     with pytest.raises(ValueError, match="`location_max_length`=60"):
         model.generate(ids, num_beams=4, **bad_words)
 
@@ -513,7 +515,7 @@ def test_return_dict_false_returns_to_tuple_as_marian_does():
     input_ids, attention_mask, decoder_input_ids = batch()
     labels = decoder_input_ids.roll(-1, dims=1)
     args = dict(attention_mask=attention_mask, labels=labels)
-    expected = model(input_ids, **args).to_tuple()  # loss, logits, encoder output: labels make no cache
+    expected = model(input_ids, **args).to_tuple()  # loss, logits, encoder output, nll: labels make no cache
     _same_items(model(input_ids, return_dict=False, **args), expected)
     model.config.return_dict = False  # transformers' other way to ask for tuples
     _same_items(model(input_ids, **args), expected)
@@ -523,7 +525,7 @@ def test_return_dict_false_returns_to_tuple_as_marian_does():
                                         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16,
                                         decoder_ffn_dim=16, pad_token_id=PAD, decoder_start_token_id=PAD)).eval()
     theirs = marian(input_ids, return_dict=False, **args)
-    assert [type(item) for item in theirs] == [type(item) for item in expected]
+    assert [type(item) for item in theirs] == [type(item) for item in expected[:-1]]  # ours adds the NLL last
     assert [item.shape[:2] for item in theirs if torch.is_tensor(item) and item.dim()] == [(2, 7), (2, 9)]
 
     base = VanillaTransformerModel(make_model().config).eval()

@@ -233,7 +233,8 @@ def _train_optimisation_group(p: argparse.ArgumentParser) -> None:
     optim.add_argument("--max-grad-norm", type=float, help="clip the gradient norm (not in the paper; default: off)")
     optim.add_argument(
         "--mixed-precision", choices=("no", "fp16", "bf16"),
-        help="default: what `accelerate launch`/`accelerate config` say, else no",
+        help="default: what `accelerate launch`/`accelerate config` say, else bf16 on a GPU that has it (fp16 on one "
+        "that does not) and no on a CPU",
     )
 
 
@@ -268,6 +269,11 @@ def _train_output_group(p: argparse.ArgumentParser) -> None:
                         help="upload the finished folder to this Hub model repository (token from HF_TOKEN or `hf auth login`)")
     output.add_argument("--log-steps", type=int, default=50, help="tracker logging interval (default: %(default)s)")
     output.add_argument("--report-to", choices=("tensorboard",), help="tracker, logging under OUTPUT_DIR/runs")
+    output.add_argument(
+        "--ddp-timeout", type=int, default=10800, metavar="SECONDS",
+        help="how long a process waits for the others in a collective, e.g. while the main process learns the "
+        "vocabulary and tokenises (default: %(default)s)",
+    )
 
 
 def _parse_overrides(p: argparse.ArgumentParser, text: str) -> dict:
@@ -311,11 +317,12 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
                 raise ValueError("give texts as arguments or --input-file, not both")
             _decoding_options(args)  # bad options fail before reading the input
             texts = args.texts or _read_lines(args.input_file or "-")
-            translations = _translator(args)[0](texts)
+            translate = _translator(args)[0]
         except (OSError, ValueError, TypeError, ImportError) as err:
             _refuse(p, err)
-        for line in translations:
-            print(line)
+        # Batch by batch, each written as it is done: a pipe sees lines at once, an interrupt keeps them.
+        for translations in _translated_batches(p, _batches_of(texts, args.batch_size), translate):
+            print("\n".join(translations), flush=True)
         return 0
 
     p.set_defaults(func=run)
@@ -352,7 +359,7 @@ def _add_beam_options(
 
 def _decoding_options(args: argparse.Namespace) -> dict:
     """The decoding options given (and --batch-size where the command has it), checked."""
-    from .inference import MAX_LENGTH_PENALTY, MAX_NEW_TOKENS
+    from .inference import MAX_LENGTH_PENALTY, MAX_NEW_TOKENS, MAX_NUM_BEAMS
 
     names = [name for name in ("batch_size", "num_beams", "length_penalty", "max_new_tokens") if hasattr(args, name)]
     for name in names:
@@ -367,6 +374,9 @@ def _decoding_options(args: argparse.Namespace) -> dict:
     if getattr(args, "max_new_tokens", None) is not None and args.max_new_tokens > MAX_NEW_TOKENS:
         raise ValueError(f"--max-new-tokens must be at most {MAX_NEW_TOKENS} (its cache is allocated up front); "
                          f"got {args.max_new_tokens}")
+    if args.num_beams is not None and args.num_beams > MAX_NUM_BEAMS:
+        raise ValueError(f"--num-beams must be at most {MAX_NUM_BEAMS} (the paper's: 4; each beam holds a copy of the "
+                         f"search's state); got {args.num_beams}")
     if getattr(args, "device", None) is not None and getattr(args, "engine", "transformers") != "ctranslate2":
         check_device(args.device)  # CTranslate2 names the devices it takes itself
     return {name: getattr(args, name) for name in names}
@@ -393,28 +403,67 @@ def _translator(args: argparse.Namespace):
         from .export.ctranslate2 import CTranslate2Translator
 
         translator = CTranslate2Translator(args.model, args.device)
-        return (lambda texts: translator.translate(texts, **options)), None
+        return (lambda texts, first_line=1: translator.translate(texts, **options)), None
     from .inference import load_model, translate_texts
 
     model, tokenizer = load_model(args.model, args.device)
-    return (lambda texts: translate_texts(model, tokenizer, texts, **options)), model.config
+    return (lambda texts, first_line=1: translate_texts(model, tokenizer, texts, first_line=first_line, **options)), \
+        model.config
 
 
-def _read_lines(path: str) -> list[str]:
+def _translated_batches(p: argparse.ArgumentParser, batches, translate):
+    """The translations of each batch; bad input met on the way (a line that is not UTF-8) is refused as if
+    met first. (Writing them is the caller's: a full disk or a closed pipe is no input error.)"""
+    while True:
+        try:
+            first_line, batch = next(batches)
+            translations = translate(batch, first_line=first_line)
+        except StopIteration:
+            return
+        except (OSError, ValueError, TypeError, ImportError) as err:
+            _refuse(p, err)
+        yield translations
+
+
+def _batches_of(texts, size: int):
+    """(line number of the first, list of up to `size` texts) for each batch of an iterable of texts."""
+    batch, first = [], 1
+    for number, text in enumerate(texts, 1):
+        batch.append(text)
+        if len(batch) == size:
+            yield first, batch
+            batch, first = [], number + 1
+    if batch:
+        yield first, batch
+
+
+def _read_lines(path: str):
+    """The lines of a file or of standard input ("-"), read as they are used; a file that cannot be opened
+    fails here, before the model is loaded."""
     from .file_checks import utf8_lines
 
-    if path == "-":
-        closed = ValueError("standard input is closed; give the texts as arguments or with --input-file")
-        if sys.stdin is None or sys.stdin.closed:  # started with it closed (`<&-`)
-            raise closed
+    if path != "-":
+        return _lines_of(open(path, "rb"), path)
+    closed = ValueError("standard input is closed; give the texts as arguments or with --input-file")
+    if sys.stdin is None or sys.stdin.closed:  # started with it closed (`<&-`)
+        raise closed
+
+    def stdin_lines():
         try:
-            return list(utf8_lines(sys.stdin.buffer, "standard input"))
+            yield from utf8_lines(sys.stdin.buffer, "standard input")
         except OSError as err:
             if err.errno == errno.EBADF:
                 raise closed from None
             raise
-    with open(path, "rb") as f:
-        return list(utf8_lines(f, path))
+
+    return stdin_lines()
+
+
+def _lines_of(file, path: str):
+    from .file_checks import utf8_lines
+
+    with file:
+        yield from utf8_lines(file, path)
 
 
 def _check_output_file(option: str, path: str | None) -> None:
@@ -552,6 +601,8 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     )
 
     def run(args: argparse.Namespace) -> int:
+        import shlex
+
         from .export.ctranslate2 import export_ctranslate2
         from .inference import load_model
 
@@ -562,7 +613,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
             _refuse(p, err)
         size = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
         print(f"exported {args.model} to {folder} ({args.quantization} weights, {size:.1f} MB); try it with\n"
-              f"  vanilla-transformer translate --engine ctranslate2 --model {folder} \"Jesus wept.\"")
+              f"  vanilla-transformer translate --engine ctranslate2 --model {shlex.quote(str(folder))} \"Jesus wept.\"")
         return 0
 
     p.set_defaults(func=run)
@@ -585,9 +636,12 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
     _add_decoding_options(p, batches=False)
 
     def run(args: argparse.Namespace) -> int:
+        import signal
+
         from .visualize.attention_maps import collect_attentions, save_attention_maps
         from .inference import load_model
 
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: the staging folder is removed
         try:
             options = _decoding_options(args)
             if args.html:
@@ -711,8 +765,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_TEXT_ARGUMENTS = {"texts": "TEXT", "text": "text", "special_tokens": "--special-tokens", "source_lang": "--source-lang",
+                   "target_lang": "--target-lang"}
+
+
+def _check_text_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Text given as an argument must be UTF-8: Python keeps another byte as a lone surrogate, which the
+    tokenizer would refuse with a TypeError. (Paths may hold any bytes: they are left alone.)"""
+    for name, shown in _TEXT_ARGUMENTS.items():
+        values = getattr(args, name, None)
+        for value in values if isinstance(values, list) else [values]:
+            bad = next((i for i, c in enumerate(value or "") if "\udc80" <= c <= "\udcff"), None)
+            if bad is not None:
+                parser.exit(2, f"{parser.prog} {args.command}: error: argument {shown}: byte {ord(value[bad]) - 0xDC00:#04x} "
+                               f"at character {bad + 1} is not UTF-8; give the text in UTF-8\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_text_arguments(parser, args)
     try:
         code = args.func(args) or 0
         sys.stdout.flush()  # here, so that a failing write is reported below, not as a traceback at exit

@@ -29,6 +29,7 @@ from pathlib import Path
 from .file_checks import check_model_files
 from .staging import STAGING_PREFIX, publish_files, staging_folder, sweep_staging
 from .modeling.pipeline_vanilla_transformer import CUSTOM_PIPELINES, source_length_limit
+from .tokenizer import save_tokenizer_files
 
 __all__ = [
     "PIPELINE_TASK",
@@ -113,7 +114,8 @@ def save_model_files(model, tokenizer, output_dir: str | os.PathLike) -> Path:
     with staging_folder(output_dir, "model") as staging:
         _write_generation_defaults(model)
         model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        save_tokenizer_files(tokenizer, staging)
+        _drop_absent_code(staging)
         publish_files(staging)
         _move_into_place(staging, output_dir)
     return output_dir
@@ -198,6 +200,40 @@ def _write_generation_defaults(model) -> None:
         model.generation_config = paper_generation_config(model.config)
 
 
+def _named_classes(auto_map: dict) -> list[str]:
+    """Each class an `auto_map` names: a string, or transformers' [slow, fast] pair for AutoTokenizer."""
+    named = []
+    for value in auto_map.values():
+        named += [v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, str)]
+    return named
+
+
+def _code_file(reference: str) -> str:
+    """The module file of an `auto_map` class, "module.Class" or "user/repo--module.Class"."""
+    return reference.split("--")[-1].rsplit(".", 1)[0] + ".py"
+
+
+def _drop_absent_code(folder: Path) -> None:
+    """Remove the `auto_map` entries of config.json and tokenizer_config.json whose module `folder` lacks
+    (a fine-tuned model's folder may name code it never held): such an entry fails every load of the folder.
+    An entry naming another repository's code ("user/repo--module.Class") stays."""
+    for name in ("config.json", "tokenizer_config.json"):
+        path = folder / name
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        auto_map = data.get("auto_map")
+        if not isinstance(auto_map, dict):
+            continue
+        kept = {key: value for key, value in auto_map.items()
+                if all("--" in ref or (folder / _code_file(ref)).is_file() for ref in _named_classes({key: value}))}
+        if kept != auto_map:
+            logger.warning(f"{name}: auto_map entries dropped, their code is not in the folder: "
+                           f"{', '.join(sorted(set(auto_map) - set(kept)))}")
+            data["auto_map"] = kept
+            if not kept:
+                del data["auto_map"]
+            path.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def _move_into_place(staging: Path, output_dir: Path) -> None:
     new_names = {entry.name for entry in staging.iterdir()}
     for entry in output_dir.iterdir():  # weights of another shape (say, sharded), the old model's card and scores
@@ -240,14 +276,14 @@ def check_hub_folder(folder: str | os.PathLike) -> Path:
             raise ValueError(f"{folder / 'config.json'} is not valid JSON: {err}") from err
     if not (folder / "tokenizer.json").is_file() or not (folder / "tokenizer_config.json").is_file():
         missing.append("tokenizer (tokenizer.json and tokenizer_config.json)")
-    references = list((config.get("auto_map") or {}).values())
+    auto_map = config.get("auto_map")
+    references = _named_classes(auto_map) if isinstance(auto_map, dict) else []
     references += [task["impl"] for task in (config.get("custom_pipelines") or {}).values()]
     if config and not references:
         missing.append("auto_map in config.json (save the model with vanilla_transformer imported)")
     for reference in references:
-        code_file = reference.split("--")[-1].rsplit(".", 1)[0] + ".py"
-        if not (folder / code_file).is_file():
-            missing.append(code_file)
+        if not (folder / _code_file(reference)).is_file():
+            missing.append(_code_file(reference))
     if missing:
         raise ValueError(
             f"{folder} is not a complete model folder; missing: {', '.join(dict.fromkeys(missing))}. "

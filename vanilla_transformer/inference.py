@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import warnings
 from pathlib import Path
 
 import torch
 
 from .file_checks import check_model_files, read_json
-from .modeling.pipeline_vanilla_transformer import TranslationPipeline
+from .modeling.pipeline_vanilla_transformer import MAX_NEW_TOKENS, MAX_NUM_BEAMS, TranslationPipeline
 
 __all__ = ["check_config_fits_weights", "check_tokenizer_fits", "default_device", "load_model", "load_pretrained",
            "load_tokenizer", "score_translations", "translate_texts"]
 
-MAX_NEW_TOKENS = 4096  # far beyond any sentence; a larger bound only sizes buffers that memory cannot hold
 MAX_LENGTH_PENALTY = 10.0  # GNMT's ((5 + length) / 6) ** alpha stays finite in float32 below this
 
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -164,14 +165,30 @@ def check_config_fits_weights(folder: Path) -> None:
     for key, tensor in tensors.items():
         tied.setdefault(id(tensor), []).append(key)
     lacking = [names[0] for names in tied.values() if not any(key in saved for key in names)]
+    extra = [key for key in saved if key not in tensors]
+    if (lacking or extra) and _layers(saved) == _layers(tensors):
+        _refuse_changed_weights(folder, files, lacking, extra)
     problems = [f"{key} is {list(saved[key][1])} in {saved[key][0]} and {list(tensor.shape)} by the config"
                 for key, tensor in tensors.items() if key in saved and tuple(tensor.shape) != saved[key][1]]
     problems += [f"the config has {key}, which the weights lack" for key in lacking]
-    problems += [f"the weights have {key}, which the config has no place for" for key in saved if key not in tensors]
+    problems += [f"the weights have {key}, which the config has no place for" for key in extra]
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ValueError(f"{config_file} does not fit the weights in {folder}: {problems[0]}{more} (was config.json "
                          "edited?). Put back the config.json saved with these weights")
+
+
+def _layers(keys) -> set[str]:
+    """The layers ("model.encoder.layers.2.") that tensor names belong to."""
+    return {match.group(0) for key in keys if (match := re.match(r".*\.layers\.\d+\.", key))}
+
+
+def _refuse_changed_weights(folder: Path, files: list[str], lacking: list[str], extra: list[str]) -> None:
+    """The same layers on both sides, but a tensor missing or added: the weights file is the one changed."""
+    problems = [f"they lack {key}" for key in lacking] + [f"they have {key}, which the model has no place for" for key in extra]
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    raise ValueError(f"the weights in {folder} ({', '.join(files)}) are not those config.json describes: "
+                     f"{problems[0]}{more}. Put back the weights file saved with this config.json")
 
 
 def translate_texts(
@@ -183,22 +200,37 @@ def translate_texts(
     num_beams: int | None = None,
     length_penalty: float | None = None,
     max_new_tokens: int | None = None,
+    first_line: int = 1,
 ) -> list[str]:
     """Translate each text; blank texts give "". Output i is the translation of text i, on one line.
 
     Texts are translated longest first, so that a batch holds texts of similar length (little padding),
-    and put back in input order.
+    and put back in input order. A text that cannot be translated gives "" with a warning naming its line
+    (`first_line` is the number of `texts[0]`), the rest of its batch translated without it.
     """
     pipe = TranslationPipeline(model=model, tokenizer=tokenizer, device=model.device)
     options = {"num_beams": num_beams, "length_penalty": length_penalty, "max_new_tokens": max_new_tokens}
     options = {key: value for key, value in options.items() if value is not None}
     order = sorted((i for i, text in enumerate(texts) if text.strip()), key=lambda i: -len(texts[i]))
     translations = [""] * len(texts)
-    if order:
-        results = pipe([texts[i] for i in order], batch_size=batch_size, **options)
-        for i, result in zip(order, results):
-            translations[i] = " ".join(result["translation_text"].splitlines())  # one line per input line
+    for start in range(0, len(order), batch_size):
+        batch = order[start : start + batch_size]
+        lines = {first_line + i: texts[i] for i in batch}
+        for i, result in zip(batch, _translate_batch(pipe, lines, options)):
+            translations[i] = " ".join(result.splitlines())  # one line per input line
     return translations
+
+
+def _translate_batch(pipe, lines: dict[int, str], options: dict) -> list[str]:
+    """The translations of one batch ({line number: text}); where the batch fails, of each text alone, and
+    "" with a warning naming the line for a text that fails alone."""
+    try:
+        return [result["translation_text"] for result in pipe(list(lines.values()), batch_size=len(lines), **options)]
+    except (ValueError, RuntimeError, IndexError) as err:
+        if len(lines) == 1:
+            warnings.warn(f"line {next(iter(lines))} was not translated (an empty line stands for it): {err}", stacklevel=3)
+            return [""]
+    return [_translate_batch(pipe, {line: text}, options)[0] for line, text in lines.items()]
 
 
 def score_translations(hypotheses: list[str], references: list[str] | list[list[str]]) -> dict:

@@ -47,6 +47,7 @@ __all__ = [
     "SPECIAL_TOKENS",
     "read_text_files",
     "save_tokenizer",
+    "save_tokenizer_files",
     "train_tokenizer",
     "wrap_tokenizer",
 ]
@@ -167,6 +168,14 @@ def train_tokenizer(
     return wrapped
 
 
+def save_tokenizer_files(tokenizer: PreTrainedTokenizerFast, folder: str | os.PathLike) -> None:
+    """`save_pretrained` without the truncation and padding of the last call: transformers leaves them set
+    on the `tokenizers` object, and tokenizer.json would keep them for whoever reads it with `tokenizers`."""
+    tokenizer.backend_tokenizer.no_truncation()
+    tokenizer.backend_tokenizer.no_padding()
+    tokenizer.save_pretrained(folder)
+
+
 def save_tokenizer(tokenizer: PreTrainedTokenizerFast, output_dir: str | os.PathLike) -> Path:
     """`save_pretrained` into `output_dir` without ever leaving it half written.
 
@@ -179,7 +188,7 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, output_dir: str | os.Path
         raise NotADirectoryError(f"output_dir exists and is not a folder: {output_dir}")
     sweep_staging(output_dir)
     with staging_folder(output_dir, "tokenizer") as staging:
-        tokenizer.save_pretrained(staging)
+        save_tokenizer_files(tokenizer, staging)
         publish_files(staging)
         for file in staging.iterdir():
             os.replace(file, output_dir / file.name)

@@ -7,8 +7,10 @@ from accelerate import Accelerator
 
 from vanilla_transformer.training.checkpoints import (
     average_checkpoints,
+    checkpoint_layout,
     latest_checkpoint,
     list_checkpoints,
+    newest_sound_checkpoint,
     read_state,
     save_checkpoint,
     verify_checkpoint,
@@ -85,3 +87,85 @@ def test_average_names_a_truncated_weights_file(tmp_path, accelerated):
     weights.write_bytes(weights.read_bytes()[:-8])
     with pytest.raises(ValueError, match="checkpoint-00000001/model.safetensors is damaged"):
         average_checkpoints(paths)
+
+
+class LossScaler:
+    """Stands for DeepSpeed's class of that name, which its optimiser states pickle (DeepSpeed is not installed here)."""
+
+    def __init__(self, scale):
+        self.cur_scale = scale
+
+
+def in_module(cls, module: str, monkeypatch):
+    """`cls` as if it were defined in `module` (and its packages, for as long as the test runs): what a pickle
+    of its instances names."""
+    import sys
+    import types
+
+    parts = module.split(".")
+    for i in range(1, len(parts) + 1):
+        monkeypatch.setitem(sys.modules, ".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
+    setattr(sys.modules[module], cls.__name__, cls)
+    monkeypatch.setattr(cls, "__module__", module)
+    return cls
+
+
+def as_engine_layout(checkpoint, layout: str, monkeypatch, optimizer_extra=None) -> None:
+    """Rewrite a checkpoint that save_state wrote under DDP in the layout FSDP (FULL_STATE_DICT) or DeepSpeed
+    (ZeRO-2) save_state writes on GPUs: the same weights in their files and folders."""
+    from safetensors.torch import load_file
+
+    weights = load_file(str(checkpoint / "model.safetensors"))
+    (checkpoint / "model.safetensors").unlink()
+    if layout == "FSDP":
+        torch.save(weights, checkpoint / "pytorch_model_fsdp.bin")
+        return
+    (checkpoint / "optimizer.bin").unlink()
+    folder = checkpoint / "pytorch_model"
+    folder.mkdir()
+    from collections import OrderedDict
+
+    torch.save({"module": weights, "buffer_names": [], "param_shapes": [OrderedDict((k, v.shape) for k, v in weights.items())],
+                "global_steps": 3, "ds_version": "0.18.0", "dp_world_size": 2}, folder / "mp_rank_00_model_states.pt")
+    scaler = in_module(LossScaler, "deepspeed.runtime.fp16.loss_scaler", monkeypatch)(1.0)
+    for rank in (0, 1):
+        optimizer = {"loss_scaler": scaler, "single_partition_of_fp32_groups": [torch.zeros(4)], **(optimizer_extra or {})}
+        torch.save({"optimizer_state_dict": optimizer, "ds_version": "0.18.0"},
+                   folder / f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+    (checkpoint / "latest").write_text("pytorch_model")
+    (checkpoint / "zero_to_fp32.py").write_text("raise SystemExit('never run')\n")  # DeepSpeed copies its script in
+
+
+@pytest.mark.parametrize("layout", ["FSDP", "DEEPSPEED"])
+def test_fsdp_and_deepspeed_checkpoints_are_verified_resumed_from_and_averaged(tmp_path, accelerated, layout, monkeypatch):
+    # Proves: checkpoints in the layout FSDP (whole state) and DeepSpeed save are found sound, so that --resume
+    # picks the newest, and --average-last averages their weights; a damaged one is set aside as DDP's are.
+    accelerator, model = accelerated
+    for step in (1, 2, 3):
+        with torch.no_grad():
+            model.weight.fill_(float(step))
+        as_engine_layout(save_checkpoint(accelerator, tmp_path, step, {}), layout, monkeypatch)
+    checkpoints = list_checkpoints(tmp_path)
+    for checkpoint in checkpoints:
+        verify_checkpoint(checkpoint)
+        assert checkpoint_layout(checkpoint) == layout
+    assert torch.equal(average_checkpoints(checkpoints[-2:])["weight"], torch.full((2, 3), 2.5))
+    newest = checkpoints[-1] / ("pytorch_model_fsdp.bin" if layout == "FSDP" else "pytorch_model/mp_rank_00_model_states.pt")
+    newest.write_bytes(newest.read_bytes()[:-100])
+    sound, problems = newest_sound_checkpoint(tmp_path)
+    assert sound == checkpoints[1] and "is damaged" in problems[0]
+
+
+def test_a_deepspeed_file_that_would_run_code_and_a_sharded_fsdp_checkpoint_are_refused(tmp_path, accelerated, monkeypatch):
+    import os
+
+    accelerator, model = accelerated
+    crafted = save_checkpoint(accelerator, tmp_path, 1, {})
+    as_engine_layout(crafted, "DEEPSPEED", monkeypatch, optimizer_extra={"hook": os.getcwd})  # a function: unpickling calls into code
+    with pytest.raises(ValueError, match=r"optim_states.pt holds more than tensors.*getcwd.*it is not read"):
+        verify_checkpoint(crafted)
+    sharded = save_checkpoint(accelerator, tmp_path, 2, {})
+    (sharded / "pytorch_model_fsdp_0").mkdir()
+    (sharded / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="SHARDED_STATE_DICT checkpoint, which is not read: torch reads its .metadata with pickle"):
+        verify_checkpoint(sharded)

@@ -3,10 +3,19 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pytest
+import torch
 
 from vanilla_transformer.tokenizer import train_tokenizer
-from vanilla_transformer.training.data import PadCollator, TokenBatchSampler, encode_texts, tokenize_pairs
-from vanilla_transformer.training.loss import IGNORE_INDEX, label_smoothed_loss
+from vanilla_transformer.training.data import (
+    PadCollator,
+    PrefetchedBatches,
+    TokenBatchSampler,
+    TokenizedSplit,
+    encode_texts,
+    tokenize_pairs,
+)
+from vanilla_transformer.modeling.modeling_vanilla_transformer import LabelSmoothedCrossEntropy
+from vanilla_transformer.training.data import IGNORE_INDEX
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +72,10 @@ def test_loss_is_a_sum_over_non_padding_tokens():
 
     logits = torch.randn(2, 3, 11)
     labels = torch.tensor([[1, 2, IGNORE_INDEX], [3, IGNORE_INDEX, IGNORE_INDEX]])
-    loss, nll = label_smoothed_loss(logits, labels, epsilon=0.0)
+    loss, nll = LabelSmoothedCrossEntropy()(logits, labels, 0.0)  # the model's loss, which training asks for
     expected = -sum(logits[b, t].log_softmax(-1)[labels[b, t]] for b, t in ((0, 0), (0, 1), (1, 0)))
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5) and nll.item() == pytest.approx(loss.item())
-    smoothed, _ = label_smoothed_loss(logits, labels, epsilon=0.1)
+    smoothed, _ = LabelSmoothedCrossEntropy()(logits, labels, 0.1)
     uniform = -sum(logits[b, t].log_softmax(-1).mean() for b, t in ((0, 0), (0, 1), (1, 0)))
     assert smoothed.item() == pytest.approx(0.9 * expected.item() + 0.1 * uniform.item(), rel=1e-5)
 
@@ -166,3 +175,42 @@ def test_encoding_through_the_rust_tokenizer_gives_transformers_ids():
     assert encode_texts(tokenizer, texts) == tokenizer(texts)["input_ids"]
     tokenizer.backend_tokenizer.enable_truncation(2)  # a backend that cuts on its own: transformers' call decides
     assert encode_texts(tokenizer, texts) == tokenizer(texts)["input_ids"]
+
+
+def prefetch_split(n: int = 40) -> TokenizedSplit:
+    rng = np.random.default_rng(0)
+    sources = [list(range(3, 3 + int(k))) for k in rng.integers(1, 9, n)]
+    targets = [list(range(5, 5 + int(k))) for k in rng.integers(1, 9, n)]
+    rows = {"input_ids": sources, "labels": targets, "length": [max(len(s), len(t)) for s, t in zip(sources, targets)]}
+    return TokenizedSplit(datasets.Dataset.from_dict(rows), n, 0, 0)
+
+
+def test_prefetched_batches_are_the_samplers_batches_in_its_order_with_their_target_tokens():
+    # Proves: the background thread changes when batches are made, not which or in what order: the same
+    # padded tensors as collating the sampler's batches one by one (a resumed epoch's skip included), each
+    # with its target-token count made on the host.
+    split, collate = prefetch_split(), PadCollator(0)
+    sampler = TokenBatchSampler(split.lengths, 24, seed=5)
+    sampler.set_epoch(1, start=2)
+    expected = [collate(split.dataset[indices]) for indices in sampler]
+    assert len(expected) > 4
+    with PrefetchedBatches(split, sampler, collate, "cpu", ahead=2) as batches:
+        got = list(batches)
+    assert len(got) == len(expected)
+    for (batch, tokens), want in zip(got, expected):
+        assert batch.keys() == want.keys() and all(torch.equal(batch[k], want[k]) for k in want)
+        assert tokens == int((want["labels"] != IGNORE_INDEX).sum())
+
+
+def test_prefetched_batches_raise_the_threads_error_and_stop_when_left_early():
+    split = prefetch_split()
+
+    def broken(columns):
+        raise ValueError("a bad row")
+
+    with pytest.raises(ValueError, match="a bad row"), PrefetchedBatches(split, [[0], [1]], broken, "cpu") as batches:
+        next(batches)
+    batches = PrefetchedBatches(split, [[i] for i in range(len(split.dataset))], PadCollator(0), "cpu", ahead=1)
+    next(batches)
+    batches.close()  # the thread, blocked on a full queue, ends
+    assert not batches._thread.is_alive()

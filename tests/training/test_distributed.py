@@ -109,6 +109,49 @@ def two_processes(tmp_path_factory, write_synthetic_task, small_run_options):
     return SimpleNamespace(folder=root / "two", args=args, env=env, output=output)
 
 
+SLOW_PREPARATION = """
+import sys, time
+from accelerate import PartialState
+from vanilla_transformer import cli
+from vanilla_transformer.training import loop
+
+learn = loop._load_tokenizer
+
+
+def slowly(*args, **kwargs):  # the main process prepares for {seconds} s while the others wait for it
+    if PartialState().is_main_process:
+        time.sleep({seconds})
+    return learn(*args, **kwargs)
+
+
+loop._load_tokenizer = slowly
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_the_other_processes_wait_for_a_long_data_preparation_as_long_as_ddp_timeout_says(tmp_path, small_task, small_run):
+    # Proves: `--ddp-timeout` is the process group's: while rank 0 prepares the data for 12 s (a WMT corpus: an
+    # hour), rank 1 waits for it; a run whose timeout the preparation outlasts stops with gloo's timeout (as
+    # NCCL's default of 10 minutes stopped a WMT run), one with a longer timeout completes.
+    script = tmp_path / "slow_preparation.py"
+    script.write_text(SLOW_PREPARATION.format(seconds=12))
+    env = environment(ACCELERATE_USE_CPU="1")
+
+    def launch(name, timeout):
+        args = ["--dataset", str(small_task), *small_run, "--max-steps", "1", "--ddp-timeout", str(timeout)]
+        command = [*LAUNCH, "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
+                   str(free_port()), str(script), "train", "--output-dir", str(tmp_path / name), *args]
+        return start(command, env, tmp_path / f"{name}.log")
+
+    short, long = launch("short", 4), launch("long", 120)
+    code, output = finish(short)
+    assert code != 0 and "timed out waiting 4000ms" in output.lower(), output[-3000:]
+    code, output = finish(long)
+    assert code == 0, output[-3000:]
+    assert json.loads((tmp_path / "long" / "results.json").read_text())["steps"] == 1
+
+
 @pytest.mark.slow
 def test_two_processes_match_one_process_with_the_same_global_batch_and_resume_to_it(two_processes, tmp_path):
     run, args, env = two_processes, two_processes.args, two_processes.env
@@ -238,3 +281,22 @@ def test_deepspeed_launch_without_gpus_names_the_cause(monkeypatch):
                                          r"ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu"):
         check_world_size(alone)
     check_world_size(SimpleNamespace(num_processes=2, distributed_type=DistributedType.DEEPSPEED, device=torch.device("cpu")))
+
+
+@pytest.mark.parametrize(
+    "cuda, bf16, launcher, expected",
+    [(True, True, None, "bf16"), (True, False, None, "fp16"), (False, False, None, None), (True, True, "no", None)],
+    ids=["bf16 GPU", "older GPU", "CPU", "the launcher says"],
+)
+def test_mixed_precision_defaults_to_bf16_on_a_gpu_that_has_it(monkeypatch, cuda, bf16, launcher, expected):
+    # Proves: without --mixed-precision a run on a GPU trains in bf16 autocast (fp16, which Accelerate pairs
+    # with a loss scaler, on a GPU without bf16), a CPU run in fp32, and a launcher's own setting is kept.
+    from vanilla_transformer.training.distributed import default_mixed_precision
+
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    if launcher is not None:
+        monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launcher)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    assert default_mixed_precision() == expected

@@ -256,14 +256,14 @@ def test_bad_data_files_are_clear_errors(tmp_path, small_run, capsys):
 
 @pytest.mark.slow
 def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, small_task, small_run, monkeypatch, capsys):
-    real_loss, calls = loop.label_smoothed_loss, []
+    real_loss, calls = loop._loss, []
 
-    def loss_that_breaks_at_step_3(logits, labels, epsilon, fast=True):
+    def loss_that_breaks_at_step_3(model, batch):
         calls.append(1)
-        loss, nll = real_loss(logits, labels, epsilon, fast)
+        loss, nll = real_loss(model, batch)
         return (loss * float("nan"), nll) if len(calls) == 3 else (loss, nll)
 
-    monkeypatch.setattr(loop, "label_smoothed_loss", loss_that_breaks_at_step_3)
+    monkeypatch.setattr(loop, "_loss", loss_that_breaks_at_step_3)
     out = tmp_path / "out"
     code = main(["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run,
                  "--max-steps", "5", "--save-steps", "2"])

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 
 from vanilla_transformer.modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.modeling.modeling_vanilla_transformer import (
@@ -24,10 +25,11 @@ from vanilla_transformer.training.data import PadCollator, TokenizedSplit
 from vanilla_transformer.training.loop import (
     TrainingArguments,
     _optimizer_step,
-    _step_tokens_unless_out_of_time,
+    _read_losses,
     evaluate,
+    prepare,
 )
-from vanilla_transformer.training.loss import IGNORE_INDEX
+from vanilla_transformer.training.data import IGNORE_INDEX
 from vanilla_transformer.training.schedule import make_optimizer, make_scheduler, noam_rate
 
 PAD, VOCAB, D_MODEL, WARMUP, SMOOTHING = 0, 24, 32, 10, 0.1
@@ -47,6 +49,7 @@ def tiny_model(fast_paths: bool = True) -> VanillaTransformerForConditionalGener
     config = VanillaTransformerConfig.from_preset(
         "tiny", vocab_size=VOCAB, d_model=D_MODEL, d_ff=64, num_heads=2, encoder_layers=1, decoder_layers=1,
         dropout=0.0, pad_token_id=PAD, bos_token_id=1, eos_token_id=2, fast_paths=fast_paths,
+        label_smoothing=SMOOTHING,  # the model's own loss is the run's: `train` sets it from its argument
     )
     return VanillaTransformerForConditionalGeneration(config).double()
 
@@ -95,17 +98,28 @@ def hand_adam_steps(model, pairs, steps: int):
     return seen
 
 
-def make_run(tmp_path, model, **options):
+def make_run(tmp_path, model, mixed_precision="no", **options):
     """What `_optimizer_step` reads of a run, built as `_setup` builds it (on the CPU, one process)."""
-    accelerator = Accelerator(cpu=True, mixed_precision="no")
+    AcceleratorState._reset_state(reset_partial_state=True)  # one precision per process otherwise
+    accelerator = Accelerator(cpu=True, mixed_precision=mixed_precision)
     optimizer = make_optimizer(model, accelerator.device)
     scheduler = make_scheduler(optimizer, D_MODEL, WARMUP)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    model, optimizer = prepare(accelerator, model, optimizer)
     args = TrainingArguments(output_dir=str(tmp_path), label_smoothing=SMOOTHING, warmup_steps=WARMUP, **options)
     return SimpleNamespace(
         args=args, accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, average=None,
         step=0, checkpoint_root=tmp_path / "checkpoints", started=0.0, elapsed=0.0, stop_requests=None, stop_signal=0,
+        loss_sums=None, window_tokens=0,
     )
+
+
+def one_step(run, micro_batches):
+    """A step as the loop takes it (each micro-batch with its target tokens, counted on the host), then the
+    losses read as logging reads them: (the step's target tokens, loss, NLL per token, learning rate)."""
+    total_tokens, lr = _optimizer_step(run, [(b, int((b["labels"] != IGNORE_INDEX).sum())) for b in micro_batches])
+    run.step += 1
+    run.window_tokens += total_tokens
+    return (total_tokens, *_read_losses(run), lr)
 
 
 @pytest.mark.parametrize("split", [[4], [2, 2], [1, 3]], ids=["one batch", "two halves", "one and three"])
@@ -124,10 +138,8 @@ def test_two_steps_are_adams_steps_on_the_loss_per_target_token_of_the_whole_ste
         lambda *_: gradients.append({n: p.grad.clone() for n, p in trained.named_parameters() if p.grad is not None})
     )
     for step in range(2):
-        total_tokens = _step_tokens_unless_out_of_time(run, micro_batches)
+        total_tokens, loss, nll, lr = one_step(run, micro_batches)
         assert total_tokens == target_tokens(PAIRS)
-        loss, nll, lr = _optimizer_step(run, micro_batches, total_tokens)
-        run.step += 1
         assert lr == pytest.approx(noam_rate(step + 1, D_MODEL, WARMUP), rel=1e-12)
         assert (loss, nll) == pytest.approx(expected[step], rel=1e-9)
         assert all(p.grad is None for p in trained.parameters())  # cleared for the next step
@@ -141,19 +153,19 @@ def test_two_steps_are_adams_steps_on_the_loss_per_target_token_of_the_whole_ste
         torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-9, msg=name)
 
 
-def test_a_non_finite_loss_stops_before_the_weights_change(tmp_path):
+def test_a_non_finite_step_leaves_the_weights_and_the_next_read_stops_the_run(tmp_path):
+    # The step is skipped on the device (fused Adam's found_inf), without the host waiting for it; reading
+    # the losses, as logging and every checkpoint do, raises, naming the step.
     model = tiny_model()
     run = make_run(tmp_path, model)
     with torch.no_grad():
         model.lm_head.weight[5, 0] = math.inf  # tied with the embeddings: every logit row sees it
     before = copy.deepcopy(model.state_dict())
-    batch = collate(PAIRS)
-    with pytest.raises(FloatingPointError, match="step 1.*no checkpoint was written yet"):
-        _optimizer_step(run, [batch], target_tokens(PAIRS))
+    with pytest.raises(FloatingPointError, match="became nan at step 1; that step left the weights.*no checkpoint was written yet"):
+        one_step(run, [collate(PAIRS)])
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, before[name], equal_nan=True, msg=name)
-    assert all(p.grad is None for p in model.parameters())
-    assert run.scheduler.last_epoch == 0  # the schedule did not move either
+    assert all(state["step"] == 0 for state in run.optimizer.optimizer.state.values())  # Adam's count did not move
 
 
 def split_of(pairs) -> TokenizedSplit:
@@ -179,3 +191,32 @@ def test_evaluation_loss_and_perplexity_are_per_target_token_over_the_whole_spli
     assert metrics["loss"] == pytest.approx(loss.item() / tokens, rel=rel)
     assert metrics["nll"] == pytest.approx(nll.item() / tokens, rel=rel)
     assert metrics["perplexity"] == pytest.approx(math.exp(nll.item() / tokens), rel=rel)
+
+
+@pytest.fixture
+def fresh_accelerator_state():
+    """Accelerate keeps one state per process: the next test's Accelerator must not inherit this one's bf16."""
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_a_bf16_step_evaluation_and_decoding_run_under_autocast_with_no_fp32_copy_of_the_logits(tmp_path, fresh_accelerator_state):
+    # Proves: in a bf16 run the logits reach the loss as the model made them, in bf16 (Accelerate's wrapper
+    # of `forward` copied them to fp32: 4 bytes more per logit), in training and in evaluation, and decoding
+    # runs under the same autocast (its output projection computes in bf16).
+    model = tiny_model().float()
+    run = make_run(tmp_path, model, mixed_precision="bf16")
+    outputs, projections = [], []
+    model.register_forward_hook(lambda module, args, output: outputs.append(output.logits.dtype))
+    model.lm_head.register_forward_hook(lambda module, args, output: projections.append(output.dtype))
+    one_step(run, [collate(PAIRS)])
+    assert outputs == [torch.bfloat16]
+    split = split_of(PAIRS)
+    split.dataset = split.dataset.add_column("reference", ["a b"] * len(PAIRS))
+    decode = SimpleNamespace(pad_token_id=PAD, batch_decode=lambda ids, skip_special_tokens: ["a b"] * len(ids))
+    outputs.clear(), projections.clear()
+    metrics = evaluate(run.accelerator, run.model, decode, split, run.args.__class__(
+        output_dir=str(tmp_path), max_tokens=64, num_beams=2), translate_samples=len(PAIRS))
+    assert metrics["translated"] == len(PAIRS)
+    assert outputs and set(outputs) == {torch.bfloat16}
+    assert len(projections) > len(outputs) and set(projections) == {torch.bfloat16}  # decoding steps too

@@ -270,6 +270,16 @@ def language_keys(dataset: datasets.Dataset) -> list[str]:
     ]
 
 
+def _check_text_column(dataset: datasets.Dataset, arg: str, lang: str) -> None:
+    """A column named `lang` that is not text (a number in some row) is named, with its first such row."""
+    if lang not in dataset.column_names or "translation" in dataset.features:
+        return
+    for index, value in enumerate(dataset[lang]):
+        if not isinstance(value, str) and value is not None:
+            raise ValueError(f"{arg}={lang!r}: the column must hold text, and row {index + 1} holds "
+                             f"{type(value).__name__} {json.dumps(value)[:80]}")
+
+
 def resolve_languages(
     dataset: datasets.Dataset, source_lang: str | None = None, target_lang: str | None = None
 ) -> tuple[str, str]:
@@ -281,6 +291,7 @@ def resolve_languages(
     keys = language_keys(dataset)
     for arg, lang in (("source_lang", source_lang), ("target_lang", target_lang)):
         if lang is not None and lang not in keys:
+            _check_text_column(dataset, arg, lang)
             raise ValueError(f"{arg}={lang!r} is not in the data set; its language keys are {keys}")
     if source_lang is None or target_lang is None:
         if len(keys) != 2:

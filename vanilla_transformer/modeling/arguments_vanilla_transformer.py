@@ -8,6 +8,7 @@ standard library, torch and the public API of transformers.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 from transformers.cache_utils import EncoderDecoderCache
@@ -19,9 +20,13 @@ CACHE_NAME = "cache" if "cache" in {field.name for field in dataclasses.fields(S
 
 
 def one_cache(cache=None, past_key_values=None):
-    """The cache passed under either name (`cache` since transformers 5.24, `past_key_values` before)."""
+    """The cache passed under either name (`cache` since transformers 5.24, `past_key_values` before); the old
+    name warns where the installed transformers has the new one, as its own models do."""
     if cache is not None and past_key_values is not None:
         raise ValueError("Pass the cache as `cache` or as `past_key_values` (its name before transformers 5.24), not both.")
+    if past_key_values is not None and CACHE_NAME == "cache" and not torch.compiler.is_compiling():
+        warnings.warn("`past_key_values` is deprecated and will be removed in version 5.40.0 for `forward`. "
+                      "Use `cache` instead.", FutureWarning, stacklevel=3)
     return past_key_values if cache is None else cache
 
 
@@ -30,17 +35,52 @@ def wants_dict(return_dict, config) -> bool:
     return config.return_dict if return_dict is None else return_dict
 
 
-ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
+def explicit_attention(config) -> bool:
+    """Whether the config asks for attention beyond what transformers' attention functions compute (a score
+    other than a dot product, a normalization other than softmax, hard attention, local-p's predicted window):
+    that runs on its own explicit function only (attention_variants_vanilla_transformer.py)."""
+    return (
+        config.attention_score not in ("scaled_dot", "dot")
+        or config.attention_normalization != "softmax"
+        or config.attention_hardness == "hard"
+        or config.local_attention == "local-p"
+    )
 
 
-def check_attn_implementation(requested: str | None) -> None:
-    """`attn_implementation`: "sdpa" (the default) runs dot-product scores on torch's fused kernel and
-    falls back to the explicit path when weights are asked for; "eager" always takes the explicit path.
-    Both are the model's own attention; other implementations are refused."""
-    if requested not in (None, *ATTENTION_IMPLEMENTATIONS):
+def check_attn_implementation(config, requested: str | None) -> None:
+    """Attention beyond the paper runs on its own explicit function only ("eager"); local-m's window is a mask,
+    which flash attention does not take."""
+    if explicit_attention(config) and requested not in (None, "eager"):
         raise ValueError(
-            f"`attn_implementation` must be one of {', '.join(map(repr, ATTENTION_IMPLEMENTATIONS))} for this model "
-            f'("eager": explicit attention weights; "sdpa": torch\'s fused kernel); got {requested!r}.'
+            f'`attn_implementation`={requested!r}: this model\'s attention (its `attention_score`, '
+            '`attention_normalization`, `attention_hardness` or `local_attention`) runs only on its own explicit '
+            'function; use "eager" or leave it out.'
+        )
+    if config.local_attention != "none" and requested is not None and requested.startswith("flash"):
+        raise ValueError(f'`attn_implementation`={requested!r} takes no mask for local attention\'s window; use '
+                         '"sdpa", "eager" or "flex_attention".')
+
+
+def additive_mask(mask, module, query, key):
+    """The additive mask of the explicit attention function (0 where allowed, the dtype's minimum where not)
+    from one built for torch's fused kernel: a boolean one (True where allowed), or None where the kernel
+    applies §3.2.3's causality itself. An additive mask is returned as it is."""
+    if mask is not None and mask.dtype != torch.bool:
+        return mask
+    if mask is None:
+        queries, keys = query.size(-2), key.size(-2)
+        if not (module.is_causal and queries > 1):
+            return None
+        mask = torch.ones(1, 1, queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
+    return torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, torch.finfo(query.dtype).min)
+
+
+def check_learned_positions(length, past_length, table_size: int) -> None:
+    if not torch.compiler.is_compiling() and past_length + length > table_size:
+        raise ValueError(
+            f"Sequence of {past_length + length} positions is longer than the learned position table "
+            f"(`max_position_embeddings`={table_size}). Use shorter inputs, a larger table, or "
+            f'position_encoding="sinusoidal", which has no limit.'
         )
 
 
@@ -49,8 +89,10 @@ def check_ids(name: str, ids: torch.Tensor, vocab_size: int, allow_ignore_index:
         raise ValueError(f"`{name}` must have shape (batch, length); got {tuple(ids.shape)}.")
     if ids.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"`{name}` must hold integer token ids; got dtype {ids.dtype}.")
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return  # exporting (torch.export, ONNX): the values are symbolic, and a check on them cannot be traced
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or ids.device.type != "cpu":
+        # Exporting (torch.export, ONNX): the values are symbolic. On an accelerator, reading them back would make
+        # every forward wait for the device; there an id out of range fails in the embedding lookup instead.
+        return
     valid = (ids >= 0) & (ids < vocab_size)
     if allow_ignore_index:
         valid |= ids == -100

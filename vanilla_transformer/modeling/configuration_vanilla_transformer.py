@@ -44,6 +44,7 @@ CHOICES = {
 }
 SIZES = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "num_heads", "d_ff", "max_position_embeddings",
          "location_max_length", "attention_window")
+MAX_SIZE = 2**31 - 1  # past any real model; larger numbers overflow torch's index arithmetic
 PROBABILITIES = ("dropout", "attention_dropout", "label_smoothing")
 FLAGS = ("scale_embedding", "tie_word_embeddings", "use_cache", "fast_paths")
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
@@ -107,16 +108,16 @@ class VanillaTransformerConfig(PretrainedConfig):
             Hard attention needs "softmax" normalisation.
         layer_norm_eps: epsilon of every LayerNorm.
         label_smoothing: epsilon_ls used when `labels` are given to the model. The paper trains with 0.1
-            (§5.4); the model's default is 0 so that its loss is the plain negative log-likelihood, and
-            the training script passes 0.1.
+            (§5.4); the model's default is 0 so that its loss is the plain negative log-likelihood. The
+            training command sets it to its `--label-smoothing` (0.1), and the saved model keeps it.
         source_lang / target_lang / dataset_name: the language pair the model was trained to translate
             and the data set it was trained on (written by training; None when unknown), so that scoring
             or translating another pair can be warned about.
-        fast_paths: True (the default) lets the speed-ups run: drop-ins that give the plain path's numbers
-            with less work (fast_modeling_vanilla_transformer.py: CPU dropout, closed-form smoothed
-            cross-entropy, a table of sinusoids; fast_generation_vanilla_transformer.py for decoding).
-            False runs the plain paper path everywhere. Read at every call: `model.config.fast_paths =
-            False` takes effect at once.
+        fast_paths: True (the default) builds the model with its speed-ups, which give the plain path's
+            numbers with less work: the smoothed cross-entropy with its gradient in closed form
+            (fast_modeling_vanilla_transformer.py), and in decoding the output projection on oneDNN
+            (fast_generation_vanilla_transformer.py). False builds and decodes on the plain paper path.
+            Read when the model is built (and by `generate`).
     """
 
     model_type = "vanilla_transformer"
@@ -212,6 +213,8 @@ class VanillaTransformerConfig(PretrainedConfig):
         for name in SIZES:
             if not _is_int(value := getattr(self, name)) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
+            if value > MAX_SIZE:
+                raise ValueError(f"`{name}` must be at most {MAX_SIZE}; got {value!r}.")
         if self.d_model % self.num_heads:
             raise ValueError(f"`d_model` ({self.d_model}) must be divisible by `num_heads` ({self.num_heads}).")
         for name in PROBABILITIES:

@@ -80,9 +80,8 @@ from transformers.generation import (
 from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 from transformers.modeling_outputs import BaseModelOutput
 
-from . import fast_generation_vanilla_transformer as fast
 from .arguments_vanilla_transformer import CACHE_NAME, one_cache
-from .fast_generation_vanilla_transformer import PreallocatedLayer, preallocated_cache
+from .fast_generation_vanilla_transformer import enabled, output_projection, rows_leave
 
 
 LENGTH_PENALTY_STYLES = ("gnmt", "transformers")
@@ -125,11 +124,9 @@ def _force_eos(scores: torch.Tensor, last_step: torch.Tensor, eos: int) -> torch
     </s> is ruled out (min_new_tokens past the cap, a suppressed </s>) the row is left as it is: the
     search ends it at the cap unfinished, as transformers' loop does at max_length."""
     last_step = last_step & (scores[:, eos] > float("-inf"))
-    if not bool(last_step.any()):
-        return scores
-    only_eos = torch.full_like(scores, float("-inf"))
-    only_eos[:, eos] = scores[:, eos]
-    return torch.where(last_step[:, None], only_eos, scores)
+    others = torch.ones(scores.size(-1), dtype=torch.bool, device=scores.device)
+    others[eos] = False
+    return scores.masked_fill(last_step[:, None] & others, float("-inf"))
 
 
 class SourceLengthCap(LogitsProcessor):
@@ -140,12 +137,16 @@ class SourceLengthCap(LogitsProcessor):
     `rows // len(max_new_tokens)` times (beams or return sequences), as `generate` lays them out.
     transformers' loops apply it as any logits processor; ours too, and ask it which sentences are at
     their last step and, as finished sentences leave the batch, for the cap of those that stay.
+    `shortest` (default: the smallest cap, read from the device once) may be any lower bound of the caps:
+    before it no sentence is at its last step, which the host then knows without asking the device.
     """
 
-    def __init__(self, max_new_tokens: torch.Tensor, eos_token_id: int, prompt_length: int = 1):
+    def __init__(self, max_new_tokens: torch.Tensor, eos_token_id: int, prompt_length: int = 1,
+                 shortest: int | None = None):
         self.max_new_tokens = max_new_tokens
         self.eos_token_id = eos_token_id
         self.prompt_length = prompt_length  # the decoder start token
+        self.shortest = int(max_new_tokens.min()) if shortest is None else shortest
 
     def last_step(self, input_ids: torch.LongTensor) -> torch.Tensor:
         """Per sentence: is the next token its last? `input_ids` are the tokens so far (any rows per sentence)."""
@@ -154,9 +155,11 @@ class SourceLengthCap(LogitsProcessor):
     def select(self, sentences: torch.Tensor) -> SourceLengthCap:
         """The cap of `sentences` alone (their places in the batch): for a batch that finished sentences leave."""
         return SourceLengthCap(self.max_new_tokens[sentences.to(self.max_new_tokens.device)], self.eos_token_id,
-                               self.prompt_length)
+                               self.prompt_length, self.shortest)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if input_ids.size(1) - self.prompt_length + 1 < self.shortest:
+            return scores  # no sentence is at its last step yet
         rows_per_sentence = scores.size(0) // self.max_new_tokens.numel()
         return _force_eos(scores, self.last_step(input_ids).repeat_interleave(rows_per_sentence), self.eos_token_id)
 
@@ -176,7 +179,8 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
 
     `base_generate` is transformers' `GenerationMixin.generate` bound to `model`. In steps: the options
     checked (ours taken out of the call), the source-length cap added unless the call sets a length, the
-    loop chosen (`choose_search`), our cache made unless the call brings or names one.
+    loop chosen (`choose_search`). The cache is transformers' own (an `EncoderDecoderCache` of
+    `DynamicCache`s unless the call brings one or names another), so a returned one continues a generation.
     """
 
     def setting(name, default=None):
@@ -197,9 +201,6 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
     search, _reason = choose_search(model, kwargs, setting, style)
     if search is not None:
         kwargs["custom_generate"] = search
-    cache = _preallocated_cache(model, kwargs, generation_config, setting)
-    if cache is not None:
-        kwargs[CACHE_NAME] = cache
     return base_generate(inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs)
 
 
@@ -244,10 +245,17 @@ def _source_length_cap(model, source, kwargs, generation_config, offset: int, se
     else:
         lengths = (source != model.config.pad_token_id).sum(1)
     prompt = kwargs["decoder_input_ids"].size(1) if kwargs.get("decoder_input_ids") is not None else 1
-    # A stored max_new_tokens is a ceiling (see the top of this file); learned position tables end
-    # at max_position_embeddings (sinusoids take it as a hint).
-    ceiling = min(model.generation_config.max_new_tokens or math.inf, model.config.max_position_embeddings - prompt)
+    # A stored max_new_tokens is a ceiling (see the top of this file), and so is the longest target the model reads.
+    ceiling = min(model.generation_config.max_new_tokens or math.inf, longest_target(model.config) - prompt)
     return SourceLengthCap((lengths + offset).clamp(max=ceiling), _first(setting("eos_token_id")), prompt)
+
+
+def longest_target(config) -> int:
+    """The longest decoder input the model reads: learned position tables end at max_position_embeddings
+    (sinusoids take it as a hint), location-based scores at location_max_length."""
+    if getattr(config, "attention_score", None) == "location":
+        return min(config.max_position_embeddings, config.location_max_length)
+    return config.max_position_embeddings
 
 
 def _with_longest_output(model, cap: SourceLengthCap, kwargs, generation_config):
@@ -330,32 +338,6 @@ def choose_search(model, kwargs, setting, style):
     return beam_search, None  # transformers' rules; finished sentences leave the batch
 
 
-def _preallocated_cache(model, kwargs, generation_config, setting):
-    """Our cache (fast_generation_vanilla_transformer.py) for the call, or None: where the call brings a
-    cache, names one (`cache_implementation`, e.g. "dynamic" for transformers' own), turns caching off or is
-    assisted (the cache is cropped), where its longest output is unknown, and with the fast paths off."""
-    wanted = (
-        fast.enabled(model.config)
-        and kwargs.get(CACHE_NAME) is None
-        and setting("cache_implementation") is None
-        and setting("use_cache", True) is not False
-        and not _assisted(kwargs, setting)
-    )
-    capacity = _decoder_capacity(kwargs, generation_config, kwargs.get("decoder_input_ids")) if wanted else None
-    return None if capacity is None else preallocated_cache(model.config.decoder_layers, capacity)
-
-
-def _decoder_capacity(kwargs, generation_config, decoder_input_ids) -> int | None:
-    """The longest decoder sequence the call can reach (prompt included), from the lengths it sets."""
-    prompt = decoder_input_ids.size(1) if decoder_input_ids is not None else 1
-    for settings in (kwargs, vars(generation_config) if generation_config is not None else {}):
-        if settings.get("max_new_tokens") is not None:
-            return prompt + settings["max_new_tokens"]
-        if settings.get("max_length") is not None:
-            return max(settings["max_length"], prompt + 1)
-    return None
-
-
 # Logits processors that treat every row on its own, from its tokens, and our length cap, which selects
 # the rows that stay: with only these, finished sentences can leave the batch without changing a score.
 ROW_WISE_PROCESSORS = (
@@ -376,12 +358,14 @@ ROW_WISE_PROCESSORS = (
 def _with_one_length_cap(logits_processor, sentences: int, eos: int, prompt_length: int, device) -> LogitsProcessorList:
     """The processors with one SourceLengthCap, last (where transformers' loop has the one `generate`
     adds): the tightest of those given, or, without one, a cap that never ends a sentence."""
-    limit = torch.full((sentences,), torch.iinfo(torch.int64).max, device=device)
+    never = torch.iinfo(torch.int64).max
+    limit, shortest = torch.full((sentences,), never, device=device), never
     for processor in logits_processor:
         if isinstance(processor, SourceLengthCap):
             limit = torch.minimum(limit, processor.max_new_tokens.to(device))
+            shortest = min(shortest, processor.shortest)
     others = (p for p in logits_processor if not isinstance(p, SourceLengthCap))
-    return LogitsProcessorList([*others, SourceLengthCap(limit, eos, prompt_length)])
+    return LogitsProcessorList([*others, SourceLengthCap(limit, eos, prompt_length, shortest)])
 
 
 def _first(eos_token_id) -> int:
@@ -406,17 +390,18 @@ class _LiveRows:
         eos = _first(generation_config.eos_token_id)
         self.processors = _with_one_length_cap(logits_processor, rows // rows_per_sentence, eos, prompt_length,
                                                input_ids.device)
-        self.project = fast.output_projection(model, rows)
+        self.project = output_projection(model, rows)
 
     @property
     def cap(self) -> SourceLengthCap:
         """The sentences' length cap, last of the processors."""
         return self.processors[-1]
 
-    def can_leave(self, per_step_outputs: bool) -> bool:
-        """Rows may leave the batch unless something needs every row at every step, or the fast paths are off."""
+    def can_leave(self, returns_dict: bool) -> bool:
+        """Rows may leave the batch unless something needs every row (the returned cache and per-step outputs
+        of `return_dict_in_generate`, a static cache, a processor that reads across rows) or the fast paths are off."""
         static_cache = self.cache is not None and self.cache.is_compileable
-        return (fast.enabled(self.model.config) and not per_step_outputs and not static_cache
+        return (enabled(self.model.config) and not returns_dict and not static_cache
                 and all(isinstance(p, ROW_WISE_PROCESSORS) for p in self.processors))
 
     def step(self, tokens: torch.Tensor):
@@ -440,54 +425,69 @@ class _LiveRows:
             self.cache.self_attention_cache.reorder_cache(rows)
 
     def keep(self, staying: torch.Tensor, self_attention_rows=None) -> None:
-        """Only the sentences `staying` (a mask over those in the batch) stay: their rows of the cache, the
+        """Only the sentences `staying` (their places in the batch) stay: their rows of the cache, the
         encoder output and the length cap (the self-attention cache takes `self_attention_rows` instead,
         where beams are reordered in the same gather)."""
-        rows = staying.repeat_interleave(self.rows_per_sentence).nonzero().squeeze(1)
+        rows = _rows_of(staying, self.rows_per_sentence)
         if self.cache is not None:
             self.cache.self_attention_cache.batch_select_indices(rows if self_attention_rows is None else self_attention_rows)
             self.cache.cross_attention_cache.batch_select_indices(rows)
         self.encoder_outputs = BaseModelOutput(last_hidden_state=self.encoder_outputs.last_hidden_state[rows])
         self.attention_mask = self.attention_mask[rows] if self.attention_mask is not None else None
-        sentences = staying.nonzero().squeeze(1)
-        self.processors = LogitsProcessorList(p.select(sentences) if isinstance(p, SourceLengthCap) else p
+        self.processors = LogitsProcessorList(p.select(staying) if isinstance(p, SourceLengthCap) else p
                                               for p in self.processors)
 
 
+def _rows_of(sentences: torch.Tensor, rows_per_sentence: int) -> torch.Tensor:
+    """The rows of `sentences` (places in the batch), each `rows_per_sentence` consecutive rows."""
+    within = torch.arange(rows_per_sentence, device=sentences.device)
+    return (sentences[:, None] * rows_per_sentence + within).view(-1)
+
+
+def _going_on(finished: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """How many rows (or sentences) have not `finished`, and all places, those first, each part in order.
+    The count is the step's one wait for the device; the places are found on the device from it (a mask's
+    `nonzero` or boolean indexing would wait again)."""
+    return int((~finished).sum()), torch.sort(finished.byte(), stable=True).indices
+
+
 def greedy_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True, **model_kwargs):
-    """Greedy decoding in which finished sentences leave the batch (`fast.rows_leave`); a `custom_generate`
+    """Greedy decoding in which finished sentences leave the batch (`rows_leave`); a `custom_generate`
     callable.
 
     Returns what transformers' greedy search returns, token for token: each row its argmax tokens,
     padded after it ends, up to the step the last row ended. Rows stay in place (as in transformers,
-    fed padding once finished) under the conditions of `_beam_search`. Our `generate` uses it for
+    fed padding once finished) under the conditions of `_beam_search`. As there, the host waits for the
+    device once a step (how many rows go on). Our `generate` uses it for
     plain greedy decoding without per-step outputs or a static cache (with one, transformers' loop
     compiles the step).
     """
     rows = input_ids.size(0)
     decoder = _LiveRows(model, input_ids, logits_processor, generation_config, model_kwargs)
-    prune = prune and decoder.can_leave(per_step_outputs=False)
+    prune = prune and decoder.can_leave(returns_dict=False)  # with it, transformers' loop runs
     eos = _first(generation_config.eos_token_id)
     pad = generation_config.pad_token_id if generation_config.pad_token_id is not None else eos
 
     sequences = input_ids.new_full((rows, generation_config.max_length), pad)
     active = torch.arange(rows, device=input_ids.device)  # the rows in the batch, by their index in the input
     tokens = input_ids  # theirs so far
-    running = torch.ones(rows, dtype=torch.bool, device=input_ids.device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
     while True:
         _, logits = decoder.step(tokens)
         scores = decoder.processors(tokens, logits)  # the length cap among them
         at_cap = decoder.cap.last_step(tokens)  # stops with this token, </s> or not (where </s> is ruled out)
-        next_tokens = torch.where(running, scores.argmax(dim=-1), pad)  # finished rows are fed padding
+        next_tokens = torch.where(finished, pad, scores.argmax(dim=-1))  # finished rows are fed padding
         tokens = torch.cat((tokens, next_tokens[:, None]), dim=1)
-        running &= ~(stopping_criteria(tokens, scores) | at_cap)
-        if not bool(running.any()):
+        finished |= stopping_criteria(tokens, scores) | at_cap
+        count, places = _going_on(finished)
+        if count == 0:
             sequences[active, : tokens.size(1)] = tokens
             return sequences[:, : tokens.size(1)]
-        if prune and fast.rows_leave(~running):
-            sequences[active[~running], : tokens.size(1)] = tokens[~running]
-            decoder.keep(running)
-            tokens, active, running = tokens[running], active[running], running[running]
+        if prune and rows_leave(count, finished.numel()):
+            staying, leaving = places[:count], places[count:]
+            sequences[active[leaving], : tokens.size(1)] = tokens[leaving]
+            decoder.keep(staying)
+            tokens, active, finished = tokens[staying], active[staying], finished[staying]
 
 
 class GNMTRanking:
@@ -556,9 +556,11 @@ class _Candidates(NamedTuple):
 
 class _Hypotheses:
     """Beam search's hypotheses: per row of the batch a live one (tokens, origins, log P), per sentence
-    its finished ones (best first) and whether it is done; `active`: the sentences in the batch."""
+    its `ranking.keep` best finished ones and whether it is done; `active`: the sentences in the batch.
+    Finished hypotheses are kept on the device, in tables of the longest output (`max_length` tokens),
+    so that a step never waits for the device to tell which ended."""
 
-    def __init__(self, input_ids, beams: int, ranking):
+    def __init__(self, input_ids, beams: int, ranking, max_length: int):
         rows, self.prompt_length = input_ids.shape
         batch, device = rows // beams, input_ids.device
         self.beams, self.ranking = beams, ranking
@@ -567,13 +569,12 @@ class _Hypotheses:
         self.scores = torch.full((batch, beams), ranking.dead, device=device)
         self.scores[:, 0] = 0.0  # all beams start identical: expand only the first
         self.active = torch.arange(batch, device=device)  # by their index in the input
-        self.finished = [[] for _ in range(batch)]  # per sentence: (score, tokens, origins), best first
-        self.worst_kept = torch.full((batch,), float("-inf"), device=device)  # the worst kept score, once ranking.keep are
-        self.full = torch.zeros(batch, dtype=torch.bool, device=device)  # ranking.keep hypotheses kept
+        # Per sentence, its kept finished hypotheses, best first; an empty place scores -inf.
+        self.kept_scores = torch.full((batch, ranking.keep), float("-inf"), device=device)
+        self.kept_tokens = input_ids.new_full((batch, ranking.keep, max_length), ranking.fill)
+        self.kept_origins = input_ids.new_full((batch, ranking.keep, max_length - self.prompt_length), -1)
+        self.kept_lengths = input_ids.new_zeros(batch, ranking.keep)
         self.done = torch.zeros(batch, dtype=torch.bool, device=device)
-
-    def all_done(self) -> bool:
-        return bool(self.done[self.active].all())
 
     def candidates(self, log_probs: torch.Tensor, stopping_criteria, last_step: torch.Tensor) -> _Candidates:
         """Extend every live hypothesis by every token; keep the 2K best per sentence by log P (all have the
@@ -593,20 +594,29 @@ class _Hypotheses:
 
     def finish(self, candidates: _Candidates) -> None:
         """Candidates that end among the K best of a sentence still searching are finished hypotheses,
-        scored by the ranking; a sentence keeps its `ranking.keep` best."""
-        final_scores = candidates.scores / self.ranking.penalty(candidates.tokens.size(1) - self.prompt_length)
-        final = candidates.stops & (candidates.scores > float("-inf"))  # a -inf candidate never finishes
-        final &= ~self.done[self.active][:, None]
-        final[:, self.beams :] = False
-        for row, rank in final.nonzero().tolist():
-            sentence = int(self.active[row])
-            i = row * 2 * self.beams + rank
-            kept = self.finished[sentence]
-            kept.append((final_scores[row, rank].item(), candidates.tokens[i], candidates.origins[i]))
-            kept.sort(key=lambda hypothesis: -hypothesis[0])
-            del kept[self.ranking.keep :]
-            if len(kept) == self.ranking.keep:
-                self.worst_kept[sentence], self.full[sentence] = kept[-1][0], True
+        scored by the ranking; a sentence keeps its `ranking.keep` best (the earlier first among equals)."""
+        beams, active = self.beams, self.active
+        length = candidates.tokens.size(1)
+        final_scores = candidates.scores[:, :beams] / self.ranking.penalty(length - self.prompt_length)
+        final = candidates.stops[:, :beams] & (candidates.scores[:, :beams] > float("-inf"))  # -inf never finishes
+        final &= ~self.done[active][:, None]
+        scores = torch.cat((self.kept_scores[active], final_scores.masked_fill(~final, float("-inf"))), dim=1)
+        scores, order = scores.sort(dim=1, descending=True, stable=True)
+        order = order[:, : self.ranking.keep]
+        self.kept_scores[active] = scores[:, : self.ranking.keep]
+
+        self.kept_tokens[active] = self._merged(self.kept_tokens, candidates.tokens, order, self.ranking.fill)
+        self.kept_origins[active] = self._merged(self.kept_origins, candidates.origins, order, -1)
+        new_lengths = self.kept_lengths.new_full((active.numel(), beams), length)
+        self.kept_lengths[active] = torch.cat((self.kept_lengths[active], new_lengths), dim=1).gather(1, order)
+
+    def _merged(self, kept: torch.Tensor, new: torch.Tensor, order: torch.Tensor, fill: int) -> torch.Tensor:
+        """The active sentences' `kept` entries and their first K candidates' `new` ones (padded with
+        `fill` to the tables' length), in `order`."""
+        new = new.view(self.active.numel(), 2 * self.beams, -1)[:, : self.beams]
+        new = torch.nn.functional.pad(new, (0, kept.size(-1) - new.size(-1)), value=fill)
+        both = torch.cat((kept[self.active], new), dim=1)
+        return both.gather(1, order[:, :, None].expand(-1, -1, both.size(-1)))
 
     def live_on(self, candidates: _Candidates) -> torch.Tensor:
         """The K best candidates that did not stop are the live hypotheses (those that stopped score
@@ -624,20 +634,27 @@ class _Hypotheses:
         finished hypotheses no live one can beat, by the ranking; returns which in the batch are done."""
         length = self.tokens.size(1) - self.prompt_length
         active = self.active
+        worst_kept = self.kept_scores[active, -1]  # -inf until `ranking.keep` are kept
         self.done[active] |= (length >= max_new) | self.ranking.done(
-            self.scores[:, 0], length, max_new, self.worst_kept[active], self.full[active]
+            self.scores[:, 0], length, max_new, worst_kept, worst_kept > float("-inf")
         )
         return self.done[active]
 
     def keep(self, staying: torch.Tensor) -> None:
-        """Only the sentences `staying` (a mask over those in the batch) stay in the batch."""
-        rows = staying.repeat_interleave(self.beams)
+        """Only the sentences `staying` (their places in the batch) stay in the batch."""
+        rows = _rows_of(staying, self.beams)
         self.tokens, self.origins, self.scores = self.tokens[rows], self.origins[rows], self.scores[staying]
         self.active = self.active[staying]
 
     def best(self, n: int) -> list:
         """Each sentence's `n` best finished hypotheses, sentence by sentence: (score, tokens, origins)."""
-        return [hypothesis for kept in self.finished for hypothesis in kept[:n]]
+        scores, lengths = self.kept_scores[:, :n].tolist(), self.kept_lengths[:, :n].tolist()
+        return [
+            (score, self.kept_tokens[sentence, rank, :length], self.kept_origins[sentence, rank, : length - self.prompt_length])
+            for sentence, (sentence_scores, sentence_lengths) in enumerate(zip(scores, lengths))
+            for rank, (score, length) in enumerate(zip(sentence_scores, sentence_lengths))
+            if score > float("-inf")
+        ]
 
 
 class _StepOutputs:
@@ -704,25 +721,27 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
     hypothesis by every token and keep the 2K best candidates per sentence by log P; candidates that end
     (</s>, a stopping criterion such as max_length, the sentence's cap) among the best K are finished and
     scored by the ranking; the best K that did not end live on; sentences whose finished hypotheses no
-    live one can beat are done.
+    live one can beat are done. The host waits for the device once a step, for the number of sentences
+    going on (`_going_on`); everything else stays on the device.
 
-    Done sentences leave the batch (as in fairseq's generator, by the rule of `fast.rows_leave`): their
+    Done sentences leave the batch (as in fairseq's generator, by the rule of `rows_leave`): their
     rows are no longer computed, and the search ends when the last sentence is done. Outputs and scores
-    are those of the full batch. Rows stay in place (done sentences are then ignored) when per-step
-    outputs are asked for (`return_dict_in_generate` with scores or attentions, which hold every row),
-    with a static cache, with a logits processor that is not known to treat rows on their own, or with
-    `prune=False`.
+    are those of the full batch. Rows stay in place (done sentences are then ignored) with
+    `return_dict_in_generate` (the returned cache, as transformers returns it, and any per-step outputs
+    hold every row), with a static cache, with a logits processor that is not known to treat rows on their
+    own, or with `prune=False`.
     """
     beams, prompt_length = generation_config.num_beams, input_ids.size(1)
-    hypotheses = _Hypotheses(input_ids, beams, ranking(generation_config, prompt_length))
+    hypotheses = _Hypotheses(input_ids, beams, ranking(generation_config, prompt_length), generation_config.max_length)
     decoder = _LiveRows(model, input_ids, logits_processor, generation_config, model_kwargs, rows_per_sentence=beams,
                         output_attentions=bool(generation_config.output_attentions),
                         output_hidden_states=bool(generation_config.output_hidden_states))
     steps = _StepOutputs(generation_config)
-    prune = prune and decoder.can_leave(steps.wanted)
+    prune = prune and decoder.can_leave(bool(generation_config.return_dict_in_generate))
     longest = generation_config.max_length - prompt_length  # transformers' max_length, under the sentences' caps
 
-    while not hypotheses.all_done():
+    count = -1
+    while count != 0:
         outputs, logits = decoder.step(hypotheses.tokens)
         log_probs = decoder.processors(hypotheses.tokens, logits.log_softmax(dim=-1))  # the length cap among them
         steps.record(log_probs, outputs)
@@ -730,9 +749,10 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
         hypotheses.finish(candidates)
         parents = hypotheses.live_on(candidates)
         done = hypotheses.sentences_done(decoder.cap.max_new_tokens.clamp(max=longest))
-        if prune and fast.rows_leave(done):  # done sentences leave, in the gather that reorders the beams
-            staying = ~done
-            decoder.keep(staying, self_attention_rows=parents[staying.repeat_interleave(beams)])
+        count, places = _going_on(done)
+        if prune and 0 < count and rows_leave(count, done.numel()):  # in the gather that reorders the beams
+            staying = places[:count]
+            decoder.keep(staying, self_attention_rows=parents[_rows_of(staying, beams)])
             hypotheses.keep(staying)
         else:
             decoder.reorder(parents)
@@ -744,7 +764,6 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
 
 __all__ = [
     "GNMTRanking",
-    "PreallocatedLayer",
     "SourceLengthCap",
     "TransformersRanking",
     "beam_search",
@@ -755,5 +774,4 @@ __all__ = [
     "gnmt_length_penalty",
     "greedy_search",
     "paper_generation_config",
-    "preallocated_cache",
 ]

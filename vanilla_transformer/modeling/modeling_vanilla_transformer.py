@@ -4,18 +4,21 @@ Read it top to bottom in the paper's order: attention (§3.2), the feed-forward 
 residual connections and layers (§3.1), embeddings and positions (§3.4, §3.5), the stacks (§3.1),
 then the models transformers loads, with the output projection and the loss (§3.4, §5.4). Section
 numbers (§) refer to the paper. Shapes: B batch, T target length, S source length, H heads,
-Dh = d_model / H. Masks are boolean, True where attention is allowed.
+Dh = d_model / H. Masks are made by transformers' mask functions, in the form the model's
+attention function takes (`attn_implementation`).
 
 What is not the paper lives in the files beside this one, each called here in one line:
 
     configuration_vanilla_transformer.py        the hyperparameters and the paper's presets
-    attention_variants_vanilla_transformer.py   attention beyond the paper: other score functions,
-                                                ReLU and sparsemax, hard and local attention
+    attention_variants_vanilla_transformer.py   attention beyond the paper, chosen when a layer is
+                                                built: other score functions, ReLU and sparsemax, hard
+                                                and local attention
     arguments_vanilla_transformer.py            the checks of the models' arguments (an error naming
                                                 the argument); the cache's two names
     saving_vanilla_transformer.py               what a saved folder needs to load anywhere
-    fast_modeling_vanilla_transformer.py        drop-ins with the same numbers and less work, installed
-                                                in `post_init` unless `config.fast_paths` is False
+    fast_modeling_vanilla_transformer.py        the loss with its gradient in closed form: the same
+                                                numbers with less work, chosen at construction unless
+                                                `config.fast_paths` is False
     generation_vanilla_transformer.py           decoding (§6.1)
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports
@@ -26,110 +29,61 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .arguments_vanilla_transformer import (
     CACHE_NAME,
-    check_attn_implementation,
+    additive_mask,
     check_cache_and_checkpointing,
     check_decoder_inputs,
     check_encoder_inputs,
+    check_attn_implementation,
     check_labels,
+    check_learned_positions,
+    explicit_attention,
     one_cache,
     wants_dict,
-)
-from .attention_variants_vanilla_transformer import (
-    CLASSIC_SCORES,
-    OTHER_NORMALIZATIONS,
-    add_score_parameters,
-    hard_attention,
-    local_m_mask,
-    local_p_window,
-    local_self_attention_mask,
-    local_window,
-    reset_score_parameters,
 )
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .saving_vanilla_transformer import copy_code, name_the_code
 
 
 # --------------------------------------------------------------------------------------
-# §3.2.1: scaled dot-product attention. A score function compares queries (B, H, T, Dh) with keys
-# (B, H, S, Dh) and returns scores (B, H, T, S); a normalization turns them into weights (B, H, T, S).
+# §3.2.1: scaled dot-product attention. Queries (B, H, T, Dh) against keys and values (B, H, S, Dh).
 # --------------------------------------------------------------------------------------
 
 
-def scaled_dot_score(module, q, k):
-    """Vaswani et al. 2017: q·k / sqrt(d_k), which keeps softmax out of its flat regions."""
-    return q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+def scaled_dot_product_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """§3.2.1: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, which keeps softmax out of its flat regions.
 
-
-def softmax_normalization(scores):
-    """§3.2.1: exp(s_j) / sum_i exp(s_i). Computed in fp32, as fp16 exp overflows."""
-    return scores.softmax(dim=-1, dtype=torch.float32)
-
-
-# `config.attention_score` and `config.attention_normalization`: the paper's first, then those that
-# attention_variants_vanilla_transformer.py adds for comparison. `module` holds any learned parameters.
-ATTENTION_SCORES = {"scaled_dot": scaled_dot_score, **CLASSIC_SCORES}
-ATTENTION_NORMALIZATIONS = {"softmax": softmax_normalization, **OTHER_NORMALIZATIONS}
-
-# Scores that are a plain dot product up to a constant run on torch's fused kernel
-# (`scaled_dot_product_attention`); the value is its `scale` argument (None = 1/sqrt(Dh)). The
-# others (learned, cosine or location scores) always take the explicit path.
-SDPA_SCALES = {"scaled_dot": None, "dot": 1.0}
-
-
-def attend(module, q, k, v, mask, dropout, need_weights, causal=False):
-    """Normalise(score(q, k)) · v. Returns the output (B, H, T, Dh) and the weights (B, H, T, S) or None.
-
-    Dot-product scores with softmax run on torch's fused kernel unless the weights are asked for or the
-    model was loaded with `attn_implementation="eager"`; the explicit path computes the same numbers
-    (tested to 1e-5 in fp32). A local window (Luong's local-m) is part of `mask`, which the fused kernel
-    takes too. `causal` (with no `mask`, T == S) is the look-ahead mask of §3.2.3 without building it:
-    the fused kernel then skips the masked half and, on a GPU, can run flash attention, which takes no
-    explicit mask. ReLU, hard attention and local-p take the explicit path.
+    transformers' "eager" attention for this model. `attention_mask` (B|1, 1, T, S) is added to the
+    scores: 0 where attention is allowed, the dtype's minimum where not (exp of it is exactly 0), as
+    transformers' mask functions build it. Returns the output (B, T, H, Dh) and the weights (B, H, T, S).
     """
-    fused = module.fusable and module.score_name in SDPA_SCALES and module.config._attn_implementation != "eager"
-    if fused and not need_weights:
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=SDPA_SCALES[module.score_name]
-        )
-        return out, None
-    if causal:
-        mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
-    if module.predicts_position:  # local-p: only keys near each query's predicted position p_t (Luong §3.2)
-        mask, favour = local_p_window(module, q, k.size(-2), mask)  # (B, H, T, S) each
-    scores = ATTENTION_SCORES[module.score_name](module, q, k)
-    if mask is not None:
-        # The dtype's own minimum, not -inf: exp() of it is exactly 0 in fp32, fp16 and bf16, and
-        # a row with every key masked stays finite instead of becoming NaN.
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    if module.hard:  # one key per query (Xu et al. 2015)
-        weights = hard_attention(module, scores)
-    else:
-        weights = ATTENTION_NORMALIZATIONS[module.config.attention_normalization](scores)
-    if module.predicts_position:  # Luong eq. 10: favour keys near p_t
-        weights = weights * favour
-    weights = weights.to(v.dtype)
-    if mask is not None:
-        # A fully masked row (a sequence that is all padding) would otherwise spread its weight
-        # evenly over padding; it gets zeros, and every masked position gets exactly 0.
-        weights = weights.masked_fill(~mask, 0.0)
-    out = F.dropout(weights, p=dropout, training=dropout > 0) @ v
-    return out, weights
+    scores = query @ key.transpose(-1, -2) * scaling  # (B, H, T, S)
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = scores.softmax(dim=-1, dtype=torch.float32).to(value.dtype)  # in fp32, as fp16's exp overflows
+    out = F.dropout(weights, p=dropout, training=module.training) @ value  # (B, H, T, Dh)
+    return out.transpose(1, 2), weights
+
+
+eager_attention_forward = scaled_dot_product_attention  # the name transformers' models give their own attention
 
 
 # --------------------------------------------------------------------------------------
@@ -145,36 +99,32 @@ class MultiHeadAttention(nn.Module):
     `out_proj`), so that PEFT's usual targets find them. Like fairseq, tensor2tensor and Marian, the
     projections have biases. Used three ways (§3.2.3): encoder self-attention, masked decoder
     self-attention, and encoder-decoder (cross) attention whose keys and values come from the encoder output.
+    The attention function is the one the model was loaded with (`attn_implementation`: "eager", the
+    function above; "sdpa", "flex_attention" or "flash_attention_2", transformers' kernels of the same).
     """
 
-    def __init__(self, config: VanillaTransformerConfig, is_cross_attention: bool = False, layer_idx: int | None = None):
+    def __init__(self, config: VanillaTransformerConfig, layer_idx: int | None = None, is_cross_attention=False,
+                 is_causal=False):
         super().__init__()
         self.config = config  # `attn_implementation` is read from it
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
-        self.is_cross_attention = is_cross_attention
-        self.layer_idx = layer_idx
-        self.attention_dropout = config.attention_dropout
-        self.score_name = config.attention_score
-        self.hard = config.attention_hardness == "hard"
-        # local-p predicts where to look in the source; in self-attention the aligned position is the query's own.
-        self.predicts_position = is_cross_attention and config.local_attention == "local-p"
-        self.fusable = config.attention_normalization == "softmax" and not self.hard and not self.predicts_position
+        self.layer_idx, self.is_cross_attention = layer_idx, is_cross_attention
+        self.is_causal = is_causal  # §3.2.3's look-ahead mask; transformers' fused kernels read it
+        self.scaling = 1.0 if config.attention_score == "dot" else self.head_dim**-0.5  # Luong's dot: unscaled
+        self.dropout = config.attention_dropout
         d_model = config.d_model
         self.q_proj = nn.Linear(d_model, d_model)  # W^Q of all heads
-        # W^K; location-based scores compare no keys, so that model has no key projection.
-        self.k_proj = nn.Linear(d_model, d_model) if self.score_name != "location" else None
+        self.k_proj = nn.Linear(d_model, d_model)  # W^K
         self.v_proj = nn.Linear(d_model, d_model)  # W^V
         self.out_proj = nn.Linear(d_model, d_model)  # W^O
-        for projection in filter(None, (self.q_proj, self.k_proj, self.v_proj)):
+        for projection in (self.q_proj, self.k_proj, self.v_proj):
             projection.is_attention_input = True  # initialised as fairseq does (see _init_weights)
-        add_score_parameters(self, config)  # the score function's and local-p's own, if any
 
     def _heads(self, projection: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         batch, length, _ = x.shape
         return projection(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
 
-    def forward(self, hidden_states, key_value_states=None, mask=None, cache=None, output_attentions=False,
-                causal=False):
+    def forward(self, hidden_states, key_value_states=None, attention_mask=None, cache=None, output_attentions=False):
         batch, length, d_model = hidden_states.shape
         q = self._heads(self.q_proj, hidden_states)  # (B, H, T, Dh)
         if self.is_cross_attention and cache is not None and cache.is_updated.get(self.layer_idx):
@@ -183,19 +133,42 @@ class MultiHeadAttention(nn.Module):
             k, v = layer.keys, layer.values
         else:
             source = key_value_states if self.is_cross_attention else hidden_states
-            v = self._heads(self.v_proj, source)  # (B, H, S, Dh)
-            # Location-based scores read no keys; the cache, which holds keys beside values, gets the values.
-            k = v if self.k_proj is None else self._heads(self.k_proj, source)  # (B, H, S, Dh)
+            k, v = self.keys_and_values(source)  # (B, H, S, Dh) each
             if cache is not None:
                 if self.is_cross_attention:
                     k, v = cache.cross_attention_cache.update(k, v, self.layer_idx)
                     cache.is_updated[self.layer_idx] = True
                 else:
                     k, v = cache.self_attention_cache.update(k, v, self.layer_idx)
-        dropout = self.attention_dropout if self.training else 0.0
-        out, weights = attend(self, q, k, v, mask, dropout, output_attentions, causal)
-        out = out.transpose(1, 2).reshape(batch, length, d_model)  # concatenate heads: (B, T, d_model)
-        return self.out_proj(out), weights
+        out, weights = self.attend(q, k, v, attention_mask, output_attentions)  # (B, T, H, Dh), (B, H, T, S)
+        return self.out_proj(out.reshape(batch, length, d_model)), weights  # heads concatenated, then W^O
+
+    def keys_and_values(self, source):
+        return self._heads(self.k_proj, source), self._heads(self.v_proj, source)
+
+    def attend(self, q, k, v, attention_mask, output_attentions=False):
+        implementation = self.config._attn_implementation
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        if output_attentions and implementation == "sdpa":
+            # torch's fused kernel returns no weights: the explicit function computes the same numbers.
+            attention, attention_mask = scaled_dot_product_attention, additive_mask(attention_mask, self, q, k)
+        dropout = self.dropout if self.training else 0.0
+        return attention(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling)
+
+
+def attention_class(config: VanillaTransformerConfig):
+    """The paper's MultiHeadAttention, or the attention beyond it that the config names (chosen once, when
+    a layer is built)."""
+    from .attention_variants_vanilla_transformer import variant_attention_class  # not the paper: its own file
+
+    return variant_attention_class(config) or MultiHeadAttention
+
+
+def local_attention_masks(config: VanillaTransformerConfig):
+    """Luong's local attention, None for the paper's: mask functions that hide keys beyond ±D."""
+    from .attention_variants_vanilla_transformer import LocalAttentionMasks  # not the paper: its own file
+
+    return LocalAttentionMasks(config) if config.local_attention != "none" else None
 
 
 class FeedForward(nn.Module):
@@ -237,43 +210,45 @@ class Residual(nn.Module):
         return (x + out if self.pre_norm else self.norm(x + out)), extra
 
 
-class EncoderLayer(nn.Module):
-    """§3.1: self-attention, then the feed-forward network, each wrapped in a residual connection."""
+class EncoderLayer(GradientCheckpointingLayer):
+    """§3.1: self-attention, then the feed-forward network, each wrapped in a residual connection.
+    (A GradientCheckpointingLayer: `gradient_checkpointing_enable()` recomputes it in the backward pass.)"""
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__()
-        self.self_attn = MultiHeadAttention(config)
+        self.self_attn = attention_class(config)(config)
         self.self_attn_residual = Residual(config)
         self.feed_forward = FeedForward(config)
         self.feed_forward_residual = Residual(config)
 
     def forward(self, x, mask, output_attentions=False):
-        x, weights = self.self_attn_residual(x, lambda h: self.self_attn(h, mask=mask, output_attentions=output_attentions))
+        x, weights = self.self_attn_residual(x, lambda h: self.self_attn(h, attention_mask=mask,
+                                                                         output_attentions=output_attentions))
         x, _ = self.feed_forward_residual(x, lambda h: (self.feed_forward(h), None))
         return x, weights
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(GradientCheckpointingLayer):
     """§3.1: masked self-attention, attention over the encoder output, feed-forward network."""
 
     def __init__(self, config: VanillaTransformerConfig, layer_idx: int):
         super().__init__()
-        self.self_attn = MultiHeadAttention(config, layer_idx=layer_idx)
+        attention = attention_class(config)
+        self.self_attn = attention(config, layer_idx=layer_idx, is_causal=True)
         self.self_attn_residual = Residual(config)
-        self.cross_attn = MultiHeadAttention(config, is_cross_attention=True, layer_idx=layer_idx)
+        self.cross_attn = attention(config, layer_idx=layer_idx, is_cross_attention=True)
         self.cross_attn_residual = Residual(config)
         self.feed_forward = FeedForward(config)
         self.feed_forward_residual = Residual(config)
 
-    def forward(self, x, memory, self_mask, memory_mask, cache=None, causal=False, output_attentions=False):
+    def forward(self, x, memory, self_mask, memory_mask, cache=None, output_attentions=False):
         x, self_weights = self.self_attn_residual(
-            x,
-            lambda h: self.self_attn(h, mask=self_mask, cache=cache, output_attentions=output_attentions, causal=causal),
+            x, lambda h: self.self_attn(h, attention_mask=self_mask, cache=cache, output_attentions=output_attentions)
         )
         x, cross_weights = self.cross_attn_residual(
             x,
             lambda h: self.cross_attn(
-                h, key_value_states=memory, mask=memory_mask, cache=cache, output_attentions=output_attentions
+                h, key_value_states=memory, attention_mask=memory_mask, cache=cache, output_attentions=output_attentions
             ),
         )
         x, _ = self.feed_forward_residual(x, lambda h: (self.feed_forward(h), None))
@@ -297,31 +272,17 @@ def sinusoidal_encoding(positions: torch.Tensor, d_model: int) -> torch.Tensor:
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # interleaved: sin, cos, sin, ...
 
 
-class SinusoidalEncoding(nn.Module):
-    """§3.5: the fixed sinusoids of positions past_length .. past_length + length - 1: (T, d_model). No weights."""
-
-    def __init__(self, d_model: int):
-        super().__init__()
-        self.d_model = d_model
-
-    def forward(self, past_length, length: int, device) -> torch.Tensor:
-        return sinusoidal_encoding(torch.arange(length, device=device) + past_length, self.d_model)
-
-    def extra_repr(self) -> str:
-        return f"d_model={self.d_model}"
-
-
 class Embeddings(nn.Module):
     """§3.4 and §3.5: token embedding · sqrt(d_model) + positional encoding, then dropout (§5.4)."""
 
-    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding):
+    def __init__(self, config: VanillaTransformerConfig):
         super().__init__()
-        self.embed_tokens = embed_tokens
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)  # tied by transformers (§3.4)
         self.scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        sinusoidal = config.position_encoding == "sinusoidal"
-        self.sinusoids = SinusoidalEncoding(config.d_model) if sinusoidal else None
+        self.d_model = config.d_model
         # Table 3 row (E): learned positions do about as well as sinusoids, but have a fixed size.
-        self.learned_positions = None if sinusoidal else nn.Embedding(config.max_position_embeddings, config.d_model)
+        learned = config.position_encoding == "learned"
+        self.learned_positions = nn.Embedding(config.max_position_embeddings, config.d_model) if learned else None
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, input_ids=None, inputs_embeds=None, past_length=0):
@@ -329,20 +290,13 @@ class Embeddings(nn.Module):
         `embed_tokens(input_ids)` returns, before the sqrt(d_model) scaling. `past_length` (an int, or a
         0-d tensor for a static cache) is the position of the first token."""
         tokens = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # (B, L, d_model)
-        length = tokens.size(1)
-        if self.sinusoids is not None:
-            position_encoding = self.sinusoids(past_length, length, tokens.device)  # (L, d_model)
+        positions = torch.arange(tokens.size(1), device=tokens.device) + past_length  # (L,)
+        if self.learned_positions is None:
+            position_encoding = sinusoidal_encoding(positions, self.d_model)
         else:
-            table_size = self.learned_positions.num_embeddings
-            if past_length + length > table_size:
-                raise ValueError(
-                    f"Sequence of {past_length + length} positions is longer than the learned position table "
-                    f"(`max_position_embeddings`={table_size}). Use shorter inputs, a larger table, or "
-                    f'position_encoding="sinusoidal", which has no limit.'
-                )
-            position_encoding = self.learned_positions(torch.arange(length, device=tokens.device) + past_length)
-        x = tokens * self.scale + position_encoding.to(tokens.dtype)
-        return self.dropout(x) if self.training else x  # dropout is the identity in evaluation: not called
+            check_learned_positions(tokens.size(1), past_length, self.learned_positions.num_embeddings)
+            position_encoding = self.learned_positions(positions)
+        return self.dropout(tokens * self.scale + position_encoding.to(tokens.dtype))  # (B, L, d_model)
 
 
 # --------------------------------------------------------------------------------------
@@ -357,31 +311,31 @@ class Stack(nn.Module):
 
     attention_outputs = ("attentions",)
 
-    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding, layers):
+    def __init__(self, config: VanillaTransformerConfig, layers):
         super().__init__()
         self.config = config
-        self.embeddings = Embeddings(config, embed_tokens)
+        self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(layers)
         # Pre-norm leaves the residual stream unnormalised; the stack's output needs one more LayerNorm.
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
-        self.window = None if config.local_attention == "none" else config.attention_window  # local attention's D
-        self.gradient_checkpointing = False
+        self.local = local_attention_masks(config)  # Luong's local attention: None for the paper's
 
     def get_input_embeddings(self):
         return self.embeddings.embed_tokens
 
-    def run_layers(self, x, layers, *args, output_attentions=False, output_hidden_states=False):
-        """x (B, L, d_model) through each layer, called as layer(x, *args), then the final LayerNorm. Returns
-        the output, the hidden states (each layer's input, then the output) and the attention weights, a
-        tuple of one per layer under each name of `attention_outputs`; None for what was not asked for."""
+    def set_input_embeddings(self, value):
+        self.embeddings.embed_tokens = value
+
+    def run_layers(self, x, layers, *args, output_attentions=False, output_hidden_states=False, **kwargs):
+        """x (B, L, d_model) through each layer, called as layer(x, *args, **kwargs), then the final LayerNorm.
+        Returns the output, the hidden states (each layer's input, then the output) and the attention
+        weights, a tuple of one per layer under each name of `attention_outputs`; None for what was not
+        asked for. Tensors go in positionally, as gradient checkpointing needs."""
         hidden_states, weights = [], []
         for layer in layers:
             if output_hidden_states:
                 hidden_states.append(x)
-            if self.gradient_checkpointing and self.training:  # recompute the layer's activations in backward
-                x, *layer_weights = checkpoint(layer, x, *args, output_attentions=output_attentions, use_reentrant=False)
-            else:
-                x, *layer_weights = layer(x, *args, output_attentions=output_attentions)
+            x, *layer_weights = layer(x, *args, output_attentions=output_attentions, **kwargs)
             weights.append(layer_weights)
         if self.final_norm is not None:
             x = self.final_norm(x)
@@ -395,8 +349,8 @@ class Stack(nn.Module):
 class VanillaTransformerEncoder(Stack):
     """§3.1: a stack of N identical layers over the embedded source."""
 
-    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding):
-        super().__init__(config, embed_tokens, (EncoderLayer(config) for _ in range(config.encoder_layers)))
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__(config, (EncoderLayer(config) for _ in range(config.encoder_layers)))
 
     def forward(
         self, input_ids=None, attention_mask=None, output_attentions=False, output_hidden_states=False, return_dict=None,
@@ -404,9 +358,9 @@ class VanillaTransformerEncoder(Stack):
     ) -> BaseModelOutput:
         """`return_dict=False` returns the output's `to_tuple()`, as transformers' encoders do."""
         x = self.embeddings(input_ids, inputs_embeds)  # (B, S, d_model)
-        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
-        if self.window is not None:  # local attention: each position sees ±D around itself
-            mask = local_self_attention_mask(mask, x.size(1), self.window, x.device)  # (B, 1, S, S)
+        # Padding hidden (B, 1, S, S), in the form the attention function takes; local attention: ±D only.
+        window = None if self.local is None else self.local.self_attention()
+        mask = create_bidirectional_mask(self.config, x, attention_mask, and_mask_function=window)
         x, hidden_states, attentions = self.run_layers(
             x, self.layers, mask, output_attentions=output_attentions, output_hidden_states=output_hidden_states
         )
@@ -419,58 +373,31 @@ class VanillaTransformerDecoder(Stack):
 
     attention_outputs = ("attentions", "cross_attentions")
 
-    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding):
-        super().__init__(config, embed_tokens, (DecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)))
-        self.local_m = config.local_attention == "local-m"  # local-p places its cross-attention window itself
-
-    @staticmethod
-    def _self_attention_mask(length, past_length, cache, attention_mask, device, window=None):
-        """§3.2.3 look-ahead mask: query t, at position past_length + t, sees keys 0..past_length + t.
-
-        Returns (mask, causal). Without decoder padding, that is plain causality, which the attention
-        kernel applies itself (a first pass: training, or the start of decoding), or nothing at all
-        (one new token sees every cached one): no mask is built, per step or per batch. A static cache
-        returns all its slots, written or not: the mask then also hides those past the current position.
-        `attention_mask` is (B, past_length + T) with 0 at padding, or a 4-D boolean (B, 1, T, keys) as
-        `generate` builds for a static cache. `window` (local attention) also hides keys more than D back.
-        """
-        static = cache is not None and cache.is_compileable  # a static cache: fixed slots, written or not
-        if attention_mask is None and not static and window is None:
-            if past_length == 0:
-                return None, True
-            if length == 1:
-                return None, False
-        # The number of keys the cache returns: all the slots of a static cache, past_length + T otherwise
-        # (what transformers' own masks are sized by).
-        keys = cache.get_mask_sizes(length, 0)[0] if static else past_length + length
-        positions = torch.arange(length, device=device) + past_length  # (T,)
-        mask = torch.arange(keys, device=device) <= positions[:, None]  # (T, keys)
-        if window is not None:
-            mask = mask & local_window(positions, keys, window)
-        if attention_mask is not None and attention_mask.dim() == 4:
-            mask = mask & attention_mask.bool()
-        elif attention_mask is not None:  # -> (B, 1, T, keys); only needed for left-padded decoder inputs
-            padding = F.pad(attention_mask.bool(), (0, keys - attention_mask.size(1)))[:, -keys:]
-            mask = mask & padding[:, None, None, :]
-        return mask, False
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__(config, (DecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)))
 
     def forward(
         self, input_ids, encoder_hidden_states, encoder_attention_mask=None, attention_mask=None,
         cache: EncoderDecoderCache | None = None, output_attentions=False, output_hidden_states=False, inputs_embeds=None,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
-        check_cache_and_checkpointing(cache, self.gradient_checkpointing and self.training and torch.is_grad_enabled())
+        check_cache_and_checkpointing(cache, self.training and torch.is_grad_enabled() and self.layers[0].gradient_checkpointing)
         past_length = cache.get_seq_length() if cache is not None else 0
         x = self.embeddings(input_ids, inputs_embeds, past_length)  # (B, T, d_model)
-        self_mask, causal = self._self_attention_mask(x.size(1), past_length, cache, attention_mask, x.device, self.window)
-        memory_mask = None if encoder_attention_mask is None else encoder_attention_mask.bool()[:, None, None, :]
-        if self.local_m:  # Luong's local-m: target position t looks at source t ± D
-            memory_mask = local_m_mask(
-                x.size(1), past_length, encoder_hidden_states.size(1), memory_mask, self.window, x.device
-            )  # (B, 1, T, S)
+        # §3.2.3: query t (position past_length + t) sees the keys up to its own position (B, 1, T, keys)
+        self_window = cross_window = None
+        if self.local is not None:
+            self_window = self.local.self_attention()
+            cross_window = self.local.cross_attention(encoder_attention_mask, encoder_hidden_states, past_length)
+        self_cache = None if cache is None else cache.self_attention_cache
+        # (transformers' mask functions take the cache as their 4th argument, under its name of each version)
+        self_mask = create_causal_mask(self.config, x, attention_mask, self_cache, None, None, self_window)
+        memory_mask = create_bidirectional_mask(  # the source's padding hidden (B, 1, T, S)
+            self.config, x, encoder_attention_mask, encoder_hidden_states, and_mask_function=cross_window
+        )
         # The first config.decoder_layers (num_hidden_layers): assistant_early_exit lowers it for its draft
         layers = itertools.islice(self.layers, self.config.decoder_layers)  # a ModuleList slice builds a module each step
         x, hidden_states, attentions = self.run_layers(
-            x, layers, encoder_hidden_states, self_mask, memory_mask, cache, causal,
+            x, layers, encoder_hidden_states, self_mask, memory_mask, cache=cache,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states,
         )
         return BaseModelOutputWithPastAndCrossAttentions(
@@ -492,11 +419,34 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
 
 
 class LabelSmoothedCrossEntropy(nn.Module):
-    """§5.4: cross-entropy against the smoothed target (1 - ε)·onehot(y) + ε/V (Szegedy et al. 2016), the
-    mean over the target tokens whose label is not -100. With ε = 0, the negative log-likelihood."""
+    """§5.4: cross-entropy against the smoothed target q = (1 - ε)·onehot(y) + ε/V (Szegedy et al. 2016), summed
+    over the target tokens whose label is not -100, and beside it the plain negative log-likelihood, summed
+    over the same tokens without gradient (perplexity is made from it). logits (B, T, V), labels (B, T)."""
 
-    def forward(self, logits, labels, epsilon: float):  # (B, T, V), (B, T)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), label_smoothing=epsilon)
+    def forward(self, logits, labels, epsilon: float):
+        log_probs = logits.log_softmax(dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))  # at least fp32
+        kept = labels != -100  # (B, T)
+        nll = -log_probs.gather(-1, labels.masked_fill(~kept, 0).unsqueeze(-1)).squeeze(-1)  # -log p(y_t)
+        smoothed = (1.0 - epsilon) * nll - epsilon * log_probs.mean(dim=-1)  # -sum_v q(v) log p(v)
+        return smoothed.masked_fill(~kept, 0.0).sum(), nll.detach().masked_fill(~kept, 0.0).sum()
+
+
+def loss_class(config: VanillaTransformerConfig):
+    """§5.4's loss, or with `config.fast_paths` its twin with the gradient in closed form (the same numbers
+    with less memory and time: fast_modeling_vanilla_transformer.py)."""
+    if not config.fast_paths:
+        return LabelSmoothedCrossEntropy
+    from .fast_modeling_vanilla_transformer import ClosedFormCrossEntropy  # the speed-up, in its own file
+
+    return ClosedFormCrossEntropy
+
+
+@dataclass
+class Seq2SeqLMOutputWithNLL(Seq2SeqLMOutput):
+    """transformers' Seq2SeqLMOutput and, given `labels`, `nll`: the negative log-likelihood without label
+    smoothing, normalised as `loss` is (per target token, or by `num_items_in_batch`)."""
+
+    nll: torch.FloatTensor | None = None
 
 
 # --------------------------------------------------------------------------------------
@@ -509,21 +459,18 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["EncoderLayer", "DecoderLayer"]
+    # The paper's attention runs on each of transformers' attention functions; attention beyond the paper
+    # only on its own explicit one (get_correct_attn_implementation).
     _supports_sdpa = True
-
-    def post_init(self):
-        """transformers' `post_init` (weights, gradient checkpointing), then the one place where the speed-ups
-        take over: each plain module with a drop-in in fast_modeling_vanilla_transformer.py (nn.Dropout,
-        SinusoidalEncoding, LabelSmoothedCrossEntropy) is replaced by it. The drop-ins give the same numbers
-        and run the plain forward whenever `config.fast_paths` is False."""
-        super().post_init()
-        from .fast_modeling_vanilla_transformer import install  # the speed-ups live in their own file
-
-        install(self)
+    _supports_flex_attn = True
+    _supports_flash_attn = True
+    _can_compile_fullgraph = True
+    _supports_attention_backend = True
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """`attn_implementation`: "sdpa" (the default: torch's fused kernel where it applies) or "eager"."""
-        check_attn_implementation(requested_attention)
+        check_attn_implementation(self.config, requested_attention)
+        if explicit_attention(self.config):
+            return "eager"
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
@@ -555,16 +502,8 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
-        elif isinstance(module, MultiHeadAttention):
-            reset_score_parameters(module)
-
-
-def _shared_embeddings(config: VanillaTransformerConfig) -> tuple[nn.Embedding | None, nn.Embedding, nn.Embedding]:
-    """§3.4: with tied embeddings one matrix serves the source, the target and the output projection."""
-    if config.tie_word_embeddings:
-        shared = nn.Embedding(config.vocab_size, config.d_model)
-        return shared, shared, shared
-    return None, nn.Embedding(config.vocab_size, config.d_model), nn.Embedding(config.vocab_size, config.d_model)
+        elif hasattr(module, "init_score_parameters"):  # attention beyond the paper: its own parameters
+            module.init_score_parameters()
 
 
 class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
@@ -572,24 +511,24 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
-        self.shared, source_embeddings, target_embeddings = _shared_embeddings(config)
-        self.encoder = VanillaTransformerEncoder(config, source_embeddings)
-        self.decoder = VanillaTransformerDecoder(config, target_embeddings)
-        if config.tie_word_embeddings:
+        if config.tie_word_embeddings:  # §3.4: one matrix for the source and the target, tied by transformers
+            self.shared = nn.Embedding(config.vocab_size, config.d_model)
             self._tied_weights_keys = {
                 "encoder.embeddings.embed_tokens.weight": "shared.weight",
                 "decoder.embeddings.embed_tokens.weight": "shared.weight",
             }
+        self.encoder = VanillaTransformerEncoder(config)
+        self.decoder = VanillaTransformerDecoder(config)
         self.post_init()
 
     def get_input_embeddings(self):
-        return self.encoder.get_input_embeddings()
+        return self.shared if self.config.tie_word_embeddings else self.encoder.get_input_embeddings()
 
     def set_input_embeddings(self, value):
         if self.config.tie_word_embeddings:
             self.shared = value
-            self.decoder.embeddings.embed_tokens = value
-        self.encoder.embeddings.embed_tokens = value
+            self.decoder.set_input_embeddings(value)
+        self.encoder.set_input_embeddings(value)
 
     def get_encoder(self, modality=None):
         return self.encoder
@@ -647,12 +586,14 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     """The full translation model: encoder, decoder and the pre-softmax projection (§3.4), for
     `AutoModelForSeq2SeqLM`. Given `labels`, returns the (optionally label-smoothed, §5.4) loss."""
 
+    accepts_loss_kwargs = True  # `Trainer` passes `num_items_in_batch`
+
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.criterion = LabelSmoothedCrossEntropy()
-        if config.tie_word_embeddings:
+        self.criterion = loss_class(config)()
+        if config.tie_word_embeddings:  # §3.4: one matrix for both embeddings and the pre-softmax projection
             self._tied_weights_keys = {
                 "lm_head.weight": "model.shared.weight",
                 "model.encoder.embeddings.embed_tokens.weight": "model.shared.weight",
@@ -691,13 +632,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         takes none of them."""
         return super().prepare_inputs_for_generation(*args, **kwargs)
 
-    def _reorder_cache(self, cache, beam_idx):
-        """Called by transformers' beam search after each step (its hook for models with their own way).
-        Beams move only within a sentence, and the cross-attention keys and values of a sentence are
-        the same in every beam: only the self-attention cache is reordered, not both."""
-        cache.self_attention_cache.reorder_cache(beam_idx)
-        return cache
-
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
@@ -705,8 +639,11 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
         encoder_outputs=None, cache=None, inputs_embeds=None, decoder_inputs_embeds=None, labels=None, use_cache=None,
         output_attentions=None, output_hidden_states=None, return_dict=None, past_key_values=None,
-    ) -> Seq2SeqLMOutput | tuple:
-        """As `VanillaTransformerModel.forward`, then the logits and, given `labels`, the loss."""
+        num_items_in_batch=None,
+    ) -> Seq2SeqLMOutputWithNLL | tuple:
+        """As `VanillaTransformerModel.forward`, then the logits and, given `labels`, the loss: summed over the
+        target tokens and divided by their number, or by `num_items_in_batch` when one step spans several
+        batches or processes (as transformers' `Trainer` passes it)."""
         if labels is not None:
             check_labels(labels, decoder_input_ids, decoder_inputs_embeds, self.config.vocab_size)
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -718,13 +655,15 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             past_key_values=past_key_values,
         )
         logits = self.lm_head(outputs.last_hidden_state)  # §3.4: the pre-softmax projection, (B, T, vocab)
-        loss = None
-        if labels is not None:
-            loss = self.criterion(logits, labels, self.config.label_smoothing)  # §5.4
         # Everything the base model returned (caches, attentions, hidden states), the logits in place of
         # the last hidden state.
         passed_on = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
-        output = Seq2SeqLMOutput(loss=loss, logits=logits, **passed_on)
+        if labels is None:
+            output = Seq2SeqLMOutput(logits=logits, **passed_on)
+        else:  # §5.4
+            loss, nll = self.criterion(logits, labels, self.config.label_smoothing)
+            tokens = (labels != -100).sum() if num_items_in_batch is None else num_items_in_batch
+            output = Seq2SeqLMOutputWithNLL(loss=loss / tokens, logits=logits, **passed_on, nll=nll / tokens)
         return output if wants_dict(return_dict, self.config) else output.to_tuple()
 
 

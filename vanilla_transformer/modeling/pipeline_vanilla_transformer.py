@@ -28,9 +28,12 @@ The call takes every argument of transformers 4's `TranslationPipeline`, with it
 (`return_tensors`, `return_text`, `return_type`, `clean_up_tokenization_spaces`, `truncation`,
 `stop_sequence`, `num_return_sequences`, ...: see `TranslationPipeline.__call__`). Two things no
 longer fail a whole batch for one line: a text longer than the model's limit (the tokenizer's
-`model_max_length`, and the position table for learned positions) is truncated to it with a
+`model_max_length`, the position table for learned positions, `location_max_length` for location-based
+scores) is truncated to it with a
 warning, and an empty or blank text translates to "" with a warning, the rest of its batch
-translated as if it were not there.
+translated as if it were not there. `num_beams` and `max_new_tokens` have bounds (`MAX_NUM_BEAMS`,
+`MAX_NEW_TOKENS`), and a `max_new_tokens` past what a model with a bounded length writes (learned
+positions, location-based scores) is lowered to it with a warning.
 """
 
 from __future__ import annotations
@@ -43,7 +46,18 @@ import torch
 from torch.utils.data import Dataset
 from transformers import Pipeline
 
-from .generation_vanilla_transformer import check_decoding_options
+from .generation_vanilla_transformer import check_decoding_options, longest_target
+
+MAX_NUM_BEAMS = 32  # far beyond the paper's 4; each beam holds a copy of the search's state
+MAX_NEW_TOKENS = 4096  # far beyond any sentence; a larger bound only sizes buffers that memory cannot hold
+
+
+def check_decoding_bounds(num_beams=None, max_new_tokens=None) -> None:
+    """Refuse a beam count or a longest output whose memory would grow past any use (None: not given)."""
+    for name, value, bound in (("num_beams", num_beams, MAX_NUM_BEAMS), ("max_new_tokens", max_new_tokens, MAX_NEW_TOKENS)):
+        if isinstance(value, numbers.Integral) and value > bound:
+            raise ValueError(f"`{name}` must be at most {bound}; got {value!r}.")
+
 
 # What config.json names under `custom_pipelines` (the model's `save_pretrained` writes it), read by
 # transformers' `pipeline()`: "impl" is "<module file>.<class>" inside the model folder, "pt" the Auto
@@ -72,10 +86,13 @@ def language_pair_mismatch(config, source_lang: str | None, target_lang: str | N
 
 def source_length_limit(model, tokenizer) -> int:
     """The longest source, in tokens, that the model reads: the tokenizer's `model_max_length`,
-    and for learned positions (which have a fixed table) `max_position_embeddings`."""
+    for learned positions (which have a fixed table) `max_position_embeddings`, and for location-based
+    scores `location_max_length`."""
     limit = tokenizer.model_max_length
     if getattr(model.config, "position_encoding", None) == "learned":
         limit = min(limit, model.config.max_position_embeddings)
+    if getattr(model.config, "attention_score", None) == "location":
+        limit = min(limit, model.config.location_max_length)
     return limit
 
 
@@ -220,6 +237,13 @@ class TranslationPipeline(Pipeline):
         if "num_return_sequences" in generate_kwargs:
             _positive_int("num_return_sequences", generate_kwargs["num_return_sequences"])
         check_decoding_options(**{name: generate_kwargs.get(name) for name in ("num_beams", "length_penalty", "max_new_tokens")})
+        check_decoding_bounds(generate_kwargs.get("num_beams"), generate_kwargs.get("max_new_tokens"))
+        longest = _longest_output(self.model.config)
+        if longest is not None and isinstance(generate_kwargs.get("max_new_tokens"), numbers.Integral) \
+                and generate_kwargs["max_new_tokens"] > longest:
+            warnings.warn(f"`max_new_tokens`={generate_kwargs['max_new_tokens']} is more than this model writes; "
+                          f"translations stop at {longest} tokens.", stacklevel=3)
+            generate_kwargs["max_new_tokens"] = longest
         forward_params["generate_kwargs"] = generate_kwargs
         return preprocess_params, forward_params, postprocess_params
 
@@ -348,6 +372,14 @@ class TranslationPipeline(Pipeline):
             weights[f"{side}_tokens"] = self.tokenizer.convert_ids_to_tokens(ids)  # raw, as bertviz takes them
             weights[f"{side}_pieces"] = readable_pieces(self.tokenizer, ids)  # the text each token stands for
         return weights
+
+
+def _longest_output(config) -> int | None:
+    """The most tokens a model with a bounded target length (learned positions, location-based scores) writes
+    after the decoder start token; None for a model without one."""
+    if getattr(config, "position_encoding", None) == "learned" or getattr(config, "attention_score", None) == "location":
+        return longest_target(config) - 1
+    return None
 
 
 def _truncates(truncation) -> bool:

@@ -13,6 +13,20 @@ lets a resumed run fall back to the newest checkpoint that is whole. Accelerate 
 `custom_checkpoint_*.pkl` files of registered objects (the schedule, the weight average) with
 `weights_only=False`, which runs whatever code a crafted file holds; `verify_checkpoint` reads each
 of them first with `weights_only=True`, so a checkpoint someone hands you is refused, never executed.
+
+`save_state` writes the model and optimiser in the layout of the engine that trained them, and each is
+read (verified, resumed from, averaged) in its own layout (`LAYOUTS`):
+
+- DDP or one process: `model.safetensors` and `optimizer.bin`;
+- FSDP with FULL_STATE_DICT (accelerate_configs/fsdp_8gpu.yaml): `pytorch_model_fsdp.bin` (the whole
+  model, gathered by the main process) and `optimizer.bin`;
+- DeepSpeed: `pytorch_model/` holding `mp_rank_00_model_states.pt` (the model under `module`) and each
+  process's `*optim_states.pt`, with the file `latest` naming the folder. DeepSpeed reads them with
+  `weights_only=False`; each is read first with `weights_only=True` allowing only DeepSpeed's own
+  data classes (`DEEPSPEED_CLASSES`), so a crafted file is refused here too.
+
+FSDP's SHARDED_STATE_DICT (`pytorch_model_fsdp_0/`, torch.distributed.checkpoint) is refused: torch
+reads its `.metadata` with `pickle.load`, which would run code from a checkpoint someone hands you.
 """
 
 from __future__ import annotations
@@ -35,7 +49,9 @@ __all__ = [
     "STATE_FILE",
     "average_checkpoints",
     "check_plain_pickle",
+    "checkpoint_layout",
     "checkpoint_path",
+    "checkpoint_weights",
     "list_checkpoints",
     "latest_checkpoint",
     "newest_sound_checkpoint",
@@ -47,6 +63,23 @@ __all__ = [
 STATE_FILE = "trainer_state.json"
 WEIGHTS_FILE = "model.safetensors"  # what Accelerate's save_state names the (first) model
 OPTIMIZER_FILE = "optimizer.bin"
+FSDP_WEIGHTS_FILE = "pytorch_model_fsdp.bin"  # FSDP's FULL_STATE_DICT
+FSDP_SHARDED_FOLDER = "pytorch_model_fsdp_0"  # FSDP's SHARDED_STATE_DICT (torch.distributed.checkpoint)
+DEEPSPEED_FOLDER = "pytorch_model"  # DeepSpeed's checkpoint tag under Accelerate; the file `latest` names it
+DEEPSPEED_WEIGHTS_FILE = f"{DEEPSPEED_FOLDER}/mp_rank_00_model_states.pt"
+# What each layout's model weights and optimiser state are (the optimiser's, under DeepSpeed, are in its folder).
+LAYOUTS = {
+    "DDP": (WEIGHTS_FILE, OPTIMIZER_FILE),
+    "FSDP": (FSDP_WEIGHTS_FILE, OPTIMIZER_FILE),
+    "DEEPSPEED": (DEEPSPEED_WEIGHTS_FILE, "latest"),
+}
+# The classes DeepSpeed's checkpoint files hold besides tensors and plain values: data, no code of the file's.
+DEEPSPEED_CLASSES = frozenset({
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+})
 CUSTOM_STATE_PREFIX = "custom_checkpoint_"  # Accelerate's pickles of objects given to register_for_checkpointing
 DAMAGED_PREFIX = "damaged-"  # a checkpoint set aside by `newest_sound_checkpoint`
 _NAME = re.compile(r"^checkpoint-(\d+)$")
@@ -74,12 +107,31 @@ def read_state(checkpoint: str | os.PathLike) -> dict:
     return read_json(Path(checkpoint) / STATE_FILE)
 
 
+def checkpoint_layout(checkpoint: str | os.PathLike) -> str:
+    """Which engine's layout the checkpoint's model is saved in: a key of LAYOUTS; ValueError when none."""
+    checkpoint = Path(checkpoint)
+    if (checkpoint / FSDP_SHARDED_FOLDER).is_dir():
+        raise ValueError(
+            f"{checkpoint / FSDP_SHARDED_FOLDER} is an FSDP SHARDED_STATE_DICT checkpoint, which is not read: torch reads "
+            "its .metadata with pickle, which could run code from the file. Train FSDP with fsdp_state_dict_type "
+            "FULL_STATE_DICT (accelerate_configs/fsdp_8gpu.yaml)"
+        )
+    for layout, (weights, _) in LAYOUTS.items():
+        if (checkpoint / weights).is_file():
+            return layout
+    raise ValueError(f"{checkpoint} holds no model weights ({', '.join(weights for weights, _ in LAYOUTS.values())} are missing)")
+
+
 def verify_checkpoint(checkpoint: str | os.PathLike) -> None:
     """Raise ValueError naming the file unless every file of the checkpoint reads back whole: the state
-    (JSON, with the step of the folder's name), the weights (safetensors) and every torch.save file
-    (optimiser, scheduler, RNG states: zip archives whose CRCs are checked)."""
+    (JSON, with the step of the folder's name), the weights and optimiser in their engine's layout
+    (LAYOUTS), and every torch.save file (optimiser, scheduler, RNG states: zip archives whose CRCs are
+    checked)."""
     checkpoint = Path(checkpoint)
-    for name in (STATE_FILE, WEIGHTS_FILE, OPTIMIZER_FILE):
+    if not (checkpoint / STATE_FILE).is_file():
+        raise ValueError(f"{checkpoint / STATE_FILE} is missing")
+    layout = checkpoint_layout(checkpoint)
+    for name in LAYOUTS[layout]:
         if not (checkpoint / name).is_file():
             raise ValueError(f"{checkpoint / name} is missing")
     state = read_state(checkpoint)
@@ -91,6 +143,27 @@ def verify_checkpoint(checkpoint: str | os.PathLike) -> None:
             check_weights_file(path)
         if path.name.startswith(CUSTOM_STATE_PREFIX) and path.suffix == ".pkl":
             check_plain_pickle(path)
+    if layout == "DEEPSPEED":
+        _verify_deepspeed_files(checkpoint)
+
+
+def _verify_deepspeed_files(checkpoint: Path) -> None:
+    """DeepSpeed's folder: `latest` names it, and each of its files is whole and holds only tensors, plain values
+    and DEEPSPEED_CLASSES (DeepSpeed unpickles them with weights_only=False)."""
+    tag = (checkpoint / "latest").read_text().strip()
+    if tag != DEEPSPEED_FOLDER:
+        raise ValueError(f"{checkpoint / 'latest'} names {tag!r}, not this checkpoint's {DEEPSPEED_FOLDER!r}")
+    files = sorted((checkpoint / DEEPSPEED_FOLDER).glob("*.pt"))
+    if not any(path.name.endswith("optim_states.pt") for path in files):
+        raise ValueError(f"{checkpoint / DEEPSPEED_FOLDER} holds no optimiser states (*optim_states.pt)")
+    for path in files:
+        check_weights_file(path)
+        unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(path)) - DEEPSPEED_CLASSES
+        if unsafe:
+            raise ValueError(
+                f"{path} holds more than tensors, plain values and DeepSpeed's data classes ({', '.join(sorted(unsafe))}), "
+                "so reading it could run code from the file; it is not read"
+            )
 
 
 def check_plain_pickle(path: str | os.PathLike) -> None:
@@ -176,11 +249,23 @@ def average_checkpoints(checkpoints: list[str | os.PathLike]) -> dict[str, torch
         raise ValueError("no checkpoints to average")
     total: dict[str, torch.Tensor] = {}
     for path in checkpoints:
-        check_weights_file(Path(path) / WEIGHTS_FILE)
-        weights = load_file(str(Path(path) / WEIGHTS_FILE))
+        weights = checkpoint_weights(path)
         if total and weights.keys() != total.keys():
             raise ValueError(f"{path} holds different weights from the other checkpoints; cannot average them")
         for name, tensor in weights.items():
             total[name] = total.get(name, 0) + tensor.double()
-    reference = load_file(str(Path(checkpoints[-1]) / WEIGHTS_FILE))
-    return {name: (tensor / len(checkpoints)).to(reference[name].dtype) for name, tensor in total.items()}
+    return {name: (tensor / len(checkpoints)).to(weights[name].dtype) for name, tensor in total.items()}
+
+
+def checkpoint_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The model weights of a checkpoint, in whichever layout it was saved (LAYOUTS), as one state dict."""
+    layout = checkpoint_layout(checkpoint)
+    path = Path(checkpoint) / LAYOUTS[layout][0]
+    check_weights_file(path)
+    if layout == "DDP":
+        return load_file(str(path))
+    try:
+        weights = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(f"{path} holds more than tensors and plain values; it is not read ({str(err).splitlines()[0]})") from None
+    return weights["module"] if layout == "DEEPSPEED" else weights

@@ -13,6 +13,8 @@ import hashlib
 import inspect
 import json
 import os
+import queue
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -20,10 +22,9 @@ import datasets
 import numpy as np
 import torch
 
-from .loss import IGNORE_INDEX
+__all__ = ["PadCollator", "PrefetchedBatches", "TokenBatchSampler", "TokenizedSplit", "tokenization_workers", "tokenize_pairs"]
 
-__all__ = ["PadCollator", "TokenBatchSampler", "TokenizedSplit", "tokenization_workers", "tokenize_pairs"]
-
+IGNORE_INDEX = -100  # the label of padding positions, which the loss skips (transformers' convention)
 PAIRS_PER_WORKER = 200_000  # below this a worker process costs more (start, pickling the tokenizer) than it saves
 NUM_PROC_ENV = "VANILLA_TRANSFORMER_NUM_PROC"  # set to override how many processes tokenise a large split
 
@@ -276,3 +277,75 @@ class TokenBatchSampler:
 
     def __len__(self) -> int:
         return max(len(self.local_batches(self.epoch)) - self.start, 0)
+
+
+class PrefetchedBatches:
+    """Padded batches in the sampler's order, each with its number of target tokens: `(batch on device, tokens)`.
+
+    A background thread reads and pads the next `ahead` batches while the device works, counts their
+    target tokens on the host (so that counting waits for no device), and on CUDA puts them in pinned
+    memory, from which the copy to the device (`non_blocking=True`) runs without stopping the host.
+    The batches and their order are the sampler's; no RNG is drawn (a DataLoader's iterators draw from
+    torch's global RNG, which would make a resumed run's dropout differ from an uninterrupted one).
+    Use as a context manager, or `close()` it: a consumer that stops early stops the thread.
+    """
+
+    _END = object()
+
+    def __init__(self, split: TokenizedSplit, sampler, collate: PadCollator, device, ahead: int = 2):
+        self.device = torch.device(device)
+        self._queue: queue.Queue = queue.Queue(maxsize=ahead)
+        self._stop = threading.Event()
+        self._finished = False
+        pin = self.device.type == "cuda"
+        self._thread = threading.Thread(
+            target=self._fill, args=(split, iter(sampler), collate, pin), name="prefetched-batches", daemon=True
+        )
+        self._thread.start()
+
+    def _fill(self, split, indices, collate, pin) -> None:
+        try:
+            for batch_indices in indices:
+                batch = collate(split.dataset[batch_indices])
+                tokens = int((batch["labels"] != IGNORE_INDEX).sum())
+                if pin:
+                    batch = {name: tensor.pin_memory() for name, tensor in batch.items()}
+                if not self._put((batch, tokens)):
+                    return
+            self._put(self._END)
+        except BaseException as err:  # raised again in the consumer's thread, where it can be handled
+            self._put(err)
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[dict[str, torch.Tensor], int]:
+        if self._finished:
+            raise StopIteration
+        item = self._queue.get()
+        if item is self._END or isinstance(item, BaseException):
+            self._finished = True
+            if item is self._END:
+                raise StopIteration
+            raise item
+        batch, tokens = item
+        return {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}, tokens
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -24,13 +24,25 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import DistributedType
 
-__all__ = ["configure_deepspeed", "describe", "end_training", "launched_world_size", "requested_engine", "start_accelerator"]
+__all__ = [
+    "DEFAULT_DDP_TIMEOUT",
+    "configure_deepspeed",
+    "default_mixed_precision",
+    "describe",
+    "end_training",
+    "launched_world_size",
+    "requested_engine",
+    "start_accelerator",
+]
 
 logger = get_logger(__name__)
 
 # The flags `accelerate launch --use_fsdp / --use_deepspeed` (or a config file) set for the processes.
 _ENGINE_FLAGS = {"FSDP": "ACCELERATE_USE_FSDP", "DEEPSPEED": "ACCELERATE_USE_DEEPSPEED"}
 _CPU_FIX = "set ACCELERATE_USE_CPU=1 (or `accelerate launch --cpu`) on a machine without GPUs"
+# Seconds a process waits in a collective for the others: the main process learns the vocabulary and
+# tokenises a WMT-size corpus meanwhile, which outlasts NCCL's default of 10 minutes.
+DEFAULT_DDP_TIMEOUT = 3 * 60 * 60
 
 
 def _flag(name: str) -> bool:
@@ -54,11 +66,34 @@ def launched_world_size() -> int | None:
         return None
 
 
-def start_accelerator(**kwargs) -> Accelerator:
-    """`Accelerator(**kwargs)`, refusing (ValueError) a launch whose processes would not train together."""
+def default_mixed_precision() -> str | None:
+    """`mixed_precision` when the run does not say: None (Accelerate's choice) under a launcher that set one
+    (`accelerate launch`, its config), else bf16 autocast on a GPU that has it, fp16 (with Accelerate's loss
+    scaler) on one that does not, and none on a CPU."""
+    if os.environ.get("ACCELERATE_MIXED_PRECISION") or _flag("ACCELERATE_USE_CPU"):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+
+
+def start_accelerator(ddp_timeout: float = DEFAULT_DDP_TIMEOUT, **kwargs) -> Accelerator:
+    """`Accelerator(**kwargs)`, refusing (ValueError) a launch whose processes would not train together.
+
+    `ddp_timeout` (seconds) is how long a process waits in a collective; fp32 matrix products on a GPU
+    use TF32 (what stays fp32 under autocast: the optimiser's arithmetic is elementwise and stays exact).
+    """
+    from datetime import timedelta
+
+    import torch
+    from accelerate.utils import InitProcessGroupKwargs
+
     engine = requested_engine()
+    handlers = [*kwargs.pop("kwargs_handlers", []), InitProcessGroupKwargs(timeout=timedelta(seconds=ddp_timeout))]
     try:
-        accelerator = Accelerator(**kwargs)
+        accelerator = Accelerator(kwargs_handlers=handlers, **kwargs)
     except RuntimeError as err:
         if engine == "FSDP" and "no available devices" in str(err):
             raise ValueError(
@@ -67,6 +102,8 @@ def start_accelerator(**kwargs) -> Accelerator:
             ) from None
         raise
     check_world_size(accelerator)
+    if accelerator.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     logger.info(describe(accelerator))
     if engine is not None and accelerator.distributed_type.name != engine:
         logger.warning(
@@ -108,10 +145,12 @@ def describe(accelerator) -> str:
     per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     machines = max(world // max(per_machine, 1), 1)
     device = accelerator.device
+    tf32 = ""
     if device.type == "cuda":
         import torch
 
         devices = f"{world} x cuda ({torch.cuda.get_device_name(device)})"
+        tf32 = ", fp32 matmuls in TF32" if torch.backends.cuda.matmul.allow_tf32 else ""
     else:
         devices = f"{world} x {device.type}"
     kind = accelerator.distributed_type
@@ -127,7 +166,7 @@ def describe(accelerator) -> str:
         kind_text = "none (one process)" if kind == DistributedType.NO else kind.name
     return (
         f"distributed: {kind_text}, world size {world} ({machines} machine(s) x {per_machine} process(es)), "
-        f"mixed precision {accelerator.mixed_precision}, devices {devices}"
+        f"mixed precision {accelerator.mixed_precision}, devices {devices}{tf32}"
     )
 
 

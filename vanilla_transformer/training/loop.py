@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import set_seed
+from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
@@ -49,9 +49,9 @@ from ..corpora import load_translation_dataset, resolve_languages
 from ..file_checks import read_json
 from ..modeling.generation_vanilla_transformer import paper_generation_config
 from ..hub import RESULTS_FILE, save_model_files, write_model_card, write_results
-from ..inference import MAX_LENGTH_PENALTY, load_pretrained
+from ..inference import MAX_LENGTH_PENALTY, MAX_NUM_BEAMS, load_pretrained
 from ..metrics import load as load_metric, repeated_phrase
-from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
+from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from ..staging import STAGING_PREFIX, DiskFull, sweep_staging
 from ..tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
 from .averaging import WeightAverage
@@ -64,14 +64,12 @@ from .checkpoints import (
     read_state,
     save_checkpoint,
 )
-from .data import PadCollator, TokenBatchSampler, TokenizedSplit, tokenize_pairs
-from .distributed import configure_deepspeed, end_training, start_accelerator
+from .data import PadCollator, PrefetchedBatches, TokenBatchSampler, TokenizedSplit, tokenize_pairs
+from .distributed import DEFAULT_DDP_TIMEOUT, configure_deepspeed, default_mixed_precision, end_training, start_accelerator
 from .lock import RunLock
-from ..modeling.fast_modeling_vanilla_transformer import enabled as fast_paths
-from .loss import IGNORE_INDEX, label_smoothed_loss
 from .schedule import PAPER_WARMUP_STEPS, check_schedule, make_optimizer, make_scheduler
 
-__all__ = ["TrainingArguments", "evaluate", "train"]
+__all__ = ["TrainingArguments", "evaluate", "full_model", "prepare", "train"]
 
 logger = get_logger(__name__)  # logs on the main process only
 
@@ -120,7 +118,7 @@ class TrainingArguments:
     ema_decay: float | None = None  # keep an exponential moving average of the weights (not in the paper)
     label_smoothing: float = 0.1
     max_grad_norm: float | None = None  # not in the paper
-    mixed_precision: str | None = None  # "no", "fp16", "bf16"; None: what `accelerate launch` was told
+    mixed_precision: str | None = None  # "no", "fp16", "bf16"; None: the launcher's, else bf16 (fp16) on a GPU, no on a CPU
     # Checkpoints (§6.1 averages the last 5 of a base model)
     save_steps: int = 1000
     keep_checkpoints: int = 5
@@ -132,6 +130,8 @@ class TrainingArguments:
     test_samples: int | None = None  # test pairs translated at the end (None: all, the headline numbers)
     num_beams: int = 4
     length_penalty: float = 0.6
+    # Processes: how long one waits in a collective (seconds) while the main process prepares the data
+    ddp_timeout: int = DEFAULT_DDP_TIMEOUT
     # Logging
     log_steps: int = 50
     report_to: str | None = None  # "tensorboard": logs under output_dir/runs
@@ -141,7 +141,7 @@ class TrainingArguments:
     def validate(self) -> None:
         """Fail early, naming the option and what it accepts."""
         positive = ("max_length", "vocab_size", "max_tokens", "gradient_accumulation_steps", "save_steps",
-                    "keep_checkpoints", "average_last", "eval_steps", "num_beams", "log_steps")
+                    "keep_checkpoints", "average_last", "eval_steps", "num_beams", "log_steps", "ddp_timeout")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -175,6 +175,8 @@ class TrainingArguments:
             value = getattr(self, name)  # a negative norm would flip every gradient: training would ascend
             if value is not None and not (_is_finite(value) and value > 0):
                 raise ValueError(f"`{name}` must be a positive number or None; got {value!r}.")
+        if self.num_beams > MAX_NUM_BEAMS:
+            raise ValueError(f"`num_beams` must be at most {MAX_NUM_BEAMS} (the paper's: 4); got {self.num_beams}.")
         if not (_is_finite(self.length_penalty) and abs(self.length_penalty) <= MAX_LENGTH_PENALTY):
             raise ValueError(f"`length_penalty` must be between -{MAX_LENGTH_PENALTY} and {MAX_LENGTH_PENALTY} (the paper's: "
                              f"0.6; larger ones overflow the beam scores); got {self.length_penalty!r}.")
@@ -327,11 +329,15 @@ def _load_model(args: TrainingArguments, tokenizer, resume_from: Path | None):
     return VanillaTransformerForConditionalGeneration(config)
 
 
-def _batches(split: TokenizedSplit, sampler: TokenBatchSampler, collate: PadCollator, device):
-    """Padded batches in the sampler's order. (No DataLoader: its iterators draw from torch's global
-    RNG, which would make a resumed run's dropout differ from an uninterrupted one.)"""
-    for indices in sampler:
-        yield {name: tensor.to(device) for name, tensor in collate(split.dataset[indices]).items()}
+def _check_max_length(args: TrainingArguments, config) -> None:
+    """`max_length` within every length the model reads: a longer pair would fail at its batch, on every resume."""
+    bounds = {"location_max_length": config.location_max_length} if config.attention_score == "location" else {}
+    if config.position_encoding == "learned":
+        bounds["max_position_embeddings"] = config.max_position_embeddings
+    for name, bound in bounds.items():
+        if args.max_length > bound:
+            raise ValueError(f"`max_length` ({args.max_length}) is over the model's {name} ({bound}), the longest "
+                             f"sequence it reads: give a `max_length` of at most {bound}.")
 
 
 # ------------------------------------------------------------------------------------------
@@ -348,17 +354,19 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
     `perplexity` exp(NLL per target token) without smoothing. BLEU and chrF are the package's
     `evaluate` metric (`metrics.BLEU_CHRF`: sacrebleu's command-line defaults), with signatures.
     """
-    model = accelerator.unwrap_model(model)
+    model = full_model(accelerator, model)
     was_training = model.training
     model.eval()
     collate = PadCollator(tokenizer.pad_token_id)
     shard = dict(shuffle=False, num_replicas=accelerator.num_processes, rank=accelerator.process_index)
-    sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss, nll, tokens
+    sums, tokens = torch.zeros(2, dtype=torch.float64, device=accelerator.device), 0  # loss, nll; target tokens
     sampler = TokenBatchSampler(split.lengths, args.max_tokens, **shard)
-    for batch in _batches(split, sampler, collate, accelerator.device):
-        logits = _forward(model, batch)
-        loss, nll = label_smoothed_loss(logits, batch["labels"], args.label_smoothing, fast_paths(model.config))
-        sums += torch.stack([loss.double(), nll.double(), (batch["labels"] != IGNORE_INDEX).sum().double()])
+    with PrefetchedBatches(split, sampler, collate, accelerator.device) as batches, accelerator.autocast():
+        for batch, batch_tokens in batches:
+            loss, nll = _loss(model, batch)
+            sums += torch.stack([loss.double(), nll.double()])
+            tokens += batch_tokens
+    sums = torch.cat([sums, sums.new_tensor([tokens])])
     loss, nll, tokens = accelerator.gather_for_metrics(sums.unsqueeze(0)).sum(0).tolist()
     metrics = {"loss": loss / tokens, "nll": nll / tokens, "perplexity": math.exp(min(nll / tokens, 100.0))}
 
@@ -369,19 +377,9 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
         lengths = subset.lengths
         budget = max(args.max_tokens // args.num_beams, int(lengths.max()))
         sampler = TokenBatchSampler(lengths, budget, **shard)
-        translations = []
-        for indices in sampler:
-            batch = {k: v.to(accelerator.device) for k, v in collate(subset.dataset[indices]).items()}
-            generated = model.generate(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                # §6.1: beam search, GNMT length penalty, at most source length + 50 tokens per sentence.
-                generation_config=paper_generation_config(
-                    model.config, num_beams=args.num_beams, length_penalty=args.length_penalty
-                ),
-            )
-            texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
-            translations += list(zip(indices, texts))
+        indices = list(sampler)
+        with PrefetchedBatches(subset, indices, collate, accelerator.device) as batches, accelerator.autocast():
+            translations = _translate(model, tokenizer, batches, indices, args)
         translations = sorted(accelerator.gather_for_metrics(translations, use_gather_object=True))
         hypotheses = [text for _, text in translations]
         references = [subset.dataset[i]["reference"] for i, _ in translations]
@@ -400,12 +398,55 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
     return metrics
 
 
-def _forward(model, batch) -> torch.Tensor:
-    config = getattr(model, "module", model).config
-    decoder_input_ids = shift_tokens_right(batch["labels"], config.pad_token_id, config.decoder_start_token_id)
-    return model(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], decoder_input_ids=decoder_input_ids
-    ).logits
+def full_model(accelerator, model):
+    """The model unwrapped, to evaluate, decode and save. Under FSDP2, whose layers hold shards of their
+    weights and gather them in every forward (all processes together), a plain copy with the whole weights
+    on each process, gathered by all of them here: each can then score and decode its own batches, of
+    different numbers and lengths, without waiting for the others."""
+    from torch.distributed.fsdp import FSDPModule
+
+    unwrapped = accelerator.unwrap_model(model)
+    if not isinstance(unwrapped, FSDPModule):
+        return unwrapped
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    weights = get_model_state_dict(unwrapped, options=StateDictOptions(full_state_dict=True))
+    full = VanillaTransformerForConditionalGeneration(unwrapped.config).to(accelerator.device)
+    _load_weights(full, weights)
+    full.generation_config = unwrapped.generation_config
+    return full.train(unwrapped.training)
+
+
+def _load_weights(model, weights: dict) -> None:
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or set(missing) - set(model.all_tied_weights_keys):
+        raise RuntimeError(f"the weights do not fit the model: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+
+
+def _translate(model, tokenizer, batches, indices: list[list[int]], args: TrainingArguments) -> list[tuple[int, str]]:
+    """(pair index, translation) for every pair of `batches`, whose pairs `indices` lists batch by batch."""
+    translations = []
+    for (batch, _), batch_indices in zip(batches, indices):
+        generated = model.generate(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            # §6.1: beam search, GNMT length penalty, at most source length + 50 tokens per sentence.
+            generation_config=paper_generation_config(
+                model.config, num_beams=args.num_beams, length_penalty=args.length_penalty
+            ),
+        )
+        translations += zip(batch_indices, tokenizer.batch_decode(generated, skip_special_tokens=True))
+    return translations
+
+
+def _loss(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's label-smoothed loss and NLL, each summed over its target tokens (§5.4): the model's own loss
+    from `labels` (summed: `num_items_in_batch=1`; the loop divides by the step's target tokens over every
+    micro-batch and process), for training and evaluation alike."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"],
+                num_items_in_batch=1)
+    return out.loss, out.nll
 
 
 def _describe(metrics: dict) -> str:
@@ -446,6 +487,8 @@ class _Run:
     started: float = field(default_factory=time.perf_counter)
     elapsed: float = 0.0  # seconds since `started` on the main process, as of the current step (the same on every process)
     tokens_since_start: int = 0
+    window_tokens: int = 0  # target tokens since the losses were last read
+    loss_sums: torch.Tensor | None = None  # on the device: loss, NLL since then, and the first step that was not finite
     stop_requests: Any = None  # the _StopRequests recording signals while training
     stop_signal: int = 0  # SIGINT or SIGTERM received by the main process: checkpoint and stop (the same on every process)
 
@@ -475,7 +518,8 @@ def train(args: TrainingArguments) -> dict:
         logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per file saved is noise
     accelerator = start_accelerator(  # refuses a launch whose processes would train alone; logs what runs
-        mixed_precision=args.mixed_precision,
+        ddp_timeout=args.ddp_timeout,
+        mixed_precision=args.mixed_precision or default_mixed_precision(),
         log_with=args.report_to,
         project_dir=str(Path(args.output_dir) / "runs") if args.report_to else None,
     )
@@ -584,6 +628,9 @@ def _on_main(accelerator, decide) -> int | None:
 
 def _setup(args: TrainingArguments, accelerator) -> _Run:
     """On every process: where to resume from, the data, tokenizer, model, optimiser and schedule."""
+    if accelerator.distributed_type == DistributedType.FSDP and args.ema_decay is not None:
+        raise ValueError("`ema_decay` is not supported under FSDP: the moving average would hold each process's "
+                         "shards of the weights; train without it, or with DDP")
     checkpoint_root = Path(args.output_dir) / CHECKPOINTS
     resume_step = _on_main(accelerator, lambda: _resume_step(args, checkpoint_root))
     resume_from = None if resume_step is None else checkpoint_path(checkpoint_root, resume_step)
@@ -591,6 +638,8 @@ def _setup(args: TrainingArguments, accelerator) -> _Run:
     data, source_lang, target_lang, tokenizer, train_split, eval_splits = _prepare_data(args, accelerator)
 
     model = _load_model(args, tokenizer, resume_from)
+    model.config.label_smoothing = args.label_smoothing  # the model's own loss is the run's objective (§5.4)
+    _check_max_length(args, model.config)
     _record_language_pair(model.config, source_lang, target_lang, args.dataset)
     if accelerator.is_main_process and resume_from is None:
         checkpoint_root.mkdir(parents=True, exist_ok=True)
@@ -599,7 +648,7 @@ def _setup(args: TrainingArguments, accelerator) -> _Run:
     d_model = model.config.d_model
     optimizer = make_optimizer(model, accelerator.device)  # built before `prepare` moves the model there
     configure_deepspeed(accelerator, args)  # the batch sizes DeepSpeed asks for; nothing without DeepSpeed
-    model, prepared_optimizer = accelerator.prepare(model, optimizer)
+    model, prepared_optimizer = prepare(accelerator, model, optimizer)
     state = {"epoch": 0, "batches_done": 0, "train_tokens": 0, "history": [], "run_options": _run_options(args)}
     if resume_from is not None:
         state = read_state(resume_from)  # the counters; the weights and the rest come with load_state below
@@ -632,6 +681,15 @@ def _setup(args: TrainingArguments, accelerator) -> _Run:
     if accelerator.is_main_process:
         accelerator.init_trackers("train", config={k: v for k, v in asdict(args).items() if not isinstance(v, dict)})
     return run
+
+
+def prepare(accelerator, model, optimizer):
+    """`accelerator.prepare(model, optimizer)`, without Accelerate's wrapper of `forward`, which returns every
+    output in fp32: a copy of the (batch, length, vocabulary) logits. The loop enters `accelerator.autocast()`
+    itself instead, for training, evaluation and decoding alike."""
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+    return model, optimizer
 
 
 def _resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
@@ -700,9 +758,13 @@ def _record_language_pair(config, source_lang: str, target_lang: str, dataset: s
 
 def _prepare_data(args: TrainingArguments, accelerator):
     """The raw splits, the language pair, the tokenizer, and the tokenised training and evaluation splits."""
-    with accelerator.main_process_first():  # the main process trains the tokenizer and fills the map cache
+    # Each machine's first process reads the data and fills the map cache on its own disk before the others
+    # read them; the tokenizer, in output_dir (which every machine shares), is learnt by the main process alone.
+    with accelerator.local_main_process_first():
         data, source_lang, target_lang = _load_splits(args)
+    with accelerator.main_process_first():
         tokenizer = _load_tokenizer(args, data, source_lang, target_lang)
+    with accelerator.local_main_process_first():
         train_split = tokenize_pairs(
             data["train"], tokenizer, source_lang, target_lang, args.max_length, args.truncate, name="train"
         )
@@ -741,7 +803,13 @@ def _log_recipe(args: TrainingArguments, accelerator, d_model: int) -> None:
 
 
 def _train_until_done(run: _Run) -> None:
-    """Optimiser steps until `max_steps`, `num_epochs` or `time_limit`; a checkpoint every `save_steps` and at the end."""
+    """Optimiser steps until `max_steps`, `num_epochs` or `time_limit`; a checkpoint every `save_steps` and at the end.
+
+    The host never waits for the device within a step: batches come ready (PrefetchedBatches), the step's
+    counts are one reduction whose result the host reads only once the step's work is queued behind it,
+    and the losses are read every `log_steps` (and before a checkpoint). The step under way when the time
+    limit passes or a signal comes finishes, then the run stops.
+    """
     args, state, accelerator = run.args, run.state, run.accelerator
     collate = PadCollator(run.tokenizer.pad_token_id)
     bar = tqdm(total=args.max_steps, initial=run.step, disable=not accelerator.is_local_main_process, desc="training")
@@ -751,22 +819,19 @@ def _train_until_done(run: _Run) -> None:
             if args.num_epochs is not None and state["epoch"] >= args.num_epochs:
                 break
             run.sampler.set_epoch(state["epoch"], state["batches_done"])
-            batches = _batches(run.train_split, run.sampler, collate, accelerator.device)
-            while not done:
-                micro_batches = list(islice(batches, args.gradient_accumulation_steps))
-                if not micro_batches:
-                    break
-                total_tokens = _step_tokens_unless_out_of_time(run, micro_batches)
-                if total_tokens is None:
-                    if not run.stop_signal:
+            with PrefetchedBatches(run.train_split, run.sampler, collate, accelerator.device) as batches:
+                while not done:
+                    micro_batches = list(islice(batches, args.gradient_accumulation_steps))
+                    if not micro_batches:
+                        break
+                    total_tokens, lr = _optimizer_step(run, micro_batches)
+                    _record_step(run, progress, len(micro_batches), total_tokens, lr)
+                    out_of_time = args.time_limit is not None and run.elapsed > args.time_limit * 60
+                    if out_of_time and not run.stop_signal:
                         logger.info(f"time limit of {args.time_limit} min reached at step {run.step}")
-                    done = True
-                    break
-                loss, nll, lr = _optimizer_step(run, micro_batches, total_tokens)
-                _record_step(run, progress, len(micro_batches), total_tokens, loss, nll, lr)
-                done = args.max_steps is not None and run.step >= args.max_steps
-                if run.step % args.save_steps == 0 or done:
-                    _checkpoint(run)
+                    done = (args.max_steps is not None and run.step >= args.max_steps) or out_of_time or bool(run.stop_signal)
+                    if run.step % args.save_steps == 0 or done:
+                        _checkpoint(run)
             if not done:
                 state["epoch"] += 1
                 state["batches_done"] = 0
@@ -775,70 +840,146 @@ def _train_until_done(run: _Run) -> None:
         _checkpoint(run)
 
 
-def _step_tokens_unless_out_of_time(run: _Run, micro_batches: list[dict]) -> int | None:
-    """The step's target-token count over all processes, or None when the main process is out of time.
-
-    Every process learns both before the backward passes, so that each micro-batch's loss can be
-    divided by the count, and so that all processes stop at the same step.
-    """
-    args, accelerator = run.args, run.accelerator
+def _step_counts(run: _Run, local_tokens: int):
+    """The step's one reduction, started and not waited for: [target tokens, the main process's elapsed ms,
+    its stop signal], summed over processes. Returns the device tensor (the step's token count divides
+    each micro-batch's loss there) and a function that reads the sums on the host when called: by then the
+    device has long finished this reduction, queued ahead of the step's forward and backward passes."""
+    accelerator = run.accelerator
     elapsed_ms = int((time.perf_counter() - run.started) * 1000) if accelerator.is_main_process else 0
-    local_tokens = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro_batches)
     stop_signal = run.stop_requests.signum if run.stop_requests is not None and accelerator.is_main_process else 0
-    total_tokens, elapsed_ms, run.stop_signal = accelerator.reduce(  # the main process's signal stops every process
-        torch.tensor([local_tokens, elapsed_ms, stop_signal], device=accelerator.device), "sum"
-    ).tolist()
-    run.elapsed = elapsed_ms / 1000  # the main process's clock: every process decays its learning rate alike
-    out_of_time = args.time_limit is not None and run.elapsed > args.time_limit * 60
-    return None if out_of_time or run.stop_signal else total_tokens
+    counts = torch.tensor([local_tokens, elapsed_ms, stop_signal], dtype=torch.float64)
+    if accelerator.device.type == "cuda":
+        counts = counts.pin_memory()
+    counts = accelerator.reduce(counts.to(accelerator.device, non_blocking=True), "sum")
+    return counts, _read_later(counts)
 
 
-def _optimizer_step(run: _Run, micro_batches: list[dict], total_tokens: int) -> tuple[float, float, float]:
-    """§5.2-§5.4: forward and backward over the micro-batches, one Adam update; returns the step's
-    label-smoothed loss and NLL per target token, and the learning rate it used."""
+def _read_later(tensor: torch.Tensor):
+    """Start copying `tensor` to the host; the returned function waits for that copy alone (a CUDA event), not
+    for the work queued after it, and returns the values as a list."""
+    if tensor.device.type != "cuda":
+        return tensor.tolist
+    host = tensor.to("cpu", non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def read() -> list:
+        copied.synchronize()
+        return host.tolist()
+
+    return read
+
+
+def _optimizer_step(run: _Run, micro_batches: list[tuple[dict, int]]) -> tuple[int, float]:
+    """§5.2-§5.4: forward and backward over the micro-batches (each with its target-token count), one Adam
+    update. Returns the step's target-token count over all processes and the learning rate it used; the loss
+    and NLL are summed on the device (`_read_losses` reads them). A step whose gradients are not finite
+    leaves the weights and Adam's state as they were (fused Adam's `found_inf`, as GradScaler uses it); the
+    next read of the losses stops the run, before any checkpoint after it. Where the optimiser cannot skip
+    on the device (DeepSpeed steps inside backward; a non-fused Adam), the check waits for the device
+    before the update instead."""
     accelerator, model, world = run.accelerator, run.model, run.accelerator.num_processes
     model.train()
-    fast = fast_paths(accelerator.unwrap_model(model).config)  # the closed-form loss, or F.cross_entropy
-    sums = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
-    for i, batch in enumerate(micro_batches):
+    counts, read_counts = _step_counts(run, sum(tokens for _, tokens in micro_batches))
+    total_tokens = counts[0].float()
+    if run.loss_sums is None:
+        run.loss_sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss, nll, first bad step
+    step_loss = torch.zeros((), dtype=torch.float64, device=accelerator.device)
+    deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
+    for i, (batch, _) in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
         with nullcontext() if last else accelerator.no_sync(model):  # all-reduce gradients once per step
-            loss, nll = label_smoothed_loss(_forward(model, batch), batch["labels"], run.args.label_smoothing, fast)
+            with accelerator.autocast():
+                loss, nll = _loss(model, batch)
+            if deepspeed:  # its engine steps inside backward: the guard comes first
+                _stop_unless_finite(run, loss)
             # DDP averages gradients over processes; * world turns that average into a sum.
             accelerator.backward(loss * world / total_tokens)
-        sums += torch.stack([loss.detach().double(), nll.double()])
-    loss, nll = (accelerator.reduce(sums, "sum") / total_tokens).tolist()
-    if not math.isfinite(loss):
-        run.optimizer.zero_grad(set_to_none=True)
-        good = latest_checkpoint(run.checkpoint_root)
-        raise FloatingPointError(
-            f"the training loss became {loss} at step {run.step + 1}; stopped without updating the weights. "
-            f"The last good checkpoint is {good or '(none: no checkpoint was written yet)'}. Try a lower "
-            "`lr_scale`, a longer `warmup_steps`, `max_grad_norm`, or mixed_precision 'no'/'bf16'."
-        )
-    if run.args.max_grad_norm is not None:
-        accelerator.clip_grad_norm_(model.parameters(), run.args.max_grad_norm)
+        step_loss += loss.detach().double()
+        run.loss_sums[1] += nll.double()
+    run.loss_sums[0] += step_loss
+    norm = None if deepspeed else accelerator.clip_grad_norm_(model.parameters(), run.args.max_grad_norm or math.inf)
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor
+    bad = ~torch.isfinite(step_loss)
+    skip = None if norm is None or accelerator.scaler is not None else ~torch.isfinite(norm)  # fp16's scaler skips
+    if skip is not None:  # the gradients are all-reduced: every process decides alike
+        bad |= skip
+    run.loss_sums[2] = torch.where(bad & (run.loss_sums[2] == 0), run.step + 1, run.loss_sums[2])
+    if skip is not None:
+        _skip_on_device_if(run, skip)
     lr = run.scheduler.get_last_lr()[0]
     run.optimizer.step()
+    total_tokens, elapsed_ms, stop_signal = read_counts()
+    run.stop_signal = int(stop_signal)
+    run.elapsed = elapsed_ms / 1000  # the main process's clock: every process decays its learning rate alike
     if not accelerator.optimizer_step_was_skipped:  # fp16 skips steps whose gradients overflowed
         run.scheduler.step()
         if run.average is not None:
             run.average.update(accelerator.unwrap_model(model))
     run.optimizer.zero_grad(set_to_none=True)
-    return loss, nll, lr
+    return int(total_tokens), lr
 
 
-def _record_step(run: _Run, progress, batches: int, total_tokens: int, loss: float, nll: float, lr: float) -> None:
-    """Count the step, show and log it, and validate every `eval_steps`."""
+def _skip_on_device_if(run: _Run, skip: torch.Tensor) -> None:
+    """Have the optimiser leave the weights as they are when `skip` (a device bool, the same on every process:
+    it comes from the all-reduced gradients) is true; without device support, check on the host now."""
+    optimizer = run.optimizer.optimizer
+    fsdp = run.accelerator.distributed_type == DistributedType.FSDP  # its parameters are DTensors: checked on the host
+    if getattr(optimizer, "_step_supports_amp_scaling", False) and not fsdp:
+        optimizer.found_inf = skip.float()
+    elif skip.item():
+        run.optimizer.zero_grad(set_to_none=True)
+        _read_losses(run, reset=False)
+
+
+def _stop_unless_finite(run: _Run, loss: torch.Tensor) -> None:
+    """Stop every process, before any update, when this micro-batch's loss is not finite on any of them."""
+    bad = run.accelerator.reduce((~torch.isfinite(loss.detach())).float().reshape(1), "sum")
+    if bad.item():
+        run.optimizer.zero_grad(set_to_none=True)
+        run.loss_sums[2] = run.step + 1
+        run.loss_sums[0] += loss.detach().double()
+        _read_losses(run, reset=False)
+
+
+def _read_losses(run: _Run, reset: bool = True) -> tuple[float, float]:
+    """The label-smoothed loss and NLL per target token over all processes since the last read (the one wait
+    for the device that logging costs), or FloatingPointError when a step since then was not finite."""
+    accelerator = run.accelerator
+    if run.loss_sums is None:
+        return math.nan, math.nan
+    sums = accelerator.gather(run.loss_sums.unsqueeze(0))  # (processes, 3)
+    loss, nll = sums[:, :2].sum(0).tolist()
+    bad_steps = [int(step) for step in sums[:, 2].tolist() if step]
+    if bad_steps:
+        good = latest_checkpoint(run.checkpoint_root)
+        raise FloatingPointError(
+            f"the training loss became {loss if not math.isfinite(loss) else 'finite but its gradients not'} at step "
+            f"{min(bad_steps)}; that step left the weights as they were, and the run stopped at step {run.step} "
+            f"before saving. The last good checkpoint is {good or '(none: no checkpoint was written yet)'}. Try a "
+            "lower `lr_scale`, a longer `warmup_steps`, `max_grad_norm`, or mixed_precision 'no'/'bf16'."
+        )
+    tokens = max(run.window_tokens, 1)
+    if reset:
+        run.loss_sums.zero_()
+        run.window_tokens = 0
+    return loss / tokens, nll / tokens
+
+
+def _record_step(run: _Run, progress, batches: int, total_tokens: int, lr: float) -> None:
+    """Count the step, show it, log it every `log_steps` (reading its losses then) and validate every `eval_steps`."""
     args, state = run.args, run.state
     run.step += 1
     state["batches_done"] += batches
-    state["train_tokens"] += int(total_tokens)
-    run.tokens_since_start += int(total_tokens)
-    tokens_per_second = run.tokens_since_start / (time.perf_counter() - run.started)
+    state["train_tokens"] += total_tokens
+    run.tokens_since_start += total_tokens
+    run.window_tokens += total_tokens
     progress.update(1)
-    progress.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}")
     if run.step % args.log_steps == 0:
+        loss, nll = _read_losses(run)
+        tokens_per_second = run.tokens_since_start / (time.perf_counter() - run.started)
+        progress.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}")
         metrics = {"train/loss": loss, "train/nll": nll, "train/lr": lr, "train/tokens_per_second": tokens_per_second}
         run.accelerator.log(metrics, step=run.step)
     if run.step % args.eval_steps == 0:
@@ -847,6 +988,7 @@ def _record_step(run: _Run, progress, batches: int, total_tokens: int, loss: flo
 
 
 def _checkpoint(run: _Run) -> None:
+    _read_losses(run, reset=False)  # no checkpoint after a step that was not finite
     save_checkpoint(run.accelerator, run.checkpoint_root, run.step, run.state, keep=run.args.keep_checkpoints)
     run.last_saved = run.step
 
@@ -876,15 +1018,20 @@ def _finish(run: _Run) -> dict:
             dataset=args.dataset,
             source_lang=run.source_lang,
             target_lang=run.target_lang,
-            hyperparameters={k: v for k, v in asdict(args).items() if v is not None and k != "output_dir"},
+            hyperparameters=_card_hyperparameters(args, weights),
             example=_card_example(run),
         )
         logger.info(f"saved {RESULTS_FILE} and the model card to {args.output_dir}")
-        if args.push_to_hub:
-            _upload(args.output_dir, args.push_to_hub)
-    accelerator.wait_for_everyone()
     end_training(run)  # frees the DDP wrapper before the process group (a gloo hang at exit otherwise)
+    if accelerator.is_main_process and args.push_to_hub:  # after the barrier: no process waits on the upload
+        _upload(args.output_dir, args.push_to_hub)
     return results
+
+
+def _card_hyperparameters(args: TrainingArguments, weights: dict) -> dict:
+    """The options as the card states them, `average_last` as many checkpoints as were averaged."""
+    options = {k: v for k, v in asdict(args).items() if v is not None and k != "output_dir"}
+    return {**options, "average_last": len(weights["averaged_checkpoints"])}
 
 
 def _card_example(run: _Run) -> str | None:
@@ -915,12 +1062,12 @@ def _final_weights(run: _Run):
     average replaces them when its validation perplexity is lower. Returns the unwrapped model and what
     its weights are: {"averaged_checkpoints": names, "weight_average": the comparison, or None}."""
     chosen = list_checkpoints(run.checkpoint_root)[-run.args.average_last :]
-    unwrapped = run.accelerator.unwrap_model(run.model)
+    if len(chosen) < run.args.average_last:
+        logger.warning(f"`average_last` is {run.args.average_last}, but the run has {len(chosen)} checkpoint(s): the "
+                       f"final weights average those {len(chosen)} (save more often with `save_steps`)")
+    unwrapped = full_model(run.accelerator, run.model)  # every process: under FSDP they gather the weights together
     if len(chosen) > 1:
-        missing, unexpected = unwrapped.load_state_dict(average_checkpoints(chosen), strict=False)
-        if unexpected or set(missing) - set(unwrapped.all_tied_weights_keys):
-            raise RuntimeError(f"averaged weights do not fit the model: missing {missing}, unexpected {unexpected}")
-        unwrapped.tie_weights()
+        _load_weights(unwrapped, average_checkpoints(chosen))
         logger.info(f"final weights: the average of {', '.join(p.name for p in chosen)}")
     compared = _compare_weight_average(run, unwrapped) if run.average is not None else None
     return unwrapped, {"averaged_checkpoints": [p.name for p in chosen], "weight_average": compared}
@@ -963,7 +1110,7 @@ def _final_results(run: _Run, unwrapped, weights: dict, elapsed: float) -> dict:
         # Validation translates what it translated during training (`eval_samples`); the test split,
         # which the headline numbers come from, is translated whole unless `test_samples` says otherwise.
         samples = args.eval_samples if name == "validation" and "test" in run.eval_splits else args.test_samples
-        results[name] = evaluate(run.accelerator, run.model, run.tokenizer, split, args, translate_samples=samples)
+        results[name] = evaluate(run.accelerator, unwrapped, run.tokenizer, split, args, translate_samples=samples)
         _report(run.accelerator, state, run.step, name, results[name])
     results["history"] = state["history"]
     # The headline numbers, flat, as the model card reads them.

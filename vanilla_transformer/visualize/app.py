@@ -10,7 +10,9 @@ takes the address from GRADIO_SERVER_NAME and GRADIO_SERVER_PORT.
 What one visitor may ask is bounded (`Limits`: source and output length, beams, requests served at once
 and waiting): a request beyond a limit is refused with a message naming it. A deployer changes them with
 `serve --max-input-tokens ...` or, in a Space, the variables VANILLA_TRANSFORMER_MAX_INPUT_TOKENS,
-..._MAX_NEW_TOKENS, ..._MAX_BEAMS, ..._MAX_CONCURRENT and ..._MAX_QUEUED.
+..._MAX_NEW_TOKENS, ..._MAX_BEAMS, ..._MAX_CONCURRENT and ..._MAX_QUEUED. `serve` refuses a request body
+larger than the longest sentence needs from its length, before reading it (`BodyLimit`), and keeps the
+explorer's files in one folder inside Gradio's cache (the newest `KEPT_PAGES`), removed when it stops.
 
 The page loads nothing from other hosts: the theme uses the system's fonts, analytics are off, and
 the explorer is the self-contained page of `vanilla_transformer.visualize.explorer`, shown in a sandboxed frame
@@ -84,17 +86,27 @@ def _length_offset(model) -> int:
     return getattr(model.generation_config, "max_length_offset", None) or DEFAULT_MAX_LENGTH_OFFSET
 
 
+def longest_token(tokenizer) -> int:
+    """The most characters one token stands for: a text of more than `n * longest_token` characters has more
+    than n tokens, which tells a text too long without tokenising it."""
+    return max(len(tokenizer.convert_tokens_to_string([token])) for token in tokenizer.get_vocab())
+
+
 def make_translate(model, tokenizer, limits: Limits, pages: str | os.PathLike | tempfile.TemporaryDirectory):
     """The app's function: (sentence, beams, length penalty, longest output (0: the model's default)) ->
-    (translation, the explorer in a frame, the explorer's file, written under `pages`). A request beyond
-    `limits` is a gr.Error naming the limit."""
+    (translation, the explorer in a frame, the explorer's file, written under `pages`, which keeps the
+    newest `KEPT_PAGES`). A request beyond `limits` is a gr.Error naming the limit."""
     offset = _length_offset(model)
+    longest_text = limits.max_input_tokens * longest_token(tokenizer)
 
     def refuse(message: str):
         return gr.Error(message, print_exception=False)
 
     def translate(sentence: str, num_beams: float, length_penalty: float, max_new_tokens: float):
         num_beams, requested = int(num_beams), int(max_new_tokens or 0)
+        if len(sentence or "") > longest_text:  # before tokenising: the cost of that grows with the text
+            raise refuse(f"The sentence is {len(sentence)} characters long, more than the {limits.max_input_tokens} "
+                         "tokens this app translates (max_input_tokens) can hold. Give a shorter sentence.")
         tokens = len(tokenizer(sentence or "")["input_ids"])
         if tokens > limits.max_input_tokens:
             raise refuse(f"The sentence is {tokens} tokens long; this app translates at most {limits.max_input_tokens} "
@@ -121,11 +133,31 @@ def make_translate(model, tokenizer, limits: Limits, pages: str | os.PathLike | 
         folder = pages.name if isinstance(pages, tempfile.TemporaryDirectory) else pages
         path = Path(folder) / f"explorer-{hashlib.sha1(page.encode()).hexdigest()[:12]}.html"
         path.write_text(page, encoding="utf-8")
+        _keep_newest(Path(folder), KEPT_PAGES)
         frame = (f'<iframe title="Attention explorer" sandbox="allow-scripts" srcdoc="{html.escape(page)}" '
                  'style="width: 100%; height: 1000px; border: 0"></iframe>')
         return record.translation, frame, str(path)
 
     return translate
+
+
+KEPT_PAGES = 32  # explorer files kept for download: a few MB each, for as long as the app serves
+
+
+def _keep_newest(folder: Path, count: int) -> None:
+    """Remove all but the `count` newest files of `folder`."""
+    files = sorted(folder.iterdir(), key=lambda path: path.stat().st_mtime_ns)
+    for path in files[:-count]:
+        path.unlink(missing_ok=True)
+
+
+def pages_folder() -> tempfile.TemporaryDirectory:
+    """A new folder for the explorer's files inside Gradio's cache, which serves them from there instead of
+    keeping a copy of each; it is removed when the app stops."""
+    from gradio.utils import get_upload_folder
+
+    Path(get_upload_folder()).mkdir(parents=True, exist_ok=True)
+    return tempfile.TemporaryDirectory(prefix="vanilla-transformer-app-", dir=get_upload_folder())
 
 
 def build_app(model_name_or_path: str, device: str | None = None, limits: Limits | None = None) -> gr.Blocks:
@@ -135,8 +167,9 @@ def build_app(model_name_or_path: str, device: str | None = None, limits: Limits
     model, tokenizer = load_model(model_name_or_path, device)
     check_attention_support(model)
     config = model.generation_config
-    pages = tempfile.TemporaryDirectory(prefix="vanilla-transformer-app-")  # lives as long as the app
+    pages = pages_folder()  # lives as long as the app
     translate = make_translate(model, tokenizer, limits, pages)
+    max_request_bytes = request_bytes(limits, longest_token(tokenizer))
 
     with gr.Blocks(title=f"Translate with {model_name_or_path}", analytics_enabled=False) as demo:
         gr.Markdown(
@@ -161,14 +194,57 @@ def build_app(model_name_or_path: str, device: str | None = None, limits: Limits
         inputs, outputs = [sentence, num_beams, length_penalty, max_new_tokens], [translation, explorer, download]
         button.click(translate, inputs, outputs)
         sentence.submit(translate, inputs, outputs)
+    demo.max_request_bytes = max_request_bytes  # for `serve`'s BodyLimit
     return demo.queue(max_size=limits.max_queued, default_concurrency_limit=limits.max_concurrent)
 
 
 def serve(model_name_or_path: str, host: str | None = None, port: int | None = None, device: str | None = None,
           limits: Limits | None = None) -> None:
     """Serve the app until interrupted; `host` and `port` default to Gradio's (GRADIO_SERVER_NAME/PORT, else 127.0.0.1:7860)."""
+    import signal
+
+    from starlette.middleware import Middleware
+
+    limits = limits or Limits.from_environment()
     theme = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])  # no web fonts
-    build_app(model_name_or_path, device, limits).launch(server_name=host, server_port=port, theme=theme)
+    demo = build_app(model_name_or_path, device, limits)
+    # SIGTERM stops the server as Ctrl-C does (Gradio closes it), so that the explorer's folder is removed.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    body_limit = Middleware(BodyLimit, max_bytes=demo.max_request_bytes)
+    demo.launch(server_name=host, server_port=port, theme=theme, app_kwargs={"middleware": [body_limit]})
+
+
+def request_bytes(limits: Limits, longest_token: int) -> int:
+    """The largest request body the app reads: a sentence of `max_input_tokens` tokens, each character
+    escaped in JSON (at most 12 bytes: a surrogate pair), and room for the rest of the request."""
+    return limits.max_input_tokens * longest_token * 12 + 64 * 1024
+
+
+class BodyLimit:
+    """ASGI middleware: a request whose body is over `max_bytes` is answered 413 from its Content-Length,
+    before it is read; a body without one is cut off (the app sees the client gone) once past the limit."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > self.max_bytes:
+            message = f"The request is over this app's limit of {self.max_bytes} bytes.".encode()
+            await send({"type": "http.response.start", "status": 413,
+                        "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(message)).encode())]})
+            return await send({"type": "http.response.body", "body": message})
+        received = 0
+
+        async def bounded_receive():
+            nonlocal received
+            event = await receive()
+            received += len(event.get("body", b""))
+            return {"type": "http.disconnect"} if received > self.max_bytes else event
+
+        return await self.app(scope, bounded_receive, send)
 
 
 if __name__ == "__main__":  # as a Space's app.py

@@ -211,22 +211,36 @@ def _grid(count: int) -> tuple[int, int]:
 
 def _draw(ax, matrix, row_labels, column_labels, vmax, fontsize):
     image = ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=vmax, aspect="equal", interpolation="nearest")
-    ax.set_xticks(range(len(column_labels)))
-    ax.set_xticklabels(column_labels, rotation=90, fontsize=fontsize)
-    ax.set_yticks(range(len(row_labels)))
-    ax.set_yticklabels(row_labels, fontsize=fontsize)
+    box = ax.get_position()
+    columns = _every(len(column_labels), box.width * ax.figure.get_figwidth(), fontsize)
+    ax.set_xticks(columns)
+    ax.set_xticklabels([column_labels[i] for i in columns], rotation=90, fontsize=fontsize)
+    rows = _every(len(row_labels), box.height * ax.figure.get_figheight(), fontsize)
+    ax.set_yticks(rows)
+    ax.set_yticklabels([row_labels[i] for i in rows], fontsize=fontsize)
     ax.tick_params(length=0)
     return image
 
 
+def _every(count: int, inches: float, fontsize: float) -> range:
+    """The tokens to label on an axis of `count` tokens: all where they fit, else every k-th, so that no
+    two labels (a line of `fontsize` points each) overlap."""
+    return range(0, count, max(1, math.ceil(count * fontsize * 1.3 / 72 / max(inches, 1e-6))))
+
+
+MAX_PANEL_INCHES = 6.0  # the edge of one heat map: a long sentence gets smaller cells, not a larger picture
+MAX_FIGURE_INCHES = 60.0  # the edge of a whole figure (6,600 pixels at its 110 dpi), however many layers or heads
+
+
 def _figure(plt, grid_rows: int, grid_columns: int, queries: int, keys: int):
-    """A figure whose panels give every token cell the same size, with room for the labels."""
-    cell = 0.24 if max(queries, keys) <= 30 else 0.16  # inches per token
+    """A figure whose panels give every token cell the same size, with room for the labels; its size has
+    a ceiling (`MAX_PANEL_INCHES`, `MAX_FIGURE_INCHES`): a long sentence has smaller cells, fewer labels."""
+    longest = max(queries, keys)
+    cell = min(0.24 if longest <= 30 else 0.16, MAX_PANEL_INCHES / longest)  # inches per token
     panel_width, panel_height = cell * keys + 1.1, cell * queries + 1.1
-    fig, axes = plt.subplots(
-        grid_rows, grid_columns, squeeze=False,
-        figsize=(panel_width * grid_columns + 1.0, panel_height * grid_rows + 1.0),
-    )
+    width, height = panel_width * grid_columns + 1.0, panel_height * grid_rows + 1.0
+    shrink = min(1.0, MAX_FIGURE_INCHES / width, MAX_FIGURE_INCHES / height)
+    fig, axes = plt.subplots(grid_rows, grid_columns, squeeze=False, figsize=(width * shrink, height * shrink))
     return fig, axes, 8.0 if cell > 0.2 else 6.0
 
 

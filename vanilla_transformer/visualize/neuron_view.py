@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..modeling.attention_variants_vanilla_transformer import predicted_position
-from ..modeling.modeling_vanilla_transformer import ATTENTION_SCORES
+from ..modeling.arguments_vanilla_transformer import additive_mask
 
 KINDS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
 
@@ -95,7 +95,7 @@ def _capture(model, input_ids, attention_mask, decoder_input_ids, blocks):
 
     def keep(name):
         def hook(module, args, *rest):  # (module, args, output) or, before a block, (module, args, kwargs)
-            captured[name] = rest[0] if name[1] != "mask" else (rest[0].get("mask"), rest[0].get("causal", False))
+            captured[name] = rest[0] if name[1] != "mask" else rest[0].get("attention_mask")
         return hook
 
     hooks = []
@@ -115,36 +115,40 @@ def _capture(model, input_ids, attention_mask, decoder_input_ids, blocks):
 
 def _block_tensors(block, captured, name, weights, row: int) -> dict:
     """One block's numbers for sentence `row`: q (H, T, Dh), k (H, S, Dh) or None, scores, allowed, terms."""
-    q = _split(block, captured[(name, "q")])[row:row + 1]  # (1, H, T, Dh)
-    k = _split(block, captured[(name, "k")])[row:row + 1] if (name, "k") in captured else None  # (1, H, S, Dh)
+    dtype = block.q_proj.weight.dtype  # under autocast (a bf16 run's model) the projections are bf16, the weights not
+    q = _split(block, captured[(name, "q")])[row:row + 1].to(dtype)  # (1, H, T, Dh)
+    k = _split(block, captured[(name, "k")])[row:row + 1].to(dtype) if (name, "k") in captured else None  # (1, H, S, Dh)
     keys = weights.size(-1)
     # location scores read only the number of keys; any tensor with S rows stands in for them
     stand_in = k if k is not None else q.new_zeros(q.shape[:2] + (keys, q.size(-1)))
-    scores = ATTENTION_SCORES[block.score_name](block, q, stand_in)[0]  # (H, T, S)
-    mask, causal = captured[(name, "mask")]
+    scores = block_scores(block, q, stand_in)[0]  # (H, T, S)
     allowed = torch.ones(q.size(-2), keys, dtype=torch.bool, device=q.device)
+    mask = additive_mask(captured[(name, "mask")], block, q, stand_in)  # (B|1, 1, T, S), 0 where allowed
     if mask is not None:
-        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # broadcasts as (B|1, 1, T|1, S)
-        mask = mask[min(row, mask.size(0) - 1):][:1]  # (1, 1, T|1, S)
+        mask = mask[min(row, mask.size(0) - 1):][:1] == 0  # (1, 1, T, S)
         allowed = allowed & mask[0, 0]
-    if causal:
-        allowed = allowed.tril()
     allowed = allowed.expand(block.num_heads, -1, -1)
     terms = {}
-    if block.predicts_position:  # local-p: the window is around each query's predicted position p_t
+    if getattr(block, "predicts_position", False):  # local-p: the window is around each query's predicted position
         centres = predicted_position(block, q, keys, mask)  # (1, H, T, 1)
         allowed = allowed & ((torch.arange(keys, device=q.device) - centres[0]).abs() <= block.config.attention_window)
         terms["centres"] = centres[0]  # (H, T, 1)
-    if block.score_name == "general":
+    score_name = block.config.attention_score
+    if score_name == "general":
         terms["transformed_keys"] = (k @ block.score_weight.transpose(-1, -2))[0]
-    elif block.score_name == "additive":
+    elif score_name == "additive":
         terms.update(query_part=(q @ block.score_query_weight)[0], key_part=(k @ block.score_key_weight)[0],
                      vector=block.score_vector[:, None])
-    elif block.score_name == "cosine":
+    elif score_name == "cosine":
         terms["strength"] = block.score_strength[:, None, None]
-    elif block.score_name == "location":
+    elif score_name == "location":
         terms["position_weights"] = block.score_location_weight[..., :keys].transpose(-1, -2)  # (H, S, Dh)
     return dict(queries=q[0], keys=None if k is None else k[0], scores=scores, allowed=allowed, terms=terms)
+
+
+def block_scores(block, q, k):
+    """The block's scores (B, H, T, S): its own score function, or the paper's scaled dot product (§3.2.1)."""
+    return block.score(q, k) if hasattr(block, "score") else q @ k.transpose(-1, -2) * block.scaling
 
 
 @torch.no_grad()
