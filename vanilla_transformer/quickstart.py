@@ -9,7 +9,7 @@ test verses with `pipeline("translation", trust_remote_code=True)` from the save
 the attention heat maps of one of them, and leaves a complete Hub folder with a model card.
 
 The model is sized for the time it gets: on a CPU a small Transformer (d_model 192, 2 encoder and
-4 decoder layers, d_ff 256) with a short warm-up, since the paper's 4,000 warm-up steps alone would take
+4 decoder layers, d_ff 256; bf16 where the CPU computes it in hardware) with a short warm-up, since the paper's 4,000 warm-up steps alone would take
 longer than the whole budget; on a GPU the paper's base model in bf16. Its learning rate warms up
 as the paper's does and then falls linearly to zero when the budget ends (`lr_schedule="linear"`):
 the paper's schedule, built for 100k steps, would stop a 15-minute run at a high rate
@@ -124,6 +124,8 @@ def quickstart(
     summary = {
         "model_dir": str(output_dir),
         "device": torch.cuda.get_device_name() if on_gpu else f"CPU ({torch.get_num_threads()} threads)",
+        "precision": "fp32" if results.get("mixed_precision", "no") == "no" else results["mixed_precision"],
+        "attention": results.get("attn_implementation"),
         "parameters": parameters,
         "steps": results["steps"],
         "split": results["split"],
@@ -148,8 +150,8 @@ def format_summary(summary: dict) -> str:
     lines = [
         "",
         "=" * 72,
-        f"Done in {summary['wall_minutes']:.1f} min on {summary['device']}: {summary['steps']} training steps, "
-        f"{summary['parameters'] / 1e6:.1f}M parameters.",
+        f"Done in {summary['wall_minutes']:.1f} min on {summary['device']}: {summary['steps']} training steps in "
+        f"{summary.get('precision', 'fp32')}, {summary['parameters'] / 1e6:.1f}M parameters.",
         f"{summary['split']} split ({summary['scored_pairs']} pairs): BLEU {summary['bleu']:.2f}, chrF {summary['chrf']:.2f} "
         f"(validation perplexity {summary['validation_perplexity']:.1f})",
         f"  sacrebleu {summary['bleu_signature']}",

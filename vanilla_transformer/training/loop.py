@@ -1132,6 +1132,8 @@ def _final_results(run: _Run, unwrapped, weights: dict, elapsed: float) -> dict:
         "train_tokens": state["train_tokens"],
         "train_minutes_this_session": round(elapsed / 60, 2),
         "tokens_per_second": round(run.tokens_since_start / elapsed, 1) if elapsed else None,
+        "mixed_precision": run.accelerator.mixed_precision,
+        "attn_implementation": state.get("attn_implementation"),
         **weights,
         "source_lang": run.source_lang,
         "target_lang": run.target_lang,
