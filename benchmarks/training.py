@@ -65,7 +65,9 @@ def _build(contender: str, config_dict: dict):
 
 
 def worker(spec: dict) -> dict:
-    """One contender's training loop, in a fresh process. Returns its step times and memory."""
+    """One contender's training loop, in a fresh process, in `spec["precision"]` ("fp32", or "bf16" autocast).
+    Returns its step times and memory; with `loop_attention`, on the attention implementation the training loop
+    would choose; with `diagnostics`, also the matmul rate of the step's products and a profile by operator."""
     torch.set_num_threads(spec["threads"])
     device = torch.device(spec["device"])
     cuda = device.type == "cuda"
@@ -75,8 +77,7 @@ def worker(spec: dict) -> dict:
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(parameters, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     bf16 = spec["precision"] == "bf16"
-    # Ours as the training loop runs it: on the attention implementation that trains this batch fastest here.
-    attention_seconds = _choose_attention(model, batch, spec["device"], bf16) if spec["contender"] == "ours" else {}
+    attention_seconds = _choose_attention(model, batch, spec["device"], bf16) if spec.get("loop_attention") else {}
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
 
@@ -109,8 +110,9 @@ def worker(spec: dict) -> dict:
         result["peak_gpu_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
     with torch.no_grad():
         result["attention_kernels"] = attention_kernels(forward)
-    if spec["contender"] == "ours":  # the same for both contenders: measured once per round, beside ours
+    if spec.get("loop_attention"):
         result["attention_seconds"] = attention_seconds
+    if spec.get("diagnostics"):
         products = step_products(_config(spec["config"]), batch)
         result["matmul_flops_per_s"] = model_matmul_rate(products, spec["device"], torch.bfloat16 if bf16 else torch.float32)
         if not cuda:  # self CPU time is the step's time only where the CPU computes it
@@ -158,8 +160,11 @@ def run(tokenizer, sizes, device: str, threads: int, target_tokens: int, warmup:
                 for round_index in range(rounds):
                     order = CONTENDERS if round_index % 2 == 0 else CONTENDERS[::-1]
                     for contender in order:
+                        # Ours as the training loop runs it; the matmul rate, the same for both, measured beside it.
+                        ours = contender == "ours"
                         spec = dict(contender=contender, config=config.to_dict(), batch=batch_path, device=device,
-                                    threads=threads, warmup=warmup, steps=steps, precision=precision)
+                                    threads=threads, warmup=warmup, steps=steps, precision=precision,
+                                    loop_attention=ours, diagnostics=ours)
                         runs[contender].append(_spawn(spec))
                 results[size]["precisions"][precision] = _summarise(runs, matmul_tflops, rated_tflops)
     return results
