@@ -180,7 +180,7 @@ def run_one(name: str, overrides: dict, config, settings: dict, args, work: Path
     timing_steps = settings["timing"]["steps"]
     timing = training_benchmark._spawn(dict(
         contender="ours", config=config.to_dict(), batch=str(batch_path), device=device, threads=args.threads,
-        warmup=min(TIMING_WARMUP, timing_steps), steps=timing_steps,
+        warmup=min(TIMING_WARMUP, timing_steps), steps=timing_steps, precision="fp32" if device == "cpu" else "bf16",
     ))
     step = summary(timing["step_seconds"])
     entry = {
