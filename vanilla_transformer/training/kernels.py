@@ -25,6 +25,8 @@ __all__ = ["ATTENTION_IMPLEMENTATIONS", "BF16_CPU_FLAGS", "cpu_computes_bf16", "
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")  # transformers' names
 ATTENTION_CANDIDATES = ("sdpa", "eager")  # timed: the others are slower where they run at all (flex on a CPU)
+# One process, or DDP; FSDP's sharded forward and DeepSpeed's engine (which steps inside backward) keep sdpa.
+TIMED_UNDER = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
 
 
 def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
@@ -57,7 +59,7 @@ def fastest_attention(accelerator, model, batch: dict, loss, rounds: int = 3) ->
     unwrapped = accelerator.unwrap_model(model)
     configured = unwrapped.config._attn_implementation
     usable = [name for name in ATTENTION_CANDIDATES if _accepts(unwrapped, name)]
-    if len(usable) < 2 or accelerator.distributed_type == DistributedType.DEEPSPEED:  # its engine owns backward
+    if len(usable) < 2 or accelerator.distributed_type not in TIMED_UNDER:
         unwrapped.set_attn_implementation(configured)
         return {}
     cuda = accelerator.device.type == "cuda"
