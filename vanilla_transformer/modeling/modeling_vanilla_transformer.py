@@ -389,8 +389,10 @@ class VanillaTransformerDecoder(Stack):
             self_window = self.local.self_attention()
             cross_window = self.local.cross_attention(encoder_attention_mask, encoder_hidden_states, past_length)
         self_cache = None if cache is None else cache.self_attention_cache
-        # (transformers' mask functions take the cache as their 4th argument, under its name of each version)
-        self_mask = create_causal_mask(self.config, x, attention_mask, self_cache, None, None, self_window)
+        if attention_mask is None and x.size(1) == 1 and self_window is None and not getattr(self_cache, "is_compileable", False):
+            self_mask = None  # one new query sees every key so far: a decoding step needs no mask
+        else:  # (transformers' mask functions take the cache as their 4th argument, under its name of each version)
+            self_mask = create_causal_mask(self.config, x, attention_mask, self_cache, None, None, self_window)
         memory_mask = create_bidirectional_mask(  # the source's padding hidden (B, 1, T, S)
             self.config, x, encoder_attention_mask, encoder_hidden_states, and_mask_function=cross_window
         )
