@@ -412,6 +412,13 @@ class _LiveRows:
                                output_attentions=self.output_attentions, output_hidden_states=self.output_hidden_states)
         return outputs, self.project(outputs.last_hidden_state[:, -1]).float()  # §3.4, last position only
 
+    def process(self, tokens: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """The logits processors in turn, the length cap last, as LogitsProcessorList calls them (which also reads
+        each one's signature at every step, for arguments our loops do not have)."""
+        for processor in self.processors:
+            scores = processor(tokens, scores)
+        return scores
+
     def reorder(self, rows: torch.Tensor) -> None:
         """Beams move within a sentence, whose cross-attention rows are all equal: only the self-attention
         cache is reordered."""
@@ -486,7 +493,7 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
     while True:
         _, logits = decoder.step(tokens)
-        scores = decoder.processors(tokens, logits)  # the length cap among them
+        scores = decoder.process(tokens, logits)
         at_cap = decoder.cap.last_step(tokens)  # stops with this token, </s> or not (where </s> is ruled out)
         next_tokens = torch.where(finished, pad, scores.argmax(dim=-1))  # finished rows are fed padding
         tokens = torch.cat((tokens, next_tokens[:, None]), dim=1)
@@ -756,7 +763,7 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
     count = -1
     while count != 0:
         outputs, logits = decoder.step(hypotheses.tokens)
-        log_probs = decoder.processors(hypotheses.tokens, logits.log_softmax(dim=-1))  # the length cap among them
+        log_probs = decoder.process(hypotheses.tokens, logits.log_softmax(dim=-1))
         steps.record(log_probs, outputs)
         candidates = hypotheses.candidates(log_probs, stopping_criteria, decoder.cap.last_step(hypotheses.tokens))
         hypotheses.finish(candidates)
