@@ -114,6 +114,12 @@ class ScriptedModel(VanillaTransformerForConditionalGeneration):
     def get_encoder(self, modality=None):
         return self.source_ids
 
+    def get_decoder(self):
+        return self.model.decoder
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, encoder_outputs=None, cache=None,
                 past_key_values=None, **kwargs):
         """transformers' loops call the whole model: the scripted network, then the identity projection.
