@@ -167,7 +167,8 @@ def test_finished_sentences_leaving_the_batch_changes_nothing(model_and_batch, e
 class _HostWaits(TorchDispatchMode):
     """Counts what makes the host wait for the device's values (on a GPU, a synchronisation): a scalar read
     (`.item()`, `bool()`, `int()`), `nonzero`, boolean indexing, a repeat by a tensor of counts, `tolist`,
-    outside the decoder's forward (which our loops call)."""
+    outside the decoder's forward (which our loops call) and the source mask our loops build once per call
+    with transformers' mask function (before transformers 5.24 it asks whether anything is padded)."""
 
     READS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default,
              aten.repeat_interleave.Tensor, aten.equal.default}
@@ -177,16 +178,12 @@ class _HostWaits(TorchDispatchMode):
         super().__init__()
         self.count, self.in_forward = 0, False
         self.rows, self.before = [], []  # at each step: the rows in the batch, the count before it
-        forward, tolist = model.model.decoder.forward, torch.Tensor.tolist
+        forward, tolist = self.uncounted(model.model.decoder.forward), torch.Tensor.tolist
 
         def counted_forward(*args, **kwargs):
             self.rows.append(args[0].size(0))  # the decoder's input ids, as our loops pass them
             self.before.append(self.count)
-            self.in_forward = True
-            try:
-                return forward(*args, **kwargs)
-            finally:
-                self.in_forward = False
+            return forward(*args, **kwargs)
 
         def counted_tolist(tensor):
             self.count += not self.in_forward
@@ -194,6 +191,19 @@ class _HostWaits(TorchDispatchMode):
 
         monkeypatch.setattr(model.model.decoder, "forward", counted_forward)
         monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+        monkeypatch.setattr(generation, "_source_mask", self.uncounted(generation._source_mask))
+
+    def uncounted(self, function):
+        """`function`, what it waits for not counted."""
+
+        def run(*args, **kwargs):
+            self.in_forward = True
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.in_forward = False
+
+        return run
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         waits = func in self.READS or (func in self.INDEXING and any(
