@@ -460,7 +460,7 @@ def _rows_of(sentences: torch.Tensor, rows_per_sentence: int) -> torch.Tensor:
 
 def _going_on(finished: torch.Tensor) -> int:
     """How many rows (or sentences) have not `finished`: the step's one wait for the device."""
-    return int((~finished).sum())
+    return finished.numel() - int(finished.sum())
 
 
 def _staying_and_leaving(finished: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -275,7 +275,8 @@ class Embeddings(nn.Module):
         else:
             check_learned_positions(tokens.size(1), past_length, self.learned_positions.num_embeddings)
             position_encoding = self.learned_positions(positions)
-        return self.dropout(tokens * self.scale + position_encoding.to(tokens.dtype))  # (B, L, d_model)
+        x = tokens * self.scale + position_encoding.to(tokens.dtype)  # (B, L, d_model)
+        return self.dropout(x) if self.training else x  # dropout is the identity in evaluation: not called
 
 
 # --------------------------------------------------------------------------------------
