@@ -25,6 +25,7 @@ __all__ = ["ATTENTION_IMPLEMENTATIONS", "BF16_CPU_FLAGS", "cpu_computes_bf16", "
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")  # transformers' names
 ATTENTION_CANDIDATES = ("sdpa", "eager")  # timed: the others are slower where they run at all (flex on a CPU)
+MARGIN = 0.05  # another implementation replaces the configured one only when it is at least this much faster
 # One process, or DDP; FSDP's sharded forward and DeepSpeed's engine (which steps inside backward) keep sdpa.
 TIMED_UNDER = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
 
@@ -52,7 +53,8 @@ def fastest_attention(accelerator, model, batch: dict, loss, rounds: int = 3) ->
     """Leave `model` on the attention implementation that runs forward and backward on `batch` fastest.
 
     `loss(model, batch)` returns the batch's loss. Each implementation the model accepts runs `rounds` times,
-    interleaved; the first round warms up and the fastest later one counts. Every process times its own and
+    interleaved; the first round warms up and the fastest later one counts. The configured implementation
+    (transformers' default, sdpa) stays unless another is `MARGIN` faster. Every process times its own and
     the sums decide, so that all keep the same. Gradients are cleared and the random state restored: the run
     goes on as if nothing had run. Returns {implementation: seconds}, empty when there was no choice.
     """
@@ -80,7 +82,10 @@ def fastest_attention(accelerator, model, batch: dict, loss, rounds: int = 3) ->
                 model.zero_grad(set_to_none=True)
     own = torch.tensor([min(seconds[name][1:] or seconds[name]) for name in usable], device=accelerator.device)
     summed = accelerator.reduce(own, "sum").tolist()
-    best = usable[summed.index(min(summed))]
+    times = dict(zip(usable, summed))
+    best = min(usable, key=times.get)
+    if configured in times and times[best] > (1 - MARGIN) * times[configured]:
+        best = configured  # a near tie: what the first batch measured is noise, not a reason to change
     unwrapped.set_attn_implementation(best)
     return {name: total / accelerator.num_processes for name, total in zip(usable, summed)}
 
