@@ -34,18 +34,22 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         ignored = labels == -100
         target = labels.masked_fill(ignored, 0).unsqueeze(1)  # (N, 1)
         grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
+        in_place = grad is not None and grad.dtype == torch.float32
         rows = max(1, BLOCK_BYTES // (4 * logits.size(-1)))
         nll, loss = [], []
         for start in range(0, logits.size(0), rows):
             block = slice(start, start + rows)
-            log_probs = torch.log_softmax(logits[block], dim=-1, dtype=torch.float32)  # (rows, V)
+            # fp32 logits' gradient is made in place from their log-probabilities; other dtypes' is copied
+            log_probs = torch.log_softmax(logits[block], dim=-1, dtype=torch.float32, out=grad[block] if in_place else None)
             nll.append(-log_probs.gather(1, target[block]).squeeze(1))
             loss.append((1.0 - epsilon) * nll[-1] - epsilon * log_probs.mean(dim=-1) if epsilon else nll[-1])
-            if grad is not None:
-                softmax = log_probs.exp_()  # in place
+            if grad is not None:  # softmax - q, in fp32
+                softmax = log_probs.exp_()
                 if epsilon:
                     softmax.sub_(epsilon / logits.size(-1))
-                grad[block] = softmax.scatter_add_(1, target[block], softmax.new_full(target[block].shape, epsilon - 1.0))
+                softmax.scatter_add_(1, target[block], softmax.new_full(target[block].shape, epsilon - 1.0))
+                if not in_place:
+                    grad[block] = softmax
         nll, loss = torch.cat(nll).masked_fill(ignored, 0.0), torch.cat(loss).masked_fill(ignored, 0.0)
         if grad is not None:  # ignored tokens get no gradient: their rows are zeroed in backward's one pass
             ctx.save_for_backward(grad, (~ignored).unsqueeze(1).to(logits.dtype))
