@@ -47,6 +47,7 @@ SETTINGS = {
     },
 }
 QUICK = dict(train_tokens=256, sentences=32, generation_train_steps=0)
+PRECISION_NAMES = {"fp32": "fp32", "bf16": "bf16 autocast"}
 # A trained model's outputs end at their own lengths; the cap only stops runaway repetition.
 TRAINED = {"cpu": dict(sentences=300, max_new_tokens=128), "cuda": dict(sentences=634, max_new_tokens=128)}
 TRAINED_QUICK = dict(sentences=32, max_new_tokens=32)
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
             "per_size": {size: QUICK if args.quick else SETTINGS[kind][size] for size in sizes},
             "generation_model": str(args.generation_model) if args.generation_model else None,
             **repeats,
-            "training_precision": "bf16 autocast" if kind == "cuda" else "fp32",
+            "training_precision": " and ".join(PRECISION_NAMES[p] for p in training.precisions(args.device)),
             "generation_precision": "bf16 (agreement checked in fp32)" if kind == "cuda" else "fp32",
             "generation_batch_size": generation.BATCH_SIZE,
             "length_penalty": generation.LENGTH_PENALTY,
@@ -209,18 +210,32 @@ def markdown(report: dict) -> str:
         "tokens. Memory: peak resident memory of the contender's own process above the interpreter with "
         "torch imported (CPU), or `torch.cuda.max_memory_allocated` (GPU). MFU = the step's FLOPs (weights and "
         "attention, forward and backward: benchmarks/mfu.py) per second / the GPU's rated bf16 peak; in brackets, "
-        "/ the bf16 matmul rate measured on it.",
+        "/ the bf16 matmul rate measured on it." + (
+            " Share of matmul rate = the step's FLOPs per second / the rate measured in the same run and precision on "
+            "the step's own matrix products (every weight matrix's forward product and its two gradient products, the "
+            "output projection's included; their FLOPs / their time). Ours trains on the attention implementation "
+            "the training loop chooses (the fastest on the batch here, forward and backward), Marian on its default."
+            if any("precisions" in r for r in report["training"].values()) else ""),
         "",
         "## Training",
         "",
     ]
     lines += [
-        "| size | contender | tokens/batch | target tokens/s | vs Marian | peak memory (MB) | MFU | attention |",
-        "|---|---|---|---|---|---|---|---|",
+        "| size | precision | contender | tokens/batch | target tokens/s | vs Marian | share of matmul rate "
+        "| peak memory (MB) | MFU | attention |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ] if report["training"] else ["Not run (`--sizes none`)."]
     for size, r in report["training"].items():
-        for name in training.CONTENDERS:
-            lines.append(_training_row(size, name, r))
+        for precision, p in _by_precision(r, settings).items():
+            for name in training.CONTENDERS:
+                lines.append(_training_row(size, precision, name, p))
+    notes = [_training_note(size, precision, p) for size, r in report["training"].items()
+             for precision, p in _by_precision(r, settings).items() if "matmul_gflops_per_s" in p]
+    if notes:
+        lines += ["", "Per size and precision: the matmul rate on the step's own products, the step's share of it, the "
+                      "attention implementation chosen for ours (forward and backward on the batch, each timed), and "
+                      f"where ours' step goes on a CPU (a profile of {training.PROFILED_STEPS} steps after the timed "
+                      "ones: self CPU time by operator, as shares of the step):", "", *notes]
     lines += [
         "",
         f"## Generation (en-es test split, batch {settings['generation_batch_size']}, "
@@ -359,7 +374,28 @@ def render_docs(report_json: Path, docs: Path = DOCS_PAGE) -> Path:
     return write_atomically(docs, "\n".join(lines).rstrip("\n") + "\n")
 
 
-def _training_row(size: str, name: str, r: dict) -> str:
+def _by_precision(r: dict, settings: dict) -> dict:
+    """A size's training results by precision (a report before precisions were rows holds one, unnamed)."""
+    return {PRECISION_NAMES[p]: results for p, results in r["precisions"].items()} if "precisions" in r else {
+        settings["training_precision"]: r}
+
+
+def _training_note(size: str, precision: str, r: dict) -> str:
+    ours = r["ours"]
+    text = (f"- {size}, {precision}: products at {_rate(r['matmul_gflops_per_s'])} GFLOP/s; the step at "
+            f"{ours['share_of_matmul_rate']:.0%} of it (ours), {r['marian']['share_of_matmul_rate']:.0%} (Marian).")
+    if ours.get("attention_chosen"):
+        timings = ", ".join(f"{name} {1000 * s:.1f} ms" for name, s in ours["attention_seconds"].items())
+        chosen = sorted(set(ours["attention_chosen"]))
+        text += (f" Attention chosen: {', '.join(chosen)}" + (" (varied by round)" if len(chosen) > 1 else "")
+                 + f", forward and backward in the first round: {timings}.")
+    if "profile" in ours:
+        text += " Ours' step: " + ", ".join(f"{name.removeprefix('aten::')} {share:.0%}"
+                                            for name, share in ours["profile"]["shares"].items()) + "."
+    return text
+
+
+def _training_row(size: str, precision: str, name: str, r: dict) -> str:
     c = r[name]
     gpu = "peak_gpu_memory_mb" in c
     memory = c["peak_gpu_memory_mb"] if gpu else c["peak_rss_above_imports_mb"]
@@ -368,8 +404,9 @@ def _training_row(size: str, name: str, r: dict) -> str:
     mfu = f"{c['mfu']:.1%}" if c.get("mfu") else "–"
     if c.get("mfu_of_measured_matmul"):
         mfu += f" ({c['mfu_of_measured_matmul']:.1%})"
-    return (f"| {size} | {name} | {c['target_tokens_per_batch']} | {_rate(c['tokens_per_s'])} | {versus} | "
-            f"{memory_text} | {mfu} | {', '.join(c['attention_kernels'])} |")
+    share = f"{c['share_of_matmul_rate']:.0%}" if "share_of_matmul_rate" in c else "–"
+    return (f"| {size} | {precision} | {name} | {c['target_tokens_per_batch']} | {_rate(c['tokens_per_s'])} | {versus} "
+            f"| {share} | {memory_text} | {mfu} | {', '.join(c['attention_kernels'])} |")
 
 
 if __name__ == "__main__":

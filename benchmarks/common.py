@@ -171,6 +171,23 @@ def attention_kernels(fn) -> list[str]:
     return kernels
 
 
+def operator_profile(fn, runs: int, top: int = 8) -> dict:
+    """Where the CPU time of `runs` calls of `fn` goes: the `top` operators by self CPU time (time in the operator
+    and not in the operators it calls), then all the others, then the time outside any operator (Python, the
+    autograd engine's bookkeeping), each as a share of the wall time of the calls under the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof, Timer("cpu") as timer:
+        for _ in range(runs):
+            fn()
+    ranked = sorted(((event.key, event.self_cpu_time_total / 1e6) for event in prof.key_averages()),
+                    key=lambda item: item[1], reverse=True)
+    shares = {name: seconds / timer.seconds for name, seconds in ranked[:top]}
+    shares["other operators"] = sum(seconds for _, seconds in ranked[top:]) / timer.seconds
+    shares["outside operators"] = max(0.0, 1 - sum(shares.values()))
+    return {"runs": runs, "seconds_per_run": timer.seconds / runs, "shares": shares}
+
+
 def environment(device: str, threads: int) -> dict:
     info = {
         "date": time.strftime("%Y-%m-%d"),

@@ -9,15 +9,21 @@ weighted sum of V: queries × keys × d_model multiply-adds each, per layer: sou
 target² in the decoder's self-attention, counted whole although causal, as PaLM's MFU counts it, and
 target × source in the cross-attention). Embedding lookups, softmax, normalisation and the optimiser are
 not counted (a few percent at the base model's size).
+
+`model_matmul_rate` measures the rate the device reaches on the step's own dense products (every weight
+matrix's forward product and its two gradient products, the output projection's included), in the step's
+precision: the rate a step made only of matrix products would run at, against which its share is read.
 """
 
 from __future__ import annotations
 
 import re
+import statistics
 
 import torch
 
-__all__ = ["RATED_PEAK_TFLOPS", "matmul_tflops", "mfu", "rated_peak_tflops", "training_flops"]
+__all__ = ["RATED_PEAK_TFLOPS", "matmul_tflops", "mfu", "model_matmul_rate", "rated_peak_tflops", "step_products",
+           "training_flops"]
 
 # Dense (no sparsity) peaks in TFLOP/s from NVIDIA's data sheets, by device name as torch reports it:
 # bf16 tensor cores, TF32 tensor cores (fp32 matmuls with TF32 on), plain fp32. More specific names first.
@@ -62,6 +68,49 @@ def training_flops(config, batch: dict) -> float:
         + config.decoder_layers * 2 * ((target**2).sum() + (source * target).sum())
     )
     return float(6 * (weights + attention))
+
+
+def step_products(config, batch: dict) -> list[tuple[int, int, int, int]]:
+    """The dense products of one forward pass of `config`'s model on `batch`, as (times per step, tokens, inputs,
+    outputs) per shape of weight: tokens × inputs @ inputs × outputs, counted on real tokens as `training_flops`."""
+    source = int(batch["attention_mask"].sum())
+    target = int((batch["labels"] != -100).sum())
+    d, d_ff = config.d_model, config.d_ff
+    encoder, decoder = config.encoder_layers, config.decoder_layers
+    products = [
+        (4 * encoder + 2 * decoder, source, d, d),  # the encoder's attention, the cross-attention's keys and values
+        (encoder, source, d, d_ff),
+        (encoder, source, d_ff, d),
+        (6 * decoder, target, d, d),  # the decoder's self-attention, the cross-attention's queries and output
+        (decoder, target, d, d_ff),
+        (decoder, target, d_ff, d),
+        (1, target, d, config.vocab_size),  # the output projection
+    ]
+    return [product for product in products if product[0] and product[1]]
+
+
+def model_matmul_rate(products, device: str, dtype: torch.dtype, repeats: int = 5) -> float:
+    """FLOP/s of `products` (from `step_products`) in `dtype` on `device`, forward and backward: each shape's
+    forward product (as nn.Linear computes it) and its gradients for the input and the weight, timed, the
+    median of `repeats` runs; the total FLOPs of the step's products over their total time, each shape counted as
+    often as the step runs it (so weighted by its FLOPs)."""
+    from .common import Timer
+
+    flops = seconds = 0.0
+    for count, tokens, inputs, outputs in products:
+        x = torch.randn(tokens, inputs, device=device, dtype=dtype)
+        weight = torch.randn(outputs, inputs, device=device, dtype=dtype)
+        grad = torch.randn(tokens, outputs, device=device, dtype=dtype)
+        times = []
+        for _ in range(repeats + 1):  # the first warms up
+            with Timer(device) as timer:
+                torch.nn.functional.linear(x, weight)
+                grad @ weight
+                grad.t() @ x
+            times.append(timer.seconds)
+        flops += count * 3 * 2 * tokens * inputs * outputs
+        seconds += count * statistics.median(times[1:])
+    return flops / seconds
 
 
 def mfu(flops_per_second: float, peak_tflops: float | None) -> float | None:

@@ -114,15 +114,14 @@ def study_arguments(output_dir: Path, overrides: dict, settings: dict, tokenizer
     """The quickstart's schedule with the study's model (`settings["model"]`, the attention `overrides` on top),
     learning rate, batches, seed and a step count instead of minutes."""
     test_samples = None if settings["test_samples"] == "all" else settings["test_samples"]
-    args = training_arguments(output_dir, minutes=15.0, size="small", on_gpu=on_gpu, seed=settings["seed"],
-                              test_samples=test_samples)
+    args = training_arguments(output_dir, minutes=15.0, size="small", seed=settings["seed"], test_samples=test_samples)
     model = dict(settings["model"])
     steps = settings["steps"]
     return dataclasses.replace(
         args, preset=model.pop("preset"), config_overrides={**model, **overrides}, max_tokens=settings["max_tokens"],
         warmup_steps=settings["warmup_steps"], lr_scale=settings["lr_scale"], max_steps=steps, time_limit=None,
         tokenizer=str(tokenizer_dir), eval_steps=max(1, steps // CURVE_POINTS), save_steps=steps, keep_checkpoints=1,
-        log_steps=max(1, steps // 10),
+        log_steps=max(1, steps // 10), mixed_precision="bf16" if on_gpu else "no",  # the study's runs compare in fp32 on a CPU
     )
 
 
@@ -181,7 +180,7 @@ def run_one(name: str, overrides: dict, config, settings: dict, args, work: Path
     timing_steps = settings["timing"]["steps"]
     timing = training_benchmark._spawn(dict(
         contender="ours", config=config.to_dict(), batch=str(batch_path), device=device, threads=args.threads,
-        warmup=min(TIMING_WARMUP, timing_steps), steps=timing_steps,
+        warmup=min(TIMING_WARMUP, timing_steps), steps=timing_steps, precision="fp32" if device == "cpu" else "bf16",
     ))
     step = summary(timing["step_seconds"])
     entry = {

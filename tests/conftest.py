@@ -206,3 +206,13 @@ def chromium():
         browser = playwright.chromium.launch(executable_path=path, args=CHROMIUM_FLAGS)
         yield browser
         browser.close()
+
+
+@pytest.fixture(autouse=True)
+def fresh_mixed_precision():
+    """Accelerate fixes one mixed precision per process, at its first Accelerator; a test, like each run of
+    the command line, starts without one (a run's default precision depends on the machine)."""
+    yield
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=False)

@@ -15,6 +15,7 @@ import matplotlib.image
 import pytest
 
 from vanilla_transformer.quickstart import SIZES
+from vanilla_transformer.training.kernels import cpu_computes_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # every test starts a benchmark process
@@ -37,14 +38,31 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path, hub_tiny_folder):
     assert env_info["threads"] == 1 and env_info["torch"] and env_info["transformers"]
     assert report["settings"]["quick"] and report["settings"]["sizes"] == ["tiny"]
 
-    train = report["training"]["tiny"]
-    for name in ("ours", "marian"):
-        assert train[name]["tokens_per_s"]["median"] > 0
-        assert train[name]["peak_rss_mb"] > train[name]["peak_rss_above_imports_mb"] > 0
-        assert train[name]["attention_kernels"]  # a kernel was seen by the profiler
-    assert train["ours"]["parameters"] == train["marian"]["parameters"]  # the same architecture
-    assert train["ours"]["target_tokens_per_batch"] == train["marian"]["target_tokens_per_batch"]
-    assert train["speedup_vs_marian"]["median"] > 0
+    # Training in the precisions the training loop takes here: fp32, and bf16 autocast where the CPU has it (#48).
+    precisions = report["training"]["tiny"]["precisions"]
+    assert list(precisions) == (["fp32", "bf16"] if cpu_computes_bf16() else ["fp32"])
+    for train in precisions.values():
+        for name in ("ours", "marian"):
+            assert train[name]["tokens_per_s"]["median"] > 0
+            assert train[name]["peak_rss_mb"] > train[name]["peak_rss_above_imports_mb"] > 0
+            assert train[name]["attention_kernels"]  # a kernel was seen by the profiler
+            assert 0 < train[name]["share_of_matmul_rate"] < 1  # the step does the products and more
+        assert train["ours"]["parameters"] == train["marian"]["parameters"]  # the same architecture
+        assert train["ours"]["target_tokens_per_batch"] == train["marian"]["target_tokens_per_batch"]
+        assert train["speedup_vs_marian"]["median"] > 0
+        assert train["matmul_gflops_per_s"]["median"] > 0
+        # Ours trains on the attention implementation the training loop would choose: the faster one timed.
+        timed = train["ours"]["attention_seconds"]
+        assert set(timed) == {"sdpa", "eager"}
+        assert train["ours"]["attention_chosen"] == [min(timed, key=timed.get)]  # one round
+        chosen_kernels = ["explicit"] if min(timed, key=timed.get) == "eager" else ["sdpa:flash(cpu)"]
+        assert train["ours"]["attention_kernels"] == chosen_kernels
+        # Where ours' step goes: the top operators, then the rest, as shares of the profiled steps.
+        shares = train["ours"]["profile"]["shares"]
+        assert len(shares) == 10 and list(shares)[-2:] == ["other operators", "outside operators"]
+        assert all(share >= 0 for share in shares.values()) and sum(shares.values()) == pytest.approx(1)
+        assert {"aten::mm", "aten::addmm"} & set(shares)  # matrix products are among the top
+        assert "profile" not in train["marian"]
 
     contenders = {"ours", "marian"}
     if importlib.util.find_spec("ctranslate2") is not None:
@@ -76,8 +94,10 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path, hub_tiny_folder):
     assert report["tokenizer"]["encode_sentences_per_s"] > 0
 
     markdown = md_path.read_text()
-    for expected in ("| tiny | ours |", "| trained | 32 | greedy | ours |", "## Generation", "## Tokenizer", "load average"):
+    for expected in ("| tiny | fp32 | ours |", "| tiny | fp32 | marian |", "- tiny, fp32: products at", "Ours' step: ",
+                     "| trained | 32 | greedy | ours |", "## Generation", "## Tokenizer", "load average"):
         assert expected in markdown
+    assert ("| tiny | bf16 autocast | ours |" in markdown) == cpu_computes_bf16()
 
     # A second run of the day writes beside the first, not over it.
     from benchmarks.__main__ import write_report

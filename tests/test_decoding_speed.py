@@ -12,6 +12,7 @@ from torch._dynamo.utils import counters
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import CompileConfig, GenerationMixin
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
 from vanilla_transformer.modeling import fast_generation_vanilla_transformer as fast
 from vanilla_transformer.modeling import generation_vanilla_transformer as generation
@@ -67,19 +68,45 @@ def test_generate_s_default_cache_is_transformers_own(model_and_batch, mode, mon
     """Every mode, in our loops and transformers', decodes with transformers' own cache, and returns it."""
     model, batch = model_and_batch
     caches = []
-    forward = model.model.forward  # our loops and transformers' both run the base model with the cache
+    forward = model.model.decoder.forward  # our loops and transformers' both run the decoder with the cache
     signature = inspect.signature(forward)
 
     def spy(*args, **kwargs):
-        arguments = signature.bind(*args, **kwargs).arguments
-        caches.append(next(arguments[name] for name in ("cache", "past_key_values") if arguments.get(name) is not None))
+        caches.append(signature.bind(*args, **kwargs).arguments["cache"])
         return forward(*args, **kwargs)
 
-    monkeypatch.setattr(model.model, "forward", spy)
+    monkeypatch.setattr(model.model.decoder, "forward", spy)
     _generate(model, batch, **MODES[mode])  # plain: our loops, except sampling
     assert caches and all(_is_transformers_cache(cache) for cache in caches), {type(c).__name__ for c in caches}
     returned = _generate(model, batch, return_dict_in_generate=True, **MODES[mode])[CACHE_NAME]
     assert _is_transformers_cache(returned)
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("beams", [1, 4])
+def test_our_loops_build_the_source_mask_once_and_no_look_ahead_mask(model_and_batch, beams, attn_implementation,
+                                                                       monkeypatch):
+    """The cross-attention mask depends only on the source's padding: our loops build it once per call (the
+    encoder's is the only other one), not at every step as transformers' loop does; one new query sees every
+    cached key, so a step builds no look-ahead mask. The tokens are those of transformers' loop."""
+    model, batch = model_and_batch
+    assert not batch["attention_mask"].all()  # padded sources: the mask hides something
+    built = []
+    mask_function = ALL_MASK_ATTENTION_FUNCTIONS[attn_implementation]
+    monkeypatch.setitem(ALL_MASK_ATTENTION_FUNCTIONS, attn_implementation,
+                        lambda *args, **kwargs: built.append(kwargs["q_length"]) or mask_function(*args, **kwargs))
+    loop = GenerationMixin._sample if beams == 1 else GenerationMixin._beam_search
+    options = dict(num_beams=beams, length_penalty_style="transformers", max_new_tokens=8)
+    model.set_attn_implementation(attn_implementation)
+    try:
+        theirs = model.generate(**batch, custom_generate=loop, **options)
+        assert len(built) > 2
+        built.clear()
+        ours = model.generate(**batch, **options)
+    finally:
+        model.set_attn_implementation("sdpa")
+    assert built == [batch["input_ids"].size(1), 1]  # the encoder's, then the source's for every decoding step
+    assert torch.equal(ours, theirs)
 
 
 @pytest.mark.parametrize("start", ["given", "prepended by transformers"])
@@ -140,7 +167,8 @@ def test_finished_sentences_leaving_the_batch_changes_nothing(model_and_batch, e
 class _HostWaits(TorchDispatchMode):
     """Counts what makes the host wait for the device's values (on a GPU, a synchronisation): a scalar read
     (`.item()`, `bool()`, `int()`), `nonzero`, boolean indexing, a repeat by a tensor of counts, `tolist`,
-    outside the model's forward (`model.model`, which our loops call)."""
+    outside the decoder's forward (which our loops call) and the source mask our loops build once per call
+    with transformers' mask function (before transformers 5.24 it asks whether anything is padded)."""
 
     READS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default,
              aten.repeat_interleave.Tensor, aten.equal.default}
@@ -150,23 +178,32 @@ class _HostWaits(TorchDispatchMode):
         super().__init__()
         self.count, self.in_forward = 0, False
         self.rows, self.before = [], []  # at each step: the rows in the batch, the count before it
-        forward, tolist = model.model.forward, torch.Tensor.tolist
+        forward, tolist = self.uncounted(model.model.decoder.forward), torch.Tensor.tolist
 
         def counted_forward(*args, **kwargs):
-            self.rows.append(kwargs["decoder_input_ids"].size(0))  # as our loops call it
+            self.rows.append(args[0].size(0))  # the decoder's input ids, as our loops pass them
             self.before.append(self.count)
-            self.in_forward = True
-            try:
-                return forward(*args, **kwargs)
-            finally:
-                self.in_forward = False
+            return forward(*args, **kwargs)
 
         def counted_tolist(tensor):
             self.count += not self.in_forward
             return tolist(tensor)
 
-        monkeypatch.setattr(model.model, "forward", counted_forward)
+        monkeypatch.setattr(model.model.decoder, "forward", counted_forward)
         monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+        monkeypatch.setattr(generation, "_source_mask", self.uncounted(generation._source_mask))
+
+    def uncounted(self, function):
+        """`function`, what it waits for not counted."""
+
+        def run(*args, **kwargs):
+            self.in_forward = True
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.in_forward = False
+
+        return run
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         waits = func in self.READS or (func in self.INDEXING and any(
@@ -237,8 +274,8 @@ def test_the_pruning_searches_are_what_generate_runs(model_and_batch, monkeypatc
     """Plain greedy and beam calls (either ranking) go through the pruning searches, and rows do leave."""
     model, batch = model_and_batch
     batch_sizes = []
-    forward = model.model.forward  # our loops run the base model and project the last position themselves
-    monkeypatch.setattr(model.model, "forward", lambda *a, **k: batch_sizes.append(k["decoder_input_ids"].size(0)) or forward(*a, **k))
+    forward = model.model.decoder.forward  # our loops run the decoder and project the last position themselves
+    monkeypatch.setattr(model.model.decoder, "forward", lambda *a, **k: batch_sizes.append(a[0].size(0)) or forward(*a, **k))
     model.generate(**batch, num_beams=1)
     assert batch_sizes[0] == len(SENTENCES) and batch_sizes[-1] < len(SENTENCES)
     for style in ("gnmt", "transformers"):
@@ -261,8 +298,8 @@ def test_one_rule_lets_finished_rows_leave_greedy_and_beam_search(monkeypatch):
     batch = dict(input_ids=input_ids, attention_mask=(torch.arange(16)[None] <= torch.arange(16)[:, None]).long(),
                  max_length_offset=2)
     batch_sizes = []
-    forward = model.model.forward  # our loops run the base model and project the last position themselves
-    monkeypatch.setattr(model.model, "forward", lambda *a, **k: batch_sizes.append(k["decoder_input_ids"].size(0)) or forward(*a, **k))
+    forward = model.model.decoder.forward  # our loops run the decoder and project the last position themselves
+    monkeypatch.setattr(model.model.decoder, "forward", lambda *a, **k: batch_sizes.append(a[0].size(0)) or forward(*a, **k))
     for search, beams in ((greedy_search, 1), (beam_search, 2), (gnmt_beam_search, 2)):
         batch_sizes.clear()
         pruned = model.generate(**batch, num_beams=beams, custom_generate=search)

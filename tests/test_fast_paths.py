@@ -49,8 +49,11 @@ def test_a_model_is_made_of_the_modeling_files_classes_and_torch_s_and_the_switc
         VanillaTransformerConfig.tiny(fast_paths="yes")
 
 
+@pytest.mark.parametrize("block_rows", [None, 1, 5], ids=["one block", "row by row", "blocks of 5 rows"])
 @pytest.mark.parametrize("epsilon", [0.0, 0.1])
-def test_closed_form_cross_entropy_and_its_gradient_are_the_plain_loss_s_and_torch_s(epsilon):
+def test_closed_form_cross_entropy_and_its_gradient_are_the_plain_loss_s_and_torch_s(epsilon, block_rows, monkeypatch):
+    if block_rows is not None:  # the blocks of rows the fast loss works through, as with a large vocabulary
+        monkeypatch.setattr(fast, "BLOCK_BYTES", block_rows * 4 * VOCAB)
     logits, labels = logits_and_labels()
     expected = F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1), label_smoothing=epsilon, reduction="sum")
     (expected_grad,) = torch.autograd.grad(expected * 0.5, logits)

@@ -12,7 +12,12 @@ import pytest
 import torch
 from torch import nn
 from transformers import GenerationConfig
-from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling.generation_vanilla_transformer import (
@@ -62,27 +67,38 @@ class SourceIds(nn.Module):
         return BaseModelOutput(last_hidden_state=input_ids.float().unsqueeze(-1))
 
 
-class ScriptedBase(nn.Module):
+class ScriptedDecoder(nn.Module):
     """The scripted network: its "hidden states" are TABLE's log-probabilities, which the model's output
     projection (the identity here) turns into logits. The generated prefix is read back from the
     self-attention cache (the ids are stored there as keys), so beam reordering of the cache is exercised
-    as with the real network."""
+    as with the real network. Called as our decoder is: ids, the encoder output (here the sentences'
+    numbers), its mask, the decoder's mask, the cache."""
+
+    def forward(self, input_ids, encoder_hidden_states, encoder_attention_mask=None, attention_mask=None, cache=None,
+                *args, **kwargs):
+        sentences = encoder_hidden_states[:, 0, 0].long().tolist()
+        prefixes = input_ids
+        if cache is not None:
+            ids = input_ids.float()[:, None, :, None]
+            prefixes = cache.self_attention_cache.update(ids, ids, 0)[0][:, 0, :, 0].long()
+        rows = [row(s, tuple(p[1:].tolist())) for s, p in zip(sentences, prefixes)]
+        log_probs = torch.stack(rows).log().float()[:, None, :]  # softmax leaves log-probabilities as they are
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=log_probs, **{CACHE_NAME: cache})
+
+
+class ScriptedBase(nn.Module):
+    """The base model around the scripted decoder, as transformers' loops call it."""
 
     def __init__(self):
         super().__init__()
         self.anchor = nn.Parameter(torch.zeros(1))  # transformers reads the model's device from a parameter
+        self.decoder = ScriptedDecoder()
 
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, encoder_outputs=None,
                 cache=None, use_cache=None, past_key_values=None, **kwargs):
-        cache = one_cache(cache, past_key_values)
-        sentences = encoder_outputs[0][:, 0, 0].long().tolist()
-        prefixes = decoder_input_ids
-        if use_cache is not False and cache is not None:
-            ids = decoder_input_ids.float()[:, None, :, None]
-            prefixes = cache.self_attention_cache.update(ids, ids, 0)[0][:, 0, :, 0].long()
-        rows = [row(s, tuple(p[1:].tolist())) for s, p in zip(sentences, prefixes)]
-        log_probs = torch.stack(rows).log().float()[:, None, :]  # softmax leaves log-probabilities as they are
-        return Seq2SeqModelOutput(last_hidden_state=log_probs, **{CACHE_NAME: cache})
+        cache = one_cache(cache, past_key_values) if use_cache is not False else None
+        outputs = self.decoder(decoder_input_ids, encoder_outputs[0], attention_mask, None, cache)
+        return Seq2SeqModelOutput(last_hidden_state=outputs.last_hidden_state, **{CACHE_NAME: cache})
 
 
 class ScriptedModel(VanillaTransformerForConditionalGeneration):
@@ -97,6 +113,12 @@ class ScriptedModel(VanillaTransformerForConditionalGeneration):
 
     def get_encoder(self, modality=None):
         return self.source_ids
+
+    def get_decoder(self):
+        return self.model.decoder
+
+    def get_output_embeddings(self):
+        return self.lm_head
 
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, encoder_outputs=None, cache=None,
                 past_key_values=None, **kwargs):

@@ -53,15 +53,15 @@ def test_quickstart_folder_translates_in_a_process_without_the_package(quickstar
 
 def test_every_quickstart_size_decays_its_learning_rate_to_zero_at_the_end_of_its_budget(tmp_path):
     for size in ("base", "small", "tiny"):
-        args = training_arguments(tmp_path, 15.0, size, on_gpu=size == "base")
+        args = training_arguments(tmp_path, 15.0, size)
         assert args.lr_schedule == "linear" and args.time_limit is not None and args.max_steps is None
 
 
 def test_quickstart_rejects_a_budget_too_small_for_the_size(tmp_path):
     with pytest.raises(ValueError, match="`minutes` must be more than 1.5 for size 'small'"):
-        training_arguments(tmp_path, 1.5, "small", on_gpu=False)
+        training_arguments(tmp_path, 1.5, "small")
     with pytest.raises(ValueError, match="`size` must be one of 'base', 'small', 'tiny'; got 'huge'"):
-        training_arguments(tmp_path, 10.0, "huge", on_gpu=False)
+        training_arguments(tmp_path, 10.0, "huge")
 
 
 def test_a_looping_translation_is_found_and_named_in_the_summary():

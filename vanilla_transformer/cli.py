@@ -233,8 +233,13 @@ def _train_optimisation_group(p: argparse.ArgumentParser) -> None:
     optim.add_argument("--max-grad-norm", type=float, help="clip the gradient norm (not in the paper; default: off)")
     optim.add_argument(
         "--mixed-precision", choices=("no", "fp16", "bf16"),
-        help="default: what `accelerate launch`/`accelerate config` say, else bf16 on a GPU that has it (fp16 on one "
-        "that does not) and no on a CPU",
+        help="default: what `accelerate launch`/`accelerate config` say, else bf16 where the GPU or CPU computes it "
+        "(fp16 on a GPU without it), else no",
+    )
+    optim.add_argument(
+        "--attn-implementation", choices=("eager", "sdpa", "flex_attention", "flash_attention_2"),  # kernels.py's
+        help="transformers' attention implementation to train with (default: sdpa or eager, whichever trains the "
+        "first batch faster here)",
     )
 
 

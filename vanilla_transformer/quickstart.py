@@ -9,7 +9,7 @@ test verses with `pipeline("translation", trust_remote_code=True)` from the save
 the attention heat maps of one of them, and leaves a complete Hub folder with a model card.
 
 The model is sized for the time it gets: on a CPU a small Transformer (d_model 192, 2 encoder and
-4 decoder layers, d_ff 256) with a short warm-up, since the paper's 4,000 warm-up steps alone would take
+4 decoder layers, d_ff 256; bf16 where the CPU computes it in hardware) with a short warm-up, since the paper's 4,000 warm-up steps alone would take
 longer than the whole budget; on a GPU the paper's base model in bf16. Its learning rate warms up
 as the paper's does and then falls linearly to zero when the budget ends (`lr_schedule="linear"`):
 the paper's schedule, built for 100k steps, would stop a 15-minute run at a high rate
@@ -49,7 +49,7 @@ SIZES = {
 
 
 def training_arguments(
-    output_dir, minutes: float, size: str, on_gpu: bool, seed: int = 0, test_samples: int | None = None
+    output_dir, minutes: float, size: str, seed: int = 0, test_samples: int | None = None
 ) -> TrainingArguments:
     """What the quickstart trains: the model and schedule of `size` for a budget of `minutes`."""
     if size not in SIZES:
@@ -73,7 +73,7 @@ def training_arguments(
         keep_checkpoints=5,
         average_last=1,  # §6.1 averages the last 5 checkpoints of a 100k-step run; a short run has no good old ones
         lr_schedule="linear",  # to zero at the end of the time limit
-        mixed_precision="bf16" if on_gpu else "no",
+        mixed_precision=None,  # bf16 where the device multiplies it in hardware (training/kernels.py), else fp32
         **settings,
     )
 
@@ -117,13 +117,15 @@ def quickstart(
     started = time.perf_counter()
     output_dir = Path(output_dir)
     on_gpu = torch.cuda.is_available()
-    args = training_arguments(output_dir, minutes, size or ("base" if on_gpu else "small"), on_gpu, seed, test_samples)
+    args = training_arguments(output_dir, minutes, size or ("base" if on_gpu else "small"), seed, test_samples)
     results = train(args)
     examples = _translate_examples(output_dir)
     attention, parameters = _draw_attention(output_dir)
     summary = {
         "model_dir": str(output_dir),
         "device": torch.cuda.get_device_name() if on_gpu else f"CPU ({torch.get_num_threads()} threads)",
+        "precision": "fp32" if results.get("mixed_precision", "no") == "no" else results["mixed_precision"],
+        "attention": results.get("attn_implementation"),
         "parameters": parameters,
         "steps": results["steps"],
         "split": results["split"],
@@ -148,8 +150,8 @@ def format_summary(summary: dict) -> str:
     lines = [
         "",
         "=" * 72,
-        f"Done in {summary['wall_minutes']:.1f} min on {summary['device']}: {summary['steps']} training steps, "
-        f"{summary['parameters'] / 1e6:.1f}M parameters.",
+        f"Done in {summary['wall_minutes']:.1f} min on {summary['device']}: {summary['steps']} training steps in "
+        f"{summary.get('precision', 'fp32')}, {summary['parameters'] / 1e6:.1f}M parameters.",
         f"{summary['split']} split ({summary['scored_pairs']} pairs): BLEU {summary['bleu']:.2f}, chrF {summary['chrf']:.2f} "
         f"(validation perplexity {summary['validation_perplexity']:.1f})",
         f"  sacrebleu {summary['bleu_signature']}",

@@ -49,4 +49,6 @@ SMALL_RUN = [
     "--config-overrides", "d_model=32,d_ff=64,num_heads=2,encoder_layers=1,decoder_layers=1",
     "--max-tokens", "256", "--warmup-steps", "10", "--eval-steps", "1000", "--eval-samples", "0",
     "--num-beams", "1",
+    # Runs compared with one another compute alike on every machine: fp32 and one attention kernel.
+    "--mixed-precision", "no", "--attn-implementation", "eager",
 ]

@@ -284,19 +284,25 @@ def test_deepspeed_launch_without_gpus_names_the_cause(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "cuda, bf16, launcher, expected",
-    [(True, True, None, "bf16"), (True, False, None, "fp16"), (False, False, None, None), (True, True, "no", None)],
-    ids=["bf16 GPU", "older GPU", "CPU", "the launcher says"],
+    "cuda, bf16, cpu_bf16, use_cpu, launcher, expected",
+    [(True, True, False, False, None, "bf16"), (True, False, False, False, None, "fp16"),
+     (False, False, False, False, None, None), (False, False, True, False, None, "bf16"),
+     (True, True, False, True, None, None), (True, True, False, False, "no", None)],
+    ids=["bf16 GPU", "older GPU", "CPU without bf16", "CPU with bf16", "CPU asked for", "the launcher says"],
 )
-def test_mixed_precision_defaults_to_bf16_on_a_gpu_that_has_it(monkeypatch, cuda, bf16, launcher, expected):
+def test_mixed_precision_defaults_to_bf16_where_the_hardware_has_it(
+        monkeypatch, cuda, bf16, cpu_bf16, use_cpu, launcher, expected):
     # Proves: without --mixed-precision a run on a GPU trains in bf16 autocast (fp16, which Accelerate pairs
-    # with a loss scaler, on a GPU without bf16), a CPU run in fp32, and a launcher's own setting is kept.
+    # with a loss scaler, on a GPU without bf16), a CPU run in bf16 only where the CPU multiplies bf16 in
+    # hardware (else fp32), and a launcher's own setting is kept.
+    from vanilla_transformer.training import kernels
     from vanilla_transformer.training.distributed import default_mixed_precision
 
-    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1") if use_cpu else monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     if launcher is not None:
         monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launcher)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    monkeypatch.setattr(kernels, "cpu_computes_bf16", lambda: cpu_bf16)
     assert default_mixed_precision() == expected

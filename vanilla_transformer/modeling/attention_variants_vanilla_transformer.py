@@ -266,6 +266,10 @@ class LocalAttentionMasks:
             last = (encoder_attention_mask.sum(dim=-1) - 1).clamp_min(0)  # (B,)
         return lambda b, head, query, key: (key - torch.minimum(query + past_length, last[b])).abs() <= self.window
 
+    def decoder_windows(self, encoder_attention_mask, encoder_hidden_states, past_length):
+        """The decoder's: self-attention's and cross-attention's."""
+        return self.self_attention(), self.cross_attention(encoder_attention_mask, encoder_hidden_states, past_length)
+
 
 def predicted_position(module, q, keys: int, allowed):
     """Luong et al. 2015, eq. 9 (local-p): p_t = S · sigmoid(v_p^T tanh(W_p h_t)), from each head's query,

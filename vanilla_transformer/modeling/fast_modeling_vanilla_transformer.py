@@ -14,32 +14,45 @@ import torch
 from .modeling_vanilla_transformer import LabelSmoothedCrossEntropy
 
 
+# Rows of logits turned into fp32 log-probabilities at a time: a few MiB, which the allocator reuses from one
+# block of rows to the next and the cache holds, where the whole (N, V) fp32 tensor is fresh memory at every step.
+BLOCK_BYTES = 8 * 2**20
+
+
 class _SmoothedCrossEntropy(torch.autograd.Function):
     """Cross-entropy against the smoothed target q = (1 - ε)·onehot(y) + ε/V (§5.4), with its gradient in
     closed form: ∂loss/∂logits = softmax(logits) - q.
 
     Autograd keeps the log-probabilities for backward, where it fills a zero tensor of the logits' size
     for the gather and runs softmax's backward over both. Here the gradient is made in the forward pass
-    from the log-probabilities it already holds, and backward only scales it: the same numbers with one
-    (N, V) tensor fewer.
+    from the log-probabilities it already holds, a block of rows at a time, and backward only scales it:
+    the same numbers with no (N, V) tensor but the gradient.
     """
 
     @staticmethod
     def forward(ctx, logits, labels, epsilon):
-        log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (N, V)
         ignored = labels == -100
         target = labels.masked_fill(ignored, 0).unsqueeze(1)  # (N, 1)
-        nll = -log_probs.gather(1, target).squeeze(1).masked_fill(ignored, 0.0)  # (N,)
-        loss = nll
-        if epsilon:
-            loss = (1.0 - epsilon) * nll - epsilon * log_probs.mean(dim=-1).masked_fill(ignored, 0.0)
-        if ctx.needs_input_grad[0]:
-            grad = log_probs.exp_()  # softmax, in place
-            if epsilon:
-                grad.sub_(epsilon / logits.size(-1))
-            grad.scatter_add_(1, target, grad.new_full(target.shape, epsilon - 1.0))
-            # Ignored tokens get no gradient: their rows are zeroed in backward's one pass.
-            ctx.save_for_backward(grad.to(logits.dtype), (~ignored).unsqueeze(1).to(logits.dtype))
+        grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
+        in_place = grad is not None and grad.dtype == torch.float32
+        rows = max(1, BLOCK_BYTES // (4 * logits.size(-1)))
+        nll, loss = [], []
+        for start in range(0, logits.size(0), rows):
+            block = slice(start, start + rows)
+            # fp32 logits' gradient is made in place from their log-probabilities; other dtypes' is copied
+            log_probs = torch.log_softmax(logits[block], dim=-1, dtype=torch.float32, out=grad[block] if in_place else None)
+            nll.append(-log_probs.gather(1, target[block]).squeeze(1))
+            loss.append((1.0 - epsilon) * nll[-1] - epsilon * log_probs.mean(dim=-1) if epsilon else nll[-1])
+            if grad is not None:  # softmax - q, in fp32
+                softmax = log_probs.exp_()
+                if epsilon:
+                    softmax.sub_(epsilon / logits.size(-1))
+                softmax.scatter_add_(1, target[block], softmax.new_full(target[block].shape, epsilon - 1.0))
+                if not in_place:
+                    grad[block] = softmax
+        nll, loss = torch.cat(nll).masked_fill(ignored, 0.0), torch.cat(loss).masked_fill(ignored, 0.0)
+        if grad is not None:  # ignored tokens get no gradient: their rows are zeroed in backward's one pass
+            ctx.save_for_backward(grad, (~ignored).unsqueeze(1).to(logits.dtype))
         nll = nll.sum()
         ctx.mark_non_differentiable(nll)
         return loss.sum(), nll
@@ -51,6 +64,12 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         return grad * (kept * grad_loss), None, None
 
 
+def loss_class(config):
+    """The model's loss, chosen once when it is built: §5.4's `LabelSmoothedCrossEntropy`, or with
+    `config.fast_paths` its twin below (the same numbers with less memory and time)."""
+    return ClosedFormCrossEntropy if config.fast_paths else LabelSmoothedCrossEntropy
+
+
 class ClosedFormCrossEntropy(LabelSmoothedCrossEntropy):
     """`LabelSmoothedCrossEntropy` (the smoothed loss and the NLL, each summed over the target tokens whose
     label is not -100) from one log-softmax, with the gradient in closed form."""
@@ -59,4 +78,4 @@ class ClosedFormCrossEntropy(LabelSmoothedCrossEntropy):
         return _SmoothedCrossEntropy.apply(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), epsilon)
 
 
-__all__ = ["ClosedFormCrossEntropy"]
+__all__ = ["ClosedFormCrossEntropy", "loss_class"]

@@ -78,7 +78,7 @@ from transformers.generation import (
     SuppressTokensLogitsProcessor,
 )
 from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
-from transformers.modeling_outputs import BaseModelOutput
+from transformers.masking_utils import create_bidirectional_mask
 
 from .arguments_vanilla_transformer import CACHE_NAME, one_cache
 from .fast_generation_vanilla_transformer import enabled, output_projection, rows_leave
@@ -376,16 +376,16 @@ def _first(eos_token_id) -> int:
 class _LiveRows:
     """The decoder's side of our searches: the rows still in the batch (`rows_per_sentence` a sentence),
     their cache, encoder output and logits processors, run one step at a time; finished sentences leave.
-    `output_attentions` and `output_hidden_states` go to the decoder (None: the model config's)."""
+    `output_attentions` and `output_hidden_states` go to the decoder. The encoder has run: each step calls
+    the decoder (`get_decoder()`) alone."""
 
     def __init__(self, model, input_ids, logits_processor, generation_config, model_kwargs, rows_per_sentence=1,
-                 output_attentions=None, output_hidden_states=None):
+                 output_attentions=False, output_hidden_states=False):
         rows, prompt_length = input_ids.shape
-        self.model, self.rows_per_sentence = model, rows_per_sentence
-        self.use_cache = model_kwargs.get("use_cache", True)
-        self.cache = model_kwargs.get(CACHE_NAME) if self.use_cache else None
-        self.encoder_outputs = BaseModelOutput(last_hidden_state=model_kwargs["encoder_outputs"].last_hidden_state)
-        self.attention_mask = model_kwargs.get("attention_mask")
+        self.model, self.decoder, self.rows_per_sentence = model, model.get_decoder(), rows_per_sentence
+        self.cache = model_kwargs.get(CACHE_NAME) if model_kwargs.get("use_cache", True) else None
+        self.memory = model_kwargs["encoder_outputs"].last_hidden_state  # (B, S, d_model)
+        self.attention_mask = _source_mask(model, self.memory, model_kwargs.get("attention_mask"))
         self.output_attentions, self.output_hidden_states = output_attentions, output_hidden_states
         eos = _first(generation_config.eos_token_id)
         self.processors = _with_one_length_cap(logits_processor, rows // rows_per_sentence, eos, prompt_length,
@@ -405,18 +405,19 @@ class _LiveRows:
                 and all(isinstance(p, ROW_WISE_PROCESSORS) for p in self.processors))
 
     def step(self, tokens: torch.Tensor):
-        """Run the decoder on the rows' tokens so far: its outputs and the logits of the next token."""
-        outputs = self.model.model(
-            decoder_input_ids=tokens[:, -1:] if self.cache is not None and self.cache.get_seq_length() else tokens,
-            encoder_outputs=self.encoder_outputs,
-            attention_mask=self.attention_mask,
-            use_cache=self.use_cache,
-            output_attentions=self.output_attentions,
-            output_hidden_states=self.output_hidden_states,
-            return_dict=True,
-            **{CACHE_NAME: self.cache},  # the installed transformers' name, as generate passes it
-        )
+        """Run the decoder on the rows' tokens so far (the last alone where the cache holds the others): its
+        outputs and the logits of the next token."""
+        new = tokens[:, -1:] if self.cache is not None and self.cache.get_seq_length() else tokens
+        outputs = self.decoder(new, self.memory, self.attention_mask, cache=self.cache,
+                               output_attentions=self.output_attentions, output_hidden_states=self.output_hidden_states)
         return outputs, self.project(outputs.last_hidden_state[:, -1]).float()  # §3.4, last position only
+
+    def process(self, tokens: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """The logits processors in turn, the length cap last, as LogitsProcessorList calls them (which also reads
+        each one's signature at every step, for arguments our loops do not have)."""
+        for processor in self.processors:
+            scores = processor(tokens, scores)
+        return scores
 
     def reorder(self, rows: torch.Tensor) -> None:
         """Beams move within a sentence, whose cross-attention rows are all equal: only the self-attention
@@ -432,10 +433,23 @@ class _LiveRows:
         if self.cache is not None:
             self.cache.self_attention_cache.batch_select_indices(rows if self_attention_rows is None else self_attention_rows)
             self.cache.cross_attention_cache.batch_select_indices(rows)
-        self.encoder_outputs = BaseModelOutput(last_hidden_state=self.encoder_outputs.last_hidden_state[rows])
+        self.memory = self.memory[rows]
         self.attention_mask = self.attention_mask[rows] if self.attention_mask is not None else None
         self.processors = LogitsProcessorList(p.select(staying) if isinstance(p, SourceLengthCap) else p
                                               for p in self.processors)
+
+
+def _source_mask(model, memory: torch.Tensor, attention_mask):
+    """The decoder's cross-attention mask, built once per call rather than at every step: it depends only on
+    the source's padding, (B, 1, 1, S) for any query positions, in the form the attention function takes
+    (transformers' mask functions pass a prepared 4-D mask through). Local attention's windows move with the
+    query, and flex attention's block mask has a query length: there the padding mask (B, S) stays. Built
+    even where nothing is padded: asking would make the host wait for the device."""
+    if attention_mask is None or model.config.local_attention != "none":
+        return attention_mask
+    mask = create_bidirectional_mask(model.config, memory[:, :1], attention_mask, memory,
+                                     allow_is_bidirectional_skip=False)
+    return mask if isinstance(mask, torch.Tensor) and mask.dim() == 4 else attention_mask
 
 
 def _rows_of(sentences: torch.Tensor, rows_per_sentence: int) -> torch.Tensor:
@@ -444,11 +458,16 @@ def _rows_of(sentences: torch.Tensor, rows_per_sentence: int) -> torch.Tensor:
     return (sentences[:, None] * rows_per_sentence + within).view(-1)
 
 
-def _going_on(finished: torch.Tensor) -> tuple[int, torch.Tensor]:
-    """How many rows (or sentences) have not `finished`, and all places, those first, each part in order.
-    The count is the step's one wait for the device; the places are found on the device from it (a mask's
-    `nonzero` or boolean indexing would wait again)."""
-    return int((~finished).sum()), torch.sort(finished.byte(), stable=True).indices
+def _going_on(finished: torch.Tensor) -> int:
+    """How many rows (or sentences) have not `finished`: the step's one wait for the device."""
+    return finished.numel() - int(finished.sum())
+
+
+def _staying_and_leaving(finished: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The places of the `count` that go on and of those that `finished`, each in order, found on the device
+    (a mask's `nonzero` or boolean indexing would wait for it again); only when some leave."""
+    places = torch.sort(finished.byte(), stable=True).indices
+    return places[:count], places[count:]
 
 
 def greedy_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True, **model_kwargs):
@@ -474,17 +493,17 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
     while True:
         _, logits = decoder.step(tokens)
-        scores = decoder.processors(tokens, logits)  # the length cap among them
+        scores = decoder.process(tokens, logits)
         at_cap = decoder.cap.last_step(tokens)  # stops with this token, </s> or not (where </s> is ruled out)
         next_tokens = torch.where(finished, pad, scores.argmax(dim=-1))  # finished rows are fed padding
         tokens = torch.cat((tokens, next_tokens[:, None]), dim=1)
         finished |= stopping_criteria(tokens, scores) | at_cap
-        count, places = _going_on(finished)
+        count = _going_on(finished)
         if count == 0:
             sequences[active, : tokens.size(1)] = tokens
             return sequences[:, : tokens.size(1)]
         if prune and rows_leave(count, finished.numel()):
-            staying, leaving = places[:count], places[count:]
+            staying, leaving = _staying_and_leaving(finished, count)
             sequences[active[leaving], : tokens.size(1)] = tokens[leaving]
             decoder.keep(staying)
             tokens, active, finished = tokens[staying], active[staying], finished[staying]
@@ -668,11 +687,12 @@ class _StepOutputs:
         self.scores, self.decoder_attentions, self.cross_attentions, self.decoder_hidden_states = [], [], [], []
 
     def record(self, scores: torch.Tensor, outputs) -> None:
+        """`outputs`: the decoder's."""
         if self.wanted:
             self.scores.append(scores)
-            self.decoder_attentions.append(outputs.decoder_attentions)
+            self.decoder_attentions.append(outputs.attentions)
             self.cross_attentions.append(outputs.cross_attentions)
-            self.decoder_hidden_states.append(outputs.decoder_hidden_states)
+            self.decoder_hidden_states.append(outputs.hidden_states)
 
     def beam_output(self, hypotheses: list, fill: int, encoder_outputs, cache, device):
         """The sequences (padded with `fill`), or with `return_dict_in_generate` transformers' output of a
@@ -743,15 +763,15 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
     count = -1
     while count != 0:
         outputs, logits = decoder.step(hypotheses.tokens)
-        log_probs = decoder.processors(hypotheses.tokens, logits.log_softmax(dim=-1))  # the length cap among them
+        log_probs = decoder.process(hypotheses.tokens, logits.log_softmax(dim=-1))
         steps.record(log_probs, outputs)
         candidates = hypotheses.candidates(log_probs, stopping_criteria, decoder.cap.last_step(hypotheses.tokens))
         hypotheses.finish(candidates)
         parents = hypotheses.live_on(candidates)
         done = hypotheses.sentences_done(decoder.cap.max_new_tokens.clamp(max=longest))
-        count, places = _going_on(done)
+        count = _going_on(done)
         if prune and 0 < count and rows_leave(count, done.numel()):  # in the gather that reorders the beams
-            staying = places[:count]
+            staying, _ = _staying_and_leaving(done, count)
             decoder.keep(staying, self_attention_rows=parents[_rows_of(staying, beams)])
             hypotheses.keep(staying)
         else:

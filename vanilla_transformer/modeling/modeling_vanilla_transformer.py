@@ -9,17 +9,12 @@ attention function takes (`attn_implementation`).
 
 What is not the paper lives in the files beside this one, each called here in one line:
 
-    configuration_vanilla_transformer.py        the hyperparameters and the paper's presets
-    attention_variants_vanilla_transformer.py   attention beyond the paper, chosen when a layer is
-                                                built: other score functions, ReLU and sparsemax, hard
-                                                and local attention
-    arguments_vanilla_transformer.py            the checks of the models' arguments (an error naming
-                                                the argument); the cache's two names
-    saving_vanilla_transformer.py               what a saved folder needs to load anywhere
-    fast_modeling_vanilla_transformer.py        the loss with its gradient in closed form: the same
-                                                numbers with less work, chosen at construction unless
-                                                `config.fast_paths` is False
-    generation_vanilla_transformer.py           decoding (§6.1)
+    configuration_vanilla_transformer.py       the hyperparameters and the paper's presets
+    attention_variants_vanilla_transformer.py  attention beyond the paper, chosen when a layer is built
+    arguments_vanilla_transformer.py           the checks of the models' arguments; the cache's two names
+    saving_vanilla_transformer.py              what a saved folder needs to load anywhere
+    fast_modeling_vanilla_transformer.py       the loss with its gradient in closed form (`fast_paths`)
+    generation_vanilla_transformer.py          decoding (§6.1)
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports
 only the standard library, torch and the public API of transformers.
@@ -49,10 +44,10 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .arguments_vanilla_transformer import (
     CACHE_NAME,
     additive_mask,
+    check_attn_implementation,
     check_cache_and_checkpointing,
     check_decoder_inputs,
     check_encoder_inputs,
-    check_attn_implementation,
     check_labels,
     check_learned_positions,
     explicit_attention,
@@ -60,7 +55,7 @@ from .arguments_vanilla_transformer import (
     wants_dict,
 )
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .saving_vanilla_transformer import copy_code, name_the_code
+from .saving_vanilla_transformer import SavesItsCode
 
 
 # --------------------------------------------------------------------------------------
@@ -69,12 +64,10 @@ from .saving_vanilla_transformer import copy_code, name_the_code
 
 
 def scaled_dot_product_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """§3.2.1: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, which keeps softmax out of its flat regions.
-
-    transformers' "eager" attention for this model. `attention_mask` (B|1, 1, T, S) is added to the
+    """§3.2.1: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, the scale keeping softmax out of its flat
+    regions; transformers' "eager" attention for this model. `attention_mask` (B|1, 1, T, S) is added to the
     scores: 0 where attention is allowed, the dtype's minimum where not (exp of it is exactly 0), as
-    transformers' mask functions build it. Returns the output (B, T, H, Dh) and the weights (B, H, T, S).
-    """
+    transformers' mask functions build it. Returns the output (B, T, H, Dh) and the weights (B, H, T, S)."""
     scores = query @ key.transpose(-1, -2) * scaling  # (B, H, T, S)
     if attention_mask is not None:
         scores = scores + attention_mask
@@ -94,14 +87,11 @@ eager_attention_forward = scaled_dot_product_attention  # the name transformers'
 class MultiHeadAttention(nn.Module):
     """§3.2.2: MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
-    The h per-head projections of each of Q, K and V are one d_model × d_model matrix (one matmul
-    instead of h), named as in transformers' seq2seq models (`q_proj`, `k_proj`, `v_proj`,
-    `out_proj`), so that PEFT's usual targets find them. Like fairseq, tensor2tensor and Marian, the
-    projections have biases. Used three ways (§3.2.3): encoder self-attention, masked decoder
-    self-attention, and encoder-decoder (cross) attention whose keys and values come from the encoder output.
-    The attention function is the one the model was loaded with (`attn_implementation`: "eager", the
-    function above; "sdpa", "flex_attention" or "flash_attention_2", transformers' kernels of the same).
-    """
+    The h per-head projections of each of Q, K and V are one d_model × d_model matrix with a bias (as in
+    fairseq and Marian), named as transformers' seq2seq models name them, so that PEFT finds them. Used three
+    ways (§3.2.3): encoder self-attention, masked decoder self-attention, and attention over the encoder
+    output. The attention function is the model's `attn_implementation`: "eager" (the function above),
+    "sdpa", "flex_attention" or "flash_attention_2" (transformers' kernels of the same)."""
 
     def __init__(self, config: VanillaTransformerConfig, layer_idx: int | None = None, is_cross_attention=False,
                  is_causal=False):
@@ -190,11 +180,8 @@ class FeedForward(nn.Module):
 
 
 class Residual(nn.Module):
-    """§3.1 and §5.4: LayerNorm(x + Dropout(Sublayer(x))) ("post", the paper).
-
-    "pre" computes x + Dropout(Sublayer(LayerNorm(x))) instead (Wang et al. 2019), a deviation
-    from the paper that is only taken when the config asks for it.
-    """
+    """§3.1 and §5.4: LayerNorm(x + Dropout(Sublayer(x))) ("post", the paper); "pre", only when the config
+    asks for it, computes x + Dropout(Sublayer(LayerNorm(x))) instead (Wang et al. 2019)."""
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__()
@@ -242,15 +229,10 @@ class DecoderLayer(GradientCheckpointingLayer):
         self.feed_forward_residual = Residual(config)
 
     def forward(self, x, memory, self_mask, memory_mask, cache=None, output_attentions=False):
-        x, self_weights = self.self_attn_residual(
-            x, lambda h: self.self_attn(h, attention_mask=self_mask, cache=cache, output_attentions=output_attentions)
-        )
-        x, cross_weights = self.cross_attn_residual(
-            x,
-            lambda h: self.cross_attn(
-                h, key_value_states=memory, attention_mask=memory_mask, cache=cache, output_attentions=output_attentions
-            ),
-        )
+        x, self_weights = self.self_attn_residual(x, lambda h: self.self_attn(
+            h, attention_mask=self_mask, cache=cache, output_attentions=output_attentions))
+        x, cross_weights = self.cross_attn_residual(x, lambda h: self.cross_attn(
+            h, key_value_states=memory, attention_mask=memory_mask, cache=cache, output_attentions=output_attentions))
         x, _ = self.feed_forward_residual(x, lambda h: (self.feed_forward(h), None))
         return x, self_weights, cross_weights
 
@@ -261,10 +243,8 @@ class DecoderLayer(GradientCheckpointingLayer):
 
 
 def sinusoidal_encoding(positions: torch.Tensor, d_model: int) -> torch.Tensor:
-    """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
-
-    Computed from the positions themselves, so any length works. (T,) -> (T, d_model).
-    """
+    """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)),
+    computed from the positions themselves, so any length works. (T,) -> (T, d_model)."""
     inverse_frequency = torch.exp(
         torch.arange(0, d_model, 2, device=positions.device, dtype=torch.float32) * (-math.log(10000.0) / d_model)
     )
@@ -286,9 +266,8 @@ class Embeddings(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, input_ids=None, inputs_embeds=None, past_length=0):
-        """`inputs_embeds` (B, L, d_model), if given, replaces the lookup of `input_ids`: it is what
-        `embed_tokens(input_ids)` returns, before the sqrt(d_model) scaling. `past_length` (an int, or a
-        0-d tensor for a static cache) is the position of the first token."""
+        """`inputs_embeds` (B, L, d_model), what `embed_tokens(input_ids)` returns, may replace the ids. `past_length`
+        (an int, or a 0-d tensor for a static cache) is the position of the first token."""
         tokens = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # (B, L, d_model)
         positions = torch.arange(tokens.size(1), device=tokens.device) + past_length  # (L,)
         if self.learned_positions is None:
@@ -296,7 +275,8 @@ class Embeddings(nn.Module):
         else:
             check_learned_positions(tokens.size(1), past_length, self.learned_positions.num_embeddings)
             position_encoding = self.learned_positions(positions)
-        return self.dropout(tokens * self.scale + position_encoding.to(tokens.dtype))  # (B, L, d_model)
+        x = tokens * self.scale + position_encoding.to(tokens.dtype)  # (B, L, d_model)
+        return self.dropout(x) if self.training else x  # dropout is the identity in evaluation: not called
 
 
 # --------------------------------------------------------------------------------------
@@ -327,10 +307,10 @@ class Stack(nn.Module):
         self.embeddings.embed_tokens = value
 
     def run_layers(self, x, layers, *args, output_attentions=False, output_hidden_states=False, **kwargs):
-        """x (B, L, d_model) through each layer, called as layer(x, *args, **kwargs), then the final LayerNorm.
-        Returns the output, the hidden states (each layer's input, then the output) and the attention
-        weights, a tuple of one per layer under each name of `attention_outputs`; None for what was not
-        asked for. Tensors go in positionally, as gradient checkpointing needs."""
+        """x (B, L, d_model) through each layer, called as layer(x, *args, **kwargs) (tensors positionally, as
+        gradient checkpointing needs), then the final LayerNorm. Returns the output, the hidden states (each
+        layer's input, then the output) and the attention weights, a tuple of one per layer under each name of
+        `attention_outputs`; None for what was not asked for."""
         hidden_states, weights = [], []
         for layer in layers:
             if output_hidden_states:
@@ -383,14 +363,14 @@ class VanillaTransformerDecoder(Stack):
         check_cache_and_checkpointing(cache, self.training and torch.is_grad_enabled() and self.layers[0].gradient_checkpointing)
         past_length = cache.get_seq_length() if cache is not None else 0
         x = self.embeddings(input_ids, inputs_embeds, past_length)  # (B, T, d_model)
-        # §3.2.3: query t (position past_length + t) sees the keys up to its own position (B, 1, T, keys)
-        self_window = cross_window = None
-        if self.local is not None:
-            self_window = self.local.self_attention()
-            cross_window = self.local.cross_attention(encoder_attention_mask, encoder_hidden_states, past_length)
+        self_window, cross_window = (None, None) if self.local is None else self.local.decoder_windows(
+            encoder_attention_mask, encoder_hidden_states, past_length)
         self_cache = None if cache is None else cache.self_attention_cache
-        # (transformers' mask functions take the cache as their 4th argument, under its name of each version)
-        self_mask = create_causal_mask(self.config, x, attention_mask, self_cache, None, None, self_window)
+        # §3.2.3: query t (position past_length + t) sees the keys up to its own position (B, 1, T, keys), as one
+        # new query without padding does unmasked (a decoding step). The mask functions take the cache 4th.
+        one_query = x.size(1) == 1 and attention_mask is None and not getattr(self_cache, "is_compileable", False)
+        self_mask = None if one_query and self_window is None else create_causal_mask(
+            self.config, x, attention_mask, self_cache, None, None, self_window)
         memory_mask = create_bidirectional_mask(  # the source's padding hidden (B, 1, T, S)
             self.config, x, encoder_attention_mask, encoder_hidden_states, and_mask_function=cross_window
         )
@@ -431,15 +411,9 @@ class LabelSmoothedCrossEntropy(nn.Module):
         return smoothed.masked_fill(~kept, 0.0).sum(), nll.detach().masked_fill(~kept, 0.0).sum()
 
 
-def loss_class(config: VanillaTransformerConfig):
-    """§5.4's loss, or with `config.fast_paths` its twin with the gradient in closed form (the same numbers
-    with less memory and time: fast_modeling_vanilla_transformer.py)."""
-    if not config.fast_paths:
-        return LabelSmoothedCrossEntropy
-    from .fast_modeling_vanilla_transformer import ClosedFormCrossEntropy  # the speed-up, in its own file
-
-    return ClosedFormCrossEntropy
-
+# --------------------------------------------------------------------------------------
+# The models transformers loads: AutoModel (encoder and decoder) and AutoModelForSeq2SeqLM
+# --------------------------------------------------------------------------------------
 
 @dataclass
 class Seq2SeqLMOutputWithNLL(Seq2SeqLMOutput):
@@ -449,11 +423,7 @@ class Seq2SeqLMOutputWithNLL(Seq2SeqLMOutput):
     nll: torch.FloatTensor | None = None
 
 
-# --------------------------------------------------------------------------------------
-# The models transformers loads: AutoModel (encoder and decoder) and AutoModelForSeq2SeqLM
-# --------------------------------------------------------------------------------------
-
-class VanillaTransformerPreTrainedModel(PreTrainedModel):
+class VanillaTransformerPreTrainedModel(SavesItsCode, PreTrainedModel):  # saving: the code files go with the weights
     config_class = VanillaTransformerConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
@@ -473,26 +443,12 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
             return "eager"
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
-    def save_pretrained(self, save_directory, *args, **kwargs):
-        """transformers' `save_pretrained`, plus what makes the folder load anywhere, whichever way it is
-        saved (`save_pretrained`, `Trainer.save_model`, PEFT's `merge_and_unload()`, `push_to_hub`): the
-        Auto classes and the `translation` pipeline in config.json, and the code files beside the weights
-        (saving_vanilla_transformer.py)."""
-        name_the_code(self.config)
-        result = super().save_pretrained(save_directory, *args, **kwargs)
-        if kwargs.get("is_main_process", True):
-            copy_code(save_directory)
-        return result
-
     @torch.no_grad()
     def _init_weights(self, module):
-        """Xavier-uniform projections (as tensor2tensor and fairseq); embeddings N(0, d_model^-0.5),
-        so that after the sqrt(d_model) scaling of §3.4 they have unit variance.
-
-        The attention's W^Q, W^K and W^V get fairseq's gain of 1/sqrt(2): the Xavier bound of the three
-        as one (3·d_model × d_model) matrix, which is how fairseq and tensor2tensor hold them. With the
-        full bound of a square matrix the small quickstart model learned measurably slower (docs/tuning.md).
-        """
+        """Xavier-uniform projections (as tensor2tensor and fairseq), W^Q, W^K and W^V with fairseq's gain of
+        1/sqrt(2): the bound of the three as one (3·d_model × d_model) matrix, as fairseq holds them (the full
+        bound learned measurably slower: docs/tuning.md). Embeddings N(0, d_model^-0.5): unit variance after
+        the sqrt(d_model) scaling of §3.4."""
         if isinstance(module, nn.Linear):
             nn.init.xavier_uniform_(module.weight, gain=2**-0.5 if getattr(module, "is_attention_input", False) else 1.0)
             if module.bias is not None:
@@ -530,23 +486,15 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             self.decoder.set_input_embeddings(value)
         self.encoder.set_input_embeddings(value)
 
-    def get_encoder(self, modality=None):
-        return self.encoder
-
-    def get_decoder(self):
-        return self.decoder
-
     def forward(
         self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
         encoder_outputs=None, cache=None, inputs_embeds=None, decoder_inputs_embeds=None, use_cache=None,
         output_attentions=None, output_hidden_states=None, return_dict=None, past_key_values=None,
     ) -> Seq2SeqModelOutput | tuple:
-        """The source through the encoder, the target so far through the decoder. As in transformers' models:
-        `inputs_embeds` and `decoder_inputs_embeds` (what `get_input_embeddings()` returns for the ids,
-        unscaled) can replace the ids; the cache is `cache` or, before transformers 5.24, `past_key_values`,
-        and the output names it as the installed transformers does; a cache that is passed is read and
-        extended, in training too (PEFT's prefix tuning passes its prefix as one), and positions continue
-        from its length; `return_dict=False` (or `config.return_dict` False) returns `to_tuple()`."""
+        """The source through the encoder, the target so far through the decoder, as in transformers' models:
+        `inputs_embeds` and `decoder_inputs_embeds` (unscaled) can replace the ids; the cache is `cache` or
+        `past_key_values` (its name before transformers 5.24); a cache passed is read and extended, in training
+        too (PEFT's prefix tuning), positions continuing from its length; `return_dict=False` returns a tuple."""
         config = self.config
         cache = one_cache(cache, past_key_values)
         output_attentions = config.output_attentions if output_attentions is None else output_attentions
@@ -592,6 +540,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        from .fast_modeling_vanilla_transformer import loss_class  # §5.4's loss, or its closed-form twin
         self.criterion = loss_class(config)()
         if config.tie_word_embeddings:  # §3.4: one matrix for both embeddings and the pre-softmax projection
             self._tied_weights_keys = {
@@ -601,24 +550,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             }
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.model.get_input_embeddings()
-
-    def set_input_embeddings(self, value):
-        self.model.set_input_embeddings(value)
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, value):
-        self.lm_head = value
-
-    def get_encoder(self, modality=None):
-        return self.model.encoder
-
-    def get_decoder(self):
-        return self.model.decoder
-
     def generate(self, inputs=None, generation_config=None, logits_processor=None, **kwargs):
         """transformers' `generate`, with the paper's decoding (§6.1) available: GNMT length penalty
         (`length_penalty_style="gnmt"`) and outputs capped at source length + `max_length_offset`."""
@@ -627,9 +558,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
 
     def prepare_inputs_for_generation(self, *args, tokenizer=None, assistant_tokenizer=None, assistant_model=None,
                                       **kwargs):
-        """transformers' own loops keep some of `generate`'s arguments among the model's inputs (the
-        tokenizers of stop strings and token healing, an assistant that beam search ignores); `forward`
-        takes none of them."""
+        """transformers' own loops keep some of `generate`'s arguments among the model's inputs (tokenizers, an
+        assistant that beam search ignores); `forward` takes none of them."""
         return super().prepare_inputs_for_generation(*args, **kwargs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
@@ -655,8 +585,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             past_key_values=past_key_values,
         )
         logits = self.lm_head(outputs.last_hidden_state)  # §3.4: the pre-softmax projection, (B, T, vocab)
-        # Everything the base model returned (caches, attentions, hidden states), the logits in place of
-        # the last hidden state.
+        # Everything the base model returned (cache, attentions, hidden states), the logits for the last hidden state
         passed_on = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
         if labels is None:
             output = Seq2SeqLMOutput(logits=logits, **passed_on)
@@ -667,8 +596,4 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         return output if wants_dict(return_dict, self.config) else output.to_tuple()
 
 
-__all__ = [
-    "VanillaTransformerForConditionalGeneration",
-    "VanillaTransformerModel",
-    "VanillaTransformerPreTrainedModel",
-]
+__all__ = ["VanillaTransformerForConditionalGeneration", "VanillaTransformerModel", "VanillaTransformerPreTrainedModel"]

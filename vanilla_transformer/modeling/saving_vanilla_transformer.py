@@ -3,7 +3,7 @@
 and the `translation` pipeline named in config.json, and the code files beside the weights.
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only the
-standard library and the pipeline file beside it.
+standard library and the pipeline file beside it. The models take `save_pretrained` from `SavesItsCode`.
 """
 
 from __future__ import annotations
@@ -48,3 +48,16 @@ def copy_code(save_directory) -> None:
     for name in CODE_FILES:
         if not (Path(save_directory) / name).is_file():
             shutil.copyfile(here / name, Path(save_directory) / name)
+
+
+class SavesItsCode:
+    """The models' `save_pretrained`: transformers' own (the next class in the model's bases), then the Auto
+    classes and the pipeline in config.json and the code files beside the weights, whichever way the folder
+    is saved (transformers' `Trainer`, PEFT's `merge_and_unload()` and `push_to_hub` call it too)."""
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        name_the_code(self.config)
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            copy_code(save_directory)
+        return result

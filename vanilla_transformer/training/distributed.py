@@ -69,13 +69,15 @@ def launched_world_size() -> int | None:
 def default_mixed_precision() -> str | None:
     """`mixed_precision` when the run does not say: None (Accelerate's choice) under a launcher that set one
     (`accelerate launch`, its config), else bf16 autocast on a GPU that has it, fp16 (with Accelerate's loss
-    scaler) on one that does not, and none on a CPU."""
-    if os.environ.get("ACCELERATE_MIXED_PRECISION") or _flag("ACCELERATE_USE_CPU"):
+    scaler) on one that does not, and on a CPU bf16 where it multiplies bf16 in hardware (kernels.py), else none."""
+    if os.environ.get("ACCELERATE_MIXED_PRECISION"):
         return None
     import torch
 
-    if not torch.cuda.is_available():
-        return None
+    from .kernels import cpu_computes_bf16
+
+    if _flag("ACCELERATE_USE_CPU") or not torch.cuda.is_available():
+        return "bf16" if cpu_computes_bf16() else None
     return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
 
 

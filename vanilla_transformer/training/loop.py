@@ -66,6 +66,7 @@ from .checkpoints import (
 )
 from .data import PadCollator, PrefetchedBatches, TokenBatchSampler, TokenizedSplit, tokenize_pairs
 from .distributed import DEFAULT_DDP_TIMEOUT, configure_deepspeed, default_mixed_precision, end_training, start_accelerator
+from .kernels import ATTENTION_IMPLEMENTATIONS, fastest_attention
 from .lock import RunLock
 from .schedule import PAPER_WARMUP_STEPS, check_schedule, make_optimizer, make_scheduler
 
@@ -118,7 +119,8 @@ class TrainingArguments:
     ema_decay: float | None = None  # keep an exponential moving average of the weights (not in the paper)
     label_smoothing: float = 0.1
     max_grad_norm: float | None = None  # not in the paper
-    mixed_precision: str | None = None  # "no", "fp16", "bf16"; None: the launcher's, else bf16 (fp16) on a GPU, no on a CPU
+    mixed_precision: str | None = None  # "no", "fp16", "bf16"; None: the launcher's, else bf16 where the device has it
+    attn_implementation: str | None = None  # transformers' name; None: the fastest on the first batch (kernels.py)
     # Checkpoints (§6.1 averages the last 5 of a base model)
     save_steps: int = 1000
     keep_checkpoints: int = 5
@@ -182,6 +184,9 @@ class TrainingArguments:
                              f"0.6; larger ones overflow the beam scores); got {self.length_penalty!r}.")
         if self.mixed_precision not in (None, "no", "fp16", "bf16"):
             raise ValueError(f"`mixed_precision` must be 'no', 'fp16' or 'bf16'; got {self.mixed_precision!r}.")
+        if self.attn_implementation not in (None, *ATTENTION_IMPLEMENTATIONS):
+            raise ValueError(f"`attn_implementation` must be one of {', '.join(map(repr, ATTENTION_IMPLEMENTATIONS))} or "
+                             f"None (the fastest here); got {self.attn_implementation!r}.")
         if self.report_to not in (None, "tensorboard"):
             raise ValueError(f"`report_to` must be 'tensorboard' or None; got {self.report_to!r}.")
         if self.report_to == "tensorboard":
@@ -491,6 +496,7 @@ class _Run:
     loss_sums: torch.Tensor | None = None  # on the device: loss, NLL since then, and the first step that was not finite
     stop_requests: Any = None  # the _StopRequests recording signals while training
     stop_signal: int = 0  # SIGINT or SIGTERM received by the main process: checkpoint and stop (the same on every process)
+    attention_chosen: bool = False  # the attention implementation is timed on the first batch (kernels.py)
 
     def remaining_steps(self, step: int) -> float:
         """The optimiser steps left after `step`, to the first limit: `max_steps`, `num_epochs` or `time_limit` (at
@@ -639,6 +645,8 @@ def _setup(args: TrainingArguments, accelerator) -> _Run:
 
     model = _load_model(args, tokenizer, resume_from)
     model.config.label_smoothing = args.label_smoothing  # the model's own loss is the run's objective (§5.4)
+    if args.attn_implementation:  # refused now rather than after the data is prepared
+        _set_attention(model, args.attn_implementation)
     _check_max_length(args, model.config)
     _record_language_pair(model.config, source_lang, target_lang, args.dataset)
     if accelerator.is_main_process and resume_from is None:
@@ -824,6 +832,8 @@ def _train_until_done(run: _Run) -> None:
                     micro_batches = list(islice(batches, args.gradient_accumulation_steps))
                     if not micro_batches:
                         break
+                    if not run.attention_chosen:
+                        _choose_attention(run, micro_batches[0][0])
                     total_tokens, lr = _optimizer_step(run, micro_batches)
                     _record_step(run, progress, len(micro_batches), total_tokens, lr)
                     out_of_time = args.time_limit is not None and run.elapsed > args.time_limit * 60
@@ -838,6 +848,28 @@ def _train_until_done(run: _Run) -> None:
                 logger.info(f"epoch {state['epoch']} finished at step {run.step}")
     if run.last_saved != run.step:
         _checkpoint(run)
+
+
+def _choose_attention(run: _Run, batch: dict) -> None:
+    """Put the model on `attn_implementation`, on the one the resumed run chose, or on the one that trains the
+    first batch fastest here (kernels.py); checkpoints record it, so that a resumed run computes as it did."""
+    run.attention_chosen = True
+    model = run.accelerator.unwrap_model(run.model)
+    chosen = run.args.attn_implementation or run.state.get("attn_implementation")
+    if chosen:
+        _set_attention(model, chosen)
+    elif seconds := fastest_attention(run.accelerator, run.model, batch, lambda m, b: _loss(m, b)[0]):
+        timings = ", ".join(f"{name} {1000 * s:.0f} ms" for name, s in seconds.items())
+        logger.info(f"attention: {model.config._attn_implementation}, the fastest here on the first batch, forward "
+                    f"and backward ({timings})")
+    run.state["attn_implementation"] = model.config._attn_implementation
+
+
+def _set_attention(model, implementation: str) -> None:
+    try:
+        model.set_attn_implementation(implementation)
+    except (ValueError, ImportError) as err:
+        raise ValueError(f"`attn_implementation` {implementation!r} cannot run this model: {err}") from None
 
 
 def _step_counts(run: _Run, local_tokens: int):
@@ -1100,6 +1132,8 @@ def _final_results(run: _Run, unwrapped, weights: dict, elapsed: float) -> dict:
         "train_tokens": state["train_tokens"],
         "train_minutes_this_session": round(elapsed / 60, 2),
         "tokens_per_second": round(run.tokens_since_start / elapsed, 1) if elapsed else None,
+        "mixed_precision": run.accelerator.mixed_precision,
+        "attn_implementation": state.get("attn_implementation"),
         **weights,
         "source_lang": run.source_lang,
         "target_lang": run.target_lang,

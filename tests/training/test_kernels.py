@@ -1,0 +1,113 @@
+"""What runs fastest here (training/kernels.py): bf16 only where the CPU computes it, and the attention
+implementation timed on the run's first batch, with every candidate computing the same numbers."""
+
+import time
+
+import pytest
+import torch
+from accelerate import Accelerator
+
+from vanilla_transformer.modeling.configuration_vanilla_transformer import VanillaTransformerConfig
+from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer.training.kernels import cpu_computes_bf16, cpu_flags, fastest_attention
+
+ZEN3 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma sha_ni\n"
+ZEN5 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512bw avx512_bf16 avx512_vnni\n"
+SAPPHIRE_RAPIDS = "processor\t: 0\nflags\t\t: avx512f amx_bf16 amx_tile amx_int8\n"
+GRAVITON3 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+GRAVITON2 = "processor\t: 0\nFeatures\t: fp asimd atomics\n"
+
+
+@pytest.mark.parametrize("cpuinfo, native", [(ZEN3, False), (ZEN5, True), (SAPPHIRE_RAPIDS, True), (GRAVITON3, True),
+                                             (GRAVITON2, False), (None, False)],
+                         ids=["AVX2 only", "AVX-512 BF16", "AMX", "Arm BF16", "Arm without", "unreadable"])
+def test_bf16_is_chosen_only_where_the_cpu_multiplies_bf16_in_hardware(tmp_path, cpuinfo, native):
+    path = tmp_path / "cpuinfo"
+    if cpuinfo is not None:
+        path.write_text(cpuinfo)
+    assert cpu_computes_bf16(cpu_flags(path)) is native
+
+
+def model(**overrides):
+    torch.manual_seed(0)
+    settings = dict(vocab_size=40, d_model=32, d_ff=64, num_heads=2, encoder_layers=1, decoder_layers=2, dropout=0.1,
+                    pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    config = VanillaTransformerConfig.from_preset("tiny", **{**settings, **overrides})
+    return VanillaTransformerForConditionalGeneration(config)
+
+
+def batch():
+    torch.manual_seed(1)
+    input_ids, labels = torch.randint(3, 40, (4, 9)), torch.randint(3, 40, (4, 7))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 6:] = 0
+    input_ids[1, 6:] = 0
+    return dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+
+
+def loss(net, b):
+    return net(**b).loss
+
+
+@pytest.mark.parametrize("slow", ["sdpa", "eager"])
+def test_the_attention_that_runs_the_first_batch_fastest_is_kept_and_the_run_goes_on_untouched(slow):
+    net = model().train()
+
+    def timed_loss(m, b):  # the candidate named `slow` takes longer here
+        if m.config._attn_implementation == slow:
+            time.sleep(0.05)
+        return loss(m, b)
+
+    first = batch()
+    torch.manual_seed(7)
+    expected_draw = torch.rand(3)
+    torch.manual_seed(7)
+    seconds = fastest_attention(Accelerator(cpu=True), net, first, timed_loss)
+    assert set(seconds) == {"sdpa", "eager"} and seconds[slow] > seconds[({"sdpa", "eager"} - {slow}).pop()]
+    assert net.config._attn_implementation != slow
+    assert all(p.grad is None for p in net.parameters())  # nothing left for the first step to add to
+    assert torch.equal(torch.rand(3), expected_draw)  # dropout's masks as if the timing had not run
+
+
+def test_a_model_with_one_attention_implementation_is_left_on_it():
+    net = model(attention_score="general")  # explicit variants run eager only
+    assert fastest_attention(Accelerator(cpu=True), net, batch(), loss) == {}
+    assert net.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_the_candidates_train_to_the_same_loss_and_gradients_in_fp32_and_in_bf16_autocast(dtype, tolerance):
+    # Proves: choosing the faster attention changes no number beyond the precision's rounding, forward and backward.
+    results = {}
+    for implementation in ("eager", "sdpa"):
+        net = model(dropout=0.0).train()
+        net.set_attn_implementation(implementation)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            value = loss(net, batch())
+        value.backward()
+        results[implementation] = (value.detach().float(), torch.cat([p.grad.flatten() for p in net.parameters()]))
+    (loss_eager, grad_eager), (loss_sdpa, grad_sdpa) = results["eager"], results["sdpa"]
+    torch.testing.assert_close(loss_sdpa, loss_eager, rtol=tolerance, atol=tolerance)
+    assert (grad_sdpa - grad_eager).norm() <= tolerance * grad_eager.norm()
+
+
+def test_a_bf16_autocast_step_stays_close_to_fp32():
+    # Proves: on a CPU with bf16 the run's loss is fp32's to bf16's rounding (the loss itself is computed in fp32).
+    net = model(dropout=0.0).train()
+    plain = loss(net, batch())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = loss(net, batch())
+    assert mixed.dtype == torch.float32
+    torch.testing.assert_close(mixed, plain, rtol=2e-2, atol=0)
+
+
+def test_a_near_tie_keeps_the_configured_attention():
+    # Proves: a difference within the first batch's noise changes nothing (sdpa, the default, 2 % slower here).
+    net = model().train()
+
+    def timed_loss(m, b):
+        time.sleep(0.1 + (0.002 if m.config._attn_implementation == "sdpa" else 0.0))
+        return loss(m, b)
+
+    seconds = fastest_attention(Accelerator(cpu=True), net, batch(), timed_loss)
+    assert seconds["sdpa"] > seconds["eager"] and net.config._attn_implementation == "sdpa"

@@ -1,0 +1,98 @@
+"""What runs fastest on the machine at hand, decided when a run starts and never tuned to one machine.
+
+- **Precision.** bf16 autocast (weights, optimiser and loss stay fp32) where the processor multiplies
+  bf16 in hardware: every GPU that reports it, and CPUs with AVX-512 BF16 or AMX (x86) or the BF16
+  extension (Arm), whose bf16 matrix products run at several times their fp32 rate. Elsewhere bf16 is
+  emulated and slower than fp32, so the run stays fp32.
+- **Attention.** transformers' attention implementations compute the same function (tested) at very
+  different speeds from one machine and precision to another (on some CPUs the fused "sdpa" kernel's
+  bf16 backward is slower than the plain "eager" one). `fastest_attention` times each on the run's own
+  first batch, forward and backward, and keeps the fastest.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from accelerate.utils import DistributedType
+
+__all__ = ["ATTENTION_IMPLEMENTATIONS", "BF16_CPU_FLAGS", "cpu_computes_bf16", "cpu_flags", "fastest_attention"]
+
+# /proc/cpuinfo's names for bf16 arithmetic in hardware: x86's AVX-512 BF16 and AMX, Arm's BF16 extension.
+BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")  # transformers' names
+ATTENTION_CANDIDATES = ("sdpa", "eager")  # timed: the others are slower where they run at all (flex on a CPU)
+MARGIN = 0.05  # another implementation replaces the configured one only when it is at least this much faster
+# One process, or DDP; FSDP's sharded forward and DeepSpeed's engine (which steps inside backward) keep sdpa.
+TIMED_UNDER = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
+    """The feature flags the kernel lists for this CPU (x86's `flags`, Arm's `Features`); empty where unreadable."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return set()
+    flags = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return flags
+
+
+def cpu_computes_bf16(flags: set[str] | None = None) -> bool:
+    """Whether this CPU (or one with `flags`) multiplies bf16 in hardware."""
+    return bool(BF16_CPU_FLAGS & (cpu_flags() if flags is None else flags))
+
+
+def fastest_attention(accelerator, model, batch: dict, loss, rounds: int = 3) -> dict[str, float]:
+    """Leave `model` on the attention implementation that runs forward and backward on `batch` fastest.
+
+    `loss(model, batch)` returns the batch's loss. Each implementation the model accepts runs `rounds` times,
+    interleaved; the first round warms up and the fastest later one counts. The configured implementation
+    (transformers' default, sdpa) stays unless another is `MARGIN` faster. Every process times its own and
+    the sums decide, so that all keep the same. Gradients are cleared and the random state restored: the run
+    goes on as if nothing had run. Returns {implementation: seconds}, empty when there was no choice.
+    """
+    unwrapped = accelerator.unwrap_model(model)
+    configured = unwrapped.config._attn_implementation
+    usable = [name for name in ATTENTION_CANDIDATES if _accepts(unwrapped, name)]
+    if len(usable) < 2 or accelerator.distributed_type not in TIMED_UNDER:
+        unwrapped.set_attn_implementation(configured)
+        return {}
+    cuda = accelerator.device.type == "cuda"
+    seconds = {name: [] for name in usable}
+    with torch.random.fork_rng(devices=[accelerator.device] if cuda else []):
+        for _ in range(rounds):
+            for name in usable:
+                unwrapped.set_attn_implementation(name)
+                no_sync = accelerator.no_sync(model) if accelerator.num_processes > 1 else nullcontext()
+                if cuda:
+                    torch.cuda.synchronize(accelerator.device)
+                start = time.perf_counter()
+                with no_sync, accelerator.autocast():
+                    loss(model, batch).backward()
+                if cuda:
+                    torch.cuda.synchronize(accelerator.device)
+                seconds[name].append(time.perf_counter() - start)
+                model.zero_grad(set_to_none=True)
+    own = torch.tensor([min(seconds[name][1:] or seconds[name]) for name in usable], device=accelerator.device)
+    summed = accelerator.reduce(own, "sum").tolist()
+    times = dict(zip(usable, summed))
+    best = min(usable, key=times.get)
+    if configured in times and times[best] > (1 - MARGIN) * times[configured]:
+        best = configured  # a near tie: what the first batch measured is noise, not a reason to change
+    unwrapped.set_attn_implementation(best)
+    return {name: total / accelerator.num_processes for name, total in zip(usable, summed)}
+
+
+def _accepts(model, name: str) -> bool:
+    try:
+        model.set_attn_implementation(name)
+    except (ValueError, ImportError):  # refused by the model's variants, or not installed
+        return False
+    return True
