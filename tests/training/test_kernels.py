@@ -102,7 +102,7 @@ def test_a_bf16_autocast_step_stays_close_to_fp32():
 
 
 def test_a_near_tie_keeps_the_configured_attention():
-    # Proves: a difference within the first batch's noise changes nothing (sdpa, the default, 2 % slower here).
+    # Proves: a difference within the first batch's noise changes nothing (sdpa, the default, a little slower here).
     net = model().train()
 
     def timed_loss(m, b):
