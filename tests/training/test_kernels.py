@@ -1,14 +1,13 @@
 """What runs fastest here (training/kernels.py): bf16 only where the CPU computes it, and the attention
 implementation timed on the run's first batch, with every candidate computing the same numbers."""
 
-import time
-
 import pytest
 import torch
 from accelerate import Accelerator
 
 from vanilla_transformer.modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer.training import kernels
 from vanilla_transformer.training.kernels import cpu_computes_bf16, cpu_flags, fastest_attention
 
 ZEN3 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma sha_ni\n"
@@ -49,24 +48,39 @@ def loss(net, b):
     return net(**b).loss
 
 
-@pytest.mark.parametrize("slow", ["sdpa", "eager"])
-def test_the_attention_that_runs_the_first_batch_fastest_is_kept_and_the_run_goes_on_untouched(slow):
-    net = model().train()
+def clocked_loss(monkeypatch, seconds: dict):
+    """A loss whose implementations take `seconds` each on the clock `fastest_attention` reads (no real timing)."""
+    clock = [0.0]
+    monkeypatch.setattr(kernels.time, "perf_counter", lambda: clock[0])
 
-    def timed_loss(m, b):  # the candidate named `slow` takes longer here
-        if m.config._attn_implementation == slow:
-            time.sleep(0.05)
+    def timed_loss(m, b):
+        clock[0] += seconds[m.config._attn_implementation]
         return loss(m, b)
 
+    return timed_loss
+
+
+@pytest.mark.parametrize("slow", ["sdpa", "eager"])
+def test_the_attention_that_runs_the_first_batch_fastest_is_kept_and_the_run_goes_on_untouched(slow, monkeypatch):
+    net = model().train()
     first = batch()
+    timed_loss = clocked_loss(monkeypatch, {"sdpa": 0.1, "eager": 0.1, slow: 0.2})
     torch.manual_seed(7)
     expected_draw = torch.rand(3)
     torch.manual_seed(7)
     seconds = fastest_attention(Accelerator(cpu=True), net, first, timed_loss)
-    assert set(seconds) == {"sdpa", "eager"} and seconds[slow] > seconds[({"sdpa", "eager"} - {slow}).pop()]
+    assert seconds == pytest.approx({"sdpa": 0.1, "eager": 0.1, slow: 0.2})
     assert net.config._attn_implementation != slow
     assert all(p.grad is None for p in net.parameters())  # nothing left for the first step to add to
     assert torch.equal(torch.rand(3), expected_draw)  # dropout's masks as if the timing had not run
+
+
+def test_a_near_tie_keeps_the_configured_attention(monkeypatch):
+    # Proves: a difference within the first batch's noise changes nothing (sdpa, the default, a little slower here).
+    net = model().train()
+    timed_loss = clocked_loss(monkeypatch, {"sdpa": 0.102, "eager": 0.1})
+    seconds = fastest_attention(Accelerator(cpu=True), net, batch(), timed_loss)
+    assert seconds["sdpa"] > seconds["eager"] and net.config._attn_implementation == "sdpa"
 
 
 def test_a_model_with_one_attention_implementation_is_left_on_it():
@@ -100,14 +114,3 @@ def test_a_bf16_autocast_step_stays_close_to_fp32():
     assert mixed.dtype == torch.float32
     torch.testing.assert_close(mixed, plain, rtol=2e-2, atol=0)
 
-
-def test_a_near_tie_keeps_the_configured_attention():
-    # Proves: a difference within the first batch's noise changes nothing (sdpa, the default, a little slower here).
-    net = model().train()
-
-    def timed_loss(m, b):
-        time.sleep(0.1 + (0.002 if m.config._attn_implementation == "sdpa" else 0.0))
-        return loss(m, b)
-
-    seconds = fastest_attention(Accelerator(cpu=True), net, batch(), timed_loss)
-    assert seconds["sdpa"] > seconds["eager"] and net.config._attn_implementation == "sdpa"
