@@ -9,8 +9,9 @@ test verses with `pipeline("translation", trust_remote_code=True)` from the save
 the attention heat maps of one of them, and leaves a complete Hub folder with a model card.
 
 The model is sized for the time it gets: on a CPU a small Transformer (d_model 192, 2 encoder and
-4 decoder layers, d_ff 256; bf16 where the CPU computes it in hardware) with a short warm-up, since the paper's 4,000 warm-up steps alone would take
-longer than the whole budget; on a GPU the paper's base model in bf16. Its learning rate warms up
+4 decoder layers, d_ff 256; bf16 where the CPU computes it in hardware) with a short warm-up, since the
+paper's 4,000 warm-up steps alone would take longer than the whole budget; on a GPU the paper's base
+model in bf16. Its learning rate warms up
 as the paper's does and then falls linearly to zero when the budget ends (`lr_schedule="linear"`):
 the paper's schedule, built for 100k steps, would stop a 15-minute run at a high rate
 (docs/tuning.md).
@@ -124,7 +125,7 @@ def quickstart(
     summary = {
         "model_dir": str(output_dir),
         "device": torch.cuda.get_device_name() if on_gpu else f"CPU ({torch.get_num_threads()} threads)",
-        "precision": "fp32" if results.get("mixed_precision", "no") == "no" else results["mixed_precision"],
+        "precision": "fp32" if results["mixed_precision"] == "no" else results["mixed_precision"],
         "attention": results.get("attn_implementation"),
         "parameters": parameters,
         "steps": results["steps"],

@@ -91,3 +91,13 @@ def test_train_tokenizer_defaults_are_the_tokenizers():
     parser = subcommand(cli._add_train_tokenizer, "train-tokenizer")
     defaults = {a.dest: a.default for a in parser._actions}
     assert defaults["vocab_size"] == DEFAULT_VOCAB_SIZE and defaults["min_frequency"] == DEFAULT_MIN_FREQUENCY
+
+
+def test_an_attention_implementation_the_model_cannot_run_is_refused_before_any_data(tmp_path):
+    # Proves: a variant that runs only on its explicit function refuses sdpa at validation, before the data.
+    args = TrainingArguments(output_dir=str(tmp_path), config_overrides={"attention_score": "general"},
+                             attn_implementation="sdpa")
+    with pytest.raises(ValueError, match=r"`attn_implementation`='sdpa'.*runs only on its own explicit"):
+        args.validate()
+    TrainingArguments(output_dir=str(tmp_path), config_overrides={"attention_score": "general"},
+                      attn_implementation="eager").validate()

@@ -44,6 +44,7 @@ from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
+from ..modeling.arguments_vanilla_transformer import check_attn_implementation
 from ..modeling.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from ..corpora import load_translation_dataset, resolve_languages
 from ..file_checks import read_json
@@ -220,9 +221,10 @@ class TrainingArguments:
             raise ValueError(f"`config_overrides`: unknown config fields {unknown}; the fields are {', '.join(known)}")
         if self.model_name_or_path is None and self.preset in PRESETS:
             try:
-                VanillaTransformerConfig.from_preset(self.preset, **self.config_overrides)
+                config = VanillaTransformerConfig.from_preset(self.preset, **self.config_overrides)
             except ValueError as err:
                 raise ValueError(f"`config_overrides`: {err}") from None
+            check_attn_implementation(config, self.attn_implementation)
 
 
 def _is_finite(value) -> bool:
@@ -645,7 +647,7 @@ def _setup(args: TrainingArguments, accelerator) -> _Run:
 
     model = _load_model(args, tokenizer, resume_from)
     model.config.label_smoothing = args.label_smoothing  # the model's own loss is the run's objective (§5.4)
-    if args.attn_implementation:  # refused now rather than after the data is prepared
+    if args.attn_implementation:  # refused before the first step (a missing kernel package, for one)
         _set_attention(model, args.attn_implementation)
     _check_max_length(args, model.config)
     _record_language_pair(model.config, source_lang, target_lang, args.dataset)
