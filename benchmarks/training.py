@@ -112,6 +112,7 @@ def worker(spec: dict) -> dict:
         result["attention_kernels"] = attention_kernels(forward)
     if spec.get("loop_attention"):
         result["attention_seconds"] = attention_seconds
+        result["attention_chosen"] = model.config._attn_implementation  # the margin may keep sdpa in a near tie
     if spec.get("diagnostics"):
         products = step_products(_config(spec["config"]), batch)
         result["matmul_flops_per_s"] = model_matmul_rate(products, spec["device"], torch.bfloat16 if bf16 else torch.float32)
@@ -203,8 +204,7 @@ def _summarise(runs: dict, matmul_tflops, rated_tflops) -> dict:
             entry["mfu_of_measured_matmul"] = mfu(flops_per_second, matmul_tflops)
         if contender == "ours":  # the first round's timings, and what each round chose
             entry["attention_seconds"] = worker_runs[0]["attention_seconds"]
-            entry["attention_chosen"] = [min(run["attention_seconds"], key=run["attention_seconds"].get)
-                                         for run in worker_runs if run["attention_seconds"]]
+            entry["attention_chosen"] = [run["attention_chosen"] for run in worker_runs if run["attention_seconds"]]
             if "profile" in worker_runs[0]:
                 entry["profile"] = worker_runs[0]["profile"]
         out[contender] = entry

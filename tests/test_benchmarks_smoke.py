@@ -15,7 +15,7 @@ import matplotlib.image
 import pytest
 
 from vanilla_transformer.quickstart import SIZES
-from vanilla_transformer.training.kernels import cpu_computes_bf16
+from vanilla_transformer.training.kernels import MARGIN, cpu_computes_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # every test starts a benchmark process
@@ -54,8 +54,10 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path, hub_tiny_folder):
         # Ours trains on the attention implementation the training loop would choose: the faster one timed.
         timed = train["ours"]["attention_seconds"]
         assert set(timed) == {"sdpa", "eager"}
-        assert train["ours"]["attention_chosen"] == [min(timed, key=timed.get)]  # one round
-        chosen_kernels = ["explicit"] if min(timed, key=timed.get) == "eager" else ["sdpa:flash(cpu)"]
+        # sdpa, transformers' default, stays unless eager is MARGIN faster: a near tie keeps it.
+        expected = "eager" if timed["eager"] < (1 - MARGIN) * timed["sdpa"] else "sdpa"
+        assert train["ours"]["attention_chosen"] == [expected]  # one round
+        chosen_kernels = ["explicit"] if expected == "eager" else ["sdpa:flash(cpu)"]
         assert train["ours"]["attention_kernels"] == chosen_kernels
         # Where ours' step goes: the top operators, then the rest, as shares of the profiled steps.
         shares = train["ours"]["profile"]["shares"]
