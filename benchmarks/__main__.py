@@ -252,8 +252,9 @@ def markdown(report: dict) -> str:
         "what decoding the sentences needs beyond the loaded model: resident memory (CPU) or torch's "
         "allocated memory (GPU) above the start. Rows 'ours, …' are ours with its decoding changes undone one "
         "more per row ('rows stay': our loop keeps finished sentences in the batch instead of letting them leave; "
-        "'plain projection': the output projection on torch's default kernel (MKL on a CPU) instead of oneDNN's "
-        "on the weight packed for the call; 'transformers' loop': transformers' own search loop, which keeps "
+        "'plain products': the decoder's products and the output projection on torch's default kernel (MKL on a "
+        "CPU) instead of oneDNN's on the weights packed for the call, for the shapes where that is faster here; "
+        "'transformers' loop': transformers' own search loop, which keeps "
         "them too), to show what each buys.",
         "",
         "| size | sentences | mode | contender | generated tokens/s | sentences/s | vs Marian | agrees | BLEU "

@@ -43,21 +43,21 @@ MODES = {
 GNMT = dict(length_penalty_style="gnmt")
 # What each of our decoding changes buys (issues #14, #45): ours with them undone one at a time, timed beside
 # the rest. "rows stay": our loop keeps finished sentences in the batch (`prune=False`) instead of letting them
-# leave (`rows_leave`). PLAIN: the output projection as `lm_head(x)` (MKL on a CPU) instead of oneDNN's kernel
-# on the weight packed for the call. "transformers' loop": transformers' own search loop instead of ours (it
-# keeps rows and projects with lm_head). Each row undoes one more than the row before it.
-PLAIN = {"packed_projection": False}  # not a `generate` option: `_hf_runner` turns oneDNN off around the call
+# leave (`rows_leave`). PLAIN: the decoder's products and the output projection on torch's default kernel (MKL
+# on a CPU) instead of oneDNN's on the weights packed for the call, where that is faster. "transformers' loop":
+# transformers' own search loop instead of ours (it keeps rows and packs nothing). Each row undoes one more.
+PLAIN = {"packed_products": False}  # not a `generate` option: `_hf_runner` turns oneDNN off around the call
 ROWS_STAY = {"greedy": functools.partial(greedy_search, prune=False), "beam4": functools.partial(beam_search, prune=False)}
 ABLATIONS = {
     "greedy": {
         "ours, rows stay": dict(custom_generate=ROWS_STAY["greedy"]),
-        "ours, rows stay, plain projection": dict(PLAIN, custom_generate=ROWS_STAY["greedy"]),
-        "ours, plain projection, transformers' loop": dict(PLAIN, return_dict_in_generate=True),
+        "ours, rows stay, plain products": dict(PLAIN, custom_generate=ROWS_STAY["greedy"]),
+        "ours, plain products, transformers' loop": dict(PLAIN, return_dict_in_generate=True),
     },
     "beam4": {
         "ours, rows stay": dict(custom_generate=ROWS_STAY["beam4"]),
-        "ours, rows stay, plain projection": dict(PLAIN, custom_generate=ROWS_STAY["beam4"]),
-        "ours, plain projection, transformers' loop": dict(PLAIN, custom_generate=GenerationMixin._beam_search),
+        "ours, rows stay, plain products": dict(PLAIN, custom_generate=ROWS_STAY["beam4"]),
+        "ours, plain products, transformers' loop": dict(PLAIN, custom_generate=GenerationMixin._beam_search),
         "ours-gnmt, rows stay": dict(GNMT, custom_generate=functools.partial(gnmt_beam_search, prune=False)),
     },
 }
@@ -208,7 +208,7 @@ def _hf_runner(model, batches, device, max_new_tokens, eos, pad):
     def generate(options, subset=None):
         outputs = []
         options = dict(options)
-        packed = options.pop("packed_projection", True)  # see PLAIN
+        packed = options.pop("packed_products", True)  # see PLAIN
         with torch.no_grad(), contextlib.nullcontext() if packed else _without_onednn():
             for batch in subset or batches:
                 batch = {k: v.to(device) for k, v in batch.items()}

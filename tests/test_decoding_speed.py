@@ -1,7 +1,8 @@
 """Decoding: transformers' own cache in every mode (a returned one continues a generation); the fast
-paths (finished sentences leaving the batch, the self-attention-only beam reordering, the packed output
-projection) change no output against transformers' own loops."""
+paths (finished sentences leaving the batch, the self-attention-only beam reordering, the decoder's
+products on packed weights) change no output against transformers' own loops."""
 
+import contextlib
 import functools
 import inspect
 import json
@@ -391,64 +392,70 @@ def test_greedy_search_with_a_static_cache_compiles_the_decoder_step_into_one_gr
         torch._dynamo.reset()
 
 
+def _packable(model) -> list:
+    return [module for module in model.modules() if isinstance(module, fast.PackableLinear)]
+
+
 @pytest.fixture
-def packed_steps(monkeypatch):
-    """For each projection our search loops made: was it the packed one?"""
+def packed_counts(monkeypatch):
+    """For each search loop: how many of the model's linear maps it ran on packed weights."""
     seen = []
-    output_projection = fast.output_projection
+    packed_products = fast.packed_products
 
+    @contextlib.contextmanager
     def spy(model, rows):
-        project = output_projection(model, rows)
-        seen.append(getattr(project, "packed", False))
-        return project
+        with packed_products(model, rows):
+            seen.append(sum(module.packed is not None for module in _packable(model)))
+            yield
 
-    monkeypatch.setattr(generation, "output_projection", spy)
+    monkeypatch.setattr(generation, "packed_products", spy)
     return seen
 
 
-def test_the_packed_output_projection_gives_the_numbers_of_lm_head(model_and_batch, monkeypatch):
-    """§3.4's projection on oneDNN with its weight packed (where torch has the kernels): the numbers of
-    `lm_head(x)`, each row independent of the others (rows leave the batch); the module itself elsewhere."""
+@pytest.fixture
+def onednn_faster(monkeypatch):
+    """oneDNN taken as the faster kernel for every shape (which it is depends on the machine)."""
     if not fast.ONEDNN_LINEAR:
-        pytest.skip("this torch build has no oneDNN linear kernels: the projection is always `lm_head(x)`")
-    model, _ = model_and_batch
-    lm_head = model.get_output_embeddings()
-    x = torch.randn(40, lm_head.in_features)
-    project = fast.output_projection(model, rows=40)
-    assert project.packed
+        pytest.skip("this torch build has no oneDNN linear kernels: nothing is packed")
+    monkeypatch.setattr(fast, "onednn_is_faster", lambda rows, in_features, out_features: True)
+
+
+def test_a_packed_linear_map_gives_the_numbers_of_nn_linear(onednn_faster):
+    """A linear map on oneDNN with its weight packed: nn.Linear's numbers, each row independent of the others
+    (rows leave the batch); nn.Linear itself with gradients on and when not packed."""
+    torch.manual_seed(0)
+    linear, x = fast.PackableLinear(24, 40), torch.randn(40, 24)
+    expected = torch.nn.functional.linear(x, linear.weight, linear.bias)
+    linear.packed = fast._pack(linear.weight)
     with torch.no_grad():
         with torch.profiler.profile() as profile:
-            packed = project(x)
+            packed = linear(x)
         assert "mkldnn::_linear_pointwise" in {event.key for event in profile.key_averages()}
-        torch.testing.assert_close(packed, lm_head(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(packed, expected, rtol=1e-5, atol=1e-5)
         for rows in (1, 3, 17):
-            assert torch.equal(project(x[:rows]), packed[:rows])
-    assert project(x).grad_fn is not None  # with gradients: the module itself
-    assert fast.output_projection(model, rows=1) is lm_head  # one sentence: not worth packing
-    with monkeypatch.context() as patch:
-        patch.setattr(torch.backends.mkldnn, "enabled", False)  # torch's own switch
-        assert fast.output_projection(model, rows=40) is lm_head
-    with monkeypatch.context() as patch:
-        patch.setattr(model.config, "fast_paths", False, raising=False)  # ours
-        assert fast.output_projection(model, rows=40) is lm_head
+            assert torch.equal(linear(x[:rows]), packed[:rows])
+        torch.testing.assert_close(linear(x[:5, None]), expected[:5, None], rtol=1e-5, atol=1e-5)  # (B, 1, d)
+    assert linear(x).grad_fn is not None  # with gradients: nn.Linear's own product
+    linear.packed = None
+    with torch.no_grad():
+        assert torch.equal(linear(x), expected)
 
 
 @pytest.mark.parametrize("mode", ["greedy", "beam, GNMT"])
-def test_generate_packs_the_output_projection_and_decodes_what_the_plain_one_decodes(
-    model_and_batch, mode, monkeypatch, packed_steps
+def test_generate_packs_the_decoder_and_the_projection_and_decodes_what_the_plain_path_decodes(
+    model_and_batch, mode, monkeypatch, packed_counts, onednn_faster
 ):
-    if not fast.ONEDNN_LINEAR:
-        pytest.skip("this torch build has no oneDNN linear kernels")
     model, batch = model_and_batch
-    # Greedy search asked for per-step scores runs in transformers' loop, which projects with lm_head itself.
+    # Greedy search asked for per-step scores runs in transformers' loop, which packs nothing.
     options = dict(MODES[mode], **({} if mode == "greedy" else dict(return_dict_in_generate=True, output_scores=True)))
     with monkeypatch.context() as patch:
-        patch.setattr(torch.backends.mkldnn, "enabled", False)
+        patch.setattr(torch.backends.mkldnn, "enabled", False)  # torch's own switch
         plain = _generate(model, batch, **options)
-    assert packed_steps and not any(packed_steps)
-    packed_steps.clear()
+    assert packed_counts == [0]
     packed = _generate(model, batch, **options)
-    assert packed_steps and all(packed_steps)
+    # Every linear map of the decoder (4 per attention, 2 in the FFN) and the output projection.
+    assert packed_counts[1:] == [len(model.model.decoder.layers) * 10 + 1]
+    assert not any(module.packed is not None for module in _packable(model))  # only while the loop runs
     if mode == "greedy":
         assert torch.equal(packed, plain)
         return
@@ -457,12 +464,69 @@ def test_generate_packs_the_output_projection_and_decodes_what_the_plain_one_dec
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-def test_one_greedy_sentence_is_not_worth_packing(model_and_batch, packed_steps):
+def test_a_search_that_fails_leaves_nothing_packed(model_and_batch, onednn_faster):
     model, batch = model_and_batch
+
+    def fail(input_ids, scores):
+        assert any(module.packed is not None for module in _packable(model))
+        raise RuntimeError("a processor failed")
+
+    with pytest.raises(RuntimeError, match="a processor failed"):
+        model.generate(**batch, num_beams=1, logits_processor=[fail])
+    assert not any(module.packed is not None for module in _packable(model))
+
+
+def test_what_is_worth_packing(model_and_batch, monkeypatch, packed_counts, onednn_faster):
+    """More than one row, oneDNN on, no autocast, float32 weights of the CPU, and the switch on."""
+    model, batch = model_and_batch
+    lm_head = model.get_output_embeddings()
+    assert fast.worth_packing(model, lm_head, rows=2)
+    assert not fast.worth_packing(model, lm_head, rows=1)  # one sentence: not worth packing
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast runs the product in its own dtype
+        assert not fast.worth_packing(model, lm_head, rows=2)
+    assert not fast.worth_packing(model, torch.nn.Linear(4, 4, dtype=torch.bfloat16), rows=2)
+    assert not fast.worth_packing(model, torch.nn.Linear(4, 4, device="meta"), rows=2)  # offloaded
+    with monkeypatch.context() as patch:
+        patch.setattr(model.config, "fast_paths", False, raising=False)  # ours
+        assert not fast.worth_packing(model, lm_head, rows=2)
+    with monkeypatch.context() as patch:
+        patch.setattr(fast, "onednn_is_faster", lambda rows, in_features, out_features: False)
+        assert not fast.worth_packing(model, lm_head, rows=2)
     one = {name: value[:1] for name, value in batch.items()}
     model.generate(**one, num_beams=1)
-    assert packed_steps and not any(packed_steps)
-    if fast.ONEDNN_LINEAR:
-        packed_steps.clear()
-        model.generate(**one, num_beams=2, length_penalty_style="transformers")  # two rows: packed
-        assert packed_steps and all(packed_steps)
+    model.generate(**one, num_beams=2, length_penalty_style="transformers")  # two rows: packed
+    assert packed_counts[0] == 0 and packed_counts[1] > 0
+
+
+def test_onednn_is_chosen_for_a_shape_only_where_timed_faster_and_once(monkeypatch):
+    """The two kernels are timed in turn, the fastest of each's rounds counts, oneDNN must win by MARGIN,
+    and a shape is timed once a process (rows rounded up to a power of two)."""
+    if not fast.ONEDNN_LINEAR:
+        pytest.skip("this torch build has no oneDNN linear kernels")
+    monkeypatch.setattr(fast, "_FASTER", {})
+    durations, ticks = [], []  # each timed call takes the next of `durations`
+
+    def perf_counter():
+        ticks.append(len(ticks))
+        tick = ticks[-1]  # a timing's start is even, its end odd
+        return (tick - tick % 2) * 1000.0 + (durations[(tick // 2) % len(durations)] if tick % 2 else 0.0)
+
+    monkeypatch.setattr(fast.time, "perf_counter", perf_counter)
+    for torch_s, onednn_s, faster in ((10.0, 5.0, True), (10.0, 9.8, False), (10.0, 12.0, False)):
+        durations[:] = [torch_s, onednn_s]
+        fast._FASTER.clear()
+        assert fast.onednn_is_faster(3, 8, 16) is faster
+    timed = len(ticks)
+    assert fast.onednn_is_faster(4, 8, 16) is False and len(ticks) == timed  # 3 and 4 rows: one timing
+    assert fast.onednn_is_faster(5, 8, 16) is False and len(ticks) == timed + 4 * fast.ROUNDS  # 8 rows: timed anew
+    assert set(fast._FASTER) == {(4, 8, 16, torch.get_num_threads()), (8, 8, 16, torch.get_num_threads())}
+
+
+def test_fast_paths_false_builds_plain_linear_maps():
+    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+
+    for switch in (True, False):
+        model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=40, fast_paths=switch))
+        linear_types = {type(module) for module in model.modules() if isinstance(module, torch.nn.Linear)}
+        expected = fast.PackableLinear if switch and fast.ONEDNN_LINEAR else torch.nn.Linear
+        assert linear_types == {expected}

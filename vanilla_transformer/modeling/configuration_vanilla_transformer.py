@@ -115,8 +115,9 @@ class VanillaTransformerConfig(PretrainedConfig):
             or translating another pair can be warned about.
         fast_paths: True (the default) builds the model with its speed-ups, which give the plain path's
             numbers with less work: the smoothed cross-entropy with its gradient in closed form
-            (fast_modeling_vanilla_transformer.py), and in decoding the output projection on oneDNN
-            (fast_generation_vanilla_transformer.py). False builds and decodes on the plain paper path.
+            (fast_modeling_vanilla_transformer.py), and in decoding the decoder's products and the output
+            projection on oneDNN, where it is faster (fast_generation_vanilla_transformer.py). False builds
+            and decodes on the plain paper path.
             Read when the model is built (and by `generate`).
     """
 

@@ -2,18 +2,29 @@
 each chosen by `generate` in one place. `fast_paths=False` in the config (the one switch, which also
 chooses the model's loss) turns them off.
 
-    plain                                   drop-in (here)
-    lm_head(x) (§3.4)                       output_projection: the same product on oneDNN, weight packed once per call
-    every row computed until the last ends  rows_leave: finished sentences leave our search loops' batch
+    plain                                       drop-in (here)
+    the decoder's linear maps and lm_head       packed_products: the same products on oneDNN, each weight packed
+      (§3.2.2, §3.3, §3.4) on torch's default     once per call, for the shapes oneDNN computes faster on this
+      fp32 kernel (MKL on a CPU)                  machine (timed once per shape, `onednn_is_faster`)
+    every row computed until the last ends      rows_leave: finished sentences leave our search loops' batch
+
+The model's linear maps are built as PackableLinear (fast_modeling_vanilla_transformer.py) for this.
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only torch
-(and looks up two of torch's own oneDNN ops by name, see below).
+and the fast modeling file beside it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
+import time
+
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from .fast_modeling_vanilla_transformer import ONEDNN_LINEAR, PackableLinear, _pack, _packed_linear
 
 
 def enabled(config) -> bool:
@@ -21,42 +32,66 @@ def enabled(config) -> bool:
     return config.fast_paths
 
 
-# The output projection (§3.4's pre-softmax linear transformation, d_model x vocabulary) is the largest
-# product of a decoding step. In float32 on a CPU torch runs it on MKL; oneDNN, also inside torch, can
-# take the weight laid out ("packed") for its kernels once per `generate` call (the weights cannot change
-# meanwhile). The ops are those torch.compile uses when it freezes weights on a CPU; their names are
-# private, so they are looked up, and without them nothing is packed. benchmarks/ reports what it saves.
-ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and all(
-    hasattr(torch.ops.mkldnn, name) for name in ("_reorder_linear_weight", "_linear_pointwise")
-)
+MARGIN = 0.05  # oneDNN replaces torch's kernel for a shape only when it is at least this much faster
+ROUNDS = 5  # timings of each kernel per shape, interleaved; the fastest of each counts
+_FASTER: dict[tuple, bool] = {}  # (rows, in, out, threads): whether oneDNN was faster, measured once a process
 
 
-def output_projection(model, rows: int):
-    """The function our search loops turn the decoder's last hidden states (rows, d_model) into logits
-    with: `model.lm_head`, or the same product on oneDNN with the weight packed for this call, where that
-    applies (the switch on, float32 on a CPU, a plain `nn.Linear` without hooks, oneDNN present and
-    enabled, more than one row: one sentence does not win the packing back)."""
-    lm_head = model.get_output_embeddings()
-    if not (
+def onednn_is_faster(rows: int, in_features: int, out_features: int) -> bool:
+    """Whether oneDNN, on a packed weight, computes a (rows, in) x (in, out) product at least MARGIN faster than
+    torch's default float32 kernel here. It depends on the CPU and the shape (MKL can win narrow products), so
+    it is timed, once a process for each shape (rows rounded up to a power of two) and thread count."""
+    rows = 1 << (rows - 1).bit_length()
+    key = (rows, in_features, out_features, torch.get_num_threads())
+    if key not in _FASTER:
+        x, weight = torch.randn(rows, in_features), torch.randn(out_features, in_features)
+        bias, packed = torch.zeros(out_features), _pack(weight)
+        kernels = (lambda: F.linear(x, weight, bias), lambda: _packed_linear(x, packed, bias))
+        seconds = [math.inf, math.inf]
+        with torch.no_grad():
+            for kernel in kernels:
+                kernel()  # the first call sets the kernel up
+            for _ in range(ROUNDS):
+                for i, kernel in enumerate(kernels):
+                    start = time.perf_counter()
+                    kernel()
+                    seconds[i] = min(seconds[i], time.perf_counter() - start)
+        _FASTER[key] = seconds[1] < (1 - MARGIN) * seconds[0]
+    return _FASTER[key]
+
+
+def worth_packing(model, linear: nn.Linear, rows: int) -> bool:
+    """Whether our search loops run `linear`'s product for `rows` rows on oneDNN: the switch on, oneDNN present
+    and enabled, no autocast (which would run the product in its own dtype), a float32 weight on the CPU (not
+    offloaded), more than one row (one sentence does not win the packing back), and oneDNN the faster here for
+    that shape."""
+    weight = linear.weight
+    return (
         enabled(model.config)
         and rows > 1
         and ONEDNN_LINEAR
         and torch.backends.mkldnn.enabled
-        and type(lm_head) is nn.Linear
-        and lm_head.weight.device.type == "cpu"
-        and lm_head.weight.dtype == torch.float32
-        and not (lm_head._forward_hooks or lm_head._forward_pre_hooks or hasattr(lm_head, "_hf_hook"))
-    ):
-        return lm_head
-    packed = torch.ops.mkldnn._reorder_linear_weight(lm_head.weight.detach())
+        and not torch.is_autocast_enabled("cpu")
+        and weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and onednn_is_faster(rows, linear.in_features, linear.out_features)
+    )
 
-    def project(hidden_states: torch.Tensor) -> torch.Tensor:
-        if hidden_states.dtype != torch.float32 or torch.is_grad_enabled():
-            return lm_head(hidden_states)
-        return torch.ops.mkldnn._linear_pointwise(hidden_states, packed, lm_head.bias, "none", [], "")
 
-    project.packed = True  # for tests: which path a loop took
-    return project
+@contextlib.contextmanager
+def packed_products(model, rows: int):
+    """While one of our search loops runs over `rows` rows: each PackableLinear of the decoder, and the output
+    projection, that is `worth_packing` holds its weight packed for oneDNN (the weights cannot change
+    meanwhile; the packed copies are memory for the call). After it, nothing is packed."""
+    modules = [*model.get_decoder().modules(), model.get_output_embeddings()]
+    chosen = [module for module in modules if isinstance(module, PackableLinear) and worth_packing(model, module, rows)]
+    for module in chosen:
+        module.packed = _pack(module.weight)
+    try:
+        yield
+    finally:
+        for module in chosen:
+            module.packed = None
 
 
 def rows_leave(going_on: int, batch: int) -> bool:
@@ -67,4 +102,4 @@ def rows_leave(going_on: int, batch: int) -> bool:
     return going_on < batch
 
 
-__all__ = ["ONEDNN_LINEAR", "enabled", "output_projection", "rows_leave"]
+__all__ = ["enabled", "onednn_is_faster", "packed_products", "rows_leave", "worth_packing"]

@@ -1,18 +1,21 @@
-"""The model's speed-up: §5.4's label-smoothed cross-entropy with its gradient in closed form, the same
-numbers as `LabelSmoothedCrossEntropy` (modeling_vanilla_transformer.py) with less memory and time.
-The model is built with it unless `config.fast_paths` is False (`loss_class`); tests/test_fast_paths.py
-compares the two, and benchmarks/ says what it saves.
+"""The model's speed-ups, chosen when it is built unless `config.fast_paths` is False:
+
+- §5.4's label-smoothed cross-entropy with its gradient in closed form (`loss_class`), the same numbers as
+  `LabelSmoothedCrossEntropy` (modeling_vanilla_transformer.py) with less memory and time;
+- the linear maps as `PackableLinear` (`linear_class`): nn.Linear, whose weights decoding can pack for
+  oneDNN's kernels (fast_generation_vanilla_transformer.py says when).
+
+tests/test_fast_paths.py and tests/test_decoding_speed.py compare them with the plain path, and
+benchmarks/ says what they save.
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only torch
-and the modeling file beside it.
+(and looks up two of torch's own oneDNN ops by name, see below).
 """
 
 from __future__ import annotations
 
 import torch
-
-from .modeling_vanilla_transformer import LabelSmoothedCrossEntropy
-
+from torch import nn
 
 # Rows of logits turned into fp32 log-probabilities at a time: a few MiB, which the allocator reuses from one
 # block of rows to the next and the cache holds, where the whole (N, V) fp32 tensor is fresh memory at every step.
@@ -67,15 +70,54 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 def loss_class(config):
     """The model's loss, chosen once when it is built: §5.4's `LabelSmoothedCrossEntropy`, or with
     `config.fast_paths` its twin below (the same numbers with less memory and time)."""
+    from .modeling_vanilla_transformer import LabelSmoothedCrossEntropy  # the plain loss, in the paper's file
+
     return ClosedFormCrossEntropy if config.fast_paths else LabelSmoothedCrossEntropy
 
 
-class ClosedFormCrossEntropy(LabelSmoothedCrossEntropy):
-    """`LabelSmoothedCrossEntropy` (the smoothed loss and the NLL, each summed over the target tokens whose
-    label is not -100) from one log-softmax, with the gradient in closed form."""
+class ClosedFormCrossEntropy(nn.Module):
+    """`LabelSmoothedCrossEntropy`'s twin (the smoothed loss and the NLL, each summed over the target tokens
+    whose label is not -100) from one log-softmax, with the gradient in closed form."""
 
     def forward(self, logits, labels, epsilon: float):
         return _SmoothedCrossEntropy.apply(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), epsilon)
 
 
-__all__ = ["ClosedFormCrossEntropy", "loss_class"]
+# A decoding step multiplies a few rows (one per sentence or beam) by every weight matrix of the decoder and by
+# the output projection. In float32 on a CPU torch runs these products on MKL; oneDNN, also inside torch, can
+# take each weight laid out ("packed") for its kernels once per `generate` call (the weights cannot change
+# meanwhile). The ops are those torch.compile uses when it freezes weights on a CPU; their names are private,
+# so they are looked up, and without them nothing is packed. benchmarks/ reports what it saves.
+ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and all(
+    hasattr(torch.ops.mkldnn, name) for name in ("_reorder_linear_weight", "_linear_pointwise")
+)
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+
+
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+class PackableLinear(nn.Linear):
+    """nn.Linear, the model's linear maps (§3.2.2's projections, §3.3's W_1 and W_2, §3.4's output
+    projection), whose product our search loops may run on oneDNN with the weight packed for one `generate`
+    call (fast_generation's `packed_products`). Elsewhere, and wherever gradients are on, nn.Linear itself."""
+
+    packed = None  # oneDNN's layout of `weight`, only while a search loop runs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None or torch.is_grad_enabled() or x.dtype != torch.float32:
+            return super().forward(x)
+        return _packed_linear(x, self.packed, self.bias)
+
+
+def linear_class(config):
+    """The class of the model's linear maps, chosen when it is built: PackableLinear where oneDNN can take
+    them, nn.Linear where the switch is off or torch has no oneDNN kernels."""
+    return PackableLinear if config.fast_paths and ONEDNN_LINEAR else nn.Linear
+
+
+__all__ = ["ClosedFormCrossEntropy", "ONEDNN_LINEAR", "PackableLinear", "linear_class", "loss_class"]

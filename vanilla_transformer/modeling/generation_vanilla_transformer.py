@@ -81,7 +81,7 @@ from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEME
 from transformers.masking_utils import create_bidirectional_mask
 
 from .arguments_vanilla_transformer import CACHE_NAME, one_cache
-from .fast_generation_vanilla_transformer import enabled, output_projection, rows_leave
+from .fast_generation_vanilla_transformer import enabled, packed_products, rows_leave
 
 
 LENGTH_PENALTY_STYLES = ("gnmt", "transformers")
@@ -390,7 +390,6 @@ class _LiveRows:
         eos = _first(generation_config.eos_token_id)
         self.processors = _with_one_length_cap(logits_processor, rows // rows_per_sentence, eos, prompt_length,
                                                input_ids.device)
-        self.project = output_projection(model, rows)
 
     @property
     def cap(self) -> SourceLengthCap:
@@ -410,7 +409,7 @@ class _LiveRows:
         new = tokens[:, -1:] if self.cache is not None and self.cache.get_seq_length() else tokens
         outputs = self.decoder(new, self.memory, self.attention_mask, cache=self.cache,
                                output_attentions=self.output_attentions, output_hidden_states=self.output_hidden_states)
-        return outputs, self.project(outputs.last_hidden_state[:, -1]).float()  # §3.4, last position only
+        return outputs, self.model.get_output_embeddings()(outputs.last_hidden_state[:, -1]).float()  # §3.4, last only
 
     def process(self, tokens: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """The logits processors in turn, the length cap last, as LogitsProcessorList calls them (which also reads
@@ -491,22 +490,23 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     active = torch.arange(rows, device=input_ids.device)  # the rows in the batch, by their index in the input
     tokens = input_ids  # theirs so far
     finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
-    while True:
-        _, logits = decoder.step(tokens)
-        scores = decoder.process(tokens, logits)
-        at_cap = decoder.cap.last_step(tokens)  # stops with this token, </s> or not (where </s> is ruled out)
-        next_tokens = torch.where(finished, pad, scores.argmax(dim=-1))  # finished rows are fed padding
-        tokens = torch.cat((tokens, next_tokens[:, None]), dim=1)
-        finished |= stopping_criteria(tokens, scores) | at_cap
-        count = _going_on(finished)
-        if count == 0:
-            sequences[active, : tokens.size(1)] = tokens
-            return sequences[:, : tokens.size(1)]
-        if prune and rows_leave(count, finished.numel()):
-            staying, leaving = _staying_and_leaving(finished, count)
-            sequences[active[leaving], : tokens.size(1)] = tokens[leaving]
-            decoder.keep(staying)
-            tokens, active, finished = tokens[staying], active[staying], finished[staying]
+    with packed_products(model, rows):
+        while True:
+            _, logits = decoder.step(tokens)
+            scores = decoder.process(tokens, logits)
+            at_cap = decoder.cap.last_step(tokens)  # stops with this token, </s> or not (where </s> is ruled out)
+            next_tokens = torch.where(finished, pad, scores.argmax(dim=-1))  # finished rows are fed padding
+            tokens = torch.cat((tokens, next_tokens[:, None]), dim=1)
+            finished |= stopping_criteria(tokens, scores) | at_cap
+            count = _going_on(finished)
+            if count == 0:
+                sequences[active, : tokens.size(1)] = tokens
+                return sequences[:, : tokens.size(1)]
+            if prune and rows_leave(count, finished.numel()):
+                staying, leaving = _staying_and_leaving(finished, count)
+                sequences[active[leaving], : tokens.size(1)] = tokens[leaving]
+                decoder.keep(staying)
+                tokens, active, finished = tokens[staying], active[staying], finished[staying]
 
 
 class GNMTRanking:
@@ -761,21 +761,22 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
     longest = generation_config.max_length - prompt_length  # transformers' max_length, under the sentences' caps
 
     count = -1
-    while count != 0:
-        outputs, logits = decoder.step(hypotheses.tokens)
-        log_probs = decoder.process(hypotheses.tokens, logits.log_softmax(dim=-1))
-        steps.record(log_probs, outputs)
-        candidates = hypotheses.candidates(log_probs, stopping_criteria, decoder.cap.last_step(hypotheses.tokens))
-        hypotheses.finish(candidates)
-        parents = hypotheses.live_on(candidates)
-        done = hypotheses.sentences_done(decoder.cap.max_new_tokens.clamp(max=longest))
-        count = _going_on(done)
-        if prune and 0 < count and rows_leave(count, done.numel()):  # in the gather that reorders the beams
-            staying, _ = _staying_and_leaving(done, count)
-            decoder.keep(staying, self_attention_rows=parents[_rows_of(staying, beams)])
-            hypotheses.keep(staying)
-        else:
-            decoder.reorder(parents)
+    with packed_products(model, input_ids.size(0)):
+        while count != 0:
+            outputs, logits = decoder.step(hypotheses.tokens)
+            log_probs = decoder.process(hypotheses.tokens, logits.log_softmax(dim=-1))
+            steps.record(log_probs, outputs)
+            candidates = hypotheses.candidates(log_probs, stopping_criteria, decoder.cap.last_step(hypotheses.tokens))
+            hypotheses.finish(candidates)
+            parents = hypotheses.live_on(candidates)
+            done = hypotheses.sentences_done(decoder.cap.max_new_tokens.clamp(max=longest))
+            count = _going_on(done)
+            if prune and 0 < count and rows_leave(count, done.numel()):  # in the gather that reorders the beams
+                staying, _ = _staying_and_leaving(done, count)
+                decoder.keep(staying, self_attention_rows=parents[_rows_of(staying, beams)])
+                hypotheses.keep(staying)
+            else:
+                decoder.reorder(parents)
 
     n_return = generation_config.num_return_sequences or 1
     return steps.beam_output(hypotheses.best(n_return), hypotheses.ranking.fill, model_kwargs["encoder_outputs"],

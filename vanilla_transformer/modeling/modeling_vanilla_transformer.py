@@ -13,7 +13,8 @@ What is not the paper lives in the files beside this one, each called here in on
     attention_variants_vanilla_transformer.py  attention beyond the paper, chosen when a layer is built
     arguments_vanilla_transformer.py           the checks of the models' arguments; the cache's two names
     saving_vanilla_transformer.py              what a saved folder needs to load anywhere
-    fast_modeling_vanilla_transformer.py       the loss with its gradient in closed form (`fast_paths`)
+    fast_modeling_vanilla_transformer.py       the speed-ups it is built with (`fast_paths`): the loss with its
+                                               gradient in closed form, linear maps that decoding can pack
     generation_vanilla_transformer.py          decoding (§6.1)
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports
@@ -55,6 +56,7 @@ from .arguments_vanilla_transformer import (
     wants_dict,
 )
 from .configuration_vanilla_transformer import VanillaTransformerConfig
+from .fast_modeling_vanilla_transformer import linear_class, loss_class  # nn.Linear and §5.4's loss, or twins
 from .saving_vanilla_transformer import SavesItsCode
 
 
@@ -102,11 +104,11 @@ class MultiHeadAttention(nn.Module):
         self.is_causal = is_causal  # §3.2.3's look-ahead mask; transformers' fused kernels read it
         self.scaling = 1.0 if config.attention_score == "dot" else self.head_dim**-0.5  # Luong's dot: unscaled
         self.dropout = config.attention_dropout
-        d_model = config.d_model
-        self.q_proj = nn.Linear(d_model, d_model)  # W^Q of all heads
-        self.k_proj = nn.Linear(d_model, d_model)  # W^K
-        self.v_proj = nn.Linear(d_model, d_model)  # W^V
-        self.out_proj = nn.Linear(d_model, d_model)  # W^O
+        d_model, linear = config.d_model, linear_class(config)
+        self.q_proj = linear(d_model, d_model)  # W^Q of all heads
+        self.k_proj = linear(d_model, d_model)  # W^K
+        self.v_proj = linear(d_model, d_model)  # W^V
+        self.out_proj = linear(d_model, d_model)  # W^O
         for projection in (self.q_proj, self.k_proj, self.v_proj):
             projection.is_attention_input = True  # initialised as fairseq does (see _init_weights)
 
@@ -166,8 +168,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__()
-        self.fc1 = nn.Linear(config.d_model, config.d_ff)
-        self.fc2 = nn.Linear(config.d_ff, config.d_model)
+        linear = linear_class(config)
+        self.fc1, self.fc2 = linear(config.d_model, config.d_ff), linear(config.d_ff, config.d_model)  # W_1, W_2
         self.activation = F.relu if config.activation == "relu" else F.gelu
 
     def forward(self, x):
@@ -456,8 +458,7 @@ class VanillaTransformerPreTrainedModel(SavesItsCode, PreTrainedModel):  # savin
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.d_model**-0.5)
         elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+            module.reset_parameters()  # weight 1, bias 0
         elif hasattr(module, "init_score_parameters"):  # attention beyond the paper: its own parameters
             module.init_score_parameters()
 
@@ -539,8 +540,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        from .fast_modeling_vanilla_transformer import loss_class  # §5.4's loss, or its closed-form twin
+        self.lm_head = linear_class(config)(config.d_model, config.vocab_size, bias=False)
         self.criterion = loss_class(config)()
         if config.tie_word_embeddings:  # §3.4: one matrix for both embeddings and the pre-softmax projection
             self._tied_weights_keys = {
@@ -585,8 +585,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             past_key_values=past_key_values,
         )
         logits = self.lm_head(outputs.last_hidden_state)  # §3.4: the pre-softmax projection, (B, T, vocab)
-        # Everything the base model returned (cache, attentions, hidden states), the logits for the last hidden state
-        passed_on = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
+        passed_on = {name: value for name, value in outputs.items() if name != "last_hidden_state"}  # cache, attentions
         if labels is None:
             output = Seq2SeqLMOutput(logits=logits, **passed_on)
         else:  # §5.4
