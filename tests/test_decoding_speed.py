@@ -516,6 +516,10 @@ def test_onednn_is_chosen_for_a_shape_only_where_timed_faster_and_once(monkeypat
         durations[:] = [torch_s, onednn_s]
         fast._FASTER.clear()
         assert fast.onednn_is_faster(3, 8, 16) is faster
+    state = torch.random.get_rng_state()
+    fast._FASTER.clear()
+    fast.onednn_is_faster(3, 8, 16)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the global random stream is not drawn from
     timed = len(ticks)
     assert fast.onednn_is_faster(4, 8, 16) is False and len(ticks) == timed  # 3 and 4 rows: one timing
     assert fast.onednn_is_faster(5, 8, 16) is False and len(ticks) == timed + 4 * fast.ROUNDS  # 8 rows: timed anew

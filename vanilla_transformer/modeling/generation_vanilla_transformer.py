@@ -476,7 +476,8 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     Returns what transformers' greedy search returns, token for token: each row its argmax tokens,
     padded after it ends, up to the step the last row ended. Rows stay in place (as in transformers,
     fed padding once finished) under the conditions of `_beam_search`. As there, the host waits for the
-    device once a step (how many rows go on). Our `generate` uses it for
+    device once a step (how many rows go on); the decoder's products run on packed weights where that is
+    faster (`packed_products`). Our `generate` uses it for
     plain greedy decoding without per-step outputs or a static cache (with one, transformers' loop
     compiles the step).
     """
@@ -742,7 +743,8 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
     (</s>, a stopping criterion such as max_length, the sentence's cap) among the best K are finished and
     scored by the ranking; the best K that did not end live on; sentences whose finished hypotheses no
     live one can beat are done. The host waits for the device once a step, for the number of sentences
-    going on (`_going_on`); everything else stays on the device.
+    going on (`_going_on`); everything else stays on the device. The decoder's products run on packed
+    weights where that is faster (`packed_products`).
 
     Done sentences leave the batch (as in fairseq's generator, by the rule of `rows_leave`): their
     rows are no longer computed, and the search ends when the last sentence is done. Outputs and scores
