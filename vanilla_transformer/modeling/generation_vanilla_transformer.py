@@ -390,6 +390,7 @@ class _LiveRows:
         eos = _first(generation_config.eos_token_id)
         self.processors = _with_one_length_cap(logits_processor, rows // rows_per_sentence, eos, prompt_length,
                                                input_ids.device)
+        self.project = model.get_output_embeddings()  # §3.4's lm_head, looked up once (packed_products may pack it)
 
     @property
     def cap(self) -> SourceLengthCap:
@@ -409,7 +410,7 @@ class _LiveRows:
         new = tokens[:, -1:] if self.cache is not None and self.cache.get_seq_length() else tokens
         outputs = self.decoder(new, self.memory, self.attention_mask, cache=self.cache,
                                output_attentions=self.output_attentions, output_hidden_states=self.output_hidden_states)
-        return outputs, self.model.get_output_embeddings()(outputs.last_hidden_state[:, -1]).float()  # §3.4, last only
+        return outputs, self.project(outputs.last_hidden_state[:, -1]).float()  # §3.4, last position only
 
     def process(self, tokens: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """The logits processors in turn, the length cap last, as LogitsProcessorList calls them (which also reads
