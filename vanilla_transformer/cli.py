@@ -37,8 +37,10 @@ def _add_data_options(
     source.add_argument(
         "--dataset", default="bible-en-es",
         help="embedded corpus (bible-en-es, bible-en-fr), local .json/.jsonl/.csv/.tsv/.parquet file (optionally .gz) "
-        "or folder of split files ({'translation': {lang: text}} rows or one column per language), save_to_disk "
-        f"folder, or Hub data set name (default: %(default)s); {reads}",
+        "or folder of split files ({'translation': {lang: text}} rows or one column per language; a .csv/.tsv has a "
+        "header row naming the languages), folder of plain parallel text (train.SRC + train.TGT, valid.* or dev.*, "
+        "test.*, one sentence a line) or the prefix of one such pair (DIR/train), save_to_disk folder, or Hub data "
+        f"set name (default: %(default)s); {reads}",
     )
     if text_files:
         source.add_argument("--text-files", nargs="+", metavar="FILE",
