@@ -79,6 +79,7 @@ def test_card_without_results_or_image_says_so():
 def test_metrics_are_read_with_their_split():
     found = metrics_from_results({"eval_bleu": 3.0, "test_chrf": 20.0, "loss": 1.5, "steps": 10, "best": True, "note_bleu": 1})
     assert [(m["type"], m["split"]) for m in found] == [("bleu", "validation"), ("chrf", "test"), ("loss", "test")]
+    assert [m["split"] for m in metrics_from_results({"dev_bleu": 3.0, "valid_chrf": 2.0})] == ["validation", "validation"]
 
 
 def test_bad_hyperparameters_are_refused():

@@ -28,7 +28,8 @@ TEMPLATE = Path(__file__).resolve().parent / "template.md"
 # Result keys the card reports, as written in `results` ("bleu", or with a split: "test_bleu"),
 # and their display names. `model-index` metric types follow the Hub's metric ids.
 METRICS = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER", "perplexity": "perplexity", "loss": "loss"}
-_SPLIT_PREFIXES = {"test": "test", "eval": "validation", "validation": "validation", "valid": "validation", "train": "train"}
+_SPLIT_PREFIXES = {"test": "test", "eval": "validation", "validation": "validation", "valid": "validation", "dev": "validation",
+                   "train": "train"}
 _LANGUAGE_NAMES = {"en": "English", "es": "Spanish", "fr": "French", "de": "German"}
 _EXAMPLES = {"en": "In the beginning God created the heavens and the earth."}
 
