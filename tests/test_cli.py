@@ -5,10 +5,12 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import huggingface_hub
 import pytest
+import torch
 
 from vanilla_transformer.cli import main
 from vanilla_transformer.inference import score_translations, translate_texts
@@ -97,7 +99,7 @@ def test_push_uploads_the_folder(hub_tiny_folder, tmp_path, monkeypatch, capsys)
     (["translate", "--model", "./no/such/folder", "x"], "neither a folder nor a Hub id"),
     (["translate", "--model", "{folder}", "--input-file", "{empty}/none.txt"], "none.txt"),
     (["translate", "--model", "{folder}", "--batch-size", "0", "x"], "--batch-size must be at least 1"),
-    (["evaluate", "--model", "{folder}", "--split", "dev"], "--split 'dev' is not in"),
+    (["evaluate", "--model", "{folder}", "--split", "devtest"], "--split 'devtest' is not in"),
     (["attention", "--model", "{folder}", " "], "empty"),
     # Found by trying harder (issue 13): each used to end after the work, or in a traceback.
     (["translate", "--model", "{folder}", "--input-file", "{latin1}"], "latin1.txt, line 2: byte 0xf3 at column 6 is not UTF-8"),
@@ -109,6 +111,19 @@ def test_push_uploads_the_folder(hub_tiny_folder, tmp_path, monkeypatch, capsys)
      "damaged/model.safetensors is damaged (truncated or corrupt; 4,000 bytes): Error while deserializing header"),
     (["evaluate", "--model", "{damaged}"], "Copy the model folder again, or save the model again."),
     (["push", "--folder", "{damaged}", "--repo-id", "someone/tiny"], "damaged/model.safetensors is damaged"),
+    # Data as it comes, and what the inference command line tells (#53).
+    (["translate", "--model", "{folder}", "--nbest", "0", "x"], "--nbest must be between 1 and"),
+    (["translate", "--model", "{folder}", "--engine", "ctranslate2", "--with-scores", "x"],
+     "--nbest and --with-scores are for --engine transformers"),
+    (["evaluate", "--model", "{folder}", "--source-file", "{latin1}"], "--source-file and --reference-file go together"),
+    (["evaluate", "--model", "{folder}", "--dataset", "bible-en-es", "--source-file", "{latin1}", "--reference-file",
+      "{latin1}"], "give --dataset or --source-file and --reference-file, not both"),
+    (["evaluate", "--model", "{folder}", "--source-file", "{latin1}", "--reference-file", "{latin1}"],
+     "latin1.txt, line 2: byte 0xf3 at column 6 is not UTF-8"),
+    (["evaluate", "--model", "{folder}", "--source-file", "{headerless}", "--reference-file", "{one_line}"],
+     "headerless.tsv has 2 lines and --reference-file {one_line} 1; they must translate each other line by line"),
+    (["evaluate", "--model", "{folder}", "--dataset", "{headerless}"], ("headerless.tsv: the first row (Jesus wept. | "
+     "Jesús lloró.) does not name the languages; a .tsv/.csv file needs a header row such as 'en<TAB>fr'")),
 ])
 def test_bad_input_is_a_usage_error_and_nothing_is_uploaded(argv, message, hub_tiny_folder, tmp_path, monkeypatch, capsys):
     def refuse(*args, **kwargs):
@@ -120,6 +135,8 @@ def test_bad_input_is_a_usage_error_and_nothing_is_uploaded(argv, message, hub_t
     monkeypatch.setenv("HF_TOKEN", "hf_test")
     (tmp_path / "empty").mkdir()
     (tmp_path / "latin1.txt").write_bytes("Jesus wept.\nY cri\u00f3 Dios.\n".encode("latin-1"))
+    (tmp_path / "one_line.txt").write_text("Jesús lloró.\n", encoding="utf-8")
+    (tmp_path / "headerless.tsv").write_text("Jesus wept.\tJesús lloró.\nAnd God said.\tY dijo Dios.\n", encoding="utf-8")
     no_tokenizer = tmp_path / "no_tokenizer"
     no_tokenizer.mkdir()
     for name in ("config.json", "model.safetensors"):
@@ -127,13 +144,14 @@ def test_bad_input_is_a_usage_error_and_nothing_is_uploaded(argv, message, hub_t
     damaged = shutil.copytree(hub_tiny_folder, tmp_path / "damaged")
     os.truncate(damaged / "model.safetensors", 4000)  # a copy or download cut short
     paths = {"folder": hub_tiny_folder, "empty": tmp_path / "empty", "no_tokenizer": no_tokenizer,
-             "latin1": tmp_path / "latin1.txt", "damaged": damaged}
+             "latin1": tmp_path / "latin1.txt", "damaged": damaged, "headerless": tmp_path / "headerless.tsv",
+             "one_line": tmp_path / "one_line.txt"}
     with pytest.raises(SystemExit) as exit_info:
         main([arg.format(**paths) for arg in argv])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     # One line, not the usage text: the arguments were well formed (a loading bar may come before it).
-    assert message in err.splitlines()[-1] and "usage:" not in err
+    assert message.format(**paths) in err.splitlines()[-1] and "usage:" not in err
 
 
 def test_evaluate_leaves_out_pairs_with_a_missing_side_and_says_so(hub_tiny_folder, tmp_path, capsys):
@@ -177,3 +195,104 @@ def test_help_is_instant_and_imports_neither_torch_nor_transformers():
          "from transformers import AutoConfig\nprint(type(AutoConfig.for_model(C.model_type)).__name__)"],
         capture_output=True, text=True, env=env, timeout=120)
     assert registered.stdout.strip() == "VanillaTransformerConfig", registered.stderr
+
+
+def test_translate_nbest_with_scores_gives_n_ranked_lines_per_text(hub_tiny_folder, hub_tiny_model, capsys):
+    texts = [LINES[0], "", LINES[2]]
+    assert main(["translate", "--model", str(hub_tiny_folder), "--nbest", "3", "--with-scores", "--num-beams", "3",
+                 "--max-new-tokens", "12", *texts]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 * len(texts) and lines[3:6] == ["", "", ""]  # a blank text: N blank lines, no score
+    model, tokenizer = hub_tiny_model
+    best = translate_texts(model, tokenizer, texts, num_beams=3, max_new_tokens=12)
+    for first in (0, 6):
+        scores, hypotheses = zip(*(line.split("\t", 1) for line in lines[first : first + 3]))
+        assert hypotheses[0] == best[first // 3]  # the best of the n is what translate writes
+        assert list(map(float, scores)) == sorted(map(float, scores), reverse=True) and float(scores[0]) < 0
+        assert len(set(hypotheses)) == 3
+    # The scores are generate's own `sequences_scores`, as Python has them.
+    inputs = tokenizer([texts[2]], return_tensors="pt")
+    output = model.generate(**inputs, num_beams=3, num_return_sequences=3, max_new_tokens=12, output_scores=True,
+                            return_dict_in_generate=True)
+    assert [f"{score:.4f}" for score in output.sequences_scores.tolist()] == [line.split("\t")[0] for line in lines[6:]]
+
+
+def test_translate_nbest_without_scores_and_greedy_scores(hub_tiny_folder, hub_tiny_model, capsys):
+    from vanilla_transformer.inference import translate_nbest
+
+    model, tokenizer = hub_tiny_model
+    assert main(["translate", "--model", str(hub_tiny_folder), "--nbest", "2", "--max-new-tokens", "12", LINES[2]]) == 0
+    assert capsys.readouterr().out.splitlines() == [text for text, _ in translate_nbest(
+        model, tokenizer, [LINES[2]], nbest=2, max_new_tokens=12)[0]]
+    # Greedy keeps no sequence score: the sum of its tokens' log-probabilities, as teacher forcing gives it.
+    [[(text, score)]] = translate_nbest(model, tokenizer, [LINES[2]], num_beams=1, max_new_tokens=12)
+    assert text == translate_texts(model, tokenizer, [LINES[2]], num_beams=1, max_new_tokens=12)[0]
+    source = tokenizer([LINES[2]], return_tensors="pt")
+    output = model.generate(**source, num_beams=1, max_new_tokens=12)
+    labels = output[:, 1:].masked_fill(output[:, 1:] == tokenizer.pad_token_id, -100)
+    with torch.no_grad():
+        logits = model(**source, decoder_input_ids=output[:, :-1]).logits
+    log_probs = logits.log_softmax(-1).gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+    assert score == pytest.approx(float(log_probs[labels != -100].sum()), abs=1e-3)
+
+
+@pytest.mark.slow
+def test_translate_on_standard_input_answers_each_line_before_the_next_comes(hub_tiny_folder, hub_tiny_model):
+    """A person at a terminal: write one line, read its translation, then write the next."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "vanilla_transformer.cli", "translate", "--model", str(hub_tiny_folder), *GREEDY],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, bufsize=1,
+    )
+    watchdog = threading.Timer(240, process.kill)  # a line held back for a batch would block readline forever
+    watchdog.start()
+    try:
+        answers = []
+        for line in (LINES[0], LINES[2]):
+            process.stdin.write(line + "\n")
+            process.stdin.flush()
+            answers.append(process.stdout.readline())
+        process.stdin.close()
+        assert process.wait(60) == 0
+    finally:
+        watchdog.cancel()
+    model, tokenizer = hub_tiny_model
+    assert answers == [text + "\n" for text in translate_texts(model, tokenizer, [LINES[0], LINES[2]], num_beams=1,
+                                                               max_new_tokens=12)]
+
+
+def test_evaluate_scores_a_source_file_against_a_reference_file(hub_tiny_folder, tmp_path, capsys):
+    from vanilla_transformer.corpora import load_translation_dataset, text_pairs
+
+    english, spanish = text_pairs(load_translation_dataset("bible-en-es")["test"], "en", "es")
+    (tmp_path / "test.en").write_text("".join(text + "\n" for text in english[:6]), encoding="utf-8")
+    (tmp_path / "test.es").write_text("".join(text + "\n" for text in spanish[:6]), encoding="utf-8")
+    assert main(["evaluate", "--model", str(hub_tiny_folder), "--source-file", str(tmp_path / "test.en"),
+                 "--reference-file", str(tmp_path / "test.es"), *GREEDY]) == 0
+    from_files = capsys.readouterr().out.splitlines()
+    assert from_files[0].startswith(f"{tmp_path / 'test.en'} against {tmp_path / 'test.es'}: 6 segments translated")
+    assert main(["evaluate", "--model", str(hub_tiny_folder), "--max-samples", "6", *GREEDY]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == from_files[1:]  # the same numbers as the data set's 6 pairs
+
+
+def test_evaluate_without_dataset_scores_the_data_set_the_model_records(hub_tiny_folder, tmp_path, capsys):
+    """Before: the embedded en-es Bible, whatever the model was trained on."""
+    from vanilla_transformer.corpora import load_translation_dataset, text_pairs
+
+    english, spanish = text_pairs(load_translation_dataset("bible-en-es")["validation"], "en", "es")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "dev.en").write_text("".join(text + "\n" for text in english[:3]), encoding="utf-8")
+    (corpus / "dev.es").write_text("".join(text + "\n" for text in spanish[:3]), encoding="utf-8")
+    model = shutil.copytree(hub_tiny_folder, tmp_path / "model")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "dataset_name": str(corpus)}))
+    assert main(["evaluate", "--model", str(model), "--split", "valid", *GREEDY]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"{corpus} valid en->es: 3 segments translated") and "warning" not in err
+    (model / "config.json").write_text(json.dumps({**config, "dataset_name": None}))
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--model", str(model), *GREEDY])
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        "records no data set (its config.json has no dataset_name); name one with --dataset, or give --source-file "
+        "and --reference-file")

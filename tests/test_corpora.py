@@ -186,3 +186,78 @@ def test_rows_with_an_extra_language_keep_the_pair(tmp_path):
     data = load_translation_dataset(tmp_path / "pairs.jsonl")
     assert language_keys(data["train"]) == ["en", "es"]
     assert text_pairs(data["train"], "en", "es")[1][-2:] == ["versículo 4", "y"]
+
+
+def write_plain_pair(prefix, pairs, source_lang="fr", target_lang="en"):
+    """`prefix.SRC` and `prefix.TGT`, one sentence a line, as OPUS and WMT ship parallel text."""
+    for index, lang in ((0, source_lang), (1, target_lang)):
+        prefix.with_name(f"{prefix.name}.{lang}").write_text("".join(pair[index] + "\n" for pair in pairs), encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def fr_en_pairs():
+    """Real French-English pairs, a direction the package does not embed."""
+    french, english = text_pairs(load_translation_dataset("bible-en-fr")["validation"], "fr", "en")
+    return list(zip(french, english))
+
+
+@pytest.mark.parametrize("validation_name", ["valid", "dev", "validation"])
+def test_a_folder_of_plain_parallel_text(tmp_path, fr_en_pairs, validation_name):
+    write_plain_pair(tmp_path / "train", fr_en_pairs[:40])
+    write_plain_pair(tmp_path / validation_name, fr_en_pairs[40:50])
+    write_plain_pair(tmp_path / "test", fr_en_pairs[50:55])
+    data = load_translation_dataset(tmp_path, source_lang="fr", target_lang="en")
+    assert {split: len(rows) for split, rows in data.items()} == {"train": 40, "validation": 10, "test": 5}
+    assert language_keys(data["train"]) == ["fr", "en"]
+    assert list(zip(*text_pairs(data["validation"], "fr", "en"))) == fr_en_pairs[40:50]
+    # One language named is enough: the other is the other file's.
+    assert resolve_languages(load_translation_dataset(tmp_path, target_lang="en")["test"]) == ("fr", "en")
+
+
+def test_a_prefix_names_one_pair_of_files_gzipped_or_not(tmp_path, fr_en_pairs):
+    write_plain_pair(tmp_path / "corpus", fr_en_pairs[:20])
+    with gzip.open(tmp_path / "other.en.gz", "wt", encoding="utf-8") as f:
+        f.write("".join(english + "\n" for _, english in fr_en_pairs[:3]))
+    (tmp_path / "other.fr").write_text("".join(french + "\n" for french, _ in fr_en_pairs[:3]), encoding="utf-8")
+    data = load_translation_dataset(str(tmp_path / "corpus"), source_lang="fr", target_lang="en")
+    assert list(data) == ["train"] and list(zip(*text_pairs(data["train"], "fr", "en"))) == fr_en_pairs[:20]
+    assert text_pairs(load_translation_dataset(tmp_path / "other", source_lang="en")["train"], "en", "fr")[0] == \
+        [english for _, english in fr_en_pairs[:3]]
+
+
+def test_plain_text_refusals_name_the_files_and_the_options(tmp_path, fr_en_pairs):
+    write_plain_pair(tmp_path / "train", fr_en_pairs[:5])
+    with pytest.raises(ValueError, match=r"train.en, train.fr hold plain text: .*--source-lang and --target-lang"):
+        load_translation_dataset(tmp_path)
+    with pytest.raises(ValueError, match=r"--target-lang de: there is no file .*train.de; .* are for en, fr"):
+        load_translation_dataset(tmp_path, source_lang="fr", target_lang="de")
+    with pytest.raises(ValueError, match=r"unknown file type.*give the files' prefix, .*train$"):
+        load_translation_dataset(tmp_path / "train.fr")
+    (tmp_path / "train.en").write_text("one line\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"train.fr has 5 lines and .*train.en 1"):
+        load_translation_dataset(tmp_path, source_lang="fr", target_lang="en")
+    write_plain_pair(tmp_path / "dev", fr_en_pairs[:2])
+    write_plain_pair(tmp_path / "valid", fr_en_pairs[:2])
+    with pytest.raises(ValueError, match=r"several files for the 'validation' split: valid.\*, dev.\*"):
+        load_translation_dataset(tmp_path, source_lang="fr", target_lang="en")
+
+
+def test_split_files_named_valid_or_dev_are_the_validation_split(tmp_path):
+    write_jsonl(tmp_path / "train.jsonl", ROWS)
+    write_jsonl(tmp_path / "dev.jsonl", ROWS[:1])
+    assert {split: len(rows) for split, rows in load_translation_dataset(tmp_path).items()} == {"train": 2, "validation": 1}
+    write_jsonl(tmp_path / "valid.jsonl", ROWS[:1])
+    with pytest.raises(ValueError, match="several files for the 'validation' split"):
+        load_translation_dataset(tmp_path)
+
+
+@pytest.mark.parametrize("name, separator", [("pairs.tsv", "\t"), ("pairs.csv", ",")])
+def test_a_table_without_a_header_row_is_refused_before_it_is_read(tmp_path, fr_en_pairs, name, separator):
+    """`paste train.fr train.en`: the first pair would otherwise become the language names."""
+    path = tmp_path / name
+    path.write_text("".join(f"{fr.replace(',', '')}{separator}{en.replace(',', '')}\n" for fr, en in fr_en_pairs[:5]),
+                    encoding="utf-8")
+    with pytest.raises(ValueError, match=r"pairs\.\w+: the first row \(.*\) does not name the languages; .* needs a header row"):
+        load_translation_dataset(path)
+    path.write_text(f"fr{separator}en\n" + path.read_text(encoding="utf-8"), encoding="utf-8")
+    assert resolve_languages(load_translation_dataset(path)["train"]) == ("fr", "en")

@@ -15,6 +15,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from vanilla_transformer.cli import main
 from vanilla_transformer.corpora import iter_texts, load_translation_dataset
 from vanilla_transformer.tokenizer import (
+    check_appends_eos,
     read_text_files,
     save_tokenizer,
     train_tokenizer,
@@ -237,3 +238,56 @@ def test_cli_bad_input_is_a_usage_error(tmp_path, capsys):
         main(["train-tokenizer", "--text-files", str(tmp_path / "nope.txt"), "--output-dir", str(out)])
     assert "nope.txt" in capsys.readouterr().err
     assert_nothing_written(tmp_path, "tok")
+
+
+@pytest.fixture(scope="module")
+def unigram(corpora):
+    """SentencePiece's unigram model over bytes, learnt from the English and French validation splits."""
+    return train_tokenizer(iter_texts(corpora["bible-en-fr"], splits=("validation",)), vocab_size=1000, model_type="unigram")
+
+
+@pytest.mark.parametrize("text", EDGE_CASES)
+def test_unigram_round_trip_is_exact_on_hard_text(unigram, text):
+    assert round_trip(unigram, text) == text
+
+
+def test_unigram_is_lossless_ends_with_eos_and_loads_as_a_stock_tokenizer(unigram, corpora, tmp_path):
+    held_out = list(iter_texts(corpora["bible-en-fr"], splits=("test",)))
+    assert all(round_trip(unigram, text) == text for text in held_out)
+    assert not any(unigram.unk_token_id in unigram(text)["input_ids"] for text in held_out)
+    assert [unigram.convert_ids_to_tokens(i) for i in range(4)] == ["<pad>", "<s>", "</s>", "<unk>"]
+    check_appends_eos(unigram, "unigram")
+    save_tokenizer(unigram, tmp_path)
+    assert json.loads((tmp_path / "tokenizer.json").read_text())["model"]["type"] == "Unigram"
+    again = AutoTokenizer.from_pretrained(tmp_path)
+    assert again(held_out[:20])["input_ids"] == unigram(held_out[:20])["input_ids"]
+    with pytest.raises(ValueError, match="model_type must be one of bpe, unigram; got 'wordpiece'"):
+        train_tokenizer(["hello"], model_type="wordpiece")
+
+
+def test_a_tokenizer_that_appends_no_eos_is_refused_by_name(tokenizer, tmp_path):
+    check_appends_eos(tokenizer, "the trained one")
+    saved = json.loads(tokenizer.backend_tokenizer.to_str())
+    saved["post_processor"] = None  # e.g. a tokenizer.json made for a decoder-only model
+    (tmp_path / "tokenizer.json").write_text(json.dumps(saved), encoding="utf-8")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "pad_token": "<pad>"}))
+    without = AutoTokenizer.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"^--tokenizer /x: the tokenizer does not append </s> to an encoded sentence"):
+        check_appends_eos(without, "--tokenizer /x")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"pad_token": "<pad>"}))
+    with pytest.raises(ValueError, match=r"^--tokenizer /x: the tokenizer has no end-of-sequence token"):
+        check_appends_eos(AutoTokenizer.from_pretrained(tmp_path), "--tokenizer /x")
+
+
+def test_cli_learns_a_unigram_vocabulary_from_plain_parallel_text(tmp_path, corpora, capsys):
+    """A fr->en folder as OPUS ships it: train.fr and train.en, one sentence a line."""
+    for lang in ("fr", "en"):
+        (tmp_path / f"train.{lang}").write_text(
+            "".join(text + "\n" for text in iter_texts(corpora["bible-en-fr"], [lang], splits=("validation",))),
+            encoding="utf-8")
+    out = tmp_path / "tok"
+    assert main(["train-tokenizer", "--dataset", str(tmp_path), "--source-lang", "fr", "--target-lang", "en",
+                 "--model-type", "unigram", "--vocab-size", "800", "--output-dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "800 tokens" in printed and "fr " in printed and "en " in printed
+    assert json.loads((out / "tokenizer.json").read_text())["model"]["type"] == "Unigram"

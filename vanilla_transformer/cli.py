@@ -27,18 +27,21 @@ def _refuse(parser: argparse.ArgumentParser, err: Exception) -> NoReturn:
 
 def _add_data_options(
     p: argparse.ArgumentParser, reads: str, languages: str = "the corpus pair, or the two keys there are",
-    text_files: bool = False,
+    text_files: bool = False, dataset: str | None = "bible-en-es",
 ) -> argparse._ArgumentGroup:
     """The data set and its two language keys, as `train`, `evaluate` and `train-tokenizer` read them
-    (`reads`: what the command reads of it; `text_files`: or plain text files instead). Returns the group,
-    for the command's own data options."""
+    (`reads`: what the command reads of it; `text_files`: or plain text files instead; `dataset`: the
+    default, None for the model's own). Returns the group, for the command's own data options."""
     data = p.add_argument_group("data")
     source = data.add_mutually_exclusive_group() if text_files else data
+    default = "%(default)s" if dataset else "the data set recorded in the model's config.json"
     source.add_argument(
-        "--dataset", default="bible-en-es",
+        "--dataset", default=dataset,
         help="embedded corpus (bible-en-es, bible-en-fr), local .json/.jsonl/.csv/.tsv/.parquet file (optionally .gz) "
-        "or folder of split files ({'translation': {lang: text}} rows or one column per language), save_to_disk "
-        f"folder, or Hub data set name (default: %(default)s); {reads}",
+        "or folder of split files ({'translation': {lang: text}} rows or one column per language; a .csv/.tsv has a "
+        "header row naming the languages), folder of plain parallel text (train.SRC + train.TGT, valid.* or dev.*, "
+        "test.*, one sentence a line) or the prefix of one such pair (DIR/train), save_to_disk folder, or Hub data "
+        f"set name (default: {default}); {reads}",
     )
     if text_files:
         source.add_argument("--text-files", nargs="+", metavar="FILE",
@@ -63,16 +66,21 @@ def _add_vocab_size(group: argparse._ArgumentGroup) -> None:
 def _add_train_tokenizer(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train-tokenizer",
-        help="learn a joint BPE vocabulary for both languages",
-        description="Learn one byte-level BPE vocabulary shared by the source and target languages "
+        help="learn a joint BPE (or unigram) vocabulary for both languages",
+        description="Learn one byte-level BPE (or unigram) vocabulary shared by the source and target languages "
         "(lossless: decode(encode(x)) == x for any text) and save it as a transformers tokenizer folder.",
     )
     _add_data_options(p, reads="both language sides of its train split are read",
                       languages="the corpus pair, or all keys of the data set", text_files=True)
     vocabulary = p.add_argument_group("vocabulary")
     _add_vocab_size(vocabulary)
+    vocabulary.add_argument(
+        "--model-type", choices=("bpe", "unigram"), default="bpe",  # tokenizer.MODEL_TYPES
+        help="bpe: merges of frequent pairs (the paper's byte-pair encoding, §5.1); unigram: SentencePiece's unigram "
+        "language model, over the same bytes (default: %(default)s)",
+    )
     vocabulary.add_argument("--min-frequency", type=int, default=2,
-                            help="least count of a pair to merge (default: %(default)s)")
+                            help="least count of a pair to merge, for bpe (default: %(default)s)")
     vocabulary.add_argument(
         "--special-tokens", nargs="*", default=[], metavar="TOKEN",
         help="extra special tokens after <pad> <s> </s> <unk>, e.g. language tags",
@@ -96,6 +104,7 @@ def _add_train_tokenizer(sub: argparse._SubParsersAction) -> None:
                 min_frequency=args.min_frequency,
                 special_tokens=args.special_tokens,
                 output_dir=args.output_dir,
+                model_type=args.model_type,
             )
         except (OSError, ValueError) as err:
             _refuse(p, err)
@@ -309,11 +318,20 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
         "translate",
         help="translate text from arguments, a file or standard input",
         description="Translate each text (each argument, or each line of --input-file or standard input) and "
-        "write one line per input line to standard output. Blank lines stay blank. Uses the GPU when there is one.",
+        "write one line per input line to standard output (--nbest N: N lines, best first). Blank lines stay "
+        "blank. Standard input is line in, line out: a line is translated as soon as it arrives, with the lines "
+        "already waiting behind it. Uses the GPU when there is one.",
     )
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to translate (default: read lines from --input-file or standard input)")
     _add_model_option(p, engines=True)
     p.add_argument("--input-file", help="UTF-8 text file, one text per line ('-' = standard input)")
+    output = p.add_argument_group("output")
+    output.add_argument("--nbest", type=int, default=1, metavar="N",
+                        help="write the N best translations of each text, best first, one a line (the beam is widened "
+                        "to N where it is narrower) (default: %(default)s)")
+    output.add_argument("--with-scores", action="store_true",
+                        help="start each line with the translation's score and a tab: the log-probability the search "
+                        "ranks it by (beam search's divided by its length penalty)")
     _add_decoding_options(p)
 
     def run(args: argparse.Namespace) -> int:
@@ -321,12 +339,15 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
             if args.texts and args.input_file:
                 raise ValueError("give texts as arguments or --input-file, not both")
             _decoding_options(args)  # bad options fail before reading the input
+            _check_nbest_options(args)
             texts = args.texts or _read_lines(args.input_file or "-")
             translate = _translator(args)[0]
         except (OSError, ValueError, TypeError, ImportError) as err:
             _refuse(p, err)
+        stdin = not args.texts and args.input_file in (None, "-")
+        batches = _batches_as_they_come(texts, args.batch_size) if stdin else _batches_of(texts, args.batch_size)
         # Batch by batch, each written as it is done: a pipe sees lines at once, an interrupt keeps them.
-        for translations in _translated_batches(p, _batches_of(texts, args.batch_size), translate):
+        for translations in _translated_batches(p, batches, translate):
             print("\n".join(translations), flush=True)
         return 0
 
@@ -400,10 +421,32 @@ def check_device(device: str) -> None:
         raise ValueError(f"--device {device}: this machine has no {kind.upper()} device; use --device cpu")
 
 
+def _check_nbest_options(args: argparse.Namespace) -> None:
+    from .inference import MAX_NUM_BEAMS
+
+    if not 1 <= args.nbest <= MAX_NUM_BEAMS:
+        raise ValueError(f"--nbest must be between 1 and {MAX_NUM_BEAMS} (the beam holds N hypotheses); got {args.nbest}")
+    if (args.nbest > 1 or args.with_scores) and args.engine == "ctranslate2":
+        raise ValueError("--nbest and --with-scores are for --engine transformers; CTranslate2 gives one translation")
+
+
 def _translator(args: argparse.Namespace):
-    """(texts -> translations, the model's config or None for an export), with the engine, model and
-    decoding options the command line names."""
+    """(texts -> output lines, the model's config or None for an export), with the engine, model and
+    decoding options the command line names; with --nbest or --with-scores, each text's output is its
+    N best translations on N lines, each after its score and a tab with --with-scores."""
     options = _decoding_options(args)
+    nbest, with_scores = getattr(args, "nbest", 1), getattr(args, "with_scores", False)
+    if nbest > 1 or with_scores:
+        from .inference import load_model, translate_nbest
+
+        model, tokenizer = load_model(args.model, args.device)
+
+        def translate(texts, first_line=1):
+            # A blank line stays blank, without a score: nothing was translated.
+            return ["\n".join(f"{score:.4f}\t{text}" if with_scores and source.strip() else text for text, score in hypotheses)
+                    for source, hypotheses in zip(texts, translate_nbest(model, tokenizer, texts, nbest=nbest, **options))]
+
+        return translate, model.config
     if args.engine == "ctranslate2":
         from .export.ctranslate2 import CTranslate2Translator
 
@@ -440,6 +483,43 @@ def _batches_of(texts, size: int):
             batch, first = [], number + 1
     if batch:
         yield first, batch
+
+
+def _batches_as_they_come(texts, size: int):
+    """As `_batches_of`, for lines that arrive one by one (a person typing): a batch is the next line and
+    those already waiting behind it, so that each line is answered as soon as it comes."""
+    import queue
+    import threading
+
+    waiting = queue.Queue(maxsize=4 * size)  # a fast pipe waits for the translations instead of filling memory
+    end = object()
+
+    def read():
+        try:
+            for text in texts:
+                waiting.put(text)
+        except (OSError, ValueError) as err:  # a line that is not UTF-8: refused once the lines before it are out
+            waiting.put(err)
+            return
+        waiting.put(end)
+
+    threading.Thread(target=read, daemon=True).start()  # daemon: a reader blocked on a terminal does not hold the exit
+    first, last = 1, None
+    while last is None:
+        batch, item = [], waiting.get()
+        while True:
+            if item is end or isinstance(item, Exception):
+                last = item
+                break
+            batch.append(item)
+            if len(batch) == size or waiting.empty():
+                break
+            item = waiting.get()
+        if batch:
+            yield first, batch
+            first += len(batch)
+    if last is not end:
+        raise last
 
 
 def _read_lines(path: str):
@@ -497,8 +577,11 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
         "`sacrebleu REFERENCES -i HYPOTHESES -m bleu chrf` on the files that --hypotheses-out and --references-out write.",
     )
     _add_model_option(p, engines=True)
-    data = _add_data_options(p, reads="its --split is translated and scored")
-    data.add_argument("--split", default="test", help="split to score (default: %(default)s)")
+    data = _add_data_options(p, reads="its --split is translated and scored", dataset=None,
+                             languages="the model's, for its own data set; else the corpus pair, or the two keys there are")
+    data.add_argument("--split", default="test", help="split to score: train, validation (or valid, dev), test (default: %(default)s)")
+    data.add_argument("--source-file", help="instead of --dataset: UTF-8 text file of sources, one a line")
+    data.add_argument("--reference-file", help="with --source-file: their reference translations, line by line")
     data.add_argument("--max-samples", type=int, help="score only the first N pairs (a quick look)")
     files = p.add_argument_group("output files (for the sacrebleu command line)")
     files.add_argument("--hypotheses-out", help="write the translations here, one per line")
@@ -514,14 +597,13 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 
         try:
             _decoding_options(args)  # bad options fail before the data set is read
-            split, source_lang, target_lang = _evaluation_split(args)
             _check_evaluation_options(args)
-            sources, references = _complete_pairs(args, split, source_lang, target_lang)
+            what, source_lang, target_lang, pairs = _evaluation_pairs(args)
+            sources, references = _complete_pairs(args, pairs, what)
             translate, config = _translator(args)
-            mismatch = config is not None and language_pair_mismatch(config, source_lang, target_lang)
+            mismatch = config is not None and source_lang and language_pair_mismatch(config, source_lang, target_lang)
             if mismatch:
-                print(f"warning: {mismatch}; scoring {args.dataset} {args.split} ({source_lang}->{target_lang}) anyway",
-                      file=sys.stderr)
+                print(f"warning: {mismatch}; scoring {what} ({source_lang}->{target_lang}) anyway", file=sys.stderr)
             start = time.perf_counter()
             hypotheses = translate(sources)
             seconds = time.perf_counter() - start
@@ -531,8 +613,8 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
                     write_text_file(path, "".join(line + "\n" for line in lines))
         except (OSError, ValueError, TypeError, ImportError) as err:
             _refuse(p, err)
-        print(f"{args.dataset} {args.split} {source_lang}->{target_lang}: {len(sources)} segments translated in "
-              f"{seconds:.1f} s ({args.engine})")
+        pair = f" {source_lang}->{target_lang}" if source_lang else ""
+        print(f"{what}{pair}: {len(sources)} segments translated in {seconds:.1f} s ({args.engine})")
         print(scores["bleu_text"])
         print(f"  signature: {scores['bleu_signature']}")
         print(scores["chrf_text"])
@@ -542,17 +624,52 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _evaluation_split(args: argparse.Namespace):
-    """(the --split to score, its source language key, its target language key)."""
-    from .corpora import load_translation_dataset, resolve_languages
+def _evaluation_pairs(args: argparse.Namespace) -> tuple[str, str | None, str | None, list[tuple[str, str]]]:
+    """(what is scored, its source and target language keys, its (source, reference) pairs): the two files,
+    else the --split of --dataset, else of the data set the model records."""
+    if args.source_file or args.reference_file:
+        if not (args.source_file and args.reference_file):
+            raise ValueError("--source-file and --reference-file go together: give both")
+        if args.dataset:
+            raise ValueError("give --dataset or --source-file and --reference-file, not both")
+        sides = [list(_read_lines(path)) for path in (args.source_file, args.reference_file)]
+        if len(sides[0]) != len(sides[1]):
+            raise ValueError(f"--source-file {args.source_file} has {len(sides[0])} lines and --reference-file "
+                             f"{args.reference_file} {len(sides[1])}; they must translate each other line by line")
+        return f"{args.source_file} against {args.reference_file}", args.source_lang, args.target_lang, \
+            list(zip(*sides))
+    from .corpora import SPLIT_NAMES, load_translation_dataset, resolve_languages, text_pairs
 
-    data = load_translation_dataset(
-        args.dataset, args.dataset_config, source_lang=args.source_lang, target_lang=args.target_lang
-    )
-    if args.split not in data:
-        raise ValueError(f"--split {args.split!r} is not in {args.dataset}; it has {', '.join(data)}")
-    split = data[args.split]
-    return (split, *resolve_languages(split, args.source_lang, args.target_lang))
+    dataset, source_lang, target_lang = args.dataset, args.source_lang, args.target_lang
+    if dataset is None:
+        dataset, source_lang, target_lang = _recorded_data(args.model, source_lang, target_lang)
+    data = load_translation_dataset(dataset, args.dataset_config, source_lang=source_lang, target_lang=target_lang)
+    split = next((name for name, names in SPLIT_NAMES.items() if args.split in names), args.split)
+    if split not in data:
+        raise ValueError(f"--split {args.split!r} is not in {dataset}; it has {', '.join(data)}")
+    source_lang, target_lang = resolve_languages(data[split], source_lang, target_lang)
+    return f"{dataset} {args.split}", source_lang, target_lang, \
+        list(zip(*text_pairs(data[split], source_lang, target_lang)))
+
+
+def _recorded_data(model: str, source_lang: str | None, target_lang: str | None) -> tuple[str, str, str]:
+    """The data set and language pair that the model's config.json records (training writes them), the
+    languages given on the command line taking precedence."""
+    from pathlib import Path
+
+    from .file_checks import read_json
+
+    path = Path(model) / "config.json"
+    if path.is_file():
+        config = read_json(path)
+    else:  # a Hub id: its config, or an OSError saying why not
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model).to_dict()
+    if not config.get("dataset_name"):
+        raise ValueError(f"--dataset: {model} records no data set (its config.json has no dataset_name); name one with "
+                         "--dataset, or give --source-file and --reference-file")
+    return config["dataset_name"], source_lang or config.get("source_lang"), target_lang or config.get("target_lang")
 
 
 def _check_evaluation_options(args: argparse.Namespace) -> None:
@@ -564,15 +681,12 @@ def _check_evaluation_options(args: argparse.Namespace) -> None:
     _check_output_file("--hypotheses-out", args.hypotheses_out)
     _check_output_file("--references-out", args.references_out)
     check_outputs_apart({"--hypotheses-out": args.hypotheses_out, "--references-out": args.references_out},
-                        inputs=[args.dataset, args.model])
+                        inputs=[args.dataset, args.source_file, args.reference_file, args.model])
 
 
-def _complete_pairs(args: argparse.Namespace, split, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
+def _complete_pairs(args: argparse.Namespace, pairs: list[tuple[str, str]], what: str) -> tuple[list[str], list[str]]:
     """(sources, references) of the first --max-samples pairs with text on both sides: as training scores a
     split, pairs with a missing or blank side are left out, and counted."""
-    from .corpora import text_pairs
-
-    pairs = list(zip(*text_pairs(split, source_lang, target_lang)))
     incomplete = [row for row, pair in enumerate(pairs, 1) if not all(text and text.strip() for text in pair)]
     if incomplete:
         rows = ", ".join(map(str, incomplete[:10])) + (" ..." if len(incomplete) > 10 else "")
@@ -580,7 +694,7 @@ def _complete_pairs(args: argparse.Namespace, split, source_lang: str, target_la
               file=sys.stderr)
     pairs = [pair for pair in pairs if all(text and text.strip() for text in pair)][: args.max_samples]
     if not pairs:
-        raise ValueError(f"the {args.split} split of {args.dataset} has no pair with text on both sides")
+        raise ValueError(f"{what} has no pair with text on both sides")
     sources, references = map(list, zip(*pairs))
     # sacrebleu reads one segment per line: a newline inside a reference would shift every line after it.
     return sources, [" ".join(text.splitlines()) for text in references]

@@ -2,6 +2,7 @@
 
     model, tokenizer = load_model("path/to/folder")           # or a Hub id
     translations = translate_texts(model, tokenizer, ["Jesus wept."], num_beams=4)
+    [[(best, score), (second, _)]] = translate_nbest(model, tokenizer, ["Jesus wept."], nbest=2)
     scores = score_translations(translations, references)    # sacrebleu BLEU and chrF, with signatures
 
 Translation goes through the same `TranslationPipeline` that ships with saved models, so the command
@@ -19,10 +20,15 @@ from pathlib import Path
 import torch
 
 from .file_checks import check_model_files, read_json
-from .modeling.pipeline_vanilla_transformer import MAX_NEW_TOKENS, MAX_NUM_BEAMS, TranslationPipeline
+from .modeling.pipeline_vanilla_transformer import (
+    MAX_NEW_TOKENS,
+    MAX_NUM_BEAMS,
+    TranslationPipeline,
+    source_length_limit,
+)
 
 __all__ = ["check_config_fits_weights", "check_tokenizer_fits", "default_device", "load_model", "load_pretrained",
-           "load_tokenizer", "score_translations", "translate_texts"]
+           "load_tokenizer", "score_translations", "translate_nbest", "translate_texts"]
 
 MAX_LENGTH_PENALTY = 10.0  # GNMT's ((5 + length) / 6) ** alpha stays finite in float32 below this
 
@@ -231,6 +237,49 @@ def _translate_batch(pipe, lines: dict[int, str], options: dict) -> list[str]:
             warnings.warn(f"line {next(iter(lines))} was not translated (an empty line stands for it): {err}", stacklevel=3)
             return [""]
     return [_translate_batch(pipe, {line: text}, options)[0] for line, text in lines.items()]
+
+
+@torch.inference_mode()
+def translate_nbest(
+    model,
+    tokenizer,
+    texts: list[str],
+    *,
+    nbest: int = 1,
+    batch_size: int = 32,
+    num_beams: int | None = None,
+    length_penalty: float | None = None,
+    max_new_tokens: int | None = None,
+) -> list[list[tuple[str, float]]]:
+    """The `nbest` best translations of each text, best first, each with its score: the log-probability the
+    search ranks it by (beam search's is divided by its length penalty, §6.1; greedy's is the plain sum).
+
+    The beam is widened to `nbest` where it is narrower. A blank text gives `nbest` times ("", 0.0). Texts
+    longer than the model reads are cut to its limit, as `translate_texts` cuts them.
+    """
+    beams = max(num_beams or model.generation_config.num_beams or 1, nbest)
+    options = {"num_beams": beams, "num_return_sequences": nbest, "length_penalty": length_penalty,
+               "max_new_tokens": max_new_tokens, "output_scores": True, "return_dict_in_generate": True}
+    options = {key: value for key, value in options.items() if value is not None}
+    limit = source_length_limit(model, tokenizer)
+    order = sorted((i for i, text in enumerate(texts) if text.strip()), key=lambda i: -len(texts[i]))
+    results = [[("", 0.0)] * nbest for _ in texts]
+    for start in range(0, len(order), batch_size):
+        batch = order[start : start + batch_size]
+        inputs = tokenizer([texts[i] for i in batch], return_tensors="pt", padding=True, truncation=True,
+                           max_length=limit).to(model.device)
+        output = model.generate(**inputs, **options)
+        if beams > 1:
+            scores = output.sequences_scores
+        else:  # greedy search keeps no sequence score: its tokens' log-probabilities, summed
+            steps = model.compute_transition_scores(output.sequences, output.scores, normalize_logits=True)
+            generated = output.sequences[:, -steps.size(1) :]
+            scores = steps.masked_fill(generated == model.generation_config.pad_token_id, 0).sum(1)  # after </s>
+        texts_out = tokenizer.batch_decode(output.sequences, skip_special_tokens=True)
+        for row, i in enumerate(batch):
+            results[i] = [(" ".join(texts_out[k].splitlines()), float(scores[k]))
+                          for k in range(row * nbest, (row + 1) * nbest)]
+    return results
 
 
 def score_translations(hypotheses: list[str], references: list[str] | list[list[str]]) -> dict:

@@ -10,7 +10,8 @@ Special tokens come first, so their ids are fixed: `<pad>`=0, `<s>`=1, `</s>`=2,
 for the model to use as it sees fit. Read the ids from the tokenizer, never
 hard-code them.
 
-Scheme: byte-level BPE (GPT-2 pre-tokenizer, no prefix space, no normaliser).
+Scheme: byte-level BPE (GPT-2 pre-tokenizer, no prefix space, no normaliser), or SentencePiece's unigram
+model over the same bytes (`model_type="unigram"`).
 Every string maps to bytes and back, so `decode(encode(x), skip_special_tokens=True)
 == x` holds for all text: typographic quotes, accents (NFC and NFD alike),
 emoji, CJK, runs of spaces, tabs, newlines, leading and trailing spaces. No
@@ -44,7 +45,9 @@ __all__ = [
     "DEFAULT_MIN_FREQUENCY",
     "DEFAULT_VOCAB_SIZE",
     "MODEL_MAX_LENGTH",
+    "MODEL_TYPES",
     "SPECIAL_TOKENS",
+    "check_appends_eos",
     "read_text_files",
     "save_tokenizer",
     "save_tokenizer_files",
@@ -59,6 +62,10 @@ DEFAULT_MIN_FREQUENCY = 2
 # Longest sequence the tokenizer reports as safe; verses are < 200 tokens, and
 # the model's sinusoidal positions have no hard limit.
 MODEL_MAX_LENGTH = 1024
+
+# bpe: merges of frequent pairs (Sennrich et al.); unigram: SentencePiece's unigram language model (Kudo, 2018),
+# which keeps the pieces that best explain the text by likelihood. Both read bytes, so both are lossless.
+MODEL_TYPES = ("bpe", "unigram")
 
 _BYTE_ALPHABET = pre_tokenizers.ByteLevel.alphabet()  # the 256 byte symbols every vocabulary starts with
 
@@ -102,11 +109,21 @@ def wrap_tokenizer(tokenizer: Tokenizer, model_max_length: int = MODEL_MAX_LENGT
     )
 
 
-def _new_tokenizer() -> Tokenizer:
-    tokenizer = Tokenizer(models.BPE())  # byte-level: no unk_token needed, every byte is in the vocabulary
+def _new_tokenizer(model_type: str) -> Tokenizer:
+    # Byte-level: every byte is in the vocabulary, so no text ever needs <unk>.
+    tokenizer = Tokenizer(models.BPE() if model_type == "bpe" else models.Unigram())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     return tokenizer
+
+
+def _trainer(model_type: str, vocab_size: int, min_frequency: int, special_tokens: list[str]) -> trainers.Trainer:
+    if model_type == "bpe":
+        return trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=special_tokens,
+                                   initial_alphabet=_BYTE_ALPHABET, show_progress=False)
+    # The unigram model scores pieces by likelihood, not by count: min_frequency has no part in it.
+    return trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=special_tokens, initial_alphabet=_BYTE_ALPHABET,
+                                   unk_token=SPECIAL_TOKENS["unk_token"], show_progress=False)
 
 
 def train_tokenizer(
@@ -118,8 +135,10 @@ def train_tokenizer(
     special_tokens: Sequence[str] = (),
     output_dir: str | os.PathLike | None = None,
     model_max_length: int = MODEL_MAX_LENGTH,
+    model_type: str = "bpe",
 ) -> PreTrainedTokenizerFast:
-    """Learn a joint byte-level BPE vocabulary and return it as a transformers tokenizer.
+    """Learn a joint byte-level vocabulary (BPE, or with `model_type="unigram"` SentencePiece's unigram
+    model, for which `min_frequency` does not apply) and return it as a transformers tokenizer.
 
     `texts` is any iterable of strings, or a translation `Dataset`/`DatasetDict`
     (see `vanilla_transformer.corpora`), of which the `languages` sides (all by
@@ -135,6 +154,8 @@ def train_tokenizer(
             f"vocab_size={vocab_size} is smaller than the byte alphabet ({len(_BYTE_ALPHABET)}) "
             f"plus the special tokens ({len(all_special)}); use at least {smallest + 1}"
         )
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"model_type must be one of {', '.join(MODEL_TYPES)}; got {model_type!r}")
     if min_frequency < 1:
         raise ValueError(f"min_frequency must be at least 1, got {min_frequency}")
     if isinstance(texts, (str, bytes)):
@@ -142,14 +163,8 @@ def train_tokenizer(
     if isinstance(texts, (datasets.Dataset, datasets.DatasetDict)):
         texts = iter_texts(texts, languages)
 
-    tokenizer = _new_tokenizer()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        special_tokens=all_special,
-        initial_alphabet=_BYTE_ALPHABET,
-        show_progress=False,
-    )
+    tokenizer = _new_tokenizer(model_type)
+    trainer = _trainer(model_type, vocab_size, min_frequency, all_special)
     seen = [0]
     tokenizer.train_from_iterator(_count_texts(texts, seen), trainer)
     if seen[0] == 0:
@@ -166,6 +181,20 @@ def train_tokenizer(
     if output_dir is not None:
         save_tokenizer(wrapped, output_dir)
     return wrapped
+
+
+def check_appends_eos(tokenizer, name: str) -> None:
+    """Raise ValueError unless encoding a sentence ends it with the tokenizer's `</s>`: a model trained on
+    labels without it never learns to stop. `name` says where the tokenizer came from (a folder, an option)."""
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError(f"{name}: the tokenizer has no end-of-sequence token; give one that appends </s> to every "
+                         "sentence (train-tokenizer writes one)")
+    ids = tokenizer("A sentence.")["input_ids"]
+    if not ids or ids[-1] != eos:
+        raise ValueError(f"{name}: the tokenizer does not append {tokenizer.eos_token} to an encoded sentence, so a "
+                         "model could never learn to stop; give one whose post-processor appends it "
+                         "(train-tokenizer writes one)")
 
 
 def save_tokenizer_files(tokenizer: PreTrainedTokenizerFast, folder: str | os.PathLike) -> None:

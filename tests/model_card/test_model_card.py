@@ -79,6 +79,7 @@ def test_card_without_results_or_image_says_so():
 def test_metrics_are_read_with_their_split():
     found = metrics_from_results({"eval_bleu": 3.0, "test_chrf": 20.0, "loss": 1.5, "steps": 10, "best": True, "note_bleu": 1})
     assert [(m["type"], m["split"]) for m in found] == [("bleu", "validation"), ("chrf", "test"), ("loss", "test")]
+    assert [m["split"] for m in metrics_from_results({"dev_bleu": 3.0, "valid_chrf": 2.0})] == ["validation", "validation"]
 
 
 def test_bad_hyperparameters_are_refused():
@@ -134,11 +135,12 @@ def test_shell_lines_hold_the_sentence_as_one_argument(hostile_card):
 def test_markdown_holds_no_html_from_the_data(hostile_card, tmp_path):
     body = re.sub(r"^```\w*\n.*?^```", "", hostile_card.text, flags=re.MULTILINE | re.DOTALL)  # code shows as text
     assert body.count("```") == 0  # and no sentence closed a code block early
-    assert "<script>" not in body and "<img" not in body and "<b>" not in body and "[es](" not in body
-    assert "English to \\[es\\](javascript:alert(1))&lt;img src=x onerror=alert(1)&gt;." in body  # text, not a link
-    assert "Data: bible-&lt;script&gt;alert(1)&lt;/script&gt;" in body
-    assert "| &lt;script&gt; | \\| x \\| \\`y\\` &lt;b&gt; |" in body  # one row, two cells
-    assert "sacrebleu signature: \\`x\\` &lt;script&gt;" in body
+    assert not re.search(r"(?<!\\)[<>&]", body) and "[es](" not in body  # every <, > and & backslash-escaped
+    assert "&#" not in body and "&lt;" not in body  # and no HTML entity, which shows as such where the card is text
+    assert "English to \\[es\\](javascript:alert(1))\\<img src=x onerror=alert(1)\\>." in body  # text, not a link
+    assert "Data: bible-\\<script\\>alert(1)\\</script\\>" in body
+    assert "| \\<script\\> | \\| x \\| \\`y\\` \\<b\\> |" in body  # one row, two cells
+    assert "sacrebleu signature: \\`x\\` \\<script\\>" in body
     hostile_card.save(tmp_path / "README.md")  # the front matter is YAML, written by huggingface_hub: it reads back as given
     data = ModelCard.load(tmp_path / "README.md").data
     assert data.datasets == ["bible-<script>alert(1)</script>"]
@@ -155,3 +157,24 @@ def test_retarget_points_the_snippets_title_and_model_index_at_the_repository(ca
     data = ModelCard.load(tmp_path / "README.md").data
     assert data.model_name == "x" and len(data.eval_results) == len(card.data.eval_results)
     assert retarget_card(retargeted, "alice/x") is retargeted
+
+
+def test_card_shows_apostrophes_claims_only_the_metrics_it_lists_and_no_sentinel():
+    card = build_model_card(
+        VanillaTransformerConfig.tiny(vocab_size=500),
+        results={"split": "test", "bleu": 3.0, "chrf": 20.0, "validation_perplexity": 40.0},
+        dataset="opus-l'Europe", source_lang="fr", target_lang="en",
+        hyperparameters={"max_steps": 30, "warmup_steps": 4000, "eval_steps": 1000, "save_steps": 10, "log_steps": 10**9},
+        example="Et l'Éternel dit: « Qu'il y ait de la lumière »",
+    )
+    body = card.text
+    assert "&#" not in body and "&lt;" not in body and "&amp;" not in body
+    assert "Data: opus-l'Europe." in body  # shown as written (it was opus-l&#x27;Europe)
+    assert "TER" not in body  # never computed, never claimed
+    assert "BLEU and chrF are sacrebleu's, on the detokenized translations against one reference" in body
+    assert "perplexity is the exponent of the per-token loss." in body
+    assert "| eval_steps | never |" in body and "| log_steps | never |" in body and "| save_steps | 10 |" in body
+    quickstart = build_model_card(VanillaTransformerConfig.tiny(vocab_size=500), results={"validation_perplexity": 9.0},
+                                  hyperparameters={"time_limit": 5.0, "eval_steps": 10**9, "warmup_steps": 100})
+    assert "| eval_steps | never |" in quickstart.text and "1000000000" not in quickstart.text
+    assert "Perplexity is the exponent of the per-token loss." in quickstart.text and "sacrebleu's" not in quickstart.text

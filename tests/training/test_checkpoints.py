@@ -1,3 +1,4 @@
+import logging
 import struct
 import zipfile
 
@@ -6,6 +7,7 @@ import torch
 from accelerate import Accelerator
 
 from vanilla_transformer.training.checkpoints import (
+    TiedEmbeddingsNotice,
     average_checkpoints,
     checkpoint_layout,
     latest_checkpoint,
@@ -169,3 +171,21 @@ def test_a_deepspeed_file_that_would_run_code_and_a_sharded_fsdp_checkpoint_are_
     (sharded / "model.safetensors").unlink()
     with pytest.raises(ValueError, match="SHARDED_STATE_DICT checkpoint, which is not read: torch reads its .metadata with pickle"):
         verify_checkpoint(sharded)
+
+
+def test_saving_tied_embeddings_prints_no_warning_but_other_shared_tensors_still_do(tmp_path, caplog):
+    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=300)))
+    with caplog.at_level("WARNING"):
+        save_checkpoint(accelerator, tmp_path / "tied", 1, {})
+    assert "Removed shared tensor" not in caplog.text  # transformers ties them again on loading: moot
+    shared = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3))
+    shared[1].weight = shared[0].weight  # tied by hand: nothing ties it again on loading
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(shared)
+    with caplog.at_level("WARNING"):
+        save_checkpoint(accelerator, tmp_path / "shared", 1, {})
+    assert "Removed shared tensor {'1.weight'} while saving" in caplog.text
+    assert any(isinstance(f, TiedEmbeddingsNotice) for f in logging.getLogger("accelerate.utils.other").filters)

@@ -8,6 +8,10 @@
 - a local file (.json, .jsonl, .csv, .tsv, .parquet, each optionally .gz),
   which becomes the "train" split;
 - a folder of split files (train.jsonl.gz, validation.csv, test.parquet, ...);
+- a folder of plain parallel text, one sentence a line, as OPUS and WMT ship it:
+  train.en + train.fr, valid.* or dev.*, test.* (each optionally .gz), with the
+  pair named by `source_lang`/`target_lang`; or the prefix of one such pair of
+  files (`DIR/train` for DIR/train.en + DIR/train.fr), which becomes "train";
 - a folder written by `save_to_disk`;
 - a Hugging Face Hub data set name (needs the network).
 
@@ -23,8 +27,10 @@ Downstream code then reads strings with `text_pairs` (training pairs) or
 from __future__ import annotations
 
 import csv
+import glob
 import gzip
 import json
+import re
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -66,6 +72,8 @@ EMBEDDED_CORPORA: dict[str, EmbeddedCorpus] = {
 }
 
 SPLITS = ("train", "validation", "test")
+# The names a split goes by in file names; the loader calls it by the first.
+SPLIT_NAMES = {"train": ("train",), "validation": ("validation", "valid", "dev"), "test": ("test",)}
 
 # File suffix (after an optional .gz) -> (datasets builder, builder options).
 # TSV is read without quote handling: verses contain bare " characters.
@@ -82,6 +90,10 @@ _UNTYPED_JSON = getattr(datasets, "Json", ())
 
 # Columns that are never a language side in the plain-column layout.
 _METADATA_COLUMNS = {"id", "idx", "index"}
+
+# What a language key in a header row or a file suffix looks like ("en", "pt_BR", "zh-Hans", "english"):
+# a sentence taken for one (a CSV without a header) has spaces or punctuation.
+_LANGUAGE_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
 
 
 def _file_suffix(path: Path) -> str:
@@ -127,6 +139,8 @@ def _load_files(files: dict[str, Path]) -> datasets.DatasetDict:
     for split, path in files.items():
         if _is_blank(path):
             raise ValueError(f"{path} is empty: the {split!r} split has no rows")
+        if builder == "csv":
+            _check_header(path, options)
     names = ", ".join(str(p) for p in files.values())
     try:
         with _no_download_count():
@@ -143,6 +157,20 @@ def _load_files(files: dict[str, Path]) -> datasets.DatasetDict:
         if isinstance(data.features.get("translation"), _UNTYPED_JSON):
             loaded[split] = _same_languages_in_every_row(data, files[split])
     return loaded
+
+
+def _check_header(path: Path, options: dict) -> None:
+    """A CSV/TSV file's first row names its columns: without a header row, the first sentence pair would
+    become the language names (and end up in the model's config and card)."""
+    first = next(line for line in _lines(path) if line.strip())
+    names = [name for name in next(csv.reader([first], **options)) if name not in _METADATA_COLUMNS]
+    if not all(_LANGUAGE_KEY.fullmatch(name) for name in names):
+        separator = "<TAB>" if options.get("delimiter") == "\t" else ","
+        shown = " | ".join(names)
+        raise ValueError(
+            f"{path}: the first row ({shown[:100]}{'...' * (len(shown) > 100)}) does not name the languages; a .tsv/.csv file "
+            f"needs a header row such as 'en{separator}fr' (or give plain text files train.en and train.fr)"
+        )
 
 
 def _lines(path: Path) -> Iterator[str]:
@@ -206,22 +234,88 @@ def _line_of_row(path: Path, index: int) -> int:
 
 
 def _split_files(folder: Path) -> dict[str, Path]:
+    """The one structured file (.jsonl, .csv, ...) of each split in `folder`, by split."""
     files = {}
-    for split in SPLITS:
-        found = sorted(p for p in folder.glob(f"{split}.*") if _file_suffix(p) in _BUILDERS)
+    for split, names in SPLIT_NAMES.items():
+        found = sorted(p for name in names for p in folder.glob(f"{name}.*") if _file_suffix(p) in _BUILDERS)
         if len(found) > 1:
             raise ValueError(f"{folder} has several files for the {split!r} split: {[p.name for p in found]}")
         if found:
             files[split] = found[0]
-    if not files:
-        raise FileNotFoundError(
-            f"{folder} holds neither split files ({', '.join(s + '.jsonl.gz' for s in SPLITS)}, "
-            f"or .json/.csv/.tsv/.parquet) nor a dataset written by save_to_disk"
-        )
     return files
 
 
-def _load_raw(name_or_path: str | Path, config_name: str | None) -> datasets.DatasetDict:
+def _text_language(path: Path, stem: str) -> str | None:
+    """The language of a plain text file `stem.LANG` or `stem.LANG.gz`, else None."""
+    name = path.name[: -len(".gz")] if path.name.lower().endswith(".gz") else path.name
+    lang = name[len(stem) + 1 :] if name.startswith(stem + ".") else ""
+    return lang if _LANGUAGE_KEY.fullmatch(lang) and f".{lang.lower()}" not in _BUILDERS else None
+
+
+def _text_pair(prefix: Path, source_lang: str | None, target_lang: str | None) -> dict[str, Path] | None:
+    """{source language: file, target language: file} of the plain text files `prefix.LANG` (each optionally
+    .gz); None when there is no such file. A language left out is the other file's when there are two."""
+    found = {}
+    for path in sorted(prefix.parent.glob(f"{glob.escape(prefix.name)}.*")):
+        lang = _text_language(path, prefix.name)
+        if lang and path.is_file():
+            if lang in found:
+                raise ValueError(f"{prefix.parent} has both {found[lang].name} and {path.name}; keep one")
+            found[lang] = path
+    if not found:
+        return None
+    named = [lang for lang in (source_lang, target_lang) if lang]
+    for option, lang in (("--source-lang", source_lang), ("--target-lang", target_lang)):
+        if lang and lang not in found:
+            raise ValueError(f"{option} {lang}: there is no file {prefix}.{lang}; the plain text files of {prefix} "
+                             f"are for {', '.join(found)}")
+    others = [lang for lang in found if lang not in named]
+    if not named or len(named) == 1 and len(others) != 1:
+        raise ValueError(f"{', '.join(p.name for p in found.values())} hold plain text: say which language is the "
+                         f"source and which the target with --source-lang and --target-lang")
+    source, target = (source_lang, target_lang) if len(named) == 2 else \
+        (source_lang or others[0], target_lang or others[0])
+    return {source: found[source], target: found[target]}
+
+
+def _load_text_pairs(pairs: dict[str, dict[str, Path]]) -> datasets.DatasetDict:
+    """Plain parallel text: line i of one file translates line i of the other."""
+    loaded = datasets.DatasetDict()
+    for split, files in pairs.items():
+        (source_lang, source), (target_lang, target) = files.items()
+        features = datasets.Features({"translation": {lang: datasets.Value("string") for lang in files}})
+        sides = [list(_lines(source)), list(_lines(target))]
+        if len(sides[0]) != len(sides[1]):
+            raise ValueError(f"{source} has {len(sides[0])} lines and {target} {len(sides[1])}: the two sides of "
+                             "a pair must hold one sentence a line, in the same order")
+        rows = [{source_lang: s, target_lang: t} for s, t in zip(*sides)]
+        loaded[split] = datasets.Dataset.from_dict({"translation": rows}, features=features)
+    return loaded
+
+
+def _load_folder(folder: Path, source_lang: str | None, target_lang: str | None) -> datasets.DatasetDict:
+    """A folder of structured split files, or else of plain parallel text."""
+    files = _split_files(folder)
+    if files:
+        return _load_files(files)
+    pairs = {}
+    for split, names in SPLIT_NAMES.items():
+        found = {name: pair for name in names if (pair := _text_pair(folder / name, source_lang, target_lang))}
+        if len(found) > 1:
+            raise ValueError(f"{folder} has several files for the {split!r} split: {', '.join(f'{n}.*' for n in found)}")
+        if found:
+            pairs[split] = next(iter(found.values()))
+    if not pairs:
+        raise FileNotFoundError(
+            f"{folder} holds neither split files ({', '.join(s + '.jsonl.gz' for s in SPLITS)}, or .json/.csv/.tsv/"
+            ".parquet), plain text (train.en + train.fr, valid.*, test.*) nor a dataset written by save_to_disk"
+        )
+    return _load_text_pairs(pairs)
+
+
+def _load_raw(
+    name_or_path: str | Path, config_name: str | None, source_lang: str | None, target_lang: str | None
+) -> datasets.DatasetDict:
     """Load without normalising: decide what `name_or_path` names, then read it."""
     name = str(name_or_path)
     if name in EMBEDDED_CORPORA:
@@ -234,11 +328,17 @@ def _load_raw(name_or_path: str | Path, config_name: str | None) -> datasets.Dat
             except Exception as err:  # datasets raises many types here (IndexError on an empty save)
                 raise ValueError(f"could not load the save_to_disk folder {path}: {err!r}") from err
             return loaded if isinstance(loaded, datasets.DatasetDict) else datasets.DatasetDict(train=loaded)
-        return _load_files(_split_files(path))
+        return _load_folder(path, source_lang, target_lang)
     if path.is_file():
         if _file_suffix(path) not in _BUILDERS:
-            raise ValueError(f"{path}: unknown file type; expected one of {sorted(_BUILDERS)} (optionally .gz)")
+            prefix, _, _ = (path.name[: -len(".gz")] if path.name.lower().endswith(".gz") else path.name).rpartition(".")
+            side = f"; for plain parallel text give the files' prefix, {path.parent / prefix}" \
+                if prefix and _text_language(path, prefix) else ""
+            raise ValueError(f"{path}: unknown file type; expected one of {sorted(_BUILDERS)} (optionally .gz){side}")
         return _load_files({"train": path})
+    pair = _text_pair(path, source_lang, target_lang) if path.name and path.parent.is_dir() else None
+    if pair:
+        return _load_text_pairs({"train": pair})
     if isinstance(name_or_path, Path) or _looks_like_path(name):
         raise FileNotFoundError(f"no such file or folder: {path}")
     try:
@@ -322,13 +422,14 @@ def load_translation_dataset(
 
     `source_lang`/`target_lang`, when given, must be among the data set's
     language keys (ValueError lists the keys that exist). For embedded corpora
-    they default to the corpus pair. Raises FileNotFoundError for a path that
+    they default to the corpus pair; plain parallel text needs them (or one, with two files). Split files
+    named valid.* or dev.* become "validation". Raises FileNotFoundError for a path that
     does not exist and ValueError for an empty split or an unreadable file.
     """
     if str(name_or_path) in EMBEDDED_CORPORA:
         corpus = EMBEDDED_CORPORA[str(name_or_path)]
         source_lang, target_lang = source_lang or corpus.source_lang, target_lang or corpus.target_lang
-    dataset = _load_raw(name_or_path, config_name)
+    dataset = _load_raw(name_or_path, config_name, source_lang, target_lang)
     for split, data in dataset.items():
         if len(data) == 0:
             raise ValueError(f"the {split!r} split of {name_or_path} has no rows")

@@ -14,7 +14,6 @@ is then only ever a sentence.
 from __future__ import annotations
 
 import ast
-import html
 import re
 import shlex
 from pathlib import Path
@@ -29,12 +28,18 @@ TEMPLATE = Path(__file__).resolve().parent / "template.md"
 # Result keys the card reports, as written in `results` ("bleu", or with a split: "test_bleu"),
 # and their display names. `model-index` metric types follow the Hub's metric ids.
 METRICS = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER", "perplexity": "perplexity", "loss": "loss"}
-_SPLIT_PREFIXES = {"test": "test", "eval": "validation", "validation": "validation", "valid": "validation", "train": "train"}
+_SPLIT_PREFIXES = {"test": "test", "eval": "validation", "validation": "validation", "valid": "validation", "dev": "validation",
+                   "train": "train"}
 _LANGUAGE_NAMES = {"en": "English", "es": "Spanish", "fr": "French", "de": "German"}
 _EXAMPLES = {"en": "In the beginning God created the heavens and the earth."}
 
 
-_MARKDOWN_SPECIALS = re.compile(r"([\\`*\[\]])")  # what opens code spans, emphasis or links inline
+# What opens code spans, emphasis, links or HTML inline; a backslash makes each plain text (CommonMark), where
+# an HTML entity would show as `&#x27;` wherever the card is read as text.
+_MARKDOWN_SPECIALS = re.compile(r"([\\`*\[\]<>&])")
+# Options that say how often something happens: one no run reaches is "never".
+_INTERVALS = ("eval_steps", "save_steps", "log_steps")
+_NO_RUN_REACHES = 10**9
 
 
 def _one_line(text) -> str:
@@ -43,8 +48,8 @@ def _one_line(text) -> str:
 
 
 def _markdown(text) -> str:
-    """Markdown text that renders as `text`: HTML escaped, markup characters backslash-escaped."""
-    return _MARKDOWN_SPECIALS.sub(r"\\\1", html.escape(_one_line(text), quote=True))
+    """Markdown text that renders as `text`: markup and HTML characters backslash-escaped."""
+    return _MARKDOWN_SPECIALS.sub(r"\\\1", _one_line(text))
 
 
 def _cell(text) -> str:
@@ -100,6 +105,31 @@ def _recipe(hyperparameters: dict | None, config) -> list[str]:
     return [_markdown(item) for item in recipe]
 
 
+def _shown_hyperparameters(hyperparameters: dict | None) -> dict | None:
+    """The hyper-parameters as the card lists them: an interval past the last step (`eval_steps` 10**9 to
+    turn evaluation off) is "never", not a number nobody ran."""
+    if not hyperparameters:
+        return hyperparameters
+    last = hyperparameters.get("max_steps")
+    last = last if isinstance(last, int) and not isinstance(last, bool) else _NO_RUN_REACHES - 1
+    return {name: "never" if name in _INTERVALS and isinstance(value, int) and value > last else value
+            for name, value in hyperparameters.items()}
+
+
+def _metrics_note(metrics: list[dict]) -> str:
+    """What the scores listed are, naming only those the card lists."""
+    names = list(dict.fromkeys(m["name"] for m in metrics if m["type"] in ("bleu", "chrf", "ter")))
+    notes = []
+    if names:
+        listed = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+        notes.append(f"{listed} {'are' if len(names) > 1 else 'is'} sacrebleu's, on the detokenized translations "
+                     "against one reference (the signatures below say how)")
+    if any(m["type"] == "perplexity" for m in metrics):
+        notes.append("perplexity is the exponent of the per-token loss")
+    text = "; ".join(notes)
+    return f"{text[:1].upper()}{text[1:]}." if text else ""
+
+
 def build_model_card(
     config,
     *,
@@ -137,9 +167,10 @@ def build_model_card(
         dataset=dataset,
         dataset_note="verse-aligned Bible translations embedded in the package" if dataset and dataset.startswith("bible-") else None,
         bible=bool(dataset and dataset.startswith("bible-")),
-        hyperparameters=hyperparameters,
+        hyperparameters=_shown_hyperparameters(hyperparameters),
         recipe=_recipe(hyperparameters, config),
         metrics=metrics,
+        metrics_note=_metrics_note(metrics),
         signatures=sorted({s for s in (_signature(results, m) for m in ("bleu", "chrf")) if s}),
         repo_id=repo_id,
         example=example or _EXAMPLES.get(source_lang or "en", "..."),

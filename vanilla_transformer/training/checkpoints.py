@@ -31,7 +31,9 @@ reads its `.metadata` with `pickle.load`, which would run code from a checkpoint
 
 from __future__ import annotations
 
+import ast
 import json
+import logging
 import os
 import re
 import shutil
@@ -47,6 +49,7 @@ from ..staging import STAGING_PREFIX, disk_full_error, publish_files
 
 __all__ = [
     "STATE_FILE",
+    "TiedEmbeddingsNotice",
     "average_checkpoints",
     "check_plain_pickle",
     "checkpoint_layout",
@@ -202,6 +205,25 @@ def newest_sound_checkpoint(root: str | os.PathLike) -> tuple[Path, list[str]]:
         f"no checkpoint in {root} can be read: {'; '.join(problem for _, problem in problems) or 'there are none'}. "
         "Restore the checkpoints from a copy, or train from the start in a new output folder."
     )
+
+
+class TiedEmbeddingsNotice(logging.Filter):
+    """Drops Accelerate's "Removed shared tensor {...} while saving ... check by verifying that you don't receive
+    any warning while reloading" when the tensors are the embeddings and output projection that transformers
+    ties again on loading (§3.4's shared weights): moot there. Any other shared tensor is still reported."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        found = re.search(r"Removed shared tensor (\{.*?\}) while saving", record.getMessage())
+        if not found:
+            return True
+        try:
+            names = ast.literal_eval(found.group(1))
+        except (ValueError, SyntaxError):
+            return True
+        return not all(name == "lm_head.weight" or name.endswith("embed_tokens.weight") for name in names)
+
+
+logging.getLogger("accelerate.utils.other").addFilter(TiedEmbeddingsNotice())  # the logger save_state warns on
 
 
 def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict, keep: int | None = None) -> Path:
