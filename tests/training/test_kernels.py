@@ -27,6 +27,20 @@ def test_bf16_is_chosen_only_where_the_cpu_multiplies_bf16_in_hardware(tmp_path,
     assert cpu_computes_bf16(cpu_flags(path)) is native
 
 
+@pytest.mark.parametrize("value, native", [("1", True), ("0", False), (" 1 ", True)])
+def test_the_environment_answers_for_the_cpu_so_the_suite_runs_either_way_on_any_machine(monkeypatch, value, native):
+    # Proves: VANILLA_TRANSFORMER_CPU_BF16 overrides this CPU's flags (not flags passed in), and a value that is
+    # neither 0 nor 1 is refused in one line naming the variable.
+    monkeypatch.setenv(kernels.CPU_BF16_VARIABLE, value)
+    assert cpu_computes_bf16() is native
+    assert cpu_computes_bf16(set()) is False and cpu_computes_bf16({"amx_bf16"}) is True
+    monkeypatch.setenv(kernels.CPU_BF16_VARIABLE, "yes")
+    with pytest.raises(ValueError, match=r"^VANILLA_TRANSFORMER_CPU_BF16 must be 0 or 1 \(or unset\); got 'yes'\.$"):
+        cpu_computes_bf16()
+    monkeypatch.delenv(kernels.CPU_BF16_VARIABLE)
+    assert cpu_computes_bf16() is bool(kernels.BF16_CPU_FLAGS & cpu_flags())
+
+
 def model(**overrides):
     torch.manual_seed(0)
     settings = dict(vocab_size=40, d_model=32, d_ff=64, num_heads=2, encoder_layers=1, decoder_layers=2, dropout=0.1,
