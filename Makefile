@@ -9,6 +9,8 @@
 # --index-url https://download.pytorch.org/whl/cu130"` first where it has one. It uses $(VENV) if there is one,
 # else GPU_PYTHON (default $(PYTHON)); without CUDA the tests skip. `python -m benchmarks.gpu_smoke` runs them
 # and the GPU measurements in one go (issue #47).
+# Training tests pin their precision; the bf16 default follows the CPU's flags, which VANILLA_TRANSFORMER_CPU_BF16=1
+# (or 0) overrides: `VANILLA_TRANSFORMER_CPU_BF16=1 make test-fast` runs the suite as on a CPU that computes bf16.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0

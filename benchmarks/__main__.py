@@ -331,7 +331,7 @@ def render_docs(report_json: Path, docs: Path = DOCS_PAGE) -> Path:
     if not report_json.is_file() or report_json.parent != RESULTS:
         raise FileNotFoundError(f"no report at {report_json}; the page links reports in {RESULTS.relative_to(ROOT)}/")
     report = json.loads(report_json.read_text(encoding="utf-8"))
-    title, _, body = markdown(report).partition("\n")
+    body = markdown(report).partition("\n")[2]  # without its title: the file name dates the report
     results = report_json.parent
 
     def link(path: Path) -> str:
@@ -356,7 +356,7 @@ def render_docs(report_json: Path, docs: Path = DOCS_PAGE) -> Path:
         "The code is in `benchmarks/` (`training.py`, `generation.py`, `tokenizer.py`); each report records "
         "the machine, the versions and the load average.",
         "",
-        f"## Current results ({title.lstrip('# ').strip().removeprefix('Benchmarks, ')})",
+        "## Current results",  # the report's file name, linked below, dates it
         "",
         f"From {link(report_json.with_suffix('.md'))} (data: {link(report_json)}).",
         body.replace("\n## ", "\n### "),

@@ -8,7 +8,7 @@
 
 The quickstart's small model (quickstart.SIZES["small"]: 4 heads, 8k joint BPE; d_model 256, 3 + 3 layers
 and d_ff 1024 in the 2026-11-23 results, 2 encoder + 4 decoder layers and d_ff 512 from 2026-11-24, d_ff 256 since,
-d_model 192 since docs/tuning.md K)
+d_model 192 since benchmarks/results/tuning-2026-11-24-cpu.md, K)
 is trained once per score function (`attention_score`, which applies in every attention block) with the
 training script on the embedded English–Spanish Bible: one tokenizer, and the same data order, seed,
 schedule (250 warm-up steps, batches of 2,048 tokens) and number of steps for every model,

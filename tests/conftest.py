@@ -66,7 +66,8 @@ def tiny_corpus():
 @pytest.fixture(scope="session")
 def train_tiny(tiny_corpus):
     """config overrides -> a tiny model (d_model 64, 2+2 layers, 4 heads) trained for a few seconds on
-    real Bible verses, and its tokenizer: it translates badly but emits real, varied tokens."""
+    real Bible verses, and its tokenizer: it translates badly but emits real, varied tokens. It trains in fp32
+    with eager attention on any CPU, and is handed back on its configured attention."""
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
     tokenizer, pairs = tiny_corpus
@@ -74,8 +75,11 @@ def train_tiny(tiny_corpus):
     def train(steps: int = 60, **overrides):
         torch.manual_seed(0)
         config = VanillaTransformerConfig.tiny(vocab_size=len(tokenizer), dropout=0.0, **overrides)
-        model = VanillaTransformerForConditionalGeneration(config)
+        model = VanillaTransformerForConditionalGeneration(config).to(torch.float32)
         optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+        # The same model on every machine: fp32 and the paper's explicit attention, whatever the CPU would choose.
+        configured = model.config._attn_implementation
+        model.set_attn_implementation("eager")
         model.train()
         for step in range(steps):
             batch = pairs[(step * 32) % len(pairs) :][:32]
@@ -86,6 +90,7 @@ def train_tiny(tiny_corpus):
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+        model.set_attn_implementation(configured)
         return model.eval(), tokenizer
 
     return train

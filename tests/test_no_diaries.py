@@ -1,9 +1,12 @@
 """Comments explain, they do not keep a diary: no dates, clock times, timings or machine names in the
 package's or the tests' Python files. Measurements belong in benchmarks/results and docs/, which the
-benchmark commands write."""
+benchmark commands write. The pages (README.md, docs/*.md) describe the design as it is: no working diary,
+issue numbers, commit hashes or dates; those stay in the dated reports of benchmarks/results/."""
 
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DIARY = re.compile(
@@ -30,3 +33,55 @@ def test_no_dates_timings_or_machine_names_in_python_files():
                 if DIARY.search(line) and not ALLOWED.search(line):
                     hits.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not hits, "numbers belong in benchmarks/results and docs/, not in code:\n" + "\n".join(hits)
+
+
+# The pages describe the design as it is. A record keeps its date, machine and hashes in a dated report under
+# benchmarks/results/, which a page may link or name: its path is the only place a page may hold a date.
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+REPORT_PATH = re.compile(r"benchmarks/results/[\w.-]+")
+PAGE_DIARY = re.compile(
+    r"\bsessions?\b|\btoday('s)?\b"  # a working diary's words
+    r"|(?<![\w/&])#\d+\b|\bissues? ?#?\d+"  # an issue number
+    # A commit hash: a word of 7-40 hex digits mixing digits and letters. Prose has no such words, and unlike
+    # asking git, the rule holds in a shallow clone or an unpacked sdist, and for another repository's commits.
+    r"|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b"
+    r"|\b20\d\d-\d\d-\d\d\b|\b\d{1,2}:\d\d ?UTC\b"  # a date, a clock time
+    r"|\b(January|February|March|April|May|June|July|August|September|October|November|December) 20\d\d\b",
+    re.IGNORECASE,
+)
+# In the README, a user's page, a machine is named only beside the dated report its numbers come from.
+MACHINE = re.compile(r"\bZen ?\d\b|\bEPYC\b|\bXeon\b|\bGraviton\d?\b|\bApple M\d\b")
+
+
+def diary_lines(text: str) -> list[tuple[int, str]]:
+    return [(number, line) for number, line in enumerate(text.splitlines(), 1)
+            if PAGE_DIARY.search(REPORT_PATH.sub("", line))]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_pages_describe_the_design_as_it_is(page):
+    hits = [f"{page.relative_to(ROOT)}:{n}: {line.strip()}" for n, line in diary_lines(page.read_text(encoding="utf-8"))]
+    assert not hits, "a dated record belongs in benchmarks/results/, linked from the page:\n" + "\n".join(hits)
+
+
+def test_the_readme_names_a_machine_only_beside_its_dated_report():
+    paragraphs = (ROOT / "README.md").read_text(encoding="utf-8").split("\n\n")
+    unlinked = [p for p in paragraphs if MACHINE.search(p) and not re.search(r"\]\(benchmarks/results/[\w.-]+\)", p)]
+    assert not unlinked, "README.md names a machine without linking its report:\n" + "\n---\n".join(unlinked)
+
+
+@pytest.mark.parametrize("line", [
+    "the reorganisation of this session", "Today's default", "as #45 asked", "see issue 52", "code 46f1caf",
+    "(2026-11-26, AMD EPYC)", "v5 ran 11:22 UTC", "measured in November 2026", "from commit 3aa6e93d0c",
+])
+def test_the_page_rule_finds_each_kind_of_diary(line):
+    assert diary_lines(line), line
+
+
+@pytest.mark.parametrize("line", [
+    "[the report](../benchmarks/results/tuning-2026-11-24-cpu.md)", "attention.md#the-neuron-view",
+    "a 2-core AMD EPYC, Zen 3", "GNMT α 0.6 (Wu et al. 2016)", "d_model 192, 3,455 steps", "deadbeef", "1234567",
+    "CUDA 12.8, torch 2.13.0",
+])
+def test_the_page_rule_leaves_the_design_alone(line):
+    assert not diary_lines(line), line

@@ -7,7 +7,8 @@ import pytest
 
 from vanilla_transformer.cli import main
 from vanilla_transformer.metrics import repeated_phrase
-from vanilla_transformer.quickstart import training_arguments
+from vanilla_transformer.quickstart import format_summary, training_arguments
+from vanilla_transformer.training.kernels import cpu_computes_bf16
 
 
 @pytest.fixture(scope="module")
@@ -19,10 +20,15 @@ def quickstart_folder(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_quickstart_prints_a_summary_and_leaves_a_complete_folder(quickstart_folder, capsys):
+def test_quickstart_prints_a_summary_and_leaves_a_complete_folder(quickstart_folder):
     summary = json.loads((quickstart_folder / "quickstart.json").read_text())
     assert summary["split"] == "test" and summary["scored_pairs"] == 8 and 0 <= summary["bleu"] <= 100 and 0 <= summary["chrf"] <= 100
     assert summary["steps"] > 0 and summary["parameters"] > 0
+    # It says what it trained with: bf16 only where the CPU computes it (VANILLA_TRANSFORMER_CPU_BF16 fakes the
+    # answer), and the attention implementation that timed fastest.
+    assert summary["precision"] == ("bf16" if cpu_computes_bf16() else "fp32")
+    assert summary["attention"] in ("sdpa", "eager")
+    assert f"training steps in {summary['precision']} with {summary['attention']} attention," in format_summary(summary)
     assert len(summary["examples"]) == 3 and all(e["translation"] is not None for e in summary["examples"])
     assert all(e["repeats"] == repeated_phrase(e["translation"]) for e in summary["examples"])
     assert 0 <= summary["repeating"] <= 8 and 0 <= summary["references_repeating"] <= 8
@@ -65,14 +71,13 @@ def test_quickstart_rejects_a_budget_too_small_for_the_size(tmp_path):
 
 
 def test_a_looping_translation_is_found_and_named_in_the_summary():
-    from vanilla_transformer.quickstart import format_summary
-
     assert repeated_phrase("Y Jehová Dios de los montes, y de su mujer, y de su mujer.") == "y de su"
     assert repeated_phrase("En el principio, Dios creó los cielos y la tierra.") is None
     assert repeated_phrase("los cielos y los cielos") is None  # two words twice is not a phrase of three
-    summary = {"wall_minutes": 1.0, "device": "CPU", "steps": 1, "parameters": 1e6, "split": "test", "scored_pairs": 1,
+    summary = {"wall_minutes": 1.0, "device": "CPU", "precision": "bf16", "attention": "eager", "steps": 1, "parameters": 1e6, "split": "test", "scored_pairs": 1,
                "bleu": 1.0, "chrf": 2.0, "validation_perplexity": 3.0, "bleu_signature": "sig", "model_dir": "m",
                "model_card": "m/README.md", "attention_dir": "m/attention", "repeating": 1, "references_repeating": 0,
                "examples": [{"source": "s", "translation": "a b c a b c", "reference": "r", "repeats": "a b c"}]}
     assert "(the translation repeats itself: 'a b c' twice)" in format_summary(summary)
+    assert "1 training steps in bf16 with eager attention, 1.0M parameters." in format_summary(summary)
     assert "repeating a phrase of 3 words: 1 of 1 translations (0 of the references)" in format_summary(summary)

@@ -33,14 +33,14 @@ EXAMPLE = "In the beginning, God created the heavens and the earth."
 
 # Model sizes, and the minutes each keeps back from the budget for what follows training (scoring the
 # test split with beam search, saving, the pipeline and the heat maps). Why each departure from the
-# paper in "small" is there, run by run: docs/tuning.md.
+# paper in "small" is there: docs/tuning.md.
 SIZES = {
     # The paper's base model, for a GPU.
     "base": dict(preset="base", max_tokens=8192, warmup_steps=1000, reserve_minutes=1.0),
     # A small Transformer that learns in minutes on a CPU: small batches and a short warm-up (the paper's
     # 4,000 steps would outlast the budget); no dropout (a short run does not overfit); a deeper decoder
     # than encoder (2 + 4); narrow layers (d_model 192, d_ff 256), whose cheaper steps beat wider ones in a
-    # short run; lr_scale keeps the peak learning rate of d_model 256 (docs/tuning.md F-K).
+    # short run; lr_scale keeps the peak learning rate of d_model 256 (docs/tuning.md, the recipe's table).
     "small": dict(preset="base", config_overrides=dict(d_model=192, encoder_layers=2, decoder_layers=4,
                                                        num_heads=4, d_ff=256, dropout=0.0),
                   max_tokens=2048, warmup_steps=250, lr_scale=0.433, reserve_minutes=1.5),
@@ -152,7 +152,8 @@ def format_summary(summary: dict) -> str:
         "",
         "=" * 72,
         f"Done in {summary['wall_minutes']:.1f} min on {summary['device']}: {summary['steps']} training steps in "
-        f"{summary.get('precision', 'fp32')}, {summary['parameters'] / 1e6:.1f}M parameters.",
+        f"{summary.get('precision', 'fp32')} with {summary.get('attention') or 'the default'} attention, "
+        f"{summary['parameters'] / 1e6:.1f}M parameters.",
         f"{summary['split']} split ({summary['scored_pairs']} pairs): BLEU {summary['bleu']:.2f}, chrF {summary['chrf']:.2f} "
         f"(validation perplexity {summary['validation_perplexity']:.1f})",
         f"  sacrebleu {summary['bleu_signature']}",

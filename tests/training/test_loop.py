@@ -39,7 +39,7 @@ def test_tiny_model_learns_to_copy_and_folder_loads_without_package(tmp_path, wr
         "train", "--dataset", str(data), "--output-dir", str(out), "--vocab-size", "300", "--preset", "tiny",
         "--config-overrides", "dropout=0", "--label-smoothing", "0", "--max-tokens", "1024", "--max-steps", "800",
         "--warmup-steps", "100", "--lr-scale", "0.25", "--eval-steps", "250", "--eval-samples", "20",
-        "--save-steps", "250", "--num-beams", "1",
+        "--save-steps", "250", "--num-beams", "1", "--mixed-precision", "no", "--attn-implementation", "eager",
     ])
     results = json.loads((out / "results.json").read_text())
     assert results["split"] == "test" and results["steps"] == 800
@@ -166,7 +166,7 @@ def test_embedded_corpus_lowers_validation_loss(tmp_path):
         "train", "--dataset", str(data), "--output-dir", str(out), "--vocab-size", "1000", "--preset", "tiny",
         "--max-steps", "60", "--warmup-steps", "30", "--lr-scale", "0.3", "--eval-steps", "20", "--eval-samples", "0",
         "--save-steps", "30", "--keep-checkpoints", "2", "--average-last", "2", "--num-beams", "1",
-        "--log-steps", "10",
+        "--log-steps", "10", "--mixed-precision", "no", "--attn-implementation", "eager",
     ])
     results = json.loads((out / "results.json").read_text())
     losses = [h["loss"] for h in results["history"] if h["split"] == "validation"][:3]

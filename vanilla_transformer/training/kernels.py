@@ -3,7 +3,8 @@
 - **Precision.** bf16 autocast (weights, optimiser and loss stay fp32) where the processor multiplies
   bf16 in hardware: every GPU that reports it, and CPUs with AVX-512 BF16 or AMX (x86) or the BF16
   extension (Arm), whose bf16 matrix products run at several times their fp32 rate. Elsewhere bf16 is
-  emulated and slower than fp32, so the run stays fp32.
+  emulated and slower than fp32, so the run stays fp32. `VANILLA_TRANSFORMER_CPU_BF16=1` (or `0`) overrides
+  the CPU's answer, so that a test suite or a comparison runs either way on any machine.
 - **Attention.** transformers' attention implementations compute the same function (tested) at very
   different speeds from one machine and precision to another (on some CPUs the fused "sdpa" kernel's
   bf16 backward is slower than the plain "eager" one). `fastest_attention` times each on the run's own
@@ -12,6 +13,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -19,10 +21,13 @@ from pathlib import Path
 import torch
 from accelerate.utils import DistributedType
 
-__all__ = ["ATTENTION_IMPLEMENTATIONS", "BF16_CPU_FLAGS", "cpu_computes_bf16", "cpu_flags", "fastest_attention"]
+__all__ = ["ATTENTION_IMPLEMENTATIONS", "BF16_CPU_FLAGS", "CPU_BF16_VARIABLE", "cpu_computes_bf16", "cpu_flags",
+           "fastest_attention"]
 
 # /proc/cpuinfo's names for bf16 arithmetic in hardware: x86's AVX-512 BF16 and AMX, Arm's BF16 extension.
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+# Set to 1 or 0, it answers for the CPU: the suite's premises can then be checked with bf16 on and off anywhere.
+CPU_BF16_VARIABLE = "VANILLA_TRANSFORMER_CPU_BF16"
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")  # transformers' names
 ATTENTION_CANDIDATES = ("sdpa", "eager")  # timed: the others are slower where they run at all (flex on a CPU)
 MARGIN = 0.05  # another implementation replaces the configured one only when it is at least this much faster
@@ -45,8 +50,17 @@ def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
 
 
 def cpu_computes_bf16(flags: set[str] | None = None) -> bool:
-    """Whether this CPU (or one with `flags`) multiplies bf16 in hardware."""
-    return bool(BF16_CPU_FLAGS & (cpu_flags() if flags is None else flags))
+    """Whether this CPU (or one with `flags`) multiplies bf16 in hardware.
+
+    For this CPU, `VANILLA_TRANSFORMER_CPU_BF16` set to 1 or 0 is the answer instead of its flags."""
+    if flags is None:
+        forced = os.environ.get(CPU_BF16_VARIABLE, "").strip()
+        if forced in ("0", "1"):
+            return forced == "1"
+        if forced:
+            raise ValueError(f"{CPU_BF16_VARIABLE} must be 0 or 1 (or unset); got {forced!r}.")
+        flags = cpu_flags()
+    return bool(BF16_CPU_FLAGS & flags)
 
 
 def fastest_attention(accelerator, model, batch: dict, loss, rounds: int = 3) -> dict[str, float]:
