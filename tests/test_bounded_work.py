@@ -235,9 +235,9 @@ def test_the_pipeline_refuses_a_beam_count_or_length_past_the_bound(hub_tiny_mod
 
     model, tokenizer = hub_tiny_model
     translate = TranslationPipeline(model=model, tokenizer=tokenizer)
-    with pytest.raises(ValueError, match=r"`num_beams` must be at most 32; got 10000"):
+    with pytest.raises(ValueError, match=r"`num_beams` must be at most 32 \(.*\); got 10000"):
         translate("Jesus wept.", num_beams=10000)
-    with pytest.raises(ValueError, match=r"`max_new_tokens` must be at most 4096; got 100000"):
+    with pytest.raises(ValueError, match=r"`max_new_tokens` must be at most 4096 \(.*\); got 100000"):
         translate("Jesus wept.", max_new_tokens=100_000)
 
 

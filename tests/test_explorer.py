@@ -114,7 +114,7 @@ def test_the_attention_command_writes_only_the_page_with_html(hub_tiny_folder, t
     (["attention", "--model", "{folder}", ""], "`text` is empty"),
     (["attention", "--model", "{folder}", "x", "--html", "{tmp}/explorer.png"], r"`--html` must name an \.html file"),
     (["attention", "--model", "{folder}", "x", "--html", "{tmp}"], "`--html` is a folder"),
-    (["attention", "--model", "{folder}", "x", "--html", "{tmp}/e.html", "--num-beams", "0"], "--num-beams must be at least 1"),
+    (["attention", "--model", "{folder}", "x", "--html", "{tmp}/e.html", "--num-beams", "0"], "--num-beams must be a positive integer"),
     (["attention", "--model", "{marian}", "x", "--html", "{tmp}/e.html"], "returned no attention weights"),
     (["serve", "--model", "{marian}"], "returned no attention weights"),
     (["serve", "--model", "{folder}", "--port", "70000"], "--port must be in 1..65535"),

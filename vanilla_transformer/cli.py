@@ -2,20 +2,23 @@
 
 Each sub-command has an `_add_<name>` function that declares its arguments and
 points `func` at the code that runs it; heavy imports happen inside the
-runners so that `vanilla-transformer --help` stays instant. An option several
-commands take is declared once (`_add_model_option`, `_add_data_options`,
-`_add_vocab_size`, `_add_beam_options`, `_add_decoding_options`); `train`'s
-options come in argument groups, one function each (`_train_<what>_group`).
+runners so that `vanilla-transformer --help` stays instant. `train`'s options
+are generated from the fields of `TrainingArguments` (training/arguments.py,
+which imports no torch); an option other commands share with it takes its
+default and help from there (`_add_data_options`, `_add_vocab_size`,
+`_add_beam_options`), and one several other commands take is declared once
+(`_add_model_option`, `_add_decoding_options`).
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
-import math
 import os
 import sys
 from typing import NoReturn
+
+from .training.arguments import add_arguments, argparse_options
 
 
 def _refuse(parser: argparse.ArgumentParser, err: Exception) -> NoReturn:
@@ -34,33 +37,20 @@ def _add_data_options(
     default, None for the model's own). Returns the group, for the command's own data options."""
     data = p.add_argument_group("data")
     source = data.add_mutually_exclusive_group() if text_files else data
-    default = "%(default)s" if dataset else "the data set recorded in the model's config.json"
-    source.add_argument(
-        "--dataset", default=dataset,
-        help="embedded corpus (bible-en-es, bible-en-fr), local .json/.jsonl/.csv/.tsv/.parquet file (optionally .gz) "
-        "or folder of split files ({'translation': {lang: text}} rows or one column per language; a .csv/.tsv has a "
-        "header row naming the languages), folder of plain parallel text (train.SRC + train.TGT, valid.* or dev.*, "
-        "test.*, one sentence a line) or the prefix of one such pair (DIR/train), save_to_disk folder, or Hub data "
-        f"set name (default: {default}); {reads}",
-    )
+    shown = "%(default)s" if dataset else "the data set recorded in the model's config.json"
+    options = argparse_options("dataset", default=dataset, shown_default=shown)
+    source.add_argument("--dataset", **{**options, "help": f"{options['help']}; {reads}"})
     if text_files:
         source.add_argument("--text-files", nargs="+", metavar="FILE",
                             help="plain UTF-8 text files, one text per line, instead of --dataset")
-    data.add_argument("--dataset-config", help="Hub data set configuration, e.g. de-en")
+    data.add_argument("--dataset-config", **argparse_options("dataset_config"))
     data.add_argument("--source-lang", help=f"source language key (default: {languages})")
     data.add_argument("--target-lang", help="target language key")
     return data
 
 
 def _add_vocab_size(group: argparse._ArgumentGroup) -> None:
-    group.add_argument(
-        "--vocab-size",
-        type=int,
-        default=8000,  # DEFAULT_VOCAB_SIZE, not imported so that --help stays instant
-        help="size of a new joint vocabulary (default: %(default)s). The paper's 37k was for 4.5M pairs; on the "
-        "~29k-pair Bible corpora larger vocabularies shorten sequences little while many entries are too rare "
-        "to train (docs/tokenizer.md)",
-    )
+    group.add_argument("--vocab-size", **argparse_options("vocab_size"))
 
 
 def _add_train_tokenizer(sub: argparse._SubParsersAction) -> None:
@@ -150,13 +140,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "Runs on one CPU or GPU as is, and on several processes under `accelerate launch -m "
         "vanilla_transformer.cli train ...`. The output folder ends as a complete Hub repository.",
     )
-    # One option per TrainingArguments field, with its default written out (importing it would slow --help);
-    # tests/training/test_options.py holds the two equal.
-    for add_group in (
-        _train_data_group, _train_tokenizer_group, _train_model_group, _train_steps_group,
-        _train_optimisation_group, _train_checkpoints_group, _train_evaluation_group, _train_output_group,
-    ):
-        add_group(p)
+    add_arguments(p)  # one option per TrainingArguments field
 
     def run(args: argparse.Namespace) -> int:
         from .training.loop import TrainingArguments, TrainingInterrupted, train
@@ -176,118 +160,6 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         return 0
 
     p.set_defaults(func=run)
-
-
-def _train_data_group(p: argparse.ArgumentParser) -> None:
-    data = _add_data_options(p, reads="without a validation split 2%% of train (at most 1000 pairs) is held out")
-    data.add_argument("--max-length", type=int, default=256, help="tokens per side, </s> included (default: %(default)s)")
-    data.add_argument("--truncate", action="store_true", help="cut longer training pairs to --max-length instead of dropping them")
-
-
-def _train_tokenizer_group(p: argparse.ArgumentParser) -> None:
-    tokenizer = p.add_argument_group("tokenizer")
-    tokenizer.add_argument(
-        "--tokenizer",
-        help="tokenizer folder (default: the one in --output-dir, else the fine-tuned model's, else a new joint BPE "
-        "learnt on the train split and saved to --output-dir)",
-    )
-    _add_vocab_size(tokenizer)
-
-
-def _train_model_group(p: argparse.ArgumentParser) -> None:
-    model = p.add_argument_group("model")
-    model.add_argument(
-        "--preset", default="tiny", choices=("tiny", "base", "big"),
-        help="architecture trained from scratch (default: %(default)s, which trains in minutes on a CPU; "
-        "base and big are Table 3's)",
-    )
-    model.add_argument(
-        "--config-overrides", default="", metavar="KEY=VALUE,...",
-        help="config fields to change, e.g. 'd_model=256,encoder_layers=3,decoder_layers=3,d_ff=1024,dropout=0.1'",
-    )
-    model.add_argument("--model-name-or-path", help="saved model folder to fine-tune instead of a preset")
-
-
-def _train_steps_group(p: argparse.ArgumentParser) -> None:
-    steps = p.add_argument_group("batches and steps (training stops at the first limit reached)")
-    steps.add_argument(
-        "--max-tokens", type=int, default=4096,
-        help="tokens per batch and process, per side, padding included (the paper: ~25000) (default: %(default)s)",
-    )
-    steps.add_argument("--gradient-accumulation-steps", type=int, default=1, help="batches per optimiser step (default: %(default)s)")
-    steps.add_argument("--max-steps", type=int, default=100_000, help="optimiser steps (the paper's base: %(default)s)")
-    steps.add_argument("--num-epochs", type=int, help="passes over the training data")
-    steps.add_argument("--time-limit", type=float, metavar="MINUTES", help="stop (with a checkpoint) after this long")
-    steps.add_argument("--seed", type=int, default=0, help="seeds weights, data order and dropout (default: %(default)s)")
-
-
-def _train_optimisation_group(p: argparse.ArgumentParser) -> None:
-    optim = p.add_argument_group("optimisation and schedule (§5.3, §5.4)")
-    optim.add_argument(
-        "--warmup-steps", type=int, default=4000,
-        help="linear warm-up steps (the paper: %(default)s; a short CPU run wants a few hundred)",
-    )
-    optim.add_argument("--lr-scale", type=float, default=1.0, help="factor on d_model^-0.5 * min(...) (default: %(default)s)")
-    optim.add_argument(
-        "--lr-schedule", choices=("noam", "linear", "cosine"), default="noam",
-        help="noam: the paper's inverse square root; linear/cosine: the same warm-up and peak, then down to 0 at the "
-        "end of --max-steps/--time-limit/--num-epochs, whichever comes first (default: %(default)s)",
-    )
-    optim.add_argument(
-        "--ema-decay", type=float, metavar="DECAY",
-        help="keep a moving average of the weights (e.g. 0.999); it becomes the final model if its validation "
-        "perplexity is lower (not in the paper; default: off)",
-    )
-    optim.add_argument("--label-smoothing", type=float, default=0.1, help="epsilon_ls (default: %(default)s)")
-    optim.add_argument("--max-grad-norm", type=float, help="clip the gradient norm (not in the paper; default: off)")
-    optim.add_argument(
-        "--mixed-precision", choices=("no", "fp16", "bf16"),
-        help="default: what `accelerate launch`/`accelerate config` say, else bf16 where the GPU or CPU computes it "
-        "(fp16 on a GPU without it), else no",
-    )
-    optim.add_argument(
-        "--attn-implementation", choices=("eager", "sdpa", "flex_attention", "flash_attention_2"),  # kernels.py's
-        help="transformers' attention implementation to train with (default: sdpa or eager, whichever trains the "
-        "first batch faster here)",
-    )
-
-
-def _train_checkpoints_group(p: argparse.ArgumentParser) -> None:
-    ckpt = p.add_argument_group("checkpoints")
-    ckpt.add_argument("--save-steps", type=int, default=1000, help="checkpoint every N steps (default: %(default)s)")
-    ckpt.add_argument("--keep-checkpoints", type=int, default=5, help="newest checkpoints kept (default: %(default)s)")
-    ckpt.add_argument(
-        "--average-last", type=int, default=1,
-        help="final weights = mean of the last K checkpoints (the paper: 5 for base models) (default: %(default)s)",
-    )
-    ckpt.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output-dir")
-
-
-def _train_evaluation_group(p: argparse.ArgumentParser) -> None:
-    evaluation = p.add_argument_group("evaluation (validation perplexity, then beam-search BLEU/chrF)")
-    evaluation.add_argument("--eval-steps", type=int, default=1000, help="validate every N steps (default: %(default)s)")
-    evaluation.add_argument(
-        "--eval-samples", type=int, default=500,
-        help="validation pairs translated for BLEU/chrF at each evaluation, and at the end when there is a test "
-        "split; 0 for none (default: %(default)s)",
-    )
-    evaluation.add_argument("--test-samples", type=int,
-                            help="test pairs translated for the final BLEU/chrF (default: the whole test split)")
-    _add_beam_options(evaluation, num_beams=4, length_penalty=0.6)
-
-
-def _train_output_group(p: argparse.ArgumentParser) -> None:
-    output = p.add_argument_group("output and logging")
-    output.add_argument("--output-dir", required=True, help="the run's folder: checkpoints/ while training, then a Hub repository")
-    output.add_argument("--push-to-hub", metavar="USER/NAME",
-                        help="upload the finished folder to this Hub model repository (token from HF_TOKEN or `hf auth login`)")
-    output.add_argument("--log-steps", type=int, default=50, help="tracker logging interval (default: %(default)s)")
-    output.add_argument("--report-to", choices=("tensorboard",), help="tracker, logging under OUTPUT_DIR/runs")
-    output.add_argument(
-        "--ddp-timeout", type=int, default=10800, metavar="SECONDS",
-        help="how long a process waits for the others in a collective, e.g. while the main process learns the "
-        "vocabulary and tokenises (default: %(default)s)",
-    )
 
 
 def _parse_overrides(p: argparse.ArgumentParser, text: str) -> dict:
@@ -371,41 +243,25 @@ def _add_decoding_options(p: argparse.ArgumentParser, batches: bool = True) -> N
     decoding.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the GPU when there is one)")
 
 
-def _add_beam_options(
-    group: argparse._ArgumentGroup, num_beams: int | None = None, length_penalty: float | None = None
-) -> None:
-    """--num-beams and --length-penalty: `train` gives the values its scoring uses; the decoding commands
-    leave them None, which decodes with the model's own."""
-    default = "the model's" if num_beams is None else "%(default)s"
-    group.add_argument("--num-beams", type=int, default=num_beams,
-                       help=f"beam size (the paper: 4, §6.1; default: {default})")
-    group.add_argument("--length-penalty", type=float, default=length_penalty,
-                       help=f"beam length penalty alpha (the paper: 0.6; default: {default})")
+def _add_beam_options(group: argparse._ArgumentGroup) -> None:
+    """--num-beams and --length-penalty as `train` declares them, but None by default: the model's own."""
+    for name in ("num_beams", "length_penalty"):
+        group.add_argument("--" + name.replace("_", "-"),
+                           **argparse_options(name, default=None, shown_default="the model's"))
 
 
 def _decoding_options(args: argparse.Namespace) -> dict:
     """The decoding options given (and --batch-size where the command has it), checked."""
-    from .inference import MAX_LENGTH_PENALTY, MAX_NEW_TOKENS, MAX_NUM_BEAMS
+    from .modeling.checks_vanilla_transformer import check_decoding_options
 
-    names = [name for name in ("batch_size", "num_beams", "length_penalty", "max_new_tokens") if hasattr(args, name)]
-    for name in names:
-        value = getattr(args, name)
-        if name != "length_penalty" and value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1; got {value}")
-    if args.length_penalty is not None and not math.isfinite(args.length_penalty):
-        raise ValueError(f"--length-penalty must be a finite number (the paper's: 0.6); got {args.length_penalty}")
-    if args.length_penalty is not None and abs(args.length_penalty) > MAX_LENGTH_PENALTY:
-        raise ValueError(f"--length-penalty must be between -{MAX_LENGTH_PENALTY} and {MAX_LENGTH_PENALTY} (the paper's: "
-                         f"0.6; larger ones overflow the beam scores); got {args.length_penalty}")
-    if getattr(args, "max_new_tokens", None) is not None and args.max_new_tokens > MAX_NEW_TOKENS:
-        raise ValueError(f"--max-new-tokens must be at most {MAX_NEW_TOKENS} (its cache is allocated up front); "
-                         f"got {args.max_new_tokens}")
-    if args.num_beams is not None and args.num_beams > MAX_NUM_BEAMS:
-        raise ValueError(f"--num-beams must be at most {MAX_NUM_BEAMS} (the paper's: 4; each beam holds a copy of the "
-                         f"search's state); got {args.num_beams}")
+    batches = {"batch_size": args.batch_size} if hasattr(args, "batch_size") else {}
+    if batches and args.batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1; got {args.batch_size}")
+    decoding = {name: getattr(args, name) for name in ("num_beams", "length_penalty", "max_new_tokens")}
+    check_decoding_options(**decoding, names={name: "--" + name.replace("_", "-") for name in decoding})
     if getattr(args, "device", None) is not None and getattr(args, "engine", "transformers") != "ctranslate2":
         check_device(args.device)  # CTranslate2 names the devices it takes itself
-    return {name: getattr(args, name) for name in names}
+    return {**batches, **decoding}
 
 
 def check_device(device: str) -> None:
@@ -422,7 +278,7 @@ def check_device(device: str) -> None:
 
 
 def _check_nbest_options(args: argparse.Namespace) -> None:
-    from .inference import MAX_NUM_BEAMS
+    from .modeling.checks_vanilla_transformer import MAX_NUM_BEAMS
 
     if not 1 <= args.nbest <= MAX_NUM_BEAMS:
         raise ValueError(f"--nbest must be between 1 and {MAX_NUM_BEAMS} (the beam holds N hypotheses); got {args.nbest}")

@@ -11,7 +11,6 @@ line, the pipeline and the Hub give the same outputs.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import warnings
@@ -21,16 +20,12 @@ import torch
 
 from .file_checks import check_model_files, read_json
 from .modeling.pipeline_vanilla_transformer import (
-    MAX_NEW_TOKENS,
-    MAX_NUM_BEAMS,
     TranslationPipeline,
     source_length_limit,
 )
 
 __all__ = ["check_config_fits_weights", "check_tokenizer_fits", "default_device", "load_model", "load_pretrained",
            "load_tokenizer", "score_translations", "translate_nbest", "translate_texts"]
-
-MAX_LENGTH_PENALTY = 10.0  # GNMT's ((5 + length) / 6) ** alpha stays finite in float32 below this
 
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 

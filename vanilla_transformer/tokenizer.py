@@ -40,6 +40,7 @@ from transformers import PreTrainedTokenizerFast
 from .corpora import iter_texts
 from .file_checks import utf8_lines
 from .staging import publish_files, staging_folder, sweep_staging
+from .training.arguments import DEFAULT_VOCAB_SIZE
 
 __all__ = [
     "DEFAULT_MIN_FREQUENCY",
@@ -57,7 +58,6 @@ __all__ = [
 
 # Order fixes the ids: <pad>=0, <s>=1, </s>=2, <unk>=3.
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
-DEFAULT_VOCAB_SIZE = 8000
 DEFAULT_MIN_FREQUENCY = 2
 # Longest sequence the tokenizer reports as safe; verses are < 200 tokens, and
 # the model's sinusoidal positions have no hard limit.

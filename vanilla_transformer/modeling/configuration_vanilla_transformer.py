@@ -7,12 +7,12 @@ are named presets, as fairseq names its architectures:
     config = VanillaTransformerConfig.from_preset("big", vocab_size=37000)
 
 This file ships with saved models and is loaded with `trust_remote_code=True`:
-it imports only transformers.
+it imports only transformers and the file of checks beside it.
 """
 
-import math
-
 from transformers import PretrainedConfig
+
+from .checks_vanilla_transformer import is_finite_number
 
 ATTENTION_SCORES = ("scaled_dot", "dot", "general", "additive", "cosine", "location")
 ATTENTION_NORMALIZATIONS = ("softmax", "relu", "sparsemax")
@@ -60,8 +60,10 @@ def _is_int(value) -> bool:  # True and False are ints to Python, not sizes or t
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def check_probability(name: str, value) -> None:
+    """The range of `dropout`, `attention_dropout` and `label_smoothing`, which training's options share."""
+    if not is_finite_number(value) or not 0 <= value < 1:
+        raise ValueError(f"`{name}` must be a number in [0, 1); got {value!r}.")
 
 
 class VanillaTransformerConfig(PretrainedConfig):
@@ -219,9 +221,8 @@ class VanillaTransformerConfig(PretrainedConfig):
         if self.d_model % self.num_heads:
             raise ValueError(f"`d_model` ({self.d_model}) must be divisible by `num_heads` ({self.num_heads}).")
         for name in PROBABILITIES:
-            if not _is_number(value := getattr(self, name)) or not 0 <= value < 1:
-                raise ValueError(f"`{name}` must be a number in [0, 1); got {value!r}.")
-        if not _is_number(self.layer_norm_eps) or self.layer_norm_eps <= 0:
+            check_probability(name, getattr(self, name))
+        if not is_finite_number(self.layer_norm_eps) or self.layer_norm_eps <= 0:
             raise ValueError(f"`layer_norm_eps` must be a positive number; got {self.layer_norm_eps!r}.")
         for name in FLAGS:
             if not isinstance(value := getattr(self, name), bool):

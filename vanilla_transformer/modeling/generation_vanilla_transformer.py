@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import copy
 import math
-import numbers
 from typing import NamedTuple
 
 import torch
@@ -81,6 +80,7 @@ from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEME
 from transformers.masking_utils import create_bidirectional_mask
 
 from .arguments_vanilla_transformer import CACHE_NAME, one_cache
+from .checks_vanilla_transformer import check_decoding_options
 from .fast_generation_vanilla_transformer import enabled, packed_products, rows_leave
 
 
@@ -100,18 +100,6 @@ def paper_generation_config(model_config, **overrides) -> GenerationConfig:
     for name in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
         settings[name] = getattr(model_config, name)
     return GenerationConfig(**{**settings, **overrides})
-
-
-def check_decoding_options(num_beams=None, length_penalty=None, max_new_tokens=None) -> None:
-    """Refuse settings that transformers would fail on many frames deep (num_beams=0 divides by zero)
-    or decode with silently (a NaN length penalty ranks every beam alike). None: not given."""
-    for name, value in (("num_beams", num_beams), ("max_new_tokens", max_new_tokens)):
-        if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1):
-            raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
-    if length_penalty is not None and (
-        not isinstance(length_penalty, numbers.Real) or isinstance(length_penalty, bool) or not math.isfinite(length_penalty)
-    ):
-        raise ValueError(f"`length_penalty` must be a finite number (the paper's: 0.6); got {length_penalty!r}.")
 
 
 def gnmt_length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Tensor | float:
@@ -791,7 +779,6 @@ __all__ = [
     "SourceLengthCap",
     "TransformersRanking",
     "beam_search",
-    "check_decoding_options",
     "choose_search",
     "generate",
     "gnmt_beam_search",

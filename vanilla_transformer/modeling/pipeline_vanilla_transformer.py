@@ -31,8 +31,8 @@ longer fail a whole batch for one line: a text longer than the model's limit (th
 `model_max_length`, the position table for learned positions, `location_max_length` for location-based
 scores) is truncated to it with a
 warning, and an empty or blank text translates to "" with a warning, the rest of its batch
-translated as if it were not there. `num_beams` and `max_new_tokens` have bounds (`MAX_NUM_BEAMS`,
-`MAX_NEW_TOKENS`), and a `max_new_tokens` past what a model with a bounded length writes (learned
+translated as if it were not there. `num_beams`, `max_new_tokens` and `length_penalty` have bounds
+(checks_vanilla_transformer.py), and a `max_new_tokens` past what a model with a bounded length writes (learned
 positions, location-based scores) is lowered to it with a warning.
 """
 
@@ -46,18 +46,8 @@ import torch
 from torch.utils.data import Dataset
 from transformers import Pipeline
 
-from .generation_vanilla_transformer import check_decoding_options, longest_target
-
-MAX_NUM_BEAMS = 32  # far beyond the paper's 4; each beam holds a copy of the search's state
-MAX_NEW_TOKENS = 4096  # far beyond any sentence; a larger bound only sizes buffers that memory cannot hold
-
-
-def check_decoding_bounds(num_beams=None, max_new_tokens=None) -> None:
-    """Refuse a beam count or a longest output whose memory would grow past any use (None: not given)."""
-    for name, value, bound in (("num_beams", num_beams, MAX_NUM_BEAMS), ("max_new_tokens", max_new_tokens, MAX_NEW_TOKENS)):
-        if isinstance(value, numbers.Integral) and value > bound:
-            raise ValueError(f"`{name}` must be at most {bound}; got {value!r}.")
-
+from .checks_vanilla_transformer import check_decoding_options
+from .generation_vanilla_transformer import longest_target
 
 # What config.json names under `custom_pipelines` (the model's `save_pretrained` writes it), read by
 # transformers' `pipeline()`: "impl" is "<module file>.<class>" inside the model folder, "pt" the Auto
@@ -237,7 +227,6 @@ class TranslationPipeline(Pipeline):
         if "num_return_sequences" in generate_kwargs:
             _positive_int("num_return_sequences", generate_kwargs["num_return_sequences"])
         check_decoding_options(**{name: generate_kwargs.get(name) for name in ("num_beams", "length_penalty", "max_new_tokens")})
-        check_decoding_bounds(generate_kwargs.get("num_beams"), generate_kwargs.get("max_new_tokens"))
         longest = _longest_output(self.model.config)
         if longest is not None and isinstance(generate_kwargs.get("max_new_tokens"), numbers.Integral) \
                 and generate_kwargs["max_new_tokens"] > longest:

@@ -26,6 +26,7 @@ CODE_FILES = (
     "modeling_vanilla_transformer.py",
     "attention_variants_vanilla_transformer.py",
     "arguments_vanilla_transformer.py",
+    "checks_vanilla_transformer.py",
     "saving_vanilla_transformer.py",
     "fast_modeling_vanilla_transformer.py",
     "generation_vanilla_transformer.py",

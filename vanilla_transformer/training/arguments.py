@@ -1,20 +1,31 @@
-"""`TrainingArguments`: every option of `train`, declared once."""
+"""`TrainingArguments`: every option of `train`, declared once.
 
-from __future__ import annotations
+Each field carries its help, its group of `train --help` and, where it has them, its choices and the
+bound it must keep (`positive`, `non-negative`), as transformers' `TrainingArguments` carries them in
+`field(metadata=...)`. `train`'s command line is generated from the fields (`add_arguments`), so a
+default, choice or bound is written nowhere else; `validate` checks the bounds and choices from the same
+metadata, and the rules between options by hand. This module imports neither torch nor transformers, so
+that `vanilla-transformer train --help` stays instant: `validate` imports the model's checks when it runs.
+"""
 
+import argparse
+import dataclasses
 import inspect
-import math
+import types
+import typing
 from dataclasses import dataclass, field
 
-from ..inference import MAX_LENGTH_PENALTY, MAX_NUM_BEAMS
-from ..modeling.arguments_vanilla_transformer import check_attn_implementation
-from ..modeling.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
-from ..tokenizer import DEFAULT_VOCAB_SIZE
-from .distributed import DEFAULT_DDP_TIMEOUT
-from .kernels import ATTENTION_IMPLEMENTATIONS
-from .schedule import PAPER_WARMUP_STEPS, check_schedule
+__all__ = ["ATTENTION_IMPLEMENTATIONS", "DEFAULT_DDP_TIMEOUT", "DEFAULT_VOCAB_SIZE", "PAPER_WARMUP_STEPS", "SCHEDULES",
+           "TrainingArguments", "add_arguments", "argparse_options"]
 
-__all__ = ["TrainingArguments"]
+PAPER_WARMUP_STEPS = 4000  # §5.3
+DEFAULT_VOCAB_SIZE = 8000  # docs/tokenizer.md: the paper's 37k was for 4.5M pairs, the Bible corpora have ~29k
+# Seconds a process waits in a collective for the others: the main process learns the vocabulary and
+# tokenises a WMT-size corpus meanwhile, which outlasts NCCL's default of 10 minutes.
+DEFAULT_DDP_TIMEOUT = 3 * 60 * 60
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")  # transformers' names
+SCHEDULES = ("noam", "linear", "cosine")  # schedule.py's
+PRESET_NAMES = ("tiny", "base", "big")  # the config's PRESETS (tests hold the two equal)
 
 TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")  # the config takes them from the tokenizer
 DATA_FIELDS = ("source_lang", "target_lang", "dataset_name")  # ... and these from the data
@@ -24,82 +35,163 @@ RUN_OPTIONS = ("dataset", "dataset_config", "source_lang", "target_lang", "max_l
                "preset", "config_overrides", "model_name_or_path", "max_tokens", "gradient_accumulation_steps", "seed",
                "lr_schedule", "ema_decay")  # these two: their state in a checkpoint fits only themselves
 
+# The groups of `train --help`, in order, each with what it says beyond its options.
+DATA = "data"
+TOKENIZER = "tokenizer"
+MODEL = "model"
+STEPS = "batches and steps (training stops at the first limit reached)"
+OPTIMISATION = "optimisation and schedule (§5.3, §5.4)"
+CHECKPOINTS = "checkpoints"
+EVALUATION = "evaluation (validation perplexity, then beam-search BLEU/chrF)"
+OUTPUT = "output and logging"
+GROUPS = {
+    DATA: "Without a validation split, 2% of train (at most 1000 pairs) is held out for it.",
+    TOKENIZER: "Default: the one in --output-dir, else the fine-tuned model's, else a new joint BPE learnt on the "
+               "train split and saved to --output-dir.",
+    MODEL: "A preset trained from scratch, or a saved model to fine-tune.",
+    STEPS: None,
+    OPTIMISATION: None,
+    CHECKPOINTS: "§6.1 averages the last 5 of a base model.",
+    EVALUATION: "§6.1: beam 4, length penalty 0.6, at most input length + 50 tokens.",
+    OUTPUT: None,
+}
+# The bounds a field's metadata may name, by the field's type: what an error calls it, and the test.
+BOUNDS = {
+    ("positive", int): ("a positive integer", lambda value: value >= 1),
+    ("non-negative", int): ("a non-negative integer", lambda value: value >= 0),
+    ("positive", float): ("a positive number", lambda value: value > 0),
+}
+
+
+def option(default=dataclasses.MISSING, *, group: str, help: str, **metadata):
+    """A field of `TrainingArguments` with what its command-line option needs: its group, help and any of
+    `choices`, `bound` ("positive", "non-negative") and `metavar`."""
+    return field(default=default, metadata=dict(group=group, help=help, **metadata))
+
 
 @dataclass
 class TrainingArguments:
-    """Every option of `train`; the command line mirrors these one to one."""
+    """Every option of `train`; its command line is generated from these fields, one `--kebab-case` option each."""
 
-    output_dir: str
+    output_dir: str = option(group=OUTPUT, help="the run's folder: checkpoints/ while training, then a Hub repository")
     # Data
-    dataset: str = "bible-en-es"  # embedded corpus, local file or folder, or Hub data set
-    dataset_config: str | None = None
-    source_lang: str | None = None  # default: the corpus pair, or the data set's two keys
-    target_lang: str | None = None
-    max_length: int = 256  # tokens per side, </s> included; longer training pairs are dropped ...
-    truncate: bool = False  # ... or cut to max_length
-    # Tokenizer: a folder; default the one in output_dir (resuming), the model's (fine-tuning), or a new one
-    tokenizer: str | None = None
-    vocab_size: int = DEFAULT_VOCAB_SIZE  # for a new tokenizer
-    # Model: a preset trained from scratch, or a saved model to fine-tune
-    preset: str = "tiny"
-    config_overrides: dict = field(default_factory=dict)  # e.g. {"d_model": 256, "dropout": 0.0}
-    model_name_or_path: str | None = None
+    dataset: str = option(
+        "bible-en-es", group=DATA,
+        help="embedded corpus (bible-en-es, bible-en-fr), local .json/.jsonl/.csv/.tsv/.parquet file (optionally .gz) "
+        "or folder of split files ({'translation': {lang: text}} rows or one column per language; a .csv/.tsv has a "
+        "header row naming the languages), folder of plain parallel text (train.SRC + train.TGT, valid.* or dev.*, "
+        "test.*, one sentence a line) or the prefix of one such pair (DIR/train), save_to_disk folder, or Hub data "
+        "set name",
+    )
+    dataset_config: str | None = option(None, group=DATA, help="Hub data set configuration, e.g. de-en")
+    source_lang: str | None = option(
+        None, group=DATA, help="source language key (default: the corpus pair, or the two keys there are)")
+    target_lang: str | None = option(None, group=DATA, help="target language key")
+    max_length: int = option(256, group=DATA, bound="positive", help="tokens per side, </s> included")
+    truncate: bool = option(False, group=DATA, help="cut longer training pairs to --max-length instead of dropping them")
+    # Tokenizer
+    tokenizer: str | None = option(None, group=TOKENIZER, help="tokenizer folder")
+    vocab_size: int = option(
+        DEFAULT_VOCAB_SIZE, group=TOKENIZER, bound="positive",
+        help="size of a new joint vocabulary. The paper's 37k was for 4.5M pairs; on the ~29k-pair Bible corpora "
+        "larger vocabularies shorten sequences little while many entries are too rare to train (docs/tokenizer.md)",
+    )
+    # Model
+    preset: str = option(
+        "tiny", group=MODEL, choices=PRESET_NAMES,
+        help="architecture trained from scratch (tiny trains in minutes on a CPU; base and big are Table 3's)",
+    )
+    config_overrides: dict = field(default_factory=dict, metadata=dict(
+        group=MODEL, metavar="KEY=VALUE,...",
+        help="config fields to change, e.g. 'd_model=256,encoder_layers=3,decoder_layers=3,d_ff=1024,dropout=0.1'",
+    ))
+    model_name_or_path: str | None = option(None, group=MODEL, help="saved model folder to fine-tune instead of a preset")
     # Batches and steps (§5.1, §5.2)
-    max_tokens: int = 4096  # per batch and process, per side, padding included
-    gradient_accumulation_steps: int = 1
-    max_steps: int | None = 100_000  # the paper's base model; at least one of the three limits is needed
-    num_epochs: int | None = None
-    time_limit: float | None = None  # minutes
-    seed: int = 0
-    # Optimisation (§5.3, §5.4)
-    lr_schedule: str = "noam"  # the paper's; "linear" / "cosine": the same warm-up and peak, then zero at the budget's end
-    warmup_steps: int = PAPER_WARMUP_STEPS
-    lr_scale: float = 1.0
-    ema_decay: float | None = None  # keep an exponential moving average of the weights (not in the paper)
-    label_smoothing: float = 0.1
-    max_grad_norm: float | None = None  # not in the paper
-    mixed_precision: str | None = None  # "no", "fp16", "bf16"; None: the launcher's, else bf16 where the device has it
-    attn_implementation: str | None = None  # transformers' name; None: the fastest on the first batch (kernels.py)
-    # Checkpoints (§6.1 averages the last 5 of a base model)
-    save_steps: int = 1000
-    keep_checkpoints: int = 5
-    average_last: int = 1
-    resume: bool = False
-    # Evaluation (§6.1: beam 4, length penalty 0.6, at most input length + 50 tokens)
-    eval_steps: int = 1000
-    eval_samples: int | None = 500  # validation pairs translated for BLEU during training (0: none, None: all)
-    test_samples: int | None = None  # test pairs translated at the end (None: all, the headline numbers)
-    num_beams: int = 4
-    length_penalty: float = 0.6
-    # Processes: how long one waits in a collective (seconds) while the main process prepares the data
-    ddp_timeout: int = DEFAULT_DDP_TIMEOUT
-    # Logging
-    log_steps: int = 50
-    report_to: str | None = None  # "tensorboard": logs under output_dir/runs
-    # Publishing: upload the finished output folder to this Hub model repository ("user/name")
-    push_to_hub: str | None = None
+    max_tokens: int = option(
+        4096, group=STEPS, bound="positive",
+        help="tokens per batch and process, per side, padding included (the paper: ~25000)",
+    )
+    gradient_accumulation_steps: int = option(1, group=STEPS, bound="positive", help="batches per optimiser step")
+    max_steps: int | None = option(100_000, group=STEPS, bound="positive", help="optimiser steps (the paper's base model's)")
+    num_epochs: int | None = option(None, group=STEPS, bound="positive", help="passes over the training data")
+    time_limit: float | None = option(
+        None, group=STEPS, bound="positive", metavar="MINUTES", help="stop (with a checkpoint) after this long")
+    seed: int = option(0, group=STEPS, help="seeds weights, data order and dropout")
+    # Optimisation (§5.3, §5.4); warmup_steps, lr_scale and lr_schedule are checked by schedule.py's check_schedule
+    warmup_steps: int = option(
+        PAPER_WARMUP_STEPS, group=OPTIMISATION,
+        help="linear warm-up steps (the paper's 4000; a short CPU run wants a few hundred)",
+    )
+    lr_scale: float = option(1.0, group=OPTIMISATION, help="factor on d_model^-0.5 * min(...)")
+    lr_schedule: str = option(
+        "noam", group=OPTIMISATION, choices=SCHEDULES,
+        help="noam: the paper's inverse square root; linear/cosine: the same warm-up and peak, then down to 0 at the "
+        "end of --max-steps/--time-limit/--num-epochs, whichever comes first",
+    )
+    ema_decay: float | None = option(
+        None, group=OPTIMISATION, metavar="DECAY",
+        help="keep a moving average of the weights (e.g. 0.999); it becomes the final model if its validation "
+        "perplexity is lower (not in the paper; default: off)",
+    )
+    label_smoothing: float = option(0.1, group=OPTIMISATION, help="epsilon_ls (§5.4), in [0, 1)")
+    max_grad_norm: float | None = option(
+        None, group=OPTIMISATION, bound="positive", help="clip the gradient norm (not in the paper; default: off)")
+    mixed_precision: str | None = option(
+        None, group=OPTIMISATION, choices=("no", "fp16", "bf16"),
+        help="default: what `accelerate launch`/`accelerate config` say, else bf16 where the GPU or CPU computes it "
+        "(fp16 on a GPU without it), else no",
+    )
+    attn_implementation: str | None = option(
+        None, group=OPTIMISATION, choices=ATTENTION_IMPLEMENTATIONS,
+        help="transformers' attention implementation to train with (default: sdpa or eager, whichever trains the "
+        "first batch faster here)",
+    )
+    # Checkpoints
+    save_steps: int = option(1000, group=CHECKPOINTS, bound="positive", help="checkpoint every N steps")
+    keep_checkpoints: int = option(5, group=CHECKPOINTS, bound="positive", help="newest checkpoints kept")
+    average_last: int = option(
+        1, group=CHECKPOINTS, bound="positive",
+        help="final weights = mean of the last K checkpoints (the paper: 5 for base models)",
+    )
+    resume: bool = option(False, group=CHECKPOINTS, help="continue from the newest checkpoint in --output-dir")
+    # Evaluation; num_beams and length_penalty are checked by the model's check_decoding_options
+    eval_steps: int = option(1000, group=EVALUATION, bound="positive", help="validate every N steps")
+    eval_samples: int | None = option(
+        500, group=EVALUATION, bound="non-negative",
+        help="validation pairs translated for BLEU/chrF at each evaluation, and at the end when there is a test "
+        "split; 0 for none",
+    )
+    test_samples: int | None = option(
+        None, group=EVALUATION, bound="positive",
+        help="test pairs translated for the final BLEU/chrF (default: the whole test split)",
+    )
+    num_beams: int = option(4, group=EVALUATION, help="beam size (the paper: 4, §6.1)")
+    length_penalty: float = option(0.6, group=EVALUATION, help="beam length penalty alpha (the paper: 0.6)")
+    # Output and logging
+    ddp_timeout: int = option(
+        DEFAULT_DDP_TIMEOUT, group=OUTPUT, bound="positive", metavar="SECONDS",
+        help="how long a process waits for the others in a collective, e.g. while the main process learns the "
+        "vocabulary and tokenises",
+    )
+    log_steps: int = option(50, group=OUTPUT, bound="positive", help="tracker logging interval")
+    report_to: str | None = option(
+        None, group=OUTPUT, choices=("tensorboard",), help="tracker, logging under OUTPUT_DIR/runs")
+    push_to_hub: str | None = option(
+        None, group=OUTPUT, metavar="USER/NAME",
+        help="upload the finished folder to this Hub model repository (token from HF_TOKEN or `hf auth login`)",
+    )
 
     def validate(self) -> None:
         """Fail early, naming the option and what it accepts."""
-        positive = ("max_length", "vocab_size", "max_tokens", "gradient_accumulation_steps", "save_steps",
-                    "keep_checkpoints", "average_last", "eval_steps", "num_beams", "log_steps", "ddp_timeout")
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
-        for name in ("max_steps", "num_epochs"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"`{name}` must be a positive integer or None; got {value!r}.")
-        if self.eval_samples is not None and (not isinstance(self.eval_samples, int) or self.eval_samples < 0):
-            raise ValueError(f"`eval_samples` must be a non-negative integer or None; got {self.eval_samples!r}.")
-        if self.test_samples is not None and (not isinstance(self.test_samples, int) or self.test_samples < 1):
-            raise ValueError(f"`test_samples` must be a positive integer or None; got {self.test_samples!r}.")
+        from ..modeling.checks_vanilla_transformer import check_decoding_options, is_finite_number
+        from ..modeling.configuration_vanilla_transformer import check_probability
+        from .schedule import check_schedule
+
+        for f in dataclasses.fields(self):
+            _check_field(f, _hint(type(self), f), getattr(self, f.name))
         self._validate_config_overrides()
         if self.max_steps is None and self.num_epochs is None and self.time_limit is None:
             raise ValueError("give at least one of `max_steps`, `num_epochs` and `time_limit`, or training never ends.")
-        if self.model_name_or_path is None and self.preset not in PRESETS:
-            raise ValueError(f"`preset` must be one of {', '.join(map(repr, PRESETS))}; got {self.preset!r}.")
         if self.average_last > self.keep_checkpoints:
             raise ValueError(
                 f"`average_last` ({self.average_last}) cannot exceed `keep_checkpoints` ({self.keep_checkpoints}): "
@@ -108,26 +200,10 @@ class TrainingArguments:
         if self.max_tokens < self.max_length:
             raise ValueError(f"`max_tokens` ({self.max_tokens}) must be at least `max_length` ({self.max_length}).")
         check_schedule(self.warmup_steps, self.lr_scale, self.lr_schedule, names=("warmup_steps", "lr_scale", "lr_schedule"))
-        if self.ema_decay is not None and not (_is_finite(self.ema_decay) and 0 < self.ema_decay < 1):
+        if self.ema_decay is not None and not (is_finite_number(self.ema_decay) and 0 < self.ema_decay < 1):
             raise ValueError(f"`ema_decay` must be a number in (0, 1), e.g. 0.999, or None; got {self.ema_decay!r}.")
-        if not 0 <= self.label_smoothing < 1:
-            raise ValueError(f"`label_smoothing` must be in [0, 1); got {self.label_smoothing!r}.")
-        for name in ("max_grad_norm", "time_limit"):
-            value = getattr(self, name)  # a negative norm would flip every gradient: training would ascend
-            if value is not None and not (_is_finite(value) and value > 0):
-                raise ValueError(f"`{name}` must be a positive number or None; got {value!r}.")
-        if self.num_beams > MAX_NUM_BEAMS:
-            raise ValueError(f"`num_beams` must be at most {MAX_NUM_BEAMS} (the paper's: 4); got {self.num_beams}.")
-        if not (_is_finite(self.length_penalty) and abs(self.length_penalty) <= MAX_LENGTH_PENALTY):
-            raise ValueError(f"`length_penalty` must be between -{MAX_LENGTH_PENALTY} and {MAX_LENGTH_PENALTY} (the paper's: "
-                             f"0.6; larger ones overflow the beam scores); got {self.length_penalty!r}.")
-        if self.mixed_precision not in (None, "no", "fp16", "bf16"):
-            raise ValueError(f"`mixed_precision` must be 'no', 'fp16' or 'bf16'; got {self.mixed_precision!r}.")
-        if self.attn_implementation not in (None, *ATTENTION_IMPLEMENTATIONS):
-            raise ValueError(f"`attn_implementation` must be one of {', '.join(map(repr, ATTENTION_IMPLEMENTATIONS))} or "
-                             f"None (the fastest here); got {self.attn_implementation!r}.")
-        if self.report_to not in (None, "tensorboard"):
-            raise ValueError(f"`report_to` must be 'tensorboard' or None; got {self.report_to!r}.")
+        check_probability("label_smoothing", self.label_smoothing)
+        check_decoding_options(num_beams=self.num_beams, length_penalty=self.length_penalty)
         if self.report_to == "tensorboard":
             from accelerate.utils import is_tensorboard_available
 
@@ -139,9 +215,11 @@ class TrainingArguments:
 
             check_repo_id(self.push_to_hub)  # before hours of training, not after
 
-
     def _validate_config_overrides(self) -> None:
         """Before hours of data preparation: known fields with values the config accepts."""
+        from ..modeling.arguments_vanilla_transformer import check_attn_implementation
+        from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfig
+
         known = [name for name in inspect.signature(VanillaTransformerConfig).parameters
                  if name not in ("kwargs", *TOKENIZER_FIELDS, *DATA_FIELDS)]
         from_tokenizer = sorted(set(self.config_overrides) & set(TOKENIZER_FIELDS))
@@ -157,7 +235,7 @@ class TrainingArguments:
         unknown = sorted(set(self.config_overrides) - set(known))
         if unknown:
             raise ValueError(f"`config_overrides`: unknown config fields {unknown}; the fields are {', '.join(known)}")
-        if self.model_name_or_path is None and self.preset in PRESETS:
+        if self.model_name_or_path is None:
             try:
                 config = VanillaTransformerConfig.from_preset(self.preset, **self.config_overrides)
             except ValueError as err:
@@ -165,5 +243,63 @@ class TrainingArguments:
             check_attn_implementation(config, self.attn_implementation)
 
 
-def _is_finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def _check_field(f: dataclasses.Field, hint, value) -> None:
+    """A field's choices and bound, from its metadata: "`name` must be <what> [or None]; got <value>."."""
+    from ..modeling.checks_vanilla_transformer import is_finite_number
+
+    kind, optional = _kind(hint)
+    if value is None and optional:
+        return
+    choices, bound = f.metadata.get("choices"), f.metadata.get("bound")
+    if choices is not None and value not in choices:
+        raise ValueError(f"`{f.name}` must be one of {', '.join(map(repr, choices))}{' or None' * optional}; "
+                         f"got {value!r}.")
+    if bound is not None:
+        what, holds = BOUNDS[bound, kind]
+        number = is_finite_number(value) if kind is float else isinstance(value, int) and not isinstance(value, bool)
+        if not (number and holds(value)):
+            raise ValueError(f"`{f.name}` must be {what}{' or None' * optional}; got {value!r}.")
+
+
+def _hint(arguments: type, f: dataclasses.Field):
+    """A field's annotation: the type itself here (no postponed annotations in this module: evaluating strings
+    for every option would slow `--help`), a string in a subclass written with them."""
+    return typing.get_type_hints(arguments)[f.name] if isinstance(f.type, str) else f.type
+
+
+def _kind(hint) -> tuple[type, bool]:
+    """(the type a field holds, whether it may be None), from `int`, `int | None` and the like."""
+    if isinstance(hint, types.UnionType):
+        kinds = [kind for kind in typing.get_args(hint) if kind is not type(None)]
+        return kinds[0], len(kinds) < len(typing.get_args(hint))
+    return hint, False
+
+
+def argparse_options(name: str, arguments: type = TrainingArguments, **changes) -> dict:
+    """The keywords of `add_argument` for the field `name` (its `--kebab-case` flag aside), as `train` declares it;
+    `changes` replace some for another command (say, `default=None`, `shown_default="the model's"`)."""
+    f = next(f for f in dataclasses.fields(arguments) if f.name == name)
+    kind, _ = _kind(_hint(arguments, f))
+    options = {"help": f.metadata["help"], "default": f.default}
+    if kind is dict:
+        options["default"] = ""  # KEY=VALUE,... as typed: the command reads it (cli.py's _parse_overrides)
+    elif f.default is dataclasses.MISSING:
+        options.update(required=True, default=None)
+    elif kind is bool:
+        options["action"] = "store_true"
+    elif kind is not str:
+        options["type"] = kind
+    options.update({key: f.metadata[key] for key in ("choices", "metavar") if key in f.metadata})
+    options.update(changes)
+    default = options["default"]  # None, False and "": the help says what leaving the option out does
+    shown = options.pop("shown_default", None if default is None or default is False or default == "" else "%(default)s")
+    if shown is not None:
+        options["help"] += f" (default: {shown})"
+    return options
+
+
+def add_arguments(parser: argparse.ArgumentParser, arguments: type = TrainingArguments) -> None:
+    """One option per field of `arguments` (a TrainingArguments, or a subclass or copy of it), in `GROUPS`."""
+    groups = {title: parser.add_argument_group(title, description) for title, description in GROUPS.items()}
+    for f in dataclasses.fields(arguments):
+        groups[f.metadata["group"]].add_argument("--" + f.name.replace("_", "-"), **argparse_options(f.name, arguments))

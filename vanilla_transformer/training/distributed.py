@@ -24,6 +24,8 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import DistributedType
 
+from .arguments import DEFAULT_DDP_TIMEOUT
+
 __all__ = [
     "DEFAULT_DDP_TIMEOUT",
     "configure_deepspeed",
@@ -40,9 +42,6 @@ logger = get_logger(__name__)
 # The flags `accelerate launch --use_fsdp / --use_deepspeed` (or a config file) set for the processes.
 _ENGINE_FLAGS = {"FSDP": "ACCELERATE_USE_FSDP", "DEEPSPEED": "ACCELERATE_USE_DEEPSPEED"}
 _CPU_FIX = "set ACCELERATE_USE_CPU=1 (or `accelerate launch --cpu`) on a machine without GPUs"
-# Seconds a process waits in a collective for the others: the main process learns the vocabulary and
-# tokenises a WMT-size corpus meanwhile, which outlasts NCCL's default of 10 minutes.
-DEFAULT_DDP_TIMEOUT = 3 * 60 * 60
 
 
 def _flag(name: str) -> bool:

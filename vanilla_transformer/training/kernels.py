@@ -21,14 +21,13 @@ from pathlib import Path
 import torch
 from accelerate.utils import DistributedType
 
-__all__ = ["ATTENTION_IMPLEMENTATIONS", "BF16_CPU_FLAGS", "CPU_BF16_VARIABLE", "cpu_computes_bf16", "cpu_flags",
+__all__ = ["BF16_CPU_FLAGS", "CPU_BF16_VARIABLE", "cpu_computes_bf16", "cpu_flags",
            "fastest_attention"]
 
 # /proc/cpuinfo's names for bf16 arithmetic in hardware: x86's AVX-512 BF16 and AMX, Arm's BF16 extension.
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 # Set to 1 or 0, it answers for the CPU: the suite's premises can then be checked with bf16 on and off anywhere.
 CPU_BF16_VARIABLE = "VANILLA_TRANSFORMER_CPU_BF16"
-ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")  # transformers' names
 ATTENTION_CANDIDATES = ("sdpa", "eager")  # timed: the others are slower where they run at all (flex on a CPU)
 MARGIN = 0.05  # another implementation replaces the configured one only when it is at least this much faster
 # One process, or DDP; FSDP's sharded forward and DeepSpeed's engine (which steps inside backward) keep sdpa.

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import html
+import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -37,7 +38,8 @@ except ImportError as err:  # an optional dependency
 
 from vanilla_transformer.visualize.attention_maps import check_attention_support, collect_attentions
 from vanilla_transformer.visualize.explorer import explorer_html
-from vanilla_transformer.inference import MAX_LENGTH_PENALTY, load_model
+from vanilla_transformer.inference import load_model
+from vanilla_transformer.modeling.checks_vanilla_transformer import check_decoding_options
 from vanilla_transformer.modeling.generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
 
 __all__ = ["Limits", "build_app", "make_translate", "serve"]
@@ -116,9 +118,11 @@ def make_translate(model, tokenizer, limits: Limits, pages: str | os.PathLike | 
         if requested > limits.max_new_tokens:
             raise refuse(f"The longest output asked for, {requested} tokens, is over this app's limit of "
                          f"{limits.max_new_tokens} (max_new_tokens).")
-        if length_penalty is None or not abs(float(length_penalty)) <= MAX_LENGTH_PENALTY:
-            raise refuse(f"The length penalty must be between -{MAX_LENGTH_PENALTY} and {MAX_LENGTH_PENALTY}; "
-                         f"got {length_penalty}.")
+        try:  # an emptied box (None) is no number either
+            check_decoding_options(length_penalty=math.nan if length_penalty is None else length_penalty,
+                                   names={"length_penalty": "The length penalty"})
+        except ValueError as err:
+            raise refuse(str(err)) from None
         if not requested and tokens + offset > limits.max_new_tokens:
             requested = limits.max_new_tokens  # the model's default (source length + offset) within the limit
         try:
