@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from .file_checks import check_model_files, read_json
-from .modeling.pipeline_vanilla_transformer import MAX_NEW_TOKENS, MAX_NUM_BEAMS, TranslationPipeline
+from .modeling.pipeline_vanilla_transformer import MAX_NEW_TOKENS, MAX_NUM_BEAMS, TranslationPipeline, source_length_limit
 
 __all__ = ["check_config_fits_weights", "check_tokenizer_fits", "default_device", "load_model", "load_pretrained",
-           "load_tokenizer", "score_translations", "translate_texts"]
+           "load_tokenizer", "longest_token", "score_translations", "translate_texts"]
 
 MAX_LENGTH_PENALTY = 10.0  # GNMT's ((5 + length) / 6) ** alpha stays finite in float32 below this
 
@@ -206,11 +206,16 @@ def translate_texts(
 
     Texts are translated longest first, so that a batch holds texts of similar length (little padding),
     and put back in input order. A text that cannot be translated gives "" with a warning naming its line
-    (`first_line` is the number of `texts[0]`), the rest of its batch translated without it.
+    (`first_line` is the number of `texts[0]`), the rest of its batch translated without it. A text
+    longer than the model reads is cut before it is tokenised, with a warning naming its line: only
+    its beginning is translated, and the work per line is bounded whatever its length.
     """
     pipe = TranslationPipeline(model=model, tokenizer=tokenizer, device=model.device)
     options = {"num_beams": num_beams, "length_penalty": length_penalty, "max_new_tokens": max_new_tokens}
     options = {key: value for key, value in options.items() if value is not None}
+    # Twice the characters the tokens the model reads can stand for: the words they come from are kept whole.
+    longest_text = 2 * source_length_limit(model, tokenizer) * longest_token(tokenizer)
+    texts = [_bounded(text, longest_text, first_line + i) for i, text in enumerate(texts)]
     order = sorted((i for i, text in enumerate(texts) if text.strip()), key=lambda i: -len(texts[i]))
     translations = [""] * len(texts)
     for start in range(0, len(order), batch_size):
@@ -219,6 +224,21 @@ def translate_texts(
         for i, result in zip(batch, _translate_batch(pipe, lines, options)):
             translations[i] = " ".join(result.splitlines())  # one line per input line
     return translations
+
+
+def longest_token(tokenizer) -> int:
+    """The most characters one token stands for: a text of more than `n * longest_token` characters has more
+    than n tokens, which tells a text too long without tokenising it."""
+    return max(len(tokenizer.convert_tokens_to_string([token])) for token in tokenizer.get_vocab())
+
+
+def _bounded(text: str, characters: int, line: int) -> str:
+    """`text`, or its first `characters` when it is longer, with a warning naming its line."""
+    if len(text) <= characters:
+        return text
+    warnings.warn(f"line {line} is {len(text):,} characters long, more than the model reads: only its first "
+                  f"{characters:,} are tokenised", stacklevel=3)
+    return text[:characters]
 
 
 def _translate_batch(pipe, lines: dict[int, str], options: dict) -> list[str]:

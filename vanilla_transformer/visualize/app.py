@@ -37,7 +37,7 @@ except ImportError as err:  # an optional dependency
 
 from vanilla_transformer.visualize.attention_maps import check_attention_support, collect_attentions
 from vanilla_transformer.visualize.explorer import explorer_html
-from vanilla_transformer.inference import MAX_LENGTH_PENALTY, load_model
+from vanilla_transformer.inference import MAX_LENGTH_PENALTY, load_model, longest_token
 from vanilla_transformer.modeling.generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
 
 __all__ = ["Limits", "build_app", "make_translate", "serve"]
@@ -84,12 +84,6 @@ ENVIRONMENT_PREFIX = "VANILLA_TRANSFORMER_"
 def _length_offset(model) -> int:
     """New tokens the model allows beyond the source's length when the request names no limit."""
     return getattr(model.generation_config, "max_length_offset", None) or DEFAULT_MAX_LENGTH_OFFSET
-
-
-def longest_token(tokenizer) -> int:
-    """The most characters one token stands for: a text of more than `n * longest_token` characters has more
-    than n tokens, which tells a text too long without tokenising it."""
-    return max(len(tokenizer.convert_tokens_to_string([token])) for token in tokenizer.get_vocab())
 
 
 def make_translate(model, tokenizer, limits: Limits, pages: str | os.PathLike | tempfile.TemporaryDirectory):
