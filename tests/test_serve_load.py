@@ -57,9 +57,8 @@ def served(hub_tiny_folder, tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     process = subprocess.Popen(
-        [*CLI, "serve", "--model", str(hub_tiny_folder), "--port", str(port), "--max-concurrent", "4",
-         "--request-timeout", "3"],
-        env={**ENV, "GRADIO_TEMP_DIR": str(tmp_path_factory.mktemp("gradio"))},
+        [*CLI, "serve", "--model", str(hub_tiny_folder), "--port", str(port), "--max-concurrent", "4"],
+        env={**ENV, "GRADIO_TEMP_DIR": str(tmp_path_factory.mktemp("gradio")), "VANILLA_TRANSFORMER_REQUEST_TIMEOUT": "3"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while True:
