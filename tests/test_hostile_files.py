@@ -111,6 +111,7 @@ def crafted_folder(hub_tiny_folder, tmp_path):
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["translate", "export"])
 def test_a_model_folder_with_crafted_pickled_weights_is_refused_in_one_line(command, crafted_folder, tmp_path):
     arguments = ["Jesus wept."] if command == "translate" else ["--format", "ctranslate2", "--output-dir", tmp_path / "out"]

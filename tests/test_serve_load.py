@@ -83,6 +83,7 @@ def _post(host, port, path, payload, timeout=120):
         return err.code, err.read().decode()
 
 
+@pytest.mark.slow
 def test_the_route_that_skips_the_queue_is_closed_to_every_client(served):
     # Gradio leaves /run/ open outside Spaces: 10 parallel requests there all ran at once, past every limit.
     with ThreadPoolExecutor(10) as pool:
@@ -104,6 +105,7 @@ def _call(host, port, sentence):
     return json.loads(data[-1])[0]
 
 
+@pytest.mark.slow
 def test_concurrent_clients_through_the_queue_each_get_their_own_translation(served):
     from gradio_client import Client
 
@@ -129,6 +131,7 @@ def _answer(connection, timeout):
     return received
 
 
+@pytest.mark.slow
 def test_a_chunked_body_past_the_limit_is_answered_413_and_the_connection_closed(served):
     host, port = served
     with socket.create_connection(served, timeout=30) as connection:
@@ -147,6 +150,7 @@ def test_a_chunked_body_past_the_limit_is_answered_413_and_the_connection_closed
     assert answer.startswith(b"HTTP/1.1 413") and b"over this app's limit of" in answer
 
 
+@pytest.mark.slow
 def test_a_client_that_stalls_on_its_body_is_answered_408_and_closed(served):
     host, port = served
     with socket.create_connection(served, timeout=30) as connection:

@@ -244,7 +244,7 @@ class BodyLimit:
         while True:
             try:
                 event = await asyncio.wait_for(receive(), self.timeout)
-            except TimeoutError:
+            except asyncio.TimeoutError:  # not yet the built-in TimeoutError on Python 3.10
                 return await _answer(send, 408, f"The request's body did not arrive within {self.timeout} seconds.")
             if event["type"] == "http.disconnect":
                 return None
