@@ -45,6 +45,25 @@ def test_translate_a_long_line_with_a_bounded_model_costs_nothing_else(location_
     assert "truncated" in result.stderr
 
 
+def test_translate_bounds_the_work_of_a_huge_line_before_tokenising_it(hub_tiny_folder, tmp_path):
+    # #54: one 10 MB line was tokenised whole (85 s, 3.0 GB) before being cut to the 1,024 tokens the model reads.
+    sentence = "And the men of the city said unto him, Bring forth the man. "
+    lines = tmp_path / "in.txt"
+    lines.write_text(f"{sentence * 170_000}\n{sentence * 150}\n")  # 10 MB; its first 9 kB, past 1,024 tokens too
+    measure = ("import resource, subprocess, sys; result = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+               "print(result.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+               "print(result.stdout, end=''); print(result.stderr, file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", measure, *CLI, "translate", "--model", str(hub_tiny_folder),
+                             "--input-file", str(lines), "--num-beams", "1"], capture_output=True, text=True, env=ENV,
+                            timeout=600)
+    status, peak_kib = map(int, result.stdout.split("\n")[0].split())
+    translations = result.stdout.split("\n")[1:]
+    assert status == 0, result.stderr[-2000:]
+    assert peak_kib < 1024 * 1024, f"{peak_kib / 1024:.0f} MB for one long line"  # the model's own run takes ~0.5 GB
+    assert "line 1 is 10,200,000 characters long" in result.stderr and "truncated to the model's limit of 1024" in result.stderr
+    assert len(translations) == 3 and translations[0] == translations[1] != ""  # both read the same first 1,024 tokens
+
+
 def test_translate_with_a_longest_output_past_a_bounded_models_stops_there(location_folder):
     result = run_cli("translate", "--model", location_folder, "--num-beams", 1, "--max-new-tokens", 100, "--batch-size", 2,
                      "Jesus wept.", "", "In the beginning God created the heaven.")

@@ -660,6 +660,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     limits.add_argument("--max-beams", type=int, metavar="N", help="largest beam size (8)")
     limits.add_argument("--max-concurrent", type=int, metavar="N", help="requests translated at once (1)")
     limits.add_argument("--max-queued", type=int, metavar="N", help="requests waiting their turn; more are refused (8)")
+    limits.add_argument("--request-timeout", type=int, metavar="SECONDS",
+                        help="time a client may take to send a request's body; a slower one is answered 408 (30)")
 
     def run(args: argparse.Namespace) -> int:
         try:
@@ -668,7 +670,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
             from .visualize.app import Limits, serve
 
             limits = Limits.from_environment(**{name: getattr(args, name) for name in (
-                "max_input_tokens", "max_new_tokens", "max_beams", "max_concurrent", "max_queued")})
+                "max_input_tokens", "max_new_tokens", "max_beams", "max_concurrent", "max_queued", "request_timeout")})
             serve(args.model, args.host, args.port, args.device, limits)
         except (OSError, ValueError, ImportError) as err:
             _refuse(p, err)

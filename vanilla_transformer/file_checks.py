@@ -13,7 +13,7 @@ import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-__all__ = ["check_model_files", "check_weights_file", "read_json", "utf8_lines"]
+__all__ = ["check_model_files", "check_plain_pickle", "check_weights_file", "read_json", "utf8_lines"]
 
 
 def utf8_lines(lines: Iterable[bytes], name: str) -> Iterator[str]:
@@ -65,16 +65,55 @@ def check_weights_file(path: str | os.PathLike) -> None:
         raise ValueError(f"{path} is damaged (truncated or corrupt; {size:,} bytes): {err}") from None
 
 
+def check_plain_pickle(path: str | os.PathLike, allowed=()):
+    """What the torch.save file `path` holds, read without running anything from it (its tensors mapped from
+    the file), or a ValueError naming it unless it holds tensors, plain values and the `allowed` classes
+    (what `torch.serialization.safe_globals` takes) alone. Transformers, Accelerate and DeepSpeed read such
+    files next, some with `weights_only=False`."""
+    import pickle
+    import warnings
+
+    import torch
+
+    try:
+        with torch.serialization.safe_globals(list(allowed)), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's note on another pickle protocol: the refusal below names it
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as err:
+        if _unpickling_reason(err).startswith("Unsupported operand"):
+            raise ValueError(f"{path} is written with pickle instructions that cannot be read without running the file "
+                             f"({_unpickling_reason(err)}; torch.save writes protocol 2); it is not read") from None
+        raise ValueError(f"{path} holds more than tensors and plain values, so reading it could run code from the "
+                         f"file; it is not read ({_unpickling_reason(err)})") from None
+    except Exception as err:  # noqa: BLE001 -- whatever else stops torch (a zip that is no torch archive): unreadable
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(f"{path} is not a torch.save file that can be read; it is not read ({reason})") from None
+
+
+def _unpickling_reason(err: Exception) -> str:
+    """What torch's refusal says is wrong, without its advice to load the file with weights_only=False."""
+    advice = ("Weights only load failed", "(1)", "(2)", "Check the documentation", "Please file an issue")
+    for line in str(err).split("WeightsUnpickler error:")[-1].splitlines():
+        if line.strip() and not line.strip().startswith(advice):
+            return line.strip().split(" Please use")[0]
+    return type(err).__name__
+
+
 def check_model_files(folder: str | os.PathLike) -> None:
-    """The config and weights of a saved model folder read back whole; a ValueError names the damaged file."""
+    """The config and weights of a saved model folder read back whole, and a pickled weights file
+    (pytorch_model.bin) holds tensors and plain values alone; a ValueError names the file otherwise."""
     folder = Path(folder)
     try:
         read_json(folder / "config.json")
-        index = folder / "model.safetensors.index.json"
-        shards = sorted(set(read_json(index)["weight_map"].values())) if index.is_file() else ("model.safetensors", "pytorch_model.bin")
+        shards = ["model.safetensors", "pytorch_model.bin"]
+        for index in (folder / "model.safetensors.index.json", folder / "pytorch_model.bin.index.json"):
+            if index.is_file():
+                shards += sorted(set(read_json(index)["weight_map"].values()))
         for name in shards:
             if (folder / name).is_file():
                 check_weights_file(folder / name)
+                if not name.endswith(".safetensors"):
+                    check_plain_pickle(folder / name)
     except ValueError as err:
         raise ValueError(f"{err}. Copy the model folder again, or save the model again.") from None
 

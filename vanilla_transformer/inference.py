@@ -25,7 +25,7 @@ from .modeling.pipeline_vanilla_transformer import (
 )
 
 __all__ = ["check_config_fits_weights", "check_tokenizer_fits", "default_device", "load_model", "load_pretrained",
-           "load_tokenizer", "score_translations", "translate_nbest", "translate_texts"]
+           "load_tokenizer", "bounded_texts", "longest_token", "score_translations", "translate_nbest", "translate_texts"]
 
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -207,11 +207,14 @@ def translate_texts(
 
     Texts are translated longest first, so that a batch holds texts of similar length (little padding),
     and put back in input order. A text that cannot be translated gives "" with a warning naming its line
-    (`first_line` is the number of `texts[0]`), the rest of its batch translated without it.
+    (`first_line` is the number of `texts[0]`), the rest of its batch translated without it. A text
+    longer than the model reads is cut before it is tokenised, with a warning naming its line: only
+    its beginning is translated, and the work per line is bounded whatever its length.
     """
     pipe = TranslationPipeline(model=model, tokenizer=tokenizer, device=model.device)
     options = {"num_beams": num_beams, "length_penalty": length_penalty, "max_new_tokens": max_new_tokens}
     options = {key: value for key, value in options.items() if value is not None}
+    texts = bounded_texts(model, tokenizer, texts, first_line)
     order = sorted((i for i, text in enumerate(texts) if text.strip()), key=lambda i: -len(texts[i]))
     translations = [""] * len(texts)
     for start in range(0, len(order), batch_size):
@@ -220,6 +223,28 @@ def translate_texts(
         for i, result in zip(batch, _translate_batch(pipe, lines, options)):
             translations[i] = " ".join(result.splitlines())  # one line per input line
     return translations
+
+
+def longest_token(tokenizer) -> int:
+    """The most characters one token stands for: a text of more than `n * longest_token` characters has more
+    than n tokens, which tells a text too long without tokenising it."""
+    return max(len(tokenizer.convert_tokens_to_string([token])) for token in tokenizer.get_vocab())
+
+
+def bounded_texts(model, tokenizer, texts: list[str], first_line: int = 1) -> list[str]:
+    """`texts`, each cut before tokenising where it is longer than the model reads (with a warning naming its line)."""
+    # Twice the characters the tokens the model reads can stand for: the words they come from are kept whole.
+    longest_text = 2 * source_length_limit(model, tokenizer) * longest_token(tokenizer)
+    return [_bounded(text, longest_text, first_line + i) for i, text in enumerate(texts)]
+
+
+def _bounded(text: str, characters: int, line: int) -> str:
+    """`text`, or its first `characters` when it is longer, with a warning naming its line."""
+    if len(text) <= characters:
+        return text
+    warnings.warn(f"line {line} is {len(text):,} characters long, more than the model reads: only its first "
+                  f"{characters:,} are tokenised", stacklevel=3)
+    return text[:characters]
 
 
 def _translate_batch(pipe, lines: dict[int, str], options: dict) -> list[str]:
@@ -257,6 +282,7 @@ def translate_nbest(
                "max_new_tokens": max_new_tokens, "output_scores": True, "return_dict_in_generate": True}
     options = {key: value for key, value in options.items() if value is not None}
     limit = source_length_limit(model, tokenizer)
+    texts = bounded_texts(model, tokenizer, texts)
     order = sorted((i for i, text in enumerate(texts) if text.strip()), key=lambda i: -len(texts[i]))
     results = [[("", 0.0)] * nbest for _ in texts]
     for start in range(0, len(order), batch_size):

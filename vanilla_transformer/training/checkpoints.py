@@ -11,8 +11,10 @@ A checkpoint is verified before it is read (`verify_checkpoint`): a file damaged
 written (a copy cut short, a full disk elsewhere, a bad sector) is named, and `newest_sound_checkpoint`
 lets a resumed run fall back to the newest checkpoint that is whole. Accelerate unpickles the
 `custom_checkpoint_*.pkl` files of registered objects (the schedule, the weight average) with
-`weights_only=False`, which runs whatever code a crafted file holds; `verify_checkpoint` reads each
-of them first with `weights_only=True`, so a checkpoint someone hands you is refused, never executed.
+`weights_only=False`, which runs whatever code a crafted file holds, and the others (optimiser, RNG
+states, ...) with `weights_only=True`, which refuses a crafted one with a traceback; `verify_checkpoint`
+reads every pickle-bearing file first with `weights_only=True`, so a checkpoint someone hands you is
+refused in one line and set aside, never executed.
 
 `save_state` writes the model and optimiser in the layout of the engine that trained them, and each is
 read (verified, resumed from, averaged) in its own layout (`LAYOUTS`):
@@ -23,7 +25,9 @@ read (verified, resumed from, averaged) in its own layout (`LAYOUTS`):
 - DeepSpeed: `pytorch_model/` holding `mp_rank_00_model_states.pt` (the model under `module`) and each
   process's `*optim_states.pt`, with the file `latest` naming the folder. DeepSpeed reads them with
   `weights_only=False`; each is read first with `weights_only=True` allowing only DeepSpeed's own
-  data classes (`DEEPSPEED_CLASSES`), so a crafted file is refused here too.
+  data classes (`DEEPSPEED_CLASSES`, read as an inert `_StandIn`), so a crafted file is refused here
+  too. Torch's safe reader takes the pickle protocol torch.save writes (2): a file of another protocol
+  cannot be checked, and is refused as unreadable.
 
 FSDP's SHARDED_STATE_DICT (`pytorch_model_fsdp_0/`, torch.distributed.checkpoint) is refused: torch
 reads its `.metadata` with `pickle.load`, which would run code from a checkpoint someone hands you.
@@ -39,12 +43,10 @@ import re
 import shutil
 from pathlib import Path
 
-import pickle
-
 import torch
 from safetensors.torch import load_file
 
-from ..file_checks import check_weights_file, read_json
+from ..file_checks import check_plain_pickle, check_weights_file, read_json
 from ..staging import STAGING_PREFIX, disk_full_error, publish_files
 
 __all__ = [
@@ -55,8 +57,8 @@ __all__ = [
     "checkpoint_layout",
     "checkpoint_path",
     "checkpoint_weights",
-    "list_checkpoints",
     "latest_checkpoint",
+    "list_checkpoints",
     "newest_sound_checkpoint",
     "read_state",
     "save_checkpoint",
@@ -129,7 +131,7 @@ def verify_checkpoint(checkpoint: str | os.PathLike) -> None:
     """Raise ValueError naming the file unless every file of the checkpoint reads back whole: the state
     (JSON, with the step of the folder's name), the weights and optimiser in their engine's layout
     (LAYOUTS), and every torch.save file (optimiser, scheduler, RNG states: zip archives whose CRCs are
-    checked)."""
+    checked, read as tensors and plain values without running anything from them)."""
     checkpoint = Path(checkpoint)
     if not (checkpoint / STATE_FILE).is_file():
         raise ValueError(f"{checkpoint / STATE_FILE} is missing")
@@ -142,12 +144,34 @@ def verify_checkpoint(checkpoint: str | os.PathLike) -> None:
     if not isinstance(state, dict) or state.get("step") != step:
         raise ValueError(f"{checkpoint / STATE_FILE} is damaged: it does not hold the state of step {step}")
     for path in sorted(checkpoint.iterdir()):
-        if path.suffix in (".safetensors", ".bin", ".pkl"):
+        if path.suffix in (".safetensors", ".bin", ".pkl", ".pt"):
             check_weights_file(path)
         if path.name.startswith(CUSTOM_STATE_PREFIX) and path.suffix == ".pkl":
-            check_plain_pickle(path)
+            check_plain_pickle(path)  # Accelerate reads these with weights_only=False: plain values alone
+        elif path.suffix in (".bin", ".pkl", ".pt"):
+            check_plain_pickle(path, accelerate_safe_globals())  # what Accelerate's own reading allows
     if layout == "DEEPSPEED":
         _verify_deepspeed_files(checkpoint)
+
+
+def accelerate_safe_globals() -> list:
+    """The classes Accelerate reads besides tensors and plain values (numpy arrays, in the RNG states)."""
+    from accelerate.utils.other import TORCH_SAFE_GLOBALS
+
+    return list(TORCH_SAFE_GLOBALS)
+
+
+class _StandIn:
+    """What a DeepSpeed data class is read as while its file is checked: it takes any state and runs nothing."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __setstate__(self, state):
+        pass
+
+
+DEEPSPEED_STAND_INS = [(_StandIn, name) for name in sorted(DEEPSPEED_CLASSES)]  # for torch's safe_globals
 
 
 def _verify_deepspeed_files(checkpoint: Path) -> None:
@@ -161,25 +185,7 @@ def _verify_deepspeed_files(checkpoint: Path) -> None:
         raise ValueError(f"{checkpoint / DEEPSPEED_FOLDER} holds no optimiser states (*optim_states.pt)")
     for path in files:
         check_weights_file(path)
-        unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(path)) - DEEPSPEED_CLASSES
-        if unsafe:
-            raise ValueError(
-                f"{path} holds more than tensors, plain values and DeepSpeed's data classes ({', '.join(sorted(unsafe))}), "
-                "so reading it could run code from the file; it is not read"
-            )
-
-
-def check_plain_pickle(path: str | os.PathLike) -> None:
-    """Raise ValueError naming `path` unless it unpickles as tensors and plain values only (Accelerate
-    reads it next with `weights_only=False`, which would run any code a crafted file holds)."""
-    try:
-        torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ValueError(
-            f"{path} holds more than tensors and plain values, so reading it could run code from the file; "
-            f"it is not read ({reason})"
-        ) from None
+        check_plain_pickle(path, DEEPSPEED_STAND_INS)
 
 
 def newest_sound_checkpoint(root: str | os.PathLike) -> tuple[Path, list[str]]:
@@ -286,8 +292,5 @@ def checkpoint_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]
     check_weights_file(path)
     if layout == "DDP":
         return load_file(str(path))
-    try:
-        weights = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise ValueError(f"{path} holds more than tensors and plain values; it is not read ({str(err).splitlines()[0]})") from None
+    weights = check_plain_pickle(path, DEEPSPEED_STAND_INS if layout == "DEEPSPEED" else ())
     return weights["module"] if layout == "DEEPSPEED" else weights

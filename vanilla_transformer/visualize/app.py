@@ -10,9 +10,12 @@ takes the address from GRADIO_SERVER_NAME and GRADIO_SERVER_PORT.
 What one visitor may ask is bounded (`Limits`: source and output length, beams, requests served at once
 and waiting): a request beyond a limit is refused with a message naming it. A deployer changes them with
 `serve --max-input-tokens ...` or, in a Space, the variables VANILLA_TRANSFORMER_MAX_INPUT_TOKENS,
-..._MAX_NEW_TOKENS, ..._MAX_BEAMS, ..._MAX_CONCURRENT and ..._MAX_QUEUED. `serve` refuses a request body
-larger than the longest sentence needs from its length, before reading it (`BodyLimit`), and keeps the
-explorer's files in one folder inside Gradio's cache (the newest `KEPT_PAGES`), removed when it stops.
+..._MAX_NEW_TOKENS, ..._MAX_BEAMS, ..._MAX_CONCURRENT, ..._MAX_QUEUED and ..._REQUEST_TIMEOUT. Every
+request goes through the queue: Gradio's REST route that skips it (`/run/`) is closed. `serve` answers a
+request body larger than the longest sentence needs with 413, from its length before reading it or, sent
+in chunks, once past the limit, and a client that takes longer than `request_timeout` to send its body
+with 408 (`BodyLimit`); it keeps the explorer's files in one folder inside Gradio's cache (the newest
+`KEPT_PAGES`), removed when it stops.
 
 The page loads nothing from other hosts: the theme uses the system's fonts, analytics are off, and
 the explorer is the self-contained page of `vanilla_transformer.visualize.explorer`, shown in a sandboxed frame
@@ -21,6 +24,7 @@ the explorer is the self-contained page of `vanilla_transformer.visualize.explor
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import html
@@ -38,7 +42,7 @@ except ImportError as err:  # an optional dependency
 
 from vanilla_transformer.visualize.attention_maps import check_attention_support, collect_attentions
 from vanilla_transformer.visualize.explorer import explorer_html
-from vanilla_transformer.inference import load_model
+from vanilla_transformer.inference import load_model, longest_token
 from vanilla_transformer.modeling.checks_vanilla_transformer import check_decoding_options
 from vanilla_transformer.modeling.generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
 
@@ -60,6 +64,7 @@ class Limits:
     max_beams: int = 8
     max_concurrent: int = 1  # requests translated at once; the others wait in the queue ...
     max_queued: int = 8  # ... which refuses more than this many
+    request_timeout: int = 30  # seconds a client may take to send a request's body: a slow one holds a connection
 
     def __post_init__(self):
         for name, value in dataclasses.asdict(self).items():
@@ -86,12 +91,6 @@ ENVIRONMENT_PREFIX = "VANILLA_TRANSFORMER_"
 def _length_offset(model) -> int:
     """New tokens the model allows beyond the source's length when the request names no limit."""
     return getattr(model.generation_config, "max_length_offset", None) or DEFAULT_MAX_LENGTH_OFFSET
-
-
-def longest_token(tokenizer) -> int:
-    """The most characters one token stands for: a text of more than `n * longest_token` characters has more
-    than n tokens, which tells a text too long without tokenising it."""
-    return max(len(tokenizer.convert_tokens_to_string([token])) for token in tokenizer.get_vocab())
 
 
 def make_translate(model, tokenizer, limits: Limits, pages: str | os.PathLike | tempfile.TemporaryDirectory):
@@ -199,7 +198,9 @@ def build_app(model_name_or_path: str, device: str | None = None, limits: Limits
         button.click(translate, inputs, outputs)
         sentence.submit(translate, inputs, outputs)
     demo.max_request_bytes = max_request_bytes  # for `serve`'s BodyLimit
-    return demo.queue(max_size=limits.max_queued, default_concurrency_limit=limits.max_concurrent)
+    demo.request_timeout = limits.request_timeout  # for `serve`'s BodyLimit
+    # api_open=False: Gradio otherwise leaves the REST route /run/ open outside Spaces, where no limit holds
+    return demo.queue(max_size=limits.max_queued, default_concurrency_limit=limits.max_concurrent, api_open=False)
 
 
 def serve(model_name_or_path: str, host: str | None = None, port: int | None = None, device: str | None = None,
@@ -214,7 +215,7 @@ def serve(model_name_or_path: str, host: str | None = None, port: int | None = N
     demo = build_app(model_name_or_path, device, limits)
     # SIGTERM stops the server as Ctrl-C does (Gradio closes it), so that the explorer's folder is removed.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    body_limit = Middleware(BodyLimit, max_bytes=demo.max_request_bytes)
+    body_limit = Middleware(BodyLimit, max_bytes=demo.max_request_bytes, timeout=demo.request_timeout)
     demo.launch(server_name=host, server_port=port, theme=theme, app_kwargs={"middleware": [body_limit]})
 
 
@@ -225,30 +226,52 @@ def request_bytes(limits: Limits, longest_token: int) -> int:
 
 
 class BodyLimit:
-    """ASGI middleware: a request whose body is over `max_bytes` is answered 413 from its Content-Length,
-    before it is read; a body without one is cut off (the app sees the client gone) once past the limit."""
+    """ASGI middleware: a request whose body is over `max_bytes` is answered 413, from its Content-Length before
+    it is read, or, sent in chunks, once past the limit; a client that sends no part of its body for `timeout`
+    seconds is answered 408. Both close the connection. A body within the limit is read whole (at most
+    `max_bytes`) before the app sees it, so that no request holds a translation slot while its client dawdles."""
 
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app, max_bytes: int, timeout: float = 30):
+        self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length", b"0")
-        if not length.isdigit() or int(length) > self.max_bytes:
-            message = f"The request is over this app's limit of {self.max_bytes} bytes.".encode()
-            await send({"type": "http.response.start", "status": 413,
-                        "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(message)).encode())]})
-            return await send({"type": "http.response.body", "body": message})
-        received = 0
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length")
+        if length is None and b"chunked" not in headers.get(b"transfer-encoding", b"").lower():
+            return await self.app(scope, receive, send)  # no body (a page, a stream of queue events)
+        too_large = f"The request is over this app's limit of {self.max_bytes} bytes."
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            return await _answer(send, 413, too_large)
+        parts, received = [], 0
+        while True:
+            try:
+                event = await asyncio.wait_for(receive(), self.timeout)
+            except asyncio.TimeoutError:  # not yet the built-in TimeoutError on Python 3.10
+                return await _answer(send, 408, f"The request's body did not arrive within {self.timeout} seconds.")
+            if event["type"] == "http.disconnect":
+                return None
+            parts.append(event.get("body", b""))
+            received += len(parts[-1])
+            if received > self.max_bytes:
+                return await _answer(send, 413, too_large)
+            if not event.get("more_body"):
+                break
+        whole = [{"type": "http.request", "body": b"".join(parts), "more_body": False}]
 
-        async def bounded_receive():
-            nonlocal received
-            event = await receive()
-            received += len(event.get("body", b""))
-            return {"type": "http.disconnect"} if received > self.max_bytes else event
+        async def replay():
+            return whole.pop() if whole else await receive()
 
-        return await self.app(scope, bounded_receive, send)
+        return await self.app(scope, replay, send)
+
+
+async def _answer(send, status: int, message: str) -> None:
+    """A plain-text answer that closes the connection (what is left of the request is never read)."""
+    body = message.encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 if __name__ == "__main__":  # as a Space's app.py

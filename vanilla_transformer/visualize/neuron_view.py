@@ -18,10 +18,14 @@ makes each score: general's W_a·k_j, additive's W_q·q and W_k·k_j (the tanh u
 with v_a, cosine's learned strength, location's column of W_a for each position, and local-p's
 predicted position p_t. `allowed` is the mask the block attended under: padding, the look-ahead mask
 of §3.2.3 and any local window.
+
+One model may serve several threads (`serve --max-concurrent`): the hooks that read q and k keep only
+what their own thread's pass computes, and one capture runs at a time (`CAPTURE_LOCK`).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -40,7 +44,8 @@ SCORE_TERMS = {
     "cosine": ("strength",),  # the head's learned strength (one number): the score is strength · cos(q, k_j)
     "location": ("position_weights",),  # W_a's column for key position j, a row per key: the score is q·column
 }
-QUERY_TERMS = ("query_part", "centres")  # the terms with a row per query; local-p adds "centres", p_t (T, 1)
+QUERY_TERMS = ("query_part", "centres")
+CAPTURE_LOCK = threading.Lock()  # hooks live on the shared modules: one capture registers and removes them at a time  # the terms with a row per query; local-p adds "centres", p_t (T, 1)
 
 
 @dataclass
@@ -91,25 +96,27 @@ def _block(model, kind: str, layer: int):
 @torch.no_grad()
 def _capture(model, input_ids, attention_mask, decoder_input_ids, blocks):
     """One teacher-forced pass; returns its output and, per block, its q and k projections and the mask it got."""
-    captured = {}
+    captured, owner = {}, threading.get_ident()
 
     def keep(name):
         def hook(module, args, *rest):  # (module, args, output) or, before a block, (module, args, kwargs)
-            captured[name] = rest[0] if name[1] != "mask" else rest[0].get("attention_mask")
+            if threading.get_ident() == owner:  # another thread's pass through the same model is not ours
+                captured[name] = rest[0] if name[1] != "mask" else rest[0].get("attention_mask")
         return hook
 
-    hooks = []
-    for name, block in blocks.items():
-        hooks.append(block.q_proj.register_forward_hook(keep((name, "q"))))
-        if block.k_proj is not None:
-            hooks.append(block.k_proj.register_forward_hook(keep((name, "k"))))
-        hooks.append(block.register_forward_pre_hook(keep((name, "mask")), with_kwargs=True))
-    try:
-        out = model.eval()(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
-                           output_attentions=True, use_cache=False)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    with CAPTURE_LOCK:
+        hooks = []
+        for name, block in blocks.items():
+            hooks.append(block.q_proj.register_forward_hook(keep((name, "q"))))
+            if block.k_proj is not None:
+                hooks.append(block.k_proj.register_forward_hook(keep((name, "k"))))
+            hooks.append(block.register_forward_pre_hook(keep((name, "mask")), with_kwargs=True))
+        try:
+            out = model.eval()(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                               output_attentions=True, use_cache=False)
+        finally:
+            for hook in hooks:
+                hook.remove()
     return out, captured
 
 

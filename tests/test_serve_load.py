@@ -1,0 +1,163 @@
+"""Issue #54, `serve` under load and bad clients: the real server process over HTTP, concurrent clients on
+every route, a chunked body past the limit, a client that stalls; and the neuron view's capture from
+threads sharing one model.
+"""
+
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+SENTENCES = ["Jesus wept.", "In the beginning God created the heaven and the earth.", "Love is patient and is kind.",
+             "And the men of the city said unto him, Bring forth the man."]
+
+
+def test_neuron_captures_from_threads_sharing_one_model_each_read_their_own_pass(hub_tiny_model):
+    from vanilla_transformer.visualize.neuron_view import neuron_tensors
+
+    model, tokenizer = hub_tiny_model
+    model.eval()
+
+    def capture(sentence):
+        ids = tokenizer(sentence, return_tensors="pt")["input_ids"]
+        decoder = torch.cat([torch.tensor([[model.config.decoder_start_token_id]]), ids[:, :-1]], dim=1)
+        return neuron_tensors(model, ids, None, decoder).kinds
+
+    expected = {sentence: capture(sentence) for sentence in SENTENCES}
+    start = threading.Barrier(8)
+
+    def concurrent(sentence):
+        start.wait()
+        return capture(sentence)
+
+    with ThreadPoolExecutor(8) as pool:  # each sentence twice, all at once, on the one model
+        results = list(pool.map(concurrent, SENTENCES * 2))
+    for sentence, kinds in zip(SENTENCES * 2, results):
+        for kind, tensors in kinds.items():
+            assert torch.equal(tensors.queries, expected[sentence][kind].queries), (sentence, kind)
+            assert torch.equal(tensors.scores, expected[sentence][kind].scores), (sentence, kind)
+
+
+@pytest.fixture(scope="module")
+def served(hub_tiny_folder, tmp_path_factory):
+    """A real `serve` process translating up to 4 requests at once, that waits 3 s for a request's body: (host, port)."""
+    pytest.importorskip("gradio_client")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = subprocess.Popen(
+        [*CLI, "serve", "--model", str(hub_tiny_folder), "--port", str(port), "--max-concurrent", "4"],
+        env={**ENV, "GRADIO_TEMP_DIR": str(tmp_path_factory.mktemp("gradio")), "VANILLA_TRANSFORMER_REQUEST_TIMEOUT": "3"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while True:
+        assert process.poll() is None and time.monotonic() < deadline, process.stdout.read().decode()[-2000:]
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5)
+            break
+        except OSError:
+            time.sleep(1)
+    yield "127.0.0.1", port
+    process.kill()
+    process.wait()
+
+
+def _post(host, port, path, payload, timeout=120):
+    request = urllib.request.Request(f"http://{host}:{port}{path}", data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+@pytest.mark.slow
+def test_the_route_that_skips_the_queue_is_closed_to_every_client(served):
+    # Gradio leaves /run/ open outside Spaces: 10 parallel requests there all ran at once, past every limit.
+    with ThreadPoolExecutor(10) as pool:
+        answers = list(pool.map(lambda _: _post(*served, "/gradio_api/run/translate", {"data": ["Jesus wept.", 1, 0.6, 0]}),
+                                range(10)))
+    assert all(status == 404 and "join the queue" in text for status, text in answers), answers[:2]
+
+
+def _call(host, port, sentence):
+    """The queue's REST route: POST /call/<name> for an event id, then its result as server-sent events."""
+    status, text = _post(host, port, "/gradio_api/call/translate", {"data": [sentence, 1, 0.6, 0]})
+    assert status == 200, text
+    event = json.loads(text)["event_id"]
+    with urllib.request.urlopen(f"http://{host}:{port}/gradio_api/call/translate/{event}", timeout=300) as stream:
+        lines = stream.read().decode().splitlines()
+    kinds = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    data = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    assert kinds[-1] == "complete", lines[-4:]
+    return json.loads(data[-1])[0]
+
+
+@pytest.mark.slow
+def test_concurrent_clients_through_the_queue_each_get_their_own_translation(served):
+    from gradio_client import Client
+
+    host, port = served
+    client = Client(f"http://{host}:{port}/", download_files=False, verbose=False)
+    expected = {sentence: client.predict(sentence, 1, 0.6, 0, api_name="/translate")[0] for sentence in SENTENCES}
+    jobs = [client.submit(sentence, 1, 0.6, 0, api_name="/translate") for sentence in SENTENCES * 2]
+    with ThreadPoolExecutor(4) as pool:  # the REST route to the queue, at the same time as the client's
+        called = list(pool.map(lambda sentence: _call(host, port, sentence), SENTENCES))
+    assert called == [expected[sentence] for sentence in SENTENCES]
+    assert [job.result(timeout=300)[0] for job in jobs] == [expected[sentence] for sentence in SENTENCES * 2]
+
+
+def _answer(connection, timeout):
+    """The bytes the server sends until it closes the connection (or `timeout` seconds pass: then None)."""
+    connection.settimeout(timeout)
+    received = b""
+    try:
+        while chunk := connection.recv(65536):
+            received += chunk
+    except TimeoutError:
+        return None
+    return received
+
+
+@pytest.mark.slow
+def test_a_chunked_body_past_the_limit_is_answered_413_and_the_connection_closed(served):
+    host, port = served
+    with socket.create_connection(served, timeout=30) as connection:
+        connection.sendall(f"POST /gradio_api/queue/join HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                           "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+        chunk = b"%x\r\n%s\r\n" % (65536, b"x" * 65536)
+        for _ in range(80):  # 5 MB, sent until the server answers
+            if select.select([connection], [], [], 0.05)[0]:
+                break
+            try:
+                connection.sendall(chunk)
+            except OSError:  # the server closed its end: its answer is waiting
+                break
+        answer = _answer(connection, 30)
+    assert answer is not None, "no answer, and the connection was left open"
+    assert answer.startswith(b"HTTP/1.1 413") and b"over this app's limit of" in answer
+
+
+@pytest.mark.slow
+def test_a_client_that_stalls_on_its_body_is_answered_408_and_closed(served):
+    host, port = served
+    with socket.create_connection(served, timeout=30) as connection:
+        started = time.monotonic()
+        connection.sendall(f"POST /gradio_api/queue/join HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                           "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"data\":".encode())
+        answer = _answer(connection, 30)  # the server waits 3 s for the rest
+    assert answer is not None, "the stalled client was never timed out"
+    assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 3 seconds" in answer
+    assert time.monotonic() - started < 20
