@@ -1,6 +1,6 @@
 """The model's speed-ups, chosen when it is built unless `config.fast_paths` is False:
 
-- §5.4's label-smoothed cross-entropy with its gradient in closed form (`loss_class`), the same numbers as
+- §5.4's label-smoothed cross-entropy with its gradient in closed form (`ClosedFormCrossEntropy`), the same numbers as
   `LabelSmoothedCrossEntropy` (modeling_vanilla_transformer.py) with less memory and time;
 - the linear maps as `PackableLinear` (`linear_class`): nn.Linear, whose weights decoding can pack for
   oneDNN's kernels (fast_generation_vanilla_transformer.py says when).
@@ -67,14 +67,6 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         return grad * (kept * grad_loss), None, None
 
 
-def loss_class(config):
-    """The model's loss, chosen once when it is built: §5.4's `LabelSmoothedCrossEntropy`, or with
-    `config.fast_paths` its twin below (the same numbers with less memory and time)."""
-    from .modeling_vanilla_transformer import LabelSmoothedCrossEntropy  # the plain loss, in the paper's file
-
-    return ClosedFormCrossEntropy if config.fast_paths else LabelSmoothedCrossEntropy
-
-
 class ClosedFormCrossEntropy(nn.Module):
     """`LabelSmoothedCrossEntropy`'s twin (the smoothed loss and the NLL, each summed over the target tokens
     whose label is not -100) from one log-softmax, with the gradient in closed form."""
@@ -120,4 +112,4 @@ def linear_class(config):
     return PackableLinear if config.fast_paths and ONEDNN_LINEAR else nn.Linear
 
 
-__all__ = ["ClosedFormCrossEntropy", "ONEDNN_LINEAR", "PackableLinear", "linear_class", "loss_class"]
+__all__ = ["ClosedFormCrossEntropy", "ONEDNN_LINEAR", "PackableLinear", "linear_class"]

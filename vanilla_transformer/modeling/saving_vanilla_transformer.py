@@ -3,7 +3,7 @@
 and the `translation` pipeline named in config.json, and the code files beside the weights.
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only the
-standard library and the pipeline file beside it. The models take `save_pretrained` from `SavesItsCode`.
+standard library. The models take `save_pretrained` from `SavesItsCode`.
 """
 
 from __future__ import annotations
@@ -18,12 +18,23 @@ AUTO_MAP = {
     "AutoModel": "modeling_vanilla_transformer.VanillaTransformerModel",
     "AutoModelForSeq2SeqLM": "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration",
 }
+# What config.json names under `custom_pipelines`, read by transformers' `pipeline()`: "impl" is
+# "<module file>.<class>" inside the model folder, "pt" the Auto class the model is loaded with.
+CUSTOM_PIPELINES = {
+    "translation": {
+        "impl": "pipeline_vanilla_transformer.TranslationPipeline",
+        "pt": ["AutoModelForSeq2SeqLM"],
+        "tf": [],
+        "type": "text",
+    }
+}
 # The model's code, saved beside its weights. transformers copies a model file and what it imports
 # relatively when it loads or saves custom code, but not when the model came from a Hub repository:
 # `copy_code` copies them itself.
 CODE_FILES = (
     "configuration_vanilla_transformer.py",
     "modeling_vanilla_transformer.py",
+    "attention_vanilla_transformer.py",
     "attention_variants_vanilla_transformer.py",
     "arguments_vanilla_transformer.py",
     "saving_vanilla_transformer.py",
@@ -36,8 +47,6 @@ CODE_FILES = (
 
 def name_the_code(config) -> None:
     """Write the Auto classes (`auto_map`) and the `translation` pipeline (`custom_pipelines`) into `config`."""
-    from .pipeline_vanilla_transformer import CUSTOM_PIPELINES  # the pipeline that config.json names
-
     config.auto_map = {**(getattr(config, "auto_map", None) or {}), **AUTO_MAP}
     config.custom_pipelines = CUSTOM_PIPELINES
 
