@@ -28,8 +28,7 @@ from pathlib import Path
 
 from .file_checks import REPO_ID, check_model_files
 from .staging import STAGING_PREFIX, publish_files, staging_folder, sweep_staging
-from .modeling.pipeline_vanilla_transformer import source_length_limit
-from .modeling.saving_vanilla_transformer import CUSTOM_PIPELINES
+from .modeling.pipeline_vanilla_transformer import CUSTOM_PIPELINES, source_length_limit
 from .tokenizer import save_tokenizer_files
 
 __all__ = [

@@ -20,7 +20,6 @@ from .arguments_vanilla_transformer import additive_mask
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .fast_modeling_vanilla_transformer import linear_class
 
-
 # --------------------------------------------------------------------------------------
 # §3.2.1: scaled dot-product attention. Queries (B, H, T, Dh) against keys and values (B, H, S, Dh).
 # --------------------------------------------------------------------------------------

@@ -59,6 +59,19 @@ def check_decoding_bounds(num_beams=None, max_new_tokens=None) -> None:
             raise ValueError(f"`{name}` must be at most {bound}; got {value!r}.")
 
 
+# What config.json names under `custom_pipelines` (the model's `save_pretrained` writes it), read by
+# transformers' `pipeline()`: "impl" is "<module file>.<class>" inside the model folder, "pt" the Auto
+# class the model is loaded with.
+CUSTOM_PIPELINES = {
+    "translation": {
+        "impl": "pipeline_vanilla_transformer.TranslationPipeline",
+        "pt": ["AutoModelForSeq2SeqLM"],
+        "tf": [],
+        "type": "text",
+    }
+}
+
+
 def language_pair_mismatch(config, source_lang: str | None, target_lang: str | None) -> str | None:
     """What is wrong when asked for a pair other than the one the model was trained on (training stores
     it in the config); None when the pair fits or either is unknown."""

@@ -3,7 +3,7 @@
 and the `translation` pipeline named in config.json, and the code files beside the weights.
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only the
-standard library. The models take `save_pretrained` from `SavesItsCode`.
+standard library and the pipeline file beside it. The models take `save_pretrained` from `SavesItsCode`.
 """
 
 from __future__ import annotations
@@ -11,22 +11,15 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+# The pipeline that config.json names; imported, so that transformers copies its file with the model's code
+from .pipeline_vanilla_transformer import CUSTOM_PIPELINES
+
 # Every Auto class that can load a saved folder. `register_for_auto_class` records only the class
 # that is being saved, so a folder saved from the seq2seq model would not load with AutoModel.
 AUTO_MAP = {
     "AutoConfig": "configuration_vanilla_transformer.VanillaTransformerConfig",
     "AutoModel": "modeling_vanilla_transformer.VanillaTransformerModel",
     "AutoModelForSeq2SeqLM": "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration",
-}
-# What config.json names under `custom_pipelines`, read by transformers' `pipeline()`: "impl" is
-# "<module file>.<class>" inside the model folder, "pt" the Auto class the model is loaded with.
-CUSTOM_PIPELINES = {
-    "translation": {
-        "impl": "pipeline_vanilla_transformer.TranslationPipeline",
-        "pt": ["AutoModelForSeq2SeqLM"],
-        "tf": [],
-        "type": "text",
-    }
 }
 # The model's code, saved beside its weights. transformers copies a model file and what it imports
 # relatively when it loads or saves custom code, but not when the model came from a Hub repository:
