@@ -356,6 +356,10 @@ class VanillaTransformerPreTrainedModel(SavesItsCode, PreTrainedModel):  # savin
     _can_compile_fullgraph = True
     _supports_attention_backend = True
 
+    def __init__(self, config: VanillaTransformerConfig, *args, **kwargs):
+        config.check_fits_in_memory()  # before any tensor: each path that builds a model from a config passes here
+        super().__init__(config, *args, **kwargs)
+
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         check_attn_implementation(self.config, requested_attention)
         if explicit_attention(self.config):
