@@ -16,6 +16,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderC
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
 from vanilla_transformer.modeling import fast_generation_vanilla_transformer as fast
+from vanilla_transformer.modeling import fast_modeling_vanilla_transformer as fast_modeling
 from vanilla_transformer.modeling import generation_vanilla_transformer as generation
 from vanilla_transformer.modeling.generation_vanilla_transformer import (
     CACHE_NAME,
@@ -405,7 +406,7 @@ def packed_counts(monkeypatch):
     @contextlib.contextmanager
     def spy(model, rows):
         with packed_products(model, rows):
-            seen.append(sum(module.packed is not None for module in _packable(model)))
+            seen.append(sum(module in fast_modeling.current_packed_weights() for module in _packable(model)))
             yield
 
     monkeypatch.setattr(generation, "packed_products", spy)
@@ -426,8 +427,7 @@ def test_a_packed_linear_map_gives_the_numbers_of_nn_linear(onednn_faster):
     torch.manual_seed(0)
     linear, x = fast.PackableLinear(24, 40), torch.randn(40, 24)
     expected = torch.nn.functional.linear(x, linear.weight, linear.bias)
-    linear.packed = fast._pack(linear.weight)
-    with torch.no_grad():
+    with torch.no_grad(), fast_modeling.packed_weights({linear: fast._pack(linear.weight)}):
         with torch.profiler.profile() as profile:
             packed = linear(x)
         assert "mkldnn::_linear_pointwise" in {event.key for event in profile.key_averages()}
@@ -435,8 +435,8 @@ def test_a_packed_linear_map_gives_the_numbers_of_nn_linear(onednn_faster):
         for rows in (1, 3, 17):
             assert torch.equal(linear(x[:rows]), packed[:rows])
         torch.testing.assert_close(linear(x[:5, None]), expected[:5, None], rtol=1e-5, atol=1e-5)  # (B, 1, d)
-    assert linear(x).grad_fn is not None  # with gradients: nn.Linear's own product
-    linear.packed = None
+        with torch.enable_grad():
+            assert linear(x).grad_fn is not None  # with gradients: nn.Linear's own product
     with torch.no_grad():
         assert torch.equal(linear(x), expected)
 
@@ -455,7 +455,7 @@ def test_generate_packs_the_decoder_and_the_projection_and_decodes_what_the_plai
     packed = _generate(model, batch, **options)
     # Every linear map of the decoder (4 per attention, 2 in the FFN) and the output projection.
     assert packed_counts[1:] == [len(model.model.decoder.layers) * 10 + 1]
-    assert not any(module.packed is not None for module in _packable(model))  # only while the loop runs
+    assert not fast_modeling.current_packed_weights()  # only while the loop runs
     if mode == "greedy":
         assert torch.equal(packed, plain)
         return
@@ -468,12 +468,12 @@ def test_a_search_that_fails_leaves_nothing_packed(model_and_batch, onednn_faste
     model, batch = model_and_batch
 
     def fail(input_ids, scores):
-        assert any(module.packed is not None for module in _packable(model))
+        assert any(module in fast_modeling.current_packed_weights() for module in _packable(model))
         raise RuntimeError("a processor failed")
 
     with pytest.raises(RuntimeError, match="a processor failed"):
         model.generate(**batch, num_beams=1, logits_processor=[fail])
-    assert not any(module.packed is not None for module in _packable(model))
+    assert not fast_modeling.current_packed_weights()
 
 
 def test_what_is_worth_packing(model_and_batch, monkeypatch, packed_counts, onednn_faster):

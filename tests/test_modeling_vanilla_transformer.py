@@ -11,8 +11,8 @@ from vanilla_transformer import (
 from vanilla_transformer.modeling.arguments_vanilla_transformer import CACHE_NAME
 from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES
 from vanilla_transformer.modeling.arguments_vanilla_transformer import additive_mask
+from vanilla_transformer.modeling.attention_vanilla_transformer import scaled_dot_product_attention
 from vanilla_transformer.modeling.modeling_vanilla_transformer import (
-    scaled_dot_product_attention,
     shift_tokens_right,
     sinusoidal_encoding,
 )
@@ -565,15 +565,26 @@ def test_a_cache_passed_in_training_is_read_like_peft_s_prefix():
         model(input_ids, cache=_prefix_cache(prefix), **args)
 
 
-def test_the_modeling_file_imports_no_generation_code_and_ships_every_code_file():
+def test_the_code_files_import_one_another_in_one_direction_and_all_are_shipped():
+    """No circle among the model's files (#52): each imports its neighbours at the top, none inside a function,
+    so that an order exists in which every file comes after those it imports."""
     import ast
+    import graphlib
     from pathlib import Path
 
     import vanilla_transformer.modeling.modeling_vanilla_transformer as modeling
 
-    source = Path(modeling.__file__).read_text()
-    top_level = [node for node in ast.parse(source).body if isinstance(node, (ast.Import, ast.ImportFrom))]
-    assert not [node.module for node in top_level if "generation" in (getattr(node, "module", "") or "")]
+    folder = Path(modeling.__file__).parent
+    imports = {}
+    for path in folder.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        relative = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level]
+        assert all(node in tree.body for node in relative), f"{path.name} imports a file beside it inside a function"
+        imports[path.stem] = {node.module for node in relative}
+    graphlib.TopologicalSorter(imports).prepare()  # CycleError names a circle
+    assert [name for name, names in imports.items() if "modeling_vanilla_transformer" in names] == ["__init__"]  # on top
+    source = (folder / "modeling_vanilla_transformer.py").read_text()
     assert "torch.ops" not in source and "torch._" not in source  # no private torch ops
-    shipped = {path.name for path in Path(modeling.__file__).parent.glob("*.py")} - {"__init__.py"}
+    assert len(source.splitlines()) < 600  # the paper's path, read in one sitting
+    shipped = {path.name for path in folder.glob("*.py")} - {"__init__.py"}
     assert set(CODE_FILES) == shipped

@@ -11,9 +11,13 @@ import json
 import os
 import zipfile
 from collections.abc import Iterable, Iterator
+import re
 from pathlib import Path
 
-__all__ = ["check_model_files", "check_plain_pickle", "check_weights_file", "read_json", "utf8_lines"]
+# A Hub repository id, user/name: how a name the user gives is told from a folder that is not there.
+REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+__all__ = ["REPO_ID", "check_model_files", "check_plain_pickle", "check_weights_file", "read_json", "utf8_lines"]
 
 
 def utf8_lines(lines: Iterable[bytes], name: str) -> Iterator[str]:

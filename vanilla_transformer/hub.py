@@ -26,7 +26,7 @@ import os
 import re
 from pathlib import Path
 
-from .file_checks import check_model_files
+from .file_checks import REPO_ID, check_model_files
 from .staging import STAGING_PREFIX, publish_files, staging_folder, sweep_staging
 from .modeling.pipeline_vanilla_transformer import CUSTOM_PIPELINES, source_length_limit
 from .tokenizer import save_tokenizer_files
@@ -45,7 +45,6 @@ __all__ = [
 PIPELINE_TASK = next(iter(CUSTOM_PIPELINES))  # "translation"
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 _STALE_WEIGHTS = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 ATTENTION_IMAGE = "attention.png"
 RESULTS_FILE = "results.json"
 _DESCRIPTIONS = ("README.md", ATTENTION_IMAGE, RESULTS_FILE)  # of the model they were written with
@@ -250,7 +249,7 @@ def _move_into_place(staging: Path, output_dir: Path) -> None:
 
 def check_repo_id(repo_id) -> str:
     """A Hub model id must read "user-or-org/name"."""
-    if not isinstance(repo_id, str) or not _REPO_ID.match(repo_id) or "--" in repo_id or ".." in repo_id:
+    if not isinstance(repo_id, str) or not REPO_ID.match(repo_id) or "--" in repo_id or ".." in repo_id:
         raise ValueError(
             f"`repo_id` must look like 'user-or-org/model-name' (letters, digits, '-', '_', '.'; one '/'); "
             f"got {repo_id!r}"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .file_checks import check_model_files, read_json
+from .file_checks import REPO_ID, check_model_files, read_json
 from .modeling.pipeline_vanilla_transformer import (
     TranslationPipeline,
     source_length_limit,
@@ -44,8 +44,6 @@ def load_model(name_or_path: str | os.PathLike, device: str | None = None):
 
     A folder is checked first, so that a missing piece gets a clear error instead of a stack trace.
     """
-    from .hub import _REPO_ID
-
     path = Path(name_or_path)
     if path.is_dir():
         missing = []
@@ -59,7 +57,7 @@ def load_model(name_or_path: str | os.PathLike, device: str | None = None):
             raise ValueError(f"model folder {path} lacks {', '.join(missing)}; give a folder written by training or save_for_hub")
         if (path / "generation_config.json").is_file():  # transformers ignores a damaged one: the decoding defaults would be lost
             read_json(path / "generation_config.json")
-    elif not _REPO_ID.match(str(name_or_path)):
+    elif not REPO_ID.match(str(name_or_path)):
         raise FileNotFoundError(f"`model` is neither a folder nor a Hub id (user/name): {name_or_path}")
     try:
         tokenizer = load_tokenizer(name_or_path)

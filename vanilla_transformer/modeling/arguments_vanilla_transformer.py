@@ -124,11 +124,19 @@ def tokens_or_embeddings(name: str, ids, embeds, vocab_size: int) -> tuple[int, 
     return None
 
 
+def check_source_not_empty(shape) -> None:
+    """A source of no sentence or no token leaves attention nothing to attend to: refused here, not in a reshape."""
+    if 0 in tuple(shape)[:2]:
+        raise ValueError(f"The source is empty (shape {tuple(shape)}): give at least one sentence of at least one "
+                         "token (a tokenized text ends in </s>).")
+
+
 def check_encoder_inputs(ids, embeds, attention_mask, vocab_size: int) -> None:
-    """The source: `input_ids` or `inputs_embeds`, and an `attention_mask` of the same (batch, length)."""
+    """The source: `input_ids` or `inputs_embeds`, not empty, and an `attention_mask` of the same (batch, length)."""
     shape = tokens_or_embeddings("input", ids, embeds, vocab_size)
     if shape is None:
         raise ValueError("Pass `input_ids` (the source token ids), `inputs_embeds` or `encoder_outputs`.")
+    check_source_not_empty(shape)
     check_same_shape("attention_mask", attention_mask, "the source", shape)
 
 

@@ -4,9 +4,9 @@ attention, and Luong's local attention (local-m and local-p). Each is a config f
 (configuration_vanilla_transformer.py); docs/attention.md compares them.
 
 The paper's own attention, §3.2.1's scaled dot product and softmax in `MultiHeadAttention`, stays in
-modeling_vanilla_transformer.py, which asks this file once, when a layer is built, for the class the
-config names (`variant_attention_class`) and for local attention's masks (`LocalAttentionMasks`). The
-classes here are MultiHeadAttention with their own `attend`: the explicit path, score -> mask ->
+attention_vanilla_transformer.py. modeling_vanilla_transformer.py asks this file once, when a layer is
+built, for the class the config names (`variant_attention_class`) and for local attention's masks
+(`LocalAttentionMasks`). The classes here are MultiHeadAttention with their own `attend`: the explicit path, score -> mask ->
 normalization -> weights · V, on which every combination of the options runs. Luong's dot product with
 softmax needs none of it: it is MultiHeadAttention with a scale of 1. Shapes: B batch, T queries, S keys,
 H heads, Dh = d_model / H. Masks are transformers' additive ones: 0 where attention is allowed, the
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .arguments_vanilla_transformer import additive_mask, explicit_attention
-from .modeling_vanilla_transformer import MultiHeadAttention
+from .attention_vanilla_transformer import MultiHeadAttention
 
 
 # --------------------------------------------------------------------------------------

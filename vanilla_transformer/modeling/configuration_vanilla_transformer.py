@@ -7,8 +7,10 @@ are named presets, as fairseq names its architectures:
     config = VanillaTransformerConfig.from_preset("big", vocab_size=37000)
 
 This file ships with saved models and is loaded with `trust_remote_code=True`:
-it imports only transformers and the file of checks beside it.
+it imports only the standard library, transformers and the file of checks beside it.
 """
+
+import os
 
 from transformers import PretrainedConfig
 
@@ -64,6 +66,15 @@ def check_probability(name: str, value) -> None:
     """The range of `dropout`, `attention_dropout` and `label_smoothing`, which training's options share."""
     if not is_finite_number(value) or not 0 <= value < 1:
         raise ValueError(f"`{name}` must be a number in [0, 1); got {value!r}.")
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # no sysconf (Windows), or a name it does not know
+        return None
+
 
 
 class VanillaTransformerConfig(PretrainedConfig):
@@ -236,6 +247,34 @@ class VanillaTransformerConfig(PretrainedConfig):
         for name in OPTIONAL_STRINGS:
             if (value := getattr(self, name)) is not None and not isinstance(value, str):
                 raise ValueError(f"`{name}` must be a string or None; got {value!r}.")
+
+    def parameter_count(self) -> int:
+        """The number of the model's parameters, from the fields alone (nothing is built): the embeddings and the
+        output projection (§3.4), each layer's attention blocks (§3.2.2) with their score parameters, its
+        feed-forward network (§3.3) and LayerNorms (§3.1). Exact for the paper's attention, a little over for
+        location-based scores."""
+        d, d_ff, head_dim = self.d_model, self.d_ff, self.head_dim
+        score = {"general": d * head_dim, "additive": 2 * d * head_dim + d, "cosine": self.num_heads,
+                 "location": d * self.location_max_length}.get(self.attention_score, 0)
+        local_p = d * head_dim + d if self.local_attention == "local-p" else 0  # cross-attention only
+        attention = 4 * (d * d + d) + score
+        feed_forward, norm = 2 * d * d_ff + d + d_ff, 2 * d
+        encoder = self.encoder_layers * (attention + feed_forward + 2 * norm)
+        decoder = self.decoder_layers * (2 * attention + local_p + feed_forward + 3 * norm)
+        tables = 1 if self.tie_word_embeddings else 3  # source and target embeddings, pre-softmax projection
+        positions = 2 * self.max_position_embeddings * d if self.position_encoding == "learned" else 0
+        final_norms = 2 * norm if self.norm_position == "pre" else 0
+        return tables * self.vocab_size * d + positions + encoder + decoder + final_norms
+
+    def check_fits_in_memory(self) -> None:
+        """Refuse, before any tensor is allocated, a model whose float32 parameters alone exceed this machine's
+        memory: each field may be in bounds while their product (d_model × vocab_size, d_model² × layers) is not."""
+        needed, memory = 4 * self.parameter_count(), physical_memory()
+        if memory is not None and needed > memory:
+            fields = ", ".join(f"{name}={getattr(self, name)}" for name in (
+                "vocab_size", "d_model", "d_ff", "num_heads", "encoder_layers", "decoder_layers"))
+            raise ValueError(f"a model of {fields} needs {needed:,} bytes for its float32 parameters alone; "
+                             f"this machine has {memory:,} bytes of memory.")
 
     @property
     def head_dim(self) -> int:

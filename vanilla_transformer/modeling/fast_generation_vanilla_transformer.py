@@ -16,7 +16,6 @@ and the fast modeling file beside it.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 
@@ -24,7 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fast_modeling_vanilla_transformer import ONEDNN_LINEAR, PackableLinear, _pack, _packed_linear
+from .fast_modeling_vanilla_transformer import (
+    ONEDNN_LINEAR,
+    PackableLinear,
+    _pack,
+    _packed_linear,
+    packed_weights,
+)
 
 
 def enabled(config) -> bool:
@@ -80,20 +85,14 @@ def worth_packing(model, linear: nn.Linear, rows: int) -> bool:
     )
 
 
-@contextlib.contextmanager
 def packed_products(model, rows: int):
     """While one of our search loops runs over `rows` rows: each PackableLinear of the decoder, and the output
-    projection, that is `worth_packing` holds its weight packed for oneDNN (the weights cannot change
-    meanwhile; the packed copies are memory for the call). After it, nothing is packed."""
+    projection, that is `worth_packing` runs on its weight packed for oneDNN (the weights cannot change
+    meanwhile; the packed copies are memory for the call). The packing is this call's own: other threads
+    decoding with the same model, under autocast or not, see none of it, and nothing is stored on the model."""
     modules = [*model.get_decoder().modules(), model.get_output_embeddings()]
-    chosen = [module for module in modules if isinstance(module, PackableLinear) and worth_packing(model, module, rows)]
-    for module in chosen:
-        module.packed = _pack(module.weight)
-    try:
-        yield
-    finally:
-        for module in chosen:
-            module.packed = None
+    return packed_weights({module: _pack(module.weight) for module in modules
+                           if isinstance(module, PackableLinear) and worth_packing(model, module, rows)})
 
 
 def rows_leave(going_on: int, batch: int) -> bool:

@@ -1,6 +1,6 @@
 """The model's speed-ups, chosen when it is built unless `config.fast_paths` is False:
 
-- §5.4's label-smoothed cross-entropy with its gradient in closed form (`loss_class`), the same numbers as
+- §5.4's label-smoothed cross-entropy with its gradient in closed form (`ClosedFormCrossEntropy`), the same numbers as
   `LabelSmoothedCrossEntropy` (modeling_vanilla_transformer.py) with less memory and time;
 - the linear maps as `PackableLinear` (`linear_class`): nn.Linear, whose weights decoding can pack for
   oneDNN's kernels (fast_generation_vanilla_transformer.py says when).
@@ -8,11 +8,15 @@
 tests/test_fast_paths.py and tests/test_decoding_speed.py compare them with the plain path, and
 benchmarks/ says what they save.
 
-This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only torch
-(and looks up two of torch's own oneDNN ops by name, see below).
+This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only the standard
+library and torch (and looks up two of torch's own oneDNN ops by name, see below).
 """
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
+import types
 
 import torch
 from torch import nn
@@ -67,14 +71,6 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         return grad * (kept * grad_loss), None, None
 
 
-def loss_class(config):
-    """The model's loss, chosen once when it is built: §5.4's `LabelSmoothedCrossEntropy`, or with
-    `config.fast_paths` its twin below (the same numbers with less memory and time)."""
-    from .modeling_vanilla_transformer import LabelSmoothedCrossEntropy  # the plain loss, in the paper's file
-
-    return ClosedFormCrossEntropy if config.fast_paths else LabelSmoothedCrossEntropy
-
-
 class ClosedFormCrossEntropy(nn.Module):
     """`LabelSmoothedCrossEntropy`'s twin (the smoothed loss and the NLL, each summed over the target tokens
     whose label is not -100) from one log-softmax, with the gradient in closed form."""
@@ -101,17 +97,39 @@ def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+# The packed weights of the `generate` call running in this thread (or asyncio task), {PackableLinear: weight}:
+# held per call, never on the module, so that other callers of a shared model, and copies of it, see none of them.
+_PACKED = contextvars.ContextVar("packed_weights", default=types.MappingProxyType({}))
+
+
+@contextlib.contextmanager
+def packed_weights(weights: dict):
+    """While it lasts, and in this thread (or task) only, each PackableLinear in `weights` runs its product on
+    oneDNN with the packed weight given for it."""
+    token = _PACKED.set(types.MappingProxyType(weights))
+    try:
+        yield
+    finally:
+        _PACKED.reset(token)
+
+
+def current_packed_weights() -> types.MappingProxyType:
+    """The packed weights this thread (or task) decodes with now: {PackableLinear: weight}, empty outside a call."""
+    return _PACKED.get()
+
+
 class PackableLinear(nn.Linear):
     """nn.Linear, the model's linear maps (§3.2.2's projections, §3.3's W_1 and W_2, §3.4's output
     projection), whose product our search loops may run on oneDNN with the weight packed for one `generate`
     call (fast_generation's `packed_products`). Elsewhere, and wherever gradients are on, nn.Linear itself."""
 
-    packed = None  # oneDNN's layout of `weight`, only while a search loop runs
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None or torch.is_grad_enabled() or x.dtype != torch.float32:
+        if torch.compiler.is_compiling():  # a compiled step packs nothing (and traces no context variable)
             return super().forward(x)
-        return _packed_linear(x, self.packed, self.bias)
+        packed = _PACKED.get().get(self)  # read once: this call's own, whatever other threads do meanwhile
+        if packed is None or torch.is_grad_enabled() or x.dtype != torch.float32:
+            return super().forward(x)
+        return _packed_linear(x, packed, self.bias)
 
 
 def linear_class(config):
@@ -120,4 +138,11 @@ def linear_class(config):
     return PackableLinear if config.fast_paths and ONEDNN_LINEAR else nn.Linear
 
 
-__all__ = ["ClosedFormCrossEntropy", "ONEDNN_LINEAR", "PackableLinear", "linear_class", "loss_class"]
+__all__ = [
+    "ONEDNN_LINEAR",
+    "ClosedFormCrossEntropy",
+    "PackableLinear",
+    "current_packed_weights",
+    "linear_class",
+    "packed_weights",
+]

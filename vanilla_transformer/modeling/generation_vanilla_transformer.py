@@ -79,7 +79,7 @@ from transformers.generation import (
 from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 from transformers.masking_utils import create_bidirectional_mask
 
-from .arguments_vanilla_transformer import CACHE_NAME, one_cache
+from .arguments_vanilla_transformer import CACHE_NAME, check_source_not_empty, one_cache
 from .checks_vanilla_transformer import check_decoding_options
 from .fast_generation_vanilla_transformer import enabled, packed_products, rows_leave
 
@@ -212,7 +212,9 @@ def _checked_options(kwargs, generation_config, setting):
 
 
 def _check_source_fits(model, source) -> None:
-    """Refuse an input longer than a learned position table (the pipeline's `source_length_limit`)."""
+    """Refuse an empty input, and one longer than a learned position table (the pipeline's `source_length_limit`)."""
+    if source is not None:
+        check_source_not_empty(source.shape)
     limit = model.config.max_position_embeddings
     if source is not None and model.config.position_encoding == "learned" and source.size(1) > limit:
         raise ValueError(f"The input is {source.size(1)} tokens long; this model reads at most {limit} "

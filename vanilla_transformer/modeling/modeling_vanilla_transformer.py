@@ -10,6 +10,7 @@ attention function takes (`attn_implementation`).
 What is not the paper lives in the files beside this one, each called here in one line:
 
     configuration_vanilla_transformer.py       the hyperparameters and the paper's presets
+    attention_vanilla_transformer.py           §3.2's attention, the paper's own
     attention_variants_vanilla_transformer.py  attention beyond the paper, chosen when a layer is built
     arguments_vanilla_transformer.py           the checks of the models' arguments; the cache's two names
     saving_vanilla_transformer.py              what a saved folder needs to load anywhere
@@ -17,8 +18,10 @@ What is not the paper lives in the files beside this one, each called here in on
                                                gradient in closed form, linear maps that decoding can pack
     generation_vanilla_transformer.py          decoding (§6.1)
 
+The files import one another in one direction, this one on top: none of them imports it.
+
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports
-only the standard library, torch and the public API of transformers.
+only the standard library, torch, the public API of transformers and the files beside it.
 """
 
 from __future__ import annotations
@@ -40,11 +43,9 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .arguments_vanilla_transformer import (
     CACHE_NAME,
-    additive_mask,
     check_attn_implementation,
     check_cache_and_checkpointing,
     check_decoder_inputs,
@@ -55,111 +56,27 @@ from .arguments_vanilla_transformer import (
     one_cache,
     wants_dict,
 )
+from .attention_vanilla_transformer import MultiHeadAttention  # §3.2
+from .attention_variants_vanilla_transformer import LocalAttentionMasks, variant_attention_class
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .fast_modeling_vanilla_transformer import linear_class, loss_class  # nn.Linear and §5.4's loss, or twins
+from .fast_modeling_vanilla_transformer import ClosedFormCrossEntropy, linear_class  # speed-ups (`fast_paths`)
+from .generation_vanilla_transformer import generate as paper_generate  # decoding (§6.1)
 from .saving_vanilla_transformer import SavesItsCode
 
 
 # --------------------------------------------------------------------------------------
-# §3.2.1: scaled dot-product attention. Queries (B, H, T, Dh) against keys and values (B, H, S, Dh).
+# §3.2: attention (attention_vanilla_transformer.py) and §3.3: the position-wise feed-forward network
 # --------------------------------------------------------------------------------------
-
-
-def scaled_dot_product_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """§3.2.1: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, the scale keeping softmax out of its flat
-    regions; transformers' "eager" attention for this model. `attention_mask` (B|1, 1, T, S) is added to the
-    scores: 0 where attention is allowed, the dtype's minimum where not (exp of it is exactly 0), as
-    transformers' mask functions build it. Returns the output (B, T, H, Dh) and the weights (B, H, T, S)."""
-    scores = query @ key.transpose(-1, -2) * scaling  # (B, H, T, S)
-    if attention_mask is not None:
-        scores = scores + attention_mask
-    weights = scores.softmax(dim=-1, dtype=torch.float32).to(value.dtype)  # in fp32, as fp16's exp overflows
-    out = F.dropout(weights, p=dropout, training=module.training) @ value  # (B, H, T, Dh)
-    return out.transpose(1, 2), weights
-
-
-eager_attention_forward = scaled_dot_product_attention  # the name transformers' models give their own attention
-
-
-# --------------------------------------------------------------------------------------
-# §3.2.2 and §3.3: multi-head attention and the position-wise feed-forward network
-# --------------------------------------------------------------------------------------
-
-
-class MultiHeadAttention(nn.Module):
-    """§3.2.2: MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
-
-    The h per-head projections of each of Q, K and V are one d_model × d_model matrix with a bias (as in
-    fairseq and Marian), named as transformers' seq2seq models name them, so that PEFT finds them. Used three
-    ways (§3.2.3): encoder self-attention, masked decoder self-attention, and attention over the encoder
-    output. The attention function is the model's `attn_implementation`: "eager" (the function above),
-    "sdpa", "flex_attention" or "flash_attention_2" (transformers' kernels of the same)."""
-
-    def __init__(self, config: VanillaTransformerConfig, layer_idx: int | None = None, is_cross_attention=False,
-                 is_causal=False):
-        super().__init__()
-        self.config = config  # `attn_implementation` is read from it
-        self.num_heads, self.head_dim = config.num_heads, config.head_dim
-        self.layer_idx, self.is_cross_attention = layer_idx, is_cross_attention
-        self.is_causal = is_causal  # §3.2.3's look-ahead mask; transformers' fused kernels read it
-        self.scaling = 1.0 if config.attention_score == "dot" else self.head_dim**-0.5  # Luong's dot: unscaled
-        self.dropout = config.attention_dropout
-        d_model, linear = config.d_model, linear_class(config)
-        self.q_proj = linear(d_model, d_model)  # W^Q of all heads
-        self.k_proj = linear(d_model, d_model)  # W^K
-        self.v_proj = linear(d_model, d_model)  # W^V
-        self.out_proj = linear(d_model, d_model)  # W^O
-        for projection in (self.q_proj, self.k_proj, self.v_proj):
-            projection.is_attention_input = True  # initialised as fairseq does (see _init_weights)
-
-    def _heads(self, projection: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        batch, length, _ = x.shape
-        return projection(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
-
-    def forward(self, hidden_states, key_value_states=None, attention_mask=None, cache=None, output_attentions=False):
-        batch, length, d_model = hidden_states.shape
-        q = self._heads(self.q_proj, hidden_states)  # (B, H, T, Dh)
-        if self.is_cross_attention and cache is not None and cache.is_updated.get(self.layer_idx):
-            # The encoder output does not change while decoding: project it once, reuse it every step.
-            layer = cache.cross_attention_cache.layers[self.layer_idx]
-            k, v = layer.keys, layer.values
-        else:
-            source = key_value_states if self.is_cross_attention else hidden_states
-            k, v = self.keys_and_values(source)  # (B, H, S, Dh) each
-            if cache is not None:
-                if self.is_cross_attention:
-                    k, v = cache.cross_attention_cache.update(k, v, self.layer_idx)
-                    cache.is_updated[self.layer_idx] = True
-                else:
-                    k, v = cache.self_attention_cache.update(k, v, self.layer_idx)
-        out, weights = self.attend(q, k, v, attention_mask, output_attentions)  # (B, T, H, Dh), (B, H, T, S)
-        return self.out_proj(out.reshape(batch, length, d_model)), weights  # heads concatenated, then W^O
-
-    def keys_and_values(self, source):
-        return self._heads(self.k_proj, source), self._heads(self.v_proj, source)
-
-    def attend(self, q, k, v, attention_mask, output_attentions=False):
-        implementation = self.config._attn_implementation
-        attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        if output_attentions and implementation == "sdpa":
-            # torch's fused kernel returns no weights: the explicit function computes the same numbers.
-            attention, attention_mask = scaled_dot_product_attention, additive_mask(attention_mask, self, q, k)
-        dropout = self.dropout if self.training else 0.0
-        return attention(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling)
 
 
 def attention_class(config: VanillaTransformerConfig):
-    """The paper's MultiHeadAttention, or the attention beyond it that the config names (chosen once, when
-    a layer is built)."""
-    from .attention_variants_vanilla_transformer import variant_attention_class  # not the paper: its own file
-
+    """§3.2.2's MultiHeadAttention, or the attention beyond the paper that the config names (chosen once,
+    when a layer is built)."""
     return variant_attention_class(config) or MultiHeadAttention
 
 
 def local_attention_masks(config: VanillaTransformerConfig):
     """Luong's local attention, None for the paper's: mask functions that hide keys beyond ±D."""
-    from .attention_variants_vanilla_transformer import LocalAttentionMasks  # not the paper: its own file
-
     return LocalAttentionMasks(config) if config.local_attention != "none" else None
 
 
@@ -439,6 +356,10 @@ class VanillaTransformerPreTrainedModel(SavesItsCode, PreTrainedModel):  # savin
     _can_compile_fullgraph = True
     _supports_attention_backend = True
 
+    def __init__(self, config: VanillaTransformerConfig, *args, **kwargs):
+        config.check_fits_in_memory()  # before any tensor: each path that builds a model from a config passes here
+        super().__init__(config, *args, **kwargs)
+
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         check_attn_implementation(self.config, requested_attention)
         if explicit_attention(self.config):
@@ -541,7 +462,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
         self.lm_head = linear_class(config)(config.d_model, config.vocab_size, bias=False)
-        self.criterion = loss_class(config)()
+        # §5.4's loss, or with `fast_paths` its twin of the same numbers (gradient in closed form)
+        self.criterion = ClosedFormCrossEntropy() if config.fast_paths else LabelSmoothedCrossEntropy()
         if config.tie_word_embeddings:  # §3.4: one matrix for both embeddings and the pre-softmax projection
             self._tied_weights_keys = {
                 "lm_head.weight": "model.shared.weight",
@@ -553,8 +475,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def generate(self, inputs=None, generation_config=None, logits_processor=None, **kwargs):
         """transformers' `generate`, with the paper's decoding (§6.1) available: GNMT length penalty
         (`length_penalty_style="gnmt"`) and outputs capped at source length + `max_length_offset`."""
-        from .generation_vanilla_transformer import generate  # decoding (§6.1) lives in its own file
-        return generate(self, super().generate, inputs, generation_config, logits_processor, **kwargs)
+        return paper_generate(self, super().generate, inputs, generation_config, logits_processor, **kwargs)
 
     def prepare_inputs_for_generation(self, *args, tokenizer=None, assistant_tokenizer=None, assistant_model=None,
                                       **kwargs):

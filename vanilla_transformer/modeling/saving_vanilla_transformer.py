@@ -11,6 +11,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+# The pipeline that config.json names; imported, so that transformers copies its file with the model's code
+from .pipeline_vanilla_transformer import CUSTOM_PIPELINES
+
 # Every Auto class that can load a saved folder. `register_for_auto_class` records only the class
 # that is being saved, so a folder saved from the seq2seq model would not load with AutoModel.
 AUTO_MAP = {
@@ -24,6 +27,7 @@ AUTO_MAP = {
 CODE_FILES = (
     "configuration_vanilla_transformer.py",
     "modeling_vanilla_transformer.py",
+    "attention_vanilla_transformer.py",
     "attention_variants_vanilla_transformer.py",
     "arguments_vanilla_transformer.py",
     "checks_vanilla_transformer.py",
@@ -37,8 +41,6 @@ CODE_FILES = (
 
 def name_the_code(config) -> None:
     """Write the Auto classes (`auto_map`) and the `translation` pipeline (`custom_pipelines`) into `config`."""
-    from .pipeline_vanilla_transformer import CUSTOM_PIPELINES  # the pipeline that config.json names
-
     config.auto_map = {**(getattr(config, "auto_map", None) or {}), **AUTO_MAP}
     config.custom_pipelines = CUSTOM_PIPELINES
 
