@@ -17,7 +17,7 @@ from pathlib import Path
 # A Hub repository id, user/name: how a name the user gives is told from a folder that is not there.
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
-__all__ = ["REPO_ID", "check_model_files", "check_plain_pickle", "check_weights_file", "read_json", "utf8_lines"]
+__all__ = ["REPO_ID", "check_model_files", "check_plain_pickle", "check_repo_id", "check_weights_file", "read_json", "utf8_lines"]
 
 
 def utf8_lines(lines: Iterable[bytes], name: str) -> Iterator[str]:
@@ -157,3 +157,13 @@ def check_outputs_apart(outputs: dict[str, str | None], inputs: Iterable[str | o
             if target == source or source in target.parents:
                 raise ValueError(f"{option} {path} is an input of this command ({source}); writing there would "
                                  "destroy it: give another file")
+
+
+def check_repo_id(repo_id) -> str:
+    """A Hub model id must read "user-or-org/name"."""
+    if not isinstance(repo_id, str) or not REPO_ID.match(repo_id) or "--" in repo_id or ".." in repo_id:
+        raise ValueError(
+            f"`repo_id` must look like 'user-or-org/model-name' (letters, digits, '-', '_', '.'; one '/'); "
+            f"got {repo_id!r}"
+        )
+    return repo_id

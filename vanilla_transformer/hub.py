@@ -26,7 +26,7 @@ import os
 import re
 from pathlib import Path
 
-from .file_checks import REPO_ID, check_model_files
+from .file_checks import check_model_files, check_repo_id
 from .staging import STAGING_PREFIX, publish_files, staging_folder, sweep_staging
 from .modeling.pipeline_vanilla_transformer import CUSTOM_PIPELINES, source_length_limit
 from .tokenizer import save_tokenizer_files
@@ -245,16 +245,6 @@ def _move_into_place(staging: Path, output_dir: Path) -> None:
 # ----------------------------------------------------------------------------------------------
 # Upload
 # ----------------------------------------------------------------------------------------------
-
-
-def check_repo_id(repo_id) -> str:
-    """A Hub model id must read "user-or-org/name"."""
-    if not isinstance(repo_id, str) or not REPO_ID.match(repo_id) or "--" in repo_id or ".." in repo_id:
-        raise ValueError(
-            f"`repo_id` must look like 'user-or-org/model-name' (letters, digits, '-', '_', '.'; one '/'); "
-            f"got {repo_id!r}"
-        )
-    return repo_id
 
 
 def check_hub_folder(folder: str | os.PathLike) -> Path:

@@ -15,6 +15,8 @@ import types
 import typing
 from dataclasses import dataclass, field
 
+from ..file_checks import check_repo_id
+
 __all__ = ["ATTENTION_IMPLEMENTATIONS", "DEFAULT_DDP_TIMEOUT", "DEFAULT_VOCAB_SIZE", "PAPER_WARMUP_STEPS", "SCHEDULES",
            "TrainingArguments", "add_arguments", "argparse_options"]
 
@@ -117,7 +119,7 @@ class TrainingArguments:
     time_limit: float | None = option(
         None, group=STEPS, bound="positive", metavar="MINUTES", help="stop (with a checkpoint) after this long")
     seed: int = option(0, group=STEPS, help="seeds weights, data order and dropout")
-    # Optimisation (§5.3, §5.4); warmup_steps, lr_scale and lr_schedule are checked by schedule.py's check_schedule
+    # Optimisation (§5.3, §5.4); warmup_steps, lr_scale and lr_schedule are checked by check_schedule, below
     warmup_steps: int = option(
         PAPER_WARMUP_STEPS, group=OPTIMISATION,
         help="linear warm-up steps (the paper's 4000; a short CPU run wants a few hundred)",
@@ -185,7 +187,6 @@ class TrainingArguments:
         """Fail early, naming the option and what it accepts."""
         from ..modeling.checks_vanilla_transformer import check_decoding_options, is_finite_number
         from ..modeling.configuration_vanilla_transformer import check_probability
-        from .schedule import check_schedule
 
         for f in dataclasses.fields(self):
             _check_field(f, _hint(type(self), f), getattr(self, f.name))
@@ -211,8 +212,6 @@ class TrainingArguments:
                 raise ValueError("`report_to` tensorboard needs the tensorboard package: "
                                  "pip install 'vanilla-transformer[tensorboard]'")
         if self.push_to_hub is not None:
-            from ..hub import check_repo_id
-
             check_repo_id(self.push_to_hub)  # before hours of training, not after
 
     def _validate_config_overrides(self) -> None:
@@ -241,6 +240,19 @@ class TrainingArguments:
             except ValueError as err:
                 raise ValueError(f"`config_overrides`: {err}") from None
             check_attn_implementation(config, self.attn_implementation)
+
+
+def check_schedule(warmup_steps, scale, schedule, names=("warmup_steps", "scale", "schedule")) -> None:
+    """The schedule's options, checked in one place for `make_scheduler` and, before any data is read,
+    for `TrainingArguments` (whose `names` for them are warmup_steps, lr_scale and lr_schedule)."""
+    if not isinstance(warmup_steps, int) or warmup_steps < 1:
+        raise ValueError(f"`{names[0]}` must be a positive integer; got {warmup_steps!r}.")
+    from ..modeling.checks_vanilla_transformer import is_finite_number
+
+    if not (is_finite_number(scale) and scale > 0):
+        raise ValueError(f"`{names[1]}` must be a positive number; got {scale!r}.")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"`{names[2]}` must be one of {', '.join(map(repr, SCHEDULES))}; got {schedule!r}.")
 
 
 def _check_field(f: dataclasses.Field, hint, value) -> None:

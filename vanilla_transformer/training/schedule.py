@@ -20,8 +20,7 @@ from typing import Callable
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from ..modeling.checks_vanilla_transformer import is_finite_number
-from .arguments import PAPER_WARMUP_STEPS, SCHEDULES
+from .arguments import PAPER_WARMUP_STEPS, SCHEDULES, check_schedule
 
 __all__ = ["PAPER_WARMUP_STEPS", "SCHEDULES", "BudgetSchedule", "check_schedule", "make_optimizer", "make_scheduler",
            "noam_rate"]
@@ -71,17 +70,6 @@ def make_scheduler(
         raise ValueError(f"the {schedule!r} schedule decays to zero at the end of the budget: give `remaining_steps`.")
     peak = noam_rate(warmup_steps, d_model, warmup_steps, scale)
     return BudgetSchedule(optimizer, peak, warmup_steps, schedule, remaining_steps)
-
-
-def check_schedule(warmup_steps, scale, schedule, names=("warmup_steps", "scale", "schedule")) -> None:
-    """The schedule's options, checked in one place for `make_scheduler` and, before any data is read,
-    for `TrainingArguments` (whose `names` for them are warmup_steps, lr_scale and lr_schedule)."""
-    if not isinstance(warmup_steps, int) or warmup_steps < 1:
-        raise ValueError(f"`{names[0]}` must be a positive integer; got {warmup_steps!r}.")
-    if not (is_finite_number(scale) and scale > 0):
-        raise ValueError(f"`{names[1]}` must be a positive number; got {scale!r}.")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"`{names[2]}` must be one of {', '.join(map(repr, SCHEDULES))}; got {schedule!r}.")
 
 
 class BudgetSchedule:
