@@ -330,8 +330,8 @@ def _log_recipe(args: TrainingArguments, accelerator, d_model: int) -> None:
 
 def prepare(accelerator, model, optimizer):
     """`accelerator.prepare(model, optimizer)`, without Accelerate's wrapper of `forward`, which returns every
-    output in fp32: a copy of the (batch, length, vocabulary) logits. The loop enters `accelerator.autocast()`
-    itself instead, for training, evaluation and decoding alike."""
+    output in fp32: a copy of the (batch, length, vocabulary) logits. Training, evaluation and decoding enter
+    `accelerator.autocast()` themselves instead."""
     model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.unwrap_model(model, keep_fp32_wrapper=False)
     return model, optimizer
