@@ -56,15 +56,16 @@ class _FirstStep(Exception):
 def measure(data: Path, output_dir: Path) -> dict:
     """In this process: `train` until the first optimiser step is done; seconds and peak memory."""
     from vanilla_transformer.training import loop
+    from vanilla_transformer.training.arguments import TrainingArguments
 
-    record = loop._record_step
+    step = loop.train_step
 
-    def stop_after_first(run, *args, **kwargs):
-        record(run, *args, **kwargs)
+    def stop_after_first(*args, **kwargs):
+        step(*args, **kwargs)
         raise _FirstStep
 
-    loop._record_step = stop_after_first
-    args = loop.TrainingArguments(
+    loop.train_step = stop_after_first
+    args = TrainingArguments(
         output_dir=str(output_dir), dataset=str(data), source_lang="en", target_lang="es", preset="tiny",
         max_steps=1, max_tokens=4096, eval_samples=0, log_steps=1,
     )

@@ -10,7 +10,7 @@ It writes `benchmarks/results/gpu-smoke-<date>-<device>.json` and `.md`, naming 
 
 - the GPU tests (`make test-gpu`: tests/test_gpu.py and the compiled static-cache test), passed or not;
 - CUDA synchronisations per training step (`torch.cuda.set_sync_debug_mode`), the training loop's step
-  (`_optimizer_step` fed by `PrefetchedBatches`) beside a bare forward, backward and fused Adam step of
+  (`train_step` fed by `PrefetchedBatches`) beside a bare forward, backward and fused Adam step of
   the same model and batch: what the loop adds is the difference;
 - target tokens/s of the base model through the loop's step in fp32 (TF32 matmuls) and in bf16 autocast,
   one after the other in this process, with MFU against the device's rated peak (benchmarks/mfu.py) and
@@ -35,7 +35,6 @@ import time
 import warnings
 from datetime import date
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -62,15 +61,17 @@ def synchronisations_per_call(fn, calls: int) -> float:
 
 def loop_step(model, pairs: list, pad_token_id: int, device: str, mixed_precision: str, max_tokens: int):
     """A callable that runs one training step as `train` runs it: the next batch from `PrefetchedBatches`
-    (over `pairs`, (source ids, target ids), again and again), then `_optimizer_step`; it returns the
+    (over `pairs`, (source ids, target ids), again and again), then `train_step`; it returns the
     step's target tokens and its batch. The Accelerator is made here, with `mixed_precision`, on `device`."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
     import datasets
 
     from vanilla_transformer.training.data import PadCollator, PrefetchedBatches, TokenBatchSampler, TokenizedSplit
-    from vanilla_transformer.training.loop import TrainingArguments, _optimizer_step, prepare
+    from vanilla_transformer.training.run_folder import Budget, RunState
     from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
+    from vanilla_transformer.training.setup import Components, prepare
+    from vanilla_transformer.training.step import train_step
 
     AcceleratorState._reset_state(reset_partial_state=True)
     accelerator = Accelerator(mixed_precision=mixed_precision, cpu=device == "cpu")
@@ -82,21 +83,19 @@ def loop_step(model, pairs: list, pad_token_id: int, device: str, mixed_precisio
             "length": [max(len(s), len(t)) for s, t in pairs]}
     split = TokenizedSplit(datasets.Dataset.from_dict(rows), len(pairs), 0, 0)
     sampler = TokenBatchSampler(split.lengths, max_tokens, seed=0)
-    run = SimpleNamespace(
-        args=TrainingArguments(output_dir="unused", max_tokens=max_tokens), accelerator=accelerator, model=model,
-        optimizer=optimizer, scheduler=scheduler, average=None, step=0, checkpoint_root=Path("unused"),
-        started=time.perf_counter(), elapsed=0.0, stop_requests=None, stop_signal=0, loss_sums=None, window_tokens=0,
-    )
-    state = {"batches": None}
+    parts = Components(accelerator, model, optimizer, scheduler, checkpoint_root=Path("unused"))
+    state = RunState()
+    budget = Budget(progress=state)  # no limit: the caller says how many steps
+    source = {"batches": None}
 
     def step() -> tuple[int, dict]:
-        batch = next(state["batches"], None) if state["batches"] else None
+        batch = next(source["batches"], None) if source["batches"] else None
         if batch is None:
-            sampler.set_epoch(run.step)
-            state["batches"] = PrefetchedBatches(split, sampler, PadCollator(pad_token_id), accelerator.device)
-            batch = next(state["batches"])
-        tokens, _ = _optimizer_step(run, [batch])
-        run.step += 1
+            sampler.set_epoch(state.step)
+            source["batches"] = PrefetchedBatches(split, sampler, PadCollator(pad_token_id), accelerator.device)
+            batch = next(source["batches"])
+        tokens, _ = train_step(parts, [batch], state.step, budget)
+        state.count_step(1, tokens)
         return tokens, batch[0]
 
     return step

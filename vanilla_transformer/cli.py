@@ -143,7 +143,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     add_arguments(p)  # one option per TrainingArguments field
 
     def run(args: argparse.Namespace) -> int:
-        from .training.loop import TrainingArguments, TrainingInterrupted, train
+        from .training.arguments import TrainingArguments
+        from .training.loop import train
+        from .training.run_folder import TrainingInterrupted
 
         options = {k: v for k, v in vars(args).items() if k not in ("command", "func")}
         options["config_overrides"] = _parse_overrides(p, args.config_overrides)

@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from .metrics import repeated_phrase
-from .training.loop import TrainingArguments, train
+from .training.arguments import TrainingArguments
+from .training.loop import train
 
 CORPUS = "bible-en-es"
 EXAMPLE = "In the beginning, God created the heavens and the earth."

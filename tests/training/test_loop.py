@@ -20,7 +20,8 @@ from vanilla_transformer.cli import main
 from vanilla_transformer.corpora import load_translation_dataset
 from vanilla_transformer.hub import check_hub_folder
 from vanilla_transformer.metrics import repeated_phrase
-from vanilla_transformer.training import loop
+from vanilla_transformer.training import evaluation, loop
+from vanilla_transformer.training.arguments import TrainingArguments
 from vanilla_transformer.training.checkpoints import latest_checkpoint, list_checkpoints, read_state
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,17 +115,17 @@ def test_a_budget_schedule_with_a_weight_average_resumes_to_the_same_run(tmp_pat
     budget = ["--max-steps", "8", "--save-steps", "4", "--lr-schedule", "linear", "--warmup-steps", "2",
               "--ema-decay", "0.9"]
     whole = _run(tmp_path, "whole", small_task, small_run, *budget)
-    real_checkpoint = loop._checkpoint
+    real_save = loop.save_run
 
-    def checkpoint_then_die(run):
-        real_checkpoint(run)
-        if run.step == 4:
+    def save_then_die(parts, state, keep):
+        real_save(parts, state, keep)
+        if state.step == 4:
             raise _Died
 
-    monkeypatch.setattr(loop, "_checkpoint", checkpoint_then_die)
+    monkeypatch.setattr(loop, "save_run", save_then_die)
     with pytest.raises(_Died):
         _run(tmp_path, "part", small_task, small_run, *budget)
-    monkeypatch.setattr(loop, "_checkpoint", real_checkpoint)
+    monkeypatch.setattr(loop, "save_run", real_save)
     part = _run(tmp_path, "part", small_task, small_run, *budget, "--resume")
     a, b = weights(latest_checkpoint(whole / "checkpoints")), weights(latest_checkpoint(part / "checkpoints"))
     assert all(torch.equal(a[name], b[name]) for name in a)
@@ -255,14 +256,14 @@ def test_bad_data_files_are_clear_errors(tmp_path, small_run, capsys):
 
 @pytest.mark.slow
 def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, small_task, small_run, monkeypatch, capsys):
-    real_loss, calls = loop._loss, []
+    real_loss, calls = evaluation.batch_loss, []
 
     def loss_that_breaks_at_step_3(model, batch):
         calls.append(1)
         loss, nll = real_loss(model, batch)
         return (loss * float("nan"), nll) if len(calls) == 3 else (loss, nll)
 
-    monkeypatch.setattr(loop, "_loss", loss_that_breaks_at_step_3)
+    monkeypatch.setattr(evaluation, "batch_loss", loss_that_breaks_at_step_3)
     out = tmp_path / "out"
     code = main(["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run,
                  "--max-steps", "5", "--save-steps", "2"])
@@ -277,7 +278,7 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, s
 def test_tensorboard_without_the_package_is_a_clear_error(tmp_path):
     from accelerate.utils import is_tensorboard_available
 
-    args = loop.TrainingArguments(output_dir=str(tmp_path), report_to="tensorboard")
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="tensorboard")
     if is_tensorboard_available():
         args.validate()
     else:

@@ -1,8 +1,8 @@
 """Direct unit tests of one optimiser step and of the evaluation loss, against hand computations.
 
-`_optimizer_step` reads only a few fields of the run record (accelerator, model, optimiser,
-scheduler, options, step); the tests give it those, built the way `_setup` builds them, in a
-namespace instead of a whole `_Run` (which also holds data, tokenizer and samplers it never reads).
+`train_step` reads the model and what trains it (`Components` without the data, tokenizer and
+sampler it never reads), the step's number and a `Budget` with no limits, built the way `set_up`
+builds them.
 """
 
 import copy
@@ -21,15 +21,12 @@ from vanilla_transformer.modeling.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     shift_tokens_right,
 )
-from vanilla_transformer.training.data import PadCollator, TokenizedSplit
-from vanilla_transformer.training.loop import (
-    TrainingArguments,
-    _optimizer_step,
-    _read_losses,
-    evaluate,
-    prepare,
-)
-from vanilla_transformer.training.data import IGNORE_INDEX
+from vanilla_transformer.training.arguments import TrainingArguments
+from vanilla_transformer.training.data import IGNORE_INDEX, PadCollator, TokenizedSplit
+from vanilla_transformer.training.evaluation import evaluate
+from vanilla_transformer.training.run_folder import Budget, RunState
+from vanilla_transformer.training.setup import Components, prepare
+from vanilla_transformer.training.step import train_step
 from vanilla_transformer.training.schedule import make_optimizer, make_scheduler, noam_rate
 
 PAD, VOCAB, D_MODEL, WARMUP, SMOOTHING = 0, 24, 32, 10, 0.1
@@ -98,28 +95,26 @@ def hand_adam_steps(model, pairs, steps: int):
     return seen
 
 
-def make_run(tmp_path, model, mixed_precision="no", **options):
-    """What `_optimizer_step` reads of a run, built as `_setup` builds it (on the CPU, one process)."""
+def make_run(tmp_path, model, mixed_precision="no"):
+    """What `train_step` reads of a run, built as `set_up` builds it (on the CPU, one process): the components,
+    the checkpointed state and a budget without limits."""
     AcceleratorState._reset_state(reset_partial_state=True)  # one precision per process otherwise
     accelerator = Accelerator(cpu=True, mixed_precision=mixed_precision)
     optimizer = make_optimizer(model, accelerator.device)
     scheduler = make_scheduler(optimizer, D_MODEL, WARMUP)
     model, optimizer = prepare(accelerator, model, optimizer)
-    args = TrainingArguments(output_dir=str(tmp_path), label_smoothing=SMOOTHING, warmup_steps=WARMUP, **options)
-    return SimpleNamespace(
-        args=args, accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, average=None,
-        step=0, checkpoint_root=tmp_path / "checkpoints", started=0.0, elapsed=0.0, stop_requests=None, stop_signal=0,
-        loss_sums=None, window_tokens=0,
-    )
+    state = RunState()
+    parts = Components(accelerator, model, optimizer, scheduler, checkpoint_root=tmp_path / "checkpoints")
+    return SimpleNamespace(parts=parts, state=state, budget=Budget(progress=state))
 
 
 def one_step(run, micro_batches):
-    """A step as the loop takes it (each micro-batch with its target tokens, counted on the host), then the
+    """A step as `train` takes it (each micro-batch with its target tokens, counted on the host), then the
     losses read as logging reads them: (the step's target tokens, loss, NLL per token, learning rate)."""
-    total_tokens, lr = _optimizer_step(run, [(b, int((b["labels"] != IGNORE_INDEX).sum())) for b in micro_batches])
-    run.step += 1
-    run.window_tokens += total_tokens
-    return (total_tokens, *_read_losses(run), lr)
+    counted = [(b, int((b["labels"] != IGNORE_INDEX).sum())) for b in micro_batches]
+    total_tokens, lr = train_step(run.parts, counted, run.state.step, run.budget)
+    run.state.count_step(len(micro_batches), total_tokens)
+    return (total_tokens, *run.parts.losses.read(run.state.step), lr)
 
 
 @pytest.mark.parametrize("split", [[4], [2, 2], [1, 3]], ids=["one batch", "two halves", "one and three"])
@@ -134,7 +129,7 @@ def test_two_steps_are_adams_steps_on_the_loss_per_target_token_of_the_whole_ste
     bounds = [sum(split[:i]) for i in range(len(split) + 1)]
     micro_batches = [collate(PAIRS[a:b]) for a, b in zip(bounds, bounds[1:])]
     gradients = []  # what the optimiser is handed, captured just before its update
-    run.optimizer.optimizer.register_step_pre_hook(
+    run.parts.optimizer.optimizer.register_step_pre_hook(
         lambda *_: gradients.append({n: p.grad.clone() for n, p in trained.named_parameters() if p.grad is not None})
     )
     for step in range(2):
@@ -165,7 +160,7 @@ def test_a_non_finite_step_leaves_the_weights_and_the_next_read_stops_the_run(tm
         one_step(run, [collate(PAIRS)])
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, before[name], equal_nan=True, msg=name)
-    assert all(state["step"] == 0 for state in run.optimizer.optimizer.state.values())  # Adam's count did not move
+    assert all(state["step"] == 0 for state in run.parts.optimizer.optimizer.state.values())  # Adam's count did not move
 
 
 def split_of(pairs) -> TokenizedSplit:
@@ -215,7 +210,7 @@ def test_a_bf16_step_evaluation_and_decoding_run_under_autocast_with_no_fp32_cop
     split.dataset = split.dataset.add_column("reference", ["a b"] * len(PAIRS))
     decode = SimpleNamespace(pad_token_id=PAD, batch_decode=lambda ids, skip_special_tokens: ["a b"] * len(ids))
     outputs.clear(), projections.clear()
-    metrics = evaluate(run.accelerator, run.model, decode, split, run.args.__class__(
+    metrics = evaluate(run.parts.accelerator, run.parts.model, decode, split, TrainingArguments(
         output_dir=str(tmp_path), max_tokens=64, num_beams=2), translate_samples=len(PAIRS))
     assert metrics["translated"] == len(PAIRS)
     assert outputs and set(outputs) == {torch.bfloat16}

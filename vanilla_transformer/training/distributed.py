@@ -171,8 +171,9 @@ def describe(accelerator) -> str:
     )
 
 
-def end_training(run) -> None:
-    """`accelerator.end_training()`, after letting go of the DDP wrapper while the process group still exists.
+def end_training(accelerator) -> None:
+    """`accelerator.end_training()`, after freeing the DDP wrapper while the process group still exists: the
+    caller has let go of it first (it keeps the unwrapped model only).
 
     Accelerate's `end_training` destroys the process group; the DDP wrapper's reducer still held it, and
     freeing the wrapper afterwards (when `train` returns) ran the gloo group's destructor with the GIL held,
@@ -181,8 +182,6 @@ def end_training(run) -> None:
     """
     import gc
 
-    accelerator = run.accelerator
-    run.model = accelerator.unwrap_model(run.model)
     accelerator.free_memory()  # Accelerate's own references to the prepared model and optimiser
     gc.collect()
     accelerator.wait_for_everyone()

@@ -1,0 +1,166 @@
+"""Finishing a run: the final weights first, then its scores, model card and upload, none of which can lose them.
+
+Once training is done, §6.1's average of the last `average_last` checkpoints (or, with `ema_decay`, the
+moving average of the weights when it scores better on validation) is saved with the config and tokenizer,
+and `output_dir` becomes a complete Hub repository: then the validation and test splits are scored
+(results.json), the model card is written and, with `push_to_hub`, the folder is uploaded.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from itertools import islice
+
+from accelerate.logging import get_logger
+
+from ..hub import RESULTS_FILE, save_model_files, write_model_card, write_results
+from ..modeling.generation_vanilla_transformer import paper_generation_config
+from .arguments import TrainingArguments
+from .checkpoints import average_checkpoints, list_checkpoints
+from .distributed import end_training
+from .evaluation import evaluate, full_model, load_weights, report
+from .run_folder import Budget, RunState
+from .setup import Components
+
+__all__ = ["finish"]
+
+logger = get_logger(__name__)
+
+
+def finish(parts: Components, state: RunState, budget: Budget, args: TrainingArguments) -> dict:
+    """The model first: once training is done, §6.1's averaged weights, the config and the tokenizer are
+    saved before anything else. Then the final scores (results.json), the model card and the upload,
+    none of which can take the saved model with it. `resume` on a finished run comes here at once."""
+    accelerator = parts.accelerator
+    elapsed = time.perf_counter() - budget.started
+    unwrapped, weights = _final_weights(parts, args)
+    unwrapped.generation_config = paper_generation_config(unwrapped.config)
+    if accelerator.is_main_process:
+        save_model_files(unwrapped, parts.tokenizer, args.output_dir)
+        logger.info(f"saved the model and tokenizer to {args.output_dir}")
+    results = _final_results(parts, state, args, unwrapped, weights, elapsed, budget.session_tokens)
+    if accelerator.is_main_process:
+        write_results(args.output_dir, results)
+        write_model_card(
+            unwrapped, parts.tokenizer, args.output_dir, results, dataset=args.dataset, source_lang=parts.source_lang,
+            target_lang=parts.target_lang, hyperparameters=_card_hyperparameters(args, weights),
+            example=_card_example(parts, args.max_length),
+        )
+        logger.info(f"saved {RESULTS_FILE} and the model card to {args.output_dir}")
+    parts.unwrap_model()  # the DDP wrapper goes before the process group (a gloo hang at exit otherwise)
+    end_training(accelerator)
+    if accelerator.is_main_process and args.push_to_hub:  # after the barrier: no process waits on the upload
+        _upload(args.output_dir, args.push_to_hub)
+    return results
+
+
+def _card_hyperparameters(args: TrainingArguments, weights: dict) -> dict:
+    """The options as the card states them, `average_last` as many checkpoints as were averaged."""
+    options = {k: v for k, v in asdict(args).items() if v is not None and k != "output_dir"}
+    return {**options, "average_last": len(weights["averaged_checkpoints"])}
+
+
+def _card_example(parts: Components, max_length: int) -> str | None:
+    """The sentence whose attention the model card shows: the first validation source that the model
+    reads whole (at most `max_length` tokens; a held-out split may start with a very long one)."""
+    for row in islice(parts.data["validation"], 200):
+        text = (row["translation"] or {}).get(parts.source_lang)
+        if text and text.strip() and len(parts.tokenizer(text)["input_ids"]) <= max_length:
+            return text
+    return None
+
+
+def _upload(output_dir: str, repo_id: str) -> None:
+    """`push_to_hub`: the saved folder goes up; if it cannot, the folder stays and the warning says how to retry."""
+    from ..hub import push_folder
+
+    try:
+        logger.info(f"uploaded to {push_folder(output_dir, repo_id)}")
+    except Exception as err:  # the network, the token, the Hub: the model is saved either way
+        logger.warning(
+            f"uploading to {repo_id} failed: {type(err).__name__}: {err}. The model is saved in {output_dir}; "
+            f"upload it with `vanilla-transformer push --folder {output_dir} --repo-id {repo_id}`"
+        )
+
+
+def _final_weights(parts: Components, args: TrainingArguments):
+    """§6.1: the final model averages the last `average_last` checkpoints; with `ema_decay`, the moving
+    average replaces them when its validation perplexity is lower. Returns the unwrapped model and what
+    its weights are: {"averaged_checkpoints": names, "weight_average": the comparison, or None}."""
+    chosen = list_checkpoints(parts.checkpoint_root)[-args.average_last :]
+    if len(chosen) < args.average_last:
+        logger.warning(f"`average_last` is {args.average_last}, but the run has {len(chosen)} checkpoint(s): the "
+                       f"final weights average those {len(chosen)} (save more often with `save_steps`)")
+    unwrapped = full_model(parts.accelerator, parts.model)  # every process: under FSDP they gather the weights together
+    if len(chosen) > 1:
+        load_weights(unwrapped, average_checkpoints(chosen))
+        logger.info(f"final weights: the average of {', '.join(p.name for p in chosen)}")
+    compared = _compare_weight_average(parts, args, unwrapped) if parts.average is not None else None
+    return unwrapped, {"averaged_checkpoints": [p.name for p in chosen], "weight_average": compared}
+
+
+def _compare_weight_average(parts: Components, args: TrainingArguments, model) -> dict:
+    """Validation perplexity of the weights as they are and of the moving average; the better one stays in `model`."""
+    def perplexity() -> float:
+        return evaluate(parts.accelerator, model, parts.tokenizer, parts.eval_splits["validation"], args, 0)["perplexity"]
+
+    kept = {name: p.detach().clone() for name, p in model.state_dict().items()}
+    scores = {"checkpoint": perplexity()}
+    parts.average.copy_to(model)
+    scores["moving_average"] = perplexity()
+    use_average = scores["moving_average"] < scores["checkpoint"]
+    if not use_average:
+        model.load_state_dict(kept)
+    logger.info(f"final weights: {'the moving average' if use_average else 'the last checkpoint'} (validation "
+                f"perplexity {scores['moving_average']:.2f} averaged, {scores['checkpoint']:.2f} not; decay {parts.average.decay})")
+    return {"decay": parts.average.decay, "used": use_average, "validation_perplexity": scores}
+
+
+def _final_results(parts: Components, state: RunState, args: TrainingArguments, unwrapped, weights: dict,
+                   elapsed: float, session_tokens: int) -> dict:
+    """Validation and test scores of the final weights, with the run's numbers, flat as results.json holds them."""
+    epoch_batches = max(len(parts.sampler.local_batches(state.epoch)), 1)
+    results = {
+        "steps": state.step,
+        "epochs": state.epoch + state.batches_done / epoch_batches,
+        "train_tokens": state.train_tokens,
+        "train_minutes_this_session": round(elapsed / 60, 2),
+        "tokens_per_second": round(session_tokens / elapsed, 1) if elapsed else None,
+        "mixed_precision": parts.accelerator.mixed_precision,
+        "attn_implementation": state.attn_implementation,
+        **weights,
+        "source_lang": parts.source_lang,
+        "target_lang": parts.target_lang,
+        "dataset": args.dataset,
+        "decoding": {"num_beams": args.num_beams, "length_penalty": args.length_penalty, "max_new_tokens": "input length + 50"},
+    }
+    for name, split in parts.eval_splits.items():
+        # Validation translates what it translated during training (`eval_samples`); the test split,
+        # which the headline numbers come from, is translated whole unless `test_samples` says otherwise.
+        samples = args.eval_samples if name == "validation" and "test" in parts.eval_splits else args.test_samples
+        results[name] = evaluate(parts.accelerator, unwrapped, parts.tokenizer, split, args, translate_samples=samples)
+        report(parts.accelerator, state.history, state.step, name, results[name])
+    results["history"] = state.history
+    # The headline numbers, flat, as the model card reads them.
+    final = results.get("test") or results["validation"]
+    return {
+        "split": "test" if "test" in results else "validation",
+        "bleu": final["bleu"],
+        "chrf": final["chrf"],
+        "sacrebleu_signature": final["bleu_signature"],
+        "chrf_signature": final["chrf_signature"],
+        "validation_loss": results["validation"]["loss"],
+        "validation_perplexity": results["validation"]["perplexity"],
+        **results,
+        "replica_checksums": _replica_checksums(parts.accelerator, unwrapped),
+    }
+
+
+def _replica_checksums(accelerator, model) -> list[float]:
+    """One number per process that changes with any weight: DDP must leave every replica identical."""
+    checksum = sum(p.detach().double().abs().sum() + p.detach().double().sum() * 1e-3 for p in model.parameters())
+    checksums = accelerator.gather(checksum.reshape(1).to(accelerator.device)).tolist()
+    if len(set(checksums)) > 1:
+        raise RuntimeError(f"the processes ended with different weights (checksums {checksums}); DDP is broken")
+    return checksums

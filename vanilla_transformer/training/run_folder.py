@@ -1,0 +1,271 @@
+"""The run's folder and its policy: one run per folder, what a checkpoint holds, resuming, when to stop.
+
+`output_dir` holds the finished model (a Hub folder, hub.py) and `output_dir/checkpoints/`, the run's
+checkpoints (checkpoints.py). A run takes the folder's lock and sweeps what a run killed while saving
+left behind (`take_folder`); a new run refuses a folder that holds an earlier run or a finished model,
+and `resume` continues the newest checkpoint that reads back whole, with the options it was started
+with (`resume_step`). A checkpoint holds a `RunState`; the `Budget` says when the steps end: `max_steps`,
+`num_epochs`, `time_limit` or SIGINT / SIGTERM, which finish the step under way and save it first.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from accelerate.logging import get_logger
+
+from ..file_checks import read_json
+from ..staging import DiskFull, sweep_staging
+from .arguments import RUN_OPTIONS, TrainingArguments
+from .checkpoints import (
+    latest_checkpoint,
+    list_checkpoints,
+    newest_sound_checkpoint,
+    read_state,
+    save_checkpoint,
+)
+from .lock import RunLock
+
+if TYPE_CHECKING:
+    from .setup import Components
+
+__all__ = [
+    "CHECKPOINTS", "Budget", "RunState", "StopRequests", "TrainingInterrupted", "check_same_run", "disk_full",
+    "on_main", "resume_step", "run_options", "save_run", "take_folder",
+]
+
+logger = get_logger(__name__)
+
+CHECKPOINTS = "checkpoints"  # sub-folder of output_dir; the rest of output_dir is the Hub folder (hub.py)
+TOKENIZER_OPTIONS = "tokenizer_options.json"  # in CHECKPOINTS: what the run's own tokenizer was trained from
+MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")  # a saved model
+
+
+@dataclass
+class RunState:
+    """What a checkpoint holds besides the weights, optimiser, schedule and RNG states (its trainer_state.json)."""
+
+    step: int = 0  # optimiser steps done
+    epoch: int = 0
+    batches_done: int = 0  # batches of `epoch` done on each process
+    train_tokens: int = 0  # target tokens trained on, over all processes
+    history: list = field(default_factory=list)  # every evaluation's scores
+    attn_implementation: str | None = None  # the kernel chosen on the first batch: a resumed run computes alike
+    run_options: dict | None = None  # the options that define the run (`check_same_run`)
+
+    def count_step(self, batches: int, tokens: int) -> None:
+        """One more optimiser step, of `batches` batches on each process and `tokens` target tokens in all."""
+        self.step += 1
+        self.batches_done += batches
+        self.train_tokens += tokens
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, state: dict) -> RunState:
+        """From a checkpoint's state, older ones included (they may lack the newer keys: defaults stand in)."""
+        return cls(**{f.name: state[f.name] for f in fields(cls) if f.name in state})
+
+
+@dataclass
+class Budget:
+    """When the steps end (`max_steps`, `num_epochs`, `time_limit` in minutes, a stop signal) and this session's clock."""
+
+    max_steps: int | None = None
+    num_epochs: int | None = None
+    time_limit: float | None = None
+    accumulation: int = 1  # batches per optimiser step
+    epoch_batches: int = 0  # batches per epoch on each process
+    progress: RunState = field(default_factory=RunState)  # the epoch and its batches done, for `num_epochs`
+    start_step: int = 0  # where this session began
+    started: float = field(default_factory=time.perf_counter)
+    elapsed: float = 0.0  # seconds since `started` on the main process, as of the current step (alike on every process)
+    session_tokens: int = 0  # target tokens trained on in this session, for tokens per second
+    stop_requests: StopRequests | None = None
+    stop_signal: int = 0  # SIGINT or SIGTERM received by the main process (alike on every process)
+
+    def remaining_steps(self, step: int) -> float:
+        """The optimiser steps left after `step`, to the first limit (the time limit at the mean time of a step so
+        far in this session). What a `BudgetSchedule` decays over."""
+        left = [math.inf]
+        if self.max_steps is not None:
+            left.append(self.max_steps - step)
+        if self.num_epochs is not None:
+            batches = (self.num_epochs - self.progress.epoch) * self.epoch_batches - self.progress.batches_done
+            left.append(batches / self.accumulation)
+        timed = step - 1 - self.start_step  # steps whose time `elapsed` (measured as step `step` began) covers
+        if self.time_limit is not None and timed > 0:
+            left.append((self.time_limit * 60 - self.elapsed) / (self.elapsed / timed) - 1)
+        return min(left)
+
+    def steps_done(self, step: int) -> bool:
+        return self.max_steps is not None and step >= self.max_steps
+
+    def epochs_done(self) -> bool:
+        return self.num_epochs is not None and self.progress.epoch >= self.num_epochs
+
+    def out_of_time(self) -> bool:
+        return self.time_limit is not None and self.elapsed > self.time_limit * 60
+
+    def spent(self, step: int) -> bool:
+        """Whether no step follows `step`: `max_steps` reached, the time limit passed, or a stop signal came."""
+        return self.steps_done(step) or self.out_of_time() or bool(self.stop_signal)
+
+    def requested_signal(self) -> int:
+        """The stop signal this process received (0: none), which the step sends to every process."""
+        return self.stop_requests.signum if self.stop_requests is not None else 0
+
+
+def take_folder(lock: RunLock) -> None:
+    """Lock the run's folder, then remove what a run killed while saving left in it."""
+    lock.acquire()
+    for folder in (lock.folder, lock.folder / CHECKPOINTS):
+        sweep_staging(folder)
+
+
+def on_main(accelerator, decide) -> int | None:
+    """Run `decide()`, which returns an int or None, on the main process only, before the other processes
+    can race it; every process gets the answer, or stops with the main process's error."""
+    answer, error = None, None
+    if accelerator.is_main_process:
+        try:
+            answer = decide()
+        except Exception as err:
+            error = err
+    # [failed, answer] as a tensor reduction, as the step's own (torch's broadcast_object_list left the gloo
+    # processes hanging at exit)
+    if accelerator.num_processes > 1:
+        sent = [int(error is not None), -1 if answer is None else answer] if accelerator.is_main_process else [0, 0]
+        failed, answer = accelerator.reduce(torch.tensor(sent, device=accelerator.device), "sum").tolist()
+        answer = None if answer == -1 else answer
+        if failed and error is None:
+            error = ValueError("the main process refused to start this run; its error says why")
+    if error is not None:
+        raise error
+    return answer
+
+
+def resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
+    """The step of the checkpoint `resume` continues from; without `resume`, refuse a folder that holds an earlier run."""
+    if args.resume:
+        if not list_checkpoints(checkpoint_root):
+            raise FileNotFoundError(f"`resume`: no complete checkpoint in {checkpoint_root} to resume from")
+        checkpoint, problems = newest_sound_checkpoint(checkpoint_root)
+        for problem in problems:
+            logger.warning(f"`resume`: {problem}")
+        state = read_state(checkpoint)
+        check_same_run(args, state.get("run_options"))
+        step = state["step"]
+        if problems:
+            logger.warning(f"`resume`: continuing from {checkpoint.name}, the newest checkpoint that reads back whole; "
+                           f"the steps after {step} are trained again")
+        read_json(checkpoint_root / "config.json")  # the run's architecture, read by every process next
+        return step
+    if list_checkpoints(checkpoint_root):
+        raise ValueError(
+            f"{args.output_dir} holds checkpoints of an earlier run; pass `resume` to continue it, or pick a new `output_dir`"
+        )
+    model_files = [name for name in MODEL_FILES if (Path(args.output_dir) / name).exists()]
+    if model_files:  # a finished model (from the Hub, or a run whose checkpoints were removed): never replaced
+        raise ValueError(
+            f"{args.output_dir} holds a model ({', '.join(model_files)}) that a new run would replace; pass `resume` "
+            f"to continue its run (it needs its {CHECKPOINTS}/ folder), `model_name_or_path {args.output_dir}` "
+            "to fine-tune it into another `output_dir`, or pick another `output_dir`"
+        )
+    return None
+
+
+def run_options(args: TrainingArguments) -> dict:
+    """The options that define a run (RUN_OPTIONS), local paths made absolute, as its checkpoints record them."""
+    options = {name: getattr(args, name) for name in RUN_OPTIONS}
+    for name in ("dataset", "tokenizer", "model_name_or_path"):
+        if options[name] is not None and Path(options[name]).expanduser().exists():
+            options[name] = str(Path(options[name]).expanduser().resolve())
+    return options
+
+
+def check_same_run(args: TrainingArguments, started_with: dict | None) -> None:
+    """`resume` continues the run in `output_dir` as it was started: other data, tokenizer, model or batches
+    would silently be ignored or change what was being trained. (Checkpoints from before runs recorded
+    their options have nothing to compare with.)"""
+    if started_with is None:
+        return
+    now = run_options(args)
+    defaults = TrainingArguments(output_dir="")  # options newer than the checkpoint had their default
+    before = {name: started_with.get(name, getattr(defaults, name)) for name in RUN_OPTIONS}
+    changed = [f"{name} {before[name]!r} -> {now[name]!r}" for name in RUN_OPTIONS if before[name] != now[name]]
+    if changed:
+        raise ValueError(
+            f"`resume`: the run in {args.output_dir} was started with other options: {'; '.join(changed)}. "
+            "Resume it with the options it was started with, or train into a new `output_dir`."
+        )
+
+
+def save_run(parts: Components, state: RunState, keep: int | None) -> None:
+    """Checkpoint the run as of `state.step`, on every process; never after a step that was not finite."""
+    parts.losses.read(state.step, reset=False)  # raises after a step that was not finite
+    save_checkpoint(parts.accelerator, parts.checkpoint_root, state.step, state.to_dict(), keep=keep)
+
+
+def disk_full(err: OSError, output_dir: str) -> DiskFull | None:
+    """A full disk or quota as one DiskFull saying what was kept and how to go on; None for another error."""
+    if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    named = str(err) if isinstance(err, DiskFull) else f"could not write {err.filename or 'a file'}: {os.strerror(err.errno).lower()}"
+    return DiskFull(f"{named}; {_what_was_saved(output_dir)}", err.errno)
+
+
+def _what_was_saved(output_dir: str) -> str:
+    """What a run that could not save has kept, and how to go on."""
+    checkpoint = latest_checkpoint(Path(output_dir) / CHECKPOINTS)
+    if checkpoint is None:
+        return "no checkpoint was saved; free some space, then run the same command again"
+    return (f"the newest complete checkpoint is {checkpoint} (step {read_state(checkpoint)['step']}); free some "
+            "space, then run the same command with --resume to continue")
+
+
+class TrainingInterrupted(Exception):
+    """SIGINT or SIGTERM stopped the run after its current step, saved as a checkpoint; `exit_code` is 128 + signal."""
+
+    def __init__(self, signum: int, output_dir: str, step: int):
+        self.exit_code = 128 + signum
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name} after step {step}, saved in {Path(output_dir) / CHECKPOINTS}; "
+            "run the same command with --resume to continue"
+        )
+
+
+class StopRequests:
+    """While training: SIGINT and SIGTERM are recorded (the step under way finishes, then a checkpoint is
+    written) instead of killing the run and losing every step since the last checkpoint. A second signal
+    acts at once, as it would without this."""
+
+    def __init__(self):
+        self.signum, self._previous = 0, {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._record)
+        return self
+
+    def _record(self, signum, frame) -> None:
+        self.signum = signum
+        for number, handler in self._previous.items():  # the next one interrupts for real
+            signal.signal(number, handler)
+        logger.warning(f"{signal.Signals(signum).name}: stopping after this step and saving a checkpoint "
+                       "(send it again to stop at once, unsaved)")
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)

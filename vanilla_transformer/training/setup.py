@@ -1,0 +1,337 @@
+"""Setting a run up: the data, the tokenizer, the model, Adam and its schedule, and the run's three records.
+
+`set_up` does it on every process, in this order (the random streams depend on it): the checkpoint to
+resume from, the data and tokenizer, the model (the resumed run's architecture, a saved model to fine-tune,
+or a new one from a preset), Adam and §5.3's schedule, and the three records the run keeps: what is built
+once (`Components`), what a checkpoint holds (`RunState`) and when the steps end (`Budget`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+from accelerate.utils import DistributedType, set_seed
+from transformers import AutoTokenizer
+
+from ..corpora import load_translation_dataset, resolve_languages
+from ..file_checks import read_json
+from ..inference import load_pretrained
+from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfig
+from ..modeling.modeling_vanilla_transformer import (
+    VanillaTransformerForConditionalGeneration,
+)
+from ..staging import STAGING_PREFIX
+from ..tokenizer import train_tokenizer
+from . import evaluation
+from .arguments import TrainingArguments
+from .averaging import WeightAverage
+from .checkpoints import checkpoint_path, read_state
+from .data import TokenBatchSampler, TokenizedSplit, tokenize_pairs
+from .distributed import configure_deepspeed
+from .engines import Engine, NonFiniteGuard
+from .kernels import fastest_attention
+from .run_folder import (
+    CHECKPOINTS,
+    TOKENIZER_OPTIONS,
+    Budget,
+    RunState,
+    on_main,
+    resume_step,
+    run_options,
+)
+from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler
+from .step import Losses
+
+__all__ = ["Components", "choose_attention", "load_tokenizer", "prepare", "set_up"]
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class Components:
+    """What a run builds once: the accelerator, the model and what trains it, the data and the tokenizer."""
+
+    accelerator: Accelerator
+    model: torch.nn.Module  # as prepared by Accelerate (DDP-wrapped on several processes)
+    optimizer: torch.optim.Optimizer  # Adam, as prepared by Accelerate
+    scheduler: Any  # torch's LambdaLR (Noam) or a BudgetSchedule, which asks the Budget for the steps left
+    checkpoint_root: Path
+    average: WeightAverage | None = None  # `ema_decay`
+    tokenizer: Any = None
+    data: Any = None  # the DatasetDict of raw pairs
+    source_lang: str | None = None
+    target_lang: str | None = None
+    train_split: TokenizedSplit | None = None
+    eval_splits: dict[str, TokenizedSplit] = field(default_factory=dict)
+    sampler: TokenBatchSampler | None = None
+    engine: Engine = field(init=False)  # what DeepSpeed, FSDP2 and fp16's scaler change in the step
+    losses: Losses = field(init=False)  # the step's losses, summed on the device
+    guard: NonFiniteGuard = field(init=False)  # what becomes of a step that is not finite
+
+    def __post_init__(self):
+        self.engine = Engine(self.accelerator, self.optimizer)
+        self.losses = Losses(self.accelerator, self.checkpoint_root)
+        self.guard = NonFiniteGuard(self.engine, self.optimizer, self.losses)
+
+    def unwrap_model(self) -> None:
+        """Keep the unwrapped model alone, so that the DDP wrapper can be freed while its process group exists."""
+        self.model = self.accelerator.unwrap_model(self.model)
+
+
+def set_up(args: TrainingArguments, accelerator) -> tuple[Components, RunState, Budget]:
+    """On every process: where to resume from, the data, tokenizer, model, optimiser and schedule."""
+    if accelerator.distributed_type == DistributedType.FSDP and args.ema_decay is not None:
+        raise ValueError("`ema_decay` is not supported under FSDP: the moving average would hold each process's "
+                         "shards of the weights; train without it, or with DDP")
+    checkpoint_root = Path(args.output_dir) / CHECKPOINTS
+    step = on_main(accelerator, lambda: resume_step(args, checkpoint_root))
+    resume_from = None if step is None else checkpoint_path(checkpoint_root, step)
+    set_seed(args.seed)  # the same initial weights on every process
+    data, source_lang, target_lang, tokenizer, train_split, eval_splits = _prepare_data(args, accelerator)
+    model = _build_model(args, accelerator, tokenizer, resume_from, (source_lang, target_lang))
+    d_model = model.config.d_model
+    optimizer = make_optimizer(model, accelerator.device)  # built before `prepare` moves the model there
+    configure_deepspeed(accelerator, args)  # the batch sizes DeepSpeed asks for; nothing without DeepSpeed
+    model, prepared_optimizer = prepare(accelerator, model, optimizer)
+    state = RunState(run_options=run_options(args)) if resume_from is None else RunState.from_dict(read_state(resume_from))
+    sampler = TokenBatchSampler(
+        train_split.lengths, args.max_tokens, seed=args.seed,
+        num_replicas=accelerator.num_processes, rank=accelerator.process_index,
+    )
+    budget = Budget(args.max_steps, args.num_epochs, args.time_limit, args.gradient_accumulation_steps,
+                    epoch_batches=len(sampler.local_batches(state.epoch)), progress=state, start_step=state.step)
+    # The scheduler is not prepared: Accelerate would step it once per process, and the Noam schedule counts
+    # optimiser steps. It is registered so that save_state/load_state keep it.
+    scheduler = make_scheduler(optimizer, d_model, args.warmup_steps, args.lr_scale, args.lr_schedule,
+                               remaining_steps=budget.remaining_steps)
+    accelerator.register_for_checkpointing(scheduler)
+    average = None
+    if args.ema_decay is not None:
+        average = WeightAverage(accelerator.unwrap_model(model), args.ema_decay)
+        accelerator.register_for_checkpointing(average)
+    _log_recipe(args, accelerator, d_model)
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from))  # weights, optimiser, scheduler, RNG states
+        logger.info(f"resumed from {resume_from} (step {state.step})")
+    else:
+        set_seed(args.seed, device_specific=True)  # different dropout masks on each process
+    if accelerator.is_main_process:
+        accelerator.init_trackers("train", config={k: v for k, v in asdict(args).items() if not isinstance(v, dict)})
+    parts = Components(accelerator, model, prepared_optimizer, scheduler, checkpoint_root, average, tokenizer, data,
+                       source_lang, target_lang, train_split, eval_splits, sampler)
+    return parts, state, budget
+
+
+def _build_model(args: TrainingArguments, accelerator, tokenizer, resume_from: Path | None, langs: tuple[str, str]):
+    """The model to train, its objective and attention set, its language pair recorded, its config saved."""
+    model = _load_model(args, tokenizer, resume_from)
+    model.config.label_smoothing = args.label_smoothing  # the model's own loss is the run's objective (§5.4)
+    if args.attn_implementation:  # refused before the first step (a missing kernel package, for one)
+        _set_attention(model, args.attn_implementation)
+    _check_max_length(args, model.config)
+    _record_language_pair(model.config, *langs, args.dataset)
+    checkpoint_root = Path(args.output_dir) / CHECKPOINTS
+    if accelerator.is_main_process and resume_from is None:
+        checkpoint_root.mkdir(parents=True, exist_ok=True)
+        model.config.to_json_file(checkpoint_root / "config.json")
+    logger.info(f"model: {sum(p.numel() for p in model.parameters()):,} parameters; {model.config.to_diff_dict()}")
+    return model
+
+
+def _load_splits(args: TrainingArguments):
+    data = load_translation_dataset(
+        args.dataset, args.dataset_config, source_lang=args.source_lang, target_lang=args.target_lang
+    )
+    if "train" not in data:
+        raise ValueError(f"{args.dataset} has no 'train' split; its splits are {list(data)}")
+    source_lang, target_lang = resolve_languages(data["train"], args.source_lang, args.target_lang)
+    if "validation" not in data:
+        # Hold out a small, seeded slice of the training data so that there is something to validate on.
+        size = min(1000, max(1, len(data["train"]) // 50))
+        if len(data["train"]) < 2:
+            raise ValueError(f"{args.dataset} has no 'validation' split and too few pairs to hold some out")
+        held = data["train"].train_test_split(test_size=size, seed=args.seed)
+        data["train"], data["validation"] = held["train"], held["test"]
+        logger.info(f"no validation split: {size} training pairs held out for validation (seed {args.seed})")
+    return data, source_lang, target_lang
+
+
+def load_tokenizer(args: TrainingArguments, data, source_lang: str, target_lang: str):
+    """An existing tokenizer folder, else the one saved in output_dir or with the model, else a new one."""
+    output_dir = Path(args.output_dir)
+    if args.tokenizer is not None:
+        if not Path(args.tokenizer).is_dir():
+            raise FileNotFoundError(f"`tokenizer`: no tokenizer folder at {args.tokenizer}")
+        return AutoTokenizer.from_pretrained(args.tokenizer)
+    options = _tokenizer_options(args, source_lang, target_lang)
+    if (output_dir / "tokenizer.json").is_file() and _keep_own_tokenizer(args, options):
+        return AutoTokenizer.from_pretrained(output_dir)
+    if args.model_name_or_path is not None and (Path(args.model_name_or_path) / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(args.model_name_or_path)
+    logger.info(f"training a {args.vocab_size}-token joint BPE tokenizer on the train split; saved to {output_dir}")
+    record = output_dir / CHECKPOINTS / TOKENIZER_OPTIONS
+    record.unlink(missing_ok=True)  # the old record goes first: a tokenizer is never described by another's
+    tokenizer = train_tokenizer(
+        data["train"], languages=[source_lang, target_lang], vocab_size=args.vocab_size, output_dir=output_dir
+    )
+    record.parent.mkdir(exist_ok=True)
+    staging = record.with_name(f"{STAGING_PREFIX}{record.name}")  # whole or not at all: a record is trusted
+    staging.write_text(json.dumps(options, indent=2) + "\n")
+    os.replace(staging, record)
+    return tokenizer
+
+
+def _tokenizer_options(args: TrainingArguments, source_lang: str, target_lang: str) -> dict:
+    """What a tokenizer trained by this run is learnt from (recorded in checkpoints/tokenizer_options.json)."""
+    options = run_options(args)
+    return {"dataset": options["dataset"], "dataset_config": args.dataset_config, "source_lang": source_lang,
+            "target_lang": target_lang, "vocab_size": args.vocab_size}
+
+
+def _keep_own_tokenizer(args: TrainingArguments, options: dict) -> bool:
+    """Whether the tokenizer already in output_dir is the one these options would train. A run interrupted
+    before its first checkpoint and started again with other data or `vocab_size` trains a new one (a
+    resumed run refuses instead); a tokenizer whose options were never recorded is used, with a warning."""
+    record = Path(args.output_dir) / CHECKPOINTS / TOKENIZER_OPTIONS
+    if not record.is_file():
+        if args.resume:  # a run from before tokenizers were recorded: its checkpoints hold its options
+            return True
+        logger.warning(f"using the tokenizer already in {args.output_dir} (what it was trained from is not recorded); "
+                       "delete its tokenizer.json to train a new one, or pass `tokenizer`")
+        return True
+    before = read_json(record)
+    changed = [f"{name} {before.get(name)!r} -> {value!r}" for name, value in options.items() if before.get(name) != value]
+    if not changed:
+        return True
+    if args.resume:
+        raise ValueError(
+            f"`resume`: the tokenizer of the run in {args.output_dir} was trained with other options: "
+            f"{'; '.join(changed)}. Resume it with the options it was started with, or train into a new `output_dir`."
+        )
+    logger.warning(f"the tokenizer in {args.output_dir} was trained with other options ({'; '.join(changed)}) by a "
+                   "run that saved no checkpoint: training a new one")
+    return False
+
+
+def _load_model(args: TrainingArguments, tokenizer, resume_from: Path | None):
+    config_file = Path(args.output_dir) / CHECKPOINTS / "config.json"
+    if resume_from is not None:  # the architecture of the run being resumed; its weights come with load_state
+        return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_json_file(config_file))
+    if args.model_name_or_path is not None:
+        if not Path(args.model_name_or_path).is_dir():
+            raise FileNotFoundError(f"`model_name_or_path`: no saved model folder at {args.model_name_or_path}")
+        model = load_pretrained(args.model_name_or_path, **args.config_overrides)
+        if len(tokenizer) > model.config.vocab_size:
+            raise ValueError(
+                f"the tokenizer has {len(tokenizer)} tokens but the model {args.model_name_or_path} only "
+                f"{model.config.vocab_size}; fine-tune with the model's own tokenizer"
+            )
+        return model
+    config = VanillaTransformerConfig.from_preset(
+        args.preset,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **args.config_overrides,
+    )
+    return VanillaTransformerForConditionalGeneration(config)
+
+
+def _check_max_length(args: TrainingArguments, config) -> None:
+    """`max_length` within every length the model reads: a longer pair would fail at its batch, on every resume."""
+    bounds = {"location_max_length": config.location_max_length} if config.attention_score == "location" else {}
+    if config.position_encoding == "learned":
+        bounds["max_position_embeddings"] = config.max_position_embeddings
+    for name, bound in bounds.items():
+        if args.max_length > bound:
+            raise ValueError(f"`max_length` ({args.max_length}) is over the model's {name} ({bound}), the longest "
+                             f"sequence it reads: give a `max_length` of at most {bound}.")
+
+
+def _record_language_pair(config, source_lang: str, target_lang: str, dataset: str) -> None:
+    """Saved with the model, so that evaluating or translating another pair is warned about."""
+    if (config.source_lang, config.target_lang) not in ((None, None), (source_lang, target_lang)):
+        logger.warning(f"fine-tuning a model trained on {config.source_lang}->{config.target_lang} "
+                       f"to translate {source_lang}->{target_lang}")
+    config.update({"source_lang": source_lang, "target_lang": target_lang, "dataset_name": dataset})
+
+
+def _prepare_data(args: TrainingArguments, accelerator):
+    """The raw splits, the language pair, the tokenizer, and the tokenised training and evaluation splits."""
+    # Each machine's first process reads the data and fills the map cache on its own disk before the others
+    # read them; the tokenizer, in output_dir (which every machine shares), is learnt by the main process alone.
+    with accelerator.local_main_process_first():
+        data, source_lang, target_lang = _load_splits(args)
+    with accelerator.main_process_first():
+        tokenizer = load_tokenizer(args, data, source_lang, target_lang)
+    with accelerator.local_main_process_first():
+        train_split = tokenize_pairs(
+            data["train"], tokenizer, source_lang, target_lang, args.max_length, args.truncate, name="train"
+        )
+        # Evaluation scores every pair that has text on both sides: long ones are cut, not dropped.
+        eval_splits = {
+            name: tokenize_pairs(data[name], tokenizer, source_lang, target_lang, args.max_length, True, name, True)
+            for name in ("validation", "test")
+            if name in data
+        }
+    logger.info(f"{args.dataset}: {source_lang} -> {target_lang}")
+    logger.info(train_split.describe("train", args.max_length, args.truncate))
+    for name, split in eval_splits.items():
+        logger.info(split.describe(name, args.max_length, True))
+    if "test" not in eval_splits:
+        logger.info("no test split: the final model is scored on validation only")
+    return data, source_lang, target_lang, tokenizer, train_split, eval_splits
+
+
+def choose_attention(parts: Components, state: RunState, asked: str | None, batch: dict) -> None:
+    """Put the model on `asked` (`attn_implementation`), on the one the resumed run chose, or on the one that trains
+    the first batch fastest here (kernels.py); checkpoints record it, so that a resumed run computes as it did."""
+    model = parts.accelerator.unwrap_model(parts.model)
+    chosen = asked or state.attn_implementation
+    if chosen:
+        _set_attention(model, chosen)
+    elif seconds := fastest_attention(parts.accelerator, parts.model, batch, lambda m, b: evaluation.batch_loss(m, b)[0]):
+        timings = ", ".join(f"{name} {1000 * s:.0f} ms" for name, s in seconds.items())
+        logger.info(f"attention: {model.config._attn_implementation}, the fastest here on the first batch, forward "
+                    f"and backward ({timings})")
+    state.attn_implementation = model.config._attn_implementation
+
+
+def _set_attention(model, implementation: str) -> None:
+    try:
+        model.set_attn_implementation(implementation)
+    except (ValueError, ImportError) as err:
+        raise ValueError(f"`attn_implementation` {implementation!r} cannot run this model: {err}") from None
+
+
+def _log_recipe(args: TrainingArguments, accelerator, d_model: int) -> None:
+    peak = d_model**-0.5 * args.warmup_steps**-0.5 * args.lr_scale
+    if args.lr_schedule == "noam":
+        schedule = f"lr = {args.lr_scale} * {d_model}^-0.5 * min(step^-0.5, step * {args.warmup_steps}^-1.5)"
+    else:
+        schedule = f"lr: linear warm-up, then {args.lr_schedule} decay to 0 at the end of the budget (not the paper's)"
+    average = f"; moving average of the weights, decay {args.ema_decay}" if args.ema_decay is not None else ""
+    logger.info(
+        f"Adam(0.9, 0.98, 1e-9), {schedule} "
+        f"(peak {peak:.2e} at step {args.warmup_steps}; the paper warms up for {PAPER_WARMUP_STEPS}){average}; "
+        f"label smoothing {args.label_smoothing}; {accelerator.num_processes} process(es), "
+        f"{args.gradient_accumulation_steps} batch(es) of <= {args.max_tokens} tokens each per step; "
+        f"mixed precision {accelerator.mixed_precision}"
+    )
+
+
+def prepare(accelerator, model, optimizer):
+    """`accelerator.prepare(model, optimizer)`, without Accelerate's wrapper of `forward`, which returns every
+    output in fp32: a copy of the (batch, length, vocabulary) logits. Training, evaluation and decoding enter
+    `accelerator.autocast()` themselves instead."""
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+    return model, optimizer

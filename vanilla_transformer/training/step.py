@@ -1,0 +1,138 @@
+"""§5's training step: `train_step`, one Adam update on a step's micro-batches, and the reading of its losses.
+
+One optimiser step (§5.2) takes `gradient_accumulation_steps` batches of at most `max_tokens` tokens on
+every process, sums the label-smoothed loss (§5.4) over their non-padding target tokens and divides by
+the number of those tokens in the whole step, over every process (see loss.py); Adam and the learning
+rate's schedule are §5.3's (schedule.py).
+
+The host never waits for the device within a step: the step's counts are one reduction whose result the
+host reads only once the step's work is queued behind it, and the losses are summed on the device and
+read (`Losses.read`) every `log_steps` and before every checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from . import evaluation
+from .checkpoints import latest_checkpoint
+
+if TYPE_CHECKING:
+    from .run_folder import Budget
+    from .setup import Components
+
+__all__ = ["Losses", "StepCounts", "train_step"]
+
+
+def train_step(parts: Components, micro_batches: list[tuple[dict, int]], step: int, budget: Budget,
+               max_grad_norm: float | None = None) -> tuple[int, float]:
+    """Optimiser step `step + 1` on `micro_batches` (each batch with its target-token count). Returns the step's
+    target tokens over all processes and the learning rate it used; its losses are summed into `parts.losses`."""
+    accelerator, model, engine, guard = parts.accelerator, parts.model, parts.engine, parts.guard
+    model.train()
+    counts = StepCounts(accelerator, sum(n for _, n in micro_batches), budget)  # over every process, not waited for
+    step_loss, step_nll = (torch.zeros((), dtype=torch.float64, device=accelerator.device) for _ in range(2))
+    for i, (batch, _) in enumerate(micro_batches):
+        with engine.accumulating(model, last=i == len(micro_batches) - 1):
+            with accelerator.autocast():
+                loss, nll = evaluation.batch_loss(model, batch)  # label-smoothed, summed over target tokens (§5.4)
+            guard.before_backward(loss, step)
+            # Per target token of the whole step; DDP averages over processes, which * num_processes makes a sum.
+            accelerator.backward(loss * accelerator.num_processes / counts.tokens)
+        step_loss += loss.detach().double()
+        step_nll += nll.double()
+    parts.losses.add(step_loss, step_nll)
+    norm = engine.clip_grad_norm(model, max_grad_norm)
+    guard.before_update(step_loss, norm, step)
+    lr = parts.scheduler.get_last_lr()[0]
+    parts.optimizer.step()  # Adam (§5.3)
+    total_tokens = counts.read(budget)
+    if not accelerator.optimizer_step_was_skipped:  # fp16's scaler skips a step whose gradients overflowed
+        parts.scheduler.step()  # the rate of the next step (§5.3)
+        if parts.average is not None:
+            parts.average.update(accelerator.unwrap_model(model))
+    parts.optimizer.zero_grad(set_to_none=True)
+    parts.losses.tokens += total_tokens
+    return total_tokens, lr
+
+
+class StepCounts:
+    """The step's one reduction, started and not waited for: [target tokens, the main process's elapsed ms, its
+    stop signal], summed over processes. `tokens` (on the device) divides each micro-batch's loss; `read` waits
+    for the sums on the host, after the update: by then the device has long finished this reduction, queued
+    ahead of the step's forward and backward passes."""
+
+    def __init__(self, accelerator, local_tokens: int, budget: Budget):
+        main = accelerator.is_main_process
+        elapsed_ms = int((time.perf_counter() - budget.started) * 1000) if main else 0
+        counts = torch.tensor([local_tokens, elapsed_ms, budget.requested_signal() if main else 0], dtype=torch.float64)
+        if accelerator.device.type == "cuda":
+            counts = counts.pin_memory()
+        counts = accelerator.reduce(counts.to(accelerator.device, non_blocking=True), "sum")
+        self.tokens = counts[0].float()
+        self._read = _read_later(counts)
+
+    def read(self, budget: Budget) -> int:
+        """The step's target tokens; the budget gets the main process's clock and stop signal (alike everywhere)."""
+        total_tokens, elapsed_ms, stop_signal = self._read()
+        budget.elapsed, budget.stop_signal = elapsed_ms / 1000, int(stop_signal)
+        return int(total_tokens)
+
+
+def _read_later(tensor: torch.Tensor):
+    """Start copying `tensor` to the host; the returned function waits for that copy alone (a CUDA event), not
+    for the work queued after it, and returns the values as a list."""
+    if tensor.device.type != "cuda":
+        return tensor.tolist
+    host = tensor.to("cpu", non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def read() -> list:
+        copied.synchronize()
+        return host.tolist()
+
+    return read
+
+
+class Losses:
+    """The label-smoothed loss and the NLL summed on the device since the last read, with the target tokens they
+    cover and the first step that was not finite (`NonFiniteGuard` records it)."""
+
+    def __init__(self, accelerator, checkpoint_root: Path):
+        self.accelerator, self.checkpoint_root = accelerator, Path(checkpoint_root)
+        self.sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss, nll, first bad step
+        self.tokens = 0
+
+    def add(self, loss: torch.Tensor, nll: torch.Tensor) -> None:
+        self.sums[0] += loss
+        self.sums[1] += nll
+
+    def mark_bad(self, bad: torch.Tensor, step: int) -> None:
+        """Record step `step + 1` as not finite where `bad` (a device bool) is true and no earlier step was."""
+        self.sums[2] = torch.where(bad & (self.sums[2] == 0), step + 1, self.sums[2])
+
+    def read(self, step: int, reset: bool = True) -> tuple[float, float]:
+        """The loss and NLL per target token over all processes since the last read (the one wait for the device
+        that logging costs), or FloatingPointError when a step since then was not finite; `step` is the run's."""
+        sums = self.accelerator.gather(self.sums.unsqueeze(0))  # (processes, 3)
+        loss, nll = sums[:, :2].sum(0).tolist()
+        bad_steps = [int(bad) for bad in sums[:, 2].tolist() if bad]
+        if bad_steps:
+            good = latest_checkpoint(self.checkpoint_root)
+            raise FloatingPointError(
+                f"the training loss became {loss if not math.isfinite(loss) else 'finite but its gradients not'} at "
+                f"step {min(bad_steps)}; that step left the weights as they were, and the run stopped at step {step} "
+                f"before saving. The last good checkpoint is {good or '(none: no checkpoint was written yet)'}. Try a "
+                "lower `lr_scale`, a longer `warmup_steps`, `max_grad_norm`, or mixed_precision 'no'/'bf16'."
+            )
+        tokens = max(self.tokens, 1)
+        if reset:
+            self.sums.zero_()
+            self.tokens = 0
+        return loss / tokens, nll / tokens
