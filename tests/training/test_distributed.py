@@ -241,7 +241,7 @@ def deepspeed_accelerator(stage: int, world: int = 2, **config):
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_deepspeed_gets_one_token_batch_per_micro_step_and_our_clipping(stage):
     from vanilla_transformer.training.distributed import configure_deepspeed
-    from vanilla_transformer.training.loop import TrainingArguments
+    from vanilla_transformer.training.arguments import TrainingArguments
 
     accelerator = deepspeed_accelerator(stage, world=8)
     configure_deepspeed(accelerator, TrainingArguments(output_dir="unused", max_grad_norm=1.0))
@@ -257,7 +257,7 @@ def test_deepspeed_gets_one_token_batch_per_micro_step_and_our_clipping(stage):
 
 def test_deepspeed_settings_that_contradict_token_batches_are_refused():
     from vanilla_transformer.training.distributed import configure_deepspeed
-    from vanilla_transformer.training.loop import TrainingArguments
+    from vanilla_transformer.training.arguments import TrainingArguments
 
     with pytest.raises(ValueError, match="train_micro_batch_size_per_gpu=16.*must be 1 or 'auto'"):
         configure_deepspeed(deepspeed_accelerator(2, train_micro_batch_size_per_gpu=16), TrainingArguments(output_dir="x"))
