@@ -27,7 +27,7 @@ DEFAULT_VOCAB_SIZE = 8000  # docs/tokenizer.md: the paper's 37k was for 4.5M pai
 DEFAULT_DDP_TIMEOUT = 3 * 60 * 60
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")  # transformers' names
 SCHEDULES = ("noam", "linear", "cosine")  # schedule.py's
-PRESET_NAMES = ("tiny", "base", "big")  # the config's PRESETS (tests hold the two equal)
+PRESET_NAMES = ("tiny", "small", "base", "big")  # the config's PRESETS (tests hold the two equal)
 
 TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")  # the config takes them from the tokenizer
 DATA_FIELDS = ("source_lang", "target_lang", "dataset_name")  # ... and these from the data
@@ -101,7 +101,8 @@ class TrainingArguments:
     # Model
     preset: str = option(
         "tiny", group=MODEL, choices=PRESET_NAMES,
-        help="architecture trained from scratch (tiny trains in minutes on a CPU; base and big are Table 3's)",
+        help="architecture trained from scratch (tiny for tests; small learns in minutes on a CPU, the quickstart's; "
+        "base and big are Table 3's)",
     )
     config_overrides: dict = field(default_factory=dict, metadata=dict(
         group=MODEL, metavar="KEY=VALUE,...",
