@@ -126,10 +126,12 @@ def test_frozen_weights_stay_bit_identical(tmp_path, pretrained, small_run, froz
 def test_lora_trains_and_saves_a_plain_model_that_loads_in_a_fresh_process(tmp_path, pretrained, small_run, caplog,
                                                                              run_without_package):
     model, data = pretrained
-    with caplog.at_level(logging.INFO):
-        out = _train(data, tmp_path / "lora", small_run, "--model-name-or-path", str(model), "--max-steps", "4",
-                     "--lora-rank", "4", "--lr", "1e-2")
+    lora = ["--model-name-or-path", str(model), "--lora-rank", "4", "--lr", "1e-2", "--save-steps", "2"]
+    out = _train(data, tmp_path / "lora", small_run, *lora, "--max-steps", "2")
+    with caplog.at_level(logging.INFO):  # resumed with the adapters, and the last two checkpoints averaged
+        _train(data, out, small_run, *lora, "--max-steps", "4", "--average-last", "2", "--resume")
     assert "LoRA rank 4, alpha 16.0 on q_proj, k_proj, v_proj, out_proj" in caplog.text
+    assert "the average of checkpoint-00000002, checkpoint-00000004" in caplog.text
     assert not list(out.glob("adapter_*"))  # merged: no adapter files, no PEFT needed to load it
     before, after = (load_file(str(folder / "model.safetensors")) for folder in (model, out))
     assert before.keys() == after.keys()  # the plain model's weights, none of PEFT's names
