@@ -3,6 +3,8 @@ decay, freezing, --lora, --preset small, and the tokenizer a run trains or is gi
 
 import json
 import logging
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -77,6 +79,16 @@ def test_bad_optimisation_options_are_one_line_errors(tmp_path, small_task, smal
                                 *small_run, "--max-steps", "2", *extra])
     assert expected in err
     assert err.count("\n") == 1 or "invalid choice" in expected  # argparse's own errors come after its usage line
+    assert not (tmp_path / "out").exists()
+
+
+def test_lora_without_peft_installed_is_a_one_line_hint(tmp_path, small_task, small_run):
+    blocked = "import sys; sys.modules['peft'] = None  # as if it were not installed\n"
+    argv = ["train", "--dataset", str(small_task), "--output-dir", str(tmp_path / "out"), *small_run, "--lora-rank", "4"]
+    code = blocked + f"from vanilla_transformer.cli import main; main({argv!r})"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "`lora_rank` needs the peft package: pip install 'vanilla-transformer[peft]'" in result.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -255,10 +255,10 @@ class TrainingArguments:
             check_repo_id(self.push_to_hub)  # before hours of training, not after
 
     def _validate_lora(self) -> None:
-        from importlib.util import find_spec
-
-        if find_spec("peft") is None:
-            raise ValueError("`lora_rank` needs the peft package: pip install 'vanilla-transformer[peft]'")
+        try:
+            import peft  # noqa: F401
+        except ImportError:
+            raise ValueError("`lora_rank` needs the peft package: pip install 'vanilla-transformer[peft]'") from None
         if self.freeze_encoder or self.freeze_embeddings:
             raise ValueError("`lora_rank` already trains the adapters alone: leave out `freeze_encoder` and "
                              "`freeze_embeddings`.")
