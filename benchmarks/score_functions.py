@@ -55,7 +55,7 @@ from transformers import AutoTokenizer
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.visualize.attention_maps import AttentionRecord, collect_attentions, plot_models
-from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES
+from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES, PRESETS
 from vanilla_transformer.quickstart import SIZES, training_arguments
 from vanilla_transformer.tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
 from vanilla_transformer.training.loop import train
@@ -220,7 +220,7 @@ def new_settings(args, command: str) -> dict:
         "score_functions": args.score_functions,
         "steps": steps,
         "curve_every": max(1, steps // CURVE_POINTS),
-        "model": {"preset": SMALL["preset"], **SMALL["config_overrides"]},
+        "model": {"preset": SMALL["preset"], **PRESETS[SMALL["preset"]]},  # its shape, written out in the report
         "max_tokens": SMALL["max_tokens"], "warmup_steps": SMALL["warmup_steps"], "lr_scale": SMALL["lr_scale"],
         "seed": 0,
         "test_samples": args.test_samples or "all",

@@ -14,6 +14,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
+from vanilla_transformer.modeling.configuration_vanilla_transformer import PRESETS
 from vanilla_transformer.quickstart import SIZES
 from vanilla_transformer.training.kernels import MARGIN, cpu_computes_bf16
 
@@ -192,7 +193,7 @@ def test_score_function_study_writes_its_table_and_figure(tmp_path, capsys):
         assert r["figure_translation"] is not None
     # Location adds W_a (heads x d_k x 256 positions, i.e. d_model x 256) and drops W^K (d_model x d_model
     # + d_model) in each attention block: self-attention in every layer, cross-attention in the decoder's.
-    shape = SIZES["small"]["config_overrides"]
+    shape = PRESETS[SIZES["small"]["preset"]]
     blocks = shape["encoder_layers"] + 2 * shape["decoder_layers"]
     d = shape["d_model"]
     assert row["parameters_added"] == blocks * (d * 256 - (d * d + d))

@@ -27,15 +27,20 @@ DEFAULT_VOCAB_SIZE = 8000  # docs/tokenizer.md: the paper's 37k was for 4.5M pai
 DEFAULT_DDP_TIMEOUT = 3 * 60 * 60
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")  # transformers' names
 SCHEDULES = ("noam", "linear", "cosine")  # schedule.py's
-PRESET_NAMES = ("tiny", "base", "big")  # the config's PRESETS (tests hold the two equal)
+PRESET_NAMES = ("tiny", "small", "base", "big")  # the config's PRESETS (tests hold the two equal)
 
+TOKENIZER_MODELS = ("bpe", "unigram")  # tokenizer.py's MODEL_TYPES
+LORA_TARGETS = "q_proj,k_proj,v_proj,out_proj"  # the attention projections, self and cross
 TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")  # the config takes them from the tokenizer
 DATA_FIELDS = ("source_lang", "target_lang", "dataset_name")  # ... and these from the data
 # What a resumed run must share with the run it continues (its data, tokenizer, model and batches);
 # the limits, schedule, evaluation and checkpoint options may change.
 RUN_OPTIONS = ("dataset", "dataset_config", "source_lang", "target_lang", "max_length", "truncate", "tokenizer",
                "preset", "config_overrides", "model_name_or_path", "max_tokens", "gradient_accumulation_steps", "seed",
-               "lr_schedule", "ema_decay")  # these two: their state in a checkpoint fits only themselves
+               "lr_schedule", "ema_decay",  # these two: their state in a checkpoint fits only themselves
+               # ... and these: the parameters the optimiser holds, and how they are grouped
+               "weight_decay", "freeze_encoder", "freeze_embeddings", "lora_rank", "lora_alpha", "lora_dropout",
+               "lora_target_modules")
 
 # The groups of `train --help`, in order, each with what it says beyond its options.
 DATA = "data"
@@ -62,6 +67,8 @@ BOUNDS = {
     ("positive", int): ("a positive integer", lambda value: value >= 1),
     ("non-negative", int): ("a non-negative integer", lambda value: value >= 0),
     ("positive", float): ("a positive number", lambda value: value > 0),
+    ("non-negative", float): ("a non-negative number", lambda value: value >= 0),
+    ("fraction", float): ("a number in [0, 1)", lambda value: 0 <= value < 1),
 }
 
 
@@ -98,16 +105,33 @@ class TrainingArguments:
         help="size of a new joint vocabulary. The paper's 37k was for 4.5M pairs; on the ~29k-pair Bible corpora "
         "larger vocabularies shorten sequences little while many entries are too rare to train (docs/tokenizer.md)",
     )
+    tokenizer_model: str = option(
+        "bpe", group=TOKENIZER, choices=TOKENIZER_MODELS,
+        help="model of a new tokenizer: byte-level BPE, or SentencePiece's unigram over the same bytes",
+    )
     # Model
     preset: str = option(
         "tiny", group=MODEL, choices=PRESET_NAMES,
-        help="architecture trained from scratch (tiny trains in minutes on a CPU; base and big are Table 3's)",
+        help="architecture trained from scratch (tiny for tests; small learns in minutes on a CPU, the quickstart's; "
+        "base and big are Table 3's)",
     )
     config_overrides: dict = field(default_factory=dict, metadata=dict(
         group=MODEL, metavar="KEY=VALUE,...",
         help="config fields to change, e.g. 'd_model=256,encoder_layers=3,decoder_layers=3,d_ff=1024,dropout=0.1'",
     ))
     model_name_or_path: str | None = option(None, group=MODEL, help="saved model folder to fine-tune instead of a preset")
+    freeze_encoder: bool = option(
+        False, group=MODEL, help="train the encoder's layers no more (the token embeddings, shared, still train)")
+    freeze_embeddings: bool = option(False, group=MODEL, help="train the token and position embeddings no more")
+    lora_rank: int | None = option(
+        None, group=MODEL, bound="positive", metavar="RANK",
+        help="train low-rank adapters of this rank (LoRA, with PEFT) instead of the weights; the saved model has "
+        "them merged in (default: off)",
+    )
+    lora_alpha: float = option(16.0, group=MODEL, bound="positive", help="LoRA's scaling: updates are alpha / rank")
+    lora_dropout: float = option(0.0, group=MODEL, bound="fraction", help="dropout on LoRA's input")
+    lora_target_modules: str = option(
+        LORA_TARGETS, group=MODEL, metavar="NAME,...", help="linear layers given adapters, by name")
     # Batches and steps (§5.1, §5.2)
     max_tokens: int = option(
         4096, group=STEPS, bound="positive",
@@ -124,7 +148,19 @@ class TrainingArguments:
         PAPER_WARMUP_STEPS, group=OPTIMISATION,
         help="linear warm-up steps (the paper's 4000; a short CPU run wants a few hundred)",
     )
-    lr_scale: float = option(1.0, group=OPTIMISATION, help="factor on d_model^-0.5 * min(...)")
+    lr: float | None = option(
+        None, group=OPTIMISATION, bound="positive",
+        help="peak learning rate, reached at the end of the warm-up; the schedule keeps its shape (default: the "
+        "paper's d_model^-0.5 * warmup_steps^-0.5)",
+    )
+    lr_scale: float = option(1.0, group=OPTIMISATION, help="factor on d_model^-0.5 * min(...); or give --lr")
+    adam_beta1: float = option(0.9, group=OPTIMISATION, bound="fraction", help="Adam's beta1 (§5.3)")
+    adam_beta2: float = option(0.98, group=OPTIMISATION, bound="fraction", help="Adam's beta2 (§5.3)")
+    adam_epsilon: float = option(1e-9, group=OPTIMISATION, bound="positive", help="Adam's epsilon (§5.3)")
+    weight_decay: float = option(
+        0.0, group=OPTIMISATION, bound="non-negative",
+        help="decoupled weight decay (AdamW), not on biases and LayerNorm weights (not in the paper)",
+    )
     lr_schedule: str = option(
         "noam", group=OPTIMISATION, choices=SCHEDULES,
         help="noam: the paper's inverse square root; linear/cosine: the same warm-up and peak, then down to 0 at the "
@@ -201,6 +237,10 @@ class TrainingArguments:
         if self.max_tokens < self.max_length:
             raise ValueError(f"`max_tokens` ({self.max_tokens}) must be at least `max_length` ({self.max_length}).")
         check_schedule(self.warmup_steps, self.lr_scale, self.lr_schedule, names=("warmup_steps", "lr_scale", "lr_schedule"))
+        if self.lr is not None and self.lr_scale != 1.0:
+            raise ValueError("`lr` and `lr_scale` both set the peak learning rate: give one of them.")
+        if self.lora_rank is not None:
+            self._validate_lora()
         if self.ema_decay is not None and not (is_finite_number(self.ema_decay) and 0 < self.ema_decay < 1):
             raise ValueError(f"`ema_decay` must be a number in (0, 1), e.g. 0.999, or None; got {self.ema_decay!r}.")
         check_probability("label_smoothing", self.label_smoothing)
@@ -213,6 +253,18 @@ class TrainingArguments:
                                  "pip install 'vanilla-transformer[tensorboard]'")
         if self.push_to_hub is not None:
             check_repo_id(self.push_to_hub)  # before hours of training, not after
+
+    def _validate_lora(self) -> None:
+        try:
+            import peft  # noqa: F401
+        except ImportError:
+            raise ValueError("`lora_rank` needs the peft package: pip install 'vanilla-transformer[peft]'") from None
+        if self.freeze_encoder or self.freeze_embeddings:
+            raise ValueError("`lora_rank` already trains the adapters alone: leave out `freeze_encoder` and "
+                             "`freeze_embeddings`.")
+        if not all(name.strip() for name in self.lora_target_modules.split(",")):
+            raise ValueError(f"`lora_target_modules` must be layer names separated by commas, e.g. {LORA_TARGETS}; "
+                             f"got {self.lora_target_modules!r}.")
 
     def _validate_config_overrides(self) -> None:
         """Before hours of data preparation: known fields with values the config accepts."""

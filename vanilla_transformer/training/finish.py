@@ -97,6 +97,9 @@ def _final_weights(parts: Components, args: TrainingArguments):
         load_weights(unwrapped, average_checkpoints(chosen))
         logger.info(f"final weights: the average of {', '.join(p.name for p in chosen)}")
     compared = _compare_weight_average(parts, args, unwrapped) if parts.average is not None else None
+    if args.lora_rank is not None:  # the adapters merged into the weights: a plain model folder, no PEFT to load it
+        unwrapped = unwrapped.merge_and_unload()
+        logger.info("LoRA adapters merged into the weights")
     return unwrapped, {"averaged_checkpoints": [p.name for p in chosen], "weight_average": compared}
 
 

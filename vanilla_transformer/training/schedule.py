@@ -9,7 +9,8 @@ the paper; fairseq and tensor2tensor expose it as a "learning-rate factor").
 
 Not in the paper: the schedule was built for 100k steps and never reaches zero. A run with a
 budget of minutes stops while its rate is still high, so `BudgetSchedule` warms up the same way to
-the same peak, then decays linearly or along a cosine to exactly zero where the budget ends.
+the same peak, then decays linearly or along a cosine to exactly zero where the budget ends. A
+fine-tuning run names its peak instead (`peak_scale`): the curve keeps its shape, scaled to reach it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from .arguments import PAPER_WARMUP_STEPS, SCHEDULES, check_schedule
 
 __all__ = ["PAPER_WARMUP_STEPS", "SCHEDULES", "BudgetSchedule", "check_schedule", "make_optimizer", "make_scheduler",
-           "noam_rate"]
+           "noam_rate", "peak_scale"]
 
 
 def noam_rate(step: int, d_model: int, warmup_steps: int = PAPER_WARMUP_STEPS, scale: float = 1.0) -> float:
@@ -32,18 +33,38 @@ def noam_rate(step: int, d_model: int, warmup_steps: int = PAPER_WARMUP_STEPS, s
     return scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
 
 
-def make_optimizer(model: torch.nn.Module, device: torch.device | str | None = None) -> torch.optim.Adam:
-    """§5.3: Adam with β1 = 0.9, β2 = 0.98, ε = 1e-9, no weight decay.
+def peak_scale(peak: float, d_model: int, warmup_steps: int = PAPER_WARMUP_STEPS) -> float:
+    """The `scale` whose schedule peaks at `peak`: every schedule peaks at the end of the warm-up."""
+    return peak / noam_rate(warmup_steps, d_model, warmup_steps)
+
+
+def make_optimizer(
+    model: torch.nn.Module,
+    device: torch.device | str | None = None,
+    betas: tuple[float, float] = (0.9, 0.98),
+    eps: float = 1e-9,
+    weight_decay: float = 0.0,
+) -> torch.optim.Optimizer:
+    """§5.3: Adam with β1 = 0.9, β2 = 0.98, ε = 1e-9, no weight decay, over the parameters that train.
 
     The base rate is 1: the scheduler's multiplier *is* the learning rate. On the `device` the
     model will train on (default: where its parameters are), CPUs and CUDA GPUs get torch's fused
     kernel (the default of transformers' Trainer): each tensor is updated in one pass, without the
     default loop's temporaries (faster: benchmarks/training.py).
     Other devices (MPS, XLA) get the default loop, which runs everywhere.
+    With `weight_decay` (not in the paper) it is AdamW: decay decoupled from the gradient's moments, and,
+    as in transformers' Trainer, not on biases and LayerNorm weights, which set offsets and scales.
     """
     device = torch.device(device) if device is not None else next(model.parameters()).device
     fused = device.type in ("cpu", "cuda")
-    return torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, fused=fused)
+    trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    if not weight_decay:
+        return torch.optim.Adam([p for _, p in trained], lr=1.0, betas=betas, eps=eps, fused=fused)
+    undecayed = {id(p) for module in model.modules() if isinstance(module, torch.nn.LayerNorm) for p in module.parameters()}
+    undecayed |= {id(p) for name, p in trained if name.endswith("bias")}
+    groups = [{"params": [p for _, p in trained if id(p) not in undecayed], "weight_decay": weight_decay},
+              {"params": [p for _, p in trained if id(p) in undecayed], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=1.0, betas=betas, eps=eps, fused=fused)
 
 
 def make_scheduler(

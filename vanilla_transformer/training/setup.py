@@ -28,7 +28,7 @@ from ..modeling.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
 )
 from ..staging import STAGING_PREFIX
-from ..tokenizer import train_tokenizer
+from ..tokenizer import check_appends_eos, train_tokenizer
 from . import evaluation
 from .arguments import TrainingArguments
 from .averaging import WeightAverage
@@ -46,10 +46,10 @@ from .run_folder import (
     resume_step,
     run_options,
 )
-from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler
+from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler, peak_scale
 from .step import Losses
 
-__all__ = ["Components", "choose_attention", "load_tokenizer", "prepare", "set_up"]
+__all__ = ["Components", "add_lora", "choose_attention", "freeze", "load_tokenizer", "prepare", "set_up"]
 
 logger = get_logger(__name__)
 
@@ -97,7 +97,9 @@ def set_up(args: TrainingArguments, accelerator) -> tuple[Components, RunState, 
     data, source_lang, target_lang, tokenizer, train_split, eval_splits = _prepare_data(args, accelerator)
     model = _build_model(args, accelerator, tokenizer, resume_from, (source_lang, target_lang))
     d_model = model.config.d_model
-    optimizer = make_optimizer(model, accelerator.device)  # built before `prepare` moves the model there
+    # Built before `prepare` moves the model there, over the parameters that train (freeze, add_lora).
+    optimizer = make_optimizer(model, accelerator.device, (args.adam_beta1, args.adam_beta2), args.adam_epsilon,
+                               args.weight_decay)
     configure_deepspeed(accelerator, args)  # the batch sizes DeepSpeed asks for; nothing without DeepSpeed
     model, prepared_optimizer = prepare(accelerator, model, optimizer)
     state = RunState(run_options=run_options(args)) if resume_from is None else RunState.from_dict(read_state(resume_from))
@@ -109,14 +111,15 @@ def set_up(args: TrainingArguments, accelerator) -> tuple[Components, RunState, 
                     epoch_batches=len(sampler.local_batches(state.epoch)), progress=state, start_step=state.step)
     # The scheduler is not prepared: Accelerate would step it once per process, and the Noam schedule counts
     # optimiser steps. It is registered so that save_state/load_state keep it.
-    scheduler = make_scheduler(optimizer, d_model, args.warmup_steps, args.lr_scale, args.lr_schedule,
+    scale = args.lr_scale if args.lr is None else peak_scale(args.lr, d_model, args.warmup_steps)
+    scheduler = make_scheduler(optimizer, d_model, args.warmup_steps, scale, args.lr_schedule,
                                remaining_steps=budget.remaining_steps)
     accelerator.register_for_checkpointing(scheduler)
     average = None
     if args.ema_decay is not None:
         average = WeightAverage(accelerator.unwrap_model(model), args.ema_decay)
         accelerator.register_for_checkpointing(average)
-    _log_recipe(args, accelerator, d_model)
+    _log_recipe(args, accelerator, d_model, scale)
     if resume_from is not None:
         accelerator.load_state(str(resume_from))  # weights, optimiser, scheduler, RNG states
         logger.info(f"resumed from {resume_from} (step {state.step})")
@@ -142,6 +145,46 @@ def _build_model(args: TrainingArguments, accelerator, tokenizer, resume_from: P
         checkpoint_root.mkdir(parents=True, exist_ok=True)
         model.config.to_json_file(checkpoint_root / "config.json")
     logger.info(f"model: {sum(p.numel() for p in model.parameters()):,} parameters; {model.config.to_diff_dict()}")
+    freeze(model, encoder=args.freeze_encoder, embeddings=args.freeze_embeddings)
+    if args.lora_rank is not None:
+        model = add_lora(model, args.lora_rank, args.lora_alpha, args.lora_dropout, args.lora_target_modules.split(","))
+    return model
+
+
+def freeze(model, encoder: bool = False, embeddings: bool = False) -> None:
+    """Stop training the encoder's layers and/or the embeddings (token, tied output and position), before the
+    optimiser is built. The token embeddings are the decoder's and the output layer's too: `encoder` leaves them."""
+    shared = {id(p) for p in (*model.get_input_embeddings().parameters(), *model.get_output_embeddings().parameters())}
+    frozen = {}
+    if embeddings:
+        for module in (model.get_encoder().embeddings, model.get_decoder().embeddings, model.get_output_embeddings()):
+            frozen.update((id(p), p) for p in module.parameters())
+    if encoder:
+        frozen.update((id(p), p) for p in model.get_encoder().parameters() if id(p) not in shared)
+    for p in frozen.values():
+        p.requires_grad_(False)
+    if frozen:
+        parts = [what for what, asked in (("the encoder's layers", encoder), ("the embeddings", embeddings)) if asked]
+        left = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        logger.info(f"frozen: {' and '.join(parts)} ({sum(p.numel() for p in frozen.values()):,} parameters); "
+                    f"{left:,} train")
+
+
+def add_lora(model, rank: int, alpha: float, dropout: float, target_modules: list[str]):
+    """LoRA (Hu et al., 2021) with PEFT: the weights stay as they are and low-rank adapters of `target_modules`
+    train; `finish` merges them into the weights, so the saved folder is a plain model."""
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    target_modules = [name.strip() for name in target_modules]
+    config = LoraConfig(task_type=TaskType.SEQ_2_SEQ_LM, r=rank, lora_alpha=alpha, lora_dropout=dropout,
+                        target_modules=target_modules)
+    try:
+        model = get_peft_model(model, config)
+    except ValueError as err:  # no layer of that name
+        raise ValueError(f"`lora_target_modules`: {err}") from None
+    trained, total = model.get_nb_trainable_parameters()
+    logger.info(f"LoRA rank {rank}, alpha {alpha} on {', '.join(target_modules)}: {trained:,} of {total:,} "
+                "parameters train")
     return model
 
 
@@ -169,17 +212,19 @@ def load_tokenizer(args: TrainingArguments, data, source_lang: str, target_lang:
     if args.tokenizer is not None:
         if not Path(args.tokenizer).is_dir():
             raise FileNotFoundError(f"`tokenizer`: no tokenizer folder at {args.tokenizer}")
-        return AutoTokenizer.from_pretrained(args.tokenizer)
+        return _checked_tokenizer(args.tokenizer, f"`tokenizer` {args.tokenizer}")
     options = _tokenizer_options(args, source_lang, target_lang)
     if (output_dir / "tokenizer.json").is_file() and _keep_own_tokenizer(args, options):
-        return AutoTokenizer.from_pretrained(output_dir)
+        return _checked_tokenizer(output_dir, f"the tokenizer in {output_dir}")
     if args.model_name_or_path is not None and (Path(args.model_name_or_path) / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(args.model_name_or_path)
-    logger.info(f"training a {args.vocab_size}-token joint BPE tokenizer on the train split; saved to {output_dir}")
+        return _checked_tokenizer(args.model_name_or_path, f"`model_name_or_path` {args.model_name_or_path}'s tokenizer")
+    logger.info(f"training a {args.vocab_size}-token joint {args.tokenizer_model} tokenizer on the train split; "
+                f"saved to {output_dir}")
     record = output_dir / CHECKPOINTS / TOKENIZER_OPTIONS
     record.unlink(missing_ok=True)  # the old record goes first: a tokenizer is never described by another's
     tokenizer = train_tokenizer(
-        data["train"], languages=[source_lang, target_lang], vocab_size=args.vocab_size, output_dir=output_dir
+        data["train"], languages=[source_lang, target_lang], vocab_size=args.vocab_size, output_dir=output_dir,
+        model_type=args.tokenizer_model,
     )
     record.parent.mkdir(exist_ok=True)
     staging = record.with_name(f"{STAGING_PREFIX}{record.name}")  # whole or not at all: a record is trusted
@@ -188,11 +233,18 @@ def load_tokenizer(args: TrainingArguments, data, source_lang: str, target_lang:
     return tokenizer
 
 
+def _checked_tokenizer(folder, name: str):
+    """A saved tokenizer that ends every sentence with </s>, without which a model never learns to stop."""
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    check_appends_eos(tokenizer, name)
+    return tokenizer
+
+
 def _tokenizer_options(args: TrainingArguments, source_lang: str, target_lang: str) -> dict:
     """What a tokenizer trained by this run is learnt from (recorded in checkpoints/tokenizer_options.json)."""
     options = run_options(args)
     return {"dataset": options["dataset"], "dataset_config": args.dataset_config, "source_lang": source_lang,
-            "target_lang": target_lang, "vocab_size": args.vocab_size}
+            "target_lang": target_lang, "vocab_size": args.vocab_size, "tokenizer_model": args.tokenizer_model}
 
 
 def _keep_own_tokenizer(args: TrainingArguments, options: dict) -> bool:
@@ -206,7 +258,7 @@ def _keep_own_tokenizer(args: TrainingArguments, options: dict) -> bool:
         logger.warning(f"using the tokenizer already in {args.output_dir} (what it was trained from is not recorded); "
                        "delete its tokenizer.json to train a new one, or pass `tokenizer`")
         return True
-    before = read_json(record)
+    before = {"tokenizer_model": "bpe", **read_json(record)}  # records from before the unigram choice
     changed = [f"{name} {before.get(name)!r} -> {value!r}" for name, value in options.items() if before.get(name) != value]
     if not changed:
         return True
@@ -312,15 +364,18 @@ def _set_attention(model, implementation: str) -> None:
         raise ValueError(f"`attn_implementation` {implementation!r} cannot run this model: {err}") from None
 
 
-def _log_recipe(args: TrainingArguments, accelerator, d_model: int) -> None:
-    peak = d_model**-0.5 * args.warmup_steps**-0.5 * args.lr_scale
+def _log_recipe(args: TrainingArguments, accelerator, d_model: int, scale: float) -> None:
+    peak = d_model**-0.5 * args.warmup_steps**-0.5 * scale
     if args.lr_schedule == "noam":
-        schedule = f"lr = {args.lr_scale} * {d_model}^-0.5 * min(step^-0.5, step * {args.warmup_steps}^-1.5)"
+        schedule = f"lr = {scale:.4g} * {d_model}^-0.5 * min(step^-0.5, step * {args.warmup_steps}^-1.5)"
     else:
         schedule = f"lr: linear warm-up, then {args.lr_schedule} decay to 0 at the end of the budget (not the paper's)"
     average = f"; moving average of the weights, decay {args.ema_decay}" if args.ema_decay is not None else ""
+    adam = f"Adam({args.adam_beta1}, {args.adam_beta2}, {args.adam_epsilon})"
+    if args.weight_decay:
+        adam = f"AdamW({args.adam_beta1}, {args.adam_beta2}, {args.adam_epsilon}, weight decay {args.weight_decay})"
     logger.info(
-        f"Adam(0.9, 0.98, 1e-9), {schedule} "
+        f"{adam}, {schedule} "
         f"(peak {peak:.2e} at step {args.warmup_steps}; the paper warms up for {PAPER_WARMUP_STEPS}){average}; "
         f"label smoothing {args.label_smoothing}; {accelerator.num_processes} process(es), "
         f"{args.gradient_accumulation_steps} batch(es) of <= {args.max_tokens} tokens each per step; "
