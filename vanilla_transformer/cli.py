@@ -145,11 +145,14 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     def run(args: argparse.Namespace) -> int:
         from .training.arguments import TrainingArguments
         from .training.loop import train
-        from .training.run_folder import TrainingInterrupted
+        from .training.run_folder import TrainingInterrupted, restore_options
 
         options = {k: v for k, v in vars(args).items() if k not in ("command", "func")}
         options["config_overrides"] = _parse_overrides(p, args.config_overrides)
         try:  # bad input is a usage error: one clear line, exit status 2
+            if args.resume:  # the options left at their defaults are the run's own
+                options = restore_options(args.output_dir, {k: v for k, v in options.items() if v != p.get_default(k)
+                                                            and not (k == "config_overrides" and not v)})
             train(TrainingArguments(**options))
         except (OSError, ValueError) as err:
             _refuse(p, err)
