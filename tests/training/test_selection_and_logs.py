@@ -141,3 +141,29 @@ def test_selection_and_tracker_mistakes_are_one_line_errors(tmp_path, small_task
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert re.search(expected, err[-1]) and not (tmp_path / "run").exists()
+
+
+def test_the_best_checkpoints_outlive_pruning_and_average_best_keeps_as_many_as_it_averages(tmp_path):
+    from accelerate import Accelerator
+
+    from vanilla_transformer.training.arguments import TrainingArguments
+    from vanilla_transformer.training.checkpoints import save_checkpoint
+    from vanilla_transformer.training.run_folder import RunState
+    from vanilla_transformer.training.selection import best_steps, out_of_patience, record_validation
+
+    model = torch.nn.Linear(3, 2)
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(model, torch.optim.Adam(model.parameters()))
+    args = TrainingArguments(output_dir=str(tmp_path), best_metric="bleu", average_best=True, average_last=2, patience=2)
+    state = RunState()
+    for step, bleu in [(1, 10.0), (2, 30.0), (3, 20.0), (4, 20.0), (5, 5.0)]:
+        state.step = step
+        record_validation(state, args, {"bleu": bleu})
+        save_checkpoint(accelerator, tmp_path / "checkpoints", step, state.to_dict(), keep=1, protect=best_steps(state))
+    assert best_steps(state) == [2, 3]  # the best two, best first; step 4 ties step 3 and comes later
+    assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == [
+        "checkpoint-00000002", "checkpoint-00000003", "checkpoint-00000005"]
+    assert state.evaluations_without_improvement == 3 and out_of_patience(state, args)
+    # Resumed from a checkpoint, the run knows its best and its count.
+    resumed = RunState.from_dict(json.loads((tmp_path / "checkpoints" / "checkpoint-00000005" / "trainer_state.json").read_text()))
+    assert best_steps(resumed) == [2, 3] and resumed.evaluations_without_improvement == 3
