@@ -39,7 +39,7 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
     `evaluate` metric (`metrics.BLEU_CHRF`: sacrebleu's command-line defaults), with signatures.
     `full_precision` leaves mixed precision off, as `vanilla-transformer evaluate` computes: the final scores.
     """
-    precision = nullcontext() if full_precision else accelerator.autocast()
+    precision = nullcontext if full_precision else accelerator.autocast
     model = full_model(accelerator, model)
     was_training = model.training
     model.eval()
@@ -47,7 +47,7 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
     shard = dict(shuffle=False, num_replicas=accelerator.num_processes, rank=accelerator.process_index)
     sums, tokens = torch.zeros(2, dtype=torch.float64, device=accelerator.device), 0  # loss, nll; target tokens
     sampler = TokenBatchSampler(split.lengths, args.max_tokens, **shard)
-    with PrefetchedBatches(split, sampler, collate, accelerator.device) as batches, precision:
+    with PrefetchedBatches(split, sampler, collate, accelerator.device) as batches, precision():
         for batch, batch_tokens in batches:
             loss, nll = batch_loss(model, batch)
             sums += torch.stack([loss.double(), nll.double()])
@@ -64,7 +64,7 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
         budget = max(args.max_tokens // args.num_beams, int(lengths.max()))
         sampler = TokenBatchSampler(lengths, budget, **shard)
         indices = list(sampler)
-        with PrefetchedBatches(subset, indices, collate, accelerator.device) as batches, precision:
+        with PrefetchedBatches(subset, indices, collate, accelerator.device) as batches, precision():
             translations = translate(model, tokenizer, batches, indices, args)
         translations = sorted(accelerator.gather_for_metrics(translations, use_gather_object=True))
         hypotheses = [text for _, text in translations]

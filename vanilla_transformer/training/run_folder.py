@@ -205,8 +205,13 @@ def recorded_options(args: TrainingArguments) -> dict:
 def restore_options(output_dir: str, given: dict) -> dict:
     """`resume` without the options: those the newest checkpoint of the run in `output_dir` records, the `given`
     ones (typed on the command line) over them; `check_same_run` then refuses a changed one that defines the run."""
-    checkpoint = latest_checkpoint(Path(output_dir) / CHECKPOINTS)
-    recorded = (read_state(checkpoint).get("options") or {}) if checkpoint is not None else {}
+    recorded = {}
+    for checkpoint in reversed(list_checkpoints(Path(output_dir) / CHECKPOINTS)):
+        try:  # the newest that reads; `train` says what is damaged, and sets it aside, under the folder's lock
+            recorded = read_state(checkpoint).get("options") or {}
+            break
+        except (OSError, ValueError, AttributeError):
+            continue
     known = {f.name for f in fields(TrainingArguments)}  # an option since removed is dropped
     return {**{name: value for name, value in recorded.items() if name in known}, **given}
 
