@@ -145,11 +145,14 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     def run(args: argparse.Namespace) -> int:
         from .training.arguments import TrainingArguments
         from .training.loop import train
-        from .training.run_folder import TrainingInterrupted
+        from .training.run_folder import TrainingInterrupted, restore_options
 
-        options = {k: v for k, v in vars(args).items() if k not in ("command", "func")}
+        options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "argv")}
         options["config_overrides"] = _parse_overrides(p, args.config_overrides)
         try:  # bad input is a usage error: one clear line, exit status 2
+            if args.resume:  # the options not typed are the run's own
+                given = _typed_options(args.argv)
+                options = restore_options(args.output_dir, {k: v for k, v in options.items() if k in given})
             train(TrainingArguments(**options))
         except (OSError, ValueError) as err:
             _refuse(p, err)
@@ -162,6 +165,19 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         return 0
 
     p.set_defaults(func=run)
+
+
+def _typed_options(argv: list[str]) -> set[str]:
+    """The `train` options typed on the command line `argv` (abbreviated or not), as TrainingArguments names them."""
+    import dataclasses
+
+    from .training.arguments import TrainingArguments, argparse_options
+
+    parser = argparse.ArgumentParser(add_help=False)
+    for f in dataclasses.fields(TrainingArguments):
+        parser.add_argument("--" + f.name.replace("_", "-"),
+                            **argparse_options(f.name, default=argparse.SUPPRESS, required=False))
+    return set(vars(parser.parse_known_args(argv)[0]))
 
 
 def _parse_overrides(p: argparse.ArgumentParser, text: str) -> dict:
@@ -763,6 +779,7 @@ def _check_text_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)  # `train --resume` tells typed options from defaults
     _check_text_arguments(parser, args)
     try:
         code = args.func(args) or 0

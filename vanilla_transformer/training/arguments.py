@@ -10,6 +10,7 @@ that `vanilla-transformer train --help` stays instant: `validate` imports the mo
 
 import argparse
 import dataclasses
+import importlib.util
 import inspect
 import types
 import typing
@@ -28,6 +29,10 @@ DEFAULT_DDP_TIMEOUT = 3 * 60 * 60
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")  # transformers' names
 SCHEDULES = ("noam", "linear", "cosine")  # schedule.py's
 PRESET_NAMES = ("tiny", "small", "base", "big")  # the config's PRESETS (tests hold the two equal)
+BEST_METRICS = {"bleu": max, "chrf": max, "loss": min}  # validation scores a checkpoint is chosen by, and which way
+# Accelerate's trackers, each with the package it needs (an optional extra of this one, pyproject.toml).
+TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "comet_ml": "comet_ml", "aim": "aim",
+            "clearml": "clearml", "dvclive": "dvclive", "swanlab": "swanlab", "trackio": "trackio"}
 
 TOKENIZER_MODELS = ("bpe", "unigram")  # tokenizer.py's MODEL_TYPES
 LORA_TARGETS = "q_proj,k_proj,v_proj,out_proj"  # the attention projections, self and cross
@@ -50,6 +55,7 @@ STEPS = "batches and steps (training stops at the first limit reached)"
 OPTIMISATION = "optimisation and schedule (§5.3, §5.4)"
 CHECKPOINTS = "checkpoints"
 EVALUATION = "evaluation (validation perplexity, then beam-search BLEU/chrF)"
+SELECTION = "model selection (the best checkpoint by validation, early stopping)"
 OUTPUT = "output and logging"
 GROUPS = {
     DATA: "Without a validation split, 2% of train (at most 1000 pairs) is held out for it.",
@@ -60,6 +66,7 @@ GROUPS = {
     OPTIMISATION: None,
     CHECKPOINTS: "§6.1 averages the last 5 of a base model.",
     EVALUATION: "§6.1: beam 4, length penalty 0.6, at most input length + 50 tokens.",
+    SELECTION: "Not in the paper, which averages the last checkpoints (§6.1); fairseq's checkpoint_best and --patience.",
     OUTPUT: None,
 }
 # The bounds a field's metadata may name, by the field's type: what an error calls it, and the test.
@@ -191,7 +198,11 @@ class TrainingArguments:
         1, group=CHECKPOINTS, bound="positive",
         help="final weights = mean of the last K checkpoints (the paper: 5 for base models)",
     )
-    resume: bool = option(False, group=CHECKPOINTS, help="continue from the newest checkpoint in --output-dir")
+    resume: bool = option(
+        False, group=CHECKPOINTS,
+        help="continue from the newest checkpoint in --output-dir, with the options it records; an option given "
+        "other than its default replaces the recorded one, or is refused where it would change the run",
+    )
     # Evaluation; num_beams and length_penalty are checked by the model's check_decoding_options
     eval_steps: int = option(1000, group=EVALUATION, bound="positive", help="validate every N steps")
     eval_samples: int | None = option(
@@ -205,15 +216,29 @@ class TrainingArguments:
     )
     num_beams: int = option(4, group=EVALUATION, help="beam size (the paper: 4, §6.1)")
     length_penalty: float = option(0.6, group=EVALUATION, help="beam length penalty alpha (the paper: 0.6)")
+    # Model selection
+    best_metric: str | None = option(
+        None, group=SELECTION, choices=tuple(BEST_METRICS),
+        help="keep the checkpoint with the best validation score (bleu and chrf need --eval-samples); it is the "
+        "final model unless --average-last averages others",
+    )
+    patience: int | None = option(
+        None, group=SELECTION, bound="positive", metavar="N",
+        help="with --best-metric: stop after N evaluations without improvement",
+    )
+    average_best: bool = option(
+        False, group=SELECTION, help="with --best-metric: average the best --average-last checkpoints, not the last")
     # Output and logging
     ddp_timeout: int = option(
         DEFAULT_DDP_TIMEOUT, group=OUTPUT, bound="positive", metavar="SECONDS",
         help="how long a process waits for the others in a collective, e.g. while the main process learns the "
         "vocabulary and tokenises",
     )
-    log_steps: int = option(50, group=OUTPUT, bound="positive", help="tracker logging interval")
+    log_steps: int = option(
+        50, group=OUTPUT, bound="positive",
+        help="log a line (loss, NLL, learning rate, tokens/s) every N steps, also appended to OUTPUT_DIR/training_log.jsonl")
     report_to: str | None = option(
-        None, group=OUTPUT, choices=("tensorboard",), help="tracker, logging under OUTPUT_DIR/runs")
+        None, group=OUTPUT, choices=tuple(TRACKERS), help="tracker, logging under OUTPUT_DIR/runs")
     push_to_hub: str | None = option(
         None, group=OUTPUT, metavar="USER/NAME",
         help="upload the finished folder to this Hub model repository (token from HF_TOKEN or `hf auth login`)",
@@ -245,12 +270,10 @@ class TrainingArguments:
             raise ValueError(f"`ema_decay` must be a number in (0, 1), e.g. 0.999, or None; got {self.ema_decay!r}.")
         check_probability("label_smoothing", self.label_smoothing)
         check_decoding_options(num_beams=self.num_beams, length_penalty=self.length_penalty)
-        if self.report_to == "tensorboard":
-            from accelerate.utils import is_tensorboard_available
-
-            if not is_tensorboard_available():
-                raise ValueError("`report_to` tensorboard needs the tensorboard package: "
-                                 "pip install 'vanilla-transformer[tensorboard]'")
+        self._validate_selection()
+        if self.report_to is not None and importlib.util.find_spec(TRACKERS[self.report_to]) is None:
+            raise ValueError(f"`report_to` {self.report_to} needs the {TRACKERS[self.report_to]} package: "
+                             f"pip install 'vanilla-transformer[{self.report_to}]'")
         if self.push_to_hub is not None:
             check_repo_id(self.push_to_hub)  # before hours of training, not after
 
@@ -265,6 +288,15 @@ class TrainingArguments:
         if not all(name.strip() for name in self.lora_target_modules.split(",")):
             raise ValueError(f"`lora_target_modules` must be layer names separated by commas, e.g. {LORA_TARGETS}; "
                              f"got {self.lora_target_modules!r}.")
+
+    def _validate_selection(self) -> None:
+        """The model-selection options need a score to select by."""
+        for name in ("patience", "average_best"):
+            if getattr(self, name) and self.best_metric is None:
+                raise ValueError(f"`{name}` needs `best_metric` (bleu, chrf or loss) to tell better from worse.")
+        if self.best_metric in ("bleu", "chrf") and not self.eval_samples:
+            raise ValueError(f"`best_metric` {self.best_metric} needs validation translations: give `eval_samples` "
+                             "a positive number, or choose `best_metric` loss.")
 
     def _validate_config_overrides(self) -> None:
         """Before hours of data preparation: known fields with values the config accepts."""

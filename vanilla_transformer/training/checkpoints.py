@@ -232,8 +232,10 @@ class TiedEmbeddingsNotice(logging.Filter):
 logging.getLogger("accelerate.utils.other").addFilter(TiedEmbeddingsNotice())  # the logger save_state warns on
 
 
-def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict, keep: int | None = None) -> Path:
-    """Save the full training state of every process as `root/checkpoint-<step>`, then keep the newest `keep`.
+def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict, keep: int | None = None,
+                    protect=()) -> Path:
+    """Save the full training state of every process as `root/checkpoint-<step>`, then keep the newest `keep`
+    and those of the steps in `protect`.
 
     Call on every process (each saves its own RNG state); the main process renames and prunes.
     """
@@ -255,8 +257,10 @@ def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict
                 shutil.rmtree(final)
             os.rename(staging, final)  # atomic: the checkpoint appears complete or not at all
             if keep is not None:
+                kept = {checkpoint_path(root, s) for s in protect}
                 for old in list_checkpoints(root)[:-keep]:
-                    shutil.rmtree(old)
+                    if old not in kept:
+                        shutil.rmtree(old)
     except Exception as err:
         full = disk_full_error(err, staging, final)
         shutil.rmtree(staging, ignore_errors=True)

@@ -9,6 +9,7 @@ signatures. `full_model` is the model as one process can score, decode and save 
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import torch
 from accelerate.logging import get_logger
@@ -28,14 +29,17 @@ logger = get_logger(__name__)
 
 
 @torch.no_grad()
-def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: TrainingArguments, translate_samples=None) -> dict:
+def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: TrainingArguments, translate_samples=None,
+             full_precision: bool = False) -> dict:
     """Loss, perplexity and (unless `translate_samples` is 0) BLEU and chrF of beam-search translations.
 
     Each process scores its share of the batches; `gather_for_metrics` brings the sums and the
     translations together. `loss` is the label-smoothed training objective per target token,
     `perplexity` exp(NLL per target token) without smoothing. BLEU and chrF are the package's
     `evaluate` metric (`metrics.BLEU_CHRF`: sacrebleu's command-line defaults), with signatures.
+    `full_precision` leaves mixed precision off, as `vanilla-transformer evaluate` computes: the final scores.
     """
+    precision = nullcontext if full_precision else accelerator.autocast
     model = full_model(accelerator, model)
     was_training = model.training
     model.eval()
@@ -43,7 +47,7 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
     shard = dict(shuffle=False, num_replicas=accelerator.num_processes, rank=accelerator.process_index)
     sums, tokens = torch.zeros(2, dtype=torch.float64, device=accelerator.device), 0  # loss, nll; target tokens
     sampler = TokenBatchSampler(split.lengths, args.max_tokens, **shard)
-    with PrefetchedBatches(split, sampler, collate, accelerator.device) as batches, accelerator.autocast():
+    with PrefetchedBatches(split, sampler, collate, accelerator.device) as batches, precision():
         for batch, batch_tokens in batches:
             loss, nll = batch_loss(model, batch)
             sums += torch.stack([loss.double(), nll.double()])
@@ -60,7 +64,7 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
         budget = max(args.max_tokens // args.num_beams, int(lengths.max()))
         sampler = TokenBatchSampler(lengths, budget, **shard)
         indices = list(sampler)
-        with PrefetchedBatches(subset, indices, collate, accelerator.device) as batches, accelerator.autocast():
+        with PrefetchedBatches(subset, indices, collate, accelerator.device) as batches, precision():
             translations = translate(model, tokenizer, batches, indices, args)
         translations = sorted(accelerator.gather_for_metrics(translations, use_gather_object=True))
         hypotheses = [text for _, text in translations]
@@ -143,10 +147,13 @@ def _describe(metrics: dict) -> str:
     return text
 
 
-def report(accelerator, history: list, step: int, name: str, metrics: dict) -> None:
-    """Log `metrics` of split `name` at `step`, and add them to `history` (what checkpoints keep)."""
+def report(accelerator, history: list, step: int, name: str, metrics: dict, log=None) -> None:
+    """Log `metrics` of split `name` at `step`, and add them to `history` (what checkpoints keep) and to `log`
+    (the run's TrainingLog)."""
     logger.info(f"step {step} {name}: {_describe(metrics)}")
     if "bleu_signature" in metrics:
         logger.info(f"sacrebleu {metrics['bleu_signature']} | {metrics['chrf_signature']}")
     history.append({"step": step, "split": name, **{k: v for k, v in metrics.items() if k != "examples"}})
+    if log is not None:
+        log.append(history[-1])
     accelerator.log({f"{name}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)

@@ -17,10 +17,11 @@ from accelerate.logging import get_logger
 from ..hub import RESULTS_FILE, save_model_files, write_model_card, write_results
 from ..modeling.generation_vanilla_transformer import paper_generation_config
 from .arguments import TrainingArguments
-from .checkpoints import average_checkpoints, list_checkpoints
+from .checkpoints import average_checkpoints, checkpoint_path, list_checkpoints
 from .distributed import end_training
 from .evaluation import evaluate, full_model, load_weights, report
 from .run_folder import Budget, RunState
+from .selection import best_steps
 from .setup import Components
 
 __all__ = ["finish"]
@@ -34,7 +35,7 @@ def finish(parts: Components, state: RunState, budget: Budget, args: TrainingArg
     none of which can take the saved model with it. `resume` on a finished run comes here at once."""
     accelerator = parts.accelerator
     elapsed = time.perf_counter() - budget.started
-    unwrapped, weights = _final_weights(parts, args)
+    unwrapped, weights = _final_weights(parts, state, args)
     unwrapped.generation_config = paper_generation_config(unwrapped.config)
     if accelerator.is_main_process:
         save_model_files(unwrapped, parts.tokenizer, args.output_dir)
@@ -84,23 +85,39 @@ def _upload(output_dir: str, repo_id: str) -> None:
         )
 
 
-def _final_weights(parts: Components, args: TrainingArguments):
-    """§6.1: the final model averages the last `average_last` checkpoints; with `ema_decay`, the moving
-    average replaces them when its validation perplexity is lower. Returns the unwrapped model and what
-    its weights are: {"averaged_checkpoints": names, "weight_average": the comparison, or None}."""
-    chosen = list_checkpoints(parts.checkpoint_root)[-args.average_last :]
-    if len(chosen) < args.average_last:
-        logger.warning(f"`average_last` is {args.average_last}, but the run has {len(chosen)} checkpoint(s): the "
-                       f"final weights average those {len(chosen)} (save more often with `save_steps`)")
+def _final_weights(parts: Components, state: RunState, args: TrainingArguments):
+    """§6.1: the final model averages the last `average_last` checkpoints; with `best_metric`, the best
+    checkpoint by validation instead (or, with `average_best`, the average of the best `average_last`);
+    with `ema_decay`, the moving average replaces them when its validation perplexity is lower. Returns
+    the unwrapped model and what its weights are: {"averaged_checkpoints": names, "best_checkpoint": the
+    best validation, or None, "weight_average": the comparison, or None}."""
+    chosen = _chosen_checkpoints(parts, state, args)
     unwrapped = full_model(parts.accelerator, parts.model)  # every process: under FSDP they gather the weights together
-    if len(chosen) > 1:
+    if [p.name for p in chosen] != [checkpoint_path(parts.checkpoint_root, state.step).name]:  # not the model as it is
         load_weights(unwrapped, average_checkpoints(chosen))
-        logger.info(f"final weights: the average of {', '.join(p.name for p in chosen)}")
+        logger.info(f"final weights: {'the average of ' * (len(chosen) > 1)}{', '.join(p.name for p in chosen)}")
+    best = None
+    if state.best:
+        best = {**state.best[0], "checkpoint": checkpoint_path(parts.checkpoint_root, state.best[0]["step"]).name}
     compared = _compare_weight_average(parts, args, unwrapped) if parts.average is not None else None
     if args.lora_rank is not None:  # the adapters merged into the weights: a plain model folder, no PEFT to load it
         unwrapped = unwrapped.merge_and_unload()
         logger.info("LoRA adapters merged into the weights")
-    return unwrapped, {"averaged_checkpoints": [p.name for p in chosen], "weight_average": compared}
+    return unwrapped, {"averaged_checkpoints": [p.name for p in chosen], "best_checkpoint": best, "weight_average": compared}
+
+
+def _chosen_checkpoints(parts: Components, state: RunState, args: TrainingArguments) -> list:
+    """The checkpoints the final weights are (the average of): the best by validation, or the last `average_last`."""
+    if state.best and (args.average_best or args.average_last == 1):
+        return sorted(checkpoint_path(parts.checkpoint_root, step) for step in best_steps(state))
+    if args.best_metric is not None and not state.best:
+        logger.warning(f"`best_metric` is {args.best_metric}, but no validation ran (`eval_steps` {args.eval_steps}): "
+                       "the final weights are the last checkpoints'")
+    chosen = list_checkpoints(parts.checkpoint_root)[-args.average_last :]
+    if len(chosen) < args.average_last:
+        logger.warning(f"`average_last` is {args.average_last}, but the run has {len(chosen)} checkpoint(s): the "
+                       f"final weights average those {len(chosen)} (save more often with `save_steps`)")
+    return chosen
 
 
 def _compare_weight_average(parts: Components, args: TrainingArguments, model) -> dict:
@@ -131,6 +148,7 @@ def _final_results(parts: Components, state: RunState, args: TrainingArguments, 
         "train_minutes_this_session": round(elapsed / 60, 2),
         "tokens_per_second": round(session_tokens / elapsed, 1) if elapsed else None,
         "mixed_precision": parts.accelerator.mixed_precision,
+        "scored_precision": "fp32",  # the final scores, as `vanilla-transformer evaluate` computes them
         "attn_implementation": state.attn_implementation,
         **weights,
         "source_lang": parts.source_lang,
@@ -141,9 +159,13 @@ def _final_results(parts: Components, state: RunState, args: TrainingArguments, 
     for name, split in parts.eval_splits.items():
         # Validation translates what it translated during training (`eval_samples`); the test split,
         # which the headline numbers come from, is translated whole unless `test_samples` says otherwise.
+        # `test_samples` bounds every split scored here.
         samples = args.eval_samples if name == "validation" and "test" in parts.eval_splits else args.test_samples
-        results[name] = evaluate(parts.accelerator, unwrapped, parts.tokenizer, split, args, translate_samples=samples)
-        report(parts.accelerator, state.history, state.step, name, results[name])
+        if samples is not None and args.test_samples is not None:
+            samples = min(samples, args.test_samples)
+        results[name] = evaluate(parts.accelerator, unwrapped, parts.tokenizer, split, args, translate_samples=samples,
+                                 full_precision=True)
+        report(parts.accelerator, state.history, state.step, name, results[name], parts.log)
     results["history"] = state.history
     # The headline numbers, flat, as the model card reads them.
     final = results.get("test") or results["validation"]

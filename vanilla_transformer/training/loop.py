@@ -27,6 +27,7 @@ from .distributed import default_mixed_precision, start_accelerator
 from .evaluation import evaluate, full_model, report
 from .finish import finish
 from .lock import RunLock
+from .logs import TrainingLog
 from .run_folder import (
     Budget,
     RunState,
@@ -37,6 +38,7 @@ from .run_folder import (
     save_run,
     take_folder,
 )
+from .selection import best_steps, out_of_patience, record_validation
 from .setup import Components, choose_attention, prepare, set_up
 from .step import train_step
 
@@ -53,9 +55,14 @@ def train(args: TrainingArguments) -> dict:
     on_main(accelerator, lambda: take_folder(lock))
     try:
         parts, state, budget = set_up(args, accelerator)
+        parts.log = TrainingLog(args.output_dir, budget.start_step if args.resume else None, accelerator.is_main_process)
         last_saved = state.step if args.resume else None  # the step of the newest checkpoint
-        bar = tqdm(total=args.max_steps, initial=state.step, disable=not accelerator.is_local_main_process, desc="training")
+        bar = _progress_bar(args, state, accelerator.is_local_main_process)
         with StopRequests() as budget.stop_requests, closing(_steps(parts, state, budget, args)) as steps:
+            # Fine-tuning: the baseline, before any step.
+            if args.model_name_or_path is not None and not args.resume and _validate(parts, state, args):
+                save_run(parts, state, args.keep_checkpoints)
+                last_saved = state.step
             with bar:  # closed on the way out, so that a failure's one line comes after the bar, not before
                 for micro_batches in steps:
                     if state.step == budget.start_step:  # the first step of this session
@@ -63,14 +70,17 @@ def train(args: TrainingArguments) -> dict:
                     tokens, lr = train_step(parts, micro_batches, state.step, budget, args.max_grad_norm)
                     state.count_step(len(micro_batches), tokens)
                     budget.session_tokens += tokens
-                    bar.update(1)
+                    _advance(bar, args, budget)
                     if state.step % args.log_steps == 0:
                         _log(parts, state, budget, lr, bar)
-                    if state.step % args.eval_steps == 0:
-                        _validate(parts, state, args)
-                    if state.step % args.save_steps == 0:
+                    best = state.step % args.eval_steps == 0 and _validate(parts, state, args)
+                    if best or state.step % args.save_steps == 0:
                         save_run(parts, state, args.keep_checkpoints)
                         last_saved = state.step
+                    if out_of_patience(state, args):
+                        logger.info(f"no better validation {args.best_metric} for {args.patience} evaluation(s): "
+                                    f"stopping at step {state.step}; the best was step {state.best[0]['step']}")
+                        break
             if budget.out_of_time() and not budget.stop_signal:
                 logger.info(f"time limit of {args.time_limit} min reached at step {state.step}")
             if last_saved != state.step:
@@ -104,19 +114,45 @@ def _steps(parts: Components, state: RunState, budget: Budget, args: TrainingArg
         logger.info(f"epoch {state.epoch} finished at step {state.step}")
 
 
+def _progress_bar(args: TrainingArguments, state: RunState, enabled: bool):
+    """Steps towards `max_steps`; under `time_limit`, minutes towards it, so that the time left reads true."""
+    if args.time_limit is not None:
+        return tqdm(total=args.time_limit, unit="min", disable=not enabled, desc="training",
+                    bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} min [{elapsed}<{remaining}{postfix}]")
+    return tqdm(total=args.max_steps, initial=state.step, disable=not enabled, desc="training")
+
+
+def _advance(bar, args: TrainingArguments, budget: Budget) -> None:
+    if args.time_limit is None:
+        bar.update(1)
+    else:  # the minutes of this session, as the step measured them
+        bar.update(min(budget.elapsed / 60, args.time_limit) - bar.n)
+
+
 def _log(parts: Components, state: RunState, budget: Budget, lr: float, bar) -> None:
-    """The losses since the last log (the one wait for the device that logging costs), shown and logged."""
+    """The losses since the last log (the one wait for the device that logging costs): a plain line, a record in
+    the training log, the trackers and the bar."""
     loss, nll = parts.losses.read(state.step)
-    tokens_per_second = budget.session_tokens / (time.perf_counter() - budget.started)
+    elapsed = time.perf_counter() - budget.started
+    tokens_per_second = budget.session_tokens / elapsed
     bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}")
+    logger.info(f"step {state.step}: loss {loss:.4f}, nll {nll:.4f}, lr {lr:.3e}, {tokens_per_second:.0f} tokens/s, "
+                f"{elapsed / 60:.1f} min")
+    parts.log.append({"step": state.step, "loss": loss, "nll": nll, "lr": lr,
+                      "tokens_per_second": round(tokens_per_second, 1), "elapsed": round(elapsed, 2)})
     metrics = {"train/loss": loss, "train/nll": nll, "train/lr": lr, "train/tokens_per_second": tokens_per_second}
     parts.accelerator.log(metrics, step=state.step)
 
 
-def _validate(parts: Components, state: RunState, args: TrainingArguments) -> None:
+def _validate(parts: Components, state: RunState, args: TrainingArguments) -> bool:
+    """Score the validation split; whether the model is the best so far by `best_metric` (its checkpoint is then saved)."""
     metrics = evaluate(parts.accelerator, parts.model, parts.tokenizer, parts.eval_splits["validation"], args,
                        args.eval_samples)
-    report(parts.accelerator, state.history, state.step, "validation", metrics)
+    report(parts.accelerator, state.history, state.step, "validation", metrics, parts.log)
+    best = record_validation(state, args, metrics)
+    if best:
+        logger.info(f"step {state.step}: best validation {args.best_metric} so far ({metrics[args.best_metric]:.4f})")
+    return state.step in best_steps(state)
 
 
 def _start_accelerator(args: TrainingArguments):

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKPOINTS", "Budget", "RunState", "StopRequests", "TrainingInterrupted", "check_same_run", "disk_full",
-    "on_main", "resume_step", "run_options", "save_run", "take_folder",
+    "on_main", "recorded_options", "restore_options", "resume_step", "run_options", "save_run", "take_folder",
 ]
 
 logger = get_logger(__name__)
@@ -61,6 +61,9 @@ class RunState:
     history: list = field(default_factory=list)  # every evaluation's scores
     attn_implementation: str | None = None  # the kernel chosen on the first batch: a resumed run computes alike
     run_options: dict | None = None  # the options that define the run (`check_same_run`)
+    options: dict | None = None  # every option the run was started with: `resume` alone restores them
+    best: list = field(default_factory=list)  # model selection's best validations, best first (selection.py)
+    evaluations_without_improvement: int = 0  # towards `patience`
 
     def count_step(self, batches: int, tokens: int) -> None:
         """One more optimiser step, of `batches` batches on each process and `tokens` target tokens in all."""
@@ -194,6 +197,25 @@ def run_options(args: TrainingArguments) -> dict:
     return options
 
 
+def recorded_options(args: TrainingArguments) -> dict:
+    """Every option of the run as its checkpoints record them, for `resume` alone to restore (`restore_options`)."""
+    return {name: value for name, value in asdict(args).items() if name not in ("output_dir", "resume")}
+
+
+def restore_options(output_dir: str, given: dict) -> dict:
+    """`resume` without the options: those the newest checkpoint of the run in `output_dir` records, the `given`
+    ones (typed on the command line) over them; `check_same_run` then refuses a changed one that defines the run."""
+    recorded = {}
+    for checkpoint in reversed(list_checkpoints(Path(output_dir) / CHECKPOINTS)):
+        try:  # the newest that reads; `train` says what is damaged, and sets it aside, under the folder's lock
+            recorded = read_state(checkpoint).get("options") or {}
+            break
+        except (OSError, ValueError, AttributeError):
+            continue
+    known = {f.name for f in fields(TrainingArguments)}  # an option since removed is dropped
+    return {**{name: value for name, value in recorded.items() if name in known}, **given}
+
+
 def check_same_run(args: TrainingArguments, started_with: dict | None) -> None:
     """`resume` continues the run in `output_dir` as it was started: other data, tokenizer, model or batches
     would silently be ignored or change what was being trained. (Checkpoints from before runs recorded
@@ -212,9 +234,11 @@ def check_same_run(args: TrainingArguments, started_with: dict | None) -> None:
 
 
 def save_run(parts: Components, state: RunState, keep: int | None) -> None:
-    """Checkpoint the run as of `state.step`, on every process; never after a step that was not finite."""
+    """Checkpoint the run as of `state.step`, on every process; never after a step that was not finite.
+    The best checkpoints of model selection outlive the newest `keep`."""
     parts.losses.read(state.step, reset=False)  # raises after a step that was not finite
-    save_checkpoint(parts.accelerator, parts.checkpoint_root, state.step, state.to_dict(), keep=keep)
+    protected = [record["step"] for record in state.best]
+    save_checkpoint(parts.accelerator, parts.checkpoint_root, state.step, state.to_dict(), keep=keep, protect=protected)
 
 
 def disk_full(err: OSError, output_dir: str) -> DiskFull | None:

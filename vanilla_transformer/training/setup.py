@@ -43,6 +43,7 @@ from .run_folder import (
     Budget,
     RunState,
     on_main,
+    recorded_options,
     resume_step,
     run_options,
 )
@@ -74,6 +75,7 @@ class Components:
     engine: Engine = field(init=False)  # what DeepSpeed, FSDP2 and fp16's scaler change in the step
     losses: Losses = field(init=False)  # the step's losses, summed on the device
     guard: NonFiniteGuard = field(init=False)  # what becomes of a step that is not finite
+    log: Any = None  # the run's TrainingLog (logs.py), set by `train`
 
     def __post_init__(self):
         self.engine = Engine(self.accelerator, self.optimizer)
@@ -102,7 +104,10 @@ def set_up(args: TrainingArguments, accelerator) -> tuple[Components, RunState, 
                                args.weight_decay)
     configure_deepspeed(accelerator, args)  # the batch sizes DeepSpeed asks for; nothing without DeepSpeed
     model, prepared_optimizer = prepare(accelerator, model, optimizer)
-    state = RunState(run_options=run_options(args)) if resume_from is None else RunState.from_dict(read_state(resume_from))
+    if resume_from is None:
+        state = RunState(run_options=run_options(args), options=recorded_options(args))
+    else:
+        state = RunState.from_dict(read_state(resume_from))
     sampler = TokenBatchSampler(
         train_split.lengths, args.max_tokens, seed=args.seed,
         num_replicas=accelerator.num_processes, rank=accelerator.process_index,

@@ -1,0 +1,38 @@
+"""Model selection by validation: the best checkpoints kept, and early stopping (fairseq's checkpoint_best, --patience).
+
+Not in the paper, which averages the last checkpoints (§6.1). With `best_metric`, each validation's score
+is compared with the best so far: `RunState.best` lists the best evaluations, best first (one, or
+`average_last` with `average_best`), whose checkpoints pruning never deletes, and
+`evaluations_without_improvement` counts towards `patience`. Both live in the checkpoints, so a resumed
+run keeps knowing its best and its count.
+"""
+
+from __future__ import annotations
+
+from .arguments import BEST_METRICS, TrainingArguments
+from .run_folder import RunState
+
+__all__ = ["best_steps", "out_of_patience", "record_validation"]
+
+
+def record_validation(state: RunState, args: TrainingArguments, metrics: dict) -> bool:
+    """Compare the validation `metrics` of `state.step` with the best so far; whether they are a new best."""
+    if args.best_metric is None:
+        return False
+    value, better = metrics[args.best_metric], BEST_METRICS[args.best_metric]
+    improved = not state.best or (value != state.best[0]["value"] and better(value, state.best[0]["value"]) == value)
+    kept = args.average_last if args.average_best else 1
+    # Sorted best first; an earlier step wins a tie (it was there first).
+    candidates = state.best + [{"step": state.step, "metric": args.best_metric, "value": value}]
+    state.best = sorted(candidates, key=lambda r: r["value"], reverse=better is max)[:kept]
+    state.evaluations_without_improvement = 0 if improved else state.evaluations_without_improvement + 1
+    return improved
+
+
+def best_steps(state: RunState) -> list[int]:
+    """The steps whose checkpoints model selection keeps."""
+    return [record["step"] for record in state.best]
+
+
+def out_of_patience(state: RunState, args: TrainingArguments) -> bool:
+    return args.patience is not None and state.evaluations_without_improvement >= args.patience
