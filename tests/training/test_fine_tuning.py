@@ -187,6 +187,7 @@ def test_a_unigram_tokenizer_trains_and_resume_refuses_another(tmp_path, small_t
     assert json.loads((out / "tokenizer.json").read_text())["model"]["type"] == "Unigram"
     assert json.loads((out / "checkpoints" / "tokenizer_options.json").read_text())["tokenizer_model"] == "unigram"
     assert json.loads((out / "results.json").read_text())["steps"] == 2
+    # --resume alone takes the recorded options, the unigram tokenizer among them; another one typed is refused.
     err = _usage_error(capsys, ["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run, *SHORT,
-                                "--max-steps", "4", "--resume"])
+                                "--max-steps", "4", "--resume", "--tokenizer-model", "bpe"])
     assert "Traceback" not in err and "tokenizer_model 'unigram' -> 'bpe'" in err.splitlines()[-1]
