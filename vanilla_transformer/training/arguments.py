@@ -38,8 +38,7 @@ TOKENIZER_MODELS = ("bpe", "unigram")  # tokenizer.py's MODEL_TYPES
 LORA_TARGETS = "q_proj,k_proj,v_proj,out_proj"  # the attention projections, self and cross
 TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")  # the config takes them from the tokenizer
 DATA_FIELDS = ("source_lang", "target_lang", "dataset_name")  # ... and these from the data
-# What a resumed run must share with the run it continues (its data, tokenizer, model and batches);
-# the limits, schedule, evaluation and checkpoint options may change.
+# What a resumed run must share with the run it continues; its limits, evaluation and checkpoints may change.
 RUN_OPTIONS = ("dataset", "dataset_config", "source_lang", "target_lang", "max_length", "truncate", "tokenizer",
                "preset", "config_overrides", "model_name_or_path", "max_tokens", "gradient_accumulation_steps", "seed",
                "lr_schedule", "ema_decay",  # these two: their state in a checkpoint fits only themselves

@@ -110,6 +110,32 @@ def blank_to_empty(text: str | None) -> str:
     return text if text and text.strip() else ""
 
 
+def pair_encoder(tokenizer, source_lang: str, target_lang: str, max_length: int, truncate: bool,
+                 keep_references: bool):
+    """The batched `Dataset.map` function of `tokenize_pairs`: both sides encoded, with their lengths."""
+
+    def encode(batch):
+        pairs = batch["translation"]
+        # A blank side would otherwise be a pair teaching that a space translates to a sentence, or to nothing.
+        sources = [blank_to_empty((p or {}).get(source_lang)) for p in pairs]
+        targets = [blank_to_empty((p or {}).get(target_lang)) for p in pairs]
+        raw_src, raw_tgt = encode_texts(tokenizer, sources), encode_texts(tokenizer, targets)
+        options = dict(truncation=True, max_length=max_length)
+        src = tokenizer(sources, **options)["input_ids"] if truncate else raw_src
+        tgt = tokenizer(targets, **options)["input_ids"] if truncate else raw_tgt
+        references = {"reference": targets} if keep_references else {}
+        return {
+            **references,
+            "input_ids": src,
+            "labels": tgt,
+            "length": [max(len(s), len(t)) for s, t in zip(src, tgt)],
+            "min_length": [min(len(s), len(t)) for s, t in zip(src, tgt)],
+            "raw_length": [max(len(s), len(t)) for s, t in zip(raw_src, raw_tgt)],
+        }
+
+    return encode
+
+
 def tokenize_pairs(
     dataset: datasets.Dataset,
     tokenizer,
@@ -133,25 +159,7 @@ def tokenize_pairs(
     if max_length < 2:
         raise ValueError(f"`max_length` must be at least 2 (a token and </s>); got {max_length!r}.")
 
-    def encode(batch):
-        pairs = batch["translation"]
-        # A blank side would otherwise be a pair teaching that a space translates to a sentence, or to nothing.
-        sources = [blank_to_empty((p or {}).get(source_lang)) for p in pairs]
-        targets = [blank_to_empty((p or {}).get(target_lang)) for p in pairs]
-        raw_src, raw_tgt = encode_texts(tokenizer, sources), encode_texts(tokenizer, targets)
-        options = dict(truncation=True, max_length=max_length)
-        src = tokenizer(sources, **options)["input_ids"] if truncate else raw_src
-        tgt = tokenizer(targets, **options)["input_ids"] if truncate else raw_tgt
-        references = {"reference": targets} if keep_references else {}
-        return {
-            **references,
-            "input_ids": src,
-            "labels": tgt,
-            "length": [max(len(s), len(t)) for s, t in zip(src, tgt)],
-            "min_length": [min(len(s), len(t)) for s, t in zip(src, tgt)],
-            "raw_length": [max(len(s), len(t)) for s, t in zip(raw_src, raw_tgt)],
-        }
-
+    encode = pair_encoder(tokenizer, source_lang, target_lang, max_length, truncate, keep_references)
     if num_proc == "auto":
         num_proc = tokenization_workers(len(dataset))
     options = dict(source_lang=source_lang, target_lang=target_lang, max_length=max_length, truncate=truncate,

@@ -58,30 +58,37 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
 
     count = len(split.dataset) if translate_samples is None else min(translate_samples, len(split.dataset))
     if count:
-        subset = TokenizedSplit(split.dataset.select(range(count)), count, 0, 0)
-        # Beam search holds num_beams hypotheses per sentence: fewer sentences per batch.
-        lengths = subset.lengths
-        budget = max(args.max_tokens // args.num_beams, int(lengths.max()))
-        sampler = TokenBatchSampler(lengths, budget, **shard)
-        indices = list(sampler)
-        with PrefetchedBatches(subset, indices, collate, accelerator.device) as batches, precision():
-            translations = translate(model, tokenizer, batches, indices, args)
-        translations = sorted(accelerator.gather_for_metrics(translations, use_gather_object=True))
-        hypotheses = [text for _, text in translations]
-        references = [subset.dataset[i]["reference"] for i, _ in translations]
-        scores = load_metric().compute(predictions=hypotheses, references=references)
-        metrics.update(
-            {key: scores[key] for key in ("bleu", "chrf", "bleu_signature", "chrf_signature")},
-            translated=len(hypotheses),
-            # Translations that loop ("y de su mujer, y de su mujer"), and beside them the references that
-            # repeat a phrase too: a coordination ("á todos los ganados ... á todos los animales") is no loop
-            # but counts: read the first count against the second.
-            repeating=sum(repeated_phrase(h) is not None for h in hypotheses),
-            references_repeating=sum(repeated_phrase(r) is not None for r in references),
-            examples=[{"reference": r, "translation": h} for r, h in zip(references[:3], hypotheses[:3])],
-        )
+        metrics.update(_translation_scores(accelerator, model, tokenizer, split, args, count, precision))
     model.train(was_training)
     return metrics
+
+
+def _translation_scores(accelerator, model, tokenizer, split: TokenizedSplit, args: TrainingArguments, count: int,
+                        precision) -> dict:
+    """BLEU and chrF of beam-search translations of the first `count` pairs of `split`, each process its share."""
+    shard = dict(shuffle=False, num_replicas=accelerator.num_processes, rank=accelerator.process_index)
+    subset = TokenizedSplit(split.dataset.select(range(count)), count, 0, 0)
+    # Beam search holds num_beams hypotheses per sentence: fewer sentences per batch.
+    lengths = subset.lengths
+    budget = max(args.max_tokens // args.num_beams, int(lengths.max()))
+    indices = list(TokenBatchSampler(lengths, budget, **shard))
+    collate = PadCollator(tokenizer.pad_token_id)
+    with PrefetchedBatches(subset, indices, collate, accelerator.device) as batches, precision():
+        translations = translate(model, tokenizer, batches, indices, args)
+    translations = sorted(accelerator.gather_for_metrics(translations, use_gather_object=True))
+    hypotheses = [text for _, text in translations]
+    references = [subset.dataset[i]["reference"] for i, _ in translations]
+    scores = load_metric().compute(predictions=hypotheses, references=references)
+    return dict(
+        {key: scores[key] for key in ("bleu", "chrf", "bleu_signature", "chrf_signature")},
+        translated=len(hypotheses),
+        # Translations that loop ("y de su mujer, y de su mujer"), and beside them the references that
+        # repeat a phrase too: a coordination ("á todos los ganados ... á todos los animales") is no loop
+        # but counts: read the first count against the second.
+        repeating=sum(repeated_phrase(h) is not None for h in hypotheses),
+        references_repeating=sum(repeated_phrase(r) is not None for r in references),
+        examples=[{"reference": r, "translation": h} for r, h in zip(references[:3], hypotheses[:3])],
+    )
 
 
 def full_model(accelerator, model):
