@@ -242,7 +242,7 @@ TRANSFORMERS_RULES = {
     "early_stopping=never": dict(early_stopping="never", length_penalty=1.0),
     "negative penalty": dict(early_stopping=False, length_penalty=-0.5),
     "3 returned": dict(early_stopping=False, length_penalty=0.6, num_return_sequences=3),
-    "max_new_tokens": dict(early_stopping=False, length_penalty=0.6, max_new_tokens=20),  # some end, some are cut
+    "max_new_tokens": dict(early_stopping=False, length_penalty=0.6, max_new_tokens=30),  # some end, some are cut
 }
 
 

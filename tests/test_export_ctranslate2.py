@@ -167,7 +167,7 @@ def test_export_translate_and_evaluate_from_the_command_line(hub_tiny_folder, hu
     hypotheses = {}
     for engine, folder in (("ctranslate2", folders["float32"]), ("transformers", hub_tiny_folder)):
         hypotheses[engine] = tmp_path / f"{engine}.txt"
-        assert main(["evaluate", "--engine", engine, "--model", str(folder), "--max-samples", "8", *greedy,
+        assert main(["evaluate", "--engine", engine, "--model", str(folder), "--dataset", "bible-en-es", "--max-samples", "8", *greedy,
                      "--hypotheses-out", str(hypotheses[engine])]) == 0
         out = capsys.readouterr().out
         assert "8 segments translated in" in out and f"({engine})" in out

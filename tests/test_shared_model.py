@@ -39,12 +39,23 @@ CALLERS = {
 TIMEOUT = 300  # seconds a paused thread waits before the test gives up on it
 
 
+@pytest.fixture(scope="module")
+def own_model(hub_tiny_model):
+    """A model of its own with the trained weights: the session's is also exported, traced and wrapped by
+    other tests in the same process, which may leave their attributes on it."""
+    trained, tokenizer = hub_tiny_model
+    model = type(trained)(trained.config).eval()
+    model.load_state_dict(trained.state_dict())
+    model.generation_config = trained.generation_config
+    return model, tokenizer
+
+
 @pytest.fixture
-def shared(hub_tiny_model, monkeypatch):
+def shared(own_model, monkeypatch):
     """The model, a batch of three sentences, and oneDNN taken as the faster kernel for every shape (which it
     is depends on the machine), so that each search over several rows packs its weights."""
     monkeypatch.setattr(fast_generation, "onednn_is_faster", lambda rows, in_features, out_features: True)
-    model, tokenizer = hub_tiny_model
+    model, tokenizer = own_model
     return model, tokenizer(SENTENCES, return_tensors="pt", padding=True)
 
 
@@ -57,7 +68,11 @@ def decode(model, batch, caller, **extra):
 
 
 def assert_same(got, expected, caller):
-    assert len(got) == len(expected) and all(map(torch.equal, got, expected)), f"{caller}: not its solo output"
+    """The same tokens, and scores equal to within what a thread pool shared with another caller can change in the
+    products' summation order (another caller's weights would move them by far more: bf16 against fp32)."""
+    assert len(got) == len(expected) and torch.equal(got[0], expected[0]), f"{caller}: not its solo tokens"
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(got[1:], expected[1:])), \
+        f"{caller}: not its solo scores"
 
 
 class Threads:
