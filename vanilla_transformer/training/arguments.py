@@ -57,7 +57,7 @@ EVALUATION = "evaluation (validation perplexity, then beam-search BLEU/chrF)"
 SELECTION = "model selection (the best checkpoint by validation, early stopping)"
 OUTPUT = "output and logging"
 GROUPS = {
-    DATA: "Without a validation split, 2% of train (at most 1000 pairs) is held out for it.",
+    DATA: "A validation, valid or dev split validates; without one, 2% of train (at most 1000 pairs) is held out.",
     TOKENIZER: "Default: the one in --output-dir, else the fine-tuned model's, else a new joint BPE learnt on the "
                "train split and saved to --output-dir.",
     MODEL: "A preset trained from scratch, or a saved model to fine-tune.",
