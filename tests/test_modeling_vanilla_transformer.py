@@ -340,7 +340,7 @@ def test_bad_config_values_name_the_field_and_what_it_takes(overrides, message):
 
 
 def test_bad_preset_and_shapes():
-    with pytest.raises(ValueError, match="`preset` must be one of 'base', 'big', 'tiny'; got 'huge'"):
+    with pytest.raises(ValueError, match="`preset` must be one of 'base', 'big', 'tiny', 'small'; got 'huge'"):
         VanillaTransformerConfig.from_preset("huge")
     with pytest.raises(ValueError, match="divisible"):
         VanillaTransformerConfig(d_model=100, num_heads=8)
