@@ -15,6 +15,7 @@ import torch
 from accelerate import Accelerator
 from safetensors.torch import load_file
 
+from crafted import Payload
 from vanilla_transformer.training.checkpoints import (
     newest_sound_checkpoint,
     save_checkpoint,
@@ -24,16 +25,6 @@ from vanilla_transformer.training.checkpoints import (
 CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 TRUST_ADVICE = "weights_only"  # torch's refusal ends in advice to load with weights_only=False
-
-
-class _Payload:
-    """Unpickling it calls `open(marker, "w")`: it runs the file's code."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
 
 
 @pytest.fixture
@@ -59,7 +50,7 @@ def _assert_set_aside(root, older, file_name, message):
 def test_a_crafted_optimizer_state_is_refused_and_resume_falls_back(tmp_path, run_root):
     accelerator, root, older, newer = run_root
     marker = tmp_path / "ran"
-    torch.save({"state": {}, "param_groups": [], "hook": _Payload(marker)}, newer / "optimizer.bin")
+    torch.save({"state": {}, "param_groups": [], "hook": Payload(marker)}, newer / "optimizer.bin")
     with pytest.raises(ValueError, match=r"optimizer.bin holds more than tensors and plain values.*it is not read"):
         verify_checkpoint(newer)
     _assert_set_aside(root, older, "optimizer.bin", "holds more than tensors")
@@ -74,7 +65,7 @@ def test_a_crafted_fsdp_weights_file_is_refused_and_resume_falls_back(tmp_path, 
         (checkpoint / "model.safetensors").unlink()
         torch.save(weights, checkpoint / "pytorch_model_fsdp.bin")
     marker = tmp_path / "ran"
-    torch.save({**weights, "hook": _Payload(marker)}, newer / "pytorch_model_fsdp.bin")
+    torch.save({**weights, "hook": Payload(marker)}, newer / "pytorch_model_fsdp.bin")
     _assert_set_aside(root, older, "pytorch_model_fsdp.bin", "holds more than tensors")
     assert not marker.exists()
 
@@ -107,7 +98,7 @@ def crafted_folder(hub_tiny_folder, tmp_path):
     shutil.copytree(hub_tiny_folder, folder)
     weights = load_file(str(folder / "model.safetensors"))
     (folder / "model.safetensors").unlink()
-    torch.save({**weights, "hook": _Payload(tmp_path / "ran")}, folder / "pytorch_model.bin")
+    torch.save({**weights, "hook": Payload(tmp_path / "ran")}, folder / "pytorch_model.bin")
     return folder
 
 

@@ -6,18 +6,9 @@ import pytest
 import torch
 from accelerate import Accelerator
 
+from crafted import Payload
 from vanilla_transformer.training.checkpoints import newest_sound_checkpoint, save_checkpoint, verify_checkpoint
 from vanilla_transformer.training.schedule import make_scheduler
-
-
-class _Payload:
-    """What a crafted pickle holds: unpickling it calls `open(marker, "w")`, i.e. runs the file's code."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
 
 
 @pytest.fixture
@@ -39,7 +30,7 @@ def test_a_crafted_custom_checkpoint_is_refused_and_never_run(tmp_path, checkpoi
     verify_checkpoint(checkpoint)  # the genuine file: tensors and plain values
     accelerator.load_state(str(checkpoint))
     marker = tmp_path / "ran"
-    torch.save(_Payload(marker), custom)  # a valid zip archive with correct CRCs: only its content is hostile
+    torch.save(Payload(marker), custom)  # a valid zip archive with correct CRCs: only its content is hostile
     with pytest.raises(ValueError, match=r"custom_checkpoint_0.pkl holds more than tensors and plain values"):
         verify_checkpoint(checkpoint)
     assert not marker.exists()
@@ -53,7 +44,7 @@ def test_resume_falls_back_past_a_crafted_checkpoint(tmp_path, checkpointed):
     accelerator, root, older = checkpointed
     newer = save_checkpoint(accelerator, root, 4, {"epoch": 0})
     marker = tmp_path / "ran"
-    torch.save(_Payload(marker), newer / "custom_checkpoint_0.pkl")
+    torch.save(Payload(marker), newer / "custom_checkpoint_0.pkl")
     chosen, problems = newest_sound_checkpoint(root)
     assert chosen == older and len(problems) == 1 and "custom_checkpoint_0.pkl holds more" in problems[0]
     assert not marker.exists() and (root / "damaged-checkpoint-00000004").is_dir()
@@ -229,6 +220,7 @@ def refuse(*args, **kwargs):
     raise OSError("no network in this test")
 socket.getaddrinfo = socket.create_connection = socket.socket.connect = refuse
 from vanilla_transformer.cli import main
+
 try:
     code = main(sys.argv[1:])
 except SystemExit as stop:
