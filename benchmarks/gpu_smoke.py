@@ -45,6 +45,11 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
+# torch's warning for each synchronising call; not its once-per-process notice that sync debug mode is a prototype,
+# which would count against whichever measurement comes first.
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
 def synchronisations_per_call(fn, calls: int) -> float:
     """The CUDA synchronisations torch reports (`set_sync_debug_mode("warn")`) per call of `fn`."""
     torch.cuda.synchronize()
@@ -56,7 +61,7 @@ def synchronisations_per_call(fn, calls: int) -> float:
                 fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught) / calls
+    return sum(SYNC_WARNING in str(w.message) for w in caught) / calls
 
 
 def loop_step(model, pairs: list, pad_token_id: int, device: str, mixed_precision: str, max_tokens: int):

@@ -156,6 +156,22 @@ def test_causal_self_attention_runs_on_a_fused_kernel_in_bf16_training():
     assert kernels <= {"sdpa:flash", "sdpa:efficient", "sdpa:cudnn"}, kernels
 
 
+def test_training_attention_keeps_sdpa_off_cudnn_in_bf16_training():
+    # Proves: under `training_attention` (train_step and the training loop run under it), bf16 forward and backward
+    # passes on batches of two shapes run sdpa on flash or memory-efficient kernels, never cuDNN's, whose plan for
+    # each new shape costs milliseconds of host time per call (docs/design.md).
+    from vanilla_transformer.training.kernels import training_attention
+
+    model, kernels = make_model(), set()
+    for batch in (make_batch(), {name: tensor[:, :-3] for name, tensor in make_batch().items()}):
+        with profile(activities=[ProfilerActivity.CPU]) as prof, autocast(torch.bfloat16), training_attention(DEVICE):
+            model(**on_device(batch)).loss.backward()
+        kernels |= {SDPA_KERNELS[event.name] for event in prof.events() if event.name in SDPA_KERNELS}
+    if DEVICE_TYPE != "cuda":
+        pytest.skip(f"cuDNN's attention is CUDA's; on {DEVICE} sdpa ran {kernels}")
+    assert kernels and kernels <= {"sdpa:flash", "sdpa:efficient"}, kernels
+
+
 def test_fused_adam_equals_the_plain_loop():
     # Proves: the optimiser training builds (make_optimizer: torch's fused Adam on CUDA and CPUs) updates
     # the weights as torch's reference for-loop Adam with the same settings, over a few steps of the

@@ -139,3 +139,22 @@ def test_a_bf16_autocast_step_stays_close_to_fp32():
     assert mixed.dtype == torch.float32
     torch.testing.assert_close(mixed, plain, rtol=2e-2, atol=0)
 
+
+
+def test_a_training_run_on_a_gpu_keeps_sdpa_off_cudnn_and_a_cpu_run_is_left_alone():
+    # Proves: training_attention turns torch's cuDNN attention off (flash, memory-efficient and math stay on) while it
+    # lasts on a CUDA device, and puts torch's switches back as they were; on a CPU it changes none. torch's switches
+    # can be set without a GPU, so this runs anywhere; tests/test_gpu.py reads the kernels a GPU step then runs.
+    switches = ("cudnn_sdp_enabled", "flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled")
+
+    def state():
+        return {name: getattr(torch.backends.cuda, name)() for name in switches}
+
+    before = state()
+    assert before["cudnn_sdp_enabled"]  # torch's default: the premise
+    with kernels.training_attention(torch.device("cuda", 0)):
+        assert state() == {"cudnn_sdp_enabled": False, "flash_sdp_enabled": True, "mem_efficient_sdp_enabled": True,
+                           "math_sdp_enabled": True}
+    assert state() == before
+    with kernels.training_attention("cpu"):
+        assert state() == before

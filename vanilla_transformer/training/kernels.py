@@ -8,7 +8,10 @@
 - **Attention.** transformers' attention implementations compute the same function (tested) at very
   different speeds from one machine and precision to another (on some CPUs the fused "sdpa" kernel's
   bf16 backward is slower than the plain "eager" one). `fastest_attention` times each on the run's own
-  first batch, forward and backward, and keeps the fastest.
+  first batch, forward and backward, and keeps the fastest. On a GPU, transformers' "sdpa" leaves torch
+  to pick the fused kernel, and torch may pick cuDNN's, which builds an execution plan on the host for
+  every new shape of batch: training's token batches come in many shapes, so `training_attention` keeps
+  a run on flash and memory-efficient attention, which need no plan.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import DistributedType
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["BF16_CPU_FLAGS", "CPU_BF16_VARIABLE", "cpu_computes_bf16", "cpu_flags",
-           "fastest_attention"]
+__all__ = ["BF16_CPU_FLAGS", "CPU_BF16_VARIABLE", "TRAINING_SDPA_BACKENDS", "cpu_computes_bf16", "cpu_flags",
+           "fastest_attention", "training_attention"]
 
 # /proc/cpuinfo's names for bf16 arithmetic in hardware: x86's AVX-512 BF16 and AMX, Arm's BF16 extension.
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
@@ -32,6 +36,8 @@ ATTENTION_CANDIDATES = ("sdpa", "eager")  # timed: the others are slower where t
 MARGIN = 0.05  # another implementation replaces the configured one only when it is at least this much faster
 # One process, or DDP; FSDP's sharded forward and DeepSpeed's engine (which steps inside backward) keep sdpa.
 TIMED_UNDER = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+# sdpa's kernels for a training run on a GPU: not cuDNN's, whose per-shape plan costs milliseconds of host time.
+TRAINING_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
@@ -60,6 +66,12 @@ def cpu_computes_bf16(flags: set[str] | None = None) -> bool:
             raise ValueError(f"{CPU_BF16_VARIABLE} must be 0 or 1 (or unset); got {forced!r}.")
         flags = cpu_flags()
     return bool(BF16_CPU_FLAGS & flags)
+
+
+def training_attention(device):
+    """While it lasts, sdpa on a CUDA `device` runs on TRAINING_SDPA_BACKENDS alone; elsewhere it changes nothing.
+    torch's switches are the process's, so it belongs around a training run or step, not a server's requests."""
+    return sdpa_kernel(TRAINING_SDPA_BACKENDS) if torch.device(device).type == "cuda" else nullcontext()
 
 
 def fastest_attention(accelerator, model, batch: dict, loss, rounds: int = 3) -> dict[str, float]:

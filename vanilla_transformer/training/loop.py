@@ -26,6 +26,7 @@ from .data import PadCollator, PrefetchedBatches
 from .distributed import default_mixed_precision, start_accelerator
 from .evaluation import evaluate, full_model, report
 from .finish import finish
+from .kernels import training_attention
 from .lock import RunLock
 from .logs import TrainingLog
 from .run_folder import (
@@ -58,7 +59,8 @@ def train(args: TrainingArguments) -> dict:
         parts.log = TrainingLog(args.output_dir, budget.start_step if args.resume else None, accelerator.is_main_process)
         last_saved = state.step if args.resume else None  # the step of the newest checkpoint
         bar = _progress_bar(args, state, accelerator.is_local_main_process)
-        with StopRequests() as budget.stop_requests, closing(_steps(parts, state, budget, args)) as steps:
+        with (StopRequests() as budget.stop_requests, closing(_steps(parts, state, budget, args)) as steps,
+              training_attention(accelerator.device)):  # the timing of kernels and every evaluation too
             # Fine-tuning: the baseline, before any step.
             if args.model_name_or_path is not None and not args.resume and _validate(parts, state, args):
                 save_run(parts, state, args.keep_checkpoints)

@@ -21,6 +21,7 @@ import torch
 
 from . import evaluation
 from .checkpoints import latest_checkpoint
+from .kernels import training_attention
 
 if TYPE_CHECKING:
     from .run_folder import Budget
@@ -39,7 +40,7 @@ def train_step(parts: Components, micro_batches: list[tuple[dict, int]], step: i
     step_loss, step_nll = (torch.zeros((), dtype=torch.float64, device=accelerator.device) for _ in range(2))
     for i, (batch, _) in enumerate(micro_batches):
         with engine.accumulating(model, last=i == len(micro_batches) - 1):
-            with accelerator.autocast():
+            with accelerator.autocast(), training_attention(accelerator.device):
                 loss, nll = evaluation.batch_loss(model, batch)  # label-smoothed, summed over target tokens (§5.4)
             guard.before_backward(loss, step)
             # Per target token of the whole step; DDP averages over processes, which * num_processes makes a sum.
