@@ -250,3 +250,26 @@ def test_the_gpu_smoke_script_runs_quick_on_a_cpu(tmp_path):
     assert throughput["device"] == "cpu" and throughput["fp32"]["target_tokens_per_s"] > 0
     assert throughput["bf16"]["tflops_per_s"] > 0 and throughput["bf16"]["mfu"] is None  # no rated peak for a CPU
     assert "# GPU smoke run" in report.with_suffix(".md").read_text()
+
+
+def test_the_cpu_precision_benchmark_compares_its_variants_from_the_same_start(tmp_path):
+    # Proves: `python -m benchmarks.cpu_precision` runs each variant in a process of its own from the same weights
+    # and batch (their first losses agree to bf16's precision), and reports each one's rate, the matmul rate in its
+    # precision, the share and a profile; an unknown variant is refused in one line naming the option.
+    completed = subprocess.run([sys.executable, "-m", "benchmarks.cpu_precision", "--variants", "fp32,bf16-weights",
+                                "--attention", "eager", "--tokens", "256", "--rounds", "1", "--warmup", "0", "--steps", "1",
+                                "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    (report,) = tmp_path.glob("cpu-precision-*-eager-256.json")
+    results = json.loads(report.read_text())["results"]["256"]
+    assert set(results) == {"fp32", "bf16-weights"}
+    for result in results.values():
+        assert result["tokens_per_s"] > 0 and result["matmul_gflops_per_s"] > 0 and 0 < result["share_of_matmul_rate"]
+        assert result["profile"]["shares"]
+    assert abs(results["fp32"]["loss_first_last"][0] - results["bf16-weights"]["loss_first_last"][0]) < 0.05
+    assert "| bf16-weights |" in report.with_suffix(".md").read_text()
+    refused = subprocess.run([sys.executable, "-m", "benchmarks.cpu_precision", "--variants", "fp16"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].endswith(
+        "--variants takes a comma-separated subset of fp32,bf16-autocast,bf16-weights,bf16-autocast-compiled; got ['fp16']")
