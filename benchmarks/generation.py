@@ -200,7 +200,8 @@ def run(tokenizer, sizes, device: str, threads: int, sentences: int, max_new_tok
             "quantized by its converter)"
         )
         results[size] = entry
-        del ours, marian, contenders
+        contenders.clear()  # the runners hold the models: freed before the next size
+        del ours, marian
     return results
 
 

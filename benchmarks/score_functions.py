@@ -235,7 +235,7 @@ def load_report(parser, path: Path, args, device: str) -> dict:
     """The report to add rows to, its rows told which figure holds their panel (older reports had one figure)."""
     try:
         report = json.loads(path.read_text())
-        settings, results = report["settings"], report["results"]
+        _, results = report["settings"], report["results"]  # a report has both
     except (OSError, ValueError, KeyError, TypeError) as error:
         parser.error(f"--append-to must name a score-functions report (JSON); {path} is not one ({error})")
     given = [f"--{option.replace('_', '-')}" for option in FROM_REPORT if getattr(args, option) is not None]

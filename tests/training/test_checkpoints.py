@@ -45,7 +45,6 @@ def test_save_keeps_the_last_k_and_finds_the_newest_complete_one(tmp_path, accel
 
 def test_average_is_the_elementwise_mean(tmp_path, accelerated):
     accelerator, model = accelerated
-    values = []
     for step in (1, 2, 3):
         with torch.no_grad():
             model.weight.fill_(float(step))
