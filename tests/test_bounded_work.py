@@ -45,15 +45,27 @@ def test_translate_a_long_line_with_a_bounded_model_costs_nothing_else(location_
     assert "truncated" in result.stderr
 
 
-def test_translate_bounds_the_work_of_a_huge_line_before_tokenising_it(hub_tiny_folder, tmp_path):
-    # #54: one 10 MB line was tokenised whole (85 s, 3.0 GB) before being cut to the 1,024 tokens the model reads.
+@pytest.fixture(scope="module")
+def hub_tiny_ctranslate2(hub_tiny_model, tmp_path_factory):
+    """The tiny model exported for CTranslate2 (`translate --engine ctranslate2`)."""
+    pytest.importorskip("ctranslate2")
+    from vanilla_transformer.export.ctranslate2 import export_ctranslate2
+
+    return export_ctranslate2(*hub_tiny_model, tmp_path_factory.mktemp("ct2") / "tiny")
+
+
+@pytest.mark.parametrize("engine", ["transformers", "ctranslate2"])
+def test_translate_bounds_the_work_of_a_huge_line_before_tokenising_it(engine, request, tmp_path):
+    # #54: one 10 MB line was tokenised whole (85 s, 3.0 GB) before being cut to the 1,024 tokens the model reads;
+    # the CTranslate2 engine cuts it as early.
+    folder = request.getfixturevalue("hub_tiny_folder" if engine == "transformers" else "hub_tiny_ctranslate2")
     sentence = "And the men of the city said unto him, Bring forth the man. "
     lines = tmp_path / "in.txt"
     lines.write_text(f"{sentence * 170_000}\n{sentence * 150}\n")  # 10 MB; its first 9 kB, past 1,024 tokens too
     measure = ("import resource, subprocess, sys; result = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
                "print(result.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
                "print(result.stdout, end=''); print(result.stderr, file=sys.stderr)")
-    result = subprocess.run([sys.executable, "-c", measure, *CLI, "translate", "--model", str(hub_tiny_folder),
+    result = subprocess.run([sys.executable, "-c", measure, *CLI, "translate", "--model", str(folder), "--engine", engine,
                              "--input-file", str(lines), "--num-beams", "1"], capture_output=True, text=True, env=ENV,
                             timeout=600)
     status, peak_kib = map(int, result.stdout.split("\n")[0].split())

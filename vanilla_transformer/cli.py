@@ -325,7 +325,7 @@ def _translator(args: argparse.Namespace):
         from .export.ctranslate2 import CTranslate2Translator
 
         translator = CTranslate2Translator(args.model, args.device)
-        return (lambda texts, first_line=1: translator.translate(texts, **options)), None
+        return (lambda texts, first_line=1: translator.translate(texts, first_line=first_line, **options)), None
     from .inference import load_model, translate_texts
 
     model, tokenizer = load_model(args.model, args.device)

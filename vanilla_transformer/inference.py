@@ -25,7 +25,7 @@ from .modeling.pipeline_vanilla_transformer import (
 )
 
 __all__ = ["check_config_fits_weights", "check_tokenizer_fits", "default_device", "load_model", "load_pretrained",
-           "load_tokenizer", "bounded_texts", "longest_token", "score_translations", "translate_nbest", "translate_texts"]
+           "load_tokenizer", "bounded_texts", "cut_texts", "longest_token", "score_translations", "translate_nbest", "translate_texts"]
 
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -231,18 +231,21 @@ def longest_token(tokenizer) -> int:
 
 def bounded_texts(model, tokenizer, texts: list[str], first_line: int = 1) -> list[str]:
     """`texts`, each cut before tokenising where it is longer than the model reads (with a warning naming its line)."""
-    # Twice the characters the tokens the model reads can stand for: the words they come from are kept whole.
-    longest_text = 2 * source_length_limit(model, tokenizer) * longest_token(tokenizer)
-    return [_bounded(text, longest_text, first_line + i) for i, text in enumerate(texts)]
+    return cut_texts(texts, source_length_limit(model, tokenizer), longest_token(tokenizer), first_line)
 
 
-def _bounded(text: str, characters: int, line: int) -> str:
-    """`text`, or its first `characters` when it is longer, with a warning naming its line."""
-    if len(text) <= characters:
-        return text
-    warnings.warn(f"line {line} is {len(text):,} characters long, more than the model reads: only its first "
-                  f"{characters:,} are tokenised", stacklevel=3)
-    return text[:characters]
+def cut_texts(texts: list[str], max_tokens: int, token_characters: int, first_line: int = 1) -> list[str]:
+    """`texts`, each cut to twice the characters that `max_tokens` tokens of at most `token_characters` each stand
+    for (so the words they come from are kept whole), with a warning naming the line of each text cut."""
+    characters = 2 * max_tokens * token_characters
+    cut = []
+    for line, text in enumerate(texts, first_line):
+        if len(text) > characters:
+            warnings.warn(f"line {line} is {len(text):,} characters long, more than the model reads: only its first "
+                          f"{characters:,} are tokenised", stacklevel=3)
+            text = text[:characters]
+        cut.append(text)
+    return cut
 
 
 def _translate_batch(pipe, lines: dict[int, str], options: dict) -> list[str]:

@@ -48,6 +48,7 @@ import torch
 
 from ..modeling.generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_encoding
+from ..inference import cut_texts
 from ..modeling.pipeline_vanilla_transformer import source_length_limit
 from ..staging import publish_files, staging_folder, sweep_staging
 
@@ -300,6 +301,9 @@ class CTranslate2Translator:
                                                  intra_threads=threads)
         self.tokenizer = _plain_tokenizer(Tokenizer.from_file(str(folder / "tokenizer.json")))
         self.options = json.loads((folder / OPTIONS_FILE).read_text())
+        # The most characters one token stands for: a longer text is cut before tokenising, as our pipeline cuts.
+        self.token_characters = max(map(len, self.tokenizer.decode_batch(
+            [[i] for i in range(self.tokenizer.get_vocab_size())], skip_special_tokens=False)))
 
     def encode(self, texts: list[str]) -> list[list[str]]:
         """Source tokens, </s> included, cut (keeping </s>) to `max_input_length` as our pipeline cuts."""
@@ -327,9 +331,11 @@ class CTranslate2Translator:
         results = self.translator.translate_batch(sources, **options)
         return [[self.tokenizer.token_to_id(token) for token in result.hypotheses[0]] for result in results]
 
-    def translate(self, texts: list[str], *, batch_size: int = 32, **options) -> list[str]:
-        """Translate each text; blank texts give "". Batches hold texts of similar length (longest first),
-        so that each batch's length cap is close to each of its texts' own."""
+    def translate(self, texts: list[str], *, batch_size: int = 32, first_line: int = 1, **options) -> list[str]:
+        """Translate each text; blank texts give "". A text longer than the model reads is cut before tokenising,
+        with a warning naming its line (`first_line` is the first text's). Batches hold texts of similar length
+        (longest first), so that each batch's length cap is close to each of its texts' own."""
+        texts = cut_texts(texts, self.options["max_input_length"], self.token_characters, first_line)
         translations = [""] * len(texts)
         order = [i for i, text in enumerate(texts) if text.strip()]
         sources = dict(zip(order, self.encode([texts[i] for i in order]))) if order else {}
