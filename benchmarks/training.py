@@ -9,7 +9,8 @@ alternate (ABBA...) so that a change in machine load hits both.
 Precision as the training loop takes it (vanilla_transformer/training/kernels.py): on a CPU every size runs in
 fp32 and, where the CPU multiplies bf16 in hardware, again under bf16 autocast, both contenders alike; on a
 GPU, bf16 autocast. Ours runs on the attention implementation the training loop chooses (`fastest_attention`:
-the fastest on this batch here, forward and backward), Marian on its own default. Beside each step: the rate the
+the fastest on this batch here, forward and backward; on a GPU, sdpa kept off cuDNN as `training_attention`
+keeps it), Marian on its own default. Beside each step: the rate the
 device reaches on the step's own matrix products in the same precision (mfu.model_matmul_rate) and the step's
 share of it; on a CPU, a profile of ours by operator (self CPU time as shares of the step). On a GPU:
 synchronised timing, `torch.cuda.max_memory_allocated`, and model FLOPs utilisation (mfu.py: attention
@@ -18,6 +19,7 @@ counted) against the GPU's rated bf16 peak, with the bf16 matmul rate it reaches
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -26,6 +28,8 @@ import sys
 import tempfile
 
 import torch
+
+from vanilla_transformer.training.kernels import training_attention
 
 from .common import (Timer, attention_kernels, by_length, model_config, operator_profile, pairs, peak_rss_mb,
                      reset_peak_rss, summary, token_batch)
@@ -77,12 +81,15 @@ def worker(spec: dict) -> dict:
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(parameters, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     bf16 = spec["precision"] == "bf16"
-    attention_seconds = _choose_attention(model, batch, spec["device"], bf16) if spec.get("loop_attention") else {}
+    # Ours as the training loop runs it (on a GPU, sdpa kept off cuDNN); Marian as transformers runs it.
+    kernels = (lambda: training_attention(device)) if spec["contender"] == "ours" else contextlib.nullcontext
+    with kernels():
+        attention_seconds = _choose_attention(model, batch, spec["device"], bf16) if spec.get("loop_attention") else {}
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
 
     def forward():
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), kernels():
             return model(**batch).loss
 
     def step():
