@@ -123,16 +123,16 @@ def run(threads: int, token_counts: list[int], variants: list[str], attention: s
             path = os.path.join(tmp, f"{tokens}.pt")
             batch = token_batch(tokenizer, source, target, tokens, start=len(source) // 2)
             torch.save(batch, path)
+            target_tokens = int((batch["labels"] != -100).sum())
             runs = {v: [] for v in variants}
             for r in range(rounds):
                 for variant in (variants if r % 2 == 0 else variants[::-1]):
                     if variant.endswith("compiled") and runs[variant]:
                         continue  # one compile is enough to see what it costs and buys
                     spec = dict(variant=variant, config=config.to_dict(), batch=path, threads=threads, warmup=warmup,
-                                attention=attention,
-                                steps=steps, target_tokens=int((batch["labels"] != -100).sum()))
+                                steps=steps, attention=attention, target_tokens=target_tokens)
                     runs[variant].append(_spawn(spec, timeout))
-            results[tokens] = {v: _summarise(rs, int((batch["labels"] != -100).sum())) for v, rs in runs.items()}
+            results[tokens] = {v: _summarise(rs, target_tokens) for v, rs in runs.items()}
     return results
 
 
