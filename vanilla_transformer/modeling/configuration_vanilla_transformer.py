@@ -79,7 +79,6 @@ def physical_memory() -> int | None:
         return None
 
 
-
 class VanillaTransformerConfig(PretrainedConfig):
     r"""
     Args:

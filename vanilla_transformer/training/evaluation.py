@@ -17,9 +17,7 @@ from accelerate.logging import get_logger
 from ..metrics import load as load_metric
 from ..metrics import repeated_phrase
 from ..modeling.generation_vanilla_transformer import paper_generation_config
-from ..modeling.modeling_vanilla_transformer import (
-    VanillaTransformerForConditionalGeneration,
-)
+from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from .arguments import TrainingArguments
 from .data import PadCollator, PrefetchedBatches, TokenBatchSampler, TokenizedSplit
 
