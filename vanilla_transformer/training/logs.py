@@ -1,4 +1,5 @@
-"""The run's log that lasts: one JSON record a line in `output_dir/training_log.jsonl`, across resumes.
+"""What a run logs: the losses summed on the device between two log lines (`Losses`), and the log that
+lasts, one JSON record a line in `output_dir/training_log.jsonl` across resumes (`TrainingLog`).
 
 Every `log_steps` the training numbers ({"step", "loss", "nll", "lr", "tokens_per_second", "elapsed"}) and
 every evaluation's scores ({"step", "split", ...}) are appended, each line in one write, so a killed run
@@ -9,12 +10,16 @@ trains again the steps after its checkpoint: their records go, so that every ste
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
-from ..staging import STAGING_PREFIX
+import torch
 
-__all__ = ["LOG_FILE", "TrainingLog", "read_log"]
+from ..staging import STAGING_PREFIX
+from .checkpoints import latest_checkpoint
+
+__all__ = ["LOG_FILE", "Losses", "TrainingLog", "read_log"]
 
 LOG_FILE = "training_log.jsonl"
 
@@ -54,3 +59,41 @@ class TrainingLog:
             os.write(fd, line)  # one write of one line: readers see it whole or not at all
         finally:
             os.close(fd)
+
+
+class Losses:
+    """The label-smoothed loss and the NLL summed on the device since the last read, with the target tokens they
+    cover and the first step that was not finite (`NonFiniteGuard` records it)."""
+
+    def __init__(self, accelerator, checkpoint_root: Path):
+        self.accelerator, self.checkpoint_root = accelerator, Path(checkpoint_root)
+        self.sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss, nll, first bad step
+        self.tokens = 0
+
+    def add(self, loss: torch.Tensor, nll: torch.Tensor) -> None:
+        self.sums[0] += loss
+        self.sums[1] += nll
+
+    def mark_bad(self, bad: torch.Tensor, step: int) -> None:
+        """Record step `step + 1` as not finite where `bad` (a device bool) is true and no earlier step was."""
+        self.sums[2] = torch.where(bad & (self.sums[2] == 0), step + 1, self.sums[2])
+
+    def read(self, step: int, reset: bool = True) -> tuple[float, float]:
+        """The loss and NLL per target token over all processes since the last read (the one wait for the device
+        that logging costs), or FloatingPointError when a step since then was not finite; `step` is the run's."""
+        sums = self.accelerator.gather(self.sums.unsqueeze(0))  # (processes, 3)
+        loss, nll = sums[:, :2].sum(0).tolist()
+        bad_steps = [int(bad) for bad in sums[:, 2].tolist() if bad]
+        if bad_steps:
+            good = latest_checkpoint(self.checkpoint_root)
+            raise FloatingPointError(
+                f"the training loss became {loss if not math.isfinite(loss) else 'finite but its gradients not'} at "
+                f"step {min(bad_steps)}; that step left the weights as they were, and the run stopped at step {step} "
+                f"before saving. The last good checkpoint is {good or '(none: no checkpoint was written yet)'}. Try a "
+                "lower `lr_scale`, a longer `warmup_steps`, `max_grad_norm`, or mixed_precision 'no'/'bf16'."
+            )
+        tokens = max(self.tokens, 1)
+        if reset:
+            self.sums.zero_()
+            self.tokens = 0
+        return loss / tokens, nll / tokens

@@ -22,6 +22,7 @@ from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
 from .arguments import TrainingArguments
+from .checkpoints import save_checkpoint
 from .data import PadCollator, PrefetchedBatches
 from .distributed import default_mixed_precision, start_accelerator
 from .evaluation import evaluate, full_model, report
@@ -36,7 +37,6 @@ from .run_folder import (
     TrainingInterrupted,
     disk_full,
     on_main,
-    save_run,
     take_folder,
 )
 from .selection import best_steps, out_of_patience, record_validation
@@ -97,6 +97,14 @@ def train(args: TrainingArguments) -> dict:
         raise full from None
     finally:
         lock.release()
+
+
+def save_run(parts: Components, state: RunState, keep: int | None) -> None:
+    """Checkpoint the run as of `state.step`, on every process; never after a step that was not finite.
+    The best checkpoints of model selection outlive the newest `keep`."""
+    parts.losses.read(state.step, reset=False)  # raises after a step that was not finite
+    protected = [record["step"] for record in state.best]
+    save_checkpoint(parts.accelerator, parts.checkpoint_root, state.step, state.to_dict(), keep=keep, protect=protected)
 
 
 def _steps(parts: Components, state: RunState, budget: Budget, args: TrainingArguments):

@@ -18,7 +18,6 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from accelerate.logging import get_logger
@@ -31,16 +30,12 @@ from .checkpoints import (
     list_checkpoints,
     newest_sound_checkpoint,
     read_state,
-    save_checkpoint,
 )
 from .lock import RunLock
 
-if TYPE_CHECKING:
-    from .setup import Components
-
 __all__ = [
     "CHECKPOINTS", "Budget", "RunState", "StopRequests", "TrainingInterrupted", "check_same_run", "disk_full",
-    "on_main", "recorded_options", "restore_options", "resume_step", "run_options", "save_run", "take_folder",
+    "on_main", "recorded_options", "restore_options", "resume_step", "run_options", "take_folder",
 ]
 
 logger = get_logger(__name__)
@@ -231,14 +226,6 @@ def check_same_run(args: TrainingArguments, started_with: dict | None) -> None:
             f"`resume`: the run in {args.output_dir} was started with other options: {'; '.join(changed)}. "
             "Resume it with the options it was started with, or train into a new `output_dir`."
         )
-
-
-def save_run(parts: Components, state: RunState, keep: int | None) -> None:
-    """Checkpoint the run as of `state.step`, on every process; never after a step that was not finite.
-    The best checkpoints of model selection outlive the newest `keep`."""
-    parts.losses.read(state.step, reset=False)  # raises after a step that was not finite
-    protected = [record["step"] for record in state.best]
-    save_checkpoint(parts.accelerator, parts.checkpoint_root, state.step, state.to_dict(), keep=keep, protect=protected)
 
 
 def disk_full(err: OSError, output_dir: str) -> DiskFull | None:

@@ -37,6 +37,7 @@ from .data import TokenBatchSampler, TokenizedSplit, tokenize_pairs
 from .distributed import configure_deepspeed
 from .engines import Engine, NonFiniteGuard
 from .kernels import fastest_attention
+from .logs import Losses
 from .run_folder import (
     CHECKPOINTS,
     TOKENIZER_OPTIONS,
@@ -48,7 +49,6 @@ from .run_folder import (
     run_options,
 )
 from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler, peak_scale
-from .step import Losses
 
 __all__ = ["Components", "add_lora", "choose_attention", "freeze", "load_tokenizer", "prepare", "set_up"]
 

@@ -1,33 +1,30 @@
-"""§5's training step: `train_step`, one Adam update on a step's micro-batches, and the reading of its losses.
+"""§5's training step: `train_step`, one Adam update on a step's micro-batches.
 
 One optimiser step (§5.2) takes `gradient_accumulation_steps` batches of at most `max_tokens` tokens on
 every process, sums the label-smoothed loss (§5.4) over their non-padding target tokens and divides by
-the number of those tokens in the whole step, over every process (see loss.py); Adam and the learning
+the number of those tokens in the whole step, over every process (the model's loss, `batch_loss`); Adam and the learning
 rate's schedule are §5.3's (schedule.py).
 
 The host never waits for the device within a step: the step's counts are one reduction whose result the
 host reads only once the step's work is queued behind it, and the losses are summed on the device and
-read (`Losses.read`) every `log_steps` and before every checkpoint.
+read (logs.py's `Losses.read`) every `log_steps` and before every checkpoint.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from . import evaluation
-from .checkpoints import latest_checkpoint
 from .kernels import training_attention
 
 if TYPE_CHECKING:
     from .run_folder import Budget
     from .setup import Components
 
-__all__ = ["Losses", "StepCounts", "train_step"]
+__all__ = ["StepCounts", "train_step"]
 
 
 def train_step(parts: Components, micro_batches: list[tuple[dict, int]], step: int, budget: Budget,
@@ -99,41 +96,3 @@ def _read_later(tensor: torch.Tensor):
         return host.tolist()
 
     return read
-
-
-class Losses:
-    """The label-smoothed loss and the NLL summed on the device since the last read, with the target tokens they
-    cover and the first step that was not finite (`NonFiniteGuard` records it)."""
-
-    def __init__(self, accelerator, checkpoint_root: Path):
-        self.accelerator, self.checkpoint_root = accelerator, Path(checkpoint_root)
-        self.sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss, nll, first bad step
-        self.tokens = 0
-
-    def add(self, loss: torch.Tensor, nll: torch.Tensor) -> None:
-        self.sums[0] += loss
-        self.sums[1] += nll
-
-    def mark_bad(self, bad: torch.Tensor, step: int) -> None:
-        """Record step `step + 1` as not finite where `bad` (a device bool) is true and no earlier step was."""
-        self.sums[2] = torch.where(bad & (self.sums[2] == 0), step + 1, self.sums[2])
-
-    def read(self, step: int, reset: bool = True) -> tuple[float, float]:
-        """The loss and NLL per target token over all processes since the last read (the one wait for the device
-        that logging costs), or FloatingPointError when a step since then was not finite; `step` is the run's."""
-        sums = self.accelerator.gather(self.sums.unsqueeze(0))  # (processes, 3)
-        loss, nll = sums[:, :2].sum(0).tolist()
-        bad_steps = [int(bad) for bad in sums[:, 2].tolist() if bad]
-        if bad_steps:
-            good = latest_checkpoint(self.checkpoint_root)
-            raise FloatingPointError(
-                f"the training loss became {loss if not math.isfinite(loss) else 'finite but its gradients not'} at "
-                f"step {min(bad_steps)}; that step left the weights as they were, and the run stopped at step {step} "
-                f"before saving. The last good checkpoint is {good or '(none: no checkpoint was written yet)'}. Try a "
-                "lower `lr_scale`, a longer `warmup_steps`, `max_grad_norm`, or mixed_precision 'no'/'bf16'."
-            )
-        tokens = max(self.tokens, 1)
-        if reset:
-            self.sums.zero_()
-            self.tokens = 0
-        return loss / tokens, nll / tokens
