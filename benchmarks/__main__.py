@@ -368,7 +368,7 @@ def render_docs(report_json: Path, docs: Path = DOCS_PAGE) -> Path:
         f"python -m benchmarks --docs-from {report_json.relative_to(ROOT).as_posix()}   # this page alone",
         "```",
         "",
-        "`benchmarks/results/` holds the current report of each benchmark; earlier ones are in the git history.",
+        "`benchmarks/results/` holds dated reports, among them those the docs cite; others are in the git history.",
     ]
     if others:
         lines += ["", "## Other benchmarks", "", *others]

@@ -42,7 +42,7 @@ eager_attention_forward = scaled_dot_product_attention  # the name transformers'
 
 
 # --------------------------------------------------------------------------------------
-# §3.2.2 and §3.3: multi-head attention and the position-wise feed-forward network
+# §3.2.2: multi-head attention
 # --------------------------------------------------------------------------------------
 
 

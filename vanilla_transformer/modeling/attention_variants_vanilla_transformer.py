@@ -12,8 +12,8 @@ softmax needs none of it: it is MultiHeadAttention with a scale of 1. Shapes: B 
 H heads, Dh = d_model / H. Masks are transformers' additive ones: 0 where attention is allowed, the
 dtype's minimum where not.
 
-This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only torch and
-the files beside it.
+This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only the
+standard library, torch and the files beside it.
 """
 
 from __future__ import annotations

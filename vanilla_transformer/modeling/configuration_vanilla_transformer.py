@@ -1,7 +1,7 @@
 """Configuration of the Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
 
-The defaults are the paper's base model (Table 3, row "base"); `big` and `tiny`
-are named presets, as fairseq names its architectures:
+The defaults are the paper's base model (Table 3, row "base"); `big` (Table 3), `small` (the
+quickstart's CPU model) and `tiny` (tests) are named presets, as fairseq names its architectures:
 
     config = VanillaTransformerConfig.base(vocab_size=37000)
     config = VanillaTransformerConfig.from_preset("big", vocab_size=37000)
@@ -29,7 +29,7 @@ ACTIVATIONS = ("relu", "gelu")
 PRESETS = {
     "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, num_heads=8, d_ff=2048, dropout=0.1),
     "big": dict(d_model=1024, encoder_layers=6, decoder_layers=6, num_heads=16, d_ff=4096, dropout=0.3),
-    # Not in the paper: small enough for unit tests and a CPU quickstart.
+    # Not in the paper: small enough for unit tests.
     "tiny": dict(d_model=64, encoder_layers=2, decoder_layers=2, num_heads=4, d_ff=128, dropout=0.1),
     # Not in the paper: the quickstart's, which learns in minutes on a CPU. No dropout (a short run does not
     # overfit); a deeper decoder than encoder; narrow layers, whose cheaper steps beat wider ones in a short run.
@@ -284,7 +284,7 @@ class VanillaTransformerConfig(PretrainedConfig):
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "VanillaTransformerConfig":
-        """A named architecture ("base", "big" or "tiny") with any field overridden."""
+        """A named architecture ("base", "big", "small" or "tiny") with any field overridden."""
         _check_choice("preset", name, tuple(PRESETS))
         return cls(**{**PRESETS[name], **overrides})
 

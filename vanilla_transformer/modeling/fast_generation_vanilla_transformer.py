@@ -10,8 +10,8 @@ chooses the model's loss) turns them off.
 
 The model's linear maps are built as PackableLinear (fast_modeling_vanilla_transformer.py) for this.
 
-This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only torch
-and the fast modeling file beside it.
+This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only the
+standard library, torch and the fast modeling file beside it.
 """
 
 from __future__ import annotations

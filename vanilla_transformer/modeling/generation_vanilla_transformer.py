@@ -31,9 +31,10 @@ evaluation, and `save_model` then saves it), so honouring it would cut every lat
 tokens. To cap outputs, pass `max_new_tokens` or `max_length` to `generate` (or the pipeline), which
 replaces the cap, store `max_new_tokens`, or lower `max_length_offset`.
 
-Which loop serves a request is one table, `HAND_OVERS` (read by `choose_search`): sampling, beam
-groups, constraints, contrastive search, assisted generation, streamers, a cache passed in, output_logits
-and the like go to transformers' own loop, named. A sentence that cannot end in time (</s> suppressed,
+Which loop serves a request is two tables (read by `choose_search`): by `HAND_OVERS` sampling, beam
+groups, constraints, contrastive search, streamers, a cache passed in, output_logits and the like go to
+transformers' own loop, named; by `GREEDY_HAND_OVERS`, for greedy search only, assisted generation, DoLa,
+a static cache and return_dict_in_generate. A sentence that cannot end in time (</s> suppressed,
 or `min_new_tokens` past its cap) stops at its cap unfinished, as transformers' loop does at max_length.
 An input longer than a learned position table (`max_position_embeddings`) is refused in one line.
 
@@ -49,7 +50,7 @@ replaces `generate` wholesale (greedy and sampling would have to be re-implement
 `trust_remote_code` at every call and is not written by `save_pretrained`.
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only the
-standard library, torch and the public API of transformers.
+standard library, torch, the public API of transformers and the files beside it.
 """
 
 from __future__ import annotations

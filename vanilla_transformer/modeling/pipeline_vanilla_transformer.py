@@ -9,7 +9,7 @@ is saved next to the model's code and recorded under `custom_pipelines` in confi
     # [{'translation_text': 'En el principio creó Dios los cielos y la tierra.'}]
 
 works on any machine with transformers, without this package. It imports only the standard
-library, torch and the public API of transformers.
+library, torch, the public API of transformers and the files beside it.
 
 Inputs: a string, a list of strings, a data set column, `KeyDataset` or generator (`batch_size=`
 batches them). A model already in memory (say, just fine-tuned) makes a pipeline directly:

@@ -1,8 +1,8 @@
 """`TrainingArguments`: every option of `train`, declared once.
 
 Each field carries its help, its group of `train --help` and, where it has them, its choices and the
-bound it must keep (`positive`, `non-negative`), as transformers' `TrainingArguments` carries them in
-`field(metadata=...)`. `train`'s command line is generated from the fields (`add_arguments`), so a
+bound it must keep (`positive`, `non-negative`, `fraction`), as transformers' `TrainingArguments` carries
+them in `field(metadata=...)`. `train`'s command line is generated from the fields (`add_arguments`), so a
 default, choice or bound is written nowhere else; `validate` checks the bounds and choices from the same
 metadata, and the rules between options by hand. This module imports neither torch nor transformers, so
 that `vanilla-transformer train --help` stays instant: `validate` imports the model's checks when it runs.
@@ -80,7 +80,7 @@ BOUNDS = {
 
 def option(default=dataclasses.MISSING, *, group: str, help: str, **metadata):
     """A field of `TrainingArguments` with what its command-line option needs: its group, help and any of
-    `choices`, `bound` ("positive", "non-negative") and `metavar`."""
+    `choices`, `bound` ("positive", "non-negative", "fraction") and `metavar`."""
     return field(default=default, metadata=dict(group=group, help=help, **metadata))
 
 

@@ -5,7 +5,7 @@ few minutes has no good old checkpoints to average; the average of every step, o
 less, smooths the last updates' noise the same way. `decay` says how fast old steps are forgotten
 (0.999: over about 1,000 steps); early on it is lowered to (1 + n) / (10 + n) after n updates, so
 that the random initial weights are forgotten fast (tensor2tensor's and TensorFlow's rule).
-The averaged weights become the final model only when they score better on validation (loop.py).
+The averaged weights become the final model only when they score better on validation (finish.py's `_compare_weight_average`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The distributed side of a training run: start Accelerate, refuse launches that cannot work, say what runs.
 
-`start_accelerator(**kwargs)` is `Accelerator(**kwargs)` with three additions, all before the run
-writes anything (the output folder, its lock, the tokenizer):
+`start_accelerator(**kwargs)` is `Accelerator(**kwargs)` with a timeout for collectives (`ddp_timeout`),
+TF32 for fp32 products on a GPU, and three additions, all before the run writes anything (the output
+folder, its lock, the tokenizer):
 
 - A launcher that started N processes (`WORLD_SIZE`, set by `accelerate launch` / torchrun) whose
   Accelerate state counts another number is refused with one error naming the fix. The common

@@ -4,7 +4,7 @@
     accelerate launch -m vanilla_transformer.cli train ...        # the same, on every process
 
 `train` reads top to bottom: set up (setup.py), then for each step take its batches, step (§5, step.py),
-log / evaluate (evaluation.py) / save (`save_run`, checkpoints.py), then finish (finish.py: §6.1's averaged weights,
+log / evaluate (evaluation.py) / save (`save_run` below), then finish (finish.py: §6.1's averaged weights,
 scores, model card, upload). Each optimiser step takes `gradient_accumulation_steps` batches of at most
 `max_tokens` tokens on every process; a run with a budget (`max_steps`, `num_epochs`, `time_limit`) stops
 at its first limit, or after the step under way when SIGINT or SIGTERM comes, saving it first.

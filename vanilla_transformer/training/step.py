@@ -1,11 +1,12 @@
 """§5's training step: `train_step`, one Adam update on a step's micro-batches.
 
 One optimiser step (§5.2) takes `gradient_accumulation_steps` batches of at most `max_tokens` tokens on
-every process, sums the label-smoothed loss (§5.4) over their non-padding target tokens and divides by
-the number of those tokens in the whole step, over every process (the model's loss, `batch_loss`); Adam and the learning
-rate's schedule are §5.3's (schedule.py).
+every process, sums the label-smoothed loss (§5.4, the model's own: `evaluation.batch_loss`) over their
+non-padding target tokens and divides by the number of those tokens in the whole step, over every
+process; Adam and the learning rate's schedule are §5.3's (schedule.py).
 
-The host never waits for the device within a step: the step's counts are one reduction whose result the
+Except where the guard against a non-finite step must look (DeepSpeed, FSDP2, an Adam that is not fused:
+engines.py), the host never waits for the device within a step: the step's counts are one reduction whose result the
 host reads only once the step's work is queued behind it, and the losses are summed on the device and
 read (logs.py's `Losses.read`) every `log_steps` and before every checkpoint.
 """
