@@ -188,6 +188,31 @@ def operator_profile(fn, runs: int, top: int = 8) -> dict:
     return {"runs": runs, "seconds_per_run": timer.seconds / runs, "shares": shares}
 
 
+# What a copy (aten::copy_) is for, by the operator that called it.
+COPY_CAUSES = {"aten::_to_copy": "casts", "aten::clone": "layout", "aten::addmm": "bias into addmm's output"}
+
+
+def copied_elements(fn) -> dict[str, dict[str, int]]:
+    """The tensor elements one call of `fn` copies, by cause: dtype casts (autocast's among them), layout
+    (a non-contiguous tensor made contiguous), a bias broadcast into a product's output, or the operator or
+    autograd function that copied. Counts, not times: they are the same on every CPU."""
+    import math
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        fn()
+    causes = {}
+    for event in prof.events():
+        if event.name != "aten::copy_" or not event.input_shapes or not event.input_shapes[0]:
+            continue
+        parent = event.cpu_parent.name if event.cpu_parent is not None else "no operator"
+        cause = causes.setdefault(COPY_CAUSES.get(parent, parent), {"elements": 0, "calls": 0})
+        cause["elements"] += math.prod(event.input_shapes[0])
+        cause["calls"] += 1
+    return dict(sorted(causes.items(), key=lambda item: item[1]["elements"], reverse=True))
+
+
 def environment(device: str, threads: int) -> dict:
     info = {
         "date": time.strftime("%Y-%m-%d"),

@@ -16,7 +16,7 @@ round by round (ABAB...) so that a change in the machine's load hits all of them
 
 Beside each: target tokens/s, the rate the CPU reaches on the step's own matrix products in that precision
 (mfu.model_matmul_rate) and the step's share of it (FLOPs counted as mfu.training_flops counts them), a profile
-by operator, and the loss over the timed steps (every variant starts from the same weights and batch). The
+by operator, the elements the step copies by cause (casts, layout, ...: counts, the same on any CPU), and the loss over the timed steps (every variant starts from the same weights and batch). The
 attention implementation is fixed for all (`--attention`): the training loop times both on its first batch. It
 reports numbers, not whether a variant computes the same step: a variant kept for training needs its own test.
 """
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from .common import (Timer, benchmark_tokenizer, by_length, environment, model_config, operator_profile, pairs,
-                     summary, token_batch, write_atomically)
+from .common import (Timer, benchmark_tokenizer, by_length, copied_elements, environment, model_config,
+                     operator_profile, pairs, summary, token_batch, write_atomically)
 from .mfu import model_matmul_rate, step_products, training_flops
 
 VARIANTS = ("fp32", "bf16-autocast", "bf16-weights", "bf16-autocast-compiled")
@@ -98,7 +98,7 @@ def worker(spec: dict) -> dict:
     return {"variant": variant, "step_seconds": times, "first_step_seconds": first_step_seconds, "losses": losses,
             "flops_per_step": training_flops(config, batch),
             "matmul_flops_per_s": model_matmul_rate(products, "cpu", dtype),
-            "profile": operator_profile(step, PROFILED_STEPS)}
+            "profile": operator_profile(step, PROFILED_STEPS), "copies": copied_elements(step)}
 
 
 def _spawn(spec: dict, timeout: float) -> dict:
@@ -146,7 +146,8 @@ def _summarise(runs: list[dict], tokens: int) -> dict:
     return {"target_tokens": tokens, "tokens_per_s": tokens / median, "step_seconds": summary(times),
             "first_step_seconds": good[0]["first_step_seconds"], "gflops_per_s": good[0]["flops_per_step"] / median / 1e9,
             "matmul_gflops_per_s": rate / 1e9, "share_of_matmul_rate": good[0]["flops_per_step"] / median / rate,
-            "loss_first_last": [good[0]["losses"][0], good[0]["losses"][-1]], "profile": good[0]["profile"]}
+            "loss_first_last": [good[0]["losses"][0], good[0]["losses"][-1]], "profile": good[0]["profile"],
+            "copies": good[0]["copies"]}
 
 
 def markdown(report: dict) -> str:
@@ -170,6 +171,11 @@ def markdown(report: dict) -> str:
             if "profile" in r:
                 shares = ", ".join(f"{op} {share:.0%}" for op, share in r["profile"]["shares"].items())
                 lines.append(f"- {name} profile: {shares}")
+        for name, r in variants.items():
+            if "copies" in r:
+                copies = ", ".join(f"{cause} {c['elements'] / 1e6:.1f} M ({c['calls']} calls)"
+                                   for cause, c in r["copies"].items())
+                lines.append(f"- {name} elements copied per step, by cause: {copies}")
         lines.append("")
     return "\n".join(lines)
 

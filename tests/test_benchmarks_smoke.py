@@ -255,7 +255,7 @@ def test_the_gpu_smoke_script_runs_quick_on_a_cpu(tmp_path):
 def test_the_cpu_precision_benchmark_compares_its_variants_from_the_same_start(tmp_path):
     # Proves: `python -m benchmarks.cpu_precision` runs each variant in a process of its own from the same weights
     # and batch (their first losses agree to bf16's precision), and reports each one's rate, the matmul rate in its
-    # precision, the share and a profile; an unknown variant is refused in one line naming the option.
+    # precision, the share, a profile and its copies by cause; an unknown variant is refused in one line naming the option.
     completed = subprocess.run([sys.executable, "-m", "benchmarks.cpu_precision", "--variants", "fp32,bf16-weights",
                                 "--attention", "eager", "--tokens", "256", "--rounds", "1", "--warmup", "0", "--steps", "1",
                                 "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600,
@@ -267,6 +267,7 @@ def test_the_cpu_precision_benchmark_compares_its_variants_from_the_same_start(t
     for result in results.values():
         assert result["tokens_per_s"] > 0 and result["matmul_gflops_per_s"] > 0 and 0 < result["share_of_matmul_rate"]
         assert result["profile"]["shares"]
+    assert results["bf16-weights"]["copies"]["casts"]["elements"] > 0  # the loss reads bf16 logits in fp32
     assert abs(results["fp32"]["loss_first_last"][0] - results["bf16-weights"]["loss_first_last"][0]) < 0.05
     assert "| bf16-weights |" in report.with_suffix(".md").read_text()
     refused = subprocess.run([sys.executable, "-m", "benchmarks.cpu_precision", "--variants", "fp16"], cwd=ROOT,
