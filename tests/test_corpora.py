@@ -231,6 +231,8 @@ def test_plain_text_refusals_name_the_files_and_the_options(tmp_path, fr_en_pair
         load_translation_dataset(tmp_path)
     with pytest.raises(ValueError, match=r"--target-lang de: there is no file .*train.de; .* are for en, fr"):
         load_translation_dataset(tmp_path, source_lang="fr", target_lang="de")
+    with pytest.raises(ValueError, match=r"^--source-lang and --target-lang are both 'en': a translation needs two"):
+        load_translation_dataset(tmp_path, source_lang="en", target_lang="en")  # once an unpacking error
     with pytest.raises(ValueError, match=r"unknown file type.*give the files' prefix, .*train$"):
         load_translation_dataset(tmp_path / "train.fr")
     (tmp_path / "train.en").write_text("one line\n", encoding="utf-8")

@@ -68,6 +68,28 @@ def test_quickstart_rejects_a_budget_too_small_for_the_size(tmp_path):
         training_arguments(tmp_path, 1.5, "small")
     with pytest.raises(ValueError, match="`size` must be one of 'base', 'small', 'tiny'; got 'huge'"):
         training_arguments(tmp_path, 10.0, "huge")
+    with pytest.raises(ValueError, match="`minutes` must be more than 1.5 for size 'small'"):
+        training_arguments(tmp_path, float("nan"), "small")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--minutes", "1"], "`minutes` must be more than 1.5 for size 'small'"),
+    (["--minutes", "nan", "--size", "tiny"], "`minutes` must be more than"),
+    (["--test-samples", "0", "--size", "tiny"], "`test_samples` must be a positive integer"),
+    (["--size", "tiny"], "holds quickstart.json, which the quickstart's summary would replace"),
+])
+def test_quickstart_refuses_bad_input_in_one_line_and_writes_nothing(argv, message, tmp_path, capsys):
+    folder = tmp_path / "q"
+    folder.mkdir()
+    if "quickstart.json" in message:
+        (folder / "quickstart.json").write_text("{}")  # the user's, or left by a job whose model was moved away
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    with pytest.raises(SystemExit) as stop:
+        main(["quickstart", "--output-dir", str(folder), *argv])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("vanilla-transformer quickstart: error: ") and message in error[0]
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 
 
 def test_a_looping_translation_is_found_and_named_in_the_summary():

@@ -302,7 +302,9 @@ def test_the_apps_limits_come_from_serves_options_then_the_environment_then_the_
     assert served == [app.Limits(max_input_tokens=32, max_new_tokens=64, max_beams=2, max_concurrent=3, max_queued=8)]
     for argv, message in ((["--max-queued", "0"], "--max-queued (VANILLA_TRANSFORMER_MAX_QUEUED) must be a whole number "
                                                   "of at least 1; got 0"),
-                          ([], "--max-beams (VANILLA_TRANSFORMER_MAX_BEAMS) must be a whole number of at least 1; got 'many'")):
+                          ([], "--max-beams (VANILLA_TRANSFORMER_MAX_BEAMS) must be a whole number of at least 1; got 'many'"),
+                          (["--max-new-tokens", "100000"], "--max-new-tokens (VANILLA_TRANSFORMER_MAX_NEW_TOKENS) must be at "
+                                                           "most 4096; got 100000")):
         monkeypatch.setenv("VANILLA_TRANSFORMER_MAX_BEAMS", "many" if not argv else "4")
         with pytest.raises(SystemExit) as stop:
             main(["serve", "--model", "m", *argv])

@@ -77,7 +77,8 @@ def _add_train_tokenizer(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--output-dir", required=True,
-        help="folder to write tokenizer.json and tokenizer_config.json into (a model folder is fine)",
+        help="folder to write tokenizer.json and tokenizer_config.json into (the --output-dir of a later `train` is "
+        "fine; a folder that holds a trained model, whose tokenizer this would replace, is refused)",
     )
 
     def run(args: argparse.Namespace) -> int:
@@ -86,6 +87,7 @@ def _add_train_tokenizer(sub: argparse._SubParsersAction) -> None:
         from .tokenizer import train_tokenizer
 
         try:  # bad input is a usage error: one clear line, exit status 2, nothing written
+            _check_no_model(args.output_dir)
             sides = _texts_by_language(args)
             start = time.perf_counter()
             tokenizer = train_tokenizer(
@@ -108,6 +110,18 @@ def _add_train_tokenizer(sub: argparse._SubParsersAction) -> None:
         return 0
 
     p.set_defaults(func=run)
+
+
+def _check_no_model(output_dir: str) -> None:
+    """A trained model's tokenizer is part of the model: train-tokenizer never replaces it."""
+    from pathlib import Path
+
+    from .inference import WEIGHT_FILES
+
+    weights = [name for name in WEIGHT_FILES if (Path(output_dir) / name).exists()]
+    if weights:
+        raise ValueError(f"--output-dir {output_dir} holds a trained model ({', '.join(weights)}) whose tokenizer a new "
+                         "vocabulary would replace; give another --output-dir")
 
 
 def _texts_by_language(args: argparse.Namespace) -> dict[str, list[str]]:
@@ -435,6 +449,9 @@ def _check_output_file(option: str, path: str | None) -> None:
     folder = Path(path).parent
     if Path(path).is_dir():
         raise ValueError(f"{option} {path} is a folder; give the name of a file to write")
+    if Path(path).is_symlink() or (Path(path).exists() and not Path(path).is_file()):
+        raise ValueError(f"{option} {path} is a link or a device, which the file written would replace; give the "
+                         "name of a plain file")
     if not folder.is_dir():
         raise ValueError(f"{option} {path}: there is no folder {folder} to write it in")
     if not os.access(folder, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
@@ -738,14 +755,17 @@ def _add_quickstart(sub: argparse._SubParsersAction) -> None:
                    "and 4 decoder layers and d_ff 256 (default on a CPU), or tiny (for tests)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--test-samples", type=int, help="score only the first N test pairs (default: all 634)")
-    p.set_defaults(func=_run_quickstart)
 
+    def run(args: argparse.Namespace) -> int:
+        from .quickstart import quickstart
 
-def _run_quickstart(args: argparse.Namespace) -> int:
-    from .quickstart import quickstart
+        try:  # bad input is a usage error: one clear line, exit status 2
+            quickstart(args.output_dir, args.minutes, args.size, args.seed, args.test_samples)
+        except (OSError, ValueError) as err:
+            _refuse(p, err)
+        return 0
 
-    quickstart(args.output_dir, args.minutes, args.size, args.seed, args.test_samples)
-    return 0
+    p.set_defaults(func=run)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,6 +32,7 @@ from .modeling.pipeline_vanilla_transformer import CUSTOM_PIPELINES, source_leng
 from .tokenizer import save_tokenizer_files
 
 __all__ = [
+    "DESCRIPTION_FILES",
     "PIPELINE_TASK",
     "check_hub_folder",
     "check_repo_id",
@@ -47,7 +48,7 @@ _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_m
 _STALE_WEIGHTS = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")
 ATTENTION_IMAGE = "attention.png"
 RESULTS_FILE = "results.json"
-_DESCRIPTIONS = ("README.md", ATTENTION_IMAGE, RESULTS_FILE)  # of the model they were written with
+DESCRIPTION_FILES = ("README.md", ATTENTION_IMAGE, RESULTS_FILE)  # of the model they were written with
 
 logger = logging.getLogger(__name__)
 
@@ -236,7 +237,7 @@ def _drop_absent_code(folder: Path) -> None:
 def _move_into_place(staging: Path, output_dir: Path) -> None:
     new_names = {entry.name for entry in staging.iterdir()}
     for entry in output_dir.iterdir():  # weights of another shape (say, sharded), the old model's card and scores
-        if entry.name not in new_names and (_STALE_WEIGHTS.match(entry.name) or entry.name in _DESCRIPTIONS):
+        if entry.name not in new_names and (_STALE_WEIGHTS.match(entry.name) or entry.name in DESCRIPTION_FILES):
             entry.unlink()
     for entry in sorted(staging.iterdir(), key=lambda entry: entry.name == "config.json"):  # a model once config.json lands
         os.replace(entry, output_dir / entry.name)

@@ -24,10 +24,10 @@ from .modeling.pipeline_vanilla_transformer import (
     source_length_limit,
 )
 
-__all__ = ["check_config_fits_weights", "check_tokenizer_fits", "default_device", "load_model", "load_pretrained",
+__all__ = ["WEIGHT_FILES", "check_config_fits_weights", "check_tokenizer_fits", "default_device", "load_model", "load_pretrained",
            "load_tokenizer", "bounded_texts", "cut_texts", "longest_token", "score_translations", "translate_nbest", "translate_texts"]
 
-_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def default_device() -> str:
@@ -49,7 +49,7 @@ def load_model(name_or_path: str | os.PathLike, device: str | None = None):
         missing = []
         if not (path / "config.json").is_file():
             missing.append("config.json")
-        if not any((path / name).is_file() for name in _WEIGHTS):
+        if not any((path / name).is_file() for name in WEIGHT_FILES):
             missing.append("weights (model.safetensors)")
         if not (path / "tokenizer.json").is_file():
             missing.append("tokenizer (tokenizer.json)")

@@ -31,6 +31,7 @@ from .training.loop import train
 
 CORPUS = "bible-en-es"
 EXAMPLE = "In the beginning, God created the heavens and the earth."
+SUMMARY_FILE = "quickstart.json"
 
 # Model sizes, and the minutes each keeps back from the budget for what follows training (scoring the
 # test split with beam search, saving, the pipeline and the heat maps). Why each departure from the
@@ -55,7 +56,7 @@ def training_arguments(
         raise ValueError(f"`size` must be one of {', '.join(map(repr, SIZES))}; got {size!r}.")
     settings = dict(SIZES[size])
     reserve = settings.pop("reserve_minutes")
-    if minutes <= reserve:
+    if not minutes > reserve:  # NaN too
         raise ValueError(f"`minutes` must be more than {reserve} for size {size!r} (the time scoring and saving "
                          f"take); got {minutes}.")
     return TrainingArguments(
@@ -115,6 +116,9 @@ def quickstart(
     """
     started = time.perf_counter()
     output_dir = Path(output_dir)
+    if (output_dir / SUMMARY_FILE).exists():  # not this job's: train refuses a folder that holds a finished one
+        raise ValueError(f"{output_dir} holds {SUMMARY_FILE}, which the quickstart's summary would replace; give "
+                         "another output folder")
     on_gpu = torch.cuda.is_available()
     args = training_arguments(output_dir, minutes, size or ("base" if on_gpu else "small"), seed, test_samples)
     results = train(args)
@@ -140,7 +144,7 @@ def quickstart(
         "model_card": str(output_dir / "README.md"),
         "wall_minutes": round((time.perf_counter() - started) / 60, 2),
     }
-    (output_dir / "quickstart.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False))
+    (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, ensure_ascii=False))
     print(format_summary(summary))
     return summary
 

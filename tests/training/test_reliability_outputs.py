@@ -24,6 +24,64 @@ def test_train_refuses_a_finished_model_folder_as_a_new_output_dir(tmp_path, sma
     assert {p.name: p.read_bytes() for p in model.iterdir()} == before
 
 
+def test_train_refuses_an_output_dir_holding_a_card_or_scores_it_did_not_write(tmp_path, small_task, small_run, capsys):
+    folder = tmp_path / "notes"  # a user's own folder: a README and notes, no model and no run
+    folder.mkdir()
+    (folder / "README.md").write_text("my notes on this experiment\n")
+    (folder / "notes.txt").write_text("lr 2e-3\n")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--dataset", str(small_task), "--output-dir", str(folder), *small_run, "--max-steps", "2"])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err
+    assert error.strip().splitlines() == [f"vanilla-transformer train: error: {folder} holds README.md, which the "
+                                          "finished model's card and scores would replace; pick another `output_dir`, "
+                                          "or move them"]
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def test_train_tokenizer_refuses_the_folder_of_a_trained_model(tmp_path, small_task, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    (model / "tokenizer.json").write_text("{}")
+    before = {p.name: p.read_bytes() for p in model.iterdir()}
+    with pytest.raises(SystemExit) as stop:
+        main(["train-tokenizer", "--dataset", str(small_task), "--vocab-size", "300", "--output-dir", str(model)])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"vanilla-transformer train-tokenizer: error: --output-dir {model} holds a trained model (model.safetensors) "
+        "whose tokenizer a new vocabulary would replace; give another --output-dir")
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == before
+
+
+@pytest.mark.parametrize("kind", ["link", "pipe"])
+def test_single_file_outputs_refuse_a_link_or_a_device(tmp_path, small_task, kind, capsys):
+    # Written to a temporary file and renamed into place, an output would replace the link or the device
+    # itself (/dev/null, as root, becomes a plain file).
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    target = tmp_path / "target.txt"
+    target.write_text("kept\n")
+    special = tmp_path / "special.html"
+    if kind == "link":
+        special.symlink_to(target)
+    else:
+        os.mkfifo(special)
+    for argv, message in (
+        (["evaluate", "--model", str(model), "--dataset", str(small_task), "--hypotheses-out", str(special)],
+         f"--hypotheses-out {special} is a link or a device"),
+        (["attention", "--model", str(model), "x", "--html", str(special)], f"`--html` {str(special)!r} is a link or a device"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        assert stop.value.code == 2
+        assert message in capsys.readouterr().err
+    assert special.is_symlink() if kind == "link" else not special.is_file()
+    assert target.read_text() == "kept\n"
+
+
 def _evaluate(model, data, *outputs):
     return main(["evaluate", "--model", str(model), "--dataset", str(data), "--max-samples", "2",
                  "--num-beams", "1", *outputs])

@@ -426,6 +426,8 @@ def load_translation_dataset(
     named valid.* or dev.* become "validation". Raises FileNotFoundError for a path that
     does not exist and ValueError for an empty split or an unreadable file.
     """
+    if source_lang is not None and source_lang == target_lang:
+        raise ValueError(f"--source-lang and --target-lang are both {source_lang!r}: a translation needs two languages")
     if str(name_or_path) in EMBEDDED_CORPORA:
         corpus = EMBEDDED_CORPORA[str(name_or_path)]
         source_lang, target_lang = source_lang or corpus.source_lang, target_lang or corpus.target_lang

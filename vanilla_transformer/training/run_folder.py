@@ -2,7 +2,7 @@
 
 `output_dir` holds the finished model (a Hub folder, hub.py) and `output_dir/checkpoints/`, the run's
 checkpoints (checkpoints.py). A run takes the folder's lock and sweeps what a run killed while saving
-left behind (`take_folder`); a new run refuses a folder that holds an earlier run or a finished model,
+left behind (`take_folder`); a new run refuses a folder that holds an earlier run, a finished model or a card it did not write,
 and `resume` continues the newest checkpoint that reads back whole, with the options it was started
 with (`resume_step`). A checkpoint holds a `RunState`; the `Budget` says when the steps end: `max_steps`,
 `num_epochs`, `time_limit` or SIGINT / SIGTERM, which finish the step under way and save it first.
@@ -23,6 +23,7 @@ import torch
 from accelerate.logging import get_logger
 
 from ..file_checks import read_json
+from ..hub import DESCRIPTION_FILES
 from ..staging import DiskFull, sweep_staging
 from .arguments import RUN_OPTIONS, TrainingArguments
 from .checkpoints import (
@@ -180,6 +181,10 @@ def resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
             f"to continue its run (it needs its {CHECKPOINTS}/ folder), `model_name_or_path {args.output_dir}` "
             "to fine-tune it into another `output_dir`, or pick another `output_dir`"
         )
+    cards = [name for name in DESCRIPTION_FILES if (Path(args.output_dir) / name).exists()]
+    if cards:  # not this run's: the finished model's card and scores would replace them
+        raise ValueError(f"{args.output_dir} holds {', '.join(cards)}, which the finished model's card and scores would "
+                         "replace; pick another `output_dir`, or move them")
     return None
 
 

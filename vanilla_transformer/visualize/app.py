@@ -43,7 +43,7 @@ except ImportError as err:  # an optional dependency
 from vanilla_transformer.visualize.attention_maps import check_attention_support, collect_attentions
 from vanilla_transformer.visualize.explorer import explorer_html
 from vanilla_transformer.inference import load_model, longest_token
-from vanilla_transformer.modeling.checks_vanilla_transformer import check_decoding_options
+from vanilla_transformer.modeling.checks_vanilla_transformer import MAX_NEW_TOKENS, check_decoding_options
 from vanilla_transformer.modeling.generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
 
 __all__ = ["Limits", "build_app", "make_translate", "serve"]
@@ -71,6 +71,9 @@ class Limits:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} ({ENVIRONMENT_PREFIX}{name.upper()}) must be a whole "
                                  f"number of at least 1; got {value!r}")
+        if self.max_new_tokens > MAX_NEW_TOKENS:  # what generate accepts
+            raise ValueError(f"--max-new-tokens ({ENVIRONMENT_PREFIX}MAX_NEW_TOKENS) must be at most {MAX_NEW_TOKENS}; "
+                             f"got {self.max_new_tokens}")
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ, **given: int | None) -> Limits:

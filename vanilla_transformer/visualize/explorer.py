@@ -183,6 +183,9 @@ def html_path(path: str | os.PathLike, name: str = "path") -> Path:
         raise ValueError(f"`{name}` is a folder; give a file name such as {str(path / 'explorer.html')!r}")
     if path.suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"`{name}` must name an .html file; got {str(path)!r}")
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise ValueError(f"`{name}` {str(path)!r} is a link or a device, which the page would replace; give the name "
+                         "of a plain file")
     return path
 
 
