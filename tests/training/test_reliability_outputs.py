@@ -40,6 +40,22 @@ def test_train_refuses_an_output_dir_holding_a_card_or_scores_it_did_not_write(t
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 
 
+@pytest.mark.parametrize("where", ["output_dir", "tokenizer"])
+def test_train_names_a_tokenizer_file_it_cannot_read_in_one_line(tmp_path, small_task, small_run, where, capsys):
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text('{"hello": 1}')  # valid JSON, not a tokenizer: once a KeyError traceback
+    output_dir = folder if where == "output_dir" else tmp_path / "run"
+    extra = [] if where == "output_dir" else ["--tokenizer", str(folder)]
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--dataset", str(small_task), "--output-dir", str(output_dir), *small_run, "--max-steps", "2", *extra])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"vanilla-transformer train: error: {folder / 'tokenizer.json'} is not a tokenizer file this version can read: "
+        "it lacks the key 'added_tokens'")
+    assert [p.name for p in folder.iterdir()] == ["tokenizer.json"]
+
+
 def test_train_tokenizer_refuses_the_folder_of_a_trained_model(tmp_path, small_task, capsys):
     model = tmp_path / "model"
     model.mkdir()

@@ -18,11 +18,11 @@ import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import DistributedType, set_seed
-from transformers import AutoTokenizer
 
 from ..corpora import load_translation_dataset, resolve_languages
 from ..file_checks import read_json
 from ..inference import load_pretrained
+from ..inference import load_tokenizer as read_tokenizer
 from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 from ..modeling.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
@@ -239,8 +239,9 @@ def load_tokenizer(args: TrainingArguments, data, source_lang: str, target_lang:
 
 
 def _checked_tokenizer(folder, name: str):
-    """A saved tokenizer that ends every sentence with </s>, without which a model never learns to stop."""
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    """A saved tokenizer that ends every sentence with </s>, without which a model never learns to stop; one
+    that cannot be read is a ValueError naming its file."""
+    tokenizer = read_tokenizer(folder)
     check_appends_eos(tokenizer, name)
     return tokenizer
 
