@@ -2,7 +2,9 @@
 works on its own. (What CTranslate2 can and cannot express: vanilla_transformer/export/ctranslate2.py.)"""
 
 import json
+import os
 import re
+import shutil
 import sys
 
 import pytest
@@ -179,13 +181,29 @@ def test_export_translate_and_evaluate_from_the_command_line(hub_tiny_folder, hu
     (["export", "--model", "{folder}", "--format", "onnx", "--output-dir", "x"], "invalid choice: 'onnx'"),
     (["translate", "--engine", "ctranslate2", "--model", "{folder}", "x"], "is not a CTranslate2 export"),
     (["translate", "--engine", "ctranslate2", "--model", "{export}", "--device", "mps", "x"], "cpu, cuda or cuda:N"),
+    # Each once a traceback (found by trying bad input from outside).
+    (["translate", "--engine", "ctranslate2", "--model", "{export}", "--max-new-tokens", "4096", "x"],
+     "`max_new_tokens` must be at most 1023 for this export (the longest output its model decodes); got 4096"),
+    (["translate", "--engine", "ctranslate2", "--model", "{damaged:model.bin}", "x"], "CTranslate2 cannot load it:"),
+    (["translate", "--engine", "ctranslate2", "--model", "{damaged:config.json}", "x"], "CTranslate2 cannot load it:"),
+    (["translate", "--engine", "ctranslate2", "--model", "{damaged:tokenizer.json}", "x"],
+     "tokenizer.json is not a tokenizer file this version can read"),
+    (["translate", "--engine", "ctranslate2", "--model", "{damaged:translation_options.json}", "x"],
+     "translation_options.json is damaged: not valid JSON"),
 ])
 def test_bad_export_or_engine_input_is_a_usage_error(argv, message, hub_tiny_folder, hub_tiny_model, tmp_path, capsys):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "file").write_text("mine")
     export = export_ctranslate2(*hub_tiny_model, tmp_path / "export")
     paths = {"folder": hub_tiny_folder, "taken": tmp_path / "taken", "export": export}
+    for i, arg in enumerate(argv):
+        if arg.startswith("{damaged:"):  # a copy of the export with one file cut short
+            name = arg[len("{damaged:"):-1]
+            damaged = shutil.copytree(export, tmp_path / "damaged")
+            os.truncate(damaged / name, (damaged / name).stat().st_size // 2)
+            argv = [*argv[:i], str(damaged), *argv[i + 1:]]
     with pytest.raises(SystemExit) as exit_info:
         main([arg.format(**paths) for arg in argv])
     assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert message in error.strip().splitlines()[-1] and "Traceback" not in error, error

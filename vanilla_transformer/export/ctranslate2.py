@@ -48,6 +48,7 @@ import torch
 
 from ..modeling.generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_encoding
+from ..file_checks import read_json
 from ..inference import cut_texts
 from ..modeling.pipeline_vanilla_transformer import source_length_limit
 from ..staging import publish_files, staging_folder, sweep_staging
@@ -297,10 +298,16 @@ class CTranslate2Translator:
         kind, _, index = device.partition(":")
         if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
             raise ValueError(f"`device` must be cpu, cuda or cuda:N for CTranslate2; got {device!r}")
-        self.translator = ctranslate2.Translator(str(folder), device=kind, device_index=int(index or 0),
-                                                 intra_threads=threads)
-        self.tokenizer = _plain_tokenizer(Tokenizer.from_file(str(folder / "tokenizer.json")))
-        self.options = json.loads((folder / OPTIONS_FILE).read_text())
+        self.options = read_json(folder / OPTIONS_FILE)
+        try:
+            self.translator = ctranslate2.Translator(str(folder), device=kind, device_index=int(index or 0),
+                                                     intra_threads=threads)
+        except RuntimeError as err:  # a damaged model.bin or config.json; a CUDA error names itself
+            raise ValueError(f"`model` {folder}: CTranslate2 cannot load it: {err}") from None
+        try:
+            self.tokenizer = _plain_tokenizer(Tokenizer.from_file(str(folder / "tokenizer.json")))
+        except Exception as err:  # tokenizers raises plain Exception ("Model missing. at line 1 column 2")
+            raise ValueError(f"{folder / 'tokenizer.json'} is not a tokenizer file this version can read: {err}") from None
         # The most characters one token stands for: a longer text is cut before tokenising, as our pipeline cuts.
         self.token_characters = max(map(len, self.tokenizer.decode_batch(
             [[i] for i in range(self.tokenizer.get_vocab_size())], skip_special_tokens=False)))
@@ -321,6 +328,10 @@ class CTranslate2Translator:
     def translate_tokens(self, sources: list[list[str]], *, num_beams: int | None = None,
                          length_penalty: float | None = None, max_new_tokens: int | None = None) -> list[list[int]]:
         """One batch: the output ids of each source, without </s>."""
+        ceiling = self.options["max_decoding_length"]  # the position table's, or the model's stored max_new_tokens
+        if max_new_tokens is not None and max_new_tokens > ceiling:
+            raise ValueError(f"`max_new_tokens` must be at most {ceiling} for this export (the longest output its "
+                             f"model decodes); got {max_new_tokens}")
         options = dict(self.options)
         offset = options.pop("max_length_offset")
         longest = max(map(len, sources))
