@@ -40,6 +40,17 @@ def test_train_refuses_an_output_dir_holding_a_card_or_scores_it_did_not_write(t
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 
 
+def test_a_run_that_fails_while_being_set_up_leaves_no_folder_it_made(tmp_path, small_task, small_run, capsys):
+    # The tokenizer is trained and written before LoRA finds no layer of that name: once left behind.
+    output_dir = tmp_path / "runs" / "lora"
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--dataset", str(small_task), "--output-dir", str(output_dir), *small_run, "--max-steps", "2",
+              "--lora-rank", "4", "--lora-target-modules", "no_such_layer"])
+    assert stop.value.code == 2
+    assert "no_such_layer" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not output_dir.exists() and (tmp_path / "runs").is_dir()
+
+
 @pytest.mark.parametrize("where", ["output_dir", "tokenizer"])
 def test_train_names_a_tokenizer_file_it_cannot_read_in_one_line(tmp_path, small_task, small_run, where, capsys):
     folder = tmp_path / "tok"

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import socket
 import sys
 import time
@@ -71,14 +72,17 @@ class RunLock:
         os.lseek(self._fd, 0, os.SEEK_SET)
         os.write(self._fd, json.dumps(holder).encode())
 
-    def release(self) -> None:
-        """Remove the file (while still holding it, so that no one waits on a removed file) and let go."""
+    def release(self, discard: bool = False) -> None:
+        """Remove the file (while still holding it, so that no one waits on a removed file) and let go.
+        A folder the lock made goes if it is empty, or with what is in it when `discard` is true."""
         if self._fd is None:
             return
         self.path.unlink(missing_ok=True)
         os.close(self._fd)
         self._fd = None
-        if self._made_folder and not any(self.folder.iterdir()):
+        if self._made_folder and discard:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        elif self._made_folder and not any(self.folder.iterdir()):
             self.folder.rmdir()  # a run that failed at once leaves nothing behind
 
     def _in_use(self, advice: str) -> FileExistsError:

@@ -55,7 +55,11 @@ def train(args: TrainingArguments) -> dict:
     lock = RunLock(args.output_dir)  # one run per folder: taken by the main process for all of them
     on_main(accelerator, lambda: take_folder(lock))
     try:
-        parts, state, budget = set_up(args, accelerator)
+        try:
+            parts, state, budget = set_up(args, accelerator)
+        except BaseException:
+            lock.release(discard=True)  # a run that fails while being set up leaves no folder it made
+            raise
         parts.log = TrainingLog(args.output_dir, budget.start_step if args.resume else None, accelerator.is_main_process)
         last_saved = state.step if args.resume else None  # the step of the newest checkpoint
         bar = _progress_bar(args, state, accelerator.is_local_main_process)
