@@ -180,6 +180,8 @@ def test_export_translate_and_evaluate_from_the_command_line(hub_tiny_folder, hu
     (["export", "--model", "{folder}", "--format", "ctranslate2", "--output-dir", "{taken}"], "not an empty folder"),
     (["export", "--model", "{folder}", "--format", "onnx", "--output-dir", "x"], "invalid choice: 'onnx'"),
     (["translate", "--engine", "ctranslate2", "--model", "{folder}", "x"], "is not a CTranslate2 export"),
+    (["translate", "--engine", "ctranslate2", "--model", "{folder}", "x"],  # not the model's own folder, which is taken
+     "write one with `vanilla-transformer export --model {folder} --format ctranslate2 --output-dir tiny-en-es-ct2`"),
     (["translate", "--engine", "ctranslate2", "--model", "{export}", "--device", "mps", "x"], "cpu, cuda or cuda:N"),
     # Each once a traceback (found by trying bad input from outside).
     (["translate", "--engine", "ctranslate2", "--model", "{export}", "--max-new-tokens", "4096", "x"],
@@ -206,4 +208,4 @@ def test_bad_export_or_engine_input_is_a_usage_error(argv, message, hub_tiny_fol
         main([arg.format(**paths) for arg in argv])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
-    assert message in error.strip().splitlines()[-1] and "Traceback" not in error, error
+    assert message.format(**paths) in error.strip().splitlines()[-1] and "Traceback" not in error, error

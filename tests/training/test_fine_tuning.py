@@ -72,6 +72,8 @@ def test_lr_is_the_peak_of_every_schedule(tmp_path, small_task, small_run, sched
         (["--lora-rank", "4", "--lora-target-modules", "q_proj,,v_proj"], "`lora_target_modules` must be layer names"),
         (["--lora-rank", "4", "--freeze-encoder"], "`lora_rank` already trains the adapters alone"),
         (["--tokenizer-model", "wordpiece"], "invalid choice: 'wordpiece'"),
+        (["--model-name-or-path", "saved", "--preset", "small"],  # once ignored: the saved model's architecture trained
+         "`preset` 'small' builds a new model, and `model_name_or_path` fine-tunes a saved one with its own architecture"),
     ],
 )
 def test_bad_optimisation_options_are_one_line_errors(tmp_path, small_task, small_run, capsys, extra, expected):

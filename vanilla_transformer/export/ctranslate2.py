@@ -290,9 +290,10 @@ class CTranslate2Translator:
         folder = Path(folder)
         missing = [name for name in ("model.bin", "tokenizer.json", OPTIONS_FILE) if not (folder / name).is_file()]
         if missing:
+            model = folder if (folder / "config.json").is_file() else "MODEL"  # a model folder: export it elsewhere
             raise ValueError(
                 f"`model` {folder} is not a CTranslate2 export (it lacks {', '.join(missing)}); write one with "
-                f"`vanilla-transformer export --model MODEL --format ctranslate2 --output-dir {folder}`"
+                f"`vanilla-transformer export --model {model} --format ctranslate2 --output-dir {folder.name}-ct2`"
             )
         device = device or ("cuda" if ctranslate2.get_cuda_device_count() else "cpu")
         kind, _, index = device.partition(":")
