@@ -165,10 +165,16 @@ def test_a_config_of_another_shape_or_a_tokenizer_without_its_keys_is_named_in_o
     keyless = edited("keyless", "tokenizer.json", lambda tokenizer: tokenizer.pop("model"))
     # Another model_type made transformers ask whether to run the folder's code, on the terminal.
     other = edited("other", "config.json", lambda config: config.update(model_type="bert"))
+    typeless = edited("typeless", "config.json", lambda config: config.pop("model_type"))
+    listed = edited("listed", "config.json", lambda config: None)
+    (listed / "config.json").write_text("[1, 2]")  # once blamed on the tokenizer
     damaged = edited("damaged", "generation_config.json", lambda generation: None)
     (damaged / "generation_config.json").write_text("{")  # transformers ignored it: the model's decoding defaults were lost
     for folder, message in ((other, f"{other / 'config.json'} describes a 'bert' model, which is not a translation"),
-                            (damaged, f"{damaged / 'generation_config.json'} is damaged: not valid JSON"),(shape, f"{shape / 'config.json'} does not fit the weights in {shape}: model.shared.weight "
+                            (typeless, f"{typeless / 'config.json'} does not describe a model: it names no `model_type`"),
+                            (listed, f"{listed / 'config.json'} does not describe a model: it names no `model_type`"),
+                            (damaged, f"{damaged / 'generation_config.json'} is damaged: not valid JSON"),
+                            (shape, f"{shape / 'config.json'} does not fit the weights in {shape}: model.shared.weight "
                                     "is [600, 64] in model.safetensors and [600, 128] by the config"),
                             (layers, f"{layers / 'config.json'} does not fit the weights in {layers}: the config has "
                                      "model.encoder.layers.2."),
@@ -178,8 +184,9 @@ def test_a_config_of_another_shape_or_a_tokenizer_without_its_keys_is_named_in_o
         with pytest.raises(SystemExit) as stop:
             main([command[0], "--model", str(folder), *command[1:], *extra])
         assert stop.value.code == 2
-        error = capsys.readouterr().err
+        out, error = capsys.readouterr()
         assert error.startswith(f"vanilla-transformer {command[0]}: error: {message}") and "Traceback" not in error
+        assert "custom code" not in out + error  # transformers' question whether to run the folder's code
         assert not (tmp_path / "out").exists()
 
 

@@ -549,9 +549,11 @@ def _recorded_data(model: str, source_lang: str | None, target_lang: str | None)
     from pathlib import Path
 
     from .file_checks import read_json
+    from .inference import check_config_file
 
     path = Path(model) / "config.json"
     if path.is_file():
+        check_config_file(path)
         config = read_json(path)
     else:  # a Hub id: its config, or an OSError saying why not
         from transformers import AutoConfig

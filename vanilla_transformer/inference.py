@@ -24,7 +24,7 @@ from .modeling.pipeline_vanilla_transformer import (
     source_length_limit,
 )
 
-__all__ = ["WEIGHT_FILES", "check_config_fits_weights", "check_tokenizer_fits", "default_device", "load_model", "load_pretrained",
+__all__ = ["WEIGHT_FILES", "check_config_file", "check_config_fits_weights", "check_tokenizer_fits", "default_device", "load_model", "load_pretrained",
            "load_tokenizer", "bounded_texts", "cut_texts", "longest_token", "score_translations", "translate_nbest", "translate_texts"]
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -55,6 +55,7 @@ def load_model(name_or_path: str | os.PathLike, device: str | None = None):
             missing.append("tokenizer (tokenizer.json)")
         if missing:
             raise ValueError(f"model folder {path} lacks {', '.join(missing)}; give a folder written by training or save_for_hub")
+        check_config_file(path / "config.json")  # before the tokenizer, which reads it too
         if (path / "generation_config.json").is_file():  # transformers ignores a damaged one: the decoding defaults would be lost
             read_json(path / "generation_config.json")
     elif not REPO_ID.match(str(name_or_path)):
@@ -125,6 +126,14 @@ def load_pretrained(name_or_path: str | os.PathLike, **kwargs):
     return model
 
 
+def check_config_file(path: Path) -> None:
+    """A ValueError naming `path` unless it is a JSON object with a `model_type` (without one, transformers
+    would take the folder's code for the model and ask whether to run it)."""
+    config = read_json(path)
+    if not isinstance(config, dict) or not config.get("model_type"):
+        raise ValueError(f"{path} does not describe a model: it names no `model_type`")
+
+
 def check_config_fits_weights(folder: Path) -> None:
     """Raise ValueError naming config.json and what it contradicts (an edited model_type, d_model, vocab_size
     or layer count), before transformers' own report and RuntimeError. What the config gives comes from a
@@ -136,6 +145,7 @@ def check_config_fits_weights(folder: Path) -> None:
     from .modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 
     config_file = folder / "config.json"
+    check_config_file(config_file)
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
     except (TypeError, ValueError, KeyError) as err:
@@ -143,7 +153,7 @@ def check_config_fits_weights(folder: Path) -> None:
     ours = config.model_type == VanillaTransformerConfig.model_type
     try:
         with torch.device("meta"):
-            tensors = AutoModelForSeq2SeqLM.from_config(config).state_dict(keep_vars=True)
+            tensors = AutoModelForSeq2SeqLM.from_config(config, trust_remote_code=False).state_dict(keep_vars=True)
     except (TypeError, ValueError, KeyError) as err:
         raise ValueError(f"{config_file} does not describe a model: {err}" if ours else
                          f"{config_file} describes a {config.model_type!r} model, which is not a translation "
