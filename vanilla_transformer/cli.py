@@ -558,7 +558,7 @@ def _recorded_data(model: str, source_lang: str | None, target_lang: str | None)
     else:  # a Hub id: its config, or an OSError saying why not
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(model).to_dict()
+        config = AutoConfig.from_pretrained(model, trust_remote_code=False).to_dict()  # never a question
     if not config.get("dataset_name"):
         raise ValueError(f"--dataset: {model} records no data set (its config.json has no dataset_name); name one with "
                          "--dataset, or give --source-file and --reference-file")
