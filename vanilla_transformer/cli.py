@@ -244,7 +244,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
                 raise ValueError("give texts as arguments or --input-file, not both")
             _decoding_options(args)  # bad options fail before reading the input
             _check_nbest_options(args)
-            texts = args.texts or _read_lines(args.input_file or "-")
+            texts = args.texts or _read_lines(args.input_file or "-", "--input-file")
             translate = _translator(args)[0]
         except (OSError, ValueError, TypeError, ImportError) as err:
             _refuse(p, err)
@@ -410,13 +410,17 @@ def _batches_as_they_come(texts, size: int):
         raise last
 
 
-def _read_lines(path: str):
+def _read_lines(path: str, option: str):
     """The lines of a file or of standard input ("-"), read as they are used; a file that cannot be opened
-    fails here, before the model is loaded."""
+    fails here, before the model is loaded, in an error naming `option`."""
     from .file_checks import utf8_lines
 
     if path != "-":
-        return _lines_of(open(path, "rb"), path)
+        try:
+            file = open(path, "rb")
+        except OSError as err:
+            raise ValueError(f"{option} {path}: {err.strerror or err}") from None
+        return _lines_of(file, path)
     closed = ValueError("standard input is closed; give the texts as arguments or with --input-file")
     if sys.stdin is None or sys.stdin.closed:  # started with it closed (`<&-`)
         raise closed
@@ -523,7 +527,8 @@ def _evaluation_pairs(args: argparse.Namespace) -> tuple[str, str | None, str | 
             raise ValueError("--source-file and --reference-file go together: give both")
         if args.dataset:
             raise ValueError("give --dataset or --source-file and --reference-file, not both")
-        sides = [list(_read_lines(path)) for path in (args.source_file, args.reference_file)]
+        sides = [list(_read_lines(path, option)) for path, option in ((args.source_file, "--source-file"),
+                                                                      (args.reference_file, "--reference-file"))]
         if len(sides[0]) != len(sides[1]):
             raise ValueError(f"--source-file {args.source_file} has {len(sides[0])} lines and --reference-file "
                              f"{args.reference_file} {len(sides[1])}; they must translate each other line by line")
