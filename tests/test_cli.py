@@ -103,6 +103,8 @@ def test_push_uploads_the_folder(hub_tiny_folder, tmp_path, monkeypatch, capsys)
      "--reference-file {empty}: Is a directory"),
     (["translate", "--model", "{folder}", "--batch-size", "0", "x"], "--batch-size must be at least 1"),
     (["evaluate", "--model", "{folder}", "--split", "devtest"], "--split 'devtest' is not in"),
+    (["evaluate", "--model", "{folder}", "--split", "valid", "--source-file", "{one_line}", "--reference-file",
+      "{one_line}"], "--split picks a split of --dataset; --source-file and --reference-file are scored whole"),
     (["attention", "--model", "{folder}", " "], "empty"),
     # Found by trying harder (issue 13): each used to end after the work, or in a traceback.
     (["translate", "--model", "{folder}", "--input-file", "{latin1}"], "latin1.txt, line 2: byte 0xf3 at column 6 is not UTF-8"),

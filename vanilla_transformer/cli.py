@@ -474,7 +474,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     _add_model_option(p, engines=True)
     data = _add_data_options(p, reads="its --split is translated and scored", dataset=None,
                              languages="the model's, for its own data set; else the corpus pair, or the two keys there are")
-    data.add_argument("--split", default="test", help="split to score: train, validation (or valid, dev), test (default: %(default)s)")
+    data.add_argument("--split", help="split to score: train, validation (or valid, dev), test (default: test)")
     data.add_argument("--source-file", help="instead of --dataset: UTF-8 text file of sources, one a line")
     data.add_argument("--reference-file", help="with --source-file: their reference translations, line by line")
     data.add_argument("--max-samples", type=int, help="score only the first N pairs (a quick look)")
@@ -527,6 +527,8 @@ def _evaluation_pairs(args: argparse.Namespace) -> tuple[str, str | None, str | 
             raise ValueError("--source-file and --reference-file go together: give both")
         if args.dataset:
             raise ValueError("give --dataset or --source-file and --reference-file, not both")
+        if args.split:
+            raise ValueError("--split picks a split of --dataset; --source-file and --reference-file are scored whole")
         sides = [list(_read_lines(path, option)) for path, option in ((args.source_file, "--source-file"),
                                                                       (args.reference_file, "--reference-file"))]
         if len(sides[0]) != len(sides[1]):
@@ -540,11 +542,12 @@ def _evaluation_pairs(args: argparse.Namespace) -> tuple[str, str | None, str | 
     if dataset is None:
         dataset, source_lang, target_lang = _recorded_data(args.model, source_lang, target_lang)
     data = load_translation_dataset(dataset, args.dataset_config, source_lang=source_lang, target_lang=target_lang)
-    split = next((name for name, names in SPLIT_NAMES.items() if args.split in names), args.split)
+    asked = args.split or "test"
+    split = next((name for name, names in SPLIT_NAMES.items() if asked in names), asked)
     if split not in data:
-        raise ValueError(f"--split {args.split!r} is not in {dataset}; it has {', '.join(data)}")
+        raise ValueError(f"--split {asked!r} is not in {dataset}; it has {', '.join(data)}")
     source_lang, target_lang = resolve_languages(data[split], source_lang, target_lang)
-    return f"{dataset} {args.split}", source_lang, target_lang, \
+    return f"{dataset} {asked}", source_lang, target_lang, \
         list(zip(*text_pairs(data[split], source_lang, target_lang)))
 
 
