@@ -448,14 +448,14 @@ def _check_output_file(option: str, path: str | None) -> None:
     import os
     from pathlib import Path
 
+    from .file_checks import check_plain_file
+
     if path is None:
         return
     folder = Path(path).parent
     if Path(path).is_dir():
         raise ValueError(f"{option} {path} is a folder; give the name of a file to write")
-    if Path(path).is_symlink() or (Path(path).exists() and not Path(path).is_file()):
-        raise ValueError(f"{option} {path} is a link or a device, which the file written would replace; give the "
-                         "name of a plain file")
+    check_plain_file(path, f"{option} {path}")
     if not folder.is_dir():
         raise ValueError(f"{option} {path}: there is no folder {folder} to write it in")
     if not os.access(folder, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):

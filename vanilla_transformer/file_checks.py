@@ -17,7 +17,7 @@ from pathlib import Path
 # A Hub repository id, user/name: how a name the user gives is told from a folder that is not there.
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
-__all__ = ["REPO_ID", "check_model_files", "check_plain_pickle", "check_repo_id", "check_weights_file", "read_json", "utf8_lines"]
+__all__ = ["REPO_ID", "check_model_files", "check_plain_file", "check_plain_pickle", "check_repo_id", "check_weights_file", "read_json", "utf8_lines"]
 
 
 def utf8_lines(lines: Iterable[bytes], name: str) -> Iterator[str]:
@@ -139,6 +139,15 @@ def write_text_file(path: str | os.PathLike, text: str) -> None:
     except OSError as err:
         Path(staging).unlink(missing_ok=True)
         raise OSError(f"could not write {path}: {err.strerror or err}") from None
+
+
+def check_plain_file(path: str | os.PathLike, what: str) -> None:
+    """A file written to a temporary name and renamed into place would replace a link or a device itself:
+    a ValueError saying so, `what` naming the option and path."""
+    path = Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise ValueError(f"{what} is a link or a device, which the file written would replace; give the name of a "
+                         "plain file")
 
 
 def check_outputs_apart(outputs: dict[str, str | None], inputs: Iterable[str | os.PathLike]) -> None:

@@ -263,8 +263,7 @@ class TrainingArguments:
         check_schedule(self.warmup_steps, self.lr_scale, self.lr_schedule, names=("warmup_steps", "lr_scale", "lr_schedule"))
         if self.lr is not None and self.lr_scale != 1.0:
             raise ValueError("`lr` and `lr_scale` both set the peak learning rate: give one of them.")
-        preset = next(f for f in dataclasses.fields(self) if f.name == "preset").default
-        if self.model_name_or_path is not None and self.preset != preset:
+        if self.model_name_or_path is not None and self.preset != type(self).preset:  # the class holds the default
             raise ValueError(f"`preset` {self.preset!r} builds a new model, and `model_name_or_path` fine-tunes a saved "
                              "one with its own architecture: give one of them.")
         if self.lora_rank is not None:

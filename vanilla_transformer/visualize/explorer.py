@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from ..file_checks import check_plain_file
 from .attention_maps import KINDS, AttentionRecord
 from .neuron_view import QUERY_TERMS, Neurons, NeuronTensors
 
@@ -183,9 +184,7 @@ def html_path(path: str | os.PathLike, name: str = "path") -> Path:
         raise ValueError(f"`{name}` is a folder; give a file name such as {str(path / 'explorer.html')!r}")
     if path.suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"`{name}` must name an .html file; got {str(path)!r}")
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        raise ValueError(f"`{name}` {str(path)!r} is a link or a device, which the page would replace; give the name "
-                         "of a plain file")
+    check_plain_file(path, f"`{name}` {str(path)!r}")
     return path
 
 
