@@ -92,7 +92,7 @@ def test_decoding_options_beyond_what_can_run_are_refused_in_one_line(tmp_path, 
 
 
 def test_cuda_without_cuda_is_refused(monkeypatch):
-    from vanilla_transformer.cli import check_device
+    from vanilla_transformer.cli.options import check_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="--device cuda:1: this machine has no CUDA device; use --device cpu"):

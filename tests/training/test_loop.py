@@ -413,7 +413,7 @@ def test_a_second_run_on_the_same_folder_is_refused_and_a_dead_runs_lock_is_take
         err = _usage_error(capsys, [*argv, "--max-steps", "2"])
         assert err.startswith(f"vanilla-transformer train: error: {out} is in use by another training run "
                               f"(PID {first.pid} on host {socket.gethostname()}, started ")
-        assert "vanilla_transformer/cli.py train" in err and err.endswith("Wait for it to end, or choose another `output_dir`.\n")
+        assert "vanilla_transformer/cli/__main__.py train" in err and err.endswith("Wait for it to end, or choose another `output_dir`.\n")
         wait_for(lambda: list_checkpoints(out / "checkpoints"))
     finally:
         first.kill()  # kill -9: its lock file stays, but no process holds it any more

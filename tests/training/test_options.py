@@ -39,7 +39,7 @@ def subcommand(add, name: str) -> argparse.ArgumentParser:
 
 
 def train_parser() -> argparse.ArgumentParser:
-    return subcommand(cli._add_train, "train")
+    return subcommand(cli.train.add_parser, "train")
 
 
 def options_of(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
@@ -157,7 +157,7 @@ def test_malformed_options_are_argparse_errors_as_before(tmp_path, capsys, argv,
 
 
 def test_the_decoding_commands_take_the_beam_options_from_the_one_declaration():
-    translate = subcommand(cli._add_translate, "translate")
+    translate = subcommand(cli.translate.add_parser, "translate")
     for name in ("num_beams", "length_penalty"):
         action = options_of(translate)[name]
         assert action.default is None and action.type is argparse_options(name)["type"]
@@ -178,7 +178,7 @@ def test_the_python_api_refuses_a_length_penalty_the_command_line_refuses(tmp_pa
 
 
 def test_train_tokenizer_defaults_are_trains_and_the_tokenizers():
-    parser = subcommand(cli._add_train_tokenizer, "train-tokenizer")
+    parser = subcommand(cli.train_tokenizer.add_parser, "train-tokenizer")
     defaults = {a.dest: a.default for a in parser._actions}
     assert defaults["vocab_size"] == FIELDS["vocab_size"].default and defaults["min_frequency"] == DEFAULT_MIN_FREQUENCY
     assert defaults["dataset"] == FIELDS["dataset"].default

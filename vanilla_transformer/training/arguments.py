@@ -380,7 +380,7 @@ def argparse_options(name: str, arguments: type = TrainingArguments, **changes) 
     kind, _ = _kind(_hint(arguments, f))
     options = {"help": f.metadata["help"], "default": f.default}
     if kind is dict:
-        options["default"] = ""  # KEY=VALUE,... as typed: the command reads it (cli.py's _parse_overrides)
+        options["default"] = ""  # KEY=VALUE,... as typed: the command reads it (cli/train.py's _parse_overrides)
     elif f.default is dataclasses.MISSING:
         options.update(required=True, default=None)
     elif kind is bool:

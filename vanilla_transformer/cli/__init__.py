@@ -1,0 +1,71 @@
+"""The `vanilla-transformer` command line: one sub-command per job, one module per sub-command.
+
+Each command's module has `add_parser`, which declares its arguments and points `func` at its `run`;
+heavy imports happen inside the runners so that `vanilla-transformer --help` stays instant. `train`'s
+options are generated from the fields of `TrainingArguments` (training/arguments.py, which imports no
+torch); an option other commands share with it takes its default and help from there, and one several
+other commands take is declared once (options.py). The texts a command reads come through streams.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import sys
+
+from . import attention, evaluate, export, push, quickstart, serve, train, train_tokenizer, translate
+
+# In the order `--help` lists them.
+COMMANDS = (train_tokenizer, train, translate, evaluate, export, attention, serve, push, quickstart)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vanilla-transformer",
+        description="Train, translate with and look inside the Transformer of 'Attention Is All You Need'.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return parser
+
+
+_TEXT_ARGUMENTS = {"texts": "TEXT", "text": "text", "special_tokens": "--special-tokens", "source_lang": "--source-lang",
+                   "target_lang": "--target-lang"}
+
+
+def _check_text_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Text given as an argument must be UTF-8: Python keeps another byte as a lone surrogate, which the
+    tokenizer would refuse with a TypeError. (Paths may hold any bytes: they are left alone.)"""
+    for name, shown in _TEXT_ARGUMENTS.items():
+        values = getattr(args, name, None)
+        for value in values if isinstance(values, list) else [values]:
+            bad = next((i for i, c in enumerate(value or "") if "\udc80" <= c <= "\udcff"), None)
+            if bad is not None:
+                parser.exit(2, f"{parser.prog} {args.command}: error: argument {shown}: byte {ord(value[bad]) - 0xDC00:#04x} "
+                               f"at character {bad + 1} is not UTF-8; give the text in UTF-8\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)  # `train --resume` tells typed options from defaults
+    _check_text_arguments(parser, args)
+    try:
+        code = args.func(args) or 0
+        sys.stdout.flush()  # here, so that a failing write is reported below, not as a traceback at exit
+        return code
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop: nothing to save, one line instead of a traceback
+        print(f"vanilla-transformer {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as other command-line tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail again
+        return 141
+    except OSError as err:
+        if sys.stdout is None or err.errno not in (errno.ENOSPC, errno.EBADF, errno.EIO):
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"vanilla-transformer {args.command}: error: cannot write the output: {err.strerror}", file=sys.stderr)
+        return 1
+

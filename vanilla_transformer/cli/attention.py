@@ -1,0 +1,53 @@
+"""`vanilla-transformer attention`: heat maps and the HTML explorer of one sentence's attention."""
+
+from __future__ import annotations
+
+import argparse
+from functools import partial
+
+from .options import add_decoding_options, add_model_option, decoding_options, refuse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "attention",
+        help="translate a sentence and show every attention layer and head (PNG heat maps, an HTML explorer)",
+        description="Translate one sentence and show its attention. --output-dir (the default) writes heat maps of "
+        "encoder self-attention, decoder self-attention and cross-attention: <kind>_layer<N>.png (every head of one "
+        "layer in a grid), overview.png (every layer, mean of heads), and bertviz.pt for bertviz in a notebook: "
+        "`model_view(**torch.load('bertviz.pt'))`. --html writes one self-contained page to explore every layer and "
+        "head in a browser, offline: lines and heat maps, stepping through the translation.",
+    )
+    p.add_argument("text", help="the sentence to translate")
+    add_model_option(p)
+    p.add_argument("--output-dir", help="folder for the images (default: attention, unless only --html is given)")
+    p.add_argument("--html", metavar="FILE", help="write the interactive explorer to this .html file")
+    add_decoding_options(p, batches=False)
+    p.set_defaults(func=partial(run, p))
+
+
+def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    import signal
+
+    from ..visualize.attention_maps import collect_attentions, save_attention_maps
+    from ..inference import load_model
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: the staging folder is removed
+    try:
+        options = decoding_options(args)
+        if args.html:
+            from ..visualize.explorer import html_path, save_explorer
+
+            html_path(args.html, "--html")  # before a translation that may take a while
+        model, tokenizer = load_model(args.model, args.device)
+        record = collect_attentions(model, tokenizer, args.text, **options)
+        written = []
+        if args.html:
+            written.append(save_explorer(record, args.html))
+        if args.output_dir or not args.html:
+            written += save_attention_maps(record, args.output_dir or "attention")
+    except (OSError, ValueError, TypeError) as err:
+        refuse(p, err)
+    print(f"{record.source}\n-> {record.translation}")
+    print(f"{len(written)} files written:", " ".join(str(path) for path in written))
+    return 0

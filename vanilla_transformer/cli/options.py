@@ -1,0 +1,101 @@
+"""What several commands share: their options, declared once, and the one-line refusal of bad input.
+An option a command shares with `train` takes its default and help from TrainingArguments
+(training/arguments.py, which imports no torch)."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+from typing import NoReturn
+
+from ..training.arguments import argparse_options
+
+
+def refuse(parser: argparse.ArgumentParser, err: Exception) -> NoReturn:
+    """A bad value or file: one line naming it, exit status 2; a full disk is no usage error: status 1.
+    (argparse's own `error`, which also prints the usage, is for arguments that are malformed.)"""
+    full = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+    parser.exit(1 if full else 2, f"{parser.prog}: error: {err}\n")
+
+
+def add_data_options(
+    p: argparse.ArgumentParser, reads: str, languages: str = "the corpus pair, or the two keys there are",
+    text_files: bool = False, dataset: str | None = "bible-en-es",
+) -> argparse._ArgumentGroup:
+    """The data set and its two language keys, as `train`, `evaluate` and `train-tokenizer` read them
+    (`reads`: what the command reads of it; `text_files`: or plain text files instead; `dataset`: the
+    default, None for the model's own). Returns the group, for the command's own data options."""
+    data = p.add_argument_group("data")
+    source = data.add_mutually_exclusive_group() if text_files else data
+    shown = "%(default)s" if dataset else "the data set recorded in the model's config.json"
+    options = argparse_options("dataset", default=dataset, shown_default=shown)
+    source.add_argument("--dataset", **{**options, "help": f"{options['help']}; {reads}"})
+    if text_files:
+        source.add_argument("--text-files", nargs="+", metavar="FILE",
+                            help="plain UTF-8 text files, one text per line, instead of --dataset")
+    data.add_argument("--dataset-config", **argparse_options("dataset_config"))
+    data.add_argument("--source-lang", help=f"source language key (default: {languages})")
+    data.add_argument("--target-lang", help="target language key")
+    return data
+
+
+def add_vocab_size(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--vocab-size", **argparse_options("vocab_size"))
+
+
+def add_model_option(p: argparse.ArgumentParser, engines: bool = False) -> None:
+    """--model, the folder or Hub id to load; `engines`: or, with --engine ctranslate2, an exported folder."""
+    exported = "; with --engine ctranslate2, a folder written by `export`" if engines else ""
+    p.add_argument("--model", required=True,
+                   help=f"model folder (written by training or save_for_hub) or Hub id user/name{exported}")
+
+
+def add_decoding_options(p: argparse.ArgumentParser, batches: bool = True) -> None:
+    """Decoding options; `batches`: also the engine and --batch-size (commands translating many texts)."""
+    decoding = p.add_argument_group("decoding")
+    if batches:
+        decoding.add_argument(
+            "--engine", choices=("transformers", "ctranslate2"), default="transformers",
+            help="transformers: a model folder or Hub id, decoded by its own generate (the paper's search); "
+            "ctranslate2: a folder written by `export --format ctranslate2`, decoded by CTranslate2 with the "
+            "folder's defaults (its length penalty and stopping differ slightly: see the folder's README) "
+            "(default: %(default)s)",
+        )
+        decoding.add_argument("--batch-size", type=int, default=32, help="texts per batch (default: %(default)s)")
+    add_beam_options(decoding)
+    decoding.add_argument("--max-new-tokens", type=int, help="longest translation in tokens (default: input length + 50, §6.1)")
+    decoding.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the GPU when there is one)")
+
+
+def add_beam_options(group: argparse._ArgumentGroup) -> None:
+    """--num-beams and --length-penalty as `train` declares them, but None by default: the model's own."""
+    for name in ("num_beams", "length_penalty"):
+        group.add_argument("--" + name.replace("_", "-"),
+                           **argparse_options(name, default=None, shown_default="the model's"))
+
+
+def decoding_options(args: argparse.Namespace) -> dict:
+    """The decoding options given (and --batch-size where the command has it), checked."""
+    from ..modeling.checks_vanilla_transformer import check_decoding_options
+
+    batches = {"batch_size": args.batch_size} if hasattr(args, "batch_size") else {}
+    if batches and args.batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1; got {args.batch_size}")
+    decoding = {name: getattr(args, name) for name in ("num_beams", "length_penalty", "max_new_tokens")}
+    check_decoding_options(**decoding, names={name: "--" + name.replace("_", "-") for name in decoding})
+    if getattr(args, "device", None) is not None and getattr(args, "engine", "transformers") != "ctranslate2":
+        check_device(args.device)  # CTranslate2 names the devices it takes itself
+    return {**batches, **decoding}
+
+
+def check_device(device: str) -> None:
+    """--device names a device this machine has, or a ValueError says which it has."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device {device!r} is not a device; expected cpu, cuda, cuda:N or mps") from None
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if not available.get(kind, True):
+        raise ValueError(f"--device {device}: this machine has no {kind.upper()} device; use --device cpu")

@@ -1,0 +1,77 @@
+"""`vanilla-transformer train`: its options are the fields of TrainingArguments."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from functools import partial
+
+from ..training.arguments import add_arguments
+from .options import refuse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train",
+        # Every option in the usage line would fill a screen; they follow, by group.
+        usage="%(prog)s --output-dir OUTPUT_DIR [option ...]",
+        help="train a model from scratch, fine-tune one, or resume a run (also under `accelerate launch`)",
+        description="Train the paper's Transformer with its recipe (§5): token-count batches, Adam with the "
+        "warm-up / inverse-square-root schedule, label smoothing, checkpoint averaging, beam-search BLEU. "
+        "Runs on one CPU or GPU as is, and on several processes under `accelerate launch -m "
+        "vanilla_transformer.cli train ...`. The output folder ends as a complete Hub repository.",
+    )
+    add_arguments(p)  # one option per TrainingArguments field
+    p.set_defaults(func=partial(run, p))
+
+
+def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from ..training.arguments import TrainingArguments
+    from ..training.loop import train
+    from ..training.run_folder import TrainingInterrupted, restore_options
+
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "argv")}
+    options["config_overrides"] = _parse_overrides(p, args.config_overrides)
+    try:  # bad input is a usage error: one clear line, exit status 2
+        if args.resume:  # the options not typed are the run's own
+            given = _typed_options(args.argv)
+            options = restore_options(args.output_dir, {k: v for k, v in options.items() if k in given})
+        train(TrainingArguments(**options))
+    except (OSError, ValueError) as err:
+        refuse(p, err)
+    except FloatingPointError as err:
+        print(f"vanilla-transformer train: error: {err}", file=sys.stderr)
+        return 1
+    except TrainingInterrupted as err:  # SIGINT/SIGTERM: the last step is saved; one line, 128 + signal
+        print(f"vanilla-transformer train: {err}", file=sys.stderr)
+        return err.exit_code
+    return 0
+
+
+def _typed_options(argv: list[str]) -> set[str]:
+    """The `train` options typed on the command line `argv` (abbreviated or not), as TrainingArguments names them."""
+    import dataclasses
+
+    from ..training.arguments import TrainingArguments, argparse_options
+
+    parser = argparse.ArgumentParser(add_help=False)
+    for f in dataclasses.fields(TrainingArguments):
+        parser.add_argument("--" + f.name.replace("_", "-"),
+                            **argparse_options(f.name, default=argparse.SUPPRESS, required=False))
+    return set(vars(parser.parse_known_args(argv)[0]))
+
+
+def _parse_overrides(p: argparse.ArgumentParser, text: str) -> dict:
+    """--config-overrides as a dict, each value read as JSON where it is JSON, else kept as a string."""
+    import json
+
+    overrides = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            p.error(f"--config-overrides: expected KEY=VALUE pairs separated by commas; got {item!r}")
+        try:
+            overrides[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key.strip()] = value.strip()  # a bare string such as position_encoding=learned
+    return overrides

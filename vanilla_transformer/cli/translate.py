@@ -1,0 +1,102 @@
+"""`vanilla-transformer translate`: texts from arguments, a file or standard input, one output line per input line."""
+
+from __future__ import annotations
+
+import argparse
+from functools import partial
+
+from .options import add_decoding_options, add_model_option, decoding_options, refuse
+from .streams import batches_as_they_come, batches_of, read_lines
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "translate",
+        help="translate text from arguments, a file or standard input",
+        description="Translate each text (each argument, or each line of --input-file or standard input) and "
+        "write one line per input line to standard output (--nbest N: N lines, best first). Blank lines stay "
+        "blank. Standard input is line in, line out: a line is translated as soon as it arrives, with the lines "
+        "already waiting behind it. Uses the GPU when there is one.",
+    )
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to translate (default: read lines from --input-file or standard input)")
+    add_model_option(p, engines=True)
+    p.add_argument("--input-file", help="UTF-8 text file, one text per line ('-' = standard input)")
+    output = p.add_argument_group("output")
+    output.add_argument("--nbest", type=int, default=1, metavar="N",
+                        help="write the N best translations of each text, best first, one a line (the beam is widened "
+                        "to N where it is narrower) (default: %(default)s)")
+    output.add_argument("--with-scores", action="store_true",
+                        help="start each line with the translation's score and a tab: the log-probability the search "
+                        "ranks it by (beam search's divided by its length penalty)")
+    add_decoding_options(p)
+    p.set_defaults(func=partial(run, p))
+
+
+def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    try:
+        if args.texts and args.input_file:
+            raise ValueError("give texts as arguments or --input-file, not both")
+        decoding_options(args)  # bad options fail before reading the input
+        _check_nbest_options(args)
+        texts = args.texts or read_lines(args.input_file or "-", "--input-file")
+        translate = translator(args)[0]
+    except (OSError, ValueError, TypeError, ImportError) as err:
+        refuse(p, err)
+    stdin = not args.texts and args.input_file in (None, "-")
+    batches = batches_as_they_come(texts, args.batch_size) if stdin else batches_of(texts, args.batch_size)
+    # Batch by batch, each written as it is done: a pipe sees lines at once, an interrupt keeps them.
+    for translations in _translated_batches(p, batches, translate):
+        print("\n".join(translations), flush=True)
+    return 0
+
+
+def _check_nbest_options(args: argparse.Namespace) -> None:
+    from ..modeling.checks_vanilla_transformer import MAX_NUM_BEAMS
+
+    if not 1 <= args.nbest <= MAX_NUM_BEAMS:
+        raise ValueError(f"--nbest must be between 1 and {MAX_NUM_BEAMS} (the beam holds N hypotheses); got {args.nbest}")
+    if (args.nbest > 1 or args.with_scores) and args.engine == "ctranslate2":
+        raise ValueError("--nbest and --with-scores are for --engine transformers; CTranslate2 gives one translation")
+
+
+def translator(args: argparse.Namespace):
+    """(texts -> output lines, the model's config or None for an export), with the engine, model and
+    decoding options the command line names; with --nbest or --with-scores, each text's output is its
+    N best translations on N lines, each after its score and a tab with --with-scores."""
+    options = decoding_options(args)
+    nbest, with_scores = getattr(args, "nbest", 1), getattr(args, "with_scores", False)
+    if nbest > 1 or with_scores:
+        from ..inference import load_model, translate_nbest
+
+        model, tokenizer = load_model(args.model, args.device)
+
+        def translate(texts, first_line=1):
+            # A blank line stays blank, without a score: nothing was translated.
+            return ["\n".join(f"{score:.4f}\t{text}" if with_scores and source.strip() else text for text, score in hypotheses)
+                    for source, hypotheses in zip(texts, translate_nbest(model, tokenizer, texts, nbest=nbest, **options))]
+
+        return translate, model.config
+    if args.engine == "ctranslate2":
+        from ..export.ctranslate2 import CTranslate2Translator
+
+        exported = CTranslate2Translator(args.model, args.device)
+        return (lambda texts, first_line=1: exported.translate(texts, first_line=first_line, **options)), None
+    from ..inference import load_model, translate_texts
+
+    model, tokenizer = load_model(args.model, args.device)
+    return (lambda texts, first_line=1: translate_texts(model, tokenizer, texts, first_line=first_line, **options)), \
+        model.config
+
+
+def _translated_batches(p: argparse.ArgumentParser, batches, translate):
+    """The translations of each batch; bad input met on the way (a line that is not UTF-8) is refused as if
+    met first. (Writing them is the caller's: a full disk or a closed pipe is no input error.)"""
+    while True:
+        try:
+            first_line, batch = next(batches)
+            translations = translate(batch, first_line=first_line)
+        except StopIteration:
+            return
+        except (OSError, ValueError, TypeError, ImportError) as err:
+            refuse(p, err)
+        yield translations
