@@ -202,7 +202,7 @@ def run_one(name: str, overrides: dict, config, settings: dict, args, work: Path
         "figure_attention": figure_panel(record),
         # The training loop's own rate over the whole run, its validation passes included.
         "train_loop_tokens_per_s": results["tokens_per_second"],
-        "train_minutes": results["train_minutes_this_session"],
+        "train_minutes": results["train_minutes"],
         "seconds": round(time.perf_counter() - started, 1),
         "train_and_score_seconds": round(trained_seconds, 1),
     }

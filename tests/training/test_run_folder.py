@@ -35,7 +35,8 @@ def test_a_checkpoint_written_before_reads_back_and_is_written_again_alike(tmp_p
     assert state.attn_implementation == "sdpa" and state.run_options == WRITTEN_BEFORE["run_options"]
     saved = save_checkpoint(accelerator, tmp_path / "checkpoints", state.step, state.to_dict())
     # What it held is written again alike; model selection's records, newer, start empty.
-    assert read_state(saved) == {**WRITTEN_BEFORE, "options": None, "best": [], "evaluations_without_improvement": 0}
+    assert read_state(saved) == {**WRITTEN_BEFORE, "options": None, "best": [], "evaluations_without_improvement": 0,
+                                 "parts": []}
 
 
 def test_a_checkpoint_from_before_runs_recorded_their_options_and_kernel_reads_with_defaults():

@@ -116,6 +116,20 @@ def _shown_hyperparameters(hyperparameters: dict | None) -> dict | None:
             for name, value in hyperparameters.items()}
 
 
+def _training_time(results: dict | None) -> str | None:
+    """How long the run trained, every part of it (the first session and each resume) counted, and each part's share."""
+    minutes = (results or {}).get("train_minutes")
+    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)):
+        return None
+    parts = [p for p in results.get("parts") or [] if isinstance(p, dict) and {"steps", "seconds"} <= set(p)]
+    steps = results.get("steps")
+    text = f"Trained for {minutes:g} minutes{f' ({steps:,} steps)' if isinstance(steps, int) else ''}"
+    if len(parts) > 1:
+        shares = "; ".join(f"steps {p['steps'][0]}-{p['steps'][1]}: {p['seconds'] / 60:.2f} min" for p in parts)
+        text += f", in {len(parts)} parts (the first session, then {len(parts) - 1} resume(s): {shares})"
+    return _markdown(text + ".")
+
+
 def _metrics_note(metrics: list[dict]) -> str:
     """What the scores listed are, naming only those the card lists."""
     names = list(dict.fromkeys(m["name"] for m in metrics if m["type"] in ("bleu", "chrf", "ter")))
@@ -169,6 +183,7 @@ def build_model_card(
         bible=bool(dataset and dataset.startswith("bible-")),
         hyperparameters=_shown_hyperparameters(hyperparameters),
         recipe=_recipe(hyperparameters, config),
+        training_time=_training_time(results),
         metrics=metrics,
         metrics_note=_metrics_note(metrics),
         signatures=sorted({s for s in (_signature(results, m) for m in ("bleu", "chrf")) if s}),

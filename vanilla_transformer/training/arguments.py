@@ -147,7 +147,8 @@ class TrainingArguments:
     max_steps: int | None = option(100_000, group=STEPS, bound="positive", help="optimiser steps (the paper's base model's)")
     num_epochs: int | None = option(None, group=STEPS, bound="positive", help="passes over the training data")
     time_limit: float | None = option(
-        None, group=STEPS, bound="positive", metavar="MINUTES", help="stop (with a checkpoint) after this long")
+        None, group=STEPS, bound="positive", metavar="MINUTES",
+        help="stop (with a checkpoint) after this long, the minutes of every part of a resumed run counted")
     seed: int = option(0, group=STEPS, help="seeds weights, data order and dropout")
     # Optimisation (§5.3, §5.4); warmup_steps, lr_scale and lr_schedule are checked by check_schedule, below
     warmup_steps: int = option(

@@ -152,13 +152,14 @@ def _describe(metrics: dict) -> str:
     return text
 
 
-def report(accelerator, history: list, step: int, name: str, metrics: dict, log=None) -> None:
+def report(accelerator, history: list, step: int, name: str, metrics: dict, log=None, weights: str | None = None) -> None:
     """Log `metrics` of split `name` at `step`, and add them to `history` (what checkpoints keep) and to `log`
-    (the run's TrainingLog)."""
-    logger.info(f"step {step} {name}: {_describe(metrics)}")
+    (the run's TrainingLog). `weights` names the final weights scored (whose newest checkpoint is `step`'s)."""
+    logger.info(f"step {step} {name}{f' (final weights: {weights})' if weights else ''}: {_describe(metrics)}")
     if "bleu_signature" in metrics:
         logger.info(f"sacrebleu {metrics['bleu_signature']} | {metrics['chrf_signature']}")
-    history.append({"step": step, "split": name, **{k: v for k, v in metrics.items() if k != "examples"}})
+    final = {"final_weights": weights} if weights else {}
+    history.append({"step": step, "split": name, **final, **{k: v for k, v in metrics.items() if k != "examples"}})
     if log is not None:
         log.append(history[-1])
     accelerator.log({f"{name}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)

@@ -34,6 +34,7 @@ def finish(parts: Components, state: RunState, budget: Budget, args: TrainingArg
     saved before anything else. Then the final scores (results.json), the model card and the upload,
     none of which can take the saved model with it. `resume` on a finished run comes here at once."""
     accelerator = parts.accelerator
+    budget.end_part()  # the run's parts, this one's training time included, not its final scores
     elapsed = time.perf_counter() - budget.started
     unwrapped, weights = _final_weights(parts, state, args)
     unwrapped.generation_config = paper_generation_config(unwrapped.config)
@@ -103,7 +104,18 @@ def _final_weights(parts: Components, state: RunState, args: TrainingArguments):
     if args.lora_rank is not None:  # the adapters merged into the weights: a plain model folder, no PEFT to load it
         unwrapped = unwrapped.merge_and_unload()
         logger.info("LoRA adapters merged into the weights")
-    return unwrapped, {"averaged_checkpoints": [p.name for p in chosen], "best_checkpoint": best, "weight_average": compared}
+    return unwrapped, {"averaged_checkpoints": [p.name for p in chosen], "best_checkpoint": best, "weight_average": compared,
+                       "final_weights": _final_weights_named(state, chosen, compared)}
+
+
+def _final_weights_named(state: RunState, chosen: list, compared: dict | None) -> dict:
+    """The step the final weights are of (the newest averaged) and their name, for the lines and records of their
+    scores: "checkpoint-00000450", "the average of ...", or the moving average."""
+    if compared is not None and compared["used"]:
+        return {"step": state.step, "name": f"the moving average of the weights at step {state.step}"}
+    names = [p.name for p in chosen]
+    return {"step": max(int(name.rpartition("-")[2]) for name in names),
+            "name": names[0] if len(names) == 1 else f"the average of {', '.join(names)}"}
 
 
 def _chosen_checkpoints(parts: Components, state: RunState, args: TrainingArguments) -> list:
@@ -122,8 +134,9 @@ def _chosen_checkpoints(parts: Components, state: RunState, args: TrainingArgume
 
 def _compare_weight_average(parts: Components, args: TrainingArguments, model) -> dict:
     """Validation perplexity of the weights as they are and of the moving average; the better one stays in `model`."""
-    def perplexity() -> float:
-        return evaluate(parts.accelerator, model, parts.tokenizer, parts.eval_splits["validation"], args, 0)["perplexity"]
+    def perplexity() -> float:  # in fp32, as the final scores
+        return evaluate(parts.accelerator, model, parts.tokenizer, parts.eval_splits["validation"], args, 0,
+                        full_precision=True)["perplexity"]
 
     kept = {name: p.detach().clone() for name, p in model.state_dict().items()}
     scores = {"checkpoint": perplexity()}
@@ -145,8 +158,10 @@ def _final_results(parts: Components, state: RunState, args: TrainingArguments, 
         "steps": state.step,
         "epochs": state.epoch + state.batches_done / epoch_batches,
         "train_tokens": state.train_tokens,
-        "train_minutes_this_session": round(elapsed / 60, 2),
-        "tokens_per_second": round(session_tokens / elapsed, 1) if elapsed else None,
+        # The run's training time, every part of it (the first session and each resume), and each part's share.
+        "train_minutes": round(sum(part["seconds"] for part in state.parts) / 60, 2),
+        "parts": state.parts,
+        "tokens_per_second": round(session_tokens / elapsed, 1) if elapsed else None,  # this part's
         "mixed_precision": parts.accelerator.mixed_precision,
         "scored_precision": "fp32",  # the final scores, as `vanilla-transformer evaluate` computes them
         "attn_implementation": state.attn_implementation,
@@ -165,7 +180,8 @@ def _final_results(parts: Components, state: RunState, args: TrainingArguments, 
             samples = min(samples, args.test_samples)
         results[name] = evaluate(parts.accelerator, unwrapped, parts.tokenizer, split, args, translate_samples=samples,
                                  full_precision=True)
-        report(parts.accelerator, state.history, state.step, name, results[name], parts.log)
+        report(parts.accelerator, state.history, weights["final_weights"]["step"], name, results[name], parts.log,
+               weights=weights["final_weights"]["name"])
     results["history"] = state.history
     # The headline numbers, flat, as the model card reads them.
     final = results.get("test") or results["validation"]

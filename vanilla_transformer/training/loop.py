@@ -21,6 +21,8 @@ from pathlib import Path
 from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
+from ..file_checks import read_json
+from ..hub import RESULTS_FILE
 from .arguments import TrainingArguments
 from .checkpoints import save_checkpoint
 from .data import PadCollator, PrefetchedBatches
@@ -36,6 +38,7 @@ from .run_folder import (
     StopRequests,
     TrainingInterrupted,
     disk_full,
+    finished_step,
     on_main,
     take_folder,
 )
@@ -55,6 +58,8 @@ def train(args: TrainingArguments) -> dict:
     lock = RunLock(args.output_dir)  # one run per folder: taken by the main process for all of them
     on_main(accelerator, lambda: take_folder(lock))
     try:
+        if args.resume and on_main(accelerator, lambda: finished_step(args)) is not None:
+            return read_json(Path(args.output_dir) / RESULTS_FILE)  # the run is done: the folder stays as it is
         try:
             parts, state, budget = set_up(args, accelerator)
         except BaseException:
@@ -62,13 +67,18 @@ def train(args: TrainingArguments) -> dict:
             raise
         parts.log = TrainingLog(args.output_dir, budget.start_step if args.resume else None, accelerator.is_main_process)
         last_saved = state.step if args.resume else None  # the step of the newest checkpoint
-        bar = _progress_bar(args, state, accelerator.is_local_main_process)
+
+        def save() -> int:
+            budget.end_part()  # the checkpoint records the run's time up to it
+            save_run(parts, state, args.keep_checkpoints)
+            return state.step
+
+        bar = _progress_bar(args, state, budget, accelerator.is_local_main_process)
         with (StopRequests() as budget.stop_requests, closing(_steps(parts, state, budget, args)) as steps,
               training_attention(accelerator.device)):  # the timing of kernels and every evaluation too
             # Fine-tuning: the baseline, before any step.
             if args.model_name_or_path is not None and not args.resume and _validate(parts, state, args):
-                save_run(parts, state, args.keep_checkpoints)
-                last_saved = state.step
+                last_saved = save()
             with bar:  # closed on the way out, so that a failure's one line comes after the bar, not before
                 for micro_batches in steps:
                     if state.step == budget.start_step:  # the first step of this session
@@ -79,18 +89,22 @@ def train(args: TrainingArguments) -> dict:
                     _advance(bar, args, budget)
                     if state.step % args.log_steps == 0:
                         _log(parts, state, budget, lr, bar)
-                    best = state.step % args.eval_steps == 0 and _validate(parts, state, args)
+                    # The last step is validated too, so that the steps since the last validation can be the best.
+                    last = args.best_metric is not None and (budget.steps_done(state.step) or budget.out_of_time())
+                    best = (state.step % args.eval_steps == 0 or last) and _validate(parts, state, args)
                     if best or state.step % args.save_steps == 0:
-                        save_run(parts, state, args.keep_checkpoints)
-                        last_saved = state.step
+                        last_saved = save()
                     if out_of_patience(state, args):
                         logger.info(f"no better validation {args.best_metric} for {args.patience} evaluation(s): "
                                     f"stopping at step {state.step}; the best was step {state.best[0]['step']}")
                         break
             if budget.out_of_time() and not budget.stop_signal:
                 logger.info(f"time limit of {args.time_limit} min reached at step {state.step}")
+            if args.best_metric is not None and not budget.stop_signal and not _validated(state):  # the last epoch's end
+                _validate(parts, state, args)
+                last_saved = None  # saved again, with the validation
             if last_saved != state.step:
-                save_run(parts, state, args.keep_checkpoints)
+                save()
         if budget.stop_signal:
             raise TrainingInterrupted(budget.stop_signal, args.output_dir, state.step)
         return finish(parts, state, budget, args)
@@ -128,45 +142,55 @@ def _steps(parts: Components, state: RunState, budget: Budget, args: TrainingArg
         logger.info(f"epoch {state.epoch} finished at step {state.step}")
 
 
-def _progress_bar(args: TrainingArguments, state: RunState, enabled: bool):
-    """Steps towards `max_steps`; under `time_limit`, minutes towards it, so that the time left reads true."""
+def _progress_bar(args: TrainingArguments, state: RunState, budget: Budget, enabled: bool):
+    """The run's steps towards `max_steps`; under `time_limit`, the run's minutes towards it, so that the time left
+    reads true. The count includes the earlier parts of a resumed run; the bar's own clock is this part's."""
+    desc = "training" if len(state.parts) < 2 else f"training (part {len(state.parts)})"
     if args.time_limit is not None:
-        return tqdm(total=args.time_limit, unit="min", disable=not enabled, desc="training",
+        return tqdm(total=args.time_limit, initial=min(budget.before / 60, args.time_limit), unit="min",
+                    disable=not enabled, desc=desc,
                     bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} min [{elapsed}<{remaining}{postfix}]")
-    return tqdm(total=args.max_steps, initial=state.step, disable=not enabled, desc="training")
+    return tqdm(total=args.max_steps, initial=state.step, disable=not enabled, desc=desc)
 
 
 def _advance(bar, args: TrainingArguments, budget: Budget) -> None:
     if args.time_limit is None:
         bar.update(1)
-    else:  # the minutes of this session, as the step measured them
-        bar.update(min(budget.elapsed / 60, args.time_limit) - bar.n)
+    else:  # the run's minutes, as the step measured them
+        bar.update(min((budget.before + budget.elapsed) / 60, args.time_limit) - bar.n)
 
 
 def _log(parts: Components, state: RunState, budget: Budget, lr: float, bar) -> None:
     """The losses since the last log (the one wait for the device that logging costs): a plain line, a record in
     the training log, the trackers and the bar."""
     loss, nll = parts.losses.read(state.step)
-    elapsed = time.perf_counter() - budget.started
+    elapsed = time.perf_counter() - budget.started  # this part's; the run's adds the earlier parts'
     tokens_per_second = budget.session_tokens / elapsed
+    part = len(state.parts)
     bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}")
     logger.info(f"step {state.step}: loss {loss:.4f}, nll {nll:.4f}, lr {lr:.3e}, {tokens_per_second:.0f} tokens/s, "
-                f"{elapsed / 60:.1f} min")
+                f"{(budget.before + elapsed) / 60:.1f} min" + (f" (part {part}: {elapsed / 60:.1f})" if part > 1 else ""))
     parts.log.append({"step": state.step, "loss": loss, "nll": nll, "lr": lr,
-                      "tokens_per_second": round(tokens_per_second, 1), "elapsed": round(elapsed, 2)})
+                      "tokens_per_second": round(tokens_per_second, 1), "elapsed": round(budget.before + elapsed, 2),
+                      "part": part, "part_elapsed": round(elapsed, 2)})
     metrics = {"train/loss": loss, "train/nll": nll, "train/lr": lr, "train/tokens_per_second": tokens_per_second}
     parts.accelerator.log(metrics, step=state.step)
 
 
 def _validate(parts: Components, state: RunState, args: TrainingArguments) -> bool:
     """Score the validation split; whether the model is the best so far by `best_metric` (its checkpoint is then saved)."""
+    # In fp32, as the final scores: the best is chosen on the numbers reported for it.
     metrics = evaluate(parts.accelerator, parts.model, parts.tokenizer, parts.eval_splits["validation"], args,
-                       args.eval_samples)
+                       args.eval_samples, full_precision=True)
     report(parts.accelerator, state.history, state.step, "validation", metrics, parts.log)
     best = record_validation(state, args, metrics)
     if best:
         logger.info(f"step {state.step}: best validation {args.best_metric} so far ({metrics[args.best_metric]:.4f})")
     return state.step in best_steps(state)
+
+
+def _validated(state: RunState) -> bool:
+    return any(record["step"] == state.step and record["split"] == "validation" for record in state.history)
 
 
 def _start_accelerator(args: TrainingArguments):

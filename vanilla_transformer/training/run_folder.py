@@ -23,7 +23,7 @@ import torch
 from accelerate.logging import get_logger
 
 from ..file_checks import read_json
-from ..hub import DESCRIPTION_FILES
+from ..hub import DESCRIPTION_FILES, RESULTS_FILE
 from ..staging import DiskFull, sweep_staging
 from .arguments import RUN_OPTIONS, TrainingArguments
 from .checkpoints import (
@@ -36,7 +36,8 @@ from .lock import RunLock
 
 __all__ = [
     "CHECKPOINTS", "Budget", "RunState", "StopRequests", "TrainingInterrupted", "check_same_run", "disk_full",
-    "on_main", "recorded_options", "restore_options", "resume_step", "run_options", "take_folder",
+    "finished_step", "on_main", "recorded_options", "restore_options", "resume_budget", "resume_step", "run_options",
+    "take_folder",
 ]
 
 logger = get_logger(__name__)
@@ -60,12 +61,24 @@ class RunState:
     options: dict | None = None  # every option the run was started with: `resume` alone restores them
     best: list = field(default_factory=list)  # model selection's best validations, best first (selection.py)
     evaluations_without_improvement: int = 0  # towards `patience`
+    # The run's parts up to this step, the first session and each resume: {"steps": [first, last], "seconds"}.
+    parts: list = field(default_factory=list)
 
     def count_step(self, batches: int, tokens: int) -> None:
         """One more optimiser step, of `batches` batches on each process and `tokens` target tokens in all."""
         self.step += 1
         self.batches_done += batches
         self.train_tokens += tokens
+
+    def begin_part(self) -> float:
+        """A new part of the run from this step (its first session, or a resume); the seconds of the parts before."""
+        before = sum(part["seconds"] for part in self.parts)
+        self.parts.append({"steps": [self.step, self.step], "seconds": 0.0})
+        return before
+
+    def end_part(self, seconds: float) -> None:
+        """The current part as of this step, `seconds` long so far."""
+        self.parts[-1] = {"steps": [self.parts[-1]["steps"][0], self.step], "seconds": round(seconds, 2)}
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -78,7 +91,8 @@ class RunState:
 
 @dataclass
 class Budget:
-    """When the steps end (`max_steps`, `num_epochs`, `time_limit` in minutes, a stop signal) and this session's clock."""
+    """When the steps end (`max_steps`, `num_epochs`, `time_limit` in minutes, a stop signal) and this session's clock.
+    The limits are the run's: the steps and the minutes of every part of it count (`before`: the earlier parts')."""
 
     max_steps: int | None = None
     num_epochs: int | None = None
@@ -90,6 +104,7 @@ class Budget:
     started: float = field(default_factory=time.perf_counter)
     elapsed: float = 0.0  # seconds since `started` on the main process, as of the current step (alike on every process)
     session_tokens: int = 0  # target tokens trained on in this session, for tokens per second
+    before: float = 0.0  # seconds of the run's earlier parts (RunState.parts), which the time limit counts too
     stop_requests: StopRequests | None = None
     stop_signal: int = 0  # SIGINT or SIGTERM received by the main process (alike on every process)
 
@@ -104,7 +119,7 @@ class Budget:
             left.append(batches / self.accumulation)
         timed = step - 1 - self.start_step  # steps whose time `elapsed` (measured as step `step` began) covers
         if self.time_limit is not None and timed > 0:
-            left.append((self.time_limit * 60 - self.elapsed) / (self.elapsed / timed) - 1)
+            left.append((self.time_limit * 60 - self.before - self.elapsed) / (self.elapsed / timed) - 1)
         return min(left)
 
     def steps_done(self, step: int) -> bool:
@@ -114,7 +129,22 @@ class Budget:
         return self.num_epochs is not None and self.progress.epoch >= self.num_epochs
 
     def out_of_time(self) -> bool:
-        return self.time_limit is not None and self.elapsed > self.time_limit * 60
+        return self.time_limit is not None and self.before + self.elapsed > self.time_limit * 60
+
+    def end_part(self) -> None:
+        """Record this session's part of the run as of now (before a checkpoint, and at the end)."""
+        self.progress.end_part(time.perf_counter() - self.started)
+
+    def describe(self) -> str:
+        """The run's budget, its limits and what is spent of each: "step 6 of `max_steps` 8; 0.4 of `time_limit` 5 min"."""
+        spent = []
+        if self.max_steps is not None:
+            spent.append(f"step {self.progress.step} of `max_steps` {self.max_steps}")
+        if self.num_epochs is not None:
+            spent.append(f"epoch {self.progress.epoch} of `num_epochs` {self.num_epochs}")
+        if self.time_limit is not None:
+            spent.append(f"{(self.before + self.elapsed) / 60:.2f} of `time_limit` {self.time_limit:g} min")
+        return "; ".join(spent)
 
     def spent(self, step: int) -> bool:
         """Whether no step follows `step`: `max_steps` reached, the time limit passed, or a stop signal came."""
@@ -123,6 +153,47 @@ class Budget:
     def requested_signal(self) -> int:
         """The stop signal this process received (0: none), which the step sends to every process."""
         return self.stop_requests.signum if self.stop_requests is not None else 0
+
+
+BUDGET_OPTIONS = ("max_steps", "num_epochs", "time_limit")  # the run's limits, which a resume may extend
+
+
+def finished_step(args: TrainingArguments) -> int | None:
+    """`resume` of a run whose budget is spent and whose final model and results.json are those of its newest
+    checkpoint: nothing to train, score or save. Says so in one line and returns the step; else None (a run
+    whose final folder is not there yet is finished by `train`)."""
+    checkpoint = latest_checkpoint(Path(args.output_dir) / CHECKPOINTS)
+    try:
+        state = RunState.from_dict(read_state(checkpoint)) if checkpoint is not None else None
+        results = read_json(Path(args.output_dir) / RESULTS_FILE)
+    except (OSError, ValueError, AttributeError):  # damaged or missing: `train` says what, or writes them
+        return None
+    if state is None or not isinstance(results, dict) or results.get("steps") != state.step:
+        return None
+    check_same_run(args, state.run_options)  # a changed option is refused, done or not
+    budget = Budget(args.max_steps, args.num_epochs, args.time_limit, progress=state,
+                    before=sum(part["seconds"] for part in state.parts))
+    if not (budget.spent(state.step) or budget.epochs_done()):
+        return None
+    logger.info(f"`resume`: the run in {args.output_dir} is done ({budget.describe()}); its model and "
+                f"{RESULTS_FILE} are saved. Nothing to do: give a larger `max_steps`, `time_limit` or `num_epochs` "
+                "to train on")
+    return state.step
+
+
+def resume_budget(args: TrainingArguments, state: RunState, budget: Budget) -> None:
+    """Say where a resumed run stands against its budget, and which limits typed with `resume` replace the
+    recorded ones; those are recorded in turn, so that the next `resume` keeps them."""
+    earlier = ", ".join(f"steps {p['steps'][0]}-{p['steps'][1]} in {p['seconds'] / 60:.2f} min" for p in state.parts[:-1])
+    logger.info(f"part {len(state.parts)} of the run, from step {state.step}{f' (before: {earlier})' if earlier else ''}; "
+                f"the budget counts every part: {budget.describe()}")
+    recorded = state.options
+    if recorded is None:  # a checkpoint from before runs recorded their options
+        return
+    for name in BUDGET_OPTIONS:
+        if name in recorded and recorded[name] != getattr(args, name):
+            logger.info(f"`{name}` {getattr(args, name)}, given with `resume`, replaces the run's {recorded[name]}")
+        recorded[name] = getattr(args, name)
 
 
 def take_folder(lock: RunLock) -> None:

@@ -45,6 +45,7 @@ from .run_folder import (
     RunState,
     on_main,
     recorded_options,
+    resume_budget,
     resume_step,
     run_options,
 )
@@ -113,7 +114,8 @@ def set_up(args: TrainingArguments, accelerator) -> tuple[Components, RunState, 
         num_replicas=accelerator.num_processes, rank=accelerator.process_index,
     )
     budget = Budget(args.max_steps, args.num_epochs, args.time_limit, args.gradient_accumulation_steps,
-                    epoch_batches=len(sampler.local_batches(state.epoch)), progress=state, start_step=state.step)
+                    epoch_batches=len(sampler.local_batches(state.epoch)), progress=state, start_step=state.step,
+                    before=state.begin_part())
     # The scheduler is not prepared: Accelerate would step it once per process, and the Noam schedule counts
     # optimiser steps. It is registered so that save_state/load_state keep it.
     scale = args.lr_scale if args.lr is None else peak_scale(args.lr, d_model, args.warmup_steps)
@@ -128,6 +130,7 @@ def set_up(args: TrainingArguments, accelerator) -> tuple[Components, RunState, 
     if resume_from is not None:
         accelerator.load_state(str(resume_from))  # weights, optimiser, scheduler, RNG states
         logger.info(f"resumed from {resume_from} (step {state.step})")
+        resume_budget(args, state, budget)
     else:
         set_seed(args.seed, device_specific=True)  # different dropout masks on each process
     if accelerator.is_main_process:
