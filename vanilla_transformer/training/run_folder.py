@@ -160,8 +160,8 @@ BUDGET_OPTIONS = ("max_steps", "num_epochs", "time_limit")  # the run's limits, 
 
 def finished_step(args: TrainingArguments) -> int | None:
     """`resume` of a run whose budget is spent and whose final model and results.json are those of its newest
-    checkpoint: nothing to train, score or save. Says so in one line and returns the step; else None (a run
-    whose final folder is not there yet is finished by `train`)."""
+    checkpoint, with no option but its limits given otherwise: nothing to train, score or save. Says so in one
+    line and returns the step; else None (a run whose final folder is not there yet is finished by `train`)."""
     checkpoint = latest_checkpoint(Path(args.output_dir) / CHECKPOINTS)
     try:
         state = RunState.from_dict(read_state(checkpoint)) if checkpoint is not None else None
@@ -170,7 +170,9 @@ def finished_step(args: TrainingArguments) -> int | None:
         return None
     if state is None or not isinstance(results, dict) or results.get("steps") != state.step:
         return None
-    check_same_run(args, state.run_options)  # a changed option is refused, done or not
+    given = recorded_options(args)  # another option given with `resume` is refused, or applied, by `train`
+    if any(given.get(name) != value for name, value in (state.options or {}).items() if name not in BUDGET_OPTIONS):
+        return None
     budget = Budget(args.max_steps, args.num_epochs, args.time_limit, progress=state,
                     before=sum(part["seconds"] for part in state.parts))
     if not (budget.spent(state.step) or budget.epochs_done()):
