@@ -17,7 +17,12 @@ from pathlib import Path
 # A Hub repository id, user/name: how a name the user gives is told from a folder that is not there.
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
-__all__ = ["REPO_ID", "check_model_files", "check_plain_file", "check_plain_pickle", "check_repo_id", "check_weights_file", "read_json", "utf8_lines"]
+__all__ = ["MAX_LINE_BYTES", "REPO_ID", "check_model_files", "check_plain_file", "check_plain_pickle", "check_repo_id", "check_weights_file",
+           "read_json", "utf8_lines"]
+
+# The most bytes one line of text is read to: far past any sentence (translate cuts a long one to what the model
+# reads), it bounds the memory a file without line ends (/dev/zero, a binary file) takes before it is refused.
+MAX_LINE_BYTES = 16 * 1024 * 1024
 
 
 def utf8_lines(lines: Iterable[bytes], name: str) -> Iterator[str]:
@@ -25,9 +30,9 @@ def utf8_lines(lines: Iterable[bytes], name: str) -> Iterator[str]:
 
     A UTF-8 byte-order mark opening the first line (Notepad and PowerShell write one) is dropped: it
     would otherwise become part of the first text. A byte that is not UTF-8 is a ValueError naming `name`,
-    the line and the column.
+    the line and the column; so is a line of more than MAX_LINE_BYTES, read no further than that.
     """
-    for number, raw in enumerate(lines, 1):
+    for number, raw in enumerate(bounded_lines(lines, name), 1):
         if number == 1 and raw.startswith(codecs.BOM_UTF8):
             raw = raw[len(codecs.BOM_UTF8):]
         try:
@@ -37,6 +42,19 @@ def utf8_lines(lines: Iterable[bytes], name: str) -> Iterator[str]:
                 f"{name}, line {number}: byte {raw[err.start]:#04x} at column {err.start + 1} is not UTF-8; "
                 "save the file as UTF-8"
             ) from None
+
+
+def bounded_lines(lines: Iterable[bytes], name: str, max_bytes: int = MAX_LINE_BYTES) -> Iterator[bytes]:
+    """The lines of a binary file, each read in one piece of at most `max_bytes` (a file object's own iteration
+    reads a line whole, however long); a longer line is a ValueError naming `name` and the line."""
+    if not hasattr(lines, "readline"):  # a list of lines, already in memory
+        yield from lines
+        return
+    for number, raw in enumerate(iter(lambda: lines.readline(max_bytes + 1), b""), 1):
+        if len(raw) > max_bytes and not raw.endswith(b"\n"):
+            raise ValueError(f"{name}, line {number}: no line end in its first {max_bytes:,} bytes; give a text file "
+                             "with one text per line")
+        yield raw
 
 
 def read_json(path: str | os.PathLike):

@@ -29,6 +29,7 @@ docs/tokenizer.md, and `python -m benchmarks.tokenizer` times training and encod
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -53,6 +54,7 @@ __all__ = [
     "save_tokenizer",
     "save_tokenizer_files",
     "train_tokenizer",
+    "training_texts",
     "wrap_tokenizer",
 ]
 
@@ -63,6 +65,12 @@ DEFAULT_MIN_FREQUENCY = 2
 # the model's sinusoidal positions have no hard limit.
 MODEL_MAX_LENGTH = 1024
 
+# Tokenizer training reads at most this many characters of a line: the trainers' work grows with the length of a
+# word, so one long line without spaces (a pasted file, a table) would hold training for many minutes.
+MAX_TRAINING_LINE = 10_000
+
+logger = logging.getLogger(__name__)
+
 # bpe: merges of frequent pairs (Sennrich et al.); unigram: SentencePiece's unigram language model (Kudo, 2018),
 # which keeps the pieces that best explain the text by likelihood. Both read bytes, so both are lossless.
 MODEL_TYPES = ("bpe", "unigram")
@@ -70,14 +78,21 @@ MODEL_TYPES = ("bpe", "unigram")
 _BYTE_ALPHABET = pre_tokenizers.ByteLevel.alphabet()  # the 256 byte symbols every vocabulary starts with
 
 
-def _count_texts(texts: Iterable[str], seen: list[int]) -> Iterator[str]:
-    """Pass texts through to the trainer while counting the non-blank ones."""
+def _count_texts(texts: Iterable[str], seen: list[int], cut: list[int]) -> Iterator[str]:
+    """Pass texts through to the trainer while counting the non-blank ones, each cut to MAX_TRAINING_LINE
+    characters (counted in `cut`)."""
     for text in texts:
         if not isinstance(text, str):
             raise TypeError(f"texts must be strings, got {type(text).__name__}: {text!r:.80}")
         if text.strip():
             seen[0] += 1
-        yield text
+        cut[0] += len(text) > MAX_TRAINING_LINE
+        yield text[:MAX_TRAINING_LINE]
+
+
+def training_texts(texts: Iterable[str]) -> list[str]:
+    """`texts` as tokenizer training reads them: each cut to MAX_TRAINING_LINE characters."""
+    return [text[:MAX_TRAINING_LINE] for text in texts]
 
 
 def read_text_files(paths: Sequence[str | os.PathLike]) -> Iterator[str]:
@@ -165,10 +180,13 @@ def train_tokenizer(
 
     tokenizer = _new_tokenizer(model_type)
     trainer = _trainer(model_type, vocab_size, min_frequency, all_special)
-    seen = [0]
-    tokenizer.train_from_iterator(_count_texts(texts, seen), trainer)
+    seen, cut = [0], [0]
+    tokenizer.train_from_iterator(_count_texts(texts, seen, cut), trainer)
     if seen[0] == 0:
         raise ValueError("no text to learn from: the data set or text files are empty")
+    if cut[0]:
+        logger.warning(f"{cut[0]:,} of {seen[0]:,} texts are longer than {MAX_TRAINING_LINE:,} characters: the tokenizer "
+                       f"learnt from the first {MAX_TRAINING_LINE:,} of each")
     eos = SPECIAL_TOKENS["eos_token"]
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"$A:0 {eos}:0",

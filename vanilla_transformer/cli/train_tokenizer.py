@@ -41,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import time
 
-    from ..tokenizer import train_tokenizer
+    from ..tokenizer import train_tokenizer, training_texts
 
     try:  # bad input is a usage error: one clear line, exit status 2, nothing written
         _check_no_model(args.output_dir)
@@ -58,8 +58,8 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except (OSError, ValueError) as err:
         refuse(p, err)
     seconds = time.perf_counter() - start
-    lengths = ", ".join(
-        f"{lang} {sum(map(len, tokenizer(texts, add_special_tokens=False)['input_ids'])) / max(len(texts), 1):.1f}"
+    lengths = ", ".join(  # of the texts as the tokenizer learnt from them: a long line cut
+        f"{lang} {sum(map(len, tokenizer(training_texts(texts), add_special_tokens=False)['input_ids'])) / max(len(texts), 1):.1f}"
         for lang, texts in sides.items()
     )
     print(f"vocabulary of {len(tokenizer)} tokens learnt in {seconds:.1f} s, saved to {args.output_dir}")
