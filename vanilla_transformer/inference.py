@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from .file_checks import REPO_ID, check_model_files, read_json
+from .tokenizer_files import check_tokenizer_files
 from .modeling.pipeline_vanilla_transformer import (
     TranslationPipeline,
     source_length_limit,
@@ -56,6 +57,7 @@ def load_model(name_or_path: str | os.PathLike, device: str | None = None):
         if missing:
             raise ValueError(f"model folder {path} lacks {', '.join(missing)}; give a folder written by training or save_for_hub")
         check_config_file(path / "config.json")  # before the tokenizer, which reads it too
+        check_tokenizer_files(path, read_json(path / "config.json").get("vocab_size"))  # before the library parses them
         if (path / "generation_config.json").is_file():  # transformers ignores a damaged one: the decoding defaults would be lost
             read_json(path / "generation_config.json")
     elif not REPO_ID.match(str(name_or_path)):

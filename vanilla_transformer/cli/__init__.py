@@ -68,4 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         print(f"vanilla-transformer {args.command}: error: cannot write the output: {err.strerror}", file=sys.stderr)
         return 1
+    except BaseException as err:
+        if type(err).__name__ != "PanicException":  # the tokenizers library's panic: a BaseException from Rust
+            raise
+        where = f"{args.model}/tokenizer.json" if getattr(args, "model", None) else "the tokenizer"
+        reason = str(err).splitlines()[0] if str(err) else "a panic"
+        print(f"vanilla-transformer {args.command}: error: the tokenizers library failed on {where}: {reason}; "
+              "put the tokenizer the model was trained with beside it", file=sys.stderr)
+        return 2
 
