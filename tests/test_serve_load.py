@@ -131,20 +131,24 @@ def _answer(connection, timeout):
     return received
 
 
+def _send_until_answered(connection, piece: bytes, times: int, wait: float) -> None:
+    """Send `piece` up to `times` times, `wait` seconds apart, until the server answers or closes its end."""
+    for _ in range(times):
+        if select.select([connection], [], [], wait)[0]:
+            return
+        try:
+            connection.sendall(piece)
+        except OSError:  # the server closed its end: its answer is waiting
+            return
+
+
 @pytest.mark.slow
 def test_a_chunked_body_past_the_limit_is_answered_413_and_the_connection_closed(served):
     host, port = served
     with socket.create_connection(served, timeout=30) as connection:
         connection.sendall(f"POST /gradio_api/queue/join HTTP/1.1\r\nHost: {host}:{port}\r\n"
                            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
-        chunk = b"%x\r\n%s\r\n" % (65536, b"x" * 65536)
-        for _ in range(80):  # 5 MB, sent until the server answers
-            if select.select([connection], [], [], 0.05)[0]:
-                break
-            try:
-                connection.sendall(chunk)
-            except OSError:  # the server closed its end: its answer is waiting
-                break
+        _send_until_answered(connection, b"%x\r\n%s\r\n" % (65536, b"x" * 65536), 80, 0.05)  # 5 MB at most
         answer = _answer(connection, 30)
     assert answer is not None, "no answer, and the connection was left open"
     assert answer.startswith(b"HTTP/1.1 413") and b"over this app's limit of" in answer
@@ -161,3 +165,41 @@ def test_a_client_that_stalls_on_its_body_is_answered_408_and_closed(served):
     assert answer is not None, "the stalled client was never timed out"
     assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 3 seconds" in answer
     assert time.monotonic() - started < 20
+
+
+@pytest.mark.slow
+def test_a_body_dripped_a_byte_at_a_time_is_cut_at_the_whole_requests_deadline(served):
+    # Issue #63: each byte restarted the 3 s clock, so a body dripped every 2 s held its connection for as long as it
+    # dripped (19 s and counting).
+    host, port = served
+    with socket.create_connection(served, timeout=30) as connection:
+        started = time.monotonic()
+        connection.sendall(f"POST /gradio_api/queue/join HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                           "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n".encode())
+        _send_until_answered(connection, b" ", 10, 2)  # 20 s of drip at most
+        answered = time.monotonic() - started
+        answer = _answer(connection, 10)
+    assert answer is not None and answer.startswith(b"HTTP/1.1 408"), answer
+    assert answered < 3 + 3, f"the body was read for {answered:.1f} s with a deadline of 3 s"
+
+
+@pytest.mark.slow
+def test_connections_that_send_half_their_headers_are_closed_at_the_deadline(served):
+    # Issue #63: 40 connections sending half their headers were all still open after 10 s, one after 20 s.
+    host, port = served
+    connections = [socket.create_connection(served, timeout=30) for _ in range(40)]
+    try:
+        started = time.monotonic()
+        for connection in connections:
+            connection.sendall(f"POST /gradio_api/queue/join HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Ty".encode())
+        open_ones = list(connections)
+        while open_ones and time.monotonic() - started < 10:
+            readable = select.select(open_ones, [], [], 0.5)[0]
+            open_ones = [c for c in open_ones if c not in readable or _answer(c, 5) is None]
+        assert not open_ones, f"{len(open_ones)} of 40 half-open connections still open after 10 s (deadline 3 s)"
+        assert time.monotonic() - started < 3 + 3
+        # The server still answers a whole request at once.
+        assert urllib.request.urlopen(f"http://{host}:{port}/", timeout=10).status == 200
+    finally:
+        for connection in connections:
+            connection.close()

@@ -30,7 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     limits.add_argument("--max-concurrent", type=int, metavar="N", help="requests translated at once (1)")
     limits.add_argument("--max-queued", type=int, metavar="N", help="requests waiting their turn; more are refused (8)")
     limits.add_argument("--request-timeout", type=int, metavar="SECONDS",
-                        help="time a client may take to send a request's body; a slower one is answered 408 (30)")
+                        help="time a client may take to send a request, headers and body; a slower one is answered 408 and "
+                        "closed (30)")
     p.set_defaults(func=partial(run, p))
 
 

@@ -13,8 +13,8 @@ and waiting): a request beyond a limit is refused with a message naming it. A de
 ..._MAX_NEW_TOKENS, ..._MAX_BEAMS, ..._MAX_CONCURRENT, ..._MAX_QUEUED and ..._REQUEST_TIMEOUT. Every
 request goes through the queue: Gradio's REST route that skips it (`/run/`) is closed. `serve` answers a
 request body larger than the longest sentence needs with 413, from its length before reading it or, sent
-in chunks, once past the limit, and a client that takes longer than `request_timeout` to send its body
-with 408 (`BodyLimit`); it keeps the explorer's files in one folder inside Gradio's cache (the newest
+in chunks, once past the limit (`BodyLimit`), and a client that takes longer than `request_timeout` to send
+its headers and body, however it spaces them out, with 408 (`RequestDeadline`); it keeps the explorer's files in one folder inside Gradio's cache (the newest
 `KEPT_PAGES`), removed when it stops.
 
 The page loads nothing from other hosts: the theme uses the system's fonts, analytics are off, and
@@ -39,6 +39,8 @@ try:
     import gradio as gr
 except ImportError as err:  # an optional dependency
     raise ImportError("the web app needs Gradio: pip install 'vanilla-transformer[serve]'") from err
+import h11  # uvicorn's, which Gradio serves with
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from vanilla_transformer.visualize.attention_maps import check_attention_support, collect_attentions
 from vanilla_transformer.visualize.explorer import explorer_html
@@ -46,7 +48,7 @@ from vanilla_transformer.inference import load_model, longest_token
 from vanilla_transformer.modeling.checks_vanilla_transformer import MAX_NEW_TOKENS, check_decoding_options
 from vanilla_transformer.modeling.generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
 
-__all__ = ["Limits", "build_app", "make_translate", "serve"]
+__all__ = ["Limits", "RequestDeadline", "build_app", "make_translate", "serve"]
 
 EXAMPLES = [
     "In the beginning, God created the heavens and the earth.",
@@ -64,7 +66,7 @@ class Limits:
     max_beams: int = 8
     max_concurrent: int = 1  # requests translated at once; the others wait in the queue ...
     max_queued: int = 8  # ... which refuses more than this many
-    request_timeout: int = 30  # seconds a client may take to send a request's body: a slow one holds a connection
+    request_timeout: int = 30  # seconds a client may take to send a request (headers and body): a slow one holds a connection
 
     def __post_init__(self):
         for name, value in dataclasses.asdict(self).items():
@@ -219,6 +221,7 @@ def serve(model_name_or_path: str, host: str | None = None, port: int | None = N
     # SIGTERM stops the server as Ctrl-C does (Gradio closes it), so that the explorer's folder is removed.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     body_limit = Middleware(BodyLimit, max_bytes=demo.max_request_bytes, timeout=demo.request_timeout)
+    _use_request_deadline(demo.request_timeout)
     demo.launch(server_name=host, server_port=port, theme=theme, app_kwargs={"middleware": [body_limit]})
 
 
@@ -230,8 +233,8 @@ def request_bytes(limits: Limits, longest_token: int) -> int:
 
 class BodyLimit:
     """ASGI middleware: a request whose body is over `max_bytes` is answered 413, from its Content-Length before
-    it is read, or, sent in chunks, once past the limit; a client that sends no part of its body for `timeout`
-    seconds is answered 408. Both close the connection. A body within the limit is read whole (at most
+    it is read, or, sent in chunks, once past the limit; a client that has not sent its whole body `timeout`
+    seconds after its headers is answered 408. Both close the connection. A body within the limit is read whole (at most
     `max_bytes`) before the app sees it, so that no request holds a translation slot while its client dawdles."""
 
     def __init__(self, app, max_bytes: int, timeout: float = 30):
@@ -248,9 +251,10 @@ class BodyLimit:
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
             return await _answer(send, 413, too_large)
         parts, received = [], 0
+        deadline = asyncio.get_running_loop().time() + self.timeout  # for the whole body: a drip does not restart it
         while True:
             try:
-                event = await asyncio.wait_for(receive(), self.timeout)
+                event = await asyncio.wait_for(receive(), max(deadline - asyncio.get_running_loop().time(), 0))
             except asyncio.TimeoutError:  # not yet the built-in TimeoutError on Python 3.10
                 return await _answer(send, 408, f"The request's body did not arrive within {self.timeout} seconds.")
             if event["type"] == "http.disconnect":
@@ -267,6 +271,57 @@ class BodyLimit:
             return whole.pop() if whole else await receive()
 
         return await self.app(scope, replay, send)
+
+
+def _use_request_deadline(timeout: float) -> None:
+    """Have the server Gradio starts use `RequestDeadline` with `timeout`: Gradio passes uvicorn no protocol of
+    its choosing, so the one uvicorn picks by default ("auto") is named here."""
+    import uvicorn.config
+
+    uvicorn.config.HTTP_PROTOCOLS["auto"] = type("RequestDeadline", (RequestDeadline,), {"timeout": timeout})
+
+
+class RequestDeadline(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a deadline per request: a client that has not sent its headers and body
+    `timeout` seconds after its first byte (or after connecting) is answered 408 and closed. Without it a client
+    that sends half its headers holds its connection for ever, and uvicorn's keep-alive clock starts only after
+    a response."""
+
+    timeout: float = 30
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._deadline = self.loop.call_later(self.timeout, self._too_late)
+
+    def data_received(self, data: bytes) -> None:
+        if self._deadline is None:  # the first bytes of the next request on a kept-alive connection
+            self._deadline = self.loop.call_later(self.timeout, self._too_late)
+        super().data_received(data)
+        if self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):  # the request is whole: the app's time is its own
+            self._stop_clock()
+
+    def handle_websocket_upgrade(self, event) -> None:
+        self._stop_clock()
+        super().handle_websocket_upgrade(event)
+
+    def connection_lost(self, exc) -> None:
+        self._stop_clock()
+        super().connection_lost(exc)
+
+    def _stop_clock(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _too_late(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
+            message = f"The request did not arrive within {self.timeout} seconds.".encode()
+            self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain\r\nconnection: close\r\n"
+                                 b"content-length: %d\r\n\r\n%s" % (len(message), message))
+        self.transport.close()
 
 
 async def _answer(send, status: int, message: str) -> None:
