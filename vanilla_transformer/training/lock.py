@@ -5,7 +5,9 @@ prune each other's checkpoints and overwrite each other's model. A run therefore
 `output_dir/.train.lock` from start to end: an exclusive `flock` on it, which the operating system
 drops when the process ends in any way (kill -9 included), and in it the holder's PID, host, start
 time and command, so that a second run can say who holds the folder. A lock file whose holder has
-died is not locked: the next run takes it over and says whose it was.
+died is not locked: the next run takes it over and says whose it was. Where a process that the dead run
+forked still holds it, the PID in it tells: the file of a run on this host whose process is gone is
+replaced, with the same warning.
 
 Without `fcntl` (Windows) the file's existence is the lock, and a dead run's file must be deleted
 by hand; the error says which file.
@@ -57,7 +59,14 @@ class RunLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                holder = _read(self.path)
+                same_file = os.path.exists(self.path) and os.stat(self.path).st_ino == os.fstat(fd).st_ino
                 os.close(fd)
+                if same_file and _gone(holder):  # a process the dead run forked still holds the file: a new one
+                    logger.warning(f"taking over {self.path}: the run that left it ({_describe(holder)}) is no longer "
+                                   "running (a process it started still holds the old file)")
+                    self.path.unlink(missing_ok=True)
+                    continue
                 raise self._in_use("Wait for it to end, or choose another `output_dir`.") from None
             if os.fstat(fd).st_nlink == 0:  # the holder removed the file between our open and flock: again
                 os.close(fd)
@@ -96,6 +105,20 @@ def _read(path: Path) -> dict:
         return json.loads(path.read_text(encoding="utf-8") or "{}")
     except (OSError, ValueError):  # gone, or being written
         return {}
+
+
+def _gone(holder: dict) -> bool:
+    """Whether the run that wrote `holder` ran on this host and its process is no longer there."""
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or isinstance(pid, bool) or pid < 1:
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: is there such a process, nothing sent
+    except ProcessLookupError:
+        return True
+    except OSError:  # there is one, another user's
+        return False
+    return False
 
 
 def _describe(holder: dict) -> str:
