@@ -17,7 +17,7 @@ from pathlib import Path
 # A Hub repository id, user/name: how a name the user gives is told from a folder that is not there.
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
-__all__ = ["MAX_LINE_BYTES", "REPO_ID", "check_model_files", "check_plain_file", "check_plain_pickle", "check_repo_id", "check_weights_file",
+__all__ = ["MAX_LINE_BYTES", "REPO_ID", "bounded_lines", "check_model_files", "check_plain_file", "check_plain_pickle", "check_repo_id", "check_weights_file",
            "read_json", "utf8_lines"]
 
 # The most bytes one line of text is read to: far past any sentence (translate cuts a long one to what the model

@@ -160,6 +160,7 @@ def train_tokenizer(
     default) of the train split are read. `special_tokens` are extra special
     tokens (e.g. language tags) placed after `<pad> <s> </s> <unk>`. With
     `output_dir`, the tokenizer is also saved there (see `save_tokenizer`).
+    Each text is read to its first MAX_TRAINING_LINE characters; a warning says how many were cut.
     """
     extra = [t for t in special_tokens if t not in SPECIAL_TOKENS.values()]
     all_special = [*SPECIAL_TOKENS.values(), *extra]
