@@ -11,6 +11,7 @@ from vanilla_transformer.training.data import (
     PrefetchedBatches,
     TokenBatchSampler,
     TokenizedSplit,
+    bucket_shapes,
     encode_texts,
     tokenize_pairs,
 )
@@ -123,6 +124,63 @@ def test_sampler_refuses_a_budget_below_the_longest_pair():
         TokenBatchSampler(LENGTHS, max_tokens=10)
 
 
+def test_bucket_lengths_waste_the_least_padding_of_any_choice():
+    lengths = [3, 3, 5, 9, 9, 10, 40]
+    # 3 lengths: 40 must be one; of the pairs of others, (5, 10) pads 2 + 1 + 1 = 4 tokens, the least.
+    assert bucket_shapes(lengths, 400, 3) == [(3, 5), (3, 10), (1, 40)]  # as many rows as there are pairs
+    assert bucket_shapes(lengths, 400, 1) == [(7, 40)]
+    assert bucket_shapes(lengths, 400, 16) == [(2, 3), (1, 5), (2, 9), (1, 10), (1, 40)]  # one per length
+    # Rows: the fewest batches within max_tokens, as alike as can be: 7 pairs of 40 tokens, at most 3 a batch, are
+    # 3 batches of 3 rows; at most 5 a batch, 2 batches of 4.
+    assert bucket_shapes([40] * 7, 120, 2) == [(3, 40)] and bucket_shapes([40] * 7, 200, 2) == [(4, 40)]
+    with pytest.raises(ValueError, match="max_tokens.*longest sequence"):
+        bucket_shapes(lengths, 30, 4)
+
+
+def test_bucketed_batches_take_few_shapes_cover_every_pair_once_and_resume():
+    shapes = bucket_shapes(LENGTHS, 200, 4)
+    sampler = TokenBatchSampler(LENGTHS, 200, seed=1, shapes=shapes)
+    collate = PadCollator(0, shapes)
+    seen = set()
+    for batch in sampler:
+        rows = [[1] * LENGTHS[i] for i in batch]
+        padded = collate({"input_ids": rows, "labels": rows})
+        seen.add(tuple(padded["input_ids"].shape))
+        assert padded["labels"].shape == padded["input_ids"].shape
+        assert padded["input_ids"].numel() <= 200
+    assert len(seen) == 4 and seen <= set(shapes)
+    assert sorted(i for b in sampler for i in b) == list(range(500))
+    whole = list(sampler)
+    sampler.set_epoch(0, start=3)
+    assert list(sampler) == whole[3:]
+    # The padding they waste, beside that of the batches cut to their longest pair.
+    plain = TokenBatchSampler(LENGTHS, 200, seed=1).padding()
+    assert 0 < plain < sampler.padding() < 0.5
+    with pytest.raises(ValueError, match="bucket shapes are for training batches"):
+        TokenBatchSampler(LENGTHS, 200, shuffle=False, shapes=shapes)
+
+
+def test_the_rows_and_columns_a_bucket_adds_change_no_loss():
+    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+    from vanilla_transformer.training.evaluation import batch_loss
+
+    torch.manual_seed(0)
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=50, pad_token_id=1, eos_token_id=2,
+                                                  bos_token_id=0, label_smoothing=0.1, dropout=0.0)
+    model = VanillaTransformerForConditionalGeneration(config)
+    columns = {"input_ids": [[5, 6, 7, 2], [8, 2]], "labels": [[9, 10, 2], [11, 12, 13, 14, 2]]}
+    plain = PadCollator(1)(columns)
+    bucketed = PadCollator(1, [(2, 4), (6, 9)])(columns)
+    assert bucketed["input_ids"].shape == (6, 9) and bucketed["attention_mask"][2:, 0].tolist() == [1] * 4
+    loss, nll = batch_loss(model, plain)
+    padded_loss, padded_nll = batch_loss(model, bucketed)
+    assert torch.allclose(padded_loss, loss, rtol=1e-5) and torch.allclose(padded_nll, nll, rtol=1e-5)
+    # ... nor any gradient: the padding rows are finite and contribute nothing.
+    grads = [torch.autograd.grad(batch_loss(model, b)[0], model.parameters(), allow_unused=True) for b in (plain, bucketed)]
+    for g, h in zip(*grads):
+        assert (g is None and h is None) or torch.allclose(g, h, rtol=1e-4, atol=1e-6)
+
+
 
 def test_tokenising_with_several_processes_gives_the_same_split_and_a_later_load_reuses_its_cache(
         tmp_path, write_synthetic_task, monkeypatch):
@@ -214,3 +272,27 @@ def test_prefetched_batches_raise_the_threads_error_and_stop_when_left_early():
     next(batches)
     batches.close()  # the thread, blocked on a full queue, ends
     assert not batches._thread.is_alive()
+
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize(("preset", "memory", "processes", "accumulation", "expected"), [
+    ("base", 141 * GIB, 1, None, (25_000, 1)),  # an H200 holds the paper's batch at once
+    ("base", 141 * GIB, 8, None, (3125, 1)),  # ... shared out over 8 processes
+    ("big", 24 * GIB, 1, None, (8334, 3)),  # a 24 GB card accumulates 3 batches of a third
+    # What fits 24 GiB: (0.8 * 24 GiB - 20 * 210M) / (2 * 796,416 bytes a token) = 10306 tokens.
+    ("big", 24 * GIB, 1, 2, (10306, 2)),  # asked for 2 batches: the largest that fits, below the paper's step
+    ("big", 16 * GIB, 1, None, (5000, 5)),
+])
+def test_a_gpus_batch_is_the_papers_step_within_its_memory(preset, memory, processes, accumulation, expected):
+    from vanilla_transformer import VanillaTransformerConfig
+    from vanilla_transformer.training.setup import gpu_batch
+
+    config = VanillaTransformerConfig.from_preset(preset, vocab_size=8000)
+    parameters = {"base": 60_000_000, "big": 210_000_000}[preset]
+    assert gpu_batch(memory, config, parameters, processes, 256, accumulation) == expected
+    max_tokens, steps = expected
+    assert max_tokens * steps * processes >= 25_000 or accumulation is not None
+    with pytest.raises(ValueError, match="a batch of `max_length` \\(256\\) tokens does not fit the device's 1.0 GiB"):
+        gpu_batch(GIB, config, parameters, 1, 256)

@@ -102,6 +102,34 @@ def test_resume_gives_the_same_parameters_as_an_uninterrupted_run(tmp_path, smal
     assert state_a["epoch"] >= 1
 
 
+@pytest.mark.slow
+def test_bucketed_training_batches_take_the_shapes_its_start_line_names(tmp_path, small_task, small_run, monkeypatch,
+                                                                         caplog):
+    # Proves: --bucket-shapes pads every training batch to one of at most N shapes, named at the start with the
+    # padding they waste; without --max-tokens off a GPU, one line says the batch is CPU_MAX_TOKENS, one per step.
+    index = small_run.index("--max-tokens")
+    del small_run[index:index + 2]
+    seen = []
+    batch_loss = evaluation.batch_loss
+
+    def recording(model, batch):
+        if model.training:
+            seen.append(tuple(batch["input_ids"].shape))
+            assert batch["labels"].shape == batch["input_ids"].shape
+        return batch_loss(model, batch)
+
+    monkeypatch.setattr(evaluation, "batch_loss", recording)
+    with caplog.at_level(logging.INFO):
+        _run(tmp_path, "out", small_task, small_run, "--bucket-shapes", "3", "--max-steps", "6")
+    lines = [r.getMessage().removeprefix("[RANK 0] ") for r in caplog.records]
+    assert ("batch: 4096 tokens x 1 batch(es) x 1 process(es) = 4096 tokens per optimiser step (the default off a "
+            "GPU; --max-tokens and --gradient-accumulation-steps choose them)") in lines
+    (line,) = [line for line in lines if line.startswith("batches: ")]
+    named = line.split("rows x length: ")[1].split(")")[0].split(", ")
+    assert line.startswith("batches: 3 shapes") and "of their slots pad (as long as their longest pair: " in line
+    assert len(seen) == 6 and {f"{rows}x{length}" for rows, length in seen} == set(named)
+
+
 class _Died(Exception):
     pass
 

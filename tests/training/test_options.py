@@ -124,6 +124,8 @@ def test_train_help_prints_every_group_and_imports_no_torch():
     ("time_limit", float("inf"), "`time_limit` must be a positive number or None; got inf."),
     ("max_grad_norm", 0.0, "`max_grad_norm` must be a positive number or None; got 0.0."),
     ("ddp_timeout", 0, "`ddp_timeout` must be a positive integer; got 0."),
+    ("bucket_shapes", -1, "`bucket_shapes` must be a non-negative integer or None; got -1."),
+    ("max_tokens", 0, "`max_tokens` must be a positive integer or None; got 0."),
     ("preset", "huge", "`preset` must be one of 'tiny', 'small', 'base', 'big'; got 'huge'."),
     ("mixed_precision", "fp8", "`mixed_precision` must be one of 'no', 'fp16', 'bf16' or None; got 'fp8'."),
     ("attn_implementation", "fast", "`attn_implementation` must be one of 'eager', 'sdpa', 'flex_attention', "

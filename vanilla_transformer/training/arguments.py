@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 
 from ..file_checks import check_repo_id
 
-__all__ = ["ATTENTION_IMPLEMENTATIONS", "DEFAULT_DDP_TIMEOUT", "DEFAULT_VOCAB_SIZE", "PAPER_WARMUP_STEPS", "SCHEDULES",
-           "TrainingArguments", "add_arguments", "argparse_options"]
+__all__ = ["ATTENTION_IMPLEMENTATIONS", "CPU_MAX_TOKENS", "DEFAULT_DDP_TIMEOUT", "DEFAULT_VOCAB_SIZE", "PAPER_WARMUP_STEPS",
+           "SCHEDULES", "TrainingArguments", "add_arguments", "argparse_options"]
 
 PAPER_WARMUP_STEPS = 4000  # §5.3
+CPU_MAX_TOKENS = 4096  # `max_tokens` off a GPU, where the paper's batch would make every step long
 DEFAULT_VOCAB_SIZE = 8000  # docs/tokenizer.md: the paper's 37k was for 4.5M pairs, the Bible corpora have ~29k
 # Seconds a process waits in a collective for the others: the main process learns the vocabulary and
 # tokenises a WMT-size corpus meanwhile, which outlasts NCCL's default of 10 minutes.
@@ -41,6 +42,7 @@ DATA_FIELDS = ("source_lang", "target_lang", "dataset_name")  # ... and these fr
 # What a resumed run must share with the run it continues; its limits, evaluation and checkpoints may change.
 RUN_OPTIONS = ("dataset", "dataset_config", "source_lang", "target_lang", "max_length", "truncate", "tokenizer",
                "preset", "config_overrides", "model_name_or_path", "max_tokens", "gradient_accumulation_steps", "seed",
+               "bucket_shapes",
                "lr_schedule", "ema_decay",  # these two: their state in a checkpoint fits only themselves
                # ... and these: the parameters the optimiser holds, and how they are grouped
                "weight_decay", "freeze_encoder", "freeze_embeddings", "lora_rank", "lora_alpha", "lora_dropout",
@@ -139,11 +141,18 @@ class TrainingArguments:
     lora_target_modules: str = option(
         LORA_TARGETS, group=MODEL, metavar="NAME,...", help="linear layers given adapters, by name")
     # Batches and steps (§5.1, §5.2)
-    max_tokens: int = option(
-        4096, group=STEPS, bound="positive",
-        help="tokens per batch and process, per side, padding included (the paper: ~25000)",
+    max_tokens: int | None = option(
+        None, group=STEPS, bound="positive",
+        help="tokens per batch and process, per side, padding included (default: on a GPU, what fits its memory "
+        "for the paper's ~25000 per optimiser step over accumulation and processes; elsewhere 4096)",
     )
-    gradient_accumulation_steps: int = option(1, group=STEPS, bound="positive", help="batches per optimiser step")
+    gradient_accumulation_steps: int | None = option(None, group=STEPS, bound="positive", help=(
+        "batches per optimiser step (default: on a GPU without --max-tokens, what the paper's ~25000 tokens need; else 1)"))
+    bucket_shapes: int | None = option(
+        None, group=STEPS, bound="non-negative", metavar="N",
+        help="pad training batches to at most N shapes (rows x length) chosen from the data's lengths, so that a "
+        "compiled step compiles N times (default: 16 on a GPU; 0, each batch as long as its longest pair, elsewhere)",
+    )
     max_steps: int | None = option(100_000, group=STEPS, bound="positive", help="optimiser steps (the paper's base model's)")
     num_epochs: int | None = option(None, group=STEPS, bound="positive", help="passes over the training data")
     time_limit: float | None = option(
@@ -259,8 +268,9 @@ class TrainingArguments:
                 f"`average_last` ({self.average_last}) cannot exceed `keep_checkpoints` ({self.keep_checkpoints}): "
                 "older checkpoints are deleted."
             )
-        if self.max_tokens < self.max_length:
-            raise ValueError(f"`max_tokens` ({self.max_tokens}) must be at least `max_length` ({self.max_length}).")
+        max_tokens = self.max_tokens or CPU_MAX_TOKENS  # a GPU's default is never below `max_length`
+        if max_tokens < self.max_length:
+            raise ValueError(f"`max_tokens` ({max_tokens}) must be at least `max_length` ({self.max_length}).")
         check_schedule(self.warmup_steps, self.lr_scale, self.lr_schedule, names=("warmup_steps", "lr_scale", "lr_schedule"))
         if self.lr is not None and self.lr_scale != 1.0:
             raise ValueError("`lr` and `lr_scale` both set the peak learning rate: give one of them.")

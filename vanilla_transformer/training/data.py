@@ -5,6 +5,10 @@ training batch contained a set of sentence pairs containing approximately 25000
 source tokens and 25000 target tokens." `TokenBatchSampler` does this as fairseq's
 `--max-tokens` does: pairs of similar length go together and a batch holds at most
 `max_tokens` tokens per side, padding included (batch size × longest sequence).
+
+With `bucket_shapes`, every training batch is padded to one of a few shapes (rows × length) chosen from
+the data's lengths, so that a step compiled for a shape (`torch.compile`, CUDA graphs) is compiled a few
+times per run rather than once per batch; the padding rows and columns change no loss.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import datasets
 import numpy as np
 import torch
 
-__all__ = ["PadCollator", "PrefetchedBatches", "TokenBatchSampler", "TokenizedSplit", "tokenization_workers", "tokenize_pairs"]
+__all__ = ["PadCollator", "PrefetchedBatches", "TokenBatchSampler", "TokenizedSplit", "bucket_shapes",
+           "tokenization_workers", "tokenize_pairs"]
 
 IGNORE_INDEX = -100  # the label of padding positions, which the loss skips (transformers' convention)
 PAIRS_PER_WORKER = 200_000  # below this a worker process costs more (start, pickling the tokenizer) than it saves
@@ -182,26 +187,79 @@ def tokenize_pairs(
     return split
 
 
-class PadCollator:
-    """Pad a batch of examples into tensors: sources with <pad> and a mask, labels with IGNORE_INDEX."""
+def bucket_shapes(lengths, max_tokens: int, count: int) -> list[tuple[int, int]]:
+    """At most `count` batch shapes (rows, length), shortest first: the lengths that waste the least padding when
+    every pair is padded to the shortest of them it fits (exactly, by dynamic programming over the distinct
+    lengths), each with the rows that cut its pairs into the fewest batches `max_tokens` allows, all but the
+    last full (an epoch's pairs of a length are the same every epoch). The longest length is the data's longest."""
+    values, counts = np.unique(np.asarray(lengths, dtype=np.int64), return_counts=True)
+    if values.size == 0 or count < 1:
+        raise ValueError("bucket shapes need at least one length and one bucket")
+    if max_tokens < values[-1]:
+        raise ValueError(f"`max_tokens` ({max_tokens}) must be at least the longest sequence ({values[-1]} tokens).")
+    pairs, tokens = np.concatenate([[0], np.cumsum(counts)]), np.concatenate([[0], np.cumsum(counts * values)])
 
-    def __init__(self, pad_token_id: int):
-        self.pad_token_id = pad_token_id
+    def padding(first, last):  # of the pairs with lengths values[first..last] (first an array) padded to values[last]
+        return values[last] * (pairs[last + 1] - pairs[first]) - (tokens[last + 1] - tokens[first])
+
+    n = values.size
+    best = [padding(np.zeros(n, dtype=np.int64), np.arange(n)).astype(float)]  # best[k][j]: k + 1 buckets, the last ends at j
+    starts = [np.zeros(n, dtype=np.int64)]  # where that last bucket starts
+    for _ in range(1, min(count, n)):
+        cost, start = np.full(n, np.inf), np.zeros(n, dtype=np.int64)  # inf: fewer lengths than buckets
+        for last in range(1, n):
+            first = np.arange(1, last + 1)
+            options = best[-1][first - 1] + padding(first, last)
+            cost[last], start[last] = options.min(), first[options.argmin()]
+        best.append(cost)
+        starts.append(start)
+    shapes, last = [], n - 1
+    for start in reversed(starts):
+        length, members = int(values[last]), int(pairs[last + 1] - pairs[start[last]])
+        batches = -(-members // (max_tokens // length))  # rounded up
+        shapes.append((-(-members // batches), length))  # rows alike in every batch: the last is nearly full
+        if start[last] == 0:
+            break
+        last = start[last] - 1
+    return shapes[::-1]
+
+
+class PadCollator:
+    """Pad a batch of examples into tensors: sources with <pad> and a mask, labels with IGNORE_INDEX.
+
+    With `shapes` ((rows, length), shortest first), a batch is padded to the first shape that holds it: its
+    extra rows are a source of one <pad> token that the mask lets attention see (kernels differ on a row that
+    sees no key at all, some give NaN, and NaN times a zero gradient is NaN) and targets all IGNORE_INDEX."""
+
+    def __init__(self, pad_token_id: int, shapes: list[tuple[int, int]] | None = None):
+        self.pad_token_id, self.shapes = pad_token_id, shapes
+
+    def shape(self, rows: int, longest: int) -> tuple[int, int]:
+        if not self.shapes:
+            return rows, longest
+        for shape in self.shapes:
+            if shape[0] >= rows and shape[1] >= longest:
+                return shape
+        raise ValueError(f"a batch of {rows} rows of up to {longest} tokens fits none of the shapes {self.shapes}")
 
     def __call__(self, columns: dict[str, list]) -> dict[str, torch.Tensor]:
         """`columns` is what `dataset[indices]` returns: {"input_ids": [[...], ...], "labels": [[...], ...]}."""
+        sources, targets = columns["input_ids"], columns["labels"]
+        rows, length = self.shape(len(sources), max(map(len, sources + targets)))
 
-        def pad(rows, value):
-            out = torch.full((len(rows), max(map(len, rows))), value, dtype=torch.long)
-            for i, row in enumerate(rows):
-                out[i, : len(row)] = torch.as_tensor(row)
+        def pad(sequences, value, length):
+            out = torch.full((rows, length), value, dtype=torch.long)
+            for i, sequence in enumerate(sequences):
+                out[i, : len(sequence)] = torch.as_tensor(sequence)
             return out
 
-        input_ids = pad(columns["input_ids"], self.pad_token_id)
+        input_ids = pad(sources, self.pad_token_id, length if self.shapes else max(map(len, sources)))
+        attention_mask = (input_ids != self.pad_token_id).long()
+        attention_mask[len(sources):, 0] = 1
         return {
             "input_ids": input_ids,
-            "attention_mask": (input_ids != self.pad_token_id).long(),
-            "labels": pad(columns["labels"], IGNORE_INDEX),
+            "attention_mask": attention_mask,
+            "labels": pad(targets, IGNORE_INDEX, length if self.shapes else max(map(len, targets))),
         }
 
 
@@ -220,6 +278,9 @@ class TokenBatchSampler:
 
     `set_epoch(epoch, start)` picks the epoch and skips its first `start` local batches,
     which is how a resumed run continues exactly where it stopped.
+
+    With `shapes` (`bucket_shapes`; training only), each sorted pair goes to the shortest length it fits, and
+    each length's pairs are cut into batches of that shape's rows: an epoch has at most len(shapes) shapes.
     """
 
     def __init__(
@@ -231,6 +292,7 @@ class TokenBatchSampler:
         seed: int = 0,
         num_replicas: int = 1,
         rank: int = 0,
+        shapes: list[tuple[int, int]] | None = None,
     ):
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if self.lengths.size == 0:
@@ -240,7 +302,10 @@ class TokenBatchSampler:
             raise ValueError(f"`max_tokens` ({max_tokens}) must be at least the longest sequence ({longest} tokens).")
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is not in [0, {num_replicas}).")
-        self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
+        if shapes and (not shuffle or shapes[-1][1] < longest):
+            raise ValueError(f"bucket shapes are for training batches up to the longest sequence ({longest} tokens); "
+                             f"got {shapes} for {'training' if shuffle else 'evaluation'}")
+        self.max_tokens, self.shuffle, self.seed, self.shapes = max_tokens, shuffle, seed, shapes
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch, self.start = 0, 0
         self._cached: tuple[int | None, list] = (None, [])
@@ -256,14 +321,7 @@ class TokenBatchSampler:
             order = permutation[np.argsort(self.lengths[permutation], kind="stable")]
         else:
             order = np.argsort(self.lengths, kind="stable")
-        batches, begin, longest = [], 0, 0
-        for end, index in enumerate(order):
-            longest_with = max(longest, self.lengths[index])
-            if (end - begin + 1) * longest_with > self.max_tokens:
-                batches.append(order[begin:end])
-                begin, longest_with = end, self.lengths[index]
-            longest = longest_with
-        batches.append(order[begin:])
+        batches = self._cut(order) if self.shapes is None else self._cut_by_shape(order)
         if self.shuffle:
             rng.shuffle(batches)
             if len(batches) < self.num_replicas:
@@ -273,6 +331,37 @@ class TokenBatchSampler:
                 )
             batches = batches[: len(batches) - len(batches) % self.num_replicas]
         return batches
+
+    def _cut(self, order: np.ndarray) -> list[np.ndarray]:
+        """Greedily: a batch grows while its rows × longest length stays within `max_tokens`."""
+        batches, begin, longest = [], 0, 0
+        for end, index in enumerate(order):
+            longest_with = max(longest, self.lengths[index])
+            if (end - begin + 1) * longest_with > self.max_tokens:
+                batches.append(order[begin:end])
+                begin, longest_with = end, self.lengths[index]
+            longest = longest_with
+        batches.append(order[begin:])
+        return batches
+
+    def _cut_by_shape(self, order: np.ndarray) -> list[np.ndarray]:
+        bucket = np.searchsorted([length for _, length in self.shapes], self.lengths[order])  # the shortest that fits
+        batches = []
+        for b, (rows, _) in enumerate(self.shapes):
+            members = order[bucket == b]
+            batches += [members[begin : begin + rows] for begin in range(0, len(members), rows)]
+        return batches
+
+    def padding(self, epoch: int = 0) -> float:
+        """The share of the epoch's batch slots (rows × length, over all processes) that pad the longer side."""
+        slots = tokens = 0
+        for batch in self.global_batches(epoch):
+            lengths = self.lengths[batch]
+            rows, length = len(batch), int(lengths.max())
+            if self.shapes:
+                rows, length = next(shape for shape in self.shapes if shape[1] >= length)
+            slots, tokens = slots + rows * length, tokens + int(lengths.sum())
+        return 1 - tokens / slots
 
     def local_batches(self, epoch: int) -> list[np.ndarray]:
         if self._cached[0] != epoch:

@@ -129,7 +129,7 @@ def _steps(parts: Components, state: RunState, budget: Budget, args: TrainingArg
     """The micro-batches of each step, epoch after epoch from where `state` is, until the budget is spent.
 
     Batches come ready (PrefetchedBatches): the host never waits for the device to make them."""
-    collate = PadCollator(parts.tokenizer.pad_token_id)
+    collate = PadCollator(parts.tokenizer.pad_token_id, parts.sampler.shapes)
     while not budget.spent(state.step) and not budget.epochs_done():
         parts.sampler.set_epoch(state.epoch, state.batches_done)
         with PrefetchedBatches(parts.train_split, parts.sampler, collate, parts.accelerator.device) as batches:

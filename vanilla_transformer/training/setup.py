@@ -30,10 +30,10 @@ from ..modeling.modeling_vanilla_transformer import (
 from ..staging import STAGING_PREFIX
 from ..tokenizer import check_appends_eos, train_tokenizer
 from . import evaluation
-from .arguments import TrainingArguments
+from .arguments import CPU_MAX_TOKENS, TrainingArguments
 from .averaging import WeightAverage
 from .checkpoints import checkpoint_path, read_state
-from .data import TokenBatchSampler, TokenizedSplit, tokenize_pairs
+from .data import TokenBatchSampler, TokenizedSplit, bucket_shapes, tokenize_pairs
 from .distributed import configure_deepspeed
 from .engines import Engine, NonFiniteGuard
 from .kernels import fastest_attention
@@ -51,9 +51,12 @@ from .run_folder import (
 )
 from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler, peak_scale
 
-__all__ = ["Components", "add_lora", "choose_attention", "freeze", "load_tokenizer", "prepare", "set_up"]
+__all__ = ["Components", "add_lora", "choose_attention", "freeze", "gpu_batch", "load_tokenizer", "prepare", "set_up"]
 
 logger = get_logger(__name__)
+
+PAPER_STEP_TOKENS = 25_000  # §5.1: "approximately 25000 source tokens and 25000 target tokens" per batch
+GPU_BUCKETS = 16  # batch shapes on a GPU by default: each is one compilation of a compiled step
 
 
 @dataclass
@@ -100,6 +103,7 @@ def set_up(args: TrainingArguments, accelerator) -> tuple[Components, RunState, 
     data, source_lang, target_lang, tokenizer, train_split, eval_splits = _prepare_data(args, accelerator)
     model = _build_model(args, accelerator, tokenizer, resume_from, (source_lang, target_lang))
     d_model = model.config.d_model
+    _size_batches(args, accelerator, model)
     # Built before `prepare` moves the model there, over the parameters that train (freeze, add_lora).
     optimizer = make_optimizer(model, accelerator.device, (args.adam_beta1, args.adam_beta2), args.adam_epsilon,
                                args.weight_decay)
@@ -109,10 +113,7 @@ def set_up(args: TrainingArguments, accelerator) -> tuple[Components, RunState, 
         state = RunState(run_options=run_options(args), options=recorded_options(args))
     else:
         state = RunState.from_dict(read_state(resume_from))
-    sampler = TokenBatchSampler(
-        train_split.lengths, args.max_tokens, seed=args.seed,
-        num_replicas=accelerator.num_processes, rank=accelerator.process_index,
-    )
+    sampler = _training_sampler(args, accelerator, train_split, state.epoch)
     budget = Budget(args.max_steps, args.num_epochs, args.time_limit, args.gradient_accumulation_steps,
                     epoch_batches=len(sampler.local_batches(state.epoch)), progress=state, start_step=state.step,
                     before=state.begin_part())
@@ -138,6 +139,72 @@ def set_up(args: TrainingArguments, accelerator) -> tuple[Components, RunState, 
     parts = Components(accelerator, model, prepared_optimizer, scheduler, checkpoint_root, average, tokenizer, data,
                        source_lang, target_lang, train_split, eval_splits, sampler)
     return parts, state, budget
+
+
+def gpu_batch(memory: int, config, parameters: int, processes: int, max_length: int,
+              accumulation: int | None = None) -> tuple[int, int]:
+    """(max_tokens, gradient_accumulation_steps) of about the paper's 25000 tokens per optimiser step over
+    `processes`, each batch fitting a device of `memory` bytes beside the model's `parameters`: with
+    `accumulation` given, the batch it needs (within what fits); else the fewest batches whose largest fits.
+
+    The estimate is coarse and errs towards less: 20 bytes a parameter (fp32 weights, gradients, Adam's two
+    moments, autocast's bf16 copies), and per token of a batch what a layer keeps for backward in bf16
+    autocast (about 30 d_model + 5 d_ff bytes, more in the decoder, which also attends to the source) and the
+    output layer's logits with their fp32 log-softmax and gradients (12 bytes a vocabulary entry), doubled for
+    the allocator's fragments and temporaries, within 80% of the memory."""
+    d, d_ff = config.d_model, config.d_ff
+    per_token = (config.encoder_layers * (30 * d + 5 * d_ff) + config.decoder_layers * (44 * d + 5 * d_ff)
+                 + 12 * config.vocab_size)
+    fits = int((0.8 * memory - 20 * parameters) / (2 * per_token))
+    if fits < max_length:
+        raise ValueError(f"a batch of `max_length` ({max_length}) tokens does not fit the device's "
+                         f"{memory / 2**30:.1f} GiB beside the model's {parameters:,} parameters; lower `max_length` "
+                         "or give `max_tokens`")
+    if accumulation is None:
+        accumulation = -(-PAPER_STEP_TOKENS // (processes * fits))  # rounded up
+    wanted = -(-PAPER_STEP_TOKENS // (processes * accumulation))
+    return max(min(wanted, fits), max_length), accumulation
+
+
+def _size_batches(args: TrainingArguments, accelerator, model) -> None:
+    """`max_tokens` and `gradient_accumulation_steps` where left unset: on a GPU the paper's batch sized to its
+    memory (`gpu_batch`), elsewhere CPU_MAX_TOKENS and one batch per step; one line says what was chosen."""
+    if args.max_tokens is not None:
+        args.gradient_accumulation_steps = args.gradient_accumulation_steps or 1
+        return
+    processes = accelerator.num_processes
+    if accelerator.device.type == "cuda":
+        memory = torch.cuda.get_device_properties(accelerator.device).total_memory
+        parameters = sum(p.numel() for p in model.parameters())
+        args.max_tokens, args.gradient_accumulation_steps = gpu_batch(
+            memory, model.config, parameters, processes, args.max_length, args.gradient_accumulation_steps)
+        why = (f"the paper's ~{PAPER_STEP_TOKENS} per step, sized to the GPU's {memory / 2**30:.1f} GiB and "
+               f"{parameters:,} parameters")
+    else:
+        args.max_tokens, args.gradient_accumulation_steps = CPU_MAX_TOKENS, args.gradient_accumulation_steps or 1
+        why = "the default off a GPU"
+    step_tokens = args.max_tokens * args.gradient_accumulation_steps * processes
+    logger.info(f"batch: {args.max_tokens} tokens x {args.gradient_accumulation_steps} batch(es) x {processes} "
+                f"process(es) = {step_tokens} tokens per optimiser step ({why}; --max-tokens and "
+                "--gradient-accumulation-steps choose them)")
+
+
+def _training_sampler(args: TrainingArguments, accelerator, split: TokenizedSplit, epoch: int) -> TokenBatchSampler:
+    """The training batches, padded to `bucket_shapes` shapes (by default GPU_BUCKETS on a GPU, none elsewhere);
+    one line says the shapes and the padding they waste beside that of batches as long as their longest pair."""
+    count = args.bucket_shapes
+    if count is None:
+        count = GPU_BUCKETS if accelerator.device.type == "cuda" else 0
+    shapes = bucket_shapes(split.lengths, args.max_tokens, count) if count else None
+    shard = dict(seed=args.seed, num_replicas=accelerator.num_processes, rank=accelerator.process_index)
+    sampler = TokenBatchSampler(split.lengths, args.max_tokens, shapes=shapes, **shard)
+    if shapes is None:
+        logger.info(f"batches: each as long as its longest pair; {sampler.padding(epoch):.1%} of their slots pad")
+    else:
+        plain = TokenBatchSampler(split.lengths, args.max_tokens, **shard).padding(epoch)
+        logger.info(f"batches: {len(shapes)} shapes (rows x length: {', '.join(f'{r}x{n}' for r, n in shapes)}); "
+                    f"{sampler.padding(epoch):.1%} of their slots pad (as long as their longest pair: {plain:.1%})")
+    return sampler
 
 
 def _build_model(args: TrainingArguments, accelerator, tokenizer, resume_from: Path | None, langs: tuple[str, str]):
