@@ -12,14 +12,19 @@ It writes `benchmarks/results/gpu-smoke-<date>-<device>.json` and `.md`, naming 
 - CUDA synchronisations per training step (`torch.cuda.set_sync_debug_mode`), the training loop's step
   (`train_step` fed by `PrefetchedBatches`) beside a bare forward, backward and fused Adam step of
   the same model and batch: what the loop adds is the difference;
-- target tokens/s of the base model through the loop's step in fp32 (TF32 matmuls) and in bf16 autocast,
-  one after the other in this process, with MFU against the device's rated peak (benchmarks/mfu.py) and
-  the matmul rate measured on it beside;
+- the base and big models (`--presets`), each in fp32 (TF32 matmuls) and in bf16 autocast: the loop's step
+  beside MarianMTModel's bare step of the same shape (forward, backward, fused AdamW) on the same batches,
+  padded to 16 bucket shapes, one after the other in this process, with the batch the training loop takes
+  on the device by default (the paper's ~25,000 tokens where they fit): target tokens/s, MFU against the
+  device's rated peak (benchmarks/mfu.py), kernels per step (aten operators, benchmarks/kernels.py, and the
+  kernels the profiler saw launched), host and GPU time per step from the profiler, peak memory; and the
+  first preset's loop step compiled (`--compile-shapes` shapes), with its compile time;
 - a one-GPU FSDP2 run of `vanilla-transformer train` (accelerate_configs/fsdp_8gpu.yaml with one
   process): beam-search evaluation, checkpoints, `--resume` and `--average-last 2`.
 
-`--quick` shortens every part (a check that the script runs, e.g. on a CPU with `--device cpu`: no
-synchronisation counts, FSDP or GPU tests there).
+`--quick` shortens every part (a check that the script runs, e.g. on a CPU with `--device cpu`: the tiny
+model on 1,024-token batches of 4 shapes; no synchronisation counts, compiling, FSDP or GPU tests there). The
+report is written again after each part, so that a run stopped early keeps what it measured.
 """
 
 from __future__ import annotations
@@ -64,15 +69,32 @@ def synchronisations_per_call(fn, calls: int) -> float:
     return sum(SYNC_WARNING in str(w.message) for w in caught) / calls
 
 
-def loop_step(model, pairs: list, pad_token_id: int, device: str, mixed_precision: str, max_tokens: int):
-    """A callable that runs one training step as `train` runs it: the next batch from `PrefetchedBatches`
-    (over `pairs`, (source ids, target ids), again and again), then `train_step`; it returns the
-    step's target tokens and its batch. The Accelerator is made here, with `mixed_precision`, on `device`."""
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
+def token_batches(pairs: list, max_tokens: int, buckets: int):
+    """`pairs` ((source ids, target ids)) as a split, one epoch of its training batches (index lists, in the
+    sampler's order) and their bucket shapes (`buckets` of them; None for batches as long as their longest pair)."""
     import datasets
 
-    from vanilla_transformer.training.data import PadCollator, PrefetchedBatches, TokenBatchSampler, TokenizedSplit
+    from vanilla_transformer.training.data import TokenBatchSampler, TokenizedSplit, bucket_shapes
+
+    rows = {"input_ids": [s for s, _ in pairs], "labels": [t for _, t in pairs],
+            "length": [max(len(s), len(t)) for s, t in pairs]}
+    split = TokenizedSplit(datasets.Dataset.from_dict(rows), len(pairs), 0, 0)
+    shapes = bucket_shapes(split.lengths, max_tokens, buckets) if buckets else None
+    batches = [batch.tolist() for batch in TokenBatchSampler(split.lengths, max_tokens, seed=0, shapes=shapes)
+               .global_batches(0)]
+    return split, batches, shapes
+
+
+def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: str, mixed_precision: str,
+              compiled: bool = False):
+    """A callable that runs one training step as `train` runs it: the next of `batches` (index lists into
+    `split`, again and again) from `PrefetchedBatches`, padded to `shapes`, then `train_step`; it returns the
+    step's target tokens and its batch. The Accelerator is made here, with `mixed_precision`, on `device`;
+    `compiled`: the model's forward compiled (`Module.compile`), once per batch shape."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from vanilla_transformer.training.data import PadCollator, PrefetchedBatches
     from vanilla_transformer.training.run_folder import Budget, RunState
     from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
     from vanilla_transformer.training.setup import Components, prepare
@@ -84,10 +106,8 @@ def loop_step(model, pairs: list, pad_token_id: int, device: str, mixed_precisio
     optimizer = make_optimizer(model, accelerator.device)
     scheduler = make_scheduler(optimizer, model.config.d_model, 4000)
     model, optimizer = prepare(accelerator, model, optimizer)
-    rows = {"input_ids": [s for s, _ in pairs], "labels": [t for _, t in pairs],
-            "length": [max(len(s), len(t)) for s, t in pairs]}
-    split = TokenizedSplit(datasets.Dataset.from_dict(rows), len(pairs), 0, 0)
-    sampler = TokenBatchSampler(split.lengths, max_tokens, seed=0)
+    if compiled:
+        model.compile(dynamic=False)
     parts = Components(accelerator, model, optimizer, scheduler, checkpoint_root=Path("unused"))
     state = RunState()
     budget = Budget(progress=state)  # no limit: the caller says how many steps
@@ -96,8 +116,7 @@ def loop_step(model, pairs: list, pad_token_id: int, device: str, mixed_precisio
     def step() -> tuple[int, dict]:
         batch = next(source["batches"], None) if source["batches"] else None
         if batch is None:
-            sampler.set_epoch(state.step)
-            source["batches"] = PrefetchedBatches(split, sampler, PadCollator(pad_token_id), accelerator.device)
+            source["batches"] = PrefetchedBatches(split, batches, PadCollator(pad_token_id, shapes), accelerator.device)
             batch = next(source["batches"])
         tokens, _ = train_step(parts, [batch], state.step, budget)
         state.count_step(1, tokens)
@@ -106,16 +125,35 @@ def loop_step(model, pairs: list, pad_token_id: int, device: str, mixed_precisio
     return step
 
 
-def bare_step(model, batch: dict, dtype):
-    """One forward, backward and fused Adam step of `model` on `batch` under autocast in `dtype`, nothing else."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
+def marian_model(config, device: str):
+    """MarianMTModel of `config`'s shape (export/marian.py's `marian_config`), on sdpa as ours, seeded alike."""
+    from transformers import MarianMTModel
 
-    def step():
-        with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+    from vanilla_transformer.export.marian import marian_config
+
+    torch.manual_seed(0)
+    model = MarianMTModel(marian_config(config)).to(device).train()
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+def bare_step(model, batches: list, dtype):
+    """A callable: one forward, backward and fused AdamW step (the paper's betas) of `model` on the next of
+    `batches` (on the device, again and again) under autocast in `dtype`, nothing else; it returns the step's
+    target tokens and its batch, as `loop_step`'s does."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+    device_type = next(model.parameters()).device.type
+    position = {"next": 0}
+
+    def step() -> tuple[int, dict]:
+        batch = batches[position["next"] % len(batches)]
+        position["next"] += 1
+        with torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32):
             loss = model(**batch).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        return int((batch["labels"] != -100).sum()), batch
 
     return step
 
@@ -145,14 +183,15 @@ def synchronisations(tokenizer, device: str, steps: int) -> dict:
     from vanilla_transformer.training.data import PadCollator
 
     pairs = _pairs(tokenizer, 400)
-    step = loop_step(_model("tiny", tokenizer), pairs, tokenizer.pad_token_id, device, "bf16", 2048)
+    split, batches, shapes = token_batches(pairs, 2048, buckets=0)
+    step = loop_step(_model("tiny", tokenizer), split, batches, shapes, tokenizer.pad_token_id, device, "bf16")
     for _ in range(3):  # the first steps allocate and initialise
         step()
     loop = synchronisations_per_call(step, steps)
     bare_model = _model("tiny", tokenizer).to(device).train()
     batch = {k: v.to(device) for k, v in PadCollator(tokenizer.pad_token_id)(
         {"input_ids": [s for s, _ in pairs[:32]], "labels": [t for _, t in pairs[:32]]}).items()}
-    bare = bare_step(bare_model, batch, torch.bfloat16)
+    bare = bare_step(bare_model, [batch], torch.bfloat16)
     for _ in range(3):
         bare()
     return {"loop_step": loop, "bare_step": synchronisations_per_call(bare, steps), "steps": steps,
@@ -160,29 +199,100 @@ def synchronisations(tokenizer, device: str, steps: int) -> dict:
                     "wait for its counts' reduction is not one of them"}
 
 
-def throughput(tokenizer, device: str, warmup: int, steps: int, max_tokens: int, preset: str = "base") -> dict:
-    """Target tokens/s of the `preset` model through the loop's step, fp32 then bf16, with MFU."""
-    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
-    pairs = _pairs(tokenizer, 4000)
-    out = {"device": name, "preset": preset, "max_tokens": max_tokens, "warmup_steps": warmup, "timed_steps": steps}
-    for precision, rated in (("no", "tf32"), ("bf16", "bf16")):
-        model = _model(preset, tokenizer, dropout=0.1)
-        config = model.config
-        step = loop_step(model, pairs, tokenizer.pad_token_id, device, precision, max_tokens)
+def profiled(step, steps: int, cuda: bool) -> dict:
+    """Per step, from torch's profiler over `steps` calls: the host's time in operators (their self CPU time),
+    the GPU's time in kernels and the kernels launched (None off a GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    on_gpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    return {"host_ms": sum(e.self_cpu_time_total for e in events) / steps / 1000,
+            "gpu_ms": sum(e.self_device_time_total for e in on_gpu) / steps / 1000 if cuda else None,
+            "launched_kernels": sum(e.count for e in on_gpu) / steps if cuda else None}
+
+
+def measure(step, config, device: str, rated_peak, warmup: int, steps: int, compiled: bool = False) -> dict:
+    """Tokens/s, MFU, kernels, profile and peak memory of `step` (a `loop_step` or `bare_step`) after `warmup`
+    calls, whose time beyond that of as many timed steps is the compile time of a `compiled` step."""
+    from .kernels import count_kernels
+
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    with Timer(device) as warm:
         for _ in range(warmup):
             step()
-        with Timer(device) as timer:
-            done = [step() for _ in range(steps)]
-        tokens = sum(count for count, _ in done)
-        per_second = sum(training_flops(config, batch) for _, batch in done) / timer.seconds
-        peak = rated_peak_tflops(name, rated)
-        out["fp32" if precision == "no" else "bf16"] = {
-            "target_tokens_per_s": tokens / timer.seconds,
-            "tflops_per_s": per_second / 1e12,
-            "rated_peak_tflops": peak,
-            "mfu": mfu(per_second, peak),
-        }
-    if device.startswith("cuda"):
+    with Timer(device) as timer:
+        done = [step() for _ in range(steps)]
+    flops_per_s = sum(training_flops(config, batch) for _, batch in done) / timer.seconds
+    kernels = None if compiled else count_kernels(step)  # aten operators; a compiled graph runs its own kernels
+    return {
+        "target_tokens_per_s": sum(tokens for tokens, _ in done) / timer.seconds,
+        "tflops_per_s": flops_per_s / 1e12,
+        "rated_peak_tflops": rated_peak,
+        "mfu": mfu(flops_per_s, rated_peak),
+        "step_ms": 1000 * timer.seconds / steps,
+        "kernels_per_step": None if kernels is None else kernels.total,
+        "casts_per_step": None if kernels is None else kernels.casts,
+        **profiled(step, min(steps, 3), cuda),
+        "compile_seconds": max(warm.seconds - warmup * timer.seconds / steps, 0.0) if compiled else None,
+        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
+    }
+
+
+def side_by_side(tokenizer, device: str, presets: list, warmup: int, steps: int, buckets: int,
+                 max_tokens: int | None = None, compile_shapes: int = 0) -> dict:
+    """Each preset in TF32 and bf16: the loop's step (`loop_step`) beside MarianMTModel's bare step of the same
+    shape on the same batches (bucketed, so that both see `buckets` shapes at most), one after the other; on a
+    GPU `max_tokens` is the training loop's default there (`gpu_batch`: the paper's ~25,000 tokens a step if
+    they fit). `compile_shapes`: also the loop's step compiled, in bf16, over the batches of that many shapes.
+    On a GPU, the rate of a plain matmul is measured after them."""
+    from vanilla_transformer.training.data import PadCollator
+    from vanilla_transformer.training.setup import gpu_batch
+
+    cuda = device.startswith("cuda")
+    name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    pairs = _pairs(tokenizer, 8000)
+    out = {"device": name, "warmup_steps": warmup, "timed_steps": steps, "buckets": buckets, "presets": {}}
+    for preset in presets:
+        config = _model(preset, tokenizer, dropout=0.1).config
+        tokens = max_tokens
+        if tokens is None:
+            parameters = sum(p.numel() for p in _model(preset, tokenizer).parameters())
+            memory = torch.cuda.get_device_properties(device).total_memory
+            tokens = gpu_batch(memory, config, parameters, 1, 128, accumulation=1)[0]
+        split, batches, shapes = token_batches(pairs, tokens, buckets)
+        collate = PadCollator(tokenizer.pad_token_id, shapes)
+        ready = [{k: v.to(device) for k, v in collate(split.dataset[b]).items()} for b in batches]
+        result = out["presets"][preset] = {"max_tokens": tokens, "shapes": shapes, "batches": len(batches)}
+        for precision, mixed, dtype in (("tf32", "no", torch.float32), ("bf16", "bf16", torch.bfloat16)):
+            peak = rated_peak_tflops(name, precision)
+            ours = loop_step(_model(preset, tokenizer, dropout=0.1), split, batches, shapes, tokenizer.pad_token_id,
+                             device, mixed)
+            runs = {"ours": measure(ours, config, device, peak, warmup, steps)}
+            del ours
+            runs["marian"] = measure(bare_step(marian_model(config, device), ready, dtype), config, device, peak,
+                                     warmup, steps)
+            if compile_shapes and precision == "bf16":
+                first = list(dict.fromkeys(tuple(b["input_ids"].shape) for b in ready))[:compile_shapes]
+                chosen = [b for b, r in zip(batches, ready) if tuple(r["input_ids"].shape) in first]
+                compiled = loop_step(_model(preset, tokenizer, dropout=0.1), split, chosen, shapes,
+                                     tokenizer.pad_token_id, device, mixed, compiled=True)
+                runs["ours-compiled"] = {"shapes": len(first), **measure(
+                    compiled, config, device, peak, len(chosen) + 1, steps, compiled=True)}
+                del compiled
+            runs["speedup_vs_marian"] = runs["ours"]["target_tokens_per_s"] / runs["marian"]["target_tokens_per_s"]
+            result[precision] = runs
+            if cuda:
+                torch.cuda.empty_cache()
+        result["bf16_over_tf32"] = result["bf16"]["ours"]["target_tokens_per_s"] / result["tf32"]["ours"]["target_tokens_per_s"]
+    if cuda:
         out["measured_matmul_tflops"] = {"bf16": matmul_tflops(device, torch.bfloat16),
                                          "tf32": matmul_tflops(device, torch.float32)}
     return out
@@ -237,6 +347,40 @@ def fsdp_run(folder: Path, timeout: int) -> dict:
     return {"first": first, "resumed": second, "results": summary}
 
 
+def _number(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def throughput_table(t: dict) -> list[str]:
+    """The side-by-side measurements as a table, one row per preset, precision and contender, and their ratios."""
+    lines = [f"Target tokens/s on {t['device']}: {t['timed_steps']} steps after {t['warmup_steps']}, batches padded to "
+             f"at most {t['buckets']} shapes; MFU against the rated peak; kernels: aten operators per step "
+             "(benchmarks/kernels.py) and, on a GPU, kernels launched (profiler); host: self CPU time of the "
+             "operators; compile: the warm-up's time beyond as many steps.", "",
+             "| model | precision | step | max tokens | target tokens/s | MFU | kernels (aten / launched) | casts | "
+             "host ms | GPU ms | step ms | compile s | peak GiB |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    ratios = []
+    for preset, result in t["presets"].items():
+        for precision in ("tf32", "bf16"):
+            for name, r in result[precision].items():
+                if name == "speedup_vs_marian":
+                    continue
+                kernels = f"{_number(r['kernels_per_step'], ',')} / {_number(r['launched_kernels'], ',.0f')}"
+                lines.append(
+                    f"| {preset} | {precision} | {name} | {result['max_tokens']:,} | {r['target_tokens_per_s']:,.0f} | "
+                    f"{_number(r['mfu'], '.1%')} | {kernels} | {_number(r['casts_per_step'], ',')} | "
+                    f"{r['host_ms']:.1f} | {_number(r['gpu_ms'], '.1f')} | {r['step_ms']:.1f} | "
+                    f"{_number(r['compile_seconds'], '.1f')} | {_number(r['peak_memory_gib'], '.1f')} |")
+            ratios.append(f"{preset} {precision}: ours / Marian {result[precision]['speedup_vs_marian']:.2f}")
+        ratios.append(f"{preset}: bf16 / TF32 (ours) {result['bf16_over_tf32']:.2f}")
+    lines += ["", "; ".join(ratios) + "."]
+    if "measured_matmul_tflops" in t:
+        m = t["measured_matmul_tflops"]
+        lines += [f"Matmul measured: bf16 {m['bf16']:.0f} TFLOP/s, TF32 {m['tf32']:.0f} TFLOP/s."]
+    return lines
+
+
 def markdown(report: dict) -> str:
     env = report["environment"]
     lines = [f"# GPU smoke run, {env['date']}, {env['device']}", "",
@@ -249,15 +393,7 @@ def markdown(report: dict) -> str:
         s = report["synchronisations"]
         lines += [f"- CUDA synchronisations per step: the loop's {s['loop_step']:g}, a bare step's {s['bare_step']:g}"]
     if "throughput" in report:
-        t = report["throughput"]
-        for precision in ("fp32", "bf16"):
-            r = t[precision]
-            mfu_text = f"{r['mfu']:.1%} of the rated {r['rated_peak_tflops']} TFLOP/s" if r["mfu"] else "no rated peak listed"
-            lines += [f"- {t['preset']} model, {precision}{' (TF32 matmuls)' if precision == 'fp32' else ''}: "
-                      f"{r['target_tokens_per_s']:,.0f} target tokens/s, {r['tflops_per_s']:.1f} TFLOP/s, MFU {mfu_text}"]
-        if "measured_matmul_tflops" in t:
-            m = t["measured_matmul_tflops"]
-            lines += [f"- matmul measured: bf16 {m['bf16']:.0f} TFLOP/s, TF32 {m['tf32']:.0f} TFLOP/s"]
+        lines += ["", *throughput_table(report["throughput"]), ""]
     if "fsdp" in report:
         f = report["fsdp"]
         ok = f["resumed"] is not None and f["resumed"]["returncode"] == 0
@@ -272,7 +408,14 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--output-dir", type=Path, default=RESULTS, help="where the report goes (default: %(default)s)")
     parser.add_argument("--skip", nargs="*", default=[], choices=("tests", "synchronisations", "throughput", "fsdp"))
+    parser.add_argument("--presets", nargs="+", default=["base", "big"], choices=("tiny", "small", "base", "big"),
+                        help="the models measured side by side (default: %(default)s; tiny with --quick)")
+    parser.add_argument("--compile-shapes", type=int, default=2, metavar="N",
+                        help="on a GPU, also the first preset's bf16 step compiled, over the batches of N shapes "
+                        "(0: not compiled; default: %(default)s)")
     args = parser.parse_args(argv)
+    if args.compile_shapes < 0:
+        parser.error(f"--compile-shapes: expected a non-negative integer; got {args.compile_shapes}")
     import transformers
     from vanilla_transformer.tokenizer import train_tokenizer
     from vanilla_transformer.corpora import load_translation_dataset
@@ -289,23 +432,38 @@ def main(argv=None) -> int:
               "quick": args.quick}
     train = load_translation_dataset("bible-en-es")["train"].select(range(4000))
     tokenizer = train_tokenizer(train, languages=["en", "es"], vocab_size=1000 if args.quick else 8000)
+    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+    stem = args.output_dir / f"gpu-smoke-{report['environment']['date']}-{slug}"
+
+    def save() -> None:  # after each part: a run stopped by a time limit keeps what it measured
+        report["seconds"] = time.perf_counter() - start
+        write_atomically(stem.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
+        write_atomically(stem.with_suffix(".md"), markdown(report))
+
     if cuda and "tests" not in args.skip:
         report["gpu_tests"] = gpu_tests(timeout=420)
+        save()
     if cuda and "synchronisations" not in args.skip:
         report["synchronisations"] = synchronisations(tokenizer, args.device, steps=5)
+        save()
     if "throughput" not in args.skip:
-        report["throughput"] = throughput(tokenizer, args.device, warmup=1 if args.quick else 5, steps=1 if args.quick else 20,
-                                          max_tokens=1024 if args.quick else 8192, preset="tiny" if args.quick else "base")
+        for preset in ["tiny"] if args.quick else args.presets:
+            measured = side_by_side(
+                tokenizer, args.device, [preset], warmup=1 if args.quick else 3, steps=1 if args.quick else 10,
+                buckets=4 if args.quick else 16, max_tokens=1024 if args.quick or not cuda else None,
+                compile_shapes=args.compile_shapes if cuda and preset == args.presets[0] else 0)
+            if "throughput" in report:
+                report["throughput"]["presets"].update(measured["presets"])
+            else:
+                report["throughput"] = measured
+            save()
     if cuda and "fsdp" not in args.skip:
         import tempfile
 
         with tempfile.TemporaryDirectory() as tmp:
             report["fsdp"] = fsdp_run(Path(tmp), timeout=300)
-    report["seconds"] = time.perf_counter() - start
-    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
-    stem = args.output_dir / f"gpu-smoke-{report['environment']['date']}-{slug}"
-    write_atomically(stem.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
-    write_atomically(stem.with_suffix(".md"), markdown(report))
+        save()
+    save()
     print(markdown(report))
     print(f"wrote {stem}.json and .md", file=sys.stderr)
     return 0

@@ -239,17 +239,47 @@ def test_big_corpus_benchmark_reaches_the_first_step_and_reuses_its_caches(tmp_p
 
 def test_the_gpu_smoke_script_runs_quick_on_a_cpu(tmp_path):
     # Proves: `python -m benchmarks.gpu_smoke` (the first GPU run's script) runs end to end where there is no
-    # GPU (--device cpu --quick: the throughput part, which drives the training loop's own step) and writes
-    # its report naming the device; the GPU-only parts are left out there.
+    # GPU (--device cpu --quick: the throughput part, which drives the training loop's own step beside
+    # MarianMTModel's bare step on the same bucketed batches, in TF32 and bf16) and writes its report naming the
+    # device; the GPU-only parts and numbers are left out there.
     completed = subprocess.run([sys.executable, "-m", "benchmarks.gpu_smoke", "--device", "cpu", "--quick",
                                 "--output-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600,
                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert completed.returncode == 0, completed.stderr[-3000:]
     (report,) = tmp_path.glob("gpu-smoke-*-cpu.json")
     throughput = json.loads(report.read_text())["throughput"]
-    assert throughput["device"] == "cpu" and throughput["fp32"]["target_tokens_per_s"] > 0
-    assert throughput["bf16"]["tflops_per_s"] > 0 and throughput["bf16"]["mfu"] is None  # no rated peak for a CPU
-    assert "# GPU smoke run" in report.with_suffix(".md").read_text()
+    assert throughput["device"] == "cpu" and list(throughput["presets"]) == ["tiny"]
+    tiny = throughput["presets"]["tiny"]
+    assert 1 < len(tiny["shapes"]) <= 4 and tiny["max_tokens"] == 1024
+    for precision in ("tf32", "bf16"):
+        for name in ("ours", "marian"):
+            r = tiny[precision][name]
+            assert r["target_tokens_per_s"] > 0 and r["tflops_per_s"] > 0 and r["mfu"] is None  # no rated peak for a CPU
+            assert r["kernels_per_step"] > 100 and r["host_ms"] > 0 and r["step_ms"] > 0
+            assert r["gpu_ms"] is r["launched_kernels"] is r["peak_memory_gib"] is r["compile_seconds"] is None
+        assert tiny[precision]["speedup_vs_marian"] > 0 and "ours-compiled" not in tiny[precision]
+    # bf16 autocast casts; fp32 casts next to nothing.
+    assert tiny["bf16"]["ours"]["casts_per_step"] > 10 * tiny["tf32"]["ours"]["casts_per_step"]
+    text = report.with_suffix(".md").read_text()
+    assert "# GPU smoke run" in text and "| tiny | bf16 | marian | 1,024 |" in text and "ours / Marian" in text
+
+
+def test_two_ddp_processes_on_one_device_train_resume_and_average(tmp_path):
+    # Proves: `python -m benchmarks.ddp_one_device` (the GPU session's DDP run) launches two processes through its
+    # worker, each told it is its machine's first, which train together, save, --resume and average the last two
+    # checkpoints, ending with the same weights; on a CPU with gloo, the backend its GPU run falls back to.
+    completed = subprocess.run([sys.executable, "-m", "benchmarks.ddp_one_device", "--device", "cpu",
+                                "--output-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    (report,) = tmp_path.glob("ddp-one-device-*-cpu.json")
+    (attempt,) = json.loads(report.read_text())["attempts"]
+    assert attempt["backend"] == "gloo" and attempt["passed"]
+    results = attempt["results"]
+    assert results["steps"] == 6 and results["averaged_checkpoints"] == ["checkpoint-00000004", "checkpoint-00000006"]
+    assert len(results["replica_checksums"]) == 2 and len(set(results["replica_checksums"])) == 1
+    assert "resumed from " in attempt["resumed"]["output_tail"]
+    assert "- gloo: passed" in report.with_suffix(".md").read_text()
 
 
 def test_the_cpu_precision_benchmark_compares_its_variants_from_the_same_start(tmp_path):
