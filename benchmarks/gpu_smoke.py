@@ -30,6 +30,7 @@ report is written again after each part, so that a run stopped early keeps what 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -261,10 +262,11 @@ def side_by_side(tokenizer, device: str, presets: list, warmup: int, steps: int,
     pairs = _pairs(tokenizer, 8000)
     out = {"device": name, "warmup_steps": warmup, "timed_steps": steps, "buckets": buckets, "presets": {}}
     for preset in presets:
-        config = _model(preset, tokenizer, dropout=0.1).config
+        probe = _model(preset, tokenizer, dropout=0.1)
+        config, parameters = probe.config, sum(p.numel() for p in probe.parameters())
+        del probe
         tokens = max_tokens
         if tokens is None:
-            parameters = sum(p.numel() for p in _model(preset, tokenizer).parameters())
             memory = torch.cuda.get_device_properties(device).total_memory
             tokens = gpu_batch(memory, config, parameters, 1, 128, accumulation=1)[0]
         split, batches, shapes = token_batches(pairs, tokens, buckets)
@@ -289,6 +291,7 @@ def side_by_side(tokenizer, device: str, presets: list, warmup: int, steps: int,
                 del compiled
             runs["speedup_vs_marian"] = runs["ours"]["target_tokens_per_s"] / runs["marian"]["target_tokens_per_s"]
             result[precision] = runs
+            gc.collect()  # the steps' models and optimisers, before the next one's peak memory is measured
             if cuda:
                 torch.cuda.empty_cache()
         result["bf16_over_tf32"] = result["bf16"]["ours"]["target_tokens_per_s"] / result["tf32"]["ours"]["target_tokens_per_s"]
