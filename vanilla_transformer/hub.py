@@ -94,7 +94,10 @@ def save_for_hub(
         raise ValueError(f"`example` must be a sentence to draw the attention of; got an empty or blank {example!r}")
     source_lang, target_lang = _languages(dataset, source_lang, target_lang)
     if source_lang and target_lang:  # in config.json: evaluating or translating another pair is warned about
-        model.config.update({"source_lang": source_lang, "target_lang": target_lang, "dataset_name": dataset})
+        from .corpora import recorded_name
+
+        model.config.update({"source_lang": source_lang, "target_lang": target_lang,
+                             "dataset_name": dataset and recorded_name(dataset)})
     save_model_files(model, tokenizer, output_dir)
     write_results(output_dir, results or {})
     write_model_card(

@@ -103,6 +103,8 @@ def _evaluation_pairs(args: argparse.Namespace) -> tuple[str, str | None, str | 
 def _recorded_data(model: str, source_lang: str | None, target_lang: str | None) -> tuple[str, str, str]:
     """The data set and language pair that the model's config.json records (training writes them), the
     languages given on the command line taking precedence."""
+    import glob
+    import os
     from pathlib import Path
 
     from ..file_checks import read_json
@@ -119,7 +121,11 @@ def _recorded_data(model: str, source_lang: str | None, target_lang: str | None)
     if not config.get("dataset_name"):
         raise ValueError(f"--dataset: {model} records no data set (its config.json has no dataset_name); name one with "
                          "--dataset, or give --source-file and --reference-file")
-    return config["dataset_name"], source_lang or config.get("source_lang"), target_lang or config.get("target_lang")
+    dataset = config["dataset_name"]
+    if os.path.isabs(dataset) and not (os.path.exists(dataset) or glob.glob(glob.escape(dataset) + ".*")):
+        raise ValueError(f"--dataset: {model} records the data set {dataset}, which is not on this machine; give its "
+                         "path here with --dataset, or give --source-file and --reference-file")
+    return dataset, source_lang or config.get("source_lang"), target_lang or config.get("target_lang")
 
 
 def _check_evaluation_options(args: argparse.Namespace) -> None:

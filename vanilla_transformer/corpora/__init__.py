@@ -50,6 +50,7 @@ __all__ = [
     "iter_texts",
     "language_keys",
     "load_translation_dataset",
+    "recorded_name",
     "resolve_languages",
     "text_pairs",
 ]
@@ -409,6 +410,19 @@ def _to_translation_layout(dataset: datasets.Dataset, languages: list[str]) -> d
         return {"translation": [dict(zip(languages, row)) for row in zip(*columns)]}
 
     return dataset.map(pack, batched=True, remove_columns=languages, desc="translation layout")
+
+
+def recorded_name(name_or_path: str) -> str:
+    """`name_or_path` as a model's config.json records it: a local file, folder or prefix of plain text files as
+    its absolute path, so that the model's folder finds its data from any directory; an embedded corpus or a
+    Hub data set as it is."""
+    name = str(name_or_path)
+    if name in EMBEDDED_CORPORA:
+        return name
+    path = Path(name).expanduser()
+    if path.exists() or (path.name and path.parent.is_dir() and any(path.parent.glob(f"{glob.escape(path.name)}.*"))):
+        return str(path.resolve())
+    return name
 
 
 def load_translation_dataset(

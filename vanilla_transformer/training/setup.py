@@ -19,7 +19,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import DistributedType, set_seed
 
-from ..corpora import load_translation_dataset, resolve_languages
+from ..corpora import load_translation_dataset, recorded_name, resolve_languages
 from ..file_checks import read_json
 from ..inference import load_pretrained
 from ..inference import load_tokenizer as read_tokenizer
@@ -389,7 +389,7 @@ def _record_language_pair(config, source_lang: str, target_lang: str, dataset: s
     if (config.source_lang, config.target_lang) not in ((None, None), (source_lang, target_lang)):
         logger.warning(f"fine-tuning a model trained on {config.source_lang}->{config.target_lang} "
                        f"to translate {source_lang}->{target_lang}")
-    config.update({"source_lang": source_lang, "target_lang": target_lang, "dataset_name": dataset})
+    config.update({"source_lang": source_lang, "target_lang": target_lang, "dataset_name": recorded_name(dataset)})
 
 
 def _prepare_data(args: TrainingArguments, accelerator):
