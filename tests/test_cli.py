@@ -207,7 +207,9 @@ def test_translate_nbest_with_scores_gives_n_ranked_lines_per_text(hub_tiny_fold
     assert main(["translate", "--model", str(hub_tiny_folder), "--nbest", "3", "--with-scores", "--num-beams", "3",
                  "--max-new-tokens", "12", *texts]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 3 * len(texts) and lines[3:6] == ["", "", ""]  # a blank text: N blank lines, no score
+    assert len(lines) == 3 * len(texts) and lines[3:6] == ["1\t\t"] * 3  # a blank text: N lines, no score, no text
+    assert [line.split("\t")[0] for line in lines] == ["0"] * 3 + ["1"] * 3 + ["2"] * 3  # each the index of its text
+    lines = [line.split("\t", 1)[1] for line in lines]
     model, tokenizer = hub_tiny_model
     best = translate_texts(model, tokenizer, texts, num_beams=3, max_new_tokens=12)
     for first in (0, 6):
@@ -222,12 +224,28 @@ def test_translate_nbest_with_scores_gives_n_ranked_lines_per_text(hub_tiny_fold
     assert [f"{score:.4f}" for score in output.sequences_scores.tolist()] == [line.split("\t")[0] for line in lines[6:]]
 
 
+@pytest.mark.slow
+def test_translate_nbest_lines_carry_the_index_of_their_input_line_across_batches(hub_tiny_folder):
+    """Before: N lines per input and no index; a script had to count them."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "vanilla_transformer.cli", "translate", "--model", str(hub_tiny_folder), "--nbest", "2",
+         "--with-scores", "--batch-size", "2", *GREEDY],
+        input="\n".join(LINES) + "\n", capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [line.split("\t") for line in result.stdout.splitlines()]
+    assert [int(row[0]) for row in rows] == [0, 0, 1, 1, 2, 2, 3, 3] and {len(row) for row in rows} == {3}
+    assert rows[2] == rows[3] == ["1", "", ""]  # the blank line
+    assert all(float(row[1]) < 0 and row[2] for i, row in enumerate(rows) if i not in (2, 3))
+
+
 def test_translate_nbest_without_scores_and_greedy_scores(hub_tiny_folder, hub_tiny_model, capsys):
     from vanilla_transformer.inference import translate_nbest
 
     model, tokenizer = hub_tiny_model
     assert main(["translate", "--model", str(hub_tiny_folder), "--nbest", "2", "--max-new-tokens", "12", LINES[2]]) == 0
-    assert capsys.readouterr().out.splitlines() == [text for text, _ in translate_nbest(
+    assert capsys.readouterr().out.splitlines() == [f"0\t{text}" for text, _ in translate_nbest(
         model, tokenizer, [LINES[2]], nbest=2, max_new_tokens=12)[0]]
     # Greedy keeps no sequence score: the sum of its tokens' log-probabilities, as teacher forcing gives it.
     [[(text, score)]] = translate_nbest(model, tokenizer, [LINES[2]], num_beams=1, max_new_tokens=12)

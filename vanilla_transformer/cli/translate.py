@@ -14,20 +14,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "translate",
         help="translate text from arguments, a file or standard input",
         description="Translate each text (each argument, or each line of --input-file or standard input) and "
-        "write one line per input line to standard output (--nbest N: N lines, best first). Blank lines stay "
-        "blank. Standard input is line in, line out: a line is translated as soon as it arrives, with the lines "
-        "already waiting behind it. Uses the GPU when there is one.",
+        "write one line per input line to standard output. Blank lines stay blank. Standard input is line in, line "
+        "out: a line is translated as soon as it arrives, with the lines already waiting behind it. With --nbest "
+        "above 1 or --with-scores, each line is INDEX<TAB>SCORE<TAB>TEXT (INDEX<TAB>TEXT without --with-scores), "
+        "the N lines of a text best first; INDEX counts the texts from 0, as fairseq's H-INDEX, and a blank text's "
+        "lines have an empty score and text. Uses the GPU when there is one.",
     )
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to translate (default: read lines from --input-file or standard input)")
     add_model_option(p, engines=True)
     p.add_argument("--input-file", help="UTF-8 text file, one text per line ('-' = standard input)")
     output = p.add_argument_group("output")
     output.add_argument("--nbest", type=int, default=1, metavar="N",
-                        help="write the N best translations of each text, best first, one a line (the beam is widened "
-                        "to N where it is narrower) (default: %(default)s)")
+                        help="write the N best translations of each text, best first, one a line, each as "
+                        "INDEX<TAB>TEXT where INDEX is the text's, from 0 (the beam is widened to N where it is "
+                        "narrower) (default: %(default)s)")
     output.add_argument("--with-scores", action="store_true",
-                        help="start each line with the translation's score and a tab: the log-probability the search "
-                        "ranks it by (beam search's divided by its length penalty)")
+                        help="write each translation as INDEX<TAB>SCORE<TAB>TEXT: the text's index, from 0, and the "
+                        "log-probability the search ranks it by (beam search's divided by its length penalty)")
     add_decoding_options(p)
     p.set_defaults(func=partial(run, p))
 
@@ -62,7 +65,8 @@ def _check_nbest_options(args: argparse.Namespace) -> None:
 def translator(args: argparse.Namespace):
     """(texts -> output lines, the model's config or None for an export), with the engine, model and
     decoding options the command line names; with --nbest or --with-scores, each text's output is its
-    N best translations on N lines, each after its score and a tab with --with-scores."""
+    N best translations on N lines, each after the text's index (from 0, counted from `first_line`) and a tab,
+    and its score and a tab with --with-scores."""
     options = decoding_options(args)
     nbest, with_scores = getattr(args, "nbest", 1), getattr(args, "with_scores", False)
     if nbest > 1 or with_scores:
@@ -71,9 +75,14 @@ def translator(args: argparse.Namespace):
         model, tokenizer = load_model(args.model, args.device)
 
         def translate(texts, first_line=1):
-            # A blank line stays blank, without a score: nothing was translated.
-            return ["\n".join(f"{score:.4f}\t{text}" if with_scores and source.strip() else text for text, score in hypotheses)
-                    for source, hypotheses in zip(texts, translate_nbest(model, tokenizer, texts, nbest=nbest, **options))]
+            # INDEX<TAB>[SCORE<TAB>]TEXT, the index from 0 (fairseq's H-i); a blank text has no score: nothing was translated.
+            def line(index, source, text, score):
+                score_field = (f"{score:.4f}" if source.strip() else "") + "\t"
+                return f"{index}\t{score_field if with_scores else ''}{text}"
+
+            hypotheses = translate_nbest(model, tokenizer, texts, nbest=nbest, **options)
+            return ["\n".join(line(index, source, text, score) for text, score in best)
+                    for index, (source, best) in enumerate(zip(texts, hypotheses), first_line - 1)]
 
         return translate, model.config
     if args.engine == "ctranslate2":
