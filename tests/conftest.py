@@ -12,7 +12,10 @@ import textwrap
 import pytest
 import torch
 
+# One thread, for the suite and the commands it runs, here and in the processes it starts (--threads' default
+# reads OMP_NUM_THREADS).
 torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 _BLOCK_PACKAGE = "import sys; sys.modules['vanilla_transformer'] = None  # any import of the package now fails\n"
 

@@ -49,7 +49,7 @@ SIZES = {
 
 
 def training_arguments(
-    output_dir, minutes: float, size: str, seed: int = 0, test_samples: int | None = None
+    output_dir, minutes: float, size: str, seed: int = 0, test_samples: int | None = None, threads: int | None = None,
 ) -> TrainingArguments:
     """What the quickstart trains: the model and schedule of `size` for a budget of `minutes`."""
     if size not in SIZES:
@@ -69,6 +69,7 @@ def training_arguments(
         eval_steps=10**9,  # the test split is scored at the end; no validation BLEU on the way
         eval_samples=0,  # validation: loss and perplexity only
         test_samples=test_samples,
+        threads=threads,
         save_steps=250,
         keep_checkpoints=5,
         average_last=1,  # §6.1 averages the last 5 checkpoints of a 100k-step run; a short run has no good old ones
@@ -107,12 +108,13 @@ def _draw_attention(output_dir: Path) -> tuple[Path, int]:
 
 def quickstart(
     output_dir="runs/quickstart", minutes: float = 15.0, size: str | None = None, seed: int = 0,
-    test_samples: int | None = None,
+    test_samples: int | None = None, threads: int | None = None,
 ) -> dict:
     """Run the main job; returns the summary it prints (also written to output_dir/quickstart.json).
 
     `size` defaults to "base" on a GPU and "small" on a CPU. `test_samples` scores only the first
-    N test pairs (the default is the whole split).
+    N test pairs (the default is the whole split); `threads`, torch's CPU threads (default: the CPUs this
+    process may use, threads.py).
     """
     started = time.perf_counter()
     output_dir = Path(output_dir)
@@ -120,7 +122,7 @@ def quickstart(
         raise ValueError(f"{output_dir} holds {SUMMARY_FILE}, which the quickstart's summary would replace; give "
                          "another output folder")
     on_gpu = torch.cuda.is_available()
-    args = training_arguments(output_dir, minutes, size or ("base" if on_gpu else "small"), seed, test_samples)
+    args = training_arguments(output_dir, minutes, size or ("base" if on_gpu else "small"), seed, test_samples, threads)
     results = train(args)
     examples = _translate_examples(output_dir)
     attention, parameters = _draw_attention(output_dir)

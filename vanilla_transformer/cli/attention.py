@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from .options import add_decoding_options, add_model_option, decoding_options, refuse
+from .options import add_decoding_options, add_model_option, add_threads_option, decoding_options, refuse, use_threads
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,6 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output-dir", help="folder for the images (default: attention, unless only --html is given)")
     p.add_argument("--html", metavar="FILE", help="write the interactive explorer to this .html file")
     add_decoding_options(p, batches=False)
+    add_threads_option(p)
     p.set_defaults(func=partial(run, p))
 
 
@@ -39,6 +40,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             from ..visualize.explorer import html_path, save_explorer
 
             html_path(args.html, "--html")  # before a translation that may take a while
+        use_threads(args)
         model, tokenizer = load_model(args.model, args.device)
         record = collect_attentions(model, tokenizer, args.text, **options)
         written = []

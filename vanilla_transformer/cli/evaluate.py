@@ -6,7 +6,15 @@ import argparse
 import sys
 from functools import partial
 
-from .options import add_data_options, add_decoding_options, add_model_option, decoding_options, refuse
+from .options import (
+    add_data_options,
+    add_decoding_options,
+    add_model_option,
+    add_threads_option,
+    decoding_options,
+    refuse,
+    use_threads,
+)
 from .streams import read_lines
 from .translate import translator
 
@@ -31,6 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     files.add_argument("--hypotheses-out", help="write the translations here, one per line")
     files.add_argument("--references-out", help="write the references here, one per line")
     add_decoding_options(p)
+    add_threads_option(p)
     p.set_defaults(func=partial(run, p))
 
 
@@ -44,6 +53,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         decoding_options(args)  # bad options fail before the data set is read
         _check_evaluation_options(args)
+        use_threads(args)
         what, source_lang, target_lang, pairs = _evaluation_pairs(args)
         sources, references = _complete_pairs(args, pairs, what)
         translate, config = translator(args)

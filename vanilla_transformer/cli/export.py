@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from .options import add_model_option, refuse
+from .options import add_model_option, add_threads_option, refuse, use_threads
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,6 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="weight precision: int8 weights are 4x smaller and usually faster on CPUs; float16 and bfloat16 "
         "are for GPUs (CTranslate2 converts on loading where a type is not supported) (default: %(default)s)",
     )
+    add_threads_option(p)
     p.set_defaults(func=partial(run, p))
 
 
@@ -36,6 +37,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..inference import load_model
 
     try:
+        use_threads(args)
         model, tokenizer = load_model(args.model, "cpu")
         folder = export_ctranslate2(model, tokenizer, args.output_dir, args.quantization)
     except (OSError, ValueError, ImportError) as err:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import sys
 from typing import NoReturn
 
 from ..training.arguments import argparse_options
@@ -48,6 +49,21 @@ def add_model_option(p: argparse.ArgumentParser, engines: bool = False) -> None:
     exported = "; with --engine ctranslate2, a folder written by `export`" if engines else ""
     p.add_argument("--model", required=True,
                    help=f"model folder (written by training or save_for_hub) or Hub id user/name{exported}")
+
+
+def add_threads_option(p: argparse.ArgumentParser) -> None:
+    """--threads, as `train` declares it, for a command that computes."""
+    p.add_argument("--threads", **argparse_options("threads"))
+
+
+def use_threads(args: argparse.Namespace) -> None:
+    """Set torch's threads from --threads (or its default) and say so on standard error; args.threads is then the number."""
+    import torch
+
+    from ..threads import use_threads as set_threads
+
+    print(set_threads(args.threads), file=sys.stderr)
+    args.threads = torch.get_num_threads()
 
 
 def add_decoding_options(p: argparse.ArgumentParser, batches: bool = True) -> None:

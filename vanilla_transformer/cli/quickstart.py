@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from .options import refuse
+from .options import add_threads_option, refuse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "and 4 decoder layers and d_ff 256 (default on a CPU), or tiny (for tests)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--test-samples", type=int, help="score only the first N test pairs (default: all 634)")
+    add_threads_option(p)
     p.set_defaults(func=partial(run, p))
 
 
@@ -31,7 +32,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..quickstart import quickstart
 
     try:  # bad input is a usage error: one clear line, exit status 2
-        quickstart(args.output_dir, args.minutes, args.size, args.seed, args.test_samples)
+        quickstart(args.output_dir, args.minutes, args.size, args.seed, args.test_samples, args.threads)
     except (OSError, ValueError) as err:
         refuse(p, err)
     return 0

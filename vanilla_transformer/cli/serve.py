@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from .options import add_model_option, refuse
+from .options import add_model_option, add_threads_option, refuse, use_threads
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -20,6 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, help="port (default: 7860, or the next free one)")
     p.add_argument("--device", help="cpu, cuda, mps (default: the GPU when there is one)")
+    add_threads_option(p)
     limits = p.add_argument_group(
         "limits", "what one visitor may ask; a request beyond them is refused with a message naming the limit. "
         "Each defaults to its VANILLA_TRANSFORMER_<NAME> environment variable (as a Space sets it), else the value shown")
@@ -43,6 +44,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
         limits = Limits.from_environment(**{name: getattr(args, name) for name in (
             "max_input_tokens", "max_new_tokens", "max_beams", "max_concurrent", "max_queued", "request_timeout")})
+        use_threads(args)
         serve(args.model, args.host, args.port, args.device, limits)
     except (OSError, ValueError, ImportError) as err:
         refuse(p, err)

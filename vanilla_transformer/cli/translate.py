@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from .options import add_decoding_options, add_model_option, decoding_options, refuse
+from .options import add_decoding_options, add_model_option, add_threads_option, decoding_options, refuse, use_threads
 from .streams import batches_as_they_come, batches_of, read_lines
 
 
@@ -32,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="write each translation as INDEX<TAB>SCORE<TAB>TEXT: the text's index, from 0, and the "
                         "log-probability the search ranks it by (beam search's divided by its length penalty)")
     add_decoding_options(p)
+    add_threads_option(p)
     p.set_defaults(func=partial(run, p))
 
 
@@ -41,6 +42,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             raise ValueError("give texts as arguments or --input-file, not both")
         decoding_options(args)  # bad options fail before reading the input
         _check_nbest_options(args)
+        use_threads(args)
         texts = args.texts or read_lines(args.input_file or "-", "--input-file")
         translate = translator(args)[0]
     except (OSError, ValueError, TypeError, ImportError) as err:
@@ -88,7 +90,7 @@ def translator(args: argparse.Namespace):
     if args.engine == "ctranslate2":
         from ..export.ctranslate2 import CTranslate2Translator
 
-        exported = CTranslate2Translator(args.model, args.device)
+        exported = CTranslate2Translator(args.model, args.device, args.threads)
         return (lambda texts, first_line=1: exported.translate(texts, first_line=first_line, **options)), None
     from ..inference import load_model, translate_texts
 

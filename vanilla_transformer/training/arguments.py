@@ -195,6 +195,11 @@ class TrainingArguments:
         help="default: what `accelerate launch`/`accelerate config` say, else bf16 where the GPU or CPU computes it "
         "(fp16 on a GPU without it), else no",
     )
+    threads: int | None = option(
+        None, group=OPTIMISATION, bound="positive", metavar="N",
+        help="CPU threads torch computes with (default: OMP_NUM_THREADS where set, else the CPUs this process may "
+        "use: its affinity, within its cgroup's CPU quota, shared by a launch's processes on this machine)",
+    )
     attn_implementation: str | None = option(
         None, group=OPTIMISATION, choices=ATTENTION_IMPLEMENTATIONS,
         help="transformers' attention implementation to train with (default: sdpa or eager, whichever trains the "

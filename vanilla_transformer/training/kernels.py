@@ -25,8 +25,8 @@ import torch
 from accelerate.utils import DistributedType
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["BF16_CPU_FLAGS", "CPU_BF16_VARIABLE", "TRAINING_SDPA_BACKENDS", "cpu_computes_bf16", "cpu_flags",
-           "fastest_attention", "training_attention"]
+__all__ = ["BF16_CPU_FLAGS", "CPU_BF16_VARIABLE", "TRAINING_SDPA_BACKENDS", "attention_choice", "cpu_computes_bf16",
+           "cpu_flags", "fastest_attention", "training_attention"]
 
 # /proc/cpuinfo's names for bf16 arithmetic in hardware: x86's AVX-512 BF16 and AMX, Arm's BF16 extension.
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
@@ -113,6 +113,17 @@ def fastest_attention(accelerator, model, batch: dict, loss, rounds: int = 3) ->
         best = configured  # a near tie: what the first batch measured is noise, not a reason to change
     unwrapped.set_attn_implementation(best)
     return {name: total / accelerator.num_processes for name, total in zip(usable, summed)}
+
+
+def attention_choice(chosen: str, seconds: dict[str, float]) -> str:
+    """What `fastest_attention` chose, in words that agree with its `seconds`: the fastest, or the configured
+    one kept because the fastest was not `MARGIN` faster."""
+    timings = ", ".join(f"{name} {1000 * s:.0f} ms" for name, s in seconds.items())
+    fastest = min(seconds, key=seconds.get)
+    if fastest == chosen:
+        return f"attention: {chosen}, the fastest here on the first batch, forward and backward ({timings})"
+    return (f"attention: {chosen}, kept: {fastest} was faster on the first batch, forward and backward, but by less "
+            f"than {MARGIN:.0%} ({timings})")
 
 
 def _accepts(model, name: str) -> bool:

@@ -28,6 +28,7 @@ from ..modeling.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
 )
 from ..staging import STAGING_PREFIX
+from ..threads import use_threads
 from ..tokenizer import check_appends_eos, train_tokenizer
 from . import evaluation
 from .arguments import CPU_MAX_TOKENS, TrainingArguments
@@ -36,7 +37,7 @@ from .checkpoints import checkpoint_path, read_state
 from .data import TokenBatchSampler, TokenizedSplit, bucket_shapes, tokenize_pairs
 from .distributed import configure_deepspeed
 from .engines import Engine, NonFiniteGuard
-from .kernels import fastest_attention
+from .kernels import attention_choice, fastest_attention
 from .logs import Losses
 from .run_folder import (
     CHECKPOINTS,
@@ -96,6 +97,7 @@ def set_up(args: TrainingArguments, accelerator) -> tuple[Components, RunState, 
     if accelerator.distributed_type == DistributedType.FSDP and args.ema_decay is not None:
         raise ValueError("`ema_decay` is not supported under FSDP: the moving average would hold each process's "
                          "shards of the weights; train without it, or with DDP")
+    logger.info(use_threads(args.threads))  # before the data is read and tokenised: that computes too
     checkpoint_root = Path(args.output_dir) / CHECKPOINTS
     step = on_main(accelerator, lambda: resume_step(args, checkpoint_root))
     resume_from = None if step is None else checkpoint_path(checkpoint_root, step)
@@ -427,9 +429,7 @@ def choose_attention(parts: Components, state: RunState, asked: str | None, batc
     if chosen:
         _set_attention(model, chosen)
     elif seconds := fastest_attention(parts.accelerator, parts.model, batch, lambda m, b: evaluation.batch_loss(m, b)[0]):
-        timings = ", ".join(f"{name} {1000 * s:.0f} ms" for name, s in seconds.items())
-        logger.info(f"attention: {model.config._attn_implementation}, the fastest here on the first batch, forward "
-                    f"and backward ({timings})")
+        logger.info(attention_choice(model.config._attn_implementation, seconds))
     state.attn_implementation = model.config._attn_implementation
 
 

@@ -1,0 +1,85 @@
+"""Threads chosen for the machine (threads.py): --threads on every command that computes, a default from the
+CPUs this process may use (its affinity, its cgroup's CPU quota), and a line naming the number."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from vanilla_transformer.cli import main
+from vanilla_transformer.threads import quota_cpus
+
+GREEDY = ["--num-beams", "1", "--max-new-tokens", "8"]
+
+
+def _translate(folder, *options, cpus=None) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}  # the machine's default
+    return subprocess.run(
+        [sys.executable, "-m", "vanilla_transformer.cli", "translate", "--model", str(folder), *GREEDY, *options,
+         "Jesus wept."], capture_output=True, text=True, env={**env, "HF_HUB_OFFLINE": "1"}, timeout=300,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+    )
+
+
+@pytest.mark.slow
+def test_the_default_is_the_cpus_this_process_may_use_and_a_line_says_so(hub_tiny_folder):
+    """Before: torch's default (the machine's cores) and no word of it."""
+    pinned = _translate(hub_tiny_folder, cpus={min(os.sched_getaffinity(0))})  # as `taskset -c N` runs it
+    assert pinned.returncode == 0, pinned.stderr
+    assert "threads: 1 (the CPUs this process may use; --threads N to change)" in pinned.stderr.splitlines()
+    given = _translate(hub_tiny_folder, "--threads", "3")
+    assert given.returncode == 0 and "threads: 3 (--threads; --threads N to change)" in given.stderr.splitlines()
+    assert pinned.stdout == given.stdout and pinned.stdout.strip()
+
+
+@pytest.mark.parametrize("command", [
+    ["translate", "--model", "{folder}", "x"], ["evaluate", "--model", "{folder}", "--max-samples", "1"],
+    ["attention", "--model", "{folder}", "x"], ["export", "--model", "{folder}", "--format", "ctranslate2",
+                                                "--output-dir", "{folder}-ct2"],
+    ["serve", "--model", "{folder}"], ["quickstart", "--output-dir", "{folder}-quick", "--size", "tiny"],
+    ["train", "--output-dir", "{folder}-run"],
+])
+def test_every_command_that_computes_refuses_a_thread_count_below_one_in_one_line(command, tmp_path, capsys):
+    argv = [arg.format(folder=tmp_path / "model") for arg in command]
+    with pytest.raises(SystemExit) as stop:
+        main([*argv, "--threads", "0"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        ("--threads must be a positive integer; got 0", "`threads` must be a positive integer or None; got 0."))
+
+
+def test_the_cgroup_quota_bounds_the_default(tmp_path):
+    root = tmp_path / "cgroup"
+    (root / "jobs" / "one").mkdir(parents=True)
+    own = tmp_path / "self-cgroup"
+    own.write_text("0::/jobs/one\n")
+    assert quota_cpus(root, own) is None  # no cpu.max anywhere: no quota
+    (root / "jobs" / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs: 2 threads
+    (root / "jobs" / "one" / "cpu.max").write_text("max 100000\n")
+    assert quota_cpus(root, own) == 2
+    (root / "jobs" / "one" / "cpu.max").write_text("50000 100000\n")  # the tightest level counts
+    assert quota_cpus(root, own) == 1
+    own.write_text("12:cpu:/jobs/one\n")  # cgroup v1 only
+    assert quota_cpus(root, own) is None
+
+
+def test_train_sets_the_threads_and_logs_them(tmp_path, caplog):
+    rows = [{"translation": {"src": f"a b {i % 7}", "tgt": f"{i % 7} b a"}} for i in range(60)]
+    (tmp_path / "data").mkdir()
+    for split in ("train", "validation"):
+        (tmp_path / "data" / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    before = torch.get_num_threads()
+    try:
+        with caplog.at_level(logging.INFO):
+            main(["train", "--dataset", str(tmp_path / "data"), "--output-dir", str(tmp_path / "run"), "--vocab-size",
+                  "300", "--config-overrides", "d_model=32,d_ff=64,num_heads=2,encoder_layers=1,decoder_layers=1",
+                  "--max-steps", "1", "--warmup-steps", "2", "--eval-samples", "0", "--mixed-precision", "no",
+                  "--attn-implementation", "eager", "--threads", "2"])
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert "threads: 2 (--threads; --threads N to change)" in caplog.text

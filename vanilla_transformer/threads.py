@@ -1,0 +1,68 @@
+"""How many threads torch computes with: by default, as many as the CPUs this process may use.
+
+torch's own default counts the machine's cores, not those this process is given: in a container limited
+by a cgroup quota, or pinned to a few CPUs (`taskset`, a scheduler's affinity), it starts more threads than
+it can run at once, and they wait for one another. The default here is the affinity's CPU count, bounded by
+the cgroup v2 `cpu.max` quota of this process's cgroup and its parents, and shared among the processes of
+this machine under `accelerate launch` (LOCAL_WORLD_SIZE); OMP_NUM_THREADS, where set, says it instead.
+This module imports no torch until it sets the threads, so that `--help` stays instant.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+__all__ = ["default_threads", "quota_cpus", "use_threads"]
+
+
+def quota_cpus(cgroup_root: str | os.PathLike = "/sys/fs/cgroup", own: str | os.PathLike = "/proc/self/cgroup") -> int | None:
+    """The CPUs the cgroup v2 quota (`cpu.max`: QUOTA PERIOD, or max) allows this process, rounded up: the
+    tightest of its cgroup's and its parents'. None where there is no quota, or no cgroup v2."""
+    try:
+        path = next(line[3:] for line in Path(own).read_text().splitlines() if line.startswith("0::"))
+    except (OSError, StopIteration):
+        return None
+    folder, bounds = Path(cgroup_root) / path.strip().lstrip("/"), []
+    for parent in (folder, *folder.parents):
+        try:
+            quota, period = (parent / "cpu.max").read_text().split()[:2]
+            if quota != "max":
+                bounds.append(max(1, math.ceil(int(quota) / int(period))))
+        except (OSError, ValueError):
+            pass  # no cpu.max at this level (the root has none), or unreadable
+        if parent == Path(cgroup_root):
+            break
+    return min(bounds, default=None)
+
+
+def default_threads() -> tuple[int, str]:
+    """(threads, where the number comes from): OMP_NUM_THREADS where set, else the CPUs this process may use
+    (affinity, cgroup quota), shared among this machine's processes of a launch."""
+    variable = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if variable.isdigit() and int(variable) > 0:
+        return int(variable), "OMP_NUM_THREADS"
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    why = "the CPUs this process may use"
+    quota = quota_cpus()
+    if quota is not None and quota < cpus:
+        cpus, why = quota, f"the cgroup's CPU quota, of the {cpus} CPUs this process may use"
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    if processes > 1:
+        return max(1, cpus // processes), f"{why}, shared by {processes} processes"
+    return cpus, why
+
+
+def use_threads(threads: int | None, option: str = "--threads") -> str:
+    """Set torch's threads to `threads` (default: `default_threads`) and return the line that says so;
+    ValueError for a number below 1, naming `option`."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"{option} must be a positive integer; got {threads!r}")
+    import torch
+
+    why = option
+    if threads is None:
+        threads, why = default_threads()
+    torch.set_num_threads(threads)
+    return f"threads: {threads} ({why}; {option} N to change)"
