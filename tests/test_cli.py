@@ -298,6 +298,14 @@ def test_evaluate_scores_a_source_file_against_a_reference_file(hub_tiny_folder,
     assert capsys.readouterr().out.splitlines()[1:] == from_files[1:]  # the same numbers as the data set's 6 pairs
 
 
+def test_evaluate_reads_a_headerless_tsv_whose_columns_are_named(hub_tiny_folder, tmp_path, capsys):
+    """Before: --columns was unknown and the headerless file was refused."""
+    (tmp_path / "pairs.tsv").write_text("Jesus wept.\tJesús lloró.\nAnd God said.\tY dijo Dios.\n", encoding="utf-8")
+    assert main(["evaluate", "--model", str(hub_tiny_folder), "--dataset", str(tmp_path / "pairs.tsv"),
+                 "--columns", "en,es", "--split", "train", *GREEDY]) == 0
+    assert capsys.readouterr().out.startswith(f"{tmp_path / 'pairs.tsv'} train en->es: 2 segments translated")
+
+
 def test_evaluate_without_dataset_scores_the_data_set_the_model_records(hub_tiny_folder, tmp_path, capsys):
     """Before: the embedded en-es Bible, whatever the model was trained on."""
     from vanilla_transformer.corpora import load_translation_dataset, text_pairs

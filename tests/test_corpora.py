@@ -254,6 +254,31 @@ def test_split_files_named_valid_or_dev_are_the_validation_split(tmp_path):
 
 
 @pytest.mark.parametrize("name, separator", [("pairs.tsv", "\t"), ("pairs.csv", ",")])
+def test_columns_names_the_columns_of_a_table_without_a_header_row(tmp_path, fr_en_pairs, name, separator):
+    """Before: refused, and the file had to be edited to add a header row."""
+    (tmp_path / "data").mkdir()
+    rows = [(str(i), fr.replace(",", ""), en.replace(",", "")) for i, (fr, en) in enumerate(fr_en_pairs[:5])]
+    for split in ("train", "test"):
+        (tmp_path / "data" / name.replace("pairs", split)).write_text(
+            "".join(separator.join(row) + "\n" for row in rows), encoding="utf-8")
+    data = load_translation_dataset(tmp_path / "data", columns="id,fr,en")
+    assert {split: len(rows) for split, rows in data.items()} == {"train": 5, "test": 5}  # the first row is a pair
+    assert text_pairs(data["test"], "fr", "en") == ([fr for _, fr, _ in rows], [en for _, _, en in rows])
+    path = tmp_path / "data" / name.replace("pairs", "train")
+    with pytest.raises(ValueError, match=rf"^--columns names 2 columns \(fr,en\) and the first row of {re.escape(str(path))} has 3$"):
+        load_translation_dataset(path, columns="fr,en")
+    path.write_text(f"id{separator}fr{separator}en\n" + path.read_text(encoding="utf-8"), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"the first row names the columns already \(id \| fr \| en\); leave out --columns$"):
+        load_translation_dataset(path, columns="id,fr,en")
+    for columns in ("fr", "fr,,en", "fr,fr"):
+        with pytest.raises(ValueError, match="^--columns must name each column of the file once, in order"):
+            load_translation_dataset(path, columns=columns)
+    for dataset in ("bible-en-fr", write_jsonl(tmp_path / "rows.jsonl", ROWS)):
+        with pytest.raises(ValueError, match="^--columns names the columns of headerless .tsv/.csv files"):
+            load_translation_dataset(dataset, columns="fr,en")
+
+
+@pytest.mark.parametrize("name, separator", [("pairs.tsv", "\t"), ("pairs.csv", ",")])
 def test_a_table_without_a_header_row_is_refused_before_it_is_read(tmp_path, fr_en_pairs, name, separator):
     """`paste train.fr train.en`: the first pair would otherwise become the language names."""
     path = tmp_path / name

@@ -100,7 +100,8 @@ def _evaluation_pairs(args: argparse.Namespace) -> tuple[str, str | None, str | 
     dataset, source_lang, target_lang = args.dataset, args.source_lang, args.target_lang
     if dataset is None:
         dataset, source_lang, target_lang = _recorded_data(args.model, source_lang, target_lang)
-    data = load_translation_dataset(dataset, args.dataset_config, source_lang=source_lang, target_lang=target_lang)
+    data = load_translation_dataset(dataset, args.dataset_config, source_lang=source_lang, target_lang=target_lang,
+                                    columns=args.columns)
     asked = args.split or "test"
     split = next((name for name, names in SPLIT_NAMES.items() if asked in names), asked)
     if split not in data:

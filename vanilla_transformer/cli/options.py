@@ -35,6 +35,7 @@ def add_data_options(
         source.add_argument("--text-files", nargs="+", metavar="FILE",
                             help="plain UTF-8 text files, one text per line, instead of --dataset")
     data.add_argument("--dataset-config", **argparse_options("dataset_config"))
+    data.add_argument("--columns", **argparse_options("columns"))
     data.add_argument("--source-lang", help=f"source language key (default: {languages})")
     data.add_argument("--target-lang", help="target language key")
     return data

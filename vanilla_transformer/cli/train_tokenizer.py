@@ -87,7 +87,8 @@ def _texts_by_language(args: argparse.Namespace) -> dict[str, list[str]]:
     if args.text_files:
         return {"text": list(read_text_files(args.text_files))}
     data = load_translation_dataset(
-        args.dataset, args.dataset_config, source_lang=args.source_lang, target_lang=args.target_lang
+        args.dataset, args.dataset_config, source_lang=args.source_lang, target_lang=args.target_lang,
+        columns=args.columns,
     )
     train = data["train"] if "train" in data else next(iter(data.values()))
     langs = (

@@ -130,18 +130,22 @@ def _no_download_count():
         datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = counts
 
 
-def _load_files(files: dict[str, Path]) -> datasets.DatasetDict:
-    """Read one file per split; all files must share a format."""
+def _load_files(files: dict[str, Path], columns: list[str] | None = None) -> datasets.DatasetDict:
+    """Read one file per split; all files must share a format. `columns` names the columns of headerless .csv/.tsv files."""
     builders = {_BUILDERS[_file_suffix(path)][0] for path in files.values()}
     if len(builders) > 1:
         raise ValueError(f"split files must share one format, got {sorted(str(p) for p in files.values())}")
     first = next(iter(files.values()))
     builder, options = _BUILDERS[_file_suffix(first)]
+    if columns and builder != "csv":
+        raise ValueError(f"--columns names the columns of headerless .tsv/.csv files; {first} names its own")
     for split, path in files.items():
         if _is_blank(path):
             raise ValueError(f"{path} is empty: the {split!r} split has no rows")
         if builder == "csv":
-            _check_header(path, options)
+            _check_header(path, options, columns)
+    if columns:
+        options = {**options, "column_names": columns}
     names = ", ".join(str(p) for p in files.values())
     try:
         with _no_download_count():
@@ -160,17 +164,27 @@ def _load_files(files: dict[str, Path]) -> datasets.DatasetDict:
     return loaded
 
 
-def _check_header(path: Path, options: dict) -> None:
+def _check_header(path: Path, options: dict, columns: list[str] | None = None) -> None:
     """A CSV/TSV file's first row names its columns: without a header row, the first sentence pair would
-    become the language names (and end up in the model's config and card)."""
+    become the language names (and end up in the model's config and card). With `columns` (--columns), the
+    file has no header row and as many columns as named."""
     first = next(line for line in _lines(path) if line.strip())
-    names = [name for name in next(csv.reader([first], **options)) if name not in _METADATA_COLUMNS]
+    row = next(csv.reader([first], **options))
+    if columns:
+        if row == columns:
+            raise ValueError(f"{path}: the first row names the columns already ({' | '.join(row)}); leave out --columns")
+        if len(row) != len(columns):
+            raise ValueError(f"--columns names {len(columns)} columns ({','.join(columns)}) and the first row of {path} "
+                             f"has {len(row)}")
+        return
+    names = [name for name in row if name not in _METADATA_COLUMNS]
     if not all(_LANGUAGE_KEY.fullmatch(name) for name in names):
         separator = "<TAB>" if options.get("delimiter") == "\t" else ","
         shown = " | ".join(names)
         raise ValueError(
             f"{path}: the first row ({shown[:100]}{'...' * (len(shown) > 100)}) does not name the languages; a .tsv/.csv file "
-            f"needs a header row such as 'en{separator}fr' (or give plain text files train.en and train.fr)"
+            f"needs a header row such as 'en{separator}fr', or --columns en,fr naming its columns (or give plain text "
+            "files train.en and train.fr)"
         )
 
 
@@ -294,11 +308,14 @@ def _load_text_pairs(pairs: dict[str, dict[str, Path]]) -> datasets.DatasetDict:
     return loaded
 
 
-def _load_folder(folder: Path, source_lang: str | None, target_lang: str | None) -> datasets.DatasetDict:
+def _load_folder(folder: Path, source_lang: str | None, target_lang: str | None,
+                 columns: list[str] | None = None) -> datasets.DatasetDict:
     """A folder of structured split files, or else of plain parallel text."""
     files = _split_files(folder)
     if files:
-        return _load_files(files)
+        return _load_files(files, columns)
+    if columns:
+        raise ValueError(f"--columns names the columns of headerless .tsv/.csv files; {folder} has none")
     pairs = {}
     for split, names in SPLIT_NAMES.items():
         found = {name: pair for name in names if (pair := _text_pair(folder / name, source_lang, target_lang))}
@@ -315,13 +332,16 @@ def _load_folder(folder: Path, source_lang: str | None, target_lang: str | None)
 
 
 def _load_raw(
-    name_or_path: str | Path, config_name: str | None, source_lang: str | None, target_lang: str | None
+    name_or_path: str | Path, config_name: str | None, source_lang: str | None, target_lang: str | None,
+    columns: list[str] | None = None,
 ) -> datasets.DatasetDict:
     """Load without normalising: decide what `name_or_path` names, then read it."""
     name = str(name_or_path)
+    path = Path(name).expanduser()
+    if columns and not (path.is_file() or (path.is_dir() and _split_files(path))):
+        raise ValueError(f"--columns names the columns of headerless .tsv/.csv files; {name} is none")
     if name in EMBEDDED_CORPORA:
         return _load_files(_split_files(EMBEDDED_CORPORA[name].path))
-    path = Path(name).expanduser()
     if path.is_dir():
         if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
             try:
@@ -329,14 +349,14 @@ def _load_raw(
             except Exception as err:  # datasets raises many types here (IndexError on an empty save)
                 raise ValueError(f"could not load the save_to_disk folder {path}: {err!r}") from err
             return loaded if isinstance(loaded, datasets.DatasetDict) else datasets.DatasetDict(train=loaded)
-        return _load_folder(path, source_lang, target_lang)
+        return _load_folder(path, source_lang, target_lang, columns)
     if path.is_file():
         if _file_suffix(path) not in _BUILDERS:
             prefix, _, _ = (path.name[: -len(".gz")] if path.name.lower().endswith(".gz") else path.name).rpartition(".")
             side = f"; for plain parallel text give the files' prefix, {path.parent / prefix}" \
                 if prefix and _text_language(path, prefix) else ""
             raise ValueError(f"{path}: unknown file type; expected one of {sorted(_BUILDERS)} (optionally .gz){side}")
-        return _load_files({"train": path})
+        return _load_files({"train": path}, columns)
     pair = _text_pair(path, source_lang, target_lang) if path.name and path.parent.is_dir() else None
     if pair:
         return _load_text_pairs({"train": pair})
@@ -431,8 +451,11 @@ def load_translation_dataset(
     *,
     source_lang: str | None = None,
     target_lang: str | None = None,
+    columns: str | None = None,
 ) -> datasets.DatasetDict:
     """Load a translation data set into the `{"translation": {lang: text}}` layout.
+
+    `columns` ("en,fr", --columns) names the columns of .tsv/.csv files that have no header row, in order.
 
     `source_lang`/`target_lang`, when given, must be among the data set's
     language keys (ValueError lists the keys that exist). For embedded corpora
@@ -445,7 +468,7 @@ def load_translation_dataset(
     if str(name_or_path) in EMBEDDED_CORPORA:
         corpus = EMBEDDED_CORPORA[str(name_or_path)]
         source_lang, target_lang = source_lang or corpus.source_lang, target_lang or corpus.target_lang
-    dataset = _load_raw(name_or_path, config_name, source_lang, target_lang)
+    dataset = _load_raw(name_or_path, config_name, source_lang, target_lang, _column_names(columns))
     for split, data in dataset.items():
         if len(data) == 0:
             raise ValueError(f"the {split!r} split of {name_or_path} has no rows")
@@ -460,6 +483,17 @@ def load_translation_dataset(
                 )
             dataset[split] = _to_translation_layout(data, chosen)
     return dataset
+
+
+def _column_names(columns: str | None) -> list[str] | None:
+    """--columns "en,fr" as a list of distinct names, or a ValueError saying what was expected."""
+    if columns is None:
+        return None
+    names = [name.strip() for name in columns.split(",")]
+    if len(names) < 2 or not all(names) or len(set(names)) < len(names):
+        raise ValueError(f"--columns must name each column of the file once, in order, separated by commas (e.g. "
+                         f"en,fr or id,en,fr); got {columns!r}")
+    return names
 
 
 def _side(dataset: datasets.Dataset, lang: str) -> list[str]:

@@ -40,7 +40,7 @@ LORA_TARGETS = "q_proj,k_proj,v_proj,out_proj"  # the attention projections, sel
 TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")  # the config takes them from the tokenizer
 DATA_FIELDS = ("source_lang", "target_lang", "dataset_name")  # ... and these from the data
 # What a resumed run must share with the run it continues; its limits, evaluation and checkpoints may change.
-RUN_OPTIONS = ("dataset", "dataset_config", "source_lang", "target_lang", "max_length", "truncate", "tokenizer",
+RUN_OPTIONS = ("dataset", "dataset_config", "columns", "source_lang", "target_lang", "max_length", "truncate", "tokenizer",
                "preset", "config_overrides", "model_name_or_path", "max_tokens", "gradient_accumulation_steps", "seed",
                "bucket_shapes",
                "lr_schedule", "ema_decay",  # these two: their state in a checkpoint fits only themselves
@@ -101,6 +101,11 @@ class TrainingArguments:
         "set name",
     )
     dataset_config: str | None = option(None, group=DATA, help="Hub data set configuration, e.g. de-en")
+    columns: str | None = option(
+        None, group=DATA, metavar="NAME,...",
+        help="names of the columns of .tsv/.csv files without a header row, in order, e.g. en,de or id,en,de "
+        "(default: the header row's)",
+    )
     source_lang: str | None = option(
         None, group=DATA, help="source language key (default: the corpus pair, or the two keys there are)")
     target_lang: str | None = option(None, group=DATA, help="target language key")

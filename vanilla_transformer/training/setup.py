@@ -267,7 +267,8 @@ def add_lora(model, rank: int, alpha: float, dropout: float, target_modules: lis
 
 def _load_splits(args: TrainingArguments):
     data = load_translation_dataset(
-        args.dataset, args.dataset_config, source_lang=args.source_lang, target_lang=args.target_lang
+        args.dataset, args.dataset_config, source_lang=args.source_lang, target_lang=args.target_lang,
+        columns=args.columns,
     )
     if "train" not in data:
         raise ValueError(f"{args.dataset} has no 'train' split; its splits are {list(data)}")
