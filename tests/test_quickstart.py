@@ -29,6 +29,9 @@ def test_quickstart_prints_a_summary_and_leaves_a_complete_folder(quickstart_fol
     assert summary["precision"] == ("bf16" if cpu_computes_bf16() else "fp32")
     assert summary["attention"] in ("sdpa", "eager")
     assert f"training steps in {summary['precision']} with {summary['attention']} attention," in format_summary(summary)
+    # --test-samples 8 of the 634 test verses: the summary and the card's scores say so.
+    assert "test split (the first 8 of 634 pairs): BLEU" in format_summary(summary)
+    assert "Scored on the first 8 of the 634 sentences of the test split only" in (quickstart_folder / "README.md").read_text()
     assert len(summary["examples"]) == 3 and all(e["translation"] is not None for e in summary["examples"])
     assert all(e["repeats"] == repeated_phrase(e["translation"]) for e in summary["examples"])
     assert 0 <= summary["repeating"] <= 8 and 0 <= summary["references_repeating"] <= 8

@@ -135,6 +135,7 @@ def quickstart(
         "steps": results["steps"],
         "split": results["split"],
         "scored_pairs": results[results["split"]]["translated"],
+        "split_pairs": results[results["split"]]["pairs"],
         "repeating": results[results["split"]]["repeating"],
         "references_repeating": results[results["split"]]["references_repeating"],
         "bleu": results["bleu"],
@@ -151,6 +152,12 @@ def quickstart(
     return summary
 
 
+def _scored(summary: dict) -> str:
+    """The pairs scored: all of the split's, or the first N of them (--test-samples)."""
+    scored, total = summary["scored_pairs"], summary.get("split_pairs", summary["scored_pairs"])
+    return f"all {scored} pairs" if scored >= total else f"the first {scored} of {total} pairs"
+
+
 def format_summary(summary: dict) -> str:
     lines = [
         "",
@@ -158,7 +165,7 @@ def format_summary(summary: dict) -> str:
         f"Done in {summary['wall_minutes']:.1f} min on {summary['device']}: {summary['steps']} training steps in "
         f"{summary.get('precision', 'fp32')} with {summary.get('attention') or 'the default'} attention, "
         f"{summary['parameters'] / 1e6:.1f}M parameters.",
-        f"{summary['split']} split ({summary['scored_pairs']} pairs): BLEU {summary['bleu']:.2f}, chrF {summary['chrf']:.2f} "
+        f"{summary['split']} split ({_scored(summary)}): BLEU {summary['bleu']:.2f}, chrF {summary['chrf']:.2f} "
         f"(validation perplexity {summary['validation_perplexity']:.1f})",
         f"  sacrebleu {summary['bleu_signature']}",
         f"  repeating a phrase of 3 words: {summary['repeating']} of {summary['scored_pairs']} translations "

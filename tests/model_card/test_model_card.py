@@ -178,3 +178,16 @@ def test_card_shows_apostrophes_claims_only_the_metrics_it_lists_and_no_sentinel
                                   hyperparameters={"time_limit": 5.0, "eval_steps": 10**9, "warmup_steps": 100})
     assert "| eval_steps | never |" in quickstart.text and "1000000000" not in quickstart.text
     assert "Perplexity is the exponent of the per-token loss." in quickstart.text and "sacrebleu's" not in quickstart.text
+
+
+def test_the_scores_say_how_many_sentences_of_the_split_they_cover():
+    """Before: a `test_samples | 200` row in the hyper-parameters was all that said a score covered part of the split."""
+    config = VanillaTransformerConfig.tiny(vocab_size=100)
+    part = build_model_card(config, results={**RESULTS, "scored_pairs": 200, "split_pairs": 634})
+    whole = build_model_card(config, results={**RESULTS, "scored_pairs": 634, "split_pairs": 634})
+    evaluation = {name: card.text.split("## Evaluation")[1].split("|")[0].strip() for name, card in
+                  (("part", part), ("whole", whole))}
+    assert evaluation["part"].startswith("Scored on the first 200 of the 634 sentences of the test split only "
+                                         "(`test_samples`): the whole split's scores may differ. BLEU and chrF are")
+    assert evaluation["whole"].startswith("Scored on all 634 sentences of the test split. BLEU and chrF are")
+    assert "Scored on" not in build_model_card(config, results=RESULTS).text  # results that do not say

@@ -1,5 +1,6 @@
 """A trained folder travels: `evaluate --model FOLDER` finds the local data set it was trained on from any
-directory, and says in one line how to give it where that data set is not."""
+directory, and says in one line how to give it where that data set is not; its card says how many test
+sentences its scores cover."""
 
 import json
 import os
@@ -23,6 +24,10 @@ def test_evaluate_finds_a_relative_dataset_from_another_directory(tmp_path, writ
     assert trained.returncode == 0, trained.stderr
     recorded = json.loads((tmp_path / "work" / "run" / "config.json").read_text())["dataset_name"]
     assert recorded == str((tmp_path / "work" / "data").resolve())
+    # The card's scores say they cover 2 of the 6 test pairs (--test-samples 2), as results.json counts them.
+    results = json.loads((tmp_path / "work" / "run" / "results.json").read_text())
+    assert (results["scored_pairs"], results["split_pairs"]) == (2, 6)
+    assert "Scored on the first 2 of the 6 sentences of the test split only" in (tmp_path / "work" / "run" / "README.md").read_text()
 
     (tmp_path / "elsewhere").mkdir()
     scored = _cli(tmp_path / "elsewhere", "evaluate", "--model", "../work/run", "--num-beams", "1", "--max-new-tokens", "8")

@@ -144,6 +144,19 @@ def _metrics_note(metrics: list[dict]) -> str:
     return f"{text[:1].upper()}{text[1:]}." if text else ""
 
 
+def _scored_note(results: dict | None) -> str:
+    """How many sentences of the headline split the scores cover (`scored_pairs` of `split_pairs`), with a space
+    after it; empty where the results do not say."""
+    results = results or {}
+    scored, total, split = results.get("scored_pairs"), results.get("split_pairs"), results.get("split", "test")
+    if not (isinstance(scored, int) and isinstance(total, int)):
+        return ""
+    if scored >= total:
+        return f"Scored on all {total:,} sentences of the {_markdown(split)} split. "
+    return (f"Scored on the first {scored:,} of the {total:,} sentences of the {_markdown(split)} split only "
+            "(`test_samples`): the whole split's scores may differ. ")
+
+
 def build_model_card(
     config,
     *,
@@ -186,6 +199,7 @@ def build_model_card(
         training_time=_training_time(results),
         metrics=metrics,
         metrics_note=_metrics_note(metrics),
+        scored_note=_scored_note(results),
         signatures=sorted({s for s in (_signature(results, m) for m in ("bleu", "chrf")) if s}),
         repo_id=repo_id,
         example=example or _EXAMPLES.get(source_lang or "en", "..."),

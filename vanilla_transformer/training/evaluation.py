@@ -56,7 +56,8 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
 
     count = len(split.dataset) if translate_samples is None else min(translate_samples, len(split.dataset))
     if count:
-        metrics.update(_translation_scores(accelerator, model, tokenizer, split, args, count, precision))
+        metrics.update(_translation_scores(accelerator, model, tokenizer, split, args, count, precision),
+                       pairs=len(split.dataset))  # beside `translated`: a bounded count says it is a part
     model.train(was_training)
     return metrics
 

@@ -191,6 +191,8 @@ def _final_results(parts: Components, state: RunState, args: TrainingArguments, 
         "chrf": final["chrf"],
         "sacrebleu_signature": final["bleu_signature"],
         "chrf_signature": final["chrf_signature"],
+        "scored_pairs": final["translated"],  # the card's headline says how many of the split's pairs it covers
+        "split_pairs": final["pairs"],
         "validation_loss": results["validation"]["loss"],
         "validation_perplexity": results["validation"]["perplexity"],
         **results,
