@@ -1,4 +1,3 @@
-import logging
 import struct
 import zipfile
 
@@ -7,7 +6,6 @@ import torch
 from accelerate import Accelerator
 
 from vanilla_transformer.training.checkpoints import (
-    TiedEmbeddingsNotice,
     average_checkpoints,
     checkpoint_layout,
     latest_checkpoint,
@@ -187,4 +185,23 @@ def test_saving_tied_embeddings_prints_no_warning_but_other_shared_tensors_still
     with caplog.at_level("WARNING"):
         save_checkpoint(accelerator, tmp_path / "shared", 1, {})
     assert "Removed shared tensor {'1.weight'} while saving" in caplog.text
-    assert any(isinstance(f, TiedEmbeddingsNotice) for f in logging.getLogger("accelerate.utils.other").filters)
+
+
+def test_a_lora_models_tied_embeddings_are_saved_once_without_a_warning(tmp_path, caplog):
+    """Before: every LoRA checkpoint printed "Removed shared tensor {'base_model.model.lm_head.weight', ...}"."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors import safe_open
+
+    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=300))
+    model = get_peft_model(model, LoraConfig(task_type="SEQ_2_SEQ_LM", r=4, target_modules=["q_proj", "v_proj"]))
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(model)
+    with caplog.at_level("WARNING"):
+        path = save_checkpoint(accelerator, tmp_path, 1, {})
+    assert "Removed shared tensor" not in caplog.text
+    with safe_open(str(path / "model.safetensors"), "pt") as saved:
+        names = set(saved.keys())
+    copies = {"base_model.model." + name for name in model.get_base_model().all_tied_weights_keys}
+    assert copies and not names & copies and names == set(model.state_dict()) - copies  # each tensor once

@@ -146,7 +146,21 @@ def test_lora_trains_and_saves_a_plain_model_that_loads_in_a_fresh_process(tmp_p
         _train(data, out, small_run, *lora, "--max-steps", "4", "--average-last", "2", "--resume")
     assert "LoRA rank 4, alpha 16.0 on q_proj, k_proj, v_proj, out_proj" in caplog.text
     assert "the average of checkpoint-00000002, checkpoint-00000004" in caplog.text
+    assert "Removed shared tensor" not in caplog.text  # the tied embeddings are saved once, nothing to remove
     assert not list(out.glob("adapter_*"))  # merged: no adapter files, no PEFT needed to load it
+    # ... and the adapter kept beside it, which PEFT loads on the base model to the merged model's logits.
+    assert sorted(p.name for p in (out / "adapter").iterdir()) == ["README.md", "adapter_config.json",
+                                                                   "adapter_model.safetensors"]
+    from peft import PeftModel
+
+    inputs = {"input_ids": torch.tensor([[5, 6, 7, 2]]), "decoder_input_ids": torch.tensor([[2, 8, 9]])}
+    base = VanillaTransformerForConditionalGeneration.from_pretrained(model).eval()
+    merged = VanillaTransformerForConditionalGeneration.from_pretrained(out).eval()
+    with torch.no_grad():
+        before = base(**inputs).logits
+        adapted = PeftModel.from_pretrained(base, out / "adapter").eval()  # the adapters go into `base`
+        torch.testing.assert_close(adapted(**inputs).logits, merged(**inputs).logits, rtol=1e-5, atol=1e-5)
+    assert (before - merged(**inputs).logits).abs().max() > 1e-3  # the adapter changed something
     before, after = (load_file(str(folder / "model.safetensors")) for folder in (model, out))
     assert before.keys() == after.keys()  # the plain model's weights, none of PEFT's names
     for name in before:  # only the attention projections changed; their biases are not adapted

@@ -139,7 +139,7 @@ class TrainingArguments:
     lora_rank: int | None = option(
         None, group=MODEL, bound="positive", metavar="RANK",
         help="train low-rank adapters of this rank (LoRA, with PEFT) instead of the weights; the saved model has "
-        "them merged in (default: off)",
+        "them merged in, and OUTPUT_DIR/adapter keeps them as PEFT loads them (default: off)",
     )
     lora_alpha: float = option(16.0, group=MODEL, bound="positive", help="LoRA's scaling: updates are alpha / rank")
     lora_dropout: float = option(0.0, group=MODEL, bound="fraction", help="dropout on LoRA's input")

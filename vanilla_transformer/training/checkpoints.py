@@ -35,9 +35,7 @@ reads its `.metadata` with `pickle.load`, which would run code from a checkpoint
 
 from __future__ import annotations
 
-import ast
 import json
-import logging
 import os
 import re
 import shutil
@@ -51,12 +49,12 @@ from ..staging import STAGING_PREFIX, disk_full_error, publish_files
 
 __all__ = [
     "STATE_FILE",
-    "TiedEmbeddingsNotice",
     "average_checkpoints",
     "check_plain_pickle",
     "checkpoint_layout",
     "checkpoint_path",
     "checkpoint_weights",
+    "drop_tied_copies",
     "latest_checkpoint",
     "list_checkpoints",
     "newest_sound_checkpoint",
@@ -213,23 +211,20 @@ def newest_sound_checkpoint(root: str | os.PathLike) -> tuple[Path, list[str]]:
     )
 
 
-class TiedEmbeddingsNotice(logging.Filter):
-    """Drops Accelerate's "Removed shared tensor {...} while saving ... check by verifying that you don't receive
-    any warning while reloading" when the tensors are the embeddings and output projection that transformers
-    ties again on loading (§3.4's shared weights): moot there. Any other shared tensor is still reported."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        found = re.search(r"Removed shared tensor (\{.*?\}) while saving", record.getMessage())
-        if not found:
-            return True
-        try:
-            names = ast.literal_eval(found.group(1))
-        except (ValueError, SyntaxError):
-            return True
-        return not all(name == "lm_head.weight" or name.endswith("embed_tokens.weight") for name in names)
-
-
-logging.getLogger("accelerate.utils.other").addFilter(TiedEmbeddingsNotice())  # the logger save_state warns on
+def drop_tied_copies(models, weights: list[dict], output_dir=None) -> None:
+    """Accelerate's save_state pre-hook: each model's state dict without the copies of tied weights (the
+    embeddings and output projection that share the source embeddings, §3.4), which transformers ties again on
+    loading. safetensors then has no alias to remove, and Accelerate no "Removed shared tensor" to warn of;
+    a weight shared by hand, which nothing ties again, is still removed with the warning. Under PEFT
+    (a LoRA run) the names carry its prefix ("base_model.model."), found by their tied names' ends."""
+    for model, state_dict in zip(models, weights):
+        unwrapped = getattr(model, "module", model)  # DDP's wrapper; FSDP and DeepSpeed save no state dict here
+        base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped
+        for copy, source in dict(getattr(base, "all_tied_weights_keys", None) or {}).items():
+            for name in [name for name in state_dict if name == copy or name.endswith("." + copy)]:
+                kept = state_dict.get(name[: len(name) - len(copy)] + source)
+                if kept is not None and kept.data_ptr() == state_dict[name].data_ptr():
+                    del state_dict[name]
 
 
 def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict, keep: int | None = None,
@@ -247,6 +242,7 @@ def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict
         shutil.rmtree(staging, ignore_errors=True)  # left over from a run that died while saving
         staging.mkdir()
     accelerator.wait_for_everyone()
+    hook = accelerator.register_save_state_pre_hook(drop_tied_copies)
     try:
         accelerator.save_state(str(staging))
         accelerator.wait_for_everyone()
@@ -267,6 +263,8 @@ def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict
         if full is None:
             raise
         raise full from None
+    finally:
+        hook.remove()
     accelerator.wait_for_everyone()
     return final
 

@@ -22,7 +22,7 @@ from .distributed import end_training
 from .evaluation import evaluate, full_model, load_weights, report
 from .run_folder import Budget, RunState
 from .selection import best_steps
-from .setup import Components
+from .setup import Components, save_adapter
 
 __all__ = ["finish"]
 
@@ -102,6 +102,8 @@ def _final_weights(parts: Components, state: RunState, args: TrainingArguments):
         best = {**state.best[0], "checkpoint": checkpoint_path(parts.checkpoint_root, state.best[0]["step"]).name}
     compared = _compare_weight_average(parts, args, unwrapped) if parts.average is not None else None
     if args.lora_rank is not None:  # the adapters merged into the weights: a plain model folder, no PEFT to load it
+        if parts.accelerator.is_main_process:  # ... and kept beside it, for PEFT
+            logger.info(f"saved the LoRA adapter to {save_adapter(unwrapped, args.output_dir)}")
         unwrapped = unwrapped.merge_and_unload()
         logger.info("LoRA adapters merged into the weights")
     return unwrapped, {"averaged_checkpoints": [p.name for p in chosen], "best_checkpoint": best, "weight_average": compared,

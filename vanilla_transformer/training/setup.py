@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfi
 from ..modeling.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
 )
-from ..staging import STAGING_PREFIX
+from ..staging import STAGING_PREFIX, publish_files, staging_folder
 from ..threads import use_threads
 from ..tokenizer import check_appends_eos, train_tokenizer
 from . import evaluation
@@ -52,7 +53,10 @@ from .run_folder import (
 )
 from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler, peak_scale
 
-__all__ = ["Components", "add_lora", "choose_attention", "freeze", "gpu_batch", "load_tokenizer", "prepare", "set_up"]
+__all__ = ["ADAPTER_DIR", "Components", "add_lora", "choose_attention", "freeze", "gpu_batch", "load_tokenizer",
+           "prepare", "save_adapter", "set_up"]
+
+ADAPTER_DIR = "adapter"  # where a LoRA run keeps PEFT's adapter, beside the merged model
 
 logger = get_logger(__name__)
 
@@ -249,7 +253,8 @@ def freeze(model, encoder: bool = False, embeddings: bool = False) -> None:
 
 def add_lora(model, rank: int, alpha: float, dropout: float, target_modules: list[str]):
     """LoRA (Hu et al., 2021) with PEFT: the weights stay as they are and low-rank adapters of `target_modules`
-    train; `finish` merges them into the weights, so the saved folder is a plain model."""
+    train; `finish` merges them into the weights, so the saved folder is a plain model, and keeps the adapter
+    beside it (`save_adapter`)."""
     from peft import LoraConfig, TaskType, get_peft_model
 
     target_modules = [name.strip() for name in target_modules]
@@ -263,6 +268,18 @@ def add_lora(model, rank: int, alpha: float, dropout: float, target_modules: lis
     logger.info(f"LoRA rank {rank}, alpha {alpha} on {', '.join(target_modules)}: {trained:,} of {total:,} "
                 "parameters train")
     return model
+
+
+def save_adapter(model, output_dir: str | os.PathLike) -> Path:
+    """A LoRA run's adapter as PEFT saves it (adapter_config.json, adapter_model.safetensors) in
+    `output_dir/adapter`, written whole: `PeftModel.from_pretrained(base model, that folder)` loads it."""
+    folder = Path(output_dir) / ADAPTER_DIR
+    with staging_folder(output_dir, ADAPTER_DIR, folder) as staging:
+        model.save_pretrained(staging, save_embedding_layers=False)  # LoRA trains no embeddings
+        publish_files(staging)
+        shutil.rmtree(folder, ignore_errors=True)  # an earlier finish of this run's
+        os.rename(staging, folder)
+    return folder
 
 
 def _load_splits(args: TrainingArguments):
