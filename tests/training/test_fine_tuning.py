@@ -138,9 +138,10 @@ def test_frozen_weights_stay_bit_identical(tmp_path, pretrained, small_run, froz
 
 @pytest.mark.slow
 def test_lora_trains_and_saves_a_plain_model_that_loads_in_a_fresh_process(tmp_path, pretrained, small_run, caplog,
-                                                                             run_without_package):
+                                                                             run_without_package, monkeypatch):
     model, data = pretrained
-    lora = ["--model-name-or-path", str(model), "--lora-rank", "4", "--lr", "1e-2", "--save-steps", "2"]
+    monkeypatch.chdir(model.parent)  # the base model named as typed, relative to here
+    lora = ["--model-name-or-path", model.name, "--lora-rank", "4", "--lr", "1e-2", "--save-steps", "2"]
     out = _train(data, tmp_path / "lora", small_run, *lora, "--max-steps", "2")
     with caplog.at_level(logging.INFO):  # resumed with the adapters, and the last two checkpoints averaged
         _train(data, out, small_run, *lora, "--max-steps", "4", "--average-last", "2", "--resume")
@@ -151,6 +152,8 @@ def test_lora_trains_and_saves_a_plain_model_that_loads_in_a_fresh_process(tmp_p
     # ... and the adapter kept beside it, which PEFT loads on the base model to the merged model's logits.
     assert sorted(p.name for p in (out / "adapter").iterdir()) == ["README.md", "adapter_config.json",
                                                                    "adapter_model.safetensors"]
+    adapter_config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert adapter_config["base_model_name_or_path"] == str(model.resolve())  # found from any directory
     from peft import PeftModel
 
     inputs = {"input_ids": torch.tensor([[5, 6, 7, 2]]), "decoder_input_ids": torch.tensor([[2, 8, 9]])}

@@ -103,7 +103,7 @@ def _final_weights(parts: Components, state: RunState, args: TrainingArguments):
     compared = _compare_weight_average(parts, args, unwrapped) if parts.average is not None else None
     if args.lora_rank is not None:  # the adapters merged into the weights: a plain model folder, no PEFT to load it
         if parts.accelerator.is_main_process:  # ... and kept beside it, for PEFT
-            logger.info(f"saved the LoRA adapter to {save_adapter(unwrapped, args.output_dir)}")
+            logger.info(f"saved the LoRA adapter to {save_adapter(unwrapped, args.output_dir, args.model_name_or_path)}")
         unwrapped = unwrapped.merge_and_unload()
         logger.info("LoRA adapters merged into the weights")
     return unwrapped, {"averaged_checkpoints": [p.name for p in chosen], "best_checkpoint": best, "weight_average": compared,

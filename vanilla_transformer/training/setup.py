@@ -270,10 +270,13 @@ def add_lora(model, rank: int, alpha: float, dropout: float, target_modules: lis
     return model
 
 
-def save_adapter(model, output_dir: str | os.PathLike) -> Path:
+def save_adapter(model, output_dir: str | os.PathLike, base: str | None) -> Path:
     """A LoRA run's adapter as PEFT saves it (adapter_config.json, adapter_model.safetensors) in
-    `output_dir/adapter`, written whole: `PeftModel.from_pretrained(base model, that folder)` loads it."""
+    `output_dir/adapter`, written whole: `PeftModel.from_pretrained(base model, that folder)` loads it. Its
+    config names the `base` model (`model_name_or_path`), a local folder by its absolute path."""
     folder = Path(output_dir) / ADAPTER_DIR
+    if base is not None:  # None: a model trained from a preset, which no folder holds
+        model.peft_config["default"].base_model_name_or_path = str(Path(base).resolve()) if Path(base).is_dir() else base
     with staging_folder(output_dir, ADAPTER_DIR, folder) as staging:
         model.save_pretrained(staging, save_embedding_layers=False)  # LoRA trains no embeddings
         publish_files(staging)
