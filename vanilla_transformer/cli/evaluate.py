@@ -53,10 +53,11 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         decoding_options(args)  # bad options fail before the data set is read
         _check_evaluation_options(args)
-        use_threads(args)
+        threads = use_threads(args)
         what, source_lang, target_lang, pairs = _evaluation_pairs(args)
         sources, references = _complete_pairs(args, pairs, what)
         translate, config = translator(args)
+        print(threads, file=sys.stderr)
         mismatch = config is not None and source_lang and language_pair_mismatch(config, source_lang, target_lang)
         if mismatch:
             print(f"warning: {mismatch}; scoring {what} ({source_lang}->{target_lang}) anyway", file=sys.stderr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from functools import partial
 
 from .options import add_model_option, add_threads_option, refuse, use_threads
@@ -37,8 +38,9 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..inference import load_model
 
     try:
-        use_threads(args)
+        threads = use_threads(args)
         model, tokenizer = load_model(args.model, "cpu")
+        print(threads, file=sys.stderr)
         folder = export_ctranslate2(model, tokenizer, args.output_dir, args.quantization)
     except (OSError, ValueError, ImportError) as err:
         refuse(p, err)

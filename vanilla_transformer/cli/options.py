@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import sys
 from typing import NoReturn
 
 from ..training.arguments import argparse_options
@@ -57,14 +56,16 @@ def add_threads_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", **argparse_options("threads"))
 
 
-def use_threads(args: argparse.Namespace) -> None:
-    """Set torch's threads from --threads (or its default) and say so on standard error; args.threads is then the number."""
+def use_threads(args: argparse.Namespace) -> str:
+    """Set torch's threads from --threads (or its default), args.threads to the number, and return the line that
+    says so, for standard error once the model is loaded (an error in loading it is then the only line)."""
     import torch
 
     from ..threads import use_threads as set_threads
 
-    print(set_threads(args.threads), file=sys.stderr)
+    line = set_threads(args.threads)
     args.threads = torch.get_num_threads()
+    return line
 
 
 def add_decoding_options(p: argparse.ArgumentParser, batches: bool = True) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from functools import partial
 
 from .options import add_model_option, add_threads_option, refuse, use_threads
@@ -44,7 +45,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
         limits = Limits.from_environment(**{name: getattr(args, name) for name in (
             "max_input_tokens", "max_new_tokens", "max_beams", "max_concurrent", "max_queued", "request_timeout")})
-        use_threads(args)
+        print(use_threads(args), file=sys.stderr)
         serve(args.model, args.host, args.port, args.device, limits)
     except (OSError, ValueError, ImportError) as err:
         refuse(p, err)
