@@ -38,10 +38,10 @@ import datasets
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from .choices import DEFAULT_VOCAB_SIZE, TOKENIZER_MODELS
 from .corpora import iter_texts
 from .file_checks import utf8_lines
 from .staging import publish_files, staging_folder, sweep_staging
-from .training.arguments import DEFAULT_VOCAB_SIZE
 
 __all__ = [
     "DEFAULT_MIN_FREQUENCY",
@@ -71,9 +71,7 @@ MAX_TRAINING_LINE = 10_000
 
 logger = logging.getLogger(__name__)
 
-# bpe: merges of frequent pairs (Sennrich et al.); unigram: SentencePiece's unigram language model (Kudo, 2018),
-# which keeps the pieces that best explain the text by likelihood. Both read bytes, so both are lossless.
-MODEL_TYPES = ("bpe", "unigram")
+MODEL_TYPES = TOKENIZER_MODELS  # bpe or unigram: choices.py says what each is
 
 _BYTE_ALPHABET = pre_tokenizers.ByteLevel.alphabet()  # the 256 byte symbols every vocabulary starts with
 

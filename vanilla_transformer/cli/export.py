@@ -6,6 +6,7 @@ import argparse
 import sys
 from functools import partial
 
+from ..choices import QUANTIZATIONS
 from .options import add_model_option, add_threads_option, refuse, use_threads
 
 
@@ -21,9 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", required=True, choices=("ctranslate2",), help="what to export to")
     p.add_argument("--output-dir", required=True, help="new folder for the export (it must not exist, or be empty)")
     p.add_argument(
-        "--quantization", default="float32",
-        # QUANTIZATIONS, not imported so that --help stays instant
-        choices=("float32", "int8", "int8_float32", "float16", "int8_float16", "bfloat16"),
+        "--quantization", default="float32", choices=QUANTIZATIONS,
         help="weight precision: int8 weights are 4x smaller and usually faster on CPUs; float16 and bfloat16 "
         "are for GPUs (CTranslate2 converts on loading where a type is not supported) (default: %(default)s)",
     )

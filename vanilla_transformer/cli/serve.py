@@ -6,6 +6,7 @@ import argparse
 import sys
 from functools import partial
 
+from ..choices import SERVE_LIMITS
 from .options import add_model_option, add_threads_option, refuse, use_threads
 
 
@@ -25,15 +26,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     limits = p.add_argument_group(
         "limits", "what one visitor may ask; a request beyond them is refused with a message naming the limit. "
         "Each defaults to its VANILLA_TRANSFORMER_<NAME> environment variable (as a Space sets it), else the value shown")
-    # The defaults are Limits' (vanilla_transformer/visualize/app.py), written out so that --help stays instant.
-    limits.add_argument("--max-input-tokens", type=int, metavar="N", help="longest sentence in tokens (128)")
-    limits.add_argument("--max-new-tokens", type=int, metavar="N", help="longest output in tokens (256)")
-    limits.add_argument("--max-beams", type=int, metavar="N", help="largest beam size (8)")
-    limits.add_argument("--max-concurrent", type=int, metavar="N", help="requests translated at once (1)")
-    limits.add_argument("--max-queued", type=int, metavar="N", help="requests waiting their turn; more are refused (8)")
-    limits.add_argument("--request-timeout", type=int, metavar="SECONDS",
-                        help="time a client may take to send a request, headers and body; a slower one is answered 408 and "
-                        "closed (30)")
+    helps = {"max_input_tokens": "longest sentence in tokens", "max_new_tokens": "longest output in tokens",
+             "max_beams": "largest beam size", "max_concurrent": "requests translated at once",
+             "max_queued": "requests waiting their turn; more are refused",
+             "request_timeout": "time a client may take to send a request, headers and body; a slower one is answered "
+             "408 and closed"}
+    for name, default in SERVE_LIMITS.items():  # the defaults of visualize/app.py's Limits
+        limits.add_argument("--" + name.replace("_", "-"), type=int, metavar="SECONDS" if name == "request_timeout" else "N",
+                            help=f"{helps[name]} ({default})")
     p.set_defaults(func=partial(run, p))
 
 
@@ -43,8 +43,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             raise ValueError(f"--port must be in 1..65535; got {args.port}")
         from ..visualize.app import Limits, serve
 
-        limits = Limits.from_environment(**{name: getattr(args, name) for name in (
-            "max_input_tokens", "max_new_tokens", "max_beams", "max_concurrent", "max_queued", "request_timeout")})
+        limits = Limits.from_environment(**{name: getattr(args, name) for name in SERVE_LIMITS})
         print(use_threads(args), file=sys.stderr)
         serve(args.model, args.host, args.port, args.device, limits)
     except (OSError, ValueError, ImportError) as err:

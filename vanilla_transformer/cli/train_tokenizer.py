@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
+from ..choices import TOKENIZER_MODELS
 from .options import add_data_options, add_vocab_size, refuse
 
 
@@ -20,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     vocabulary = p.add_argument_group("vocabulary")
     add_vocab_size(vocabulary)
     vocabulary.add_argument(
-        "--model-type", choices=("bpe", "unigram"), default="bpe",  # tokenizer.MODEL_TYPES
+        "--model-type", choices=TOKENIZER_MODELS, default="bpe",
         help="bpe: merges of frequent pairs (the paper's byte-pair encoding, §5.1); unigram: SentencePiece's unigram "
         "language model, over the same bytes (default: %(default)s)",
     )

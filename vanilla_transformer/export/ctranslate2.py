@@ -48,6 +48,7 @@ import torch
 
 from ..modeling.generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_encoding
+from ..choices import QUANTIZATIONS
 from ..file_checks import read_json
 from ..inference import cut_texts
 from ..modeling.pipeline_vanilla_transformer import source_length_limit
@@ -55,7 +56,6 @@ from ..staging import publish_files, staging_folder, sweep_staging
 
 __all__ = ["CTranslate2Translator", "QUANTIZATIONS", "export_ctranslate2", "import_ctranslate2"]
 
-QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "int8_float16", "bfloat16")
 OPTIONS_FILE = "translation_options.json"  # keyword arguments of Translator.translate_batch, + max_length_offset
 # Query scale per score function CTranslate2 can compute; None keeps its default, 1/sqrt(d_k).
 QUERIES_SCALES = {"scaled_dot": None, "dot": 1.0}

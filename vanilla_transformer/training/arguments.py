@@ -16,26 +16,22 @@ import types
 import typing
 from dataclasses import dataclass, field
 
+from ..choices import DEFAULT_VOCAB_SIZE, PAPER_WARMUP_STEPS, PRESET_NAMES, SCHEDULES, TOKENIZER_MODELS
 from ..file_checks import check_repo_id
 
 __all__ = ["ATTENTION_IMPLEMENTATIONS", "CPU_MAX_TOKENS", "DEFAULT_DDP_TIMEOUT", "DEFAULT_VOCAB_SIZE", "PAPER_WARMUP_STEPS",
            "SCHEDULES", "TrainingArguments", "add_arguments", "argparse_options"]
 
-PAPER_WARMUP_STEPS = 4000  # §5.3
 CPU_MAX_TOKENS = 4096  # `max_tokens` off a GPU, where the paper's batch would make every step long
-DEFAULT_VOCAB_SIZE = 8000  # docs/tokenizer.md: the paper's 37k was for 4.5M pairs, the Bible corpora have ~29k
 # Seconds a process waits in a collective for the others: the main process learns the vocabulary and
 # tokenises a WMT-size corpus meanwhile, which outlasts NCCL's default of 10 minutes.
 DEFAULT_DDP_TIMEOUT = 3 * 60 * 60
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")  # transformers' names
-SCHEDULES = ("noam", "linear", "cosine")  # schedule.py's
-PRESET_NAMES = ("tiny", "small", "base", "big")  # the config's PRESETS (tests hold the two equal)
 BEST_METRICS = {"bleu": max, "chrf": max, "loss": min}  # validation scores a checkpoint is chosen by, and which way
 # Accelerate's trackers, each with the package it needs (an optional extra of this one, pyproject.toml).
 TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "comet_ml": "comet_ml", "aim": "aim",
             "clearml": "clearml", "dvclive": "dvclive", "swanlab": "swanlab", "trackio": "trackio"}
 
-TOKENIZER_MODELS = ("bpe", "unigram")  # tokenizer.py's MODEL_TYPES
 LORA_TARGETS = "q_proj,k_proj,v_proj,out_proj"  # the attention projections, self and cross
 TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")  # the config takes them from the tokenizer
 DATA_FIELDS = ("source_lang", "target_lang", "dataset_name")  # ... and these from the data
@@ -164,7 +160,7 @@ class TrainingArguments:
         None, group=STEPS, bound="positive", metavar="MINUTES",
         help="stop (with a checkpoint) after this long, the minutes of every part of a resumed run counted")
     seed: int = option(0, group=STEPS, help="seeds weights, data order and dropout")
-    # Optimisation (§5.3, §5.4); warmup_steps, lr_scale and lr_schedule are checked by check_schedule, below
+    # Optimisation (§5.3, §5.4); warmup_steps, lr_scale and lr_schedule are checked by schedule.py's check_schedule
     warmup_steps: int = option(
         PAPER_WARMUP_STEPS, group=OPTIMISATION,
         help="linear warm-up steps (the paper's 4000; a short CPU run wants a few hundred)",
@@ -267,6 +263,7 @@ class TrainingArguments:
         """Fail early, naming the option and what it accepts."""
         from ..modeling.checks_vanilla_transformer import check_decoding_options, is_finite_number
         from ..modeling.configuration_vanilla_transformer import check_probability
+        from .schedule import check_schedule
 
         for f in dataclasses.fields(self):
             _check_field(f, _hint(type(self), f), getattr(self, f.name))
@@ -347,19 +344,6 @@ class TrainingArguments:
             except ValueError as err:
                 raise ValueError(f"`config_overrides`: {err}") from None
             check_attn_implementation(config, self.attn_implementation)
-
-
-def check_schedule(warmup_steps, scale, schedule, names=("warmup_steps", "scale", "schedule")) -> None:
-    """The schedule's options, checked in one place for `make_scheduler` and, before any data is read,
-    for `TrainingArguments` (whose `names` for them are warmup_steps, lr_scale and lr_schedule)."""
-    if not isinstance(warmup_steps, int) or warmup_steps < 1:
-        raise ValueError(f"`{names[0]}` must be a positive integer; got {warmup_steps!r}.")
-    from ..modeling.checks_vanilla_transformer import is_finite_number
-
-    if not (is_finite_number(scale) and scale > 0):
-        raise ValueError(f"`{names[1]}` must be a positive number; got {scale!r}.")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"`{names[2]}` must be one of {', '.join(map(repr, SCHEDULES))}; got {schedule!r}.")
 
 
 def _check_field(f: dataclasses.Field, hint, value) -> None:

@@ -21,10 +21,22 @@ from typing import Callable
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from .arguments import PAPER_WARMUP_STEPS, SCHEDULES, check_schedule
+from ..choices import PAPER_WARMUP_STEPS, SCHEDULES
+from ..modeling.checks_vanilla_transformer import is_finite_number
 
 __all__ = ["PAPER_WARMUP_STEPS", "SCHEDULES", "BudgetSchedule", "check_schedule", "make_optimizer", "make_scheduler",
            "noam_rate", "peak_scale"]
+
+
+def check_schedule(warmup_steps, scale, schedule, names=("warmup_steps", "scale", "schedule")) -> None:
+    """The schedule's options, checked in one place for `make_scheduler` and, before any data is read,
+    for `TrainingArguments` (whose `names` for them are warmup_steps, lr_scale and lr_schedule)."""
+    if not isinstance(warmup_steps, int) or warmup_steps < 1:
+        raise ValueError(f"`{names[0]}` must be a positive integer; got {warmup_steps!r}.")
+    if not (is_finite_number(scale) and scale > 0):
+        raise ValueError(f"`{names[1]}` must be a positive number; got {scale!r}.")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"`{names[2]}` must be one of {', '.join(map(repr, SCHEDULES))}; got {schedule!r}.")
 
 
 def noam_rate(step: int, d_model: int, warmup_steps: int = PAPER_WARMUP_STEPS, scale: float = 1.0) -> float:

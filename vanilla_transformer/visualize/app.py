@@ -44,6 +44,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from vanilla_transformer.visualize.attention_maps import check_attention_support, collect_attentions
 from vanilla_transformer.visualize.explorer import explorer_html
+from vanilla_transformer.choices import SERVE_LIMITS
 from vanilla_transformer.inference import load_model, longest_token
 from vanilla_transformer.modeling.checks_vanilla_transformer import MAX_NEW_TOKENS, check_decoding_options
 from vanilla_transformer.modeling.generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
@@ -61,12 +62,13 @@ EXAMPLES = [
 class Limits:
     """What the app serves: one request without a ceiling on its output took 152 s and 1.7 GB."""
 
-    max_input_tokens: int = 128  # source tokens, </s> included: a long sentence
-    max_new_tokens: int = 256  # output tokens a visitor may ask for
-    max_beams: int = 8
-    max_concurrent: int = 1  # requests translated at once; the others wait in the queue ...
-    max_queued: int = 8  # ... which refuses more than this many
-    request_timeout: int = 30  # seconds a client may take to send a request (headers and body): a slow one holds a connection
+    # The defaults, and what each is, in choices.py: `serve --help` shows them without importing this module.
+    max_input_tokens: int = SERVE_LIMITS["max_input_tokens"]
+    max_new_tokens: int = SERVE_LIMITS["max_new_tokens"]
+    max_beams: int = SERVE_LIMITS["max_beams"]
+    max_concurrent: int = SERVE_LIMITS["max_concurrent"]
+    max_queued: int = SERVE_LIMITS["max_queued"]
+    request_timeout: int = SERVE_LIMITS["request_timeout"]
 
     def __post_init__(self):
         for name, value in dataclasses.asdict(self).items():

@@ -1,0 +1,30 @@
+"""Every choice and default that more than one place names, declared once.
+
+The command line's `--help` reads them, so this module imports nothing: not torch, not transformers.
+The modeling files cannot import it (they are copied into every saved model folder): `PRESET_NAMES`
+is the config's `PRESETS`, held equal by a test. tests/test_choices.py fails on a list written twice.
+"""
+
+__all__ = ["DEFAULT_VOCAB_SIZE", "PAPER_WARMUP_STEPS", "PRESET_NAMES", "QUANTIZATIONS", "SCHEDULES", "SERVE_LIMITS",
+           "TOKENIZER_MODELS"]
+
+DEFAULT_VOCAB_SIZE = 8000  # docs/tokenizer.md: the paper's 37k was for 4.5M pairs, the Bible corpora have ~29k
+PAPER_WARMUP_STEPS = 4000  # §5.3
+
+# bpe: merges of frequent pairs (Sennrich et al.); unigram: SentencePiece's unigram language model (Kudo, 2018),
+# which keeps the pieces that best explain the text by likelihood. Both read bytes, so both are lossless.
+TOKENIZER_MODELS = ("bpe", "unigram")
+PRESET_NAMES = ("tiny", "small", "base", "big")  # the config's PRESETS
+SCHEDULES = ("noam", "linear", "cosine")  # training/schedule.py's make_scheduler
+# CTranslate2's weight types an export may take.
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "int8_float16", "bfloat16")
+
+# What one visitor of `serve` (and of a Space) may ask, by default: visualize/app.py's `Limits`.
+SERVE_LIMITS = {
+    "max_input_tokens": 128,  # source tokens, </s> included: a long sentence
+    "max_new_tokens": 256,  # output tokens a visitor may ask for
+    "max_beams": 8,
+    "max_concurrent": 1,  # requests translated at once; the others wait in the queue ...
+    "max_queued": 8,  # ... which refuses more than this many
+    "request_timeout": 30,  # seconds a client may take to send a request (headers and body): a slow one holds a connection
+}
