@@ -468,6 +468,36 @@ def test_location_refuses_inputs_longer_than_its_map_naming_the_option():
         model(ids[:, :8], decoder_input_ids=ids)  # the target, in decoder self-attention
 
 
+
+@pytest.mark.parametrize(
+    ("position_encoding", "attention_score", "bounds"),
+    [("sinusoidal", "scaled_dot", {}), ("learned", "scaled_dot", {"max_position_embeddings": 64}),
+     ("sinusoidal", "location", {"location_max_length": 16}),
+     ("learned", "location", {"location_max_length": 16, "max_position_embeddings": 64})],
+)
+def test_one_length_rule_bounds_the_source_the_target_and_training(position_encoding, attention_score, bounds):
+    from types import SimpleNamespace
+
+    from vanilla_transformer.modeling.generation_vanilla_transformer import longest_target
+    from vanilla_transformer.modeling.pipeline_vanilla_transformer import source_length_limit
+    from vanilla_transformer.training.setup import _check_max_length
+
+    config = VanillaTransformerConfig.tiny(vocab_size=VOCAB, max_position_embeddings=64, location_max_length=16,
+                                           position_encoding=position_encoding, attention_score=attention_score)
+    assert config.sequence_bounds() == bounds
+    longest = min(bounds.values(), default=None)
+    assert config.longest_sequence() == longest
+    # The places that bound a length ask the config, each with what it adds: the tokenizer's own limit for a
+    # source, the table's nominal length for a target of sinusoids; training refuses a longer max_length.
+    model = SimpleNamespace(config=config)
+    assert source_length_limit(model, SimpleNamespace(model_max_length=1000)) == (longest or 1000)
+    assert longest_target(config) == (longest or 64)
+    _check_max_length(SimpleNamespace(max_length=longest or 10_000), config)
+    for name, bound in bounds.items():
+        if bound == longest:
+            with pytest.raises(ValueError, match=rf"over the model's {name} \({bound}\)"):
+                _check_max_length(SimpleNamespace(max_length=bound + 1), config)
+
 def test_location_model_decodes_within_its_map_whatever_the_source_length():
     """Decoding stops a translation at the source length + 50 new tokens (§6.1), and with `location_max_length`
     L at L - 1 (the positions the decoder reads): with no </s> in reach, every source up to L tokens translates

@@ -268,6 +268,19 @@ class VanillaTransformerConfig(PretrainedConfig):
         final_norms = 2 * norm if self.norm_position == "pre" else 0
         return tables * self.vocab_size * d + positions + encoder + decoder + final_norms
 
+    def sequence_bounds(self) -> dict[str, int]:
+        """The longest sequence the model reads, by the field that sets it: location-based scores end at
+        `location_max_length`, a learned position table at `max_position_embeddings`; sinusoids with another
+        score function set none (they take `max_position_embeddings` as a hint)."""
+        bounds = {"location_max_length": self.location_max_length} if self.attention_score == "location" else {}
+        if self.position_encoding == "learned":
+            bounds["max_position_embeddings"] = self.max_position_embeddings
+        return bounds
+
+    def longest_sequence(self) -> int | None:
+        """The longest sequence, source or target, the model reads; None where nothing bounds it."""
+        return min(self.sequence_bounds().values(), default=None)
+
     def check_fits_in_memory(self) -> None:
         """Refuse, before any tensor is allocated, a model whose float32 parameters alone exceed this machine's
         memory: each field may be in bounds while their product (d_model × vocab_size, d_model² × layers) is not."""

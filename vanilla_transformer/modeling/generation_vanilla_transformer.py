@@ -213,11 +213,12 @@ def _checked_options(kwargs, generation_config, setting):
 
 
 def _check_source_fits(model, source) -> None:
-    """Refuse an empty input, and one longer than a learned position table (the pipeline's `source_length_limit`)."""
+    """Refuse an empty input, and one longer than a learned position table (the pipeline's `source_length_limit`;
+    location-based scores refuse a source longer than their map themselves, naming it)."""
     if source is not None:
         check_source_not_empty(source.shape)
-    limit = model.config.max_position_embeddings
-    if source is not None and model.config.position_encoding == "learned" and source.size(1) > limit:
+    limit = model.config.sequence_bounds().get("max_position_embeddings")
+    if source is not None and limit is not None and source.size(1) > limit:
         raise ValueError(f"The input is {source.size(1)} tokens long; this model reads at most {limit} "
                          f"(max_position_embeddings). Truncate it: tokenizer(..., truncation=True, max_length={limit}).")
 
@@ -242,11 +243,10 @@ def _source_length_cap(model, source, kwargs, generation_config, offset: int, se
 
 
 def longest_target(config) -> int:
-    """The longest decoder input the model reads: learned position tables end at max_position_embeddings
-    (sinusoids take it as a hint), location-based scores at location_max_length."""
-    if getattr(config, "attention_score", None) == "location":
-        return min(config.max_position_embeddings, config.location_max_length)
-    return config.max_position_embeddings
+    """The longest decoder input the model reads: the config's `longest_sequence`, and where nothing bounds
+    it `max_position_embeddings`, which sinusoids take as a hint."""
+    longest = config.longest_sequence()
+    return config.max_position_embeddings if longest is None else min(longest, config.max_position_embeddings)
 
 
 def _with_longest_output(model, cap: SourceLengthCap, kwargs, generation_config):

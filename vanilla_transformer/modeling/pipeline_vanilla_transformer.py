@@ -75,15 +75,15 @@ def language_pair_mismatch(config, source_lang: str | None, target_lang: str | N
 
 
 def source_length_limit(model, tokenizer) -> int:
-    """The longest source, in tokens, that the model reads: the tokenizer's `model_max_length`,
-    for learned positions (which have a fixed table) `max_position_embeddings`, and for location-based
-    scores `location_max_length`."""
-    limit = tokenizer.model_max_length
-    if getattr(model.config, "position_encoding", None) == "learned":
-        limit = min(limit, model.config.max_position_embeddings)
-    if getattr(model.config, "attention_score", None) == "location":
-        limit = min(limit, model.config.location_max_length)
-    return limit
+    """The longest source, in tokens, that the model reads: the tokenizer's `model_max_length`, and the
+    config's `longest_sequence` (learned positions, location-based scores)."""
+    longest = _longest_sequence(model.config)
+    return tokenizer.model_max_length if longest is None else min(tokenizer.model_max_length, longest)
+
+
+def _longest_sequence(config) -> int | None:
+    """The config's `longest_sequence`; None for another model's config, which does not say."""
+    return config.longest_sequence() if hasattr(config, "longest_sequence") else None
 
 
 @torch.no_grad()
@@ -366,7 +366,7 @@ class TranslationPipeline(Pipeline):
 def _longest_output(config) -> int | None:
     """The most tokens a model with a bounded target length (learned positions, location-based scores) writes
     after the decoder start token; None for a model without one."""
-    if getattr(config, "position_encoding", None) == "learned" or getattr(config, "attention_score", None) == "location":
+    if _longest_sequence(config) is not None:
         return longest_target(config) - 1
     return None
 

@@ -398,10 +398,7 @@ def _load_model(args: TrainingArguments, tokenizer, resume_from: Path | None):
 
 def _check_max_length(args: TrainingArguments, config) -> None:
     """`max_length` within every length the model reads: a longer pair would fail at its batch, on every resume."""
-    bounds = {"location_max_length": config.location_max_length} if config.attention_score == "location" else {}
-    if config.position_encoding == "learned":
-        bounds["max_position_embeddings"] = config.max_position_embeddings
-    for name, bound in bounds.items():
+    for name, bound in config.sequence_bounds().items():
         if args.max_length > bound:
             raise ValueError(f"`max_length` ({args.max_length}) is over the model's {name} ({bound}), the longest "
                              f"sequence it reads: give a `max_length` of at most {bound}.")
