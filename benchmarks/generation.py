@@ -4,7 +4,7 @@ The weights: our model, randomly initialised or (on a GPU, where it takes second
 on the en-es train split; random weights repeat one token up to the length cap, so every contender
 decodes the same fixed-length workload and beam search never finishes early. `--generation-model
 DIR` adds a trained model (its own size and tokenizer): sentences then end at their own lengths.
-The weights are copied into a MarianMTModel (`convert_marian.to_marian`) and exported to CTranslate2
+The weights are copied into a MarianMTModel (`vanilla_transformer.export.marian.to_marian`) and exported to CTranslate2
 (fp32 and int8) by our exporter (`vanilla_transformer.export.ctranslate2`). Before any timing, ours
 and Marian must produce identical tokens in fp32; CTranslate2's agreement with ours is reported (its
 search is transformers' with `early_stopping=True`, which is what ours and Marian run here).

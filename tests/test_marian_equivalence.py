@@ -3,7 +3,7 @@
 Marian, like the paper, is post-LN with sinusoidal positions and scaled, tied embeddings. We
 build one with a matching configuration, copy its weights into ours with
 `vanilla_transformer.export.marian.from_marian` and require the same logits (1e-5, fp32) and the
-same beam-search output. The details that differ and how they are mapped (see convert_marian.py):
+same beam-search output. The details that differ and how they are mapped (see vanilla_transformer/export/marian.py):
 
 - Positions: the paper interleaves sin and cos (dimension 2i is sin, 2i+1 is cos); Marian puts all
   sines in the first half and all cosines in the second. The two are the same encoding up to a

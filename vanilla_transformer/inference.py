@@ -108,7 +108,7 @@ def check_tokenizer_fits(tokenizer, config, name_or_path) -> None:
 def load_pretrained(name_or_path: str | os.PathLike, **kwargs):
     """`AutoModelForSeq2SeqLM.from_pretrained` with this package's classes, refusing weights that do not fit
     them. transformers only warns and leaves such weights random; a folder saved before the attention
-    projections were split (one `kv_proj`, vanilla-transformer 0.1) loads only with its own code, in a
+    projections were split (one `kv_proj`, by an earlier version of this package) loads only with its own code, in a
     process without this package: `from_pretrained(folder, trust_remote_code=True)`."""
     from transformers import AutoModelForSeq2SeqLM
 
@@ -121,8 +121,9 @@ def load_pretrained(name_or_path: str | os.PathLike, **kwargs):
     wrong = {kind.replace("_", " "): sorted(map(str, info.get(kind) or ())) for kind in kinds if info.get(kind)}
     if wrong:
         found = "; ".join(f"{kind}: {', '.join(keys[:4])}" + (" ..." if len(keys) > 4 else "") for kind, keys in wrong.items())
-        old = (" (a fused `kv_proj`: saved by vanilla-transformer 0.1, whose code, saved with it, loads it in a process"
-               " without this package: AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True))"
+        old = (" (a fused `kv_proj`: saved by an earlier version of vanilla-transformer, whose code, saved with it, "
+               "loads it in a process without this package: "
+               "AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True))"
                if "kv_proj" in found else "")
         raise ValueError(f"the weights in {name_or_path} do not fit this version's model{old}: {found}")
     return model
@@ -171,7 +172,7 @@ def check_config_fits_weights(folder: Path) -> None:
         with safe_open(str(folder / name), framework="pt") as weights:
             saved.update({key: (name, tuple(weights.get_slice(key).get_shape())) for key in weights.keys()})
     if any("kv_proj" in key for key in saved):
-        return  # a folder of vanilla-transformer 0.1: load_pretrained says how it loads
+        return  # a folder saved before the projections were split: load_pretrained says how it loads
     tied: dict[int, list[str]] = {}  # a tied tensor is saved under one of its names
     for key, tensor in tensors.items():
         tied.setdefault(id(tensor), []).append(key)

@@ -510,6 +510,10 @@ class GNMTRanking:
     so its best possible final score is max(log P / lp(L + 1), log P / lp(L_max)), lp being monotone in
     length (L its length, L_max the sentence's cap). A sentence is done when the worst kept hypothesis
     is at least that bound for its best live hypothesis; `early_stopping` is not used.
+
+    `prompt_length` and `done`'s `full` are the rankings' shared interface, which `TransformersRanking`
+    needs: here each sentence's longest output comes as `max_new`, and a kept place left empty scores
+    -inf, which only the bound of a sentence with no live hypothesis (-inf too) reaches: it is done.
     """
 
     dead = float("-inf")  # the score of a beam that may not be extended
