@@ -2,6 +2,8 @@
 plain path's numbers, and `fast_paths=False` builds the plain paper path; nothing is swapped afterwards."""
 
 import inspect
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,7 +11,11 @@ import torch.nn.functional as F
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling import fast_modeling_vanilla_transformer as fast
+from vanilla_transformer.modeling.attention_vanilla_transformer import MultiHeadAttention, PackedMultiHeadAttention
 from vanilla_transformer.modeling.modeling_vanilla_transformer import LabelSmoothedCrossEntropy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
+from benchmarks.kernels import count_kernels  # noqa: E402
 
 VOCAB = 40
 
@@ -101,3 +107,86 @@ def test_the_loss_is_per_target_token_or_per_num_items_in_batch_and_the_nll_besi
     summed = model(**batch(), num_items_in_batch=1)
     torch.testing.assert_close(summed.loss, plain_loss)
     assert not torch.allclose(summed.nll, summed.loss)  # no smoothing in the NLL
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_closed_form_cross_entropy_launches_seven_kernels_a_block_and_one_block_off_the_cpu(epsilon, monkeypatch):
+    # Proves: the blocks of rows (a CPU's cache) cost the same few kernels each, the loss is summed once, and a
+    # device other than the CPU (here "meta", as a GPU) takes logits of more than a CPU block in one.
+    logits, labels = logits_and_labels()
+    logits = logits.detach().bfloat16().requires_grad_()
+
+    def counted(rows):
+        monkeypatch.setattr(fast, "BLOCK_BYTES", rows * 4 * VOCAB)
+        logits.grad = None
+        return count_kernels(lambda: fast.ClosedFormCrossEntropy()(logits, labels, epsilon)[0].backward())
+
+    whole, by_row = counted(15), counted(1)
+    per_block = 7 if epsilon else 6  # cast to fp32, log-softmax, gather, [mean,] exp, the target's scatter, cast back
+    assert by_row.total - whole.total == 14 * per_block + 1 + bool(epsilon)  # and the blocks' sums joined
+    assert whole["aten._log_softmax"] == 1 and by_row["aten._log_softmax"] == 15
+    assert whole.total <= 24
+    monkeypatch.setattr(fast, "BLOCK_BYTES", 8 * 2**20)
+    meta = torch.empty(4096, 1024, device="meta", dtype=torch.bfloat16, requires_grad=True)  # 16 MiB in fp32
+    counts = count_kernels(lambda: fast.ClosedFormCrossEntropy()(meta, torch.zeros(4096, dtype=torch.long,
+                                                                                    device="meta"), epsilon)[0].backward())
+    assert counts["aten._log_softmax"] == 1
+
+
+def plain_and_packed(**overrides):
+    packed = make_model(fast_paths=True, dropout=0.0, label_smoothing=0.1, **overrides).train()
+    plain = make_model(fast_paths=False, dropout=0.0, label_smoothing=0.1, **overrides).train()
+    plain.load_state_dict(packed.state_dict())
+    return packed, plain
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16 autocast"])
+def test_packed_attention_trains_as_the_plain_attention_under_the_same_parameter_names(autocast):
+    packed, plain = plain_and_packed()
+    layer = packed.model.decoder.layers[0]
+    assert type(layer.self_attn) is type(layer.cross_attn) is PackedMultiHeadAttention
+    assert type(plain.model.decoder.layers[0].self_attn) is MultiHeadAttention
+    assert list(packed.state_dict()) == list(plain.state_dict())  # q_proj, k_proj, v_proj: checkpoints, PEFT, export
+    results = []
+    for model in (packed, plain):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(**batch()).loss
+        loss.backward()
+        results.append((loss, {name: p.grad for name, p in model.named_parameters()}))
+    (loss, grads), (plain_loss, plain_grads) = results
+    tolerance = dict(rtol=2e-2, atol=2e-3) if autocast else {}
+    torch.testing.assert_close(loss, plain_loss, **tolerance)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, plain_grads[name], **tolerance, msg=name)
+    with torch.no_grad():  # decoding's products stay one per projection (oneDNN may pack each)
+        counts = count_kernels(lambda: packed(**batch()))
+    assert counts["aten.cat"] == 0
+
+
+def test_packed_attention_makes_one_product_of_q_k_v_and_one_of_the_cross_attention_s_k_v():
+    # Proves the count: tiny has 4 self-attentions and 2 attentions over the encoder output; each packed
+    # projection saves its products forward (addmm) and backward (mm for the input's and the weight's gradient).
+    counts = {}
+    for model, name in zip(plain_and_packed(), ("packed", "plain")):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            counts[name] = count_kernels(lambda: model(**batch()).loss.backward())
+    packed, plain = counts["packed"], counts["plain"]
+    saved_products = 4 * 2 + 2 * 1  # Q, K, V -> one; K, V -> one
+    assert plain["aten.addmm"] - packed["aten.addmm"] == saved_products
+    assert plain["aten.mm"] - packed["aten.mm"] == 2 * saved_products
+    assert packed.casts < plain.casts and packed.total < plain.total
+
+
+def test_packed_attention_leaves_peft_s_lora_layers_to_run_their_own_forward():
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    outputs = []
+    for model in plain_and_packed():
+        config = LoraConfig(task_type=TaskType.SEQ_2_SEQ_LM, r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"],
+                            init_lora_weights=False)  # random adapters: they change the output
+        torch.manual_seed(3)
+        lora = get_peft_model(model, config)
+        outputs.append(lora(**batch()).loss)
+        outputs[-1].backward()
+        assert all(p.grad is not None for name, p in lora.named_parameters() if "lora_" in name)
+    torch.testing.assert_close(outputs[0], outputs[1])

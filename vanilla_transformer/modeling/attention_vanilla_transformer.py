@@ -18,7 +18,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .arguments_vanilla_transformer import additive_mask
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .fast_modeling_vanilla_transformer import linear_class
+from .fast_modeling_vanilla_transformer import linear_class, packed_linear
 
 # --------------------------------------------------------------------------------------
 # §3.2.1: scaled dot-product attention. Queries (B, H, T, Dh) against keys and values (B, H, S, Dh).
@@ -73,27 +73,33 @@ class MultiHeadAttention(nn.Module):
             projection.is_attention_input = True  # initialised as fairseq does (see _init_weights)
 
     def _heads(self, projection: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        batch, length, _ = x.shape
-        return projection(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+        return self._split_heads(projection(x))
+
+    def _split_heads(self, projected: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = projected.shape
+        return projected.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
 
     def forward(self, hidden_states, key_value_states=None, attention_mask=None, cache=None, output_attentions=False):
         batch, length, d_model = hidden_states.shape
-        q = self._heads(self.q_proj, hidden_states)  # (B, H, T, Dh)
-        if self.is_cross_attention and cache is not None and cache.is_updated.get(self.layer_idx):
-            # The encoder output does not change while decoding: project it once, reuse it every step.
+        # The encoder output does not change while decoding: project it once, reuse it every step.
+        cached = self.is_cross_attention and cache is not None and cache.is_updated.get(self.layer_idx)
+        source = None if cached else (key_value_states if self.is_cross_attention else hidden_states)
+        q, k, v = self.projections(hidden_states, source)  # (B, H, T, Dh), then (B, H, S, Dh) each
+        if cached:
             layer = cache.cross_attention_cache.layers[self.layer_idx]
             k, v = layer.keys, layer.values
-        else:
-            source = key_value_states if self.is_cross_attention else hidden_states
-            k, v = self.keys_and_values(source)  # (B, H, S, Dh) each
-            if cache is not None:
-                if self.is_cross_attention:
-                    k, v = cache.cross_attention_cache.update(k, v, self.layer_idx)
-                    cache.is_updated[self.layer_idx] = True
-                else:
-                    k, v = cache.self_attention_cache.update(k, v, self.layer_idx)
+        elif cache is not None and self.is_cross_attention:
+            k, v = cache.cross_attention_cache.update(k, v, self.layer_idx)
+            cache.is_updated[self.layer_idx] = True
+        elif cache is not None:
+            k, v = cache.self_attention_cache.update(k, v, self.layer_idx)
         out, weights = self.attend(q, k, v, attention_mask, output_attentions)  # (B, T, H, Dh), (B, H, T, S)
         return self.out_proj(out.reshape(batch, length, d_model)), weights  # heads concatenated, then W^O
+
+    def projections(self, hidden_states, source):
+        """Q W^Q, and K W^K and V W^V of `source` (None where the cache holds them), split into heads."""
+        q = self._heads(self.q_proj, hidden_states)
+        return (q, None, None) if source is None else (q, *self.keys_and_values(source))
 
     def keys_and_values(self, source):
         return self._heads(self.k_proj, source), self._heads(self.v_proj, source)
@@ -108,4 +114,19 @@ class MultiHeadAttention(nn.Module):
         return attention(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling)
 
 
-__all__ = ["MultiHeadAttention", "eager_attention_forward", "scaled_dot_product_attention"]
+class PackedMultiHeadAttention(MultiHeadAttention):
+    """MultiHeadAttention (the same parameters, names and numbers) whose projections of one input are one product
+    while gradients are on (fast_modeling's `packed_linear`): W^Q, W^K and W^V of self-attention, W^K and W^V of
+    attention over the encoder output. Fewer, larger products and casts per training step; decoding keeps one
+    product per projection, which it can run on packed weights (fast_generation). Chosen when a layer is built,
+    with `config.fast_paths`."""
+
+    def projections(self, hidden_states, source):
+        if source is None or not torch.is_grad_enabled():
+            return super().projections(hidden_states, source)
+        if source is hidden_states:
+            return tuple(map(self._split_heads, packed_linear(hidden_states, (self.q_proj, self.k_proj, self.v_proj))))
+        return self._heads(self.q_proj, hidden_states), *map(self._split_heads, packed_linear(source, (self.k_proj, self.v_proj)))
+
+
+__all__ = ["MultiHeadAttention", "PackedMultiHeadAttention", "eager_attention_forward", "scaled_dot_product_attention"]

@@ -3,7 +3,9 @@
 - §5.4's label-smoothed cross-entropy with its gradient in closed form (`ClosedFormCrossEntropy`), the same numbers as
   `LabelSmoothedCrossEntropy` (modeling_vanilla_transformer.py) with less memory and time;
 - the linear maps as `PackableLinear` (`linear_class`): nn.Linear, whose weights decoding can pack for
-  oneDNN's kernels (fast_generation_vanilla_transformer.py says when).
+  oneDNN's kernels (fast_generation_vanilla_transformer.py says when);
+- attention's projections of one input as one product while training (`packed_linear`, for
+  attention_vanilla_transformer.py's `PackedMultiHeadAttention`).
 
 tests/test_fast_paths.py and tests/test_decoding_speed.py compare them with the plain path, and
 benchmarks/ says what they save.
@@ -21,9 +23,12 @@ import types
 import torch
 from torch import nn
 
-# Rows of logits turned into fp32 log-probabilities at a time: a few MiB, which the allocator reuses from one
-# block of rows to the next and the cache holds, where the whole (N, V) fp32 tensor is fresh memory at every step.
+# Rows of logits turned into fp32 log-probabilities at a time, on a CPU: a few MiB, which the allocator reuses from
+# one block of rows to the next and the cache holds, where the whole (N, V) fp32 tensor is fresh memory at every step.
 BLOCK_BYTES = 8 * 2**20
+# Elsewhere (a GPU's caching allocator reuses its memory) every block is a handful of kernel launches: the whole
+# tensor at once, up to this size.
+DEVICE_BLOCK_BYTES = 2 * 2**30
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
@@ -33,42 +38,57 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     Autograd keeps the log-probabilities for backward, where it fills a zero tensor of the logits' size
     for the gather and runs softmax's backward over both. Here the gradient is made in the forward pass
     from the log-probabilities it already holds, a block of rows at a time, and backward only scales it:
-    the same numbers with no (N, V) tensor but the gradient.
+    the same numbers with no (N, V) tensor but the gradient. Whatever the rows, each block is the same few
+    kernels (softmax, gather, mean, exp, the target's scatter) and the loss is summed once.
     """
 
     @staticmethod
     def forward(ctx, logits, labels, epsilon):
+        ctx.set_materialize_grads(False)  # no zero tensor made for the NLL, which has no gradient
         ignored = labels == -100
         target = labels.masked_fill(ignored, 0).unsqueeze(1)  # (N, 1)
         grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
         in_place = grad is not None and grad.dtype == torch.float32
-        rows = max(1, BLOCK_BYTES // (4 * logits.size(-1)))
-        nll, loss = [], []
+        block_bytes = BLOCK_BYTES if logits.device.type == "cpu" else DEVICE_BLOCK_BYTES
+        rows = max(1, block_bytes // (4 * logits.size(-1)))
+        # -(1 - ε) at each row's target, added to the softmax: made once, a slice of it for every block
+        one_hot = None if grad is None else logits.new_full((min(rows, logits.size(0)), 1), epsilon - 1.0,
+                                                            dtype=torch.float32)
+        picked, means = [], []  # log p(y) and the mean log-probability of each row, (rows, 1) per block
         for start in range(0, logits.size(0), rows):
             block = slice(start, start + rows)
             # fp32 logits' gradient is made in place from their log-probabilities; other dtypes' is copied
             log_probs = torch.log_softmax(logits[block], dim=-1, dtype=torch.float32, out=grad[block] if in_place else None)
-            nll.append(-log_probs.gather(1, target[block]).squeeze(1))
-            loss.append((1.0 - epsilon) * nll[-1] - epsilon * log_probs.mean(dim=-1) if epsilon else nll[-1])
-            if grad is not None:  # softmax - q, in fp32
-                softmax = log_probs.exp_()
-                if epsilon:
-                    softmax.sub_(epsilon / logits.size(-1))
-                softmax.scatter_add_(1, target[block], softmax.new_full(target[block].shape, epsilon - 1.0))
+            picked.append(log_probs.gather(1, target[block]))
+            if epsilon:
+                means.append(log_probs.mean(dim=-1, keepdim=True))
+            if grad is not None:  # softmax - (1 - ε)·onehot, in fp32; backward subtracts ε/V from every entry
+                softmax = log_probs.exp_().scatter_add_(1, target[block], one_hot[: log_probs.size(0)])
                 if not in_place:
                     grad[block] = softmax
-        nll, loss = torch.cat(nll).masked_fill(ignored, 0.0), torch.cat(loss).masked_fill(ignored, 0.0)
-        if grad is not None:  # ignored tokens get no gradient: their rows are zeroed in backward's one pass
-            ctx.save_for_backward(grad, (~ignored).unsqueeze(1).to(logits.dtype))
-        nll = nll.sum()
+        ignored = ignored.unsqueeze(1)  # (N, 1)
+        picked = _joined(picked).masked_fill_(ignored, 0.0).sum()  # the sum of log p(y) over the kept tokens
+        nll = -picked
+        # -Σ_v q(v) log p(v) = -(1 - ε)·log p(y) - ε·mean_v log p(v), summed over the kept tokens
+        loss = picked * (epsilon - 1.0)
+        if epsilon:
+            loss.sub_(_joined(means).masked_fill_(ignored, 0.0).sum(), alpha=epsilon)
+        if grad is not None:
+            ctx.epsilon_per_token = epsilon / logits.size(-1)
+            ctx.save_for_backward(grad, (~ignored).to(logits.dtype))
         ctx.mark_non_differentiable(nll)
-        return loss.sum(), nll
+        return loss, nll
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss, grad_nll):
         grad, kept = ctx.saved_tensors  # (N, V), (N, 1)
-        return grad * (kept * grad_loss), None, None
+        scale = kept * grad_loss  # ignored tokens get no gradient: their rows are zeroed in this one pass
+        return torch.addcmul(scale * -ctx.epsilon_per_token, grad, scale), None, None  # (softmax - q)·scale
+
+
+def _joined(blocks: list) -> torch.Tensor:
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
 
 
 class ClosedFormCrossEntropy(nn.Module):
@@ -132,6 +152,19 @@ class PackableLinear(nn.Linear):
         return _packed_linear(x, packed, self.bias)
 
 
+def packed_linear(x: torch.Tensor, linears) -> tuple[torch.Tensor, ...]:
+    """Each of `linears` (nn.Linear of the same input width) applied to `x`, as one product with their weights and
+    biases concatenated: one matrix product forward and two backward instead of one and two for each, and under
+    autocast one cast of the concatenation instead of one per weight. The parameters stay the modules' own (the
+    concatenation is made at every call, a copy of the weights), so their names, and what loads and saves them,
+    do not change. Modules of another class (PEFT's LoRA layers, quantized ones) each run their own forward."""
+    if any(type(linear) not in (nn.Linear, PackableLinear) or linear.bias is None for linear in linears):
+        return tuple(linear(x) for linear in linears)
+    weight = torch.cat([linear.weight for linear in linears])
+    bias = torch.cat([linear.bias for linear in linears])
+    return torch.nn.functional.linear(x, weight, bias).split([linear.out_features for linear in linears], dim=-1)
+
+
 def linear_class(config):
     """The class of the model's linear maps, chosen when it is built: PackableLinear where oneDNN can take
     them, nn.Linear where the switch is off or torch has no oneDNN kernels."""
@@ -144,5 +177,6 @@ __all__ = [
     "PackableLinear",
     "current_packed_weights",
     "linear_class",
+    "packed_linear",
     "packed_weights",
 ]

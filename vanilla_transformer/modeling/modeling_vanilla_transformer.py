@@ -56,7 +56,7 @@ from .arguments_vanilla_transformer import (
     one_cache,
     wants_dict,
 )
-from .attention_vanilla_transformer import MultiHeadAttention  # §3.2
+from .attention_vanilla_transformer import MultiHeadAttention, PackedMultiHeadAttention  # §3.2
 from .attention_variants_vanilla_transformer import LocalAttentionMasks, variant_attention_class
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .fast_modeling_vanilla_transformer import ClosedFormCrossEntropy, linear_class  # speed-ups (`fast_paths`)
@@ -70,9 +70,9 @@ from .saving_vanilla_transformer import SavesItsCode
 
 
 def attention_class(config: VanillaTransformerConfig):
-    """§3.2.2's MultiHeadAttention, or the attention beyond the paper that the config names (chosen once,
-    when a layer is built)."""
-    return variant_attention_class(config) or MultiHeadAttention
+    """§3.2.2's MultiHeadAttention (with `fast_paths`, its twin that projects one input in one product), or the
+    attention beyond the paper that the config names (chosen once, when a layer is built)."""
+    return variant_attention_class(config) or (PackedMultiHeadAttention if config.fast_paths else MultiHeadAttention)
 
 
 def local_attention_masks(config: VanillaTransformerConfig):
