@@ -3,6 +3,7 @@
     python -m benchmarks.kernels                              # base shape, bf16 autocast, on the CPU
     python -m benchmarks.kernels --quick                      # the tiny shape: seconds
     python -m benchmarks.kernels --device cuda --precision fp32
+    python -m benchmarks.kernels --bf16-weights 1             # ours on bf16 weights, as a one-process GPU run
 
 On a GPU every aten operator that is not a view launches at least one kernel, and the host's time per step
 grows with their number: `count_kernels` counts them under a `TorchDispatchMode` (below autograd, so the
@@ -12,7 +13,9 @@ markers). The counts are the same on
 every machine of the same torch: a CPU measures what a GPU would launch.
 
 One step is what the training loop runs: ours through `train_step` (training/step.py) with the loop's Adam
-(training/schedule.py's `make_optimizer`, fused where torch has the kernel) and its Accelerator's autocast;
+(training/schedule.py's `make_optimizer`, fused where torch has the kernel) and its Accelerator's autocast, or
+its bf16 weights (training/kernels.py's `Bf16Weights`: a one-process bf16 run's default on a GPU, chosen for
+the CPU with `--bf16-weights 1`);
 MarianMTModel of the same shape (export/marian.py's `marian_config`) on the same batch, its forward,
 backward and torch's fused AdamW under the same autocast. Both on sdpa. Each is counted on its second step
 (the first makes Adam's state). The batch is synthetic (seeded ids, rows of varied length, padded):
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import sys
 from pathlib import Path
 
@@ -55,6 +59,7 @@ CATEGORIES = {  # the table's columns, by operator name; everything else is "oth
                   "aten._foreach_div_", "aten._foreach_norm", "aten._foreach_zero_"),
     "dropout": ("aten.native_dropout", "aten.native_dropout_backward", "aten.bernoulli_"),
 }
+TOKENS = dict(pad_token_id=1, bos_token_id=0, eos_token_id=2, label_smoothing=0.1)
 CATEGORY_OF = {op: name for name, ops in CATEGORIES.items() for op in ops}
 
 
@@ -130,12 +135,11 @@ def synthetic_batch(vocab_size: int, rows: int, length: int, pad_token_id: int, 
 def _config(quick: bool):
     from vanilla_transformer import VanillaTransformerConfig
 
-    # The paper's base model and its shared vocabulary of about 37,000 tokens (§5.1); the tests' tiny one.
+    # The paper's base model and its shared vocabulary of about 37,000 tokens (§5.1), label smoothing 0.1 as the
+    # training loop sets it (§5.4); the tests' tiny one.
     if quick:
-        return VanillaTransformerConfig.from_preset("tiny", vocab_size=256, pad_token_id=1, bos_token_id=0,
-                                                    eos_token_id=2)
-    return VanillaTransformerConfig.from_preset("base", vocab_size=37000, pad_token_id=1, bos_token_id=0,
-                                                eos_token_id=2)
+        return VanillaTransformerConfig.from_preset("tiny", vocab_size=256, **TOKENS)
+    return VanillaTransformerConfig.from_preset("base", vocab_size=37000, **TOKENS)
 
 
 def ours_step(config, batch: dict, device: str, precision: str):
@@ -167,6 +171,7 @@ def ours_step(config, batch: dict, device: str, precision: str):
         train_step(parts, [(batch, tokens)], state.step, budget)
         state.count_step(1, tokens)
 
+    step.parts = parts
     return step
 
 
@@ -200,12 +205,18 @@ def count_step(step) -> KernelCount:
     return count_kernels(step)
 
 
-def run(device: str, precision: str, quick: bool, rows: int | None = None, length: int | None = None) -> dict:
+def run(device: str, precision: str, quick: bool, rows: int | None = None, length: int | None = None,
+        bf16_weights: str | None = None) -> dict:
+    from vanilla_transformer.training.kernels import BF16_WEIGHTS_VARIABLE
+
+    if bf16_weights is not None:  # read by the loop's Components when it is built
+        os.environ[BF16_WEIGHTS_VARIABLE] = bf16_weights
     config = _config(quick)
     rows, length = rows or (8 if quick else 64), length or (16 if quick else 32)
     batch = synthetic_batch(config.vocab_size, rows, length, config.pad_token_id)
-    counts = {"ours": count_step(ours_step(config, batch, device, precision)),
-              "marian": count_step(marian_step(config, batch, device, precision))}
+    step = ours_step(config, batch, device, precision)
+    ours = "ours, bf16 weights" if step.parts.weights is not None else "ours"
+    counts = {ours: count_step(step), "marian": count_step(marian_step(config, batch, device, precision))}
     return {"shape": "tiny" if quick else "base", "device": device, "precision": precision, "rows": rows,
             "length": length, "target_tokens": int((batch["labels"] != -100).sum()), "counts": counts}
 
@@ -220,7 +231,7 @@ def table(report: dict) -> str:
     for name, count in counts.items():
         row = {"total": count.total, **count.by_category()}
         lines.append(f"| {name} | " + " | ".join(f"{row[c]:,}" for c in columns) + " |")
-    ours, marian = counts["ours"].total, counts["marian"].total
+    ours, marian = next(iter(counts.values())).total, counts["marian"].total
     lines += ["", f"ours / marian: {ours / marian:.2f}"]
     return "\n".join(lines)
 
@@ -232,6 +243,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="the tiny shape instead of the paper's base")
     parser.add_argument("--rows", type=int, help="sentences in the batch (default 64; 8 with --quick)")
     parser.add_argument("--length", type=int, help="padded length of source and target (default 32; 16 with --quick)")
+    parser.add_argument("--bf16-weights", choices=("0", "1"),
+                        help="1: ours on bf16 weights (a one-process GPU run's default); 0: on autocast; default: "
+                             "as the training loop chooses on --device")
     parser.add_argument("--top", type=int, default=0, help="also list each contender's N most called operators")
     args = parser.parse_args(argv)
     for name in ("rows", "length"):
@@ -241,7 +255,7 @@ def main(argv=None) -> dict:
         torch.device(args.device)
     except RuntimeError:
         parser.error(f"--device: expected a torch device such as cpu or cuda; got {args.device!r}")
-    report = run(args.device, args.precision, args.quick, args.rows, args.length)
+    report = run(args.device, args.precision, args.quick, args.rows, args.length, args.bf16_weights)
     print(table(report))
     for name, count in report["counts"].items() if args.top else ():
         print(f"\n{name}: " + ", ".join(f"{op} {calls}" for op, calls in count.most_common(args.top)))

@@ -1,6 +1,8 @@
 """What runs fastest here (training/kernels.py): bf16 only where the CPU computes it, and the attention
 implementation timed on the run's first batch, with every candidate computing the same numbers."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from accelerate import Accelerator
@@ -169,3 +171,87 @@ def test_a_training_run_on_a_gpu_keeps_sdpa_off_cudnn_and_a_cpu_run_is_left_alon
     assert state() == before
     with kernels.training_attention("cpu"):
         assert state() == before
+
+
+def bf16_step_parts(monkeypatch, forced: str | None, **overrides):
+    """The training loop's Components for a one-process bf16 run on the CPU, with bf16 weights as `forced` says."""
+    from accelerate.state import AcceleratorState
+
+    from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
+    from vanilla_transformer.training.setup import Components, prepare
+
+    if forced is None:
+        monkeypatch.delenv(kernels.BF16_WEIGHTS_VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(kernels.BF16_WEIGHTS_VARIABLE, forced)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    accelerator = Accelerator(mixed_precision="bf16", cpu=True)
+    net = model(dropout=0.0, label_smoothing=0.1, **overrides)
+    optimizer = make_optimizer(net, accelerator.device)
+    net, optimizer = prepare(accelerator, net, optimizer)
+    return Components(accelerator, net, optimizer, make_scheduler(optimizer, 32, 4000), checkpoint_root=Path("unused"))
+
+
+@pytest.mark.parametrize("forced, on", [(None, False), ("1", True), ("0", False)])
+def test_bf16_weights_are_a_gpu_s_default_and_the_environment_decides_anywhere(monkeypatch, forced, on):
+    parts = bf16_step_parts(monkeypatch, forced)
+    assert (parts.weights is not None) is on  # this is a CPU: off unless asked for
+    monkeypatch.setenv(kernels.BF16_WEIGHTS_VARIABLE, "yes")
+    with pytest.raises(ValueError, match=r"^VANILLA_TRANSFORMER_BF16_WEIGHTS must be 0 or 1 \(or unset\); got 'yes'\.$"):
+        kernels.bf16_weights(parts.accelerator, parts.model)
+
+
+def test_bf16_weights_give_the_fp32_parameters_gradients_as_close_to_fp32_s_as_autocast_s(monkeypatch):
+    # Proves: forward and backward run on bf16 copies (tied embeddings stay one), the model's own parameters stay
+    # fp32 and receive the gradients, in fp32, two micro-batches summed; those gradients are as close to fp32's
+    # as autocast's are (bf16's rounding, nothing more); the modules hold their own parameters again afterwards.
+    from vanilla_transformer.training import evaluation
+
+    grads = {}
+    for mode in ("fp32", "autocast", "bf16 weights"):
+        parts = bf16_step_parts(monkeypatch, "1" if mode == "bf16 weights" else "0")
+        net = parts.model
+        own = {name: p for name, p in net.named_parameters()}
+        for _ in range(2):
+            if parts.weights is None:
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
+                    loss_value, _ = evaluation.batch_loss(net, batch())
+                loss_value.backward()
+                continue
+            with parts.weights.swapped():
+                assert all(p.dtype == torch.bfloat16 for p in net.parameters())
+                assert net.lm_head.weight is net.model.shared.weight
+                loss_value, _ = evaluation.batch_loss(net, batch())
+                loss_value.backward()
+        assert {name: p for name, p in net.named_parameters()} == own
+        assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in own.values())
+        grads[mode] = {name: p.grad for name, p in own.items()}
+    for name, exact in grads["fp32"].items():
+        scale = exact.abs().max()
+        if scale < 1e-2:  # the keys' biases: no gradient but rounding (softmax ignores a shift of every score)
+            continue
+        autocast_error, copies_error = ((grads[mode][name] - exact).abs().max() / scale for mode in ("autocast", "bf16 weights"))
+        assert copies_error <= 1.5 * autocast_error + 1e-2, (name, copies_error, autocast_error)
+
+
+def test_a_step_on_bf16_weights_casts_a_handful_of_times_where_autocast_casts_at_every_use(monkeypatch):
+    import sys
+
+    from vanilla_transformer.training.run_folder import Budget, RunState
+    from vanilla_transformer.training.step import train_step
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ is not an installed package
+    from benchmarks.kernels import count_kernels
+
+    counts, losses = {}, {}
+    for forced in ("0", "1"):
+        parts = bf16_step_parts(monkeypatch, forced)
+        b = batch()
+        tokens = int((b["labels"] != -100).sum())
+        state = RunState()
+        train_step(parts, [(b, tokens)], 0, Budget(progress=state))  # Adam's state made
+        counts[forced] = count_kernels(lambda: train_step(parts, [(b, tokens)], 1, Budget(progress=state)))
+        losses[forced] = parts.losses
+    assert counts["1"].casts < counts["0"].casts / 4
+    assert counts["1"]["aten._foreach_copy_"] == 2  # the copies refreshed, the gradients handed back
+    assert counts["1"].total < counts["0"].total

@@ -38,7 +38,7 @@ from .checkpoints import checkpoint_path, read_state
 from .data import TokenBatchSampler, TokenizedSplit, bucket_shapes, tokenize_pairs
 from .distributed import configure_deepspeed
 from .engines import Engine, NonFiniteGuard
-from .kernels import attention_choice, fastest_attention
+from .kernels import Bf16Weights, attention_choice, bf16_weights, fastest_attention
 from .logs import Losses
 from .run_folder import (
     CHECKPOINTS,
@@ -84,12 +84,14 @@ class Components:
     engine: Engine = field(init=False)  # what DeepSpeed, FSDP2 and fp16's scaler change in the step
     losses: Losses = field(init=False)  # the step's losses, summed on the device
     guard: NonFiniteGuard = field(init=False)  # what becomes of a step that is not finite
+    weights: Bf16Weights | None = field(init=False)  # bf16 copies the step trains on (kernels.py); None: autocast
     log: Any = None  # the run's TrainingLog (logs.py), set by `train`
 
     def __post_init__(self):
         self.engine = Engine(self.accelerator, self.optimizer)
         self.losses = Losses(self.accelerator, self.checkpoint_root)
         self.guard = NonFiniteGuard(self.engine, self.optimizer, self.losses)
+        self.weights = bf16_weights(self.accelerator, self.accelerator.unwrap_model(self.model))
 
     def unwrap_model(self) -> None:
         """Keep the unwrapped model alone, so that the DDP wrapper can be freed while its process group exists."""

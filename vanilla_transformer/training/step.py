@@ -14,6 +14,7 @@ read (logs.py's `Losses.read`) every `log_steps` and before every checkpoint.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 import torch
@@ -36,9 +37,12 @@ def train_step(parts: Components, micro_batches: list[tuple[dict, int]], step: i
     model.train()
     counts = StepCounts(accelerator, sum(n for _, n in micro_batches), budget)  # over every process, not waited for
     step_loss, step_nll = (torch.zeros((), dtype=torch.float64, device=accelerator.device) for _ in range(2))
+    # bf16 copies of the weights (kernels.Bf16Weights), or autocast casting them at every use
+    copies = parts.weights.swapped if parts.weights is not None else nullcontext
+    autocast = nullcontext if parts.weights is not None else accelerator.autocast
     for i, (batch, _) in enumerate(micro_batches):
-        with engine.accumulating(model, last=i == len(micro_batches) - 1):
-            with accelerator.autocast(), training_attention(accelerator.device):
+        with engine.accumulating(model, last=i == len(micro_batches) - 1), copies():
+            with autocast(), training_attention(accelerator.device):
                 loss, nll = evaluation.batch_loss(model, batch)  # label-smoothed, summed over target tokens (§5.4)
             guard.before_backward(loss, step)
             # Per target token of the whole step; DDP averages over processes, which * num_processes makes a sum.
