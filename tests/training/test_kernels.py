@@ -255,3 +255,33 @@ def test_a_step_on_bf16_weights_casts_a_handful_of_times_where_autocast_casts_at
     assert counts["1"].casts < counts["0"].casts / 4
     assert counts["1"]["aten._foreach_copy_"] == 2  # the copies refreshed, the gradients handed back
     assert counts["1"].total < counts["0"].total
+
+
+@pytest.mark.slow
+def test_a_run_on_bf16_weights_saves_fp32_weights_and_resumes_to_the_uninterrupted_run(tmp_path, small_task, small_run,
+                                                                                    monkeypatch):
+    # Proves, through the real command: with bf16 weights the checkpoints hold the fp32 weights Adam updates (not
+    # the bf16 copies), a resumed run refreshes its copies from them and ends where an uninterrupted run ends, and
+    # the copies are what ran (an autocast run ends elsewhere).
+    from safetensors.torch import load_file
+
+    from vanilla_transformer.cli import main
+    from vanilla_transformer.training.checkpoints import latest_checkpoint
+
+    small_run[small_run.index("--mixed-precision") + 1] = "bf16"
+
+    def run(name, weights_variable, *extra):
+        monkeypatch.setenv(kernels.BF16_WEIGHTS_VARIABLE, weights_variable)
+        out = tmp_path / name
+        main(["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run, "--save-steps", "2", *extra])
+        return load_file(str(latest_checkpoint(out / "checkpoints") / "model.safetensors"))
+
+    whole = run("whole", "1", "--max-steps", "4")
+    run("part", "1", "--max-steps", "2")
+    resumed = run("part", "1", "--max-steps", "4", "--resume")
+    autocast = run("autocast", "0", "--max-steps", "4")
+    assert whole.keys() == resumed.keys()
+    for name, tensor in whole.items():
+        assert tensor.dtype == torch.float32, name
+        assert torch.equal(tensor, resumed[name]), name
+    assert any(not torch.equal(tensor, autocast[name]) for name, tensor in whole.items())

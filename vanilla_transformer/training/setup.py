@@ -146,6 +146,8 @@ def set_up(args: TrainingArguments, accelerator) -> tuple[Components, RunState, 
         accelerator.init_trackers("train", config={k: v for k, v in asdict(args).items() if not isinstance(v, dict)})
     parts = Components(accelerator, model, prepared_optimizer, scheduler, checkpoint_root, average, tokenizer, data,
                        source_lang, target_lang, train_split, eval_splits, sampler)
+    if parts.weights is not None:
+        logger.info("bf16 weights: forward and backward on bf16 copies, Adam on the fp32 weights (no autocast)")
     return parts, state, budget
 
 
