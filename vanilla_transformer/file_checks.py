@@ -130,14 +130,26 @@ def check_model_files(folder: str | os.PathLike) -> None:
         shards = ["model.safetensors", "pytorch_model.bin"]
         for index in (folder / "model.safetensors.index.json", folder / "pytorch_model.bin.index.json"):
             if index.is_file():
-                shards += sorted(set(read_json(index)["weight_map"].values()))
+                named = sorted(set(read_json(index)["weight_map"].values()))
+                for name in named:
+                    if Path(name).is_absolute() or ".." in Path(name).parts:
+                        raise ValueError(f"{index} names {name!r}, outside the model folder; its weights are not read")
+                shards += named
         for name in shards:
+            check_inside(folder / name)
             if (folder / name).is_file():
                 check_weights_file(folder / name)
                 if not name.endswith(".safetensors"):
                     check_plain_pickle(folder / name)
     except ValueError as err:
         raise ValueError(f"{err}. Copy the model folder again, or save the model again.") from None
+
+
+def check_inside(path: Path) -> None:
+    """A ValueError unless a file of a model folder that is a link points inside the folder: a folder someone
+    hands you reads nothing from elsewhere on the machine."""
+    if path.is_symlink() and not path.resolve().is_relative_to(path.parent.resolve()):
+        raise ValueError(f"{path} is a link to {path.resolve()}, outside the model folder; it is not read")
 
 
 def write_text_file(path: str | os.PathLike, text: str) -> None:

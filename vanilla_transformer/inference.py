@@ -25,8 +25,8 @@ from .modeling.pipeline_vanilla_transformer import (
     source_length_limit,
 )
 
-__all__ = ["WEIGHT_FILES", "check_config_file", "check_config_fits_weights", "check_tokenizer_fits", "default_device", "load_model", "load_pretrained",
-           "load_tokenizer", "bounded_texts", "cut_texts", "longest_token", "score_translations", "translate_nbest", "translate_texts"]
+__all__ = ["WEIGHT_FILES", "check_config_file", "check_config_fits_weights", "check_config_sizes", "check_generation_file", "check_tokenizer_fits", "default_device", "load_model", "load_pretrained",
+           "load_tokenizer", "bounded_texts", "cut_texts", "longest_token", "score_translations", "translate_nbest", "translate_texts", "weight_shapes"]
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -59,7 +59,7 @@ def load_model(name_or_path: str | os.PathLike, device: str | None = None):
         check_config_file(path / "config.json")  # before the tokenizer, which reads it too
         check_tokenizer_files(path, read_json(path / "config.json").get("vocab_size"))  # before the library parses them
         if (path / "generation_config.json").is_file():  # transformers ignores a damaged one: the decoding defaults would be lost
-            read_json(path / "generation_config.json")
+            check_generation_file(path / "generation_config.json")
     elif not REPO_ID.match(str(name_or_path)):
         raise FileNotFoundError(f"`model` is neither a folder nor a Hub id (user/name): {name_or_path}")
     try:
@@ -69,6 +69,20 @@ def load_model(name_or_path: str | os.PathLike, device: str | None = None):
         raise ValueError(f"cannot load the model {name_or_path!r}: not a model folder, and not reachable on the Hub ({err})") from err
     check_tokenizer_fits(tokenizer, model.config, name_or_path)
     return model.to(device or default_device()).eval(), tokenizer
+
+
+def check_generation_file(path: Path) -> None:
+    """A ValueError naming `path` unless it is JSON whose decoding defaults keep the bounds the options typed keep
+    (a beam of 100,000 would fail on every line, one warning each)."""
+    from .modeling.checks_vanilla_transformer import check_decoding_options
+
+    generation = read_json(path)
+    if not isinstance(generation, dict):
+        raise ValueError(f"{path} does not hold decoding settings (a JSON object)")
+    try:
+        check_decoding_options(**{name: generation.get(name) for name in ("num_beams", "length_penalty", "max_new_tokens")})
+    except ValueError as err:
+        raise ValueError(f"{path}: {err} Put back the generation_config.json saved with the model") from None
 
 
 def load_tokenizer(name_or_path: str | os.PathLike):
@@ -154,6 +168,11 @@ def check_config_fits_weights(folder: Path) -> None:
     except (TypeError, ValueError, KeyError) as err:
         raise ValueError(f"{config_file} does not describe a model: {err}") from None
     ours = config.model_type == VanillaTransformerConfig.model_type
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(read_json(index)["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    present = all((folder / name).is_file() for name in files)
+    if ours and present:  # before the model is built, even on the meta device (100,000 layers take minutes there)
+        check_config_sizes(config, config_file, weight_shapes([folder / name for name in files]), folder)
     try:
         with torch.device("meta"):
             tensors = AutoModelForSeq2SeqLM.from_config(config, trust_remote_code=False).state_dict(keep_vars=True)
@@ -163,9 +182,7 @@ def check_config_fits_weights(folder: Path) -> None:
                          "(sequence-to-sequence) model transformers knows") from None
     if not ours:
         return  # another architecture (a Marian folder, say): transformers checks its weights
-    index = folder / "model.safetensors.index.json"
-    files = sorted(set(read_json(index)["weight_map"].values())) if index.is_file() else ["model.safetensors"]
-    if not all((folder / name).is_file() for name in files):
+    if not present:
         return  # weights in another format: transformers' own check applies
     saved = {}
     for name in files:
@@ -184,6 +201,44 @@ def check_config_fits_weights(folder: Path) -> None:
                 for key, tensor in tensors.items() if key in saved and tuple(tensor.shape) != saved[key][1]]
     problems += [f"the config has {key}, which the weights lack" for key in lacking]
     problems += [f"the weights have {key}, which the config has no place for" for key in extra]
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ValueError(f"{config_file} does not fit the weights in {folder}: {problems[0]}{more} (was config.json "
+                         "edited?). Put back the config.json saved with these weights")
+
+
+def weight_shapes(files: list[Path]) -> dict[str, tuple[tuple[int, ...], Path]]:
+    """Every tensor's shape and file, from the safetensors headers alone (nothing is loaded)."""
+    from safetensors import safe_open
+
+    shapes = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as weights:
+            shapes.update({key: (tuple(weights.get_slice(key).get_shape()), path) for key in weights.keys()})
+    return shapes
+
+
+def check_config_sizes(config, config_file: Path, shapes: dict[str, tuple[tuple[int, ...], Path]], folder: Path) -> None:
+    """A ValueError naming `config_file` unless its layer counts, widths and vocabulary are those of the weights
+    in `folder` (`weight_shapes`), before anything of the config's size is built. Names may carry a prefix (a
+    LoRA run's checkpoint); what the weights do not show is left to the full check."""
+    problems = []
+    for side in ("encoder", "decoder"):
+        found = {int(m.group(2)): m.group(1) for key in shapes if (m := re.search(rf"(^|.*\.){side}\.layers\.(\d+)\.", key))}
+        if not found:
+            continue
+        given, layers, prefix = getattr(config, f"{side}_layers"), max(found) + 1, f"{found[0]}{side}.layers."
+        if given > layers:
+            problems.append(f"the config has {prefix}{layers}. ({side}_layers {given}), which the weights lack")
+        elif given < layers:
+            problems.append(f"the weights have {prefix}{given}., which the config has no place for ({side}_layers {given})")
+    expected = {r"(?:^|\.)(?:shared|embed_tokens)\.weight$": ("vocab_size", "d_model"),
+                r"(?:^|\.)layers\.0\.feed_forward\.fc2\.(?:base_layer\.)?weight$": ("d_model", "d_ff")}
+    for pattern, names in expected.items():
+        key = next((key for key in shapes if re.search(pattern, key)), None)
+        sizes = [getattr(config, name) for name in names]
+        if key is not None and list(shapes[key][0]) != sizes:
+            problems.append(f"{key} is {list(shapes[key][0])} in {shapes[key][1].name} and {sizes} by the config")
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ValueError(f"{config_file} does not fit the weights in {folder}: {problems[0]}{more} (was config.json "

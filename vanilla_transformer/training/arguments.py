@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from ..choices import DEFAULT_VOCAB_SIZE, PAPER_WARMUP_STEPS, PRESET_NAMES, SCHEDULES, TOKENIZER_MODELS
 from ..file_checks import check_repo_id
 
-__all__ = ["ATTENTION_IMPLEMENTATIONS", "CPU_MAX_TOKENS", "DEFAULT_DDP_TIMEOUT", "DEFAULT_VOCAB_SIZE", "PAPER_WARMUP_STEPS",
-           "SCHEDULES", "TrainingArguments", "add_arguments", "argparse_options"]
+__all__ = ["ATTENTION_IMPLEMENTATIONS", "CPU_MAX_TOKENS", "DEFAULT_DDP_TIMEOUT", "DEFAULT_VOCAB_SIZE", "NEVER_RESTORED",
+           "PAPER_WARMUP_STEPS", "SCHEDULES", "TrainingArguments", "add_arguments", "argparse_options", "check_option"]
 
 CPU_MAX_TOKENS = 4096  # `max_tokens` off a GPU, where the paper's batch would make every step long
 # Seconds a process waits in a collective for the others: the main process learns the vocabulary and
@@ -43,6 +43,9 @@ RUN_OPTIONS = ("dataset", "dataset_config", "columns", "source_lang", "target_la
                # ... and these: the parameters the optimiser holds, and how they are grouped
                "weight_decay", "freeze_encoder", "freeze_embeddings", "lora_rank", "lora_alpha", "lora_dropout",
                "lora_target_modules")
+# What acts outside the run's folder (an upload, a tracker) or names it: `resume` takes these from the command line
+# alone, never from a record in the folder, which anyone who can write there could have edited.
+NEVER_RESTORED = ("output_dir", "resume", "push_to_hub", "report_to")
 
 # The groups of `train --help`, in order, each with what it says beyond its options.
 DATA = "data"
@@ -344,16 +347,38 @@ class TrainingArguments:
             except ValueError as err:
                 raise ValueError(f"`config_overrides`: {err}") from None
             check_attn_implementation(config, self.attn_implementation)
+            if self.lora_rank is not None and self.lora_rank > config.d_model:  # each layer adapted has d_model on a side
+                raise ValueError(f"`lora_rank` must be at most d_model ({config.d_model}), the width of the layers it "
+                                 f"adapts; got {self.lora_rank}.")
+
+
+def check_option(name: str, value) -> None:
+    """The value of one option of `TrainingArguments` (say, one a checkpoint records): its type, choices and bound."""
+    f = next(f for f in dataclasses.fields(TrainingArguments) if f.name == name)
+    _check_field(f, _hint(TrainingArguments, f), value)
+
+
+# What an error calls each type of option, and the test of a value (an int stands for a float).
+KINDS = {
+    int: ("an integer", lambda value: isinstance(value, int) and not isinstance(value, bool)),
+    float: ("a number", lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)),
+    str: ("a string", lambda value: isinstance(value, str)),
+    bool: ("true or false", lambda value: isinstance(value, bool)),
+    dict: ("KEY=VALUE pairs", lambda value: isinstance(value, dict)),
+}
 
 
 def _check_field(f: dataclasses.Field, hint, value) -> None:
-    """A field's choices and bound, from its metadata: "`name` must be <what> [or None]; got <value>."."""
+    """A field's type, choices and bound, from its metadata: "`name` must be <what> [or None]; got <value>."."""
     from ..modeling.checks_vanilla_transformer import is_finite_number
 
     kind, optional = _kind(hint)
     if value is None and optional:
         return
     choices, bound = f.metadata.get("choices"), f.metadata.get("bound")
+    what, holds = KINDS.get(kind, (None, lambda value: True))
+    if choices is None and bound is None and not holds(value):  # choices and bounds say what they take themselves
+        raise ValueError(f"`{f.name}` must be {what}{' or None' * optional}; got {value!r}.")
     if choices is not None and value not in choices:
         raise ValueError(f"`{f.name}` must be one of {', '.join(map(repr, choices))}{' or None' * optional}; "
                          f"got {value!r}.")

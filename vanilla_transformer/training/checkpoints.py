@@ -42,6 +42,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from accelerate.logging import get_logger
 from safetensors.torch import load_file
 
 from ..file_checks import check_plain_pickle, check_weights_file, read_json
@@ -86,6 +87,8 @@ DEEPSPEED_CLASSES = frozenset({
 CUSTOM_STATE_PREFIX = "custom_checkpoint_"  # Accelerate's pickles of objects given to register_for_checkpointing
 DAMAGED_PREFIX = "damaged-"  # a checkpoint set aside by `newest_sound_checkpoint`
 _NAME = re.compile(r"^checkpoint-(\d+)$")
+
+logger = get_logger(__name__)
 
 
 def checkpoint_path(root: str | os.PathLike, step: int) -> Path:
@@ -249,13 +252,18 @@ def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict
         if accelerator.is_main_process:
             (staging / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2))
             publish_files(staging)
+            if final.is_symlink():  # never followed to delete what it points to
+                raise ValueError(f"{final} is a link to {final.resolve()}, which saving step {step} would replace; it is "
+                                 "left alone: move it out of the run's folder")
             if final.exists():  # the same step saved again (e.g. a resumed run that was already finished)
                 shutil.rmtree(final)
             os.rename(staging, final)  # atomic: the checkpoint appears complete or not at all
             if keep is not None:
                 kept = {checkpoint_path(root, s) for s in protect}
                 for old in list_checkpoints(root)[:-keep]:
-                    if old not in kept:
+                    if old.is_symlink():  # a copy elsewhere, linked in: not this run's to delete
+                        logger.warning(f"{old} is a link to {old.resolve()}: not pruned, left alone")
+                    elif old not in kept:
                         shutil.rmtree(old)
     except Exception as err:
         full = disk_full_error(err, staging, final)

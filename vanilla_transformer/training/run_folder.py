@@ -14,6 +14,7 @@ import errno
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -25,8 +26,11 @@ from accelerate.logging import get_logger
 from ..file_checks import read_json
 from ..hub import DESCRIPTION_FILES, RESULTS_FILE
 from ..staging import DiskFull, sweep_staging
-from .arguments import RUN_OPTIONS, TrainingArguments
+from .arguments import NEVER_RESTORED, RUN_OPTIONS, TrainingArguments, check_option
 from .checkpoints import (
+    STATE_FILE,
+    WEIGHTS_FILE,
+    checkpoint_layout,
     latest_checkpoint,
     list_checkpoints,
     newest_sound_checkpoint,
@@ -36,8 +40,8 @@ from .lock import RunLock
 
 __all__ = [
     "CHECKPOINTS", "Budget", "RunState", "StopRequests", "TrainingInterrupted", "check_same_run", "disk_full",
-    "finished_step", "on_main", "recorded_options", "restore_options", "resume_budget", "resume_step", "run_options",
-    "take_folder",
+    "check_run_config", "finished_step", "on_main", "recorded_options", "restore_options", "resume_budget",
+    "resume_step", "run_options", "take_folder",
 ]
 
 logger = get_logger(__name__)
@@ -241,7 +245,7 @@ def resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
         if problems:
             logger.warning(f"`resume`: continuing from {checkpoint.name}, the newest checkpoint that reads back whole; "
                            f"the steps after {step} are trained again")
-        read_json(checkpoint_root / "config.json")  # the run's architecture, read by every process next
+        check_run_config(checkpoint_root / "config.json", checkpoint)  # the run's architecture, built by every process next
         return step
     if list_checkpoints(checkpoint_root):
         raise ValueError(
@@ -261,6 +265,23 @@ def resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
     return None
 
 
+def check_run_config(config_file: Path, checkpoint: Path) -> None:
+    """The run's config.json against the sizes of the checkpoint's weights, from their header, before a model of the
+    config's size is built (an edited d_ff of millions would be allocated, then fail on loading)."""
+    from ..inference import check_config_sizes, weight_shapes
+    from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfig
+
+    config = read_json(config_file)
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_file} does not describe a model (a JSON object)")
+    try:
+        config = VanillaTransformerConfig.from_dict(config)
+    except (TypeError, ValueError, KeyError) as err:
+        raise ValueError(f"{config_file} does not describe a model: {err}") from None
+    if checkpoint_layout(checkpoint) == "DDP":  # the other layouts are pickles, read by their engines' own checks
+        check_config_sizes(config, config_file, weight_shapes([checkpoint / WEIGHTS_FILE]), checkpoint)
+
+
 def run_options(args: TrainingArguments) -> dict:
     """The options that define a run (RUN_OPTIONS), local paths made absolute, as its checkpoints record them."""
     options = {name: getattr(args, name) for name in RUN_OPTIONS}
@@ -277,16 +298,41 @@ def recorded_options(args: TrainingArguments) -> dict:
 
 def restore_options(output_dir: str, given: dict) -> dict:
     """`resume` without the options: those the newest checkpoint of the run in `output_dir` records, the `given`
-    ones (typed on the command line) over them; `check_same_run` then refuses a changed one that defines the run."""
-    recorded = {}
+    ones (typed on the command line) over them; `check_same_run` then refuses a changed one that defines the run.
+    A record is data: each value restored is checked as a typed one is, NEVER_RESTORED ones are left out, and
+    what is restored is printed in one block before anything runs."""
+    recorded, source = {}, None
     for checkpoint in reversed(list_checkpoints(Path(output_dir) / CHECKPOINTS)):
         try:  # the newest that reads; `train` says what is damaged, and sets it aside, under the folder's lock
             recorded = read_state(checkpoint).get("options") or {}
+            source = checkpoint / STATE_FILE
             break
         except (OSError, ValueError, AttributeError):
             continue
+    if not isinstance(recorded, dict):
+        raise ValueError(f"`resume`: {source} is damaged: its options are not a JSON object")
     known = {f.name for f in fields(TrainingArguments)}  # an option since removed is dropped
-    return {**{name: value for name, value in recorded.items() if name in known}, **given}
+    restored = {name: value for name, value in recorded.items()
+                if name in known and name not in NEVER_RESTORED and name not in given}
+    for name, value in restored.items():
+        try:
+            check_option(name, value)
+        except ValueError as err:
+            raise ValueError(f"`resume`: {source} records an option that is refused: {err}") from None
+    left_out = {name: recorded[name] for name in NEVER_RESTORED if recorded.get(name) is not None and name not in given}
+    if restored and os.environ.get("RANK", "0") == "0":  # once, from the main process
+        _print_restored(source, restored, left_out)
+    return {**restored, **given}
+
+
+def _print_restored(source: Path, restored: dict, left_out: dict) -> None:
+    """The options `resume` takes from a record, in one block (as fairseq prints its namespace), and those it leaves."""
+    lines = [f"resume: the options recorded in {source} (those typed take their place):",
+             "  " + ", ".join(f"{name}={value!r}" for name, value in sorted(restored.items()))]
+    if left_out:
+        lines.append("  not restored (they act outside the run's folder: give them on the command line): "
+                     + ", ".join(f"{name}={value!r}" for name, value in sorted(left_out.items())))
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def check_same_run(args: TrainingArguments, started_with: dict | None) -> None:

@@ -262,6 +262,11 @@ def add_lora(model, rank: int, alpha: float, dropout: float, target_modules: lis
     from peft import LoraConfig, TaskType, get_peft_model
 
     target_modules = [name.strip() for name in target_modules]
+    widths = {name: min(module.in_features, module.out_features) for name, module in model.named_modules()
+              if name.rsplit(".", 1)[-1] in target_modules and isinstance(module, torch.nn.Linear)}
+    narrowest = min(widths, key=widths.get, default=None)
+    if narrowest is not None and rank > widths[narrowest]:  # before PEFT allocates adapters wider than the layers
+        raise ValueError(f"`lora_rank` must be at most {widths[narrowest]}, the width of {narrowest}; got {rank}.")
     config = LoraConfig(task_type=TaskType.SEQ_2_SEQ_LM, r=rank, lora_alpha=alpha, lora_dropout=dropout,
                         target_modules=target_modules)
     try:

@@ -170,6 +170,18 @@ def pages_folder() -> tempfile.TemporaryDirectory:
     return tempfile.TemporaryDirectory(prefix="vanilla-transformer-app-", dir=get_upload_folder())
 
 
+class App(gr.Blocks):
+    """The app's Blocks, which answer a call with the wrong number of inputs with what the call needs: Gradio
+    refuses it with an error that it hides from the client, who reads `{"error": null}`."""
+
+    def validate_inputs(self, block_fn, inputs):
+        if len(inputs) != len(block_fn.inputs):
+            names = ", ".join(str(getattr(block, "label", None) or block) for block in block_fn.inputs)
+            raise gr.Error(f"This call takes {len(block_fn.inputs)} inputs ({names}); it was given {len(inputs)}.",
+                           print_exception=False)
+        super().validate_inputs(block_fn, inputs)
+
+
 def build_app(model_name_or_path: str, device: str | None = None, limits: Limits | None = None) -> gr.Blocks:
     """The Gradio app for one model (loaded now, so that a bad folder fails before anything is served), serving
     within `limits` (default: `Limits.from_environment()`)."""
@@ -181,7 +193,7 @@ def build_app(model_name_or_path: str, device: str | None = None, limits: Limits
     translate = make_translate(model, tokenizer, limits, pages)
     max_request_bytes = request_bytes(limits, longest_token(tokenizer))
 
-    with gr.Blocks(title=f"Translate with {model_name_or_path}", analytics_enabled=False) as demo:
+    with App(title=f"Translate with {model_name_or_path}", analytics_enabled=False) as demo:
         gr.Markdown(
             f"## Translate with `{model_name_or_path}`\n"
             "The Transformer of *Attention Is All You Need*. Type a sentence; below its translation, explore "

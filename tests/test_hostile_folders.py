@@ -1,0 +1,105 @@
+"""Issue #63, model folders turned against their user: sizes that disagree with the weights, decoding defaults past
+the command line's bounds, weights named outside the folder, and the app called with the wrong number of inputs.
+Each refusal is one line naming the file, before anything of the file's size is built or read.
+"""
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from safetensors import safe_open
+import test_serve_load
+
+CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+served = test_serve_load.served  # a real `serve` process, on a free port
+MEMORY_CAP = 3 * 1024**3  # bytes of address space: the tiny model's run needs about 1.5 GB of it
+
+
+def _capped():
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+
+
+def run_cli(*args, timeout=120, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=ENV, timeout=timeout,
+                          preexec_fn=_capped, **kwargs)
+
+
+def _edit_json(path, **changes):
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+def _refused_in_one_line(result, *expected):
+    assert result.returncode == 2 and result.stdout == "", result.stderr[-2000:]
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    for text in expected:
+        assert text in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+def test_a_config_with_100000_layers_is_refused_from_the_weights_header(hub_tiny_folder, tmp_path):
+    # Case 5: no answer after 150 s, memory growing, while the meta model of 100,000 layers was built.
+    folder = shutil.copytree(hub_tiny_folder, tmp_path / "model")
+    _edit_json(folder / "config.json", encoder_layers=100_000)
+    started = time.monotonic()
+    result = run_cli("translate", "--model", folder, "Jesus wept.", timeout=60)
+    _refused_in_one_line(result, f"{folder / 'config.json'} does not fit the weights in {folder}: the config has "
+                                 "model.encoder.layers.2. (encoder_layers 100000), which the weights lack")
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.slow
+def test_a_beam_count_past_the_bound_in_generation_config_is_refused(hub_tiny_folder, tmp_path):
+    # Case 10: each line was printed blank, with a warning, and the exit status was 0.
+    folder = shutil.copytree(hub_tiny_folder, tmp_path / "model")
+    _edit_json(folder / "generation_config.json", num_beams=100_000)
+    result = run_cli("translate", "--model", folder, input="Jesus wept.\nIn the beginning.\n")
+    _refused_in_one_line(result, f"{folder / 'generation_config.json'}: `num_beams` must be at most 32")
+
+
+@pytest.mark.slow
+def test_an_index_naming_weights_outside_the_folder_is_refused(hub_tiny_folder, tmp_path):
+    folder = shutil.copytree(hub_tiny_folder, tmp_path / "a" / "b" / "model")
+    (tmp_path / "other").mkdir()
+    weights = tmp_path / "other" / "model.safetensors"
+    shutil.move(folder / "model.safetensors", weights)
+    with safe_open(str(weights), framework="pt") as opened:
+        weight_map = {key: "../../../other/model.safetensors" for key in opened.keys()}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    result = run_cli("translate", "--model", folder, "Jesus wept.")
+    _refused_in_one_line(result, f"{folder / 'model.safetensors.index.json'} names '../../../other/model.safetensors', "
+                                 "outside the model folder")
+
+
+@pytest.mark.slow
+def test_a_weights_file_linked_from_outside_the_folder_is_refused(hub_tiny_folder, tmp_path):
+    folder = shutil.copytree(hub_tiny_folder, tmp_path / "model")
+    outside = tmp_path / "elsewhere.safetensors"
+    shutil.move(folder / "model.safetensors", outside)
+    (folder / "model.safetensors").symlink_to(outside)
+    result = run_cli("translate", "--model", folder, "Jesus wept.")
+    _refused_in_one_line(result, f"{folder / 'model.safetensors'} is a link to {outside}, outside the model folder")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("data", [["Jesus wept."], ["Jesus wept.", 1, 0.6, 0, "one too many"]])
+def test_the_app_answers_a_call_with_the_wrong_number_of_inputs_with_a_message(data, served):
+    # A call of /translate with one input of its four was answered {"error": null}; Gradio ignored a fifth.
+    host, port = served
+    status, text = test_serve_load._post(host, port, "/gradio_api/call/translate", {"data": data})
+    assert status == 200, text
+    with urllib.request.urlopen(f"http://{host}:{port}/gradio_api/call/translate/{json.loads(text)['event_id']}",
+                                timeout=120) as stream:
+        lines = stream.read().decode().splitlines()
+    assert lines[0] == "event: error", lines
+    assert json.loads(lines[1].removeprefix("data: "))["error"] == (
+        "This call takes 4 inputs (Sentence, Beam size (1: greedy), Length penalty (beam search), Longest output in "
+        f"tokens (0: source length + 50, at most 256)); it was given {len(data)}.")

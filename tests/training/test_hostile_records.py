@@ -1,0 +1,132 @@
+"""Issue #63, a run folder turned against its owner: what `train --resume` restores from a record is checked as a
+typed option is, options acting outside the folder are never taken from it, the run's config is checked against
+its checkpoint's weights before it is built, sizes are checked before anything is allocated, and a checkpoint
+linked in from elsewhere is never followed to delete. Each drives the real command in a process of its own.
+"""
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import SMALL_RUN
+
+CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+MEMORY_CAP = 3 * 1024**3  # bytes of address space: the small run needs about 1.6 GB of it
+
+
+def _capped():
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+
+
+def run_cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=ENV, timeout=300,
+                          preexec_fn=_capped)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, write_synthetic_task):
+    """A small run of 2 steps with a checkpoint at each, as `train` leaves it."""
+    root = tmp_path_factory.mktemp("records")
+    data = write_synthetic_task(root / "data", n_train=300, n_eval=12, reverse=True)
+    result = run_cli("train", "--dataset", data, "--output-dir", root / "run", *SMALL_RUN, "--max-steps", 2,
+                     "--save-steps", 1)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return root / "run"
+
+
+@pytest.fixture
+def run(finished_run, tmp_path):
+    return shutil.copytree(finished_run, tmp_path / "run", symlinks=True)
+
+
+def _edit_state(run, edit):
+    path = run / "checkpoints" / "checkpoint-00000002" / "trainer_state.json"
+    state = json.loads(path.read_text())
+    edit(state)
+    path.write_text(json.dumps(state))
+    return path
+
+
+def _refused_in_one_line(result, *expected):
+    assert result.returncode == 2, result.stderr[-2000:]
+    error = result.stderr.splitlines()[-1]
+    assert error.startswith("vanilla-transformer train: error: ") and "Traceback" not in result.stderr, result.stderr[-2000:]
+    for text in expected:
+        assert text in error, error
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, value", [("push_to_hub", "someone/else"), ("report_to", "wandb")])
+def test_resume_never_takes_an_option_acting_outside_the_folder_from_a_record(name, value, run):
+    # Case 1: a recorded push_to_hub was trusted as a typed one: nothing was said at start, an upload was tried at
+    # the end. A recorded tracker was started likewise.
+    _edit_state(run, lambda state: state["options"].update({name: value}))
+    result = run_cli("train", "--resume", "--output-dir", run, "--max-steps", 3)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "uploading" not in result.stderr and "wandb" not in result.stderr.split("not restored")[0]
+    block = result.stderr[result.stderr.index("resume: the options recorded in"):].splitlines()[:3]
+    assert block[0] == (f"resume: the options recorded in {run}/checkpoints/checkpoint-00000002/trainer_state.json "
+                        "(those typed take their place):")
+    assert "seed=0" in block[1] and "max_steps" not in block[1] and name not in block[1]
+    assert block[2].endswith(f"give them on the command line): {name}={value!r}")
+    assert json.loads((run / "results.json").read_text())  # the run finished, its folder complete
+
+
+@pytest.mark.slow
+def test_a_recorded_option_of_the_wrong_type_is_refused_in_one_line(run):
+    # Case 12: a seed edited to "abc" (in both records, so that they agree) ended in numpy's TypeError traceback.
+    def edit(state):
+        state["options"]["seed"] = state["run_options"]["seed"] = "abc"
+
+    path = _edit_state(run, edit)
+    result = run_cli("train", "--resume", "--output-dir", run, "--max-steps", 3)
+    _refused_in_one_line(result, f"`resume`: {path} records an option that is refused: `seed` must be an integer; got 'abc'.")
+    assert not (run / "checkpoints" / "checkpoint-00000003").exists()
+
+
+@pytest.mark.slow
+def test_a_run_config_wider_than_its_checkpoint_is_refused_before_it_is_built(run):
+    # Case 2: a d_ff of 7,000,000 was built (14 GB) and failed with an allocation traceback.
+    config = run / "checkpoints" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "d_ff": 7_000_000}))
+    result = run_cli("train", "--resume", "--output-dir", run, "--max-steps", 3)
+    _refused_in_one_line(result, f"{config} does not fit the weights in {run / 'checkpoints' / 'checkpoint-00000002'}: ",
+                         "feed_forward.fc2.weight is [32, 64] in model.safetensors and [32, 7000000] by the config")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["preset", "fine-tuned"])
+def test_a_lora_rank_wider_than_the_layers_is_refused_before_anything_is_allocated(model, finished_run, tmp_path):
+    # Case 9: a rank of 300,000 was accepted; 4.4 GB, then an allocation traceback.
+    pytest.importorskip("peft")
+    data = finished_run.parent / "data"
+    source = ["--model-name-or-path", finished_run] if model == "fine-tuned" else ["--config-overrides", "d_model=32"]
+    result = run_cli("train", "--dataset", data, "--output-dir", tmp_path / "out", *source, "--lora-rank", 300_000,
+                     "--max-steps", 1, "--max-tokens", 256, "--eval-samples", 0)
+    expected = ("`lora_rank` must be at most d_model (32), the width of the layers it adapts; got 300000." if model == "preset"
+                else "`lora_rank` must be at most 32, the width of model.encoder.layers.0.self_attn.q_proj; got 300000.")
+    _refused_in_one_line(result, expected)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_linked_checkpoint_is_named_and_never_followed_to_prune(run, tmp_path):
+    # Case 11: "error: Cannot call rmtree on a symbolic link" (no path) after saving, and on every later resume.
+    outside = tmp_path / "copy-of-checkpoint-1"
+    shutil.move(run / "checkpoints" / "checkpoint-00000001", outside)
+    (run / "checkpoints" / "checkpoint-00000001").symlink_to(outside)
+    kept = sorted(path.name for path in outside.iterdir())
+    result = run_cli("train", "--resume", "--output-dir", run, "--max-steps", 4, "--save-steps", 1,
+                     "--keep-checkpoints", 2)
+    assert result.returncode == 0, result.stderr[-2000:]
+    link = run / "checkpoints" / "checkpoint-00000001"
+    assert f"{link} is a link to {outside}: not pruned, left alone" in result.stderr
+    assert link.is_symlink() and sorted(path.name for path in outside.iterdir()) == kept
+    names = sorted(path.name for path in (run / "checkpoints").glob("checkpoint-*"))
+    assert names == ["checkpoint-00000001", "checkpoint-00000003", "checkpoint-00000004"]  # the newest 2, and the link
