@@ -69,12 +69,13 @@ def test_resume_never_takes_an_option_acting_outside_the_folder_from_a_record(na
     _edit_state(run, lambda state: state["options"].update({name: value}))
     result = run_cli("train", "--resume", "--output-dir", run, "--max-steps", 3)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "uploading" not in result.stderr and "wandb" not in result.stderr.split("not restored")[0]
-    block = result.stderr[result.stderr.index("resume: the options recorded in"):].splitlines()[:3]
-    assert block[0] == (f"resume: the options recorded in {run}/checkpoints/checkpoint-00000002/trainer_state.json "
-                        "(those typed take their place):")
-    assert "seed=0" in block[1] and "max_steps" not in block[1] and name not in block[1]
-    assert block[2].endswith(f"give them on the command line): {name}={value!r}")
+    start = result.stderr.index("resume: the options of the run")
+    block = result.stderr[start:].splitlines()[:4]
+    assert block[0] == f"resume: the options of the run, from {run}/checkpoints/checkpoint-00000002/trainer_state.json:"
+    assert "seed=0" in block[1] and f"{name}=None" in block[1]
+    assert block[2] == "  typed in place of the recorded ones: max_steps 2 -> 3"
+    assert block[3].endswith(f"give them on the command line): {name}={value!r}")
+    assert "uploading" not in result.stderr and "wandb" not in result.stderr[:start]
     assert json.loads((run / "results.json").read_text())  # the run finished, its folder complete
 
 

@@ -14,7 +14,6 @@ import errno
 import math
 import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -246,6 +245,8 @@ def resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
             logger.warning(f"`resume`: continuing from {checkpoint.name}, the newest checkpoint that reads back whole; "
                            f"the steps after {step} are trained again")
         check_run_config(checkpoint_root / "config.json", checkpoint)  # the run's architecture, built by every process next
+        recorded = state.get("options")
+        _log_options(args, recorded if isinstance(recorded, dict) else {}, checkpoint / STATE_FILE)
         return step
     if list_checkpoints(checkpoint_root):
         raise ValueError(
@@ -299,8 +300,8 @@ def recorded_options(args: TrainingArguments) -> dict:
 def restore_options(output_dir: str, given: dict) -> dict:
     """`resume` without the options: those the newest checkpoint of the run in `output_dir` records, the `given`
     ones (typed on the command line) over them; `check_same_run` then refuses a changed one that defines the run.
-    A record is data: each value restored is checked as a typed one is, NEVER_RESTORED ones are left out, and
-    what is restored is printed in one block before anything runs."""
+    A record is data: each value restored is checked as a typed one is, and NEVER_RESTORED ones are left out
+    (`resume_step` prints the run's options once the run is found the same)."""
     recorded, source = {}, None
     for checkpoint in reversed(list_checkpoints(Path(output_dir) / CHECKPOINTS)):
         try:  # the newest that reads; `train` says what is damaged, and sets it aside, under the folder's lock
@@ -319,20 +320,25 @@ def restore_options(output_dir: str, given: dict) -> dict:
             check_option(name, value)
         except ValueError as err:
             raise ValueError(f"`resume`: {source} records an option that is refused: {err}") from None
-    left_out = {name: recorded[name] for name in NEVER_RESTORED if recorded.get(name) is not None and name not in given}
-    if restored and os.environ.get("RANK", "0") == "0":  # once, from the main process
-        _print_restored(source, restored, left_out)
     return {**restored, **given}
 
 
-def _print_restored(source: Path, restored: dict, left_out: dict) -> None:
-    """The options `resume` takes from a record, in one block (as fairseq prints its namespace), and those it leaves."""
-    lines = [f"resume: the options recorded in {source} (those typed take their place):",
-             "  " + ", ".join(f"{name}={value!r}" for name, value in sorted(restored.items()))]
+def _log_options(args: TrainingArguments, recorded: dict, source: Path) -> None:
+    """The options of the resumed run in one block, as fairseq prints its namespace: those `source` records, those
+    typed in their place, and those it records that are never restored (NEVER_RESTORED)."""
+    options = recorded_options(args)
+    changed = [f"{name} {recorded[name]!r} -> {value!r}" for name, value in options.items()
+               if name in recorded and recorded[name] != value and name not in NEVER_RESTORED]
+    left_out = [f"{name}={recorded[name]!r}" for name in NEVER_RESTORED
+                if recorded.get(name) is not None and recorded[name] != getattr(args, name)]
+    lines = [f"resume: the options of the run, from {source}:",
+             "  " + ", ".join(f"{name}={value!r}" for name, value in sorted(options.items()))]
+    if changed:
+        lines.append(f"  typed in place of the recorded ones: {'; '.join(changed)}")
     if left_out:
-        lines.append("  not restored (they act outside the run's folder: give them on the command line): "
-                     + ", ".join(f"{name}={value!r}" for name, value in sorted(left_out.items())))
-    print("\n".join(lines), file=sys.stderr, flush=True)
+        lines.append(f"  recorded but not restored (they act outside the run's folder; give them on the command line): "
+                     f"{', '.join(left_out)}")
+    logger.info("\n".join(lines))
 
 
 def check_same_run(args: TrainingArguments, started_with: dict | None) -> None:
