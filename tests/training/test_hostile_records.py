@@ -92,6 +92,25 @@ def test_a_recorded_option_of_the_wrong_type_is_refused_in_one_line(run):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name, value, expected", [
+    ("attn_implementation", "kernels-community/flash-attn", "records the attention implementation "
+     "'kernels-community/flash-attn', not one of eager, sdpa, flex_attention, flash_attention_2; it is not used"),
+    ("epoch", "abc", "is damaged: its epoch is 'abc'"),
+])
+def test_a_recorded_state_outside_what_a_run_records_is_refused_in_one_line(name, value, expected, run):
+    # The attention implementation a checkpoint records was handed to transformers, which takes a name of this form
+    # for a Hub kernel to download and run (here it stopped only for want of the kernels package); an epoch that is
+    # no count failed in numpy's seeding ("unrecognized seed string").
+    def edit(state):
+        state.update({name: value})
+        state["options"]["attn_implementation"] = None  # the run's own choice, then: the recorded one is used
+
+    path = _edit_state(run, edit)
+    result = run_cli("train", "--resume", "--output-dir", run, "--max-steps", 3)
+    _refused_in_one_line(result, f"`resume`: {path} {expected}")
+
+
+@pytest.mark.slow
 def test_a_run_config_wider_than_its_checkpoint_is_refused_before_it_is_built(run):
     # Case 2: a d_ff of 7,000,000 was built (14 GB) and failed with an allocation traceback.
     config = run / "checkpoints" / "config.json"

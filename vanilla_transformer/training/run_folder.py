@@ -25,7 +25,7 @@ from accelerate.logging import get_logger
 from ..file_checks import read_json
 from ..hub import DESCRIPTION_FILES, RESULTS_FILE
 from ..staging import DiskFull, sweep_staging
-from .arguments import NEVER_RESTORED, RUN_OPTIONS, TrainingArguments, check_option
+from .arguments import ATTENTION_IMPLEMENTATIONS, NEVER_RESTORED, RUN_OPTIONS, TrainingArguments, check_option
 from .checkpoints import (
     STATE_FILE,
     WEIGHTS_FILE,
@@ -39,8 +39,8 @@ from .lock import RunLock
 
 __all__ = [
     "CHECKPOINTS", "Budget", "RunState", "StopRequests", "TrainingInterrupted", "check_same_run", "disk_full",
-    "check_run_config", "finished_step", "on_main", "recorded_options", "restore_options", "resume_budget",
-    "resume_step", "run_options", "take_folder",
+    "check_run_config", "check_state", "finished_step", "on_main", "recorded_options", "restore_options",
+    "resume_budget", "resume_step", "run_options", "take_folder",
 ]
 
 logger = get_logger(__name__)
@@ -90,6 +90,20 @@ class RunState:
     def from_dict(cls, state: dict) -> RunState:
         """From a checkpoint's state, older ones included (they may lack the newer keys: defaults stand in)."""
         return cls(**{f.name: state[f.name] for f in fields(cls) if f.name in state})
+
+
+def check_state(state: dict, source: Path) -> None:
+    """A ValueError naming `source` unless a checkpoint's state holds what `RunState` holds: counts, lists, and one
+    of ATTENTION_IMPLEMENTATIONS (transformers takes another name for a Hub kernel, which it downloads and runs)."""
+    kinds = {"epoch": int, "batches_done": int, "train_tokens": int, "evaluations_without_improvement": int,
+             "history": list, "best": list, "run_options": (dict, type(None)), "options": (dict, type(None))}
+    for name, kind in kinds.items():
+        value = state.get(name)
+        if name in state and (not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0)):
+            raise ValueError(f"`resume`: {source} is damaged: its {name} is {value!r}")
+    if state.get("attn_implementation") not in (None, *ATTENTION_IMPLEMENTATIONS):
+        raise ValueError(f"`resume`: {source} records the attention implementation {state['attn_implementation']!r}, "
+                         f"not one of {', '.join(ATTENTION_IMPLEMENTATIONS)}; it is not used")
 
 
 @dataclass
@@ -239,6 +253,7 @@ def resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
         for problem in problems:
             logger.warning(f"`resume`: {problem}")
         state = read_state(checkpoint)
+        check_state(state, checkpoint / STATE_FILE)
         check_same_run(args, state.get("run_options"))
         step = state["step"]
         if problems:
