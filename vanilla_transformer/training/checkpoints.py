@@ -252,9 +252,6 @@ def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict
         if accelerator.is_main_process:
             (staging / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2))
             publish_files(staging)
-            if final.is_symlink():  # never followed to delete what it points to
-                raise ValueError(f"{final} is a link to {final.resolve()}, which saving step {step} would replace; it is "
-                                 "left alone: move it out of the run's folder")
             if final.exists():  # the same step saved again (e.g. a resumed run that was already finished)
                 shutil.rmtree(final)
             os.rename(staging, final)  # atomic: the checkpoint appears complete or not at all
