@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from safetensors import safe_open
@@ -87,6 +88,28 @@ def test_a_weights_file_linked_from_outside_the_folder_is_refused(hub_tiny_folde
     (folder / "model.safetensors").symlink_to(outside)
     result = run_cli("translate", "--model", folder, "Jesus wept.")
     _refused_in_one_line(result, f"{folder / 'model.safetensors'} is a link to {outside}, outside the model folder")
+
+
+def test_a_snapshot_of_the_hub_cache_whose_files_link_to_its_blobs_is_read(hub_tiny_folder, tmp_path):
+    # The Hub's cache keeps each file once in models--ORG--NAME/blobs and links it from snapshots/REVISION.
+    repo = tmp_path / "hub" / "models--someone--tiny"
+    snapshot = repo / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for file in Path(hub_tiny_folder).iterdir():
+        if file.is_file():
+            blob = repo / "blobs" / file.name
+            shutil.copy(file, blob)
+            (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))
+    result = run_cli("translate", "--model", snapshot, "Jesus wept.")
+    assert result.returncode == 0 and result.stdout.strip(), result.stderr
+    # A link from the snapshot to anywhere else is still refused.
+    outside = tmp_path / "elsewhere.safetensors"
+    shutil.move(repo / "blobs" / "model.safetensors", outside)
+    (snapshot / "model.safetensors").unlink()
+    (snapshot / "model.safetensors").symlink_to(outside)
+    result = run_cli("translate", "--model", snapshot, "Jesus wept.")
+    _refused_in_one_line(result, f"{snapshot / 'model.safetensors'} is a link to {outside}, outside the model folder")
 
 
 @pytest.mark.slow

@@ -148,8 +148,18 @@ def check_model_files(folder: str | os.PathLike) -> None:
 def check_inside(path: Path) -> None:
     """A ValueError unless a file of a model folder that is a link points inside the folder: a folder someone
     hands you reads nothing from elsewhere on the machine."""
-    if path.is_symlink() and not path.resolve().is_relative_to(path.parent.resolve()):
+    if path.is_symlink() and not any(path.resolve().is_relative_to(home) for home in _link_homes(path.parent)):
         raise ValueError(f"{path} is a link to {path.resolve()}, outside the model folder; it is not read")
+
+
+def _link_homes(folder: Path) -> list[Path]:
+    """Where a model folder's links may point: the folder, and for a snapshot of the Hub's cache
+    (models--ORG--NAME/snapshots/REVISION) its repository's blobs, where the cache keeps the files."""
+    folder = folder.resolve()
+    homes = [folder]
+    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+        homes.append(folder.parent.parent / "blobs")
+    return homes
 
 
 def write_text_file(path: str | os.PathLike, text: str) -> None:
