@@ -9,7 +9,7 @@ from vanilla_transformer import (
     VanillaTransformerModel,
 )
 from vanilla_transformer.modeling.arguments_vanilla_transformer import CACHE_NAME
-from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES
+from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES, PRESETS
 from vanilla_transformer.modeling.arguments_vanilla_transformer import additive_mask
 from vanilla_transformer.modeling.attention_vanilla_transformer import scaled_dot_product_attention
 from vanilla_transformer.modeling.modeling_vanilla_transformer import (
@@ -71,6 +71,22 @@ def test_paper_parameter_counts(name, expected):
         model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset(name, vocab_size=37000))
     count = sum(p.numel() for p in model.parameters())  # tied matrices counted once
     assert abs(count - expected) / expected < 0.04, count
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("overrides", [
+    *({"attention_score": score} for score in ATTENTION_SCORES),
+    {"attention_score": "location", "location_max_length": 300, "local_attention": "local-p"},
+    {"local_attention": "local-m"}, {"position_encoding": "learned", "max_position_embeddings": 300},
+    {"norm_position": "pre", "tie_word_embeddings": False}, {"fast_paths": False},
+], ids=lambda overrides: ",".join(f"{name}={value}" for name, value in overrides.items()))
+def test_parameter_count_is_the_models(preset, overrides):
+    """config.parameter_count, from the fields alone (the memory check before a model is built), counts what a
+    build on the meta device holds, for every preset and variant."""
+    config = VanillaTransformerConfig.from_preset(preset, vocab_size=1000, **overrides)
+    with torch.device("meta"):
+        model = VanillaTransformerForConditionalGeneration(config)
+    assert config.parameter_count() == sum(p.numel() for p in model.parameters())
 
 
 @pytest.mark.parametrize("score", ["scaled_dot", "location"])  # location: position-only, still causal

@@ -253,11 +253,11 @@ class VanillaTransformerConfig(PretrainedConfig):
     def parameter_count(self) -> int:
         """The number of the model's parameters, from the fields alone (nothing is built): the embeddings and the
         output projection (§3.4), each layer's attention blocks (§3.2.2) with their score parameters, its
-        feed-forward network (§3.3) and LayerNorms (§3.1). Exact for the paper's attention, a little over for
-        location-based scores."""
+        feed-forward network (§3.3) and LayerNorms (§3.1). Exact: tests/test_modeling_vanilla_transformer.py holds
+        it to a build on the meta device."""
         d, d_ff, head_dim = self.d_model, self.d_ff, self.head_dim
         score = {"general": d * head_dim, "additive": 2 * d * head_dim + d, "cosine": self.num_heads,
-                 "location": d * self.location_max_length}.get(self.attention_score, 0)
+                 "location": d * self.location_max_length - (d * d + d)}.get(self.attention_score, 0)  # location: no W^K
         local_p = d * head_dim + d if self.local_attention == "local-p" else 0  # cross-attention only
         attention = 4 * (d * d + d) + score
         feed_forward, norm = 2 * d * d_ff + d + d_ff, 2 * d
