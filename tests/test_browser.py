@@ -15,6 +15,9 @@ import pytest
 import torch
 
 import vanilla_transformer
+from vanilla_transformer.modeling.attention_variants_vanilla_transformer import ATTENTION_SCORES
+from vanilla_transformer.modeling.configuration_vanilla_transformer import VanillaTransformerConfig
+from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.visualize.attention_maps import collect_attentions
 from vanilla_transformer.visualize.explorer import explorer_data, save_explorer
 from vanilla_transformer.inference import translate_texts
@@ -180,6 +183,37 @@ def test_the_neuron_view_shows_the_models_numbers_for_the_chosen_kind_layer_head
     assert screenshot[:8] == b"\x89PNG\r\n\x1a\n"
     assert watched.errors == [] and watched.requests == [path.as_uri()]
     watched.close()
+
+
+def test_the_neuron_view_draws_every_score_function_from_its_attention_class(chromium, tiny_corpus, tmp_path):
+    """The page draws each score function as its class's `score_drawing` says: its rows for each key, and the
+    steps from them (on the score's hover title) end at the model's score."""
+    tokenizer = tiny_corpus[0]
+    for score in ATTENTION_SCORES:
+        torch.manual_seed(0)
+        config = VanillaTransformerConfig.tiny(vocab_size=len(tokenizer), attention_score=score)
+        model = VanillaTransformerForConditionalGeneration(config).eval()
+        record = collect_attentions(model, tokenizer, SENTENCE, num_beams=1, max_new_tokens=6)
+        path = save_explorer(record, tmp_path / f"{score}.html")
+        drawing = explorer_data(record)["neurons"]["drawing"]
+        watched = Watched(chromium, allowed=path.as_uri())
+        page = watched.page
+        page.goto(path.as_uri())
+        page.wait_for_selector(LINES)
+        _click(page, "views", "neuron")
+        _click(page, "kinds", "cross")
+        _click(page, "layers", 0)
+        _click(page, "heads", 1)
+        page.click('#nv-queries button[data-query="2"]')
+        keys = record.neurons.kinds["cross"].scores.size(-1)
+        names = [name for name, *_ in drawing["rows"]]
+        assert page.eval_on_selector_all("tbody th", "s => s.map(x => x.textContent)")[-len(names):] == names
+        assert page.locator("tbody .cells").count() == 1 + len(drawing["top"]) + keys * len(names)
+        titles = page.eval_on_selector_all("td.score", "s => s.map(x => x.title)")
+        last_steps = [float(title.split("  \u00b7  ")[0].rsplit("= ", 1)[1]) for title in titles]
+        assert last_steps == pytest.approx(record.neurons.kinds["cross"].scores[0, 1, 2].tolist(), abs=2e-2, rel=1e-2), score
+        assert watched.errors == [], score
+        watched.close()
 
 
 def test_a_1000_token_sentence_stays_usable(chromium, synthetic_record, tmp_path):

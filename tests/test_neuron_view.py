@@ -15,7 +15,7 @@ from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTEN
 from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.visualize.attention_maps import collect_attentions
 from vanilla_transformer.visualize.explorer import explorer_html
-from vanilla_transformer.visualize.neuron_view import block_scores, neuron_view
+from vanilla_transformer.visualize.neuron_view import neuron_view
 
 
 def make_model(**overrides):
@@ -118,26 +118,27 @@ def model_tensors(model, record):
         k = split(captured[key + ("k_proj",)]) if block.k_proj is not None else None
         keys = record.weights(key[0]).size(-1)
         with torch.no_grad():
-            scores = block_scores(block, q, k if k is not None else q.new_zeros(1, q.size(1), keys, q.size(-1)))
+            scores = block.score(q, k if k is not None else q.new_zeros(1, q.size(1), keys, q.size(-1)))
         tensors[key] = (q[0], None if k is None else k[0], scores[0])
     return tensors
 
 
-def drawn_scores(score: str, arrays: dict) -> torch.Tensor:
-    """The scores as the page's rows make them: the sum of each key's last row (and cosine's norms and strength)."""
-    q = arrays["query"]
-    if score == "general":
-        return q @ arrays["transformed_keys"].T
-    if score == "additive":
-        return (torch.tanh(arrays["query_part"][:, None] + arrays["key_part"][None]) * arrays["vector"]).sum(-1)
-    if score == "location":
-        return q @ arrays["position_weights"].T
-    dots = q @ arrays["key"].T
-    if score == "scaled_dot":
-        return dots / math.sqrt(q.size(-1))
-    if score == "cosine":
-        return dots / q.norm(dim=-1, keepdim=True) / arrays["key"].norm(dim=-1) * arrays["strength"]
-    return dots
+OPERATIONS = {"times": torch.mul, "plus": torch.add, "divide": torch.div, "tanh": torch.tanh,
+              "sum": lambda a: a.sum(-1, keepdim=True), "norm": lambda a: a.norm(dim=-1, keepdim=True)}
+
+
+def drawn_scores(drawing: dict, arrays: dict) -> torch.Tensor:
+    """The scores as the page's drawing makes them from its rows (its last step), for every query and key (T, S)."""
+    def value(expression):
+        if isinstance(expression, (int, float)):
+            return expression
+        if isinstance(expression, str):  # (T, 1, C) a row per query, (1, S, C) a row per key, (1, 1, C) one row
+            array = arrays[expression]
+            return array[:, None] if expression == "query" or expression in drawing["per_query"] else array[None]
+        operation, *operands = expression
+        return OPERATIONS[operation](*map(value, operands))
+
+    return value(drawing["steps"][-1][1])[..., 0]
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +167,8 @@ def test_the_pages_neuron_data_is_the_models_own(overrides, tokenizer):
         torch.testing.assert_close(arrays["score"], scores, **float16)
         torch.testing.assert_close(arrays["weight"], record.weights(kind)[layer, head], rtol=0, atol=1e-3)
         # what the page draws adds up to the scores
-        torch.testing.assert_close(drawn_scores(config.attention_score, arrays), arrays["score"], rtol=1e-2, atol=2e-2)
+        drawn = drawn_scores(data["drawing"], arrays)
+        torch.testing.assert_close(drawn.expand_as(arrays["score"]), arrays["score"], rtol=1e-2, atol=2e-2)
         # and the scores, masked and normalised as the model does, give its weights
         allowed = arrays["allowed"]
         masked = arrays["score"].masked_fill(~allowed, torch.finfo(torch.float32).min)

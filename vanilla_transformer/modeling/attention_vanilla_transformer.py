@@ -17,7 +17,6 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .arguments_vanilla_transformer import additive_mask
-from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .fast_modeling_vanilla_transformer import linear_class, packed_linear
 
 # --------------------------------------------------------------------------------------
@@ -55,10 +54,9 @@ class MultiHeadAttention(nn.Module):
     output. The attention function is the model's `attn_implementation`: "eager" (the function above),
     "sdpa", "flex_attention" or "flash_attention_2" (transformers' kernels of the same)."""
 
-    def __init__(self, config: VanillaTransformerConfig, layer_idx: int | None = None, is_cross_attention=False,
-                 is_causal=False):
+    def __init__(self, config, layer_idx: int | None = None, is_cross_attention=False, is_causal=False):
         super().__init__()
-        self.config = config  # `attn_implementation` is read from it
+        self.config = config  # a VanillaTransformerConfig; `attn_implementation` is read from it
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
         self.layer_idx, self.is_cross_attention = layer_idx, is_cross_attention
         self.is_causal = is_causal  # §3.2.3's look-ahead mask; transformers' fused kernels read it
@@ -103,6 +101,32 @@ class MultiHeadAttention(nn.Module):
 
     def keys_and_values(self, source):
         return self._heads(self.k_proj, source), self._heads(self.v_proj, source)
+
+    def score(self, q, k):
+        """§3.2.1's scores (B, H, T, S), as the attention functions compute them (the neuron view reads them here)."""
+        return q @ k.transpose(-1, -2) * self.scaling
+
+    # What the neuron view (visualize/neuron_view.py) draws of the score: `score_terms` are the tensors beside q and
+    # k (B, H, rows, columns), `score_drawing` says how the page shows them. Its expressions name a tensor ("query",
+    # "key" or a term: the row of this query, of this key, or the only row) or apply an operation to others:
+    # ["times" | "plus" | "divide", a, b], ["tanh", a], ["sum" | "norm", a] (a vector to a number); numbers are numbers.
+
+    def score_terms(self, q, k) -> dict:
+        return {}
+
+    def score_drawing(self) -> dict:
+        """The formula, the rows drawn for each key (the last one's sum makes the score), the query's rows beside
+        q (`top`), the terms with a row per query (`per_query`), and the steps from the rows to the score, shown
+        when a score is hovered (the last step is the score)."""
+        product = ["sum", ["times", "query", "key"]]
+        scaled = self.scaling != 1.0
+        formula = (f"q·k / √{self.head_dim}: the scaled dot product of §3.2.1" if scaled
+                   else "q·k: the dot product (Luong et al. 2015)")
+        steps = [["q·k = Σ q×k", product]]
+        if scaled:
+            steps.append([f"/ √{self.head_dim}", ["times", product, self.scaling]])
+        return dict(formula=formula, rows=[["k", "key"], ["q×k", ["times", "query", "key"]]], top=[],
+                    per_query=[], steps=steps)
 
     def attend(self, q, k, v, attention_mask, output_attentions=False):
         implementation = self.config._attn_implementation

@@ -7,16 +7,17 @@ quickstart's CPU model) and `tiny` (tests) are named presets, as fairseq names i
     config = VanillaTransformerConfig.from_preset("big", vocab_size=37000)
 
 This file ships with saved models and is loaded with `trust_remote_code=True`:
-it imports only the standard library, transformers and the file of checks beside it.
+it imports only the standard library, transformers and the files beside it: its checks, and the score
+functions' classes, which name the values `attention_score` takes.
 """
 
 import os
 
 from transformers import PretrainedConfig
 
+from .attention_variants_vanilla_transformer import ATTENTION_SCORES, SCORE_CLASSES
 from .checks_vanilla_transformer import is_finite_number
 
-ATTENTION_SCORES = ("scaled_dot", "dot", "general", "additive", "cosine", "location")
 ATTENTION_NORMALIZATIONS = ("softmax", "relu", "sparsemax")
 LOCAL_ATTENTIONS = ("none", "local-m", "local-p")
 ATTENTION_HARDNESSES = ("soft", "hard")
@@ -98,12 +99,12 @@ class VanillaTransformerConfig(PretrainedConfig):
         scale_embedding: multiply embeddings by sqrt(d_model) (§3.4).
         tie_word_embeddings: one matrix for source embeddings, target embeddings and the pre-softmax
             projection (§3.4). If False, the three are separate.
-        attention_score: how a query is compared with the keys: "scaled_dot" (the paper, §3.2.1), "dot"
-            (Luong), "general" (Luong, learned W_a), "additive" (Bahdanau), "cosine" (Graves), or
-            "location" (Luong: scores from the query alone, W_a q over key positions; the keys' content
-            is not read). It applies in every attention block: encoder self-attention, decoder
-            self-attention (with "location", a learned pattern over earlier target positions; the
-            look-ahead mask still applies) and cross-attention.
+        attention_score: how a query is compared with the keys: "scaled_dot" (the paper, §3.2.1) or one
+            of the score functions of attention_variants_vanilla_transformer.py (`SCORE_CLASSES`; compared
+            in docs/attention.md), such as "location" (Luong: scores from the query alone, W_a q over key
+            positions; the keys' content is not read). It applies in every attention block: encoder
+            self-attention, decoder self-attention (with "location", a learned pattern over earlier target
+            positions; the look-ahead mask still applies) and cross-attention.
         location_max_length: with attention_score="location", the number of key positions W_a scores:
             the longest source (encoder self- and cross-attention) and the longest target so far
             (decoder self-attention) the model reads. Longer inputs are refused, naming this field.
@@ -252,12 +253,11 @@ class VanillaTransformerConfig(PretrainedConfig):
 
     def parameter_count(self) -> int:
         """The number of the model's parameters, from the fields alone (nothing is built): the embeddings and the
-        output projection (§3.4), each layer's attention blocks (§3.2.2) with their score parameters, its
-        feed-forward network (§3.3) and LayerNorms (§3.1). Exact: tests/test_modeling_vanilla_transformer.py holds
-        it to a build on the meta device."""
+        output projection (§3.4), each layer's attention blocks (§3.2.2) with their score parameters (as each
+        score function's class counts them), its feed-forward network (§3.3) and LayerNorms (§3.1). Exact:
+        tests/test_modeling_vanilla_transformer.py holds it to a build on the meta device."""
         d, d_ff, head_dim = self.d_model, self.d_ff, self.head_dim
-        score = {"general": d * head_dim, "additive": 2 * d * head_dim + d, "cosine": self.num_heads,
-                 "location": d * self.location_max_length - (d * d + d)}.get(self.attention_score, 0)  # location: no W^K
+        score = SCORE_CLASSES[self.attention_score].parameters_added(self)
         local_p = d * head_dim + d if self.local_attention == "local-p" else 0  # cross-attention only
         attention = 4 * (d * d + d) + score
         feed_forward, norm = 2 * d * d_ff + d + d_ff, 2 * d

@@ -38,7 +38,7 @@ import torch
 
 from ..file_checks import check_plain_file
 from .attention_maps import KINDS, AttentionRecord
-from .neuron_view import QUERY_TERMS, Neurons, NeuronTensors
+from .neuron_view import Neurons, NeuronTensors
 
 __all__ = ["MAX_BYTES", "explorer_data", "explorer_html", "html_path", "save_explorer"]
 
@@ -83,12 +83,13 @@ def _keep(record: AttentionRecord) -> int | None:
     return max(MIN_KEEP, MAX_BYTES // (3 * rows))
 
 
-def _neuron_fields(tensors: NeuronTensors) -> list[tuple[str, torch.Tensor, bool]]:
-    """The arrays of one kind's neuron view, (layers, heads, rows, columns) each, and whether they have a row per query."""
+def _neuron_fields(tensors: NeuronTensors, per_query) -> list[tuple[str, torch.Tensor, bool]]:
+    """The arrays of one kind's neuron view, (layers, heads, rows, columns) each, and whether they have a row per query
+    (the terms named in `per_query`)."""
     fields = [("query", tensors.queries, True)]
     if tensors.keys is not None:
         fields.append(("key", tensors.keys, False))
-    fields += [(name, term, name in QUERY_TERMS) for name, term in tensors.terms.items()]
+    fields += [(name, term, name in per_query) for name, term in tensors.terms.items()]
     return fields + [("score", tensors.scores, True), ("weight", tensors.weights, True)]
 
 
@@ -112,7 +113,7 @@ def _neuron_data(neurons: Neurons | None) -> dict | None:
     fit (at least `NEURON_MIN_QUERIES`), and then the heads that fit, layer by layer, head by head, each kind in turn."""
     if neurons is None:
         return None
-    fields = {kind: _neuron_fields(tensors) for kind, tensors in neurons.kinds.items()}
+    fields = {kind: _neuron_fields(tensors, neurons.drawing["per_query"]) for kind, tensors in neurons.kinds.items()}
     shape = {kind: tuple(tensors.scores.shape[2:]) for kind, tensors in neurons.kinds.items()}  # (queries, keys)
     heads = sorted((layer, head, kind) for kind, tensors in neurons.kinds.items()
                    for layer in range(tensors.scores.size(0)) for head in range(tensors.scores.size(1)))
@@ -147,7 +148,7 @@ def _neuron_data(neurons: Neurons | None) -> dict | None:
         }
     return {"score": neurons.score, "normalization": neurons.normalization, "hard": neurons.hard,
             "local_attention": neurons.local_attention, "window": neurons.window,
-            "kept": len(kept), "of": len(heads), "kinds": kinds}
+            "kept": len(kept), "of": len(heads), "kinds": kinds, "drawing": neurons.drawing}
 
 
 def explorer_data(record: AttentionRecord) -> dict:

@@ -12,12 +12,11 @@ k_j are the outputs of the block's own W^Q and W^K, the scores come from its sco
 weights are the model's `output_attentions`; nothing is computed by a second implementation.
 Location-based scores read no keys: `keys` and `products` are then None.
 
-`neuron_tensors` gives the same for every block of the model, and beside them what each score function
-is made of (`SCORE_TERMS`), read from the block's own parameters, so that a page can show the sum that
-makes each score: general's W_a·k_j, additive's W_q·q and W_k·k_j (the tanh units are tanh of their sum)
-with v_a, cosine's learned strength, location's column of W_a for each position, and local-p's
-predicted position p_t. `allowed` is the mask the block attended under: padding, the look-ahead mask
-of §3.2.3 and any local window.
+`neuron_tensors` gives the same for every block of the model, and beside them what its score function
+is made of, as each attention class names it (its `score_terms`, read from the block's own parameters:
+general's W_a·k_j, additive's W_q·q, W_k·k_j and v_a, cosine's learned strength, location's column of W_a
+for each position) and how a page draws them (its `score_drawing`), and local-p's predicted position p_t.
+`allowed` is the mask the block attended under: padding, the look-ahead mask of §3.2.3 and any local window.
 
 One model may serve several threads (`serve --max-concurrent`): the hooks that read q and k keep only
 what their own thread's pass computes, and one capture runs at a time (`CAPTURE_LOCK`).
@@ -35,17 +34,7 @@ from ..modeling.arguments_vanilla_transformer import additive_mask
 
 KINDS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
 
-# What `NeuronTensors.terms` holds for each score function, beside q and k: (L, H, rows, Dh|1) each.
-SCORE_TERMS = {
-    "scaled_dot": (),
-    "dot": (),
-    "general": ("transformed_keys",),  # W_a·k_j, a row per key: the score is q·(W_a k_j)
-    "additive": ("query_part", "key_part", "vector"),  # W_q·q (a row per query), W_k·k_j (per key), v_a (one row)
-    "cosine": ("strength",),  # the head's learned strength (one number): the score is strength · cos(q, k_j)
-    "location": ("position_weights",),  # W_a's column for key position j, a row per key: the score is q·column
-}
-QUERY_TERMS = ("query_part", "centres")
-CAPTURE_LOCK = threading.Lock()  # hooks live on the shared modules: one capture registers and removes them at a time  # the terms with a row per query; local-p adds "centres", p_t (T, 1)
+CAPTURE_LOCK = threading.Lock()  # hooks live on the shared modules: one capture registers and removes them at a time
 
 
 @dataclass
@@ -66,7 +55,7 @@ class NeuronTensors:
     scores: torch.Tensor  # (L, H, T, S): the score function's output, before masking and normalisation
     weights: torch.Tensor  # (L, H, T, S): the weights the model attended with
     allowed: torch.Tensor  # (L, H, T, S) bool: the mask it attended under
-    terms: dict[str, torch.Tensor] = field(default_factory=dict)  # SCORE_TERMS, and "centres" for local-p
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)  # the blocks' score_terms, and "centres" for local-p
 
 
 @dataclass
@@ -79,6 +68,7 @@ class Neurons:
     local_attention: str  # "none", "local-m" or "local-p"
     window: int  # D, when local
     kinds: dict[str, NeuronTensors]
+    drawing: dict  # how a page draws the score's terms: the blocks' score_drawing, and "centres" a term per query
 
 
 def _blocks(model, kind: str):
@@ -128,34 +118,19 @@ def _block_tensors(block, captured, name, weights, row: int) -> dict:
     keys = weights.size(-1)
     # location scores read only the number of keys; any tensor with S rows stands in for them
     stand_in = k if k is not None else q.new_zeros(q.shape[:2] + (keys, q.size(-1)))
-    scores = block_scores(block, q, stand_in)[0]  # (H, T, S)
+    scores = block.score(q, stand_in)[0]  # (H, T, S)
     allowed = torch.ones(q.size(-2), keys, dtype=torch.bool, device=q.device)
     mask = additive_mask(captured[(name, "mask")], block, q, stand_in)  # (B|1, 1, T, S), 0 where allowed
     if mask is not None:
         mask = mask[min(row, mask.size(0) - 1):][:1] == 0  # (1, 1, T, S)
         allowed = allowed & mask[0, 0]
     allowed = allowed.expand(block.num_heads, -1, -1)
-    terms = {}
+    terms = {name: term[0] for name, term in block.score_terms(q, stand_in).items()}  # (H, rows, Dh|1) each
     if getattr(block, "predicts_position", False):  # local-p: the window is around each query's predicted position
         centres = predicted_position(block, q, keys, mask)  # (1, H, T, 1)
         allowed = allowed & ((torch.arange(keys, device=q.device) - centres[0]).abs() <= block.config.attention_window)
         terms["centres"] = centres[0]  # (H, T, 1)
-    score_name = block.config.attention_score
-    if score_name == "general":
-        terms["transformed_keys"] = (k @ block.score_weight.transpose(-1, -2))[0]
-    elif score_name == "additive":
-        terms.update(query_part=(q @ block.score_query_weight)[0], key_part=(k @ block.score_key_weight)[0],
-                     vector=block.score_vector[:, None])
-    elif score_name == "cosine":
-        terms["strength"] = block.score_strength[:, None, None]
-    elif score_name == "location":
-        terms["position_weights"] = block.score_location_weight[..., :keys].transpose(-1, -2)  # (H, S, Dh)
     return dict(queries=q[0], keys=None if k is None else k[0], scores=scores, allowed=allowed, terms=terms)
-
-
-def block_scores(block, q, k):
-    """The block's scores (B, H, T, S): its own score function, or the paper's scaled dot product (§3.2.1)."""
-    return block.score(q, k) if hasattr(block, "score") else q @ k.transpose(-1, -2) * block.scaling
 
 
 @torch.no_grad()
@@ -178,10 +153,11 @@ def neuron_tensors(model, input_ids, attention_mask, decoder_input_ids, row: int
             allowed=torch.stack([layer["allowed"] for layer in per_layer]).cpu(),
             terms={name: stack([layer["terms"][name] for layer in per_layer]) for name in per_layer[0]["terms"]},
         )
-    config = model.config
+    config, drawing = model.config, blocks["encoder", 0].score_drawing()  # every block of a model draws alike
     return Neurons(score=config.attention_score, normalization=config.attention_normalization,
                    hard=config.attention_hardness == "hard", local_attention=config.local_attention,
-                   window=config.attention_window, kinds=kinds)
+                   window=config.attention_window, kinds=kinds,
+                   drawing={**drawing, "per_query": [*drawing["per_query"], "centres"]})
 
 
 @torch.no_grad()
