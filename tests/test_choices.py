@@ -1,4 +1,5 @@
-"""Every choice list the package offers is written once, in vanilla_transformer/choices.py.
+"""Every choice list the package offers is written once, in vanilla_transformer/choices.py, or, for the
+learning-rate schedules, as the keys of training/schedule.py's registry.
 
 A copy elsewhere (an option's `choices=`, a check's tuple) drifts the day one side gains a value: the
 test reads the package's source and names each copy."""
@@ -8,10 +9,12 @@ from pathlib import Path
 
 from vanilla_transformer import choices
 from vanilla_transformer.modeling.configuration_vanilla_transformer import PRESETS
+from vanilla_transformer.training.schedule import SCHEDULES
 
 PACKAGE = Path(choices.__file__).parent
 CHOICE_LISTS = {name: value for name, value in vars(choices).items()
                 if isinstance(value, tuple) and len(value) >= 2 and all(isinstance(v, str) for v in value)}
+CHOICE_LISTS["SCHEDULES"] = tuple(SCHEDULES)  # defined where the schedules are, as a registry
 
 
 def string_lists(root: Path):
@@ -56,7 +59,7 @@ def test_the_modules_that_offer_a_choice_take_it_from_choices():
 
     assert tokenizer.DEFAULT_VOCAB_SIZE is arguments.DEFAULT_VOCAB_SIZE is choices.DEFAULT_VOCAB_SIZE
     assert tokenizer.MODEL_TYPES is arguments.TOKENIZER_MODELS is choices.TOKENIZER_MODELS
-    assert schedule.SCHEDULES is arguments.SCHEDULES is choices.SCHEDULES
+    assert schedule.SCHEDULES is arguments.SCHEDULES and not hasattr(choices, "SCHEDULES")
     assert ctranslate2.QUANTIZATIONS is choices.QUANTIZATIONS
     assert app.Limits() == app.Limits(**choices.SERVE_LIMITS)
     # The modeling files cannot import choices.py (a saved folder holds them alone): the config's table is held equal.

@@ -2,11 +2,11 @@
 
 The command line's `--help` reads them, so this module imports nothing: not torch, not transformers.
 The modeling files cannot import it (they are copied into every saved model folder): `PRESET_NAMES`
-is the config's `PRESETS`, held equal by a test. tests/test_choices.py fails on a list written twice.
+is the config's `PRESETS`, held equal by a test. The learning-rate schedules are named where they are defined,
+training/schedule.py's `SCHEDULES` (torch-free too). tests/test_choices.py fails on a list written twice.
 """
 
-__all__ = ["DEFAULT_VOCAB_SIZE", "PAPER_WARMUP_STEPS", "PRESET_NAMES", "QUANTIZATIONS", "SCHEDULES", "SERVE_LIMITS",
-           "TOKENIZER_MODELS"]
+__all__ = ["DEFAULT_VOCAB_SIZE", "PAPER_WARMUP_STEPS", "PRESET_NAMES", "QUANTIZATIONS", "SERVE_LIMITS", "TOKENIZER_MODELS"]
 
 DEFAULT_VOCAB_SIZE = 8000  # docs/tokenizer.md: the paper's 37k was for 4.5M pairs, the Bible corpora have ~29k
 PAPER_WARMUP_STEPS = 4000  # §5.3
@@ -15,7 +15,6 @@ PAPER_WARMUP_STEPS = 4000  # §5.3
 # which keeps the pieces that best explain the text by likelihood. Both read bytes, so both are lossless.
 TOKENIZER_MODELS = ("bpe", "unigram")
 PRESET_NAMES = ("tiny", "small", "base", "big")  # the config's PRESETS
-SCHEDULES = ("noam", "linear", "cosine")  # training/schedule.py's make_scheduler
 # CTranslate2's weight types an export may take.
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "int8_float16", "bfloat16")
 

@@ -16,8 +16,9 @@ import types
 import typing
 from dataclasses import dataclass, field
 
-from ..choices import DEFAULT_VOCAB_SIZE, PAPER_WARMUP_STEPS, PRESET_NAMES, SCHEDULES, TOKENIZER_MODELS
+from ..choices import DEFAULT_VOCAB_SIZE, PAPER_WARMUP_STEPS, PRESET_NAMES, TOKENIZER_MODELS
 from ..file_checks import check_repo_id
+from .schedule import SCHEDULES, check_schedule
 
 __all__ = ["ATTENTION_IMPLEMENTATIONS", "CPU_MAX_TOKENS", "DEFAULT_DDP_TIMEOUT", "DEFAULT_VOCAB_SIZE", "NEVER_RESTORED",
            "PAPER_WARMUP_STEPS", "SCHEDULES", "TrainingArguments", "add_arguments", "argparse_options", "check_option"]
@@ -182,7 +183,7 @@ class TrainingArguments:
         help="decoupled weight decay (AdamW), not on biases and LayerNorm weights (not in the paper)",
     )
     lr_schedule: str = option(
-        "noam", group=OPTIMISATION, choices=SCHEDULES,
+        "noam", group=OPTIMISATION, choices=tuple(SCHEDULES),
         help="noam: the paper's inverse square root; linear/cosine: the same warm-up and peak, then down to 0 at the "
         "end of --max-steps/--time-limit/--num-epochs, whichever comes first",
     )
@@ -266,7 +267,6 @@ class TrainingArguments:
         """Fail early, naming the option and what it accepts."""
         from ..modeling.checks_vanilla_transformer import check_decoding_options, is_finite_number
         from ..modeling.configuration_vanilla_transformer import check_probability
-        from .schedule import check_schedule
 
         for f in dataclasses.fields(self):
             _check_field(f, _hint(type(self), f), getattr(self, f.name))

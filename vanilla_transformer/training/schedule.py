@@ -11,18 +11,21 @@ Not in the paper: the schedule was built for 100k steps and never reaches zero. 
 budget of minutes stops while its rate is still high, so `BudgetSchedule` warms up the same way to
 the same peak, then decays linearly or along a cosine to exactly zero where the budget ends. A
 fine-tuning run names its peak instead (`peak_scale`): the curve keeps its shape, scaled to reach it.
+
+`SCHEDULES` names every schedule (`lr_schedule`'s choices) and the function that builds it: adding a
+schedule is one function and one entry there. torch is imported where an optimiser or schedule is built,
+so that `train --help` reads the names without it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
-from torch.optim.lr_scheduler import LambdaLR
+from ..choices import PAPER_WARMUP_STEPS
 
-from ..choices import PAPER_WARMUP_STEPS, SCHEDULES
-from ..modeling.checks_vanilla_transformer import is_finite_number
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["PAPER_WARMUP_STEPS", "SCHEDULES", "BudgetSchedule", "check_schedule", "make_optimizer", "make_scheduler",
            "noam_rate", "peak_scale"]
@@ -31,6 +34,8 @@ __all__ = ["PAPER_WARMUP_STEPS", "SCHEDULES", "BudgetSchedule", "check_schedule"
 def check_schedule(warmup_steps, scale, schedule, names=("warmup_steps", "scale", "schedule")) -> None:
     """The schedule's options, checked in one place for `make_scheduler` and, before any data is read,
     for `TrainingArguments` (whose `names` for them are warmup_steps, lr_scale and lr_schedule)."""
+    from ..modeling.checks_vanilla_transformer import is_finite_number  # the modeling package brings transformers
+
     if not isinstance(warmup_steps, int) or warmup_steps < 1:
         raise ValueError(f"`{names[0]}` must be a positive integer; got {warmup_steps!r}.")
     if not (is_finite_number(scale) and scale > 0):
@@ -67,6 +72,8 @@ def make_optimizer(
     With `weight_decay` (not in the paper) it is AdamW: decay decoupled from the gradient's moments, and,
     as in transformers' Trainer, not on biases and LayerNorm weights, which set offsets and scales.
     """
+    import torch
+
     device = torch.device(device) if device is not None else next(model.parameters()).device
     fused = device.type in ("cpu", "cuda")
     trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
@@ -86,29 +93,48 @@ def make_scheduler(
     scale: float = 1.0,
     schedule: str = "noam",
     remaining_steps: Callable[[int], float] | None = None,
-) -> "LambdaLR | BudgetSchedule":
-    """The learning-rate schedule; call `scheduler.step()` after each optimiser step.
-
-    "noam" is the paper's, as a LambdaLR: it asks for the multiplier of step 0 when it is built
-    and of step i after the i-th `scheduler.step()`; the paper counts the first update as step 1,
-    hence `i + 1`. "linear" and "cosine" are `BudgetSchedule`s with the Noam schedule's warm-up and
-    peak, which need `remaining_steps` (see there).
-    """
+):
+    """The learning-rate schedule named `schedule` (one of `SCHEDULES`); call `scheduler.step()` after each
+    optimiser step. "linear" and "cosine" need `remaining_steps` (see `BudgetSchedule`)."""
     check_schedule(warmup_steps, scale, schedule)
     for group in optimizer.param_groups:
         group["lr"] = group["initial_lr"] = 1.0
-    if schedule == "noam":
-        return LambdaLR(optimizer, lambda i: noam_rate(i + 1, d_model, warmup_steps, scale))
+    return SCHEDULES[schedule](optimizer, d_model, warmup_steps, scale, remaining_steps)
+
+
+def noam(optimizer, d_model: int, warmup_steps: int, scale: float, remaining_steps=None):
+    """The paper's, as a LambdaLR: it asks for the multiplier of step 0 when it is built and of step i after the
+    i-th `scheduler.step()`; the paper counts the first update as step 1, hence `i + 1`."""
+    from torch.optim.lr_scheduler import LambdaLR  # here, so that --help reads `SCHEDULES` without torch
+
+    return LambdaLR(optimizer, lambda i: noam_rate(i + 1, d_model, warmup_steps, scale))
+
+
+def linear(optimizer, d_model: int, warmup_steps: int, scale: float, remaining_steps=None) -> BudgetSchedule:
+    """Noam's warm-up and peak, then `peak * (1 - p)` down to zero where the budget ends."""
+    return _budget(optimizer, d_model, warmup_steps, scale, remaining_steps, "linear", lambda p: 1.0 - p)
+
+
+def cosine(optimizer, d_model: int, warmup_steps: int, scale: float, remaining_steps=None) -> BudgetSchedule:
+    """Noam's warm-up and peak, then `peak * (1 + cos(pi * p)) / 2` down to zero where the budget ends."""
+    return _budget(optimizer, d_model, warmup_steps, scale, remaining_steps, "cosine",
+                   lambda p: 0.5 * (1.0 + math.cos(math.pi * p)))
+
+
+# Every schedule, by the name `lr_schedule` takes: the one place a schedule is defined (the options read it).
+SCHEDULES = {"noam": noam, "linear": linear, "cosine": cosine}
+
+
+def _budget(optimizer, d_model, warmup_steps, scale, remaining_steps, name: str, decay) -> BudgetSchedule:
     if remaining_steps is None:
-        raise ValueError(f"the {schedule!r} schedule decays to zero at the end of the budget: give `remaining_steps`.")
+        raise ValueError(f"the {name!r} schedule decays to zero at the end of the budget: give `remaining_steps`.")
     peak = noam_rate(warmup_steps, d_model, warmup_steps, scale)
-    return BudgetSchedule(optimizer, peak, warmup_steps, schedule, remaining_steps)
+    return BudgetSchedule(optimizer, peak, warmup_steps, decay, remaining_steps)
 
 
 class BudgetSchedule:
-    """Warm-up to `peak` (the Noam schedule's: linear over `warmup_steps`), then a decay that reaches
-    zero where the budget ends: `peak * (1 - p)` ("linear") or `peak * (1 + cos(pi * p)) / 2`
-    ("cosine"), p being the fraction of the decay done.
+    """Warm-up to `peak` (the Noam schedule's: linear over `warmup_steps`), then `peak * decay(p)`, p being the
+    fraction of the decay done, and `decay` falling from 1 at p = 0 to 0 at p = 1: zero where the budget ends.
 
     The budget may be minutes, whose steps are only known while training: after each step,
     `remaining_steps(step)` says how many steps are left (a step budget: max_steps - step; a time
@@ -118,10 +144,9 @@ class BudgetSchedule:
     that checkpoints keep, so a resumed run continues with the rates it would have had.
     """
 
-    def __init__(self, optimizer, peak: float, warmup_steps: int, shape: str, remaining_steps: Callable[[int], float]):
-        if shape not in ("linear", "cosine"):
-            raise ValueError(f"`shape` must be 'linear' or 'cosine'; got {shape!r}.")
-        self.optimizer, self.peak, self.warmup_steps, self.shape = optimizer, peak, warmup_steps, shape
+    def __init__(self, optimizer, peak: float, warmup_steps: int, decay: Callable[[float], float],
+                 remaining_steps: Callable[[int], float]):
+        self.optimizer, self.peak, self.warmup_steps, self.decay = optimizer, peak, warmup_steps, decay
         self.remaining_steps = remaining_steps
         self.steps_done = 0
         self.progress = 0.0  # of the decay: 0 at the end of the warm-up, 1 at the end of the budget
@@ -132,9 +157,7 @@ class BudgetSchedule:
         step = self.steps_done + 1
         if step <= self.warmup_steps:
             return self.peak * step / self.warmup_steps
-        if self.shape == "linear":
-            return self.peak * (1.0 - self.progress)
-        return self.peak * 0.5 * (1.0 + math.cos(math.pi * self.progress))
+        return self.peak * self.decay(self.progress)
 
     def step(self) -> None:
         self.steps_done += 1
