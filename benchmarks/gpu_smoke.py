@@ -96,6 +96,7 @@ def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: st
     from accelerate.state import AcceleratorState
 
     from vanilla_transformer.training.data import PadCollator, PrefetchedBatches
+    from vanilla_transformer.training.kernels import training_attention
     from vanilla_transformer.training.run_folder import Budget, RunState
     from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
     from vanilla_transformer.training.setup import Components, prepare
@@ -119,7 +120,8 @@ def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: st
         if batch is None:
             source["batches"] = PrefetchedBatches(split, batches, PadCollator(pad_token_id, shapes), accelerator.device)
             batch = next(source["batches"])
-        tokens, _ = train_step(parts, [batch], state.step, budget)
+        with training_attention(accelerator.device):  # as the training loop runs every step
+            tokens, _ = train_step(parts, [batch], state.step, budget)
         state.count_step(1, tokens)
         return tokens, batch[0]
 

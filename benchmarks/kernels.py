@@ -149,6 +149,7 @@ def ours_step(config, batch: dict, device: str, precision: str):
 
     from vanilla_transformer import VanillaTransformerForConditionalGeneration
     from vanilla_transformer.training.run_folder import Budget, RunState
+    from vanilla_transformer.training.kernels import training_attention
     from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
     from vanilla_transformer.training.setup import Components, prepare
     from vanilla_transformer.training.step import train_step
@@ -168,7 +169,8 @@ def ours_step(config, batch: dict, device: str, precision: str):
     budget = Budget(progress=state)
 
     def step():
-        train_step(parts, [(batch, tokens)], state.step, budget)
+        with training_attention(accelerator.device):  # as the training loop runs every step
+            train_step(parts, [(batch, tokens)], state.step, budget)
         state.count_step(1, tokens)
 
     step.parts = parts

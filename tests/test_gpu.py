@@ -157,7 +157,7 @@ def test_causal_self_attention_runs_on_a_fused_kernel_in_bf16_training():
 
 
 def test_training_attention_keeps_sdpa_off_cudnn_in_bf16_training():
-    # Proves: under `training_attention` (train_step and the training loop run under it), bf16 forward and backward
+    # Proves: under `training_attention` (the training loop runs under it, its steps included), bf16 forward and backward
     # passes on batches of two shapes run sdpa on flash or memory-efficient kernels, never cuDNN's, whose plan for
     # each new shape costs milliseconds of host time per call (docs/design.md).
     from vanilla_transformer.training.kernels import training_attention

@@ -162,7 +162,7 @@ def test_bucketed_batches_take_few_shapes_cover_every_pair_once_and_resume():
 
 def test_the_rows_and_columns_a_bucket_adds_change_no_loss():
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-    from vanilla_transformer.training.evaluation import batch_loss
+    from vanilla_transformer.training.criterion import batch_loss
 
     torch.manual_seed(0)
     config = VanillaTransformerConfig.from_preset("tiny", vocab_size=50, pad_token_id=1, eos_token_id=2,

@@ -205,7 +205,7 @@ def test_bf16_weights_give_the_fp32_parameters_gradients_as_close_to_fp32_s_as_a
     # Proves: forward and backward run on bf16 copies (tied embeddings stay one), the model's own parameters stay
     # fp32 and receive the gradients, in fp32, two micro-batches summed; those gradients are as close to fp32's
     # as autocast's are (bf16's rounding, nothing more); the modules hold their own parameters again afterwards.
-    from vanilla_transformer.training import evaluation
+    from vanilla_transformer.training import criterion
 
     grads = {}
     for mode in ("fp32", "autocast", "bf16 weights"):
@@ -215,13 +215,13 @@ def test_bf16_weights_give_the_fp32_parameters_gradients_as_close_to_fp32_s_as_a
         for _ in range(2):
             if parts.weights is None:
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
-                    loss_value, _ = evaluation.batch_loss(net, batch())
+                    loss_value, _ = criterion.batch_loss(net, batch())
                 loss_value.backward()
                 continue
             with parts.weights.swapped():
                 assert all(p.dtype == torch.bfloat16 for p in net.parameters())
                 assert net.lm_head.weight is net.model.shared.weight
-                loss_value, _ = evaluation.batch_loss(net, batch())
+                loss_value, _ = criterion.batch_loss(net, batch())
                 loss_value.backward()
         assert {name: p for name, p in net.named_parameters()} == own
         assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in own.values())

@@ -20,7 +20,7 @@ from vanilla_transformer.cli import main
 from vanilla_transformer.corpora import load_translation_dataset
 from vanilla_transformer.hub import check_hub_folder
 from vanilla_transformer.metrics import repeated_phrase
-from vanilla_transformer.training import evaluation, loop
+from vanilla_transformer.training import criterion, loop
 from vanilla_transformer.training.arguments import TrainingArguments
 from vanilla_transformer.training.checkpoints import latest_checkpoint, list_checkpoints, read_state
 
@@ -110,7 +110,7 @@ def test_bucketed_training_batches_take_the_shapes_its_start_line_names(tmp_path
     index = small_run.index("--max-tokens")
     del small_run[index:index + 2]
     seen = []
-    batch_loss = evaluation.batch_loss
+    batch_loss = criterion.batch_loss
 
     def recording(model, batch):
         if model.training:
@@ -118,7 +118,7 @@ def test_bucketed_training_batches_take_the_shapes_its_start_line_names(tmp_path
             assert batch["labels"].shape == batch["input_ids"].shape
         return batch_loss(model, batch)
 
-    monkeypatch.setattr(evaluation, "batch_loss", recording)
+    monkeypatch.setattr(criterion, "batch_loss", recording)
     with caplog.at_level(logging.INFO):
         _run(tmp_path, "out", small_task, small_run, "--bucket-shapes", "3", "--max-steps", "6")
     lines = [r.getMessage().removeprefix("[RANK 0] ") for r in caplog.records]
@@ -284,14 +284,14 @@ def test_bad_data_files_are_clear_errors(tmp_path, small_run, capsys):
 
 @pytest.mark.slow
 def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, small_task, small_run, monkeypatch, capsys):
-    real_loss, calls = evaluation.batch_loss, []
+    real_loss, calls = criterion.batch_loss, []
 
     def loss_that_breaks_at_step_3(model, batch):
         calls.append(1)
         loss, nll = real_loss(model, batch)
         return (loss * float("nan"), nll) if len(calls) == 3 else (loss, nll)
 
-    monkeypatch.setattr(evaluation, "batch_loss", loss_that_breaks_at_step_3)
+    monkeypatch.setattr(criterion, "batch_loss", loss_that_breaks_at_step_3)
     out = tmp_path / "out"
     code = main(["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run,
                  "--max-steps", "5", "--save-steps", "2"])

@@ -61,7 +61,7 @@ class NonFiniteGuard:
         if bad.item():
             self.optimizer.zero_grad(set_to_none=True)
             self.losses.mark_bad(torch.tensor(True, device=loss.device), step)
-            self.losses.sums[0] += loss.detach().double()
+            self.losses.add(loss.detach().double())  # the message names it
             self.losses.read(step, reset=False)
 
     def before_update(self, step_loss: torch.Tensor, norm: torch.Tensor | None, step: int) -> None:

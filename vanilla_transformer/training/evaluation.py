@@ -1,7 +1,7 @@
 """Scoring a model during and after training: loss, perplexity, and BLEU and chrF of its translations.
 
 `evaluate` scores a tokenised split on every process, each its share of the batches: the label-smoothed
-loss and the NLL per target token (`batch_loss`, the training objective of §5.4), perplexity, and
+loss and the NLL per target token (criterion.py's `batch_loss`, the training objective of §5.4), perplexity, and
 (unless asked not to) BLEU and chrF of beam-search translations (§6.1's decoding) with sacrebleu's
 signatures. `full_model` is the model as one process can score, decode and save it.
 """
@@ -18,10 +18,11 @@ from ..metrics import load as load_metric
 from ..metrics import repeated_phrase
 from ..modeling.generation_vanilla_transformer import paper_generation_config
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from . import criterion
 from .arguments import TrainingArguments
 from .data import PadCollator, PrefetchedBatches, TokenBatchSampler, TokenizedSplit
 
-__all__ = ["batch_loss", "evaluate", "full_model", "load_weights", "report", "translate"]
+__all__ = ["evaluate", "full_model", "load_weights", "report", "translate"]
 
 logger = get_logger(__name__)
 
@@ -47,7 +48,7 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
     sampler = TokenBatchSampler(split.lengths, args.max_tokens, **shard)
     with PrefetchedBatches(split, sampler, collate, accelerator.device) as batches, precision():
         for batch, batch_tokens in batches:
-            loss, nll = batch_loss(model, batch)
+            loss, nll = criterion.batch_loss(model, batch)
             sums += torch.stack([loss.double(), nll.double()])
             tokens += batch_tokens
     sums = torch.cat([sums, sums.new_tensor([tokens])])
@@ -134,15 +135,6 @@ def translate(model, tokenizer, batches, indices: list[list[int]], args: Trainin
         )
         translations += zip(batch_indices, tokenizer.batch_decode(generated, skip_special_tokens=True))
     return translations
-
-
-def batch_loss(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batch's label-smoothed loss and NLL, each summed over its target tokens (§5.4): the model's own loss
-    from `labels` (summed: `num_items_in_batch=1`; `train_step` divides by the step's target tokens over every
-    micro-batch and process), for training and evaluation alike."""
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"],
-                num_items_in_batch=1)
-    return out.loss, out.nll
 
 
 def _describe(metrics: dict) -> str:

@@ -70,9 +70,15 @@ class Losses:
         self.sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss, nll, first bad step
         self.tokens = 0
 
-    def add(self, loss: torch.Tensor, nll: torch.Tensor) -> None:
+    def add(self, loss: torch.Tensor, nll: torch.Tensor | None = None) -> None:
+        """Sum a step's loss and NLL on the device (a micro-batch's loss alone, when it stops the run)."""
         self.sums[0] += loss
-        self.sums[1] += nll
+        if nll is not None:
+            self.sums[1] += nll
+
+    def add_tokens(self, tokens: int) -> None:
+        """Count a step's target tokens over all processes, once the host has them (after the update)."""
+        self.tokens += tokens
 
     def mark_bad(self, bad: torch.Tensor, step: int) -> None:
         """Record step `step + 1` as not finite where `bad` (a device bool) is true and no earlier step was."""

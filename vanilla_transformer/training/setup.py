@@ -31,7 +31,7 @@ from ..modeling.modeling_vanilla_transformer import (
 from ..staging import STAGING_PREFIX, publish_files, staging_folder
 from ..threads import use_threads
 from ..tokenizer import check_appends_eos, train_tokenizer
-from . import evaluation
+from . import criterion
 from .arguments import CPU_MAX_TOKENS, TrainingArguments
 from .averaging import WeightAverage
 from .checkpoints import checkpoint_path, read_state
@@ -455,7 +455,7 @@ def choose_attention(parts: Components, state: RunState, asked: str | None, batc
     chosen = asked or state.attn_implementation
     if chosen:
         _set_attention(model, chosen)
-    elif seconds := fastest_attention(parts.accelerator, parts.model, batch, lambda m, b: evaluation.batch_loss(m, b)[0]):
+    elif seconds := fastest_attention(parts.accelerator, parts.model, batch, lambda m, b: criterion.batch_loss(m, b)[0]):
         logger.info(attention_choice(model.config._attn_implementation, seconds))
     state.attn_implementation = model.config._attn_implementation
 

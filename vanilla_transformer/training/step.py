@@ -1,7 +1,7 @@
 """§5's training step: `train_step`, one Adam update on a step's micro-batches.
 
 One optimiser step (§5.2) takes `gradient_accumulation_steps` batches of at most `max_tokens` tokens on
-every process, sums the label-smoothed loss (§5.4, the model's own: `evaluation.batch_loss`) over their
+every process, sums the label-smoothed loss (§5.4, the model's own: criterion.py's `batch_loss`) over their
 non-padding target tokens and divides by the number of those tokens in the whole step, over every
 process; Adam and the learning rate's schedule are §5.3's (schedule.py).
 
@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import evaluation
-from .kernels import training_attention
+from . import criterion
 
 if TYPE_CHECKING:
     from .run_folder import Budget
@@ -32,7 +31,8 @@ __all__ = ["StepCounts", "train_step"]
 def train_step(parts: Components, micro_batches: list[tuple[dict, int]], step: int, budget: Budget,
                max_grad_norm: float | None = None) -> tuple[int, float]:
     """Optimiser step `step + 1` on `micro_batches` (each batch with its target-token count). Returns the step's
-    target tokens over all processes and the learning rate it used; its losses are summed into `parts.losses`."""
+    target tokens over all processes and the learning rate it used; its losses are summed into `parts.losses`.
+    Call it under kernels.py's `training_attention`, as the training loop does for the whole run."""
     accelerator, model, engine, guard = parts.accelerator, parts.model, parts.engine, parts.guard
     model.train()
     counts = StepCounts(accelerator, sum(n for _, n in micro_batches), budget)  # over every process, not waited for
@@ -42,8 +42,8 @@ def train_step(parts: Components, micro_batches: list[tuple[dict, int]], step: i
     autocast = nullcontext if parts.weights is not None else accelerator.autocast
     for i, (batch, _) in enumerate(micro_batches):
         with engine.accumulating(model, last=i == len(micro_batches) - 1), copies():
-            with autocast(), training_attention(accelerator.device):
-                loss, nll = evaluation.batch_loss(model, batch)  # label-smoothed, summed over target tokens (§5.4)
+            with autocast():
+                loss, nll = criterion.batch_loss(model, batch)  # label-smoothed, summed over target tokens (§5.4)
             guard.before_backward(loss, step)
             # Per target token of the whole step; DDP averages over processes, which * num_processes makes a sum.
             accelerator.backward(loss * accelerator.num_processes / counts.tokens)
@@ -60,7 +60,7 @@ def train_step(parts: Components, micro_batches: list[tuple[dict, int]], step: i
         if parts.average is not None:
             parts.average.update(accelerator.unwrap_model(model))
     parts.optimizer.zero_grad(set_to_none=True)
-    parts.losses.tokens += total_tokens
+    parts.losses.add_tokens(total_tokens)
     return total_tokens, lr
 
 
