@@ -113,9 +113,9 @@ SLOW_PREPARATION = """
 import sys, time
 from accelerate import PartialState
 from vanilla_transformer import cli
-from vanilla_transformer.training import setup
+from vanilla_transformer.training import task
 
-learn = setup.load_tokenizer
+learn = task.load_tokenizer
 
 
 def slowly(*args, **kwargs):  # the main process prepares for {seconds} s while the others wait for it
@@ -124,7 +124,7 @@ def slowly(*args, **kwargs):  # the main process prepares for {seconds} s while 
     return learn(*args, **kwargs)
 
 
-setup.load_tokenizer = slowly
+task.load_tokenizer = slowly
 sys.exit(cli.main(sys.argv[1:]))
 """
 

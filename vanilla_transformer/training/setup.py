@@ -1,14 +1,13 @@
 """Setting a run up: the data, the tokenizer, the model, Adam and its schedule, and the run's three records.
 
 `set_up` does it on every process, in this order (the random streams depend on it): the checkpoint to
-resume from, the data and tokenizer, the model (the resumed run's architecture, a saved model to fine-tune,
+resume from, the data and tokenizer (task.py), the model (the resumed run's architecture, a saved model to fine-tune,
 or a new one from a preset), Adam and §5.3's schedule, and the three records the run keeps: what is built
 once (`Components`), what a checkpoint holds (`RunState`) and when the steps end (`Budget`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -20,29 +19,25 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import DistributedType, set_seed
 
-from ..corpora import load_translation_dataset, recorded_name, resolve_languages
-from ..file_checks import read_json
+from ..corpora import recorded_name
 from ..inference import load_pretrained
-from ..inference import load_tokenizer as read_tokenizer
 from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 from ..modeling.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
 )
-from ..staging import STAGING_PREFIX, publish_files, staging_folder
+from ..staging import publish_files, staging_folder
 from ..threads import use_threads
-from ..tokenizer import check_appends_eos, train_tokenizer
 from . import criterion
 from .arguments import CPU_MAX_TOKENS, TrainingArguments
 from .averaging import WeightAverage
 from .checkpoints import checkpoint_path, read_state
-from .data import TokenBatchSampler, TokenizedSplit, bucket_shapes, tokenize_pairs
+from .data import TokenBatchSampler, TokenizedSplit, bucket_shapes
 from .distributed import configure_deepspeed
 from .engines import Engine, NonFiniteGuard
 from .kernels import Bf16Weights, attention_choice, bf16_weights, fastest_attention
 from .logs import Losses
 from .run_folder import (
     CHECKPOINTS,
-    TOKENIZER_OPTIONS,
     Budget,
     RunState,
     on_main,
@@ -52,9 +47,10 @@ from .run_folder import (
     run_options,
 )
 from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler, peak_scale
+from .task import prepare_data
 
-__all__ = ["ADAPTER_DIR", "Components", "add_lora", "choose_attention", "freeze", "gpu_batch", "load_tokenizer",
-           "prepare", "save_adapter", "set_up"]
+__all__ = ["ADAPTER_DIR", "Components", "add_lora", "choose_attention", "freeze", "gpu_batch", "prepare", "save_adapter",
+           "set_up"]
 
 ADAPTER_DIR = "adapter"  # where a LoRA run keeps PEFT's adapter, beside the merged model
 
@@ -108,7 +104,7 @@ def set_up(args: TrainingArguments, accelerator) -> tuple[Components, RunState, 
     step = on_main(accelerator, lambda: resume_step(args, checkpoint_root))
     resume_from = None if step is None else checkpoint_path(checkpoint_root, step)
     set_seed(args.seed)  # the same initial weights on every process
-    data, source_lang, target_lang, tokenizer, train_split, eval_splits = _prepare_data(args, accelerator)
+    data, source_lang, target_lang, tokenizer, train_split, eval_splits = prepare_data(args, accelerator)
     model = _build_model(args, accelerator, tokenizer, resume_from, (source_lang, target_lang))
     d_model = model.config.d_model
     _size_batches(args, accelerator, model)
@@ -117,10 +113,8 @@ def set_up(args: TrainingArguments, accelerator) -> tuple[Components, RunState, 
                                args.weight_decay)
     configure_deepspeed(accelerator, args)  # the batch sizes DeepSpeed asks for; nothing without DeepSpeed
     model, prepared_optimizer = prepare(accelerator, model, optimizer)
-    if resume_from is None:
-        state = RunState(run_options=run_options(args), options=recorded_options(args))
-    else:
-        state = RunState.from_dict(read_state(resume_from))
+    state = (RunState(run_options=run_options(args), options=recorded_options(args)) if resume_from is None
+             else RunState.from_dict(read_state(resume_from)))
     sampler = _training_sampler(args, accelerator, train_split, state.epoch)
     budget = Budget(args.max_steps, args.num_epochs, args.time_limit, args.gradient_accumulation_steps,
                     epoch_batches=len(sampler.local_batches(state.epoch)), progress=state, start_step=state.step,
@@ -294,92 +288,6 @@ def save_adapter(model, output_dir: str | os.PathLike, base: str | None) -> Path
     return folder
 
 
-def _load_splits(args: TrainingArguments):
-    data = load_translation_dataset(
-        args.dataset, args.dataset_config, source_lang=args.source_lang, target_lang=args.target_lang,
-        columns=args.columns,
-    )
-    if "train" not in data:
-        raise ValueError(f"{args.dataset} has no 'train' split; its splits are {list(data)}")
-    source_lang, target_lang = resolve_languages(data["train"], args.source_lang, args.target_lang)
-    if "validation" not in data:
-        # Hold out a small, seeded slice of the training data so that there is something to validate on.
-        size = min(1000, max(1, len(data["train"]) // 50))
-        if len(data["train"]) < 2:
-            raise ValueError(f"{args.dataset} has no 'validation' split and too few pairs to hold some out")
-        held = data["train"].train_test_split(test_size=size, seed=args.seed)
-        data["train"], data["validation"] = held["train"], held["test"]
-        logger.info(f"no validation split: {size} training pairs held out for validation (seed {args.seed})")
-    return data, source_lang, target_lang
-
-
-def load_tokenizer(args: TrainingArguments, data, source_lang: str, target_lang: str):
-    """An existing tokenizer folder, else the one saved in output_dir or with the model, else a new one."""
-    output_dir = Path(args.output_dir)
-    if args.tokenizer is not None:
-        if not Path(args.tokenizer).is_dir():
-            raise FileNotFoundError(f"`tokenizer`: no tokenizer folder at {args.tokenizer}")
-        return _checked_tokenizer(args.tokenizer, f"`tokenizer` {args.tokenizer}")
-    options = _tokenizer_options(args, source_lang, target_lang)
-    if (output_dir / "tokenizer.json").is_file() and _keep_own_tokenizer(args, options):
-        return _checked_tokenizer(output_dir, f"the tokenizer in {output_dir}")
-    if args.model_name_or_path is not None and (Path(args.model_name_or_path) / "tokenizer.json").is_file():
-        return _checked_tokenizer(args.model_name_or_path, f"`model_name_or_path` {args.model_name_or_path}'s tokenizer")
-    logger.info(f"training a {args.vocab_size}-token joint {args.tokenizer_model} tokenizer on the train split; "
-                f"saved to {output_dir}")
-    record = output_dir / CHECKPOINTS / TOKENIZER_OPTIONS
-    record.unlink(missing_ok=True)  # the old record goes first: a tokenizer is never described by another's
-    tokenizer = train_tokenizer(
-        data["train"], languages=[source_lang, target_lang], vocab_size=args.vocab_size, output_dir=output_dir,
-        model_type=args.tokenizer_model,
-    )
-    record.parent.mkdir(exist_ok=True)
-    staging = record.with_name(f"{STAGING_PREFIX}{record.name}")  # whole or not at all: a record is trusted
-    staging.write_text(json.dumps(options, indent=2) + "\n")
-    os.replace(staging, record)
-    return tokenizer
-
-
-def _checked_tokenizer(folder, name: str):
-    """A saved tokenizer that ends every sentence with </s>, without which a model never learns to stop; one
-    that cannot be read is a ValueError naming its file."""
-    tokenizer = read_tokenizer(folder)
-    check_appends_eos(tokenizer, name)
-    return tokenizer
-
-
-def _tokenizer_options(args: TrainingArguments, source_lang: str, target_lang: str) -> dict:
-    """What a tokenizer trained by this run is learnt from (recorded in checkpoints/tokenizer_options.json)."""
-    options = run_options(args)
-    return {"dataset": options["dataset"], "dataset_config": args.dataset_config, "source_lang": source_lang,
-            "target_lang": target_lang, "vocab_size": args.vocab_size, "tokenizer_model": args.tokenizer_model}
-
-
-def _keep_own_tokenizer(args: TrainingArguments, options: dict) -> bool:
-    """Whether the tokenizer already in output_dir is the one these options would train. A run interrupted
-    before its first checkpoint and started again with other data or `vocab_size` trains a new one (a
-    resumed run refuses instead); a tokenizer whose options were never recorded is used, with a warning."""
-    record = Path(args.output_dir) / CHECKPOINTS / TOKENIZER_OPTIONS
-    if not record.is_file():
-        if args.resume:  # a run from before tokenizers were recorded: its checkpoints hold its options
-            return True
-        logger.warning(f"using the tokenizer already in {args.output_dir} (what it was trained from is not recorded); "
-                       "delete its tokenizer.json to train a new one, or pass `tokenizer`")
-        return True
-    before = {"tokenizer_model": "bpe", **read_json(record)}  # records from before the unigram choice
-    changed = [f"{name} {before.get(name)!r} -> {value!r}" for name, value in options.items() if before.get(name) != value]
-    if not changed:
-        return True
-    if args.resume:
-        raise ValueError(
-            f"`resume`: the tokenizer of the run in {args.output_dir} was trained with other options: "
-            f"{'; '.join(changed)}. Resume it with the options it was started with, or train into a new `output_dir`."
-        )
-    logger.warning(f"the tokenizer in {args.output_dir} was trained with other options ({'; '.join(changed)}) by a "
-                   "run that saved no checkpoint: training a new one")
-    return False
-
-
 def _load_model(args: TrainingArguments, tokenizer, resume_from: Path | None):
     config_file = Path(args.output_dir) / CHECKPOINTS / "config.json"
     if resume_from is not None:  # the architecture of the run being resumed; its weights come with load_state
@@ -419,33 +327,6 @@ def _record_language_pair(config, source_lang: str, target_lang: str, dataset: s
         logger.warning(f"fine-tuning a model trained on {config.source_lang}->{config.target_lang} "
                        f"to translate {source_lang}->{target_lang}")
     config.update({"source_lang": source_lang, "target_lang": target_lang, "dataset_name": recorded_name(dataset)})
-
-
-def _prepare_data(args: TrainingArguments, accelerator):
-    """The raw splits, the language pair, the tokenizer, and the tokenised training and evaluation splits."""
-    # Each machine's first process reads the data and fills the map cache on its own disk before the others
-    # read them; the tokenizer, in output_dir (which every machine shares), is learnt by the main process alone.
-    with accelerator.local_main_process_first():
-        data, source_lang, target_lang = _load_splits(args)
-    with accelerator.main_process_first():
-        tokenizer = load_tokenizer(args, data, source_lang, target_lang)
-    with accelerator.local_main_process_first():
-        train_split = tokenize_pairs(
-            data["train"], tokenizer, source_lang, target_lang, args.max_length, args.truncate, name="train"
-        )
-        # Evaluation scores every pair that has text on both sides: long ones are cut, not dropped.
-        eval_splits = {
-            name: tokenize_pairs(data[name], tokenizer, source_lang, target_lang, args.max_length, True, name, True)
-            for name in ("validation", "test")
-            if name in data
-        }
-    logger.info(f"{args.dataset}: {source_lang} -> {target_lang}")
-    logger.info(train_split.describe("train", args.max_length, args.truncate))
-    for name, split in eval_splits.items():
-        logger.info(split.describe(name, args.max_length, True))
-    if "test" not in eval_splits:
-        logger.info("no test split: the final model is scored on validation only")
-    return data, source_lang, target_lang, tokenizer, train_split, eval_splits
 
 
 def choose_attention(parts: Components, state: RunState, asked: str | None, batch: dict) -> None:
