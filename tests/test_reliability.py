@@ -306,7 +306,7 @@ def test_the_apps_limits_come_from_serves_options_then_the_environment_then_the_
     monkeypatch.setenv("VANILLA_TRANSFORMER_MAX_NEW_TOKENS", "64")  # as a Space's variable sets it
     monkeypatch.setenv("VANILLA_TRANSFORMER_MAX_BEAMS", "4")
     assert main(["serve", "--model", "m", "--max-beams", "2", "--max-concurrent", "3", "--max-input-tokens", "32"]) == 0
-    assert capsys.readouterr().err == "threads: 1 (OMP_NUM_THREADS; --threads N to change)\n"  # the suite's
+    assert capsys.readouterr().err == "threads: 1 (OMP_NUM_THREADS; --threads N to change)\n"  # the suite's, as serve starts
     assert served == [app.Limits(max_input_tokens=32, max_new_tokens=64, max_beams=2, max_concurrent=3, max_queued=8)]
     for argv, message in ((["--max-queued", "0"], "--max-queued (VANILLA_TRANSFORMER_MAX_QUEUED) must be a whole number "
                                                   "of at least 1; got 0"),

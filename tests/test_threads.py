@@ -16,24 +16,24 @@ from vanilla_transformer.threads import quota_cpus
 GREEDY = ["--num-beams", "1", "--max-new-tokens", "8"]
 
 
-def _translate(folder, *options, cpus=None) -> subprocess.CompletedProcess:
+def _evaluate(folder, *options, cpus=None) -> subprocess.CompletedProcess:
     env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}  # the machine's default
     return subprocess.run(
-        [sys.executable, "-m", "vanilla_transformer.cli", "translate", "--model", str(folder), *GREEDY, *options,
-         "Jesus wept."], capture_output=True, text=True, env={**env, "HF_HUB_OFFLINE": "1"}, timeout=300,
+        [sys.executable, "-m", "vanilla_transformer.cli", "evaluate", "--model", str(folder), *GREEDY, *options,
+         "--max-samples", "2"], capture_output=True, text=True, env={**env, "HF_HUB_OFFLINE": "1"}, timeout=300,
         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
     )
 
 
 @pytest.mark.slow
-def test_the_default_is_the_cpus_this_process_may_use_and_a_line_says_so(hub_tiny_folder):
-    """Before: torch's default (the machine's cores) and no word of it."""
-    pinned = _translate(hub_tiny_folder, cpus={min(os.sched_getaffinity(0))})  # as `taskset -c N` runs it
+def test_the_default_is_the_cpus_this_process_may_use_and_the_timing_names_it(hub_tiny_folder):
+    """Before: torch's default (the machine's cores) and no word of it. Standard error stays for errors alone."""
+    pinned = _evaluate(hub_tiny_folder, cpus={min(os.sched_getaffinity(0))})  # as `taskset -c N` runs it
     assert pinned.returncode == 0, pinned.stderr
-    assert "threads: 1 (the CPUs this process may use; --threads N to change)" in pinned.stderr.splitlines()
-    given = _translate(hub_tiny_folder, "--threads", "3")
-    assert given.returncode == 0 and "threads: 3 (--threads; --threads N to change)" in given.stderr.splitlines()
-    assert pinned.stdout == given.stdout and pinned.stdout.strip()
+    assert "segments translated in" in pinned.stdout and "s on 1 CPU thread (transformers)" in pinned.stdout
+    given = _evaluate(hub_tiny_folder, "--threads", "3")
+    assert given.returncode == 0 and "s on 3 CPU threads (transformers)" in given.stdout
+    assert "threads:" not in pinned.stderr + given.stderr
 
 
 @pytest.mark.parametrize("command", [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from functools import partial
 
 from .options import add_decoding_options, add_model_option, add_threads_option, decoding_options, refuse, use_threads
@@ -41,9 +40,8 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             from ..visualize.explorer import html_path, save_explorer
 
             html_path(args.html, "--html")  # before a translation that may take a while
-        threads = use_threads(args)
+        use_threads(args)
         model, tokenizer = load_model(args.model, args.device)
-        print(threads, file=sys.stderr)
         record = collect_attentions(model, tokenizer, args.text, **options)
         written = []
         if args.html:

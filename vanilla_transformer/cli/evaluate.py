@@ -53,11 +53,10 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         decoding_options(args)  # bad options fail before the data set is read
         _check_evaluation_options(args)
-        threads = use_threads(args)
+        use_threads(args)
         what, source_lang, target_lang, pairs = _evaluation_pairs(args)
         sources, references = _complete_pairs(args, pairs, what)
         translate, config = translator(args)
-        print(threads, file=sys.stderr)
         mismatch = config is not None and source_lang and language_pair_mismatch(config, source_lang, target_lang)
         if mismatch:
             print(f"warning: {mismatch}; scoring {what} ({source_lang}->{target_lang}) anyway", file=sys.stderr)
@@ -71,7 +70,8 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except (OSError, ValueError, TypeError, ImportError) as err:
         refuse(p, err)
     pair = f" {source_lang}->{target_lang}" if source_lang else ""
-    print(f"{what}{pair}: {len(sources)} segments translated in {seconds:.1f} s ({args.engine})")
+    threads = f"{args.threads} CPU thread{'s' * (args.threads != 1)}"
+    print(f"{what}{pair}: {len(sources)} segments translated in {seconds:.1f} s on {threads} ({args.engine})")
     print(scores["bleu_text"])
     print(f"  signature: {scores['bleu_signature']}")
     print(scores["chrf_text"])

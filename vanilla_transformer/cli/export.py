@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from functools import partial
 
 from ..choices import QUANTIZATIONS
@@ -37,9 +36,8 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..inference import load_model
 
     try:
-        threads = use_threads(args)
+        use_threads(args)
         model, tokenizer = load_model(args.model, "cpu")
-        print(threads, file=sys.stderr)
         folder = export_ctranslate2(model, tokenizer, args.output_dir, args.quantization)
     except (OSError, ValueError, ImportError) as err:
         refuse(p, err)

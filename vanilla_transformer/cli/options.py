@@ -58,7 +58,7 @@ def add_threads_option(p: argparse.ArgumentParser) -> None:
 
 def use_threads(args: argparse.Namespace) -> str:
     """Set torch's threads from --threads (or its default), args.threads to the number, and return the line that
-    says so, for standard error once the model is loaded (an error in loading it is then the only line)."""
+    says so: a run logs it; a command whose standard error is for errors alone names args.threads where it times."""
     import torch
 
     from ..threads import use_threads as set_threads

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from functools import partial
 
 from .options import add_decoding_options, add_model_option, add_threads_option, decoding_options, refuse, use_threads
@@ -43,10 +42,9 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             raise ValueError("give texts as arguments or --input-file, not both")
         decoding_options(args)  # bad options fail before reading the input
         _check_nbest_options(args)
-        threads = use_threads(args)
+        use_threads(args)
         texts = args.texts or read_lines(args.input_file or "-", "--input-file")
         translate = translator(args)[0]
-        print(threads, file=sys.stderr)
     except (OSError, ValueError, TypeError, ImportError) as err:
         refuse(p, err)
     stdin = not args.texts and args.input_file in (None, "-")

@@ -205,7 +205,7 @@ def configure_deepspeed(accelerator, args) -> None:
     if accelerator.distributed_type != DistributedType.DEEPSPEED:
         return
     config = accelerator.state.deepspeed_plugin.deepspeed_config
-    if args.gradient_accumulation_steps != 1:
+    if args.gradient_accumulation_steps not in (None, 1):  # None: left unset, so one batch per micro-step
         raise ValueError(
             f"`gradient_accumulation_steps` {args.gradient_accumulation_steps} is not supported under DeepSpeed yet; "
             "use 1 and raise `max_tokens`, or use DDP/FSDP"

@@ -173,8 +173,9 @@ def gpu_batch(memory: int, config, parameters: int, processes: int, max_length: 
 def _size_batches(args: TrainingArguments, accelerator, model) -> None:
     """`max_tokens` and `gradient_accumulation_steps` where left unset: on a GPU the paper's batch sized to its
     memory (`gpu_batch`), elsewhere CPU_MAX_TOKENS and one batch per step; one line says what was chosen."""
+    if args.max_tokens is not None or accelerator.distributed_type == DistributedType.DEEPSPEED:
+        args.gradient_accumulation_steps = args.gradient_accumulation_steps or 1  # DeepSpeed: one batch a step
     if args.max_tokens is not None:
-        args.gradient_accumulation_steps = args.gradient_accumulation_steps or 1
         return
     processes = accelerator.num_processes
     if accelerator.device.type == "cuda":
