@@ -4,7 +4,7 @@
 # `make test-oldest` runs the tests of everything transformers touches (the model, generate, the
 # pipeline, saved folders, Trainer/PEFT/export, the tokenizer, the metric) again in .venv-oldest, on
 # the oldest transformers that pyproject.toml allows (read from its "transformers>=X,<Y"); CI runs both.
-# `make test-gpu` runs the GPU tests (tests/test_gpu.py and the compiled static-cache test) on a CUDA machine with
+# `make test-gpu` runs the GPU tests (tests/gpu/test_gpu.py and the compiled static-cache test) on a CUDA machine with
 # what is installed, without installing (a GPU machine may have no network): `make install TORCH_SPEC="torch
 # --index-url https://download.pytorch.org/whl/cu130"` first where it has one. It uses $(VENV) if there is one,
 # else GPU_PYTHON (default $(PYTHON)); without CUDA the tests skip. `python -m benchmarks.gpu_smoke` runs them
@@ -16,11 +16,8 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PIN ?=
 TESTS ?=
-TRANSFORMERS_TESTS = tests/test_hf_native.py tests/test_modeling_vanilla_transformer.py \
-	tests/test_generation_vanilla_transformer.py tests/test_decoding_speed.py tests/test_pipeline_vanilla_transformer.py \
-	tests/test_marian_equivalence.py tests/test_generate_differential.py tests/test_generate_contract.py tests/test_peft.py \
-	tests/test_hub.py tests/model_card tests/test_tokenization.py tests/test_metrics.py tests/test_transformers_conventions.py
-GPU_TESTS = tests/test_gpu.py tests/test_decoding_speed.py::test_greedy_search_with_a_static_cache_compiles_the_decoder_step_into_one_graph
+TRANSFORMERS_TESTS = tests/modeling tests/export tests/test_hub.py tests/model_card tests/test_tokenizer.py tests/metrics
+GPU_TESTS = tests/gpu/test_gpu.py tests/modeling/test_fast_generation.py::test_greedy_search_with_a_static_cache_compiles_the_decoder_step_into_one_graph
 BIN = $(VENV)/bin
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 TRANSFORMERS_OLDEST := $(shell sed -n 's/^ *"transformers>=\([0-9.]*\),.*/\1/p' pyproject.toml)

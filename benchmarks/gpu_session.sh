@@ -26,10 +26,10 @@ fi
 
 if [ "${DRY_RUN:-0}" = 1 ]; then  # the CPU's stand-ins: each command's arguments checked, nothing long
   DEVICE=cpu; SMOKE=(--device cpu --quick --skip tests synchronisations fsdp); KERNELS=(--device cpu --quick)
-  TESTS=(--collect-only -q tests/test_gpu.py)
+  TESTS=(--collect-only -q tests/gpu/test_gpu.py)
 else
   DEVICE=cuda; SMOKE=(--skip tests fsdp --compile-shapes 2); KERNELS=(--device cuda)
-  TESTS=(-q -x --durations=5 tests/test_gpu.py)
+  TESTS=(-q -x --durations=5 tests/gpu/test_gpu.py)
 fi
 
 step() {  # step NAME SECONDS COMMAND...: run it under its limit, its output and exit status into the log

@@ -8,7 +8,7 @@ sacrebleu, pytest) and nothing from the network.
 
 It writes `benchmarks/results/gpu-smoke-<date>-<device>.json` and `.md`, naming the device, with:
 
-- the GPU tests (`make test-gpu`: tests/test_gpu.py and the compiled static-cache test), passed or not;
+- the GPU tests (`make test-gpu`: tests/gpu/test_gpu.py and the compiled static-cache test), passed or not;
 - CUDA synchronisations per training step (`torch.cuda.set_sync_debug_mode`), the training loop's step
   (`train_step` fed by `PrefetchedBatches`) beside a bare forward, backward and fused Adam step of
   the same model and batch: what the loop adds is the difference;

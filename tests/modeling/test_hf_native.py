@@ -428,7 +428,7 @@ def finetuned(hub_tiny_folder, tmp_path_factory, run_without_package):
     import sys
     from pathlib import Path
 
-    script = Path(__file__).parent.parent / "examples" / "finetune.py"
+    script = Path(__file__).resolve().parents[2] / "examples" / "finetune.py"
     root, runs = tmp_path_factory.mktemp("finetuned"), {}
     for name, extra in (("full", []), ("lora", ["--lora"])):
         command = [sys.executable, str(script), "--model", str(hub_tiny_folder), "--output-dir", str(root / name),

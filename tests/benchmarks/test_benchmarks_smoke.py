@@ -18,7 +18,7 @@ from vanilla_transformer.modeling.configuration_vanilla_transformer import PRESE
 from vanilla_transformer.quickstart import SIZES
 from vanilla_transformer.training.kernels import MARGIN, cpu_computes_bf16
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # every test starts a benchmark process
 
 

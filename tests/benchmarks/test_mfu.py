@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ is not an installed package
 from benchmarks.mfu import model_matmul_rate, rated_peak_tflops, step_products, training_flops  # noqa: E402
 
 

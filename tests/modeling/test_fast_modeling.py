@@ -14,7 +14,7 @@ from vanilla_transformer.modeling import fast_modeling_vanilla_transformer as fa
 from vanilla_transformer.modeling.attention_vanilla_transformer import MultiHeadAttention, PackedMultiHeadAttention
 from vanilla_transformer.modeling.modeling_vanilla_transformer import LabelSmoothedCrossEntropy
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ is not an installed package
 from benchmarks.kernels import count_kernels  # noqa: E402
 
 VOCAB = 40

@@ -28,7 +28,7 @@ from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForC
 from vanilla_transformer.corpora import load_translation_dataset
 from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # benchmarks/ is not an installed package
 from benchmarks.common import SDPA_KERNELS  # noqa: E402  (the profiler's op names of the attention kernels)
 

@@ -4,11 +4,8 @@ threads sharing one model.
 """
 
 import json
-import os
 import select
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -17,8 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+import serving
+
+served = serving.served  # the fixture: a real `serve` process, on a free port
 SENTENCES = ["Jesus wept.", "In the beginning God created the heaven and the earth.", "Love is patient and is kind.",
              "And the men of the city said unto him, Bring forth the man."]
 
@@ -49,52 +47,18 @@ def test_neuron_captures_from_threads_sharing_one_model_each_read_their_own_pass
             assert torch.equal(tensors.scores, expected[sentence][kind].scores), (sentence, kind)
 
 
-@pytest.fixture(scope="module")
-def served(hub_tiny_folder, tmp_path_factory):
-    """A real `serve` process translating up to 4 requests at once, that waits 3 s for a request's body: (host, port)."""
-    pytest.importorskip("gradio_client")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    process = subprocess.Popen(
-        [*CLI, "serve", "--model", str(hub_tiny_folder), "--port", str(port), "--max-concurrent", "4"],
-        env={**ENV, "GRADIO_TEMP_DIR": str(tmp_path_factory.mktemp("gradio")), "VANILLA_TRANSFORMER_REQUEST_TIMEOUT": "3"},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while True:
-        assert process.poll() is None and time.monotonic() < deadline, process.stdout.read().decode()[-2000:]
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5)
-            break
-        except OSError:
-            time.sleep(1)
-    yield "127.0.0.1", port
-    process.kill()
-    process.wait()
-
-
-def _post(host, port, path, payload, timeout=120):
-    request = urllib.request.Request(f"http://{host}:{port}{path}", data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-
-
 @pytest.mark.slow
 def test_the_route_that_skips_the_queue_is_closed_to_every_client(served):
     # Gradio leaves /run/ open outside Spaces: 10 parallel requests there all ran at once, past every limit.
     with ThreadPoolExecutor(10) as pool:
-        answers = list(pool.map(lambda _: _post(*served, "/gradio_api/run/translate", {"data": ["Jesus wept.", 1, 0.6, 0]}),
+        answers = list(pool.map(lambda _: serving.post(*served, "/gradio_api/run/translate", {"data": ["Jesus wept.", 1, 0.6, 0]}),
                                 range(10)))
     assert all(status == 404 and "join the queue" in text for status, text in answers), answers[:2]
 
 
 def _call(host, port, sentence):
     """The queue's REST route: POST /call/<name> for an event id, then its result as server-sent events."""
-    status, text = _post(host, port, "/gradio_api/call/translate", {"data": [sentence, 1, 0.6, 0]})
+    status, text = serving.post(host, port, "/gradio_api/call/translate", {"data": [sentence, 1, 0.6, 0]})
     assert status == 200, text
     event = json.loads(text)["event_id"]
     with urllib.request.urlopen(f"http://{host}:{port}/gradio_api/call/translate/{event}", timeout=300) as stream:

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 from safetensors import safe_open
-import test_serve_load
+import serving
 
 CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-served = test_serve_load.served  # a real `serve` process, on a free port
+served = serving.served  # the fixture: a real `serve` process, on a free port
 MEMORY_CAP = 3 * 1024**3  # bytes of address space: the tiny model's run needs about 1.5 GB of it
 
 
@@ -117,7 +117,7 @@ def test_a_snapshot_of_the_hub_cache_whose_files_link_to_its_blobs_is_read(hub_t
 def test_the_app_answers_a_call_with_the_wrong_number_of_inputs_with_a_message(data, served):
     # A call of /translate with one input of its four was answered {"error": null}; Gradio ignored a fifth.
     host, port = served
-    status, text = test_serve_load._post(host, port, "/gradio_api/call/translate", {"data": data})
+    status, text = serving.post(host, port, "/gradio_api/call/translate", {"data": data})
     assert status == 200, text
     with urllib.request.urlopen(f"http://{host}:{port}/gradio_api/call/translate/{json.loads(text)['event_id']}",
                                 timeout=120) as stream:
