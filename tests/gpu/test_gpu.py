@@ -1,11 +1,11 @@
 """The GPU tests (issues #18, #47): mixed precision, padding in fp16, the fused attention kernels, fused Adam,
 `generate` against the CPU's (equal, or equally scored where kernels break a near-tie), the synchronisations
 of a training step, and the training command (bf16 by default, beam-search evaluation) on a CUDA device. `make test-gpu` runs them (with the compiled
-static-cache test of test_decoding_speed.py); without CUDA they are skipped.
+static-cache test of tests/modeling/test_fast_generation.py); without CUDA they are skipped.
 
 To exercise their logic where there is no GPU, point them at another device:
 
-    VANILLA_TRANSFORMER_TEST_GPU_DEVICE=cpu python -m pytest tests/test_gpu.py
+    VANILLA_TRANSFORMER_TEST_GPU_DEVICE=cpu python -m pytest tests/gpu/test_gpu.py
 
 Every test then runs on that device, except the assertions that only hold on CUDA (the names of the
 attention kernels), which skip with a reason. A CPU run proves the tests work, not that the GPU does.

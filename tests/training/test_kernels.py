@@ -157,7 +157,7 @@ def test_a_bf16_autocast_step_stays_close_to_fp32():
 def test_a_training_run_on_a_gpu_keeps_sdpa_off_cudnn_and_a_cpu_run_is_left_alone():
     # Proves: training_attention turns torch's cuDNN attention off (flash, memory-efficient and math stay on) while it
     # lasts on a CUDA device, and puts torch's switches back as they were; on a CPU it changes none. torch's switches
-    # can be set without a GPU, so this runs anywhere; tests/test_gpu.py reads the kernels a GPU step then runs.
+    # can be set without a GPU, so this runs anywhere; tests/gpu/test_gpu.py reads the kernels a GPU step then runs.
     switches = ("cudnn_sdp_enabled", "flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled")
 
     def state():

@@ -121,8 +121,8 @@ def one_step(run, micro_batches):
 def test_two_steps_are_adams_steps_on_the_loss_per_target_token_of_the_whole_step(tmp_path, split):
     """However the step's pairs are cut into micro-batches (gradient accumulation), the update is Adam's
     on the smoothed loss summed over all the step's target tokens and divided by their number. (The plain
-    loss: the fast one works in float32, whose rounding Adam's first steps magnify; test_fast_paths.py
-    holds the two losses equal.)"""
+    loss: the fast one works in float32, whose rounding Adam's first steps magnify;
+    tests/modeling/test_fast_modeling.py holds the two losses equal.)"""
     trained, by_hand = tiny_model(fast_paths=False), tiny_model(fast_paths=False)
     expected = hand_adam_steps(by_hand, PAIRS, steps=2)
     run = make_run(tmp_path, trained)

@@ -1,4 +1,4 @@
-"""The attention explorer page: its data, its size, and bad input (tests/test_browser.py opens it in a browser)."""
+"""The attention explorer page: its data, its size, and bad input (tests/visualize/test_browser.py opens it in a browser)."""
 
 import base64
 import json

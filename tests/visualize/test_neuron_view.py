@@ -1,6 +1,6 @@
 """The neuron view's numbers are the model's own: q and k from the block's projections, the score from its
 score function, the weight from `output_attentions`, and normalising the scores gives those weights; and the
-explorer page holds exactly those numbers (tests/test_browser.py reads them off the rendered page)."""
+explorer page holds exactly those numbers (tests/visualize/test_browser.py reads them off the rendered page)."""
 
 import base64
 import json

@@ -7,7 +7,7 @@
 - attention's projections of one input as one product while training (`packed_linear`, for
   attention_vanilla_transformer.py's `PackedMultiHeadAttention`).
 
-tests/test_fast_paths.py and tests/test_decoding_speed.py compare them with the plain path, and
+tests/modeling/test_fast_modeling.py and test_fast_generation.py compare them with the plain path, and
 benchmarks/ says what they save.
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only the standard
