@@ -8,7 +8,7 @@
 # what is installed, without installing (a GPU machine may have no network): `make install TORCH_SPEC="torch
 # --index-url https://download.pytorch.org/whl/cu130"` first where it has one. It uses $(VENV) if there is one,
 # else GPU_PYTHON (default $(PYTHON)); without CUDA the tests skip. `python -m benchmarks.gpu_smoke` runs them
-# and the GPU measurements in one go (issue #47).
+# and the GPU measurements in one go.
 # Training tests pin their precision; the bf16 default follows the CPU's flags, which VANILLA_TRANSFORMER_CPU_BF16=1
 # (or 0) overrides: `VANILLA_TRANSFORMER_CPU_BF16=1 make test-fast` runs the suite as on a CPU that computes bf16.
 PYTHON ?= python3

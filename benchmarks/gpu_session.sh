@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #60's GPU session in one bounded call (at most 10 minutes on an H200), run from the repository's root:
+# A GPU session in one bounded call (at most 10 minutes on an H200), run from the repository's root:
 #
 #   OUT=/some/folder bash benchmarks/gpu_session.sh            # on the device machine, $OUT set by its tool
 #   OUT=/tmp/dry DRY_RUN=1 bash benchmarks/gpu_session.sh      # anywhere: the same steps, each a few seconds, on a CPU

@@ -1,4 +1,4 @@
-"""The first GPU run in one go (issue #47): `python -m benchmarks.gpu_smoke` on a CUDA machine, no network.
+"""The first GPU run in one go: `python -m benchmarks.gpu_smoke` on a CUDA machine, no network.
 
     PYTHONPATH=. HF_HUB_OFFLINE=1 python -m benchmarks.gpu_smoke            # all parts
     PYTHONPATH=. HF_HUB_OFFLINE=1 python -m benchmarks.gpu_smoke --skip fsdp tests   # the measurements only

@@ -42,7 +42,7 @@ def run_without_package_fixture():
     return run_without_package
 
 
-# --- issue 5 (pipeline, attention maps, Hub folder): one tiny trained model for those tests ---
+# --- the pipeline, attention maps, Hub folder: one tiny trained model for those tests ---
 
 HUB_EXAMPLE = "In the beginning God created the heavens and the earth."
 
@@ -123,7 +123,7 @@ def hub_tiny_folder(hub_tiny_model, tmp_path_factory):
     )
 
 
-# --- issue 17 (attention explorer, web app) ---
+# --- the attention explorer, the web app ---
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""`benchmarks/kernels.py`: the count of kernels a training step launches (issue 60), checked on operators whose
+"""`benchmarks/kernels.py`: the count of kernels a training step launches, checked on operators whose
 number is known, then on one tiny step of ours and of MarianMTModel."""
 
 import sys

@@ -39,7 +39,7 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path, hub_tiny_folder):
     assert env_info["threads"] == 1 and env_info["torch"] and env_info["transformers"]
     assert report["settings"]["quick"] and report["settings"]["sizes"] == ["tiny"]
 
-    # Training in the precisions the training loop takes here: fp32, and bf16 autocast where the CPU has it (#48).
+    # Training in the precisions the training loop takes here: fp32, and bf16 autocast where the CPU has it.
     precisions = report["training"]["tiny"]["precisions"]
     assert list(precisions) == (["fp32", "bf16"] if cpu_computes_bf16() else ["fp32"])
     for train in precisions.values():
@@ -83,7 +83,7 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path, hub_tiny_folder):
             assert result["contenders"]["marian"]["agrees_with_ours"] == 1.0
             for name in ("ours", "marian"):  # what decoding holds beyond the loaded model: something, not GBs
                 assert 0 < result["contenders"][name]["peak_memory_mb"] < 2_000
-            # Each decoding change undone, and the compiled static-cache step, decode the same tokens (issues #14, #45).
+            # Each decoding change undone, and the compiled static-cache step, decode the same tokens.
             ablations = {name: c for name, c in result["contenders"].items() if name.startswith("ours") and "," in name}
             assert len(ablations) == {"greedy": 4, "beam4": 4}[mode]
             gnmt = result["contenders"]["ours-gnmt"]["agrees_with_ours"] if mode == "beam4" else 1.0

@@ -1,5 +1,5 @@
-"""The benchmark's MFU (issue #47): the FLOPs it counts per training step, and the rated peaks it divides by; the
-matmul rate it measures on the step's own products (issue #48)."""
+"""The benchmark's MFU: the FLOPs it counts per training step, and the rated peaks it divides by; the matmul
+rate it measures on the step's own products."""
 
 import sys
 from pathlib import Path

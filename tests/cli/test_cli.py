@@ -106,7 +106,7 @@ def test_push_uploads_the_folder(hub_tiny_folder, tmp_path, monkeypatch, capsys)
     (["evaluate", "--model", "{folder}", "--split", "valid", "--source-file", "{one_line}", "--reference-file",
       "{one_line}"], "--split picks a split of --dataset; --source-file and --reference-file are scored whole"),
     (["attention", "--model", "{folder}", " "], "empty"),
-    # Found by trying harder (issue 13): each used to end after the work, or in a traceback.
+    # Each used to end after the work, or in a traceback.
     (["translate", "--model", "{folder}", "--input-file", "{latin1}"], "latin1.txt, line 2: byte 0xf3 at column 6 is not UTF-8"),
     (["evaluate", "--model", "{folder}", "--hypotheses-out", "{empty}"], "is a folder; give the name of a file"),
     (["evaluate", "--model", "{folder}", "--references-out", "{empty}/no/such/ref.txt"], "there is no folder"),
@@ -116,7 +116,7 @@ def test_push_uploads_the_folder(hub_tiny_folder, tmp_path, monkeypatch, capsys)
      "damaged/model.safetensors is damaged (truncated or corrupt; 4,000 bytes): Error while deserializing header"),
     (["evaluate", "--model", "{damaged}"], "Copy the model folder again, or save the model again."),
     (["push", "--folder", "{damaged}", "--repo-id", "someone/tiny"], "damaged/model.safetensors is damaged"),
-    # Data as it comes, and what the inference command line tells (#53).
+    # Data as it comes, and what the inference command line tells.
     (["translate", "--model", "{folder}", "--nbest", "0", "x"], "--nbest must be between 1 and"),
     (["translate", "--model", "{folder}", "--engine", "ctranslate2", "--with-scores", "x"],
      "--nbest and --with-scores are for --engine transformers"),

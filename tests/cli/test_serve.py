@@ -1,4 +1,4 @@
-"""Issue #54, `serve` under load and bad clients: the real server process over HTTP, concurrent clients on
+"""`serve` under load and bad clients: the real server process over HTTP, concurrent clients on
 every route, a chunked body past the limit, a client that stalls; and the neuron view's capture from
 threads sharing one model.
 """
@@ -133,7 +133,7 @@ def test_a_client_that_stalls_on_its_body_is_answered_408_and_closed(served):
 
 @pytest.mark.slow
 def test_a_body_dripped_a_byte_at_a_time_is_cut_at_the_whole_requests_deadline(served):
-    # Issue #63: each byte restarted the 3 s clock, so a body dripped every 2 s held its connection for as long as it
+    # Each byte restarted the 3 s clock, so a body dripped every 2 s held its connection for as long as it
     # dripped (19 s and counting).
     host, port = served
     with socket.create_connection(served, timeout=30) as connection:
@@ -149,7 +149,7 @@ def test_a_body_dripped_a_byte_at_a_time_is_cut_at_the_whole_requests_deadline(s
 
 @pytest.mark.slow
 def test_connections_that_send_half_their_headers_are_closed_at_the_deadline(served):
-    # Issue #63: 40 connections sending half their headers were all still open after 10 s, one after 20 s.
+    # 40 connections sending half their headers were all still open after 10 s, one after 20 s.
     host, port = served
     connections = [socket.create_connection(served, timeout=30) for _ in range(40)]
     try:

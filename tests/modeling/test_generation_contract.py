@@ -1,5 +1,5 @@
 """Which loop serves a `generate` request (`choose_search`), and that every request handed over, or ending
-unusually, gives what transformers' own loop gives (#37, #39)."""
+unusually, gives what transformers' own loop gives."""
 
 import copy
 

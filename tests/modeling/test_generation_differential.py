@@ -1,4 +1,4 @@
-"""Differential test against transformers' MarianMTModel (#39): every argument of `generate`, greedy and beam.
+"""Differential test against transformers' MarianMTModel: every argument of `generate`, greedy and beam.
 
 A tiny model of ours, trained for a few steps to copy its input (so that outputs end, vary and repeat
 as real ones do), is converted to a MarianMTModel holding the same weights (`to_marian`, the same logits

@@ -1,4 +1,4 @@
-"""The paths transformers users take every day, written as they would write them (issue #20):
+"""The paths transformers users take every day, written as they would write them:
 Seq2SeqTrainer, every way of saving, PEFT LoRA, pipelines over data sets, the tokenizer, export,
 `attn_implementation`, the static cache and `inputs_embeds`.
 

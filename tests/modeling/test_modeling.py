@@ -516,8 +516,8 @@ def test_one_length_rule_bounds_the_source_the_target_and_training(position_enco
 
 def test_location_model_decodes_within_its_map_whatever_the_source_length():
     """Decoding stops a translation at the source length + 50 new tokens (§6.1), and with `location_max_length`
-    L at L - 1 (the positions the decoder reads): with no </s> in reach, every source up to L tokens translates
-    (#46); a longer source is refused, naming the field."""
+    L at L - 1 (the positions the decoder reads): with no </s> in reach, every source up to L tokens translates;
+    a longer source is refused, naming the field."""
     from vanilla_transformer.modeling.generation_vanilla_transformer import paper_generation_config
 
     model = make_model(attention_score="location", location_max_length=60, eos_token_id=VOCAB - 1)
@@ -612,7 +612,7 @@ def test_a_cache_passed_in_training_is_read_like_peft_s_prefix():
 
 
 def test_the_code_files_import_one_another_in_one_direction_and_all_are_shipped():
-    """No circle among the model's files (#52): each imports its neighbours at the top, none inside a function,
+    """No circle among the model's files: each imports its neighbours at the top, none inside a function,
     so that an order exists in which every file comes after those it imports."""
     import ast
     import graphlib

@@ -1,4 +1,4 @@
-"""One model, many callers (#54): threads decoding with one model each get what they decode alone, whatever
+"""One model, many callers: threads decoding with one model each get what they decode alone, whatever
 the interleaving; the model can be copied, pickled and saved while it decodes; an empty source, and a config
 too large for this machine's memory, are refused in one line before any work.
 

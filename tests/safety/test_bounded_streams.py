@@ -1,4 +1,4 @@
-"""Issue #63, every stream bounded: standard input, --input-file, --source-file/--reference-file and the texts a
+"""Every stream bounded: standard input, --input-file, --source-file/--reference-file and the texts a
 tokenizer learns from are read in bounded pieces, so that /dev/zero or a file without line ends is refused in one
 line, in bounded memory, instead of a MemoryError traceback (and a main thread left waiting for its reader).
 

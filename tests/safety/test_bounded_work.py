@@ -1,6 +1,6 @@
-"""Bounded work for every input (#46): each limit checked before the work, output as it is made.
+"""Bounded work for every input: each limit checked before the work, output as it is made.
 
-One test (or a few) per row of the issue's table, with the real thing: `vanilla-transformer` processes, a
+One test (or a few) per input and its limit, with the real thing: `vanilla-transformer` processes, a
 real `serve` process and HTTP client, real files.
 """
 
@@ -56,7 +56,7 @@ def hub_tiny_ctranslate2(hub_tiny_model, tmp_path_factory):
 
 @pytest.mark.parametrize("engine", ["transformers", "ctranslate2"])
 def test_translate_bounds_the_work_of_a_huge_line_before_tokenising_it(engine, request, tmp_path):
-    # #54: one 10 MB line was tokenised whole (85 s, 3.0 GB) before being cut to the 1,024 tokens the model reads;
+    # One 10 MB line was tokenised whole (85 s, 3.0 GB) before being cut to the 1,024 tokens the model reads;
     # the CTranslate2 engine cuts it as early.
     folder = request.getfixturevalue("hub_tiny_folder" if engine == "transformers" else "hub_tiny_ctranslate2")
     sentence = "And the men of the city said unto him, Bring forth the man. "

@@ -1,4 +1,4 @@
-"""Issue #54, crafted files: every refusal is one line naming the file, never a traceback or torch's advice
+"""Crafted files: every refusal is one line naming the file, never a traceback or torch's advice
 to trust the file; a checkpoint that fails is set aside and a resumed run falls back to the one before.
 
 Each crafted pickle would open a marker file if it were unpickled: the marker must never appear.

@@ -1,4 +1,4 @@
-"""Issue #63, model folders turned against their user: sizes that disagree with the weights, decoding defaults past
+"""Model folders turned against their user: sizes that disagree with the weights, decoding defaults past
 the command line's bounds, weights named outside the folder, and the app called with the wrong number of inputs.
 Each refusal is one line naming the file, before anything of the file's size is built or read.
 """
@@ -47,7 +47,7 @@ def _refused_in_one_line(result, *expected):
 
 @pytest.mark.slow
 def test_a_config_with_100000_layers_is_refused_from_the_weights_header(hub_tiny_folder, tmp_path):
-    # Case 5: no answer after 150 s, memory growing, while the meta model of 100,000 layers was built.
+    # No answer after 150 s, memory growing, while the meta model of 100,000 layers was built.
     folder = shutil.copytree(hub_tiny_folder, tmp_path / "model")
     _edit_json(folder / "config.json", encoder_layers=100_000)
     started = time.monotonic()
@@ -59,7 +59,7 @@ def test_a_config_with_100000_layers_is_refused_from_the_weights_header(hub_tiny
 
 @pytest.mark.slow
 def test_a_beam_count_past_the_bound_in_generation_config_is_refused(hub_tiny_folder, tmp_path):
-    # Case 10: each line was printed blank, with a warning, and the exit status was 0.
+    # Each line was printed blank, with a warning, and the exit status was 0.
     folder = shutil.copytree(hub_tiny_folder, tmp_path / "model")
     _edit_json(folder / "generation_config.json", num_beams=100_000)
     result = run_cli("translate", "--model", folder, input="Jesus wept.\nIn the beginning.\n")

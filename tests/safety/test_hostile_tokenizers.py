@@ -1,4 +1,4 @@
-"""Issue #63, hostile tokenizer files in a model folder: one that is far larger than the model's vocabulary needs
+"""Hostile tokenizer files in a model folder: one that is far larger than the model's vocabulary needs
 is refused before it is parsed, and a pattern that makes the tokenizers library panic is refused, or its panic
 told in one line naming the file, instead of a Rust traceback of hundreds of lines."""
 

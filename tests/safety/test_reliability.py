@@ -1,4 +1,4 @@
-"""Issue #40: nothing from a file the user was handed is executed, nothing they made is overwritten."""
+"""Nothing from a file the user was handed is executed, nothing they made is overwritten."""
 
 from pathlib import Path
 

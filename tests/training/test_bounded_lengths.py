@@ -1,4 +1,4 @@
-"""Training within every length the model reads (#46): `--max-length` checked when `train` starts, and the
+"""Training within every length the model reads: `--max-length` checked when `train` starts, and the
 final scoring of a model with a bounded length decoding within it."""
 
 import os

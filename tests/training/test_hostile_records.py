@@ -1,4 +1,4 @@
-"""Issue #63, a run folder turned against its owner: what `train --resume` restores from a record is checked as a
+"""A run folder turned against its owner: what `train --resume` restores from a record is checked as a
 typed option is, options acting outside the folder are never taken from it, the run's config is checked against
 its checkpoint's weights before it is built, sizes are checked before anything is allocated, and a checkpoint
 linked in from elsewhere is never followed to delete. Each drives the real command in a process of its own.
@@ -64,7 +64,7 @@ def _refused_in_one_line(result, *expected):
 @pytest.mark.slow
 @pytest.mark.parametrize("name, value", [("push_to_hub", "someone/else"), ("report_to", "wandb")])
 def test_resume_never_takes_an_option_acting_outside_the_folder_from_a_record(name, value, run):
-    # Case 1: a recorded push_to_hub was trusted as a typed one: nothing was said at start, an upload was tried at
+    # A recorded push_to_hub was trusted as a typed one: nothing was said at start, an upload was tried at
     # the end. A recorded tracker was started likewise.
     _edit_state(run, lambda state: state["options"].update({name: value}))
     result = run_cli("train", "--resume", "--output-dir", run, "--max-steps", 3)
@@ -81,7 +81,7 @@ def test_resume_never_takes_an_option_acting_outside_the_folder_from_a_record(na
 
 @pytest.mark.slow
 def test_a_recorded_option_of_the_wrong_type_is_refused_in_one_line(run):
-    # Case 12: a seed edited to "abc" (in both records, so that they agree) ended in numpy's TypeError traceback.
+    # A seed edited to "abc" (in both records, so that they agree) ended in numpy's TypeError traceback.
     def edit(state):
         state["options"]["seed"] = state["run_options"]["seed"] = "abc"
 
@@ -112,7 +112,7 @@ def test_a_recorded_state_outside_what_a_run_records_is_refused_in_one_line(name
 
 @pytest.mark.slow
 def test_a_run_config_wider_than_its_checkpoint_is_refused_before_it_is_built(run):
-    # Case 2: a d_ff of 7,000,000 was built (14 GB) and failed with an allocation traceback.
+    # A d_ff of 7,000,000 was built (14 GB) and failed with an allocation traceback.
     config = run / "checkpoints" / "config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "d_ff": 7_000_000}))
     result = run_cli("train", "--resume", "--output-dir", run, "--max-steps", 3)
@@ -123,7 +123,7 @@ def test_a_run_config_wider_than_its_checkpoint_is_refused_before_it_is_built(ru
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["preset", "fine-tuned"])
 def test_a_lora_rank_wider_than_the_layers_is_refused_before_anything_is_allocated(model, finished_run, tmp_path):
-    # Case 9: a rank of 300,000 was accepted; 4.4 GB, then an allocation traceback.
+    # A rank of 300,000 was accepted; 4.4 GB, then an allocation traceback.
     pytest.importorskip("peft")
     data = finished_run.parent / "data"
     source = ["--model-name-or-path", finished_run] if model == "fine-tuned" else ["--config-overrides", "d_model=32"]

@@ -1,4 +1,4 @@
-"""Issue #40: a command never overwrites what it did not make (the model folder of a new run, its own inputs)."""
+"""A command never overwrites what it did not make (the model folder of a new run, its own inputs)."""
 
 import errno
 import os

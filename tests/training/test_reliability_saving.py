@@ -1,4 +1,4 @@
-"""Issue #40: saving on unlucky machines (a read-only parent, a full disk, a killed run's leftovers, a
+"""Saving on unlucky machines (a read-only parent, a full disk, a killed run's leftovers, a
 shared folder) and a restarted run that must not reuse a stale tokenizer."""
 
 import errno

@@ -1,4 +1,4 @@
-"""Issue #63, case 7's lock: a run killed while a process it forked lives on leaves its `.train.lock` held by that
+"""A stale lock: a run killed while a process it forked lives on leaves its `.train.lock` held by that
 process; the PID in the file tells the next run that the run itself is gone, and it takes the folder over with one
 warning. A live run still holds the folder."""
 
