@@ -1,7 +1,8 @@
 """Comments explain, they do not keep a diary: no dates, clock times, timings or machine names in the
 package's or the tests' Python files. Measurements belong in benchmarks/results and docs/, which the
 benchmark commands write. The pages (README.md, docs/*.md) describe the design as it is: no working diary,
-issue numbers, commit hashes or dates; those stay in the dated reports of benchmarks/results/."""
+issue numbers, commit hashes or dates; those stay in the dated reports of benchmarks/results/. Neither the
+package nor the tests name issues: a test says what it checks and why, which a reader can act on."""
 
 import re
 from pathlib import Path
@@ -23,16 +24,39 @@ DIARY = re.compile(
 ALLOWED = re.compile(r"strftime|%Y-%m-%d")
 
 
-def test_no_dates_timings_or_machine_names_in_python_files():
-    hits = []
+# "Issue #63", "issue 5", "(#46)", "#54:"; not a link's anchor or an HTML entity.
+ISSUE = r"(?<![\w/&])#\d+\b|\bissues? ?#?\d+"
+
+
+def python_lines():
+    """(path, line number, line) of every Python file of the package and the tests but this one."""
     for folder in ("vanilla_transformer", "tests"):
         for path in sorted((ROOT / folder).rglob("*.py")):
-            if path == Path(__file__).resolve():
-                continue
-            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-                if DIARY.search(line) and not ALLOWED.search(line):
-                    hits.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+            if path != Path(__file__).resolve():
+                for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                    yield path.relative_to(ROOT), number, line
+
+
+def test_no_dates_timings_or_machine_names_in_python_files():
+    hits = [f"{path}:{number}: {line.strip()}" for path, number, line in python_lines()
+            if DIARY.search(line) and not ALLOWED.search(line)]
     assert not hits, "numbers belong in benchmarks/results and docs/, not in code:\n" + "\n".join(hits)
+
+
+def test_no_issue_numbers_in_python_files():
+    hits = [f"{path}:{number}: {line.strip()}" for path, number, line in python_lines()
+            if re.search(ISSUE, line, re.IGNORECASE)]
+    assert not hits, "say what is checked and why, not which issue asked for it:\n" + "\n".join(hits)
+
+
+@pytest.mark.parametrize("line", ["Issue #63, every stream", "(#46)", "issues #18, #47", "# #54: one line", "issue 5"])
+def test_the_issue_rule_finds_each_way_of_naming_one(line):
+    assert re.search(ISSUE, line, re.IGNORECASE), line
+
+
+@pytest.mark.parametrize("line", ["attention.md#the-neuron-view", "&#39;", "color #1f2937", "case 7's lock", "5 issues"])
+def test_the_issue_rule_leaves_code_alone(line):
+    assert not re.search(ISSUE, line, re.IGNORECASE), line
 
 
 # The pages describe the design as it is. A record keeps its date, machine and hashes in a dated report under
@@ -41,7 +65,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 REPORT_PATH = re.compile(r"benchmarks/results/[\w.-]+")
 PAGE_DIARY = re.compile(
     r"\bsessions?\b|\btoday('s)?\b"  # a working diary's words
-    r"|(?<![\w/&])#\d+\b|\bissues? ?#?\d+"  # an issue number
+    rf"|{ISSUE}"  # an issue number
     # A commit hash: a word of 7-40 hex digits mixing digits and letters. Prose has no such words, and unlike
     # asking git, the rule holds in a shallow clone or an unpacked sdist, and for another repository's commits.
     r"|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b"
