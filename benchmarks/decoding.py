@@ -9,7 +9,7 @@ translator would, each sentence capped at its source length + 50 new tokens (§6
     greedy                 num_beams=1
     beam 4, transformers   log P / len^0.6, transformers' default stopping (early_stopping=False)
     beam 4, transformers   the same with early_stopping=True (stop at 4 finished hypotheses)
-    beam 4, GNMT α 0.6     log P / ((5 + len) / 6)^0.6, the paper's (generation_vanilla_transformer.py)
+    beam 4, GNMT α 0.6     log P / ((5 + len) / 6)^0.6, the paper's (generation.py)
     beam 4, GNMT α 1.0
 
 BLEU and chrF are sacrebleu's (corpus level, default tokenisation); length ratio is hypothesis

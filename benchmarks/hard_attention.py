@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from vanilla_transformer.modeling import attention_variants_vanilla_transformer
+from vanilla_transformer.modeling import attention_variants
 
 from .common import environment, load_text, write_atomically
 
@@ -97,7 +97,7 @@ class Reinforce:
         return F.one_hot(choice, scores.size(-1)).float()
 
     def installed(self):
-        return mock.patch.object(attention_variants_vanilla_transformer, "hard_attention", self.sample)
+        return mock.patch.object(attention_variants, "hard_attention", self.sample)
 
     def term(self, logits, labels):
         log_prob, self.log_probs = sum(self.log_probs), []

@@ -197,7 +197,7 @@ def _languages(dataset, source_lang, target_lang) -> tuple[str | None, str | Non
 def _write_generation_defaults(model) -> None:
     """Give a model that was never told how to decode the paper's beam search (§6.1: beam 4, GNMT length
     penalty 0.6, at most source length + 50 tokens); keep the settings of one that was."""
-    from .modeling.generation_vanilla_transformer import paper_generation_config
+    from .modeling.generation import paper_generation_config
 
     if model.generation_config.num_beams in (None, 1):
         model.generation_config = paper_generation_config(model.config)

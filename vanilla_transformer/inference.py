@@ -74,7 +74,7 @@ def load_model(name_or_path: str | os.PathLike, device: str | None = None):
 def check_generation_file(path: Path) -> None:
     """A ValueError naming `path` unless it is JSON whose decoding defaults keep the bounds the options typed keep
     (a beam of 100,000 would fail on every line, one warning each)."""
-    from .modeling.checks_vanilla_transformer import check_decoding_options
+    from .modeling.value_checks import check_decoding_options
 
     generation = read_json(path)
     if not isinstance(generation, dict):

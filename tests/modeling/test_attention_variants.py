@@ -6,7 +6,7 @@ import torch
 
 from vanilla_transformer.export.ctranslate2 import _check_exportable
 from vanilla_transformer.modeling.configuration_vanilla_transformer import VanillaTransformerConfig
-from vanilla_transformer.modeling.attention_variants_vanilla_transformer import relu_normalization, sparsemax_normalization
+from vanilla_transformer.modeling.attention_variants import relu_normalization, sparsemax_normalization
 from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
 VOCAB = 40

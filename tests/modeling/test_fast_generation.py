@@ -15,10 +15,10 @@ from transformers import CompileConfig, GenerationMixin
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-from vanilla_transformer.modeling import fast_generation_vanilla_transformer as fast
-from vanilla_transformer.modeling import fast_modeling_vanilla_transformer as fast_modeling
-from vanilla_transformer.modeling import generation_vanilla_transformer as generation
-from vanilla_transformer.modeling.generation_vanilla_transformer import (
+from vanilla_transformer.modeling import fast_generation as fast
+from vanilla_transformer.modeling import fast_modeling
+from vanilla_transformer.modeling import generation
+from vanilla_transformer.modeling.generation import (
     CACHE_NAME,
     beam_search,
     gnmt_beam_search,

@@ -1,4 +1,4 @@
-"""The model's speed-up (fast_modeling_vanilla_transformer.py) is chosen when the model is built, gives the
+"""The model's speed-up (fast_modeling.py) is chosen when the model is built, gives the
 plain path's numbers, and `fast_paths=False` builds the plain paper path; nothing is swapped afterwards."""
 
 import inspect
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from vanilla_transformer.modeling import fast_modeling_vanilla_transformer as fast
-from vanilla_transformer.modeling.attention_vanilla_transformer import MultiHeadAttention, PackedMultiHeadAttention
+from vanilla_transformer.modeling import fast_modeling as fast
+from vanilla_transformer.modeling.attention import MultiHeadAttention, PackedMultiHeadAttention
 from vanilla_transformer.modeling.modeling_vanilla_transformer import LabelSmoothedCrossEntropy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ is not an installed package

@@ -8,7 +8,7 @@ import torch
 from transformers import GenerationMixin, StoppingCriteriaList, StopStringCriteria
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from vanilla_transformer.modeling.generation_vanilla_transformer import (
+from vanilla_transformer.modeling.generation import (
     beam_search,
     paper_generation_config,
     choose_search,
@@ -82,7 +82,7 @@ def test_plain_requests_run_our_loops(model):
 
 
 def test_a_cache_passed_in_and_peft_go_to_transformers_loop(model):
-    from vanilla_transformer.modeling.arguments_vanilla_transformer import CACHE_NAME
+    from vanilla_transformer.modeling.input_checks import CACHE_NAME
 
     assert chosen(model, {CACHE_NAME: object()}) == (None, "a cache passed in")
     patched = VanillaTransformerForConditionalGeneration(model.config)

@@ -37,7 +37,7 @@ from transformers.generation import (
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.export.marian import paper_from_marian_permutation, to_marian
-from vanilla_transformer.modeling.generation_vanilla_transformer import paper_generation_config
+from vanilla_transformer.modeling.generation import paper_generation_config
 from vanilla_transformer.tokenizer import train_tokenizer
 
 SENTENCES = ["the cat sat on the mat.", "a dog ran in the park.", "the sun is hot today.", "we read a good book.",
@@ -173,7 +173,7 @@ VALUES = {
     "synced_gpus": (True, {}),
     "tokenizer": (TOKENIZER, {}),
 }
-# Ours (see generation_vanilla_transformer.py), which Marian does not take: its call leaves them out.
+# Ours (see generation.py), which Marian does not take: its call leaves them out.
 OUR_ARGUMENTS = {
     "length_penalty_style": ("gnmt", dict(length_penalty=0.6)),
     "max_length_offset": (1, dict(max_new_tokens=None)),

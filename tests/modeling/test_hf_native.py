@@ -396,7 +396,7 @@ def test_inputs_embeds_replace_ids(hub_tiny_model):
 
 
 def test_stored_max_length_does_not_cut_but_stored_max_new_tokens_caps(hub_tiny_model):
-    """The rule in generation_vanilla_transformer.py: the per-sentence cap (source + 50) is the default; a
+    """The rule in generation.py: the per-sentence cap (source + 50) is the default; a
     stored max_length (transformers' default 20, written by its tools) is ignored; a stored
     max_new_tokens is a ceiling; a length passed to generate replaces the cap."""
     model, tokenizer = hub_tiny_model

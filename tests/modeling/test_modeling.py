@@ -8,15 +8,15 @@ from vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
 )
-from vanilla_transformer.modeling.arguments_vanilla_transformer import CACHE_NAME
+from vanilla_transformer.modeling.input_checks import CACHE_NAME
 from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES, PRESETS
-from vanilla_transformer.modeling.arguments_vanilla_transformer import additive_mask
-from vanilla_transformer.modeling.attention_vanilla_transformer import scaled_dot_product_attention
+from vanilla_transformer.modeling.input_checks import additive_mask
+from vanilla_transformer.modeling.attention import scaled_dot_product_attention
 from vanilla_transformer.modeling.modeling_vanilla_transformer import (
     shift_tokens_right,
     sinusoidal_encoding,
 )
-from vanilla_transformer.modeling.saving_vanilla_transformer import CODE_FILES
+from vanilla_transformer.modeling.saving import CODE_FILES
 
 VOCAB = 40
 PAD, BOS, EOS = 0, 1, 2
@@ -494,7 +494,7 @@ def test_location_refuses_inputs_longer_than_its_map_naming_the_option():
 def test_one_length_rule_bounds_the_source_the_target_and_training(position_encoding, attention_score, bounds):
     from types import SimpleNamespace
 
-    from vanilla_transformer.modeling.generation_vanilla_transformer import longest_target
+    from vanilla_transformer.modeling.generation import longest_target
     from vanilla_transformer.modeling.pipeline_vanilla_transformer import source_length_limit
     from vanilla_transformer.training.setup import _check_max_length
 
@@ -518,7 +518,7 @@ def test_location_model_decodes_within_its_map_whatever_the_source_length():
     """Decoding stops a translation at the source length + 50 new tokens (§6.1), and with `location_max_length`
     L at L - 1 (the positions the decoder reads): with no </s> in reach, every source up to L tokens translates;
     a longer source is refused, naming the field."""
-    from vanilla_transformer.modeling.generation_vanilla_transformer import paper_generation_config
+    from vanilla_transformer.modeling.generation import paper_generation_config
 
     model = make_model(attention_score="location", location_max_length=60, eos_token_id=VOCAB - 1)
     model.generation_config = paper_generation_config(model.config)

@@ -21,12 +21,7 @@ from vanilla_transformer import (
     VanillaTransformerConfig,
     VanillaTransformerForConditionalGeneration,
 )
-from vanilla_transformer.modeling import (
-    fast_generation_vanilla_transformer as fast_generation,
-)
-from vanilla_transformer.modeling import (
-    fast_modeling_vanilla_transformer as fast_modeling,
-)
+from vanilla_transformer.modeling import fast_generation, fast_modeling
 
 SENTENCES = ["In the beginning God created the heavens and the earth.", "Jesus wept.", "And God said, Let there be light."]
 # Each caller: its options, and the autocast dtype it decodes under (None: float32). Greedy without scores and

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from vanilla_transformer.modeling.arguments_vanilla_transformer import CACHE_NAME, check_attn_implementation, check_ids
+from vanilla_transformer.modeling.input_checks import CACHE_NAME, check_attn_implementation, check_ids
 from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerModel
 
 VOCAB = 40

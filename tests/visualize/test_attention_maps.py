@@ -10,7 +10,7 @@ from transformers import GenerationConfig
 from vanilla_transformer.visualize.attention_maps import (
     KINDS, bertviz_data, collect_attentions, decoding_settings, plot_layer, save_attention_maps,
 )
-from vanilla_transformer.modeling.generation_vanilla_transformer import paper_generation_config
+from vanilla_transformer.modeling.generation import paper_generation_config
 from vanilla_transformer.inference import load_model
 
 

@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from vanilla_transformer.modeling.attention_variants_vanilla_transformer import NORMALIZATIONS
+from vanilla_transformer.modeling.attention_variants import NORMALIZATIONS
 from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES, VanillaTransformerConfig
 from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.visualize.attention_maps import collect_attentions

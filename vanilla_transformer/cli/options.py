@@ -94,7 +94,7 @@ def add_beam_options(group: argparse._ArgumentGroup) -> None:
 
 def decoding_options(args: argparse.Namespace) -> dict:
     """The decoding options given (and --batch-size where the command has it), checked."""
-    from ..modeling.checks_vanilla_transformer import check_decoding_options
+    from ..modeling.value_checks import check_decoding_options
 
     batches = {"batch_size": args.batch_size} if hasattr(args, "batch_size") else {}
     if batches and args.batch_size < 1:

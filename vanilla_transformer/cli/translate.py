@@ -56,7 +56,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _check_nbest_options(args: argparse.Namespace) -> None:
-    from ..modeling.checks_vanilla_transformer import MAX_NUM_BEAMS
+    from ..modeling.value_checks import MAX_NUM_BEAMS
 
     if not 1 <= args.nbest <= MAX_NUM_BEAMS:
         raise ValueError(f"--nbest must be between 1 and {MAX_NUM_BEAMS} (the beam holds N hypotheses); got {args.nbest}")

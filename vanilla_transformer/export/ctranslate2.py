@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from ..modeling.generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
+from ..modeling.generation import DEFAULT_MAX_LENGTH_OFFSET
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_encoding
 from ..choices import QUANTIZATIONS
 from ..file_checks import read_json

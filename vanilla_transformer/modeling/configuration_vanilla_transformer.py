@@ -15,8 +15,8 @@ import os
 
 from transformers import PretrainedConfig
 
-from .attention_variants_vanilla_transformer import ATTENTION_SCORES, SCORE_CLASSES
-from .checks_vanilla_transformer import is_finite_number
+from .attention_variants import ATTENTION_SCORES, SCORE_CLASSES
+from .value_checks import is_finite_number
 
 ATTENTION_NORMALIZATIONS = ("softmax", "relu", "sparsemax")
 LOCAL_ATTENTIONS = ("none", "local-m", "local-p")
@@ -100,7 +100,7 @@ class VanillaTransformerConfig(PretrainedConfig):
         tie_word_embeddings: one matrix for source embeddings, target embeddings and the pre-softmax
             projection (§3.4). If False, the three are separate.
         attention_score: how a query is compared with the keys: "scaled_dot" (the paper, §3.2.1) or one
-            of the score functions of attention_variants_vanilla_transformer.py (`SCORE_CLASSES`; compared
+            of the score functions of attention_variants.py (`SCORE_CLASSES`; compared
             in docs/attention.md), such as "location" (Luong: scores from the query alone, W_a q over key
             positions; the keys' content is not read). It applies in every attention block: encoder
             self-attention, decoder self-attention (with "location", a learned pattern over earlier target
@@ -131,8 +131,8 @@ class VanillaTransformerConfig(PretrainedConfig):
             or translating another pair can be warned about.
         fast_paths: True (the default) builds the model with its speed-ups, which give the plain path's
             numbers with less work: the smoothed cross-entropy with its gradient in closed form
-            (fast_modeling_vanilla_transformer.py), and in decoding the decoder's products and the output
-            projection on oneDNN, where it is faster (fast_generation_vanilla_transformer.py). False builds
+            (fast_modeling.py), and in decoding the decoder's products and the output
+            projection on oneDNN, where it is faster (fast_generation.py). False builds
             and decodes on the plain paper path.
             Read when the model is built (and by `generate`).
     """

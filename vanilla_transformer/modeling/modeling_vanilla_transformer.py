@@ -9,14 +9,14 @@ attention function takes (`attn_implementation`).
 
 What is not the paper lives in the files beside this one, each called here in one line:
 
-    configuration_vanilla_transformer.py       the hyperparameters and the paper's presets
-    attention_vanilla_transformer.py           §3.2's attention, the paper's own
-    attention_variants_vanilla_transformer.py  attention beyond the paper, chosen when a layer is built
-    arguments_vanilla_transformer.py           the checks of the models' arguments; the cache's two names
-    saving_vanilla_transformer.py              what a saved folder needs to load anywhere
-    fast_modeling_vanilla_transformer.py       the speed-ups it is built with (`fast_paths`): the loss with its
-                                               gradient in closed form, linear maps that decoding can pack
-    generation_vanilla_transformer.py          decoding (§6.1)
+    configuration_vanilla_transformer.py  the hyperparameters and the paper's presets
+    attention.py                          §3.2's attention, the paper's own
+    attention_variants.py                 attention beyond the paper, chosen when a layer is built
+    input_checks.py                       the checks of the models' arguments; the cache's two names
+    saving.py                             what a saved folder needs to load anywhere
+    fast_modeling.py                      the speed-ups it is built with (`fast_paths`): the loss with its
+                                          gradient in closed form, linear maps that decoding can pack
+    generation.py                         decoding (§6.1)
 
 The files import one another in one direction, this one on top: none of them imports it.
 
@@ -44,7 +44,7 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 
-from .arguments_vanilla_transformer import (
+from .input_checks import (
     CACHE_NAME,
     check_attn_implementation,
     check_cache_and_checkpointing,
@@ -56,16 +56,16 @@ from .arguments_vanilla_transformer import (
     one_cache,
     wants_dict,
 )
-from .attention_vanilla_transformer import MultiHeadAttention, PackedMultiHeadAttention  # §3.2
-from .attention_variants_vanilla_transformer import LocalAttentionMasks, variant_attention_class
+from .attention import MultiHeadAttention, PackedMultiHeadAttention  # §3.2
+from .attention_variants import LocalAttentionMasks, variant_attention_class
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .fast_modeling_vanilla_transformer import ClosedFormCrossEntropy, linear_class  # speed-ups (`fast_paths`)
-from .generation_vanilla_transformer import generate as paper_generate  # decoding (§6.1)
-from .saving_vanilla_transformer import SavesItsCode
+from .fast_modeling import ClosedFormCrossEntropy, linear_class  # speed-ups (`fast_paths`)
+from .generation import generate as paper_generate  # decoding (§6.1)
+from .saving import SavesItsCode
 
 
 # --------------------------------------------------------------------------------------
-# §3.2: attention (attention_vanilla_transformer.py) and §3.3: the position-wise feed-forward network
+# §3.2: attention (attention.py) and §3.3: the position-wise feed-forward network
 # --------------------------------------------------------------------------------------
 
 

@@ -32,7 +32,7 @@ longer fail a whole batch for one line: a text longer than the model's limit (th
 scores) is truncated to it with a
 warning, and an empty or blank text translates to "" with a warning, the rest of its batch
 translated as if it were not there. `num_beams`, `max_new_tokens` and `length_penalty` have bounds
-(checks_vanilla_transformer.py), and a `max_new_tokens` past what a model with a bounded length writes (learned
+(value_checks.py), and a `max_new_tokens` past what a model with a bounded length writes (learned
 positions, location-based scores) is lowered to it with a warning.
 """
 
@@ -46,8 +46,8 @@ import torch
 from torch.utils.data import Dataset
 from transformers import Pipeline
 
-from .checks_vanilla_transformer import check_decoding_options
-from .generation_vanilla_transformer import longest_target
+from .value_checks import check_decoding_options
+from .generation import longest_target
 
 # What config.json names under `custom_pipelines` (the model's `save_pretrained` writes it), read by
 # transformers' `pipeline()`: "impl" is "<module file>.<class>" inside the model folder, "pt" the Auto

@@ -265,7 +265,7 @@ class TrainingArguments:
 
     def validate(self) -> None:
         """Fail early, naming the option and what it accepts."""
-        from ..modeling.checks_vanilla_transformer import check_decoding_options, is_finite_number
+        from ..modeling.value_checks import check_decoding_options, is_finite_number
         from ..modeling.configuration_vanilla_transformer import check_probability
 
         for f in dataclasses.fields(self):
@@ -323,7 +323,7 @@ class TrainingArguments:
 
     def _validate_config_overrides(self) -> None:
         """Before hours of data preparation: known fields with values the config accepts."""
-        from ..modeling.arguments_vanilla_transformer import check_attn_implementation
+        from ..modeling.input_checks import check_attn_implementation
         from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 
         known = [name for name in inspect.signature(VanillaTransformerConfig).parameters
@@ -370,7 +370,7 @@ KINDS = {
 
 def _check_field(f: dataclasses.Field, hint, value) -> None:
     """A field's type, choices and bound, from its metadata: "`name` must be <what> [or None]; got <value>."."""
-    from ..modeling.checks_vanilla_transformer import is_finite_number
+    from ..modeling.value_checks import is_finite_number
 
     kind, optional = _kind(hint)
     if value is None and optional:

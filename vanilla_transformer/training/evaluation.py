@@ -16,7 +16,7 @@ from accelerate.logging import get_logger
 
 from ..metrics import load as load_metric
 from ..metrics import repeated_phrase
-from ..modeling.generation_vanilla_transformer import paper_generation_config
+from ..modeling.generation import paper_generation_config
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from . import criterion
 from .arguments import TrainingArguments

@@ -15,7 +15,7 @@ from itertools import islice
 from accelerate.logging import get_logger
 
 from ..hub import RESULTS_FILE, save_model_files, write_model_card, write_results
-from ..modeling.generation_vanilla_transformer import paper_generation_config
+from ..modeling.generation import paper_generation_config
 from .arguments import TrainingArguments
 from .checkpoints import average_checkpoints, checkpoint_path, list_checkpoints
 from .distributed import end_training

@@ -46,8 +46,8 @@ from vanilla_transformer.visualize.attention_maps import check_attention_support
 from vanilla_transformer.visualize.explorer import explorer_html
 from vanilla_transformer.choices import SERVE_LIMITS
 from vanilla_transformer.inference import load_model, longest_token
-from vanilla_transformer.modeling.checks_vanilla_transformer import MAX_NEW_TOKENS, check_decoding_options
-from vanilla_transformer.modeling.generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
+from vanilla_transformer.modeling.value_checks import MAX_NEW_TOKENS, check_decoding_options
+from vanilla_transformer.modeling.generation import DEFAULT_MAX_LENGTH_OFFSET
 
 __all__ = ["Limits", "RequestDeadline", "build_app", "make_translate", "serve"]
 

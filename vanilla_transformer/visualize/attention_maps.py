@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from ..modeling.generation_vanilla_transformer import DEFAULT_MAX_LENGTH_OFFSET
+from ..modeling.generation import DEFAULT_MAX_LENGTH_OFFSET
 from ..modeling.pipeline_vanilla_transformer import readable_pieces, source_length_limit, teacher_forced_attentions
 from .neuron_view import Neurons, neuron_tensors
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..modeling.attention_variants_vanilla_transformer import predicted_position
-from ..modeling.arguments_vanilla_transformer import additive_mask
+from ..modeling.attention_variants import predicted_position
+from ..modeling.input_checks import additive_mask
 
 KINDS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
 

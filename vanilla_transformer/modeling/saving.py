@@ -27,14 +27,14 @@ AUTO_MAP = {
 CODE_FILES = (
     "configuration_vanilla_transformer.py",
     "modeling_vanilla_transformer.py",
-    "attention_vanilla_transformer.py",
-    "attention_variants_vanilla_transformer.py",
-    "arguments_vanilla_transformer.py",
-    "checks_vanilla_transformer.py",
-    "saving_vanilla_transformer.py",
-    "fast_modeling_vanilla_transformer.py",
-    "generation_vanilla_transformer.py",
-    "fast_generation_vanilla_transformer.py",
+    "attention.py",
+    "attention_variants.py",
+    "input_checks.py",
+    "value_checks.py",
+    "saving.py",
+    "fast_modeling.py",
+    "generation.py",
+    "fast_generation.py",
     "pipeline_vanilla_transformer.py",
 )
 

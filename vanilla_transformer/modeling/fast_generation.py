@@ -8,7 +8,7 @@ chooses the model's loss) turns them off.
       fp32 kernel (MKL on a CPU)                  machine (timed once per shape, `onednn_is_faster`)
     every row computed until the last ends      rows_leave: finished sentences leave our search loops' batch
 
-The model's linear maps are built as PackableLinear (fast_modeling_vanilla_transformer.py) for this.
+The model's linear maps are built as PackableLinear (fast_modeling.py) for this.
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only the
 standard library, torch and the fast modeling file beside it.
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fast_modeling_vanilla_transformer import (
+from .fast_modeling import (
     ONEDNN_LINEAR,
     PackableLinear,
     _pack,

@@ -3,9 +3,9 @@
 - §5.4's label-smoothed cross-entropy with its gradient in closed form (`ClosedFormCrossEntropy`), the same numbers as
   `LabelSmoothedCrossEntropy` (modeling_vanilla_transformer.py) with less memory and time;
 - the linear maps as `PackableLinear` (`linear_class`): nn.Linear, whose weights decoding can pack for
-  oneDNN's kernels (fast_generation_vanilla_transformer.py says when);
+  oneDNN's kernels (fast_generation.py says when);
 - attention's projections of one input as one product while training (`packed_linear`, for
-  attention_vanilla_transformer.py's `PackedMultiHeadAttention`).
+  attention.py's `PackedMultiHeadAttention`).
 
 tests/modeling/test_fast_modeling.py and test_fast_generation.py compare them with the plain path, and
 benchmarks/ says what they save.

@@ -80,9 +80,9 @@ from transformers.generation import (
 from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 from transformers.masking_utils import create_bidirectional_mask
 
-from .arguments_vanilla_transformer import CACHE_NAME, check_source_not_empty, one_cache
-from .checks_vanilla_transformer import check_decoding_options
-from .fast_generation_vanilla_transformer import enabled, packed_products, rows_leave
+from .input_checks import CACHE_NAME, check_source_not_empty, one_cache
+from .value_checks import check_decoding_options
+from .fast_generation import enabled, packed_products, rows_leave
 
 
 LENGTH_PENALTY_STYLES = ("gnmt", "transformers")

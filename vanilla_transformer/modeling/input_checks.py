@@ -38,7 +38,7 @@ def wants_dict(return_dict, config) -> bool:
 def explicit_attention(config) -> bool:
     """Whether the config asks for attention beyond what transformers' attention functions compute (a score
     other than a dot product, a normalization other than softmax, hard attention, local-p's predicted window):
-    that runs on its own explicit function only (attention_variants_vanilla_transformer.py)."""
+    that runs on its own explicit function only (attention_variants.py)."""
     return (
         config.attention_score not in ("scaled_dot", "dot")
         or config.attention_normalization != "softmax"

@@ -2,7 +2,7 @@
 (§3.2.2), the paper's own, used three ways (§3.2.3) by the layers of modeling_vanilla_transformer.py.
 Shapes: B batch, T queries, S keys, H heads, Dh = d_model / H.
 
-Attention beyond the paper (attention_variants_vanilla_transformer.py) is MultiHeadAttention with its own
+Attention beyond the paper (attention_variants.py) is MultiHeadAttention with its own
 `attend`: it builds on this file, and the model file chooses between the two when a layer is built.
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only torch,
@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .arguments_vanilla_transformer import additive_mask
-from .fast_modeling_vanilla_transformer import linear_class, packed_linear
+from .input_checks import additive_mask
+from .fast_modeling import linear_class, packed_linear
 
 # --------------------------------------------------------------------------------------
 # §3.2.1: scaled dot-product attention. Queries (B, H, T, Dh) against keys and values (B, H, S, Dh).

@@ -4,7 +4,7 @@ attention, and Luong's local attention (local-m and local-p). Each is a config f
 (configuration_vanilla_transformer.py); docs/attention.md compares them.
 
 The paper's own attention, §3.2.1's scaled dot product and softmax in `MultiHeadAttention`, stays in
-attention_vanilla_transformer.py. modeling_vanilla_transformer.py asks this file once, when a layer is
+attention.py. modeling_vanilla_transformer.py asks this file once, when a layer is
 built, for the class the config names (`variant_attention_class`) and for local attention's masks
 (`LocalAttentionMasks`). The classes here are MultiHeadAttention with their own `attend`: the explicit path, score -> mask ->
 normalization -> weights · V, on which every combination of the options runs. Luong's dot product with
@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .arguments_vanilla_transformer import additive_mask, explicit_attention
-from .attention_vanilla_transformer import MultiHeadAttention
+from .input_checks import additive_mask, explicit_attention
+from .attention import MultiHeadAttention
 
 
 # --------------------------------------------------------------------------------------
