@@ -287,11 +287,11 @@ def test_the_pruning_searches_are_what_generate_runs(model_and_batch, monkeypatc
 
 
 def test_one_rule_lets_finished_rows_leave_greedy_and_beam_search(monkeypatch):
-    """`fast.rows_leave`, the rule of both searches: finished rows (in beam search, the rows of done
+    """`fast.should_shrink_batch`, the rule of both searches: finished rows (in beam search, the rows of done
     sentences) leave at once; rows that stay change no output."""
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
-    assert [fast.rows_leave(16 - finished, 16) for finished in (0, 1, 16)] == [False, True, True]
+    assert [fast.should_shrink_batch(16 - finished, 16) for finished in (0, 1, 16)] == [False, True, True]
     torch.manual_seed(0)
     model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=40, dropout=0.0)).eval()
     # Random weights run every sentence to its cap (source length 1 to 16, + 2): one sentence ends per
@@ -309,7 +309,7 @@ def test_one_rule_lets_finished_rows_leave_greedy_and_beam_search(monkeypatch):
         whole = model.generate(**batch, num_beams=beams, custom_generate=functools.partial(search, prune=False))
         assert torch.equal(pruned, whole)
         with monkeypatch.context() as patch:
-            patch.setattr(generation, "rows_leave", lambda going_on, batch: False)  # the rule decides, in each search
+            patch.setattr(generation, "should_shrink_batch", lambda going_on, batch: False)  # the rule decides, in each search
             batch_sizes.clear()
             assert torch.equal(model.generate(**batch, num_beams=beams, custom_generate=search), whole)
             assert set(batch_sizes) == {16 * beams}
@@ -418,7 +418,7 @@ def onednn_faster(monkeypatch):
     """oneDNN taken as the faster kernel for every shape (which it is depends on the machine)."""
     if not fast.ONEDNN_LINEAR:
         pytest.skip("this torch build has no oneDNN linear kernels: nothing is packed")
-    monkeypatch.setattr(fast, "onednn_is_faster", lambda rows, in_features, out_features: True)
+    monkeypatch.setattr(fast, "is_onednn_faster", lambda rows, in_features, out_features: True)
 
 
 def test_a_packed_linear_map_gives_the_numbers_of_nn_linear(onednn_faster):
@@ -490,7 +490,7 @@ def test_what_is_worth_packing(model_and_batch, monkeypatch, packed_counts, oned
         patch.setattr(model.config, "fast_paths", False, raising=False)  # ours
         assert not fast.worth_packing(model, lm_head, rows=2)
     with monkeypatch.context() as patch:
-        patch.setattr(fast, "onednn_is_faster", lambda rows, in_features, out_features: False)
+        patch.setattr(fast, "is_onednn_faster", lambda rows, in_features, out_features: False)
         assert not fast.worth_packing(model, lm_head, rows=2)
     one = {name: value[:1] for name, value in batch.items()}
     model.generate(**one, num_beams=1)
@@ -515,14 +515,14 @@ def test_onednn_is_chosen_for_a_shape_only_where_timed_faster_and_once(monkeypat
     for torch_s, onednn_s, faster in ((10.0, 5.0, True), (10.0, 9.8, False), (10.0, 12.0, False)):
         durations[:] = [torch_s, onednn_s]
         fast._FASTER.clear()
-        assert fast.onednn_is_faster(3, 8, 16) is faster
+        assert fast.is_onednn_faster(3, 8, 16) is faster
     state = torch.random.get_rng_state()
     fast._FASTER.clear()
-    fast.onednn_is_faster(3, 8, 16)
+    fast.is_onednn_faster(3, 8, 16)
     assert torch.equal(torch.random.get_rng_state(), state)  # the global random stream is not drawn from
     timed = len(ticks)
-    assert fast.onednn_is_faster(4, 8, 16) is False and len(ticks) == timed  # 3 and 4 rows: one timing
-    assert fast.onednn_is_faster(5, 8, 16) is False and len(ticks) == timed + 4 * fast.ROUNDS  # 8 rows: timed anew
+    assert fast.is_onednn_faster(4, 8, 16) is False and len(ticks) == timed  # 3 and 4 rows: one timing
+    assert fast.is_onednn_faster(5, 8, 16) is False and len(ticks) == timed + 4 * fast.ROUNDS  # 8 rows: timed anew
     assert set(fast._FASTER) == {(4, 8, 16, torch.get_num_threads()), (8, 8, 16, torch.get_num_threads())}
 
 

@@ -23,7 +23,7 @@ from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForC
 from vanilla_transformer.modeling.generation import (
     CACHE_NAME,
     gnmt_beam_search,
-    one_cache,
+    resolve_cache_argument,
     paper_generation_config,
 )
 
@@ -96,7 +96,7 @@ class ScriptedBase(nn.Module):
 
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, encoder_outputs=None,
                 cache=None, use_cache=None, past_key_values=None, **kwargs):
-        cache = one_cache(cache, past_key_values) if use_cache is not False else None
+        cache = resolve_cache_argument(cache, past_key_values) if use_cache is not False else None
         outputs = self.decoder(decoder_input_ids, encoder_outputs[0], attention_mask, None, cache)
         return Seq2SeqModelOutput(last_hidden_state=outputs.last_hidden_state, **{CACHE_NAME: cache})
 

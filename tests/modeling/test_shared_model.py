@@ -49,7 +49,7 @@ def own_model(hub_tiny_model):
 def shared(own_model, monkeypatch):
     """The model, a batch of three sentences, and oneDNN taken as the faster kernel for every shape (which it
     is depends on the machine), so that each search over several rows packs its weights."""
-    monkeypatch.setattr(fast_generation, "onednn_is_faster", lambda rows, in_features, out_features: True)
+    monkeypatch.setattr(fast_generation, "is_onednn_faster", lambda rows, in_features, out_features: True)
     model, tokenizer = own_model
     return model, tokenizer(SENTENCES, return_tensors="pt", padding=True)
 

@@ -5,8 +5,8 @@ chooses the model's loss) turns them off.
     plain                                       drop-in (here)
     the decoder's linear maps and lm_head       packed_products: the same products on oneDNN, each weight packed
       (§3.2.2, §3.3, §3.4) on torch's default     once per call, for the shapes oneDNN computes faster on this
-      fp32 kernel (MKL on a CPU)                  machine (timed once per shape, `onednn_is_faster`)
-    every row computed until the last ends      rows_leave: finished sentences leave our search loops' batch
+      fp32 kernel (MKL on a CPU)                  machine (timed once per shape, `is_onednn_faster`)
+    every row computed until the last ends      should_shrink_batch: finished sentences leave our search loops' batch
 
 The model's linear maps are built as PackableLinear (fast_modeling.py) for this.
 
@@ -32,7 +32,7 @@ from .fast_modeling import (
 )
 
 
-def enabled(config) -> bool:
+def fast_paths_enabled(config) -> bool:
     """The one switch: `config.fast_paths`."""
     return config.fast_paths
 
@@ -42,7 +42,7 @@ ROUNDS = 5  # timings of each kernel per shape, interleaved; the fastest of each
 _FASTER: dict[tuple, bool] = {}  # (rows, in, out, threads): whether oneDNN was faster, measured once a process
 
 
-def onednn_is_faster(rows: int, in_features: int, out_features: int) -> bool:
+def is_onednn_faster(rows: int, in_features: int, out_features: int) -> bool:
     """Whether oneDNN, on a packed weight, computes a (rows, in) x (in, out) product at least MARGIN faster than
     torch's default float32 kernel here. It depends on the CPU and the shape (MKL can win narrow products), so
     it is timed, once a process for each shape (rows rounded up to a power of two) and thread count."""
@@ -74,14 +74,14 @@ def worth_packing(model, linear: nn.Linear, rows: int) -> bool:
     that shape."""
     weight = linear.weight
     return (
-        enabled(model.config)
+        fast_paths_enabled(model.config)
         and rows > 1
         and ONEDNN_LINEAR
         and torch.backends.mkldnn.enabled
         and not torch.is_autocast_enabled("cpu")
         and weight.device.type == "cpu"
         and weight.dtype == torch.float32
-        and onednn_is_faster(rows, linear.in_features, linear.out_features)
+        and is_onednn_faster(rows, linear.in_features, linear.out_features)
     )
 
 
@@ -95,7 +95,7 @@ def packed_products(model, rows: int):
                            if isinstance(module, PackableLinear) and worth_packing(model, module, rows)})
 
 
-def rows_leave(going_on: int, batch: int) -> bool:
+def should_shrink_batch(going_on: int, batch: int) -> bool:
     """The one rule by which finished rows leave the batch of our searches (greedy and beam): at once,
     when fewer than the `batch` rows (or, in beam search, sentences) are `going_on`. Gathering the rows
     that stay costs no more than computing finished rows for a step or two, and beam search gathers its
@@ -103,4 +103,4 @@ def rows_leave(going_on: int, batch: int) -> bool:
     return going_on < batch
 
 
-__all__ = ["enabled", "onednn_is_faster", "packed_products", "rows_leave", "worth_packing"]
+__all__ = ["fast_paths_enabled", "is_onednn_faster", "packed_products", "should_shrink_batch", "worth_packing"]

@@ -80,9 +80,9 @@ from transformers.generation import (
 from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 from transformers.masking_utils import create_bidirectional_mask
 
-from .input_checks import CACHE_NAME, check_source_not_empty, one_cache
+from .input_checks import CACHE_NAME, check_source_not_empty, resolve_cache_argument
 from .value_checks import check_decoding_options
-from .fast_generation import enabled, packed_products, rows_leave
+from .fast_generation import fast_paths_enabled, packed_products, should_shrink_batch
 
 
 LENGTH_PENALTY_STYLES = ("gnmt", "transformers")
@@ -176,7 +176,7 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
         return _setting(name, kwargs, generation_config, model.generation_config, default)
 
     style, offset = _checked_options(kwargs, generation_config, setting)
-    cache = one_cache(kwargs.pop("cache", None), kwargs.pop("past_key_values", None))
+    cache = resolve_cache_argument(kwargs.pop("cache", None), kwargs.pop("past_key_values", None))
     if cache is not None:  # either name works, with any transformers version
         kwargs[CACHE_NAME] = cache
     source = next((x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None), None)
@@ -388,11 +388,11 @@ class _LiveRows:
         """The sentences' length cap, last of the processors."""
         return self.processors[-1]
 
-    def can_leave(self, returns_dict: bool) -> bool:
+    def can_shrink_batch(self, returns_dict: bool) -> bool:
         """Rows may leave the batch unless something needs every row (the returned cache and per-step outputs
         of `return_dict_in_generate`, a static cache, a processor that reads across rows) or the fast paths are off."""
         static_cache = self.cache is not None and self.cache.is_compileable
-        return (enabled(self.model.config) and not returns_dict and not static_cache
+        return (fast_paths_enabled(self.model.config) and not returns_dict and not static_cache
                 and all(isinstance(p, ROW_WISE_PROCESSORS) for p in self.processors))
 
     def step(self, tokens: torch.Tensor):
@@ -449,7 +449,7 @@ def _rows_of(sentences: torch.Tensor, rows_per_sentence: int) -> torch.Tensor:
     return (sentences[:, None] * rows_per_sentence + within).view(-1)
 
 
-def _going_on(finished: torch.Tensor) -> int:
+def _unfinished_count(finished: torch.Tensor) -> int:
     """How many rows (or sentences) have not `finished`: the step's one wait for the device."""
     return finished.numel() - int(finished.sum())
 
@@ -462,7 +462,7 @@ def _staying_and_leaving(finished: torch.Tensor, count: int) -> tuple[torch.Tens
 
 
 def greedy_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True, **model_kwargs):
-    """Greedy decoding in which finished sentences leave the batch (`rows_leave`); a `custom_generate`
+    """Greedy decoding in which finished sentences leave the batch (`should_shrink_batch`); a `custom_generate`
     callable.
 
     Returns what transformers' greedy search returns, token for token: each row its argmax tokens,
@@ -475,7 +475,7 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     """
     rows = input_ids.size(0)
     decoder = _LiveRows(model, input_ids, logits_processor, generation_config, model_kwargs)
-    prune = prune and decoder.can_leave(returns_dict=False)  # with it, transformers' loop runs
+    prune = prune and decoder.can_shrink_batch(returns_dict=False)  # with it, transformers' loop runs
     eos = _first(generation_config.eos_token_id)
     pad = generation_config.pad_token_id if generation_config.pad_token_id is not None else eos
 
@@ -491,11 +491,11 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
             next_tokens = torch.where(finished, pad, scores.argmax(dim=-1))  # finished rows are fed padding
             tokens = torch.cat((tokens, next_tokens[:, None]), dim=1)
             finished |= stopping_criteria(tokens, scores) | at_cap
-            count = _going_on(finished)
+            count = _unfinished_count(finished)
             if count == 0:
                 sequences[active, : tokens.size(1)] = tokens
                 return sequences[:, : tokens.size(1)]
-            if prune and rows_leave(count, finished.numel()):
+            if prune and should_shrink_batch(count, finished.numel()):
                 staying, leaving = _staying_and_leaving(finished, count)
                 sequences[active[leaving], : tokens.size(1)] = tokens[leaving]
                 decoder.keep(staying)
@@ -739,10 +739,10 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
     (</s>, a stopping criterion such as max_length, the sentence's cap) among the best K are finished and
     scored by the ranking; the best K that did not end live on; sentences whose finished hypotheses no
     live one can beat are done. The host waits for the device once a step, for the number of sentences
-    going on (`_going_on`); everything else stays on the device. The decoder's products run on packed
+    going on (`_unfinished_count`); everything else stays on the device. The decoder's products run on packed
     weights where that is faster (`packed_products`).
 
-    Done sentences leave the batch (as in fairseq's generator, by the rule of `rows_leave`): their
+    Done sentences leave the batch (as in fairseq's generator, by the rule of `should_shrink_batch`): their
     rows are no longer computed, and the search ends when the last sentence is done. Outputs and scores
     are those of the full batch. Rows stay in place (done sentences are then ignored) with
     `return_dict_in_generate` (the returned cache, as transformers returns it, and any per-step outputs
@@ -755,7 +755,7 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
                         output_attentions=bool(generation_config.output_attentions),
                         output_hidden_states=bool(generation_config.output_hidden_states))
     steps = _StepOutputs(generation_config)
-    prune = prune and decoder.can_leave(bool(generation_config.return_dict_in_generate))
+    prune = prune and decoder.can_shrink_batch(bool(generation_config.return_dict_in_generate))
     longest = generation_config.max_length - prompt_length  # transformers' max_length, under the sentences' caps
 
     count = -1
@@ -768,8 +768,8 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
             hypotheses.finish(candidates)
             parents = hypotheses.live_on(candidates)
             done = hypotheses.sentences_done(decoder.cap.max_new_tokens.clamp(max=longest))
-            count = _going_on(done)
-            if prune and 0 < count and rows_leave(count, done.numel()):  # in the gather that reorders the beams
+            count = _unfinished_count(done)
+            if prune and 0 < count and should_shrink_batch(count, done.numel()):  # in the gather that reorders the beams
                 staying, _ = _staying_and_leaving(done, count)
                 decoder.keep(staying, self_attention_rows=parents[_rows_of(staying, beams)])
                 hypotheses.keep(staying)

@@ -1,4 +1,4 @@
-"""The models' arguments: checks that give bad input an error naming the argument and what was expected,
+"""Checks of the models' forward inputs that give bad input an error naming the argument and what was expected,
 not a shape error deep inside the model, and the two names of the cache.
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only the
@@ -19,7 +19,7 @@ from transformers.modeling_outputs import Seq2SeqLMOutput
 CACHE_NAME = "cache" if "cache" in {field.name for field in dataclasses.fields(Seq2SeqLMOutput)} else "past_key_values"
 
 
-def one_cache(cache=None, past_key_values=None):
+def resolve_cache_argument(cache=None, past_key_values=None):
     """The cache passed under either name (`cache` since transformers 5.24, `past_key_values` before); the old
     name warns where the installed transformers has the new one, as its own models do."""
     if cache is not None and past_key_values is not None:
@@ -30,7 +30,7 @@ def one_cache(cache=None, past_key_values=None):
     return past_key_values if cache is None else cache
 
 
-def wants_dict(return_dict, config) -> bool:
+def use_return_dict(return_dict, config) -> bool:
     """transformers' rule: the argument, else `config.return_dict`."""
     return config.return_dict if return_dict is None else return_dict
 

@@ -12,7 +12,7 @@ What is not the paper lives in the files beside this one, each called here in on
     configuration_vanilla_transformer.py  the hyperparameters and the paper's presets
     attention.py                          §3.2's attention, the paper's own
     attention_variants.py                 attention beyond the paper, chosen when a layer is built
-    input_checks.py                       the checks of the models' arguments; the cache's two names
+    input_checks.py                       the checks of the models' forward inputs; the cache's two names
     saving.py                             what a saved folder needs to load anywhere
     fast_modeling.py                      the speed-ups it is built with (`fast_paths`): the loss with its
                                           gradient in closed form, linear maps that decoding can pack
@@ -53,15 +53,15 @@ from .input_checks import (
     check_labels,
     check_learned_positions,
     explicit_attention,
-    one_cache,
-    wants_dict,
+    resolve_cache_argument,
+    use_return_dict,
 )
 from .attention import MultiHeadAttention, PackedMultiHeadAttention  # §3.2
 from .attention_variants import LocalAttentionMasks, variant_attention_class
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .fast_modeling import ClosedFormCrossEntropy, linear_class  # speed-ups (`fast_paths`)
 from .generation import generate as paper_generate  # decoding (§6.1)
-from .saving import SavesItsCode
+from .saving import CustomCodeMixin
 
 
 # --------------------------------------------------------------------------------------
@@ -342,7 +342,7 @@ class Seq2SeqLMOutputWithNLL(Seq2SeqLMOutput):
     nll: torch.FloatTensor | None = None
 
 
-class VanillaTransformerPreTrainedModel(SavesItsCode, PreTrainedModel):  # saving: the code files go with the weights
+class VanillaTransformerPreTrainedModel(CustomCodeMixin, PreTrainedModel):  # saving: the code files go with the weights
     config_class = VanillaTransformerConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
@@ -418,7 +418,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         `past_key_values` (its name before transformers 5.24); a cache passed is read and extended, in training
         too (PEFT's prefix tuning), positions continuing from its length; `return_dict=False` returns a tuple."""
         config = self.config
-        cache = one_cache(cache, past_key_values)
+        cache = resolve_cache_argument(cache, past_key_values)
         output_attentions = config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
         use_cache = (config.use_cache and not self.training) if use_cache is None else use_cache
@@ -449,7 +449,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
         )
-        return output if wants_dict(return_dict, config) else output.to_tuple()
+        return output if use_return_dict(return_dict, config) else output.to_tuple()
 
 
 class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
@@ -513,7 +513,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             loss, nll = self.criterion(logits, labels, self.config.label_smoothing)
             tokens = (labels != -100).sum() if num_items_in_batch is None else num_items_in_batch
             output = Seq2SeqLMOutputWithNLL(loss=loss / tokens, logits=logits, **passed_on, nll=nll / tokens)
-        return output if wants_dict(return_dict, self.config) else output.to_tuple()
+        return output if use_return_dict(return_dict, self.config) else output.to_tuple()
 
 
 __all__ = ["VanillaTransformerForConditionalGeneration", "VanillaTransformerModel", "VanillaTransformerPreTrainedModel"]

@@ -3,7 +3,7 @@
 and the `translation` pipeline named in config.json, and the code files beside the weights.
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only the
-standard library and the pipeline file beside it. The models take `save_pretrained` from `SavesItsCode`.
+standard library and the pipeline file beside it. The models take `save_pretrained` from `CustomCodeMixin`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ AUTO_MAP = {
 }
 # The model's code, saved beside its weights. transformers copies a model file and what it imports
 # relatively when it loads or saves custom code, but not when the model came from a Hub repository:
-# `copy_code` copies them itself.
+# `copy_code_files` copies them itself.
 CODE_FILES = (
     "configuration_vanilla_transformer.py",
     "modeling_vanilla_transformer.py",
@@ -39,13 +39,13 @@ CODE_FILES = (
 )
 
 
-def name_the_code(config) -> None:
+def set_auto_map_and_pipelines(config) -> None:
     """Write the Auto classes (`auto_map`) and the `translation` pipeline (`custom_pipelines`) into `config`."""
     config.auto_map = {**(getattr(config, "auto_map", None) or {}), **AUTO_MAP}
     config.custom_pipelines = CUSTOM_PIPELINES
 
 
-def copy_code(save_directory) -> None:
+def copy_code_files(save_directory) -> None:
     """Copy the code files that are not in `save_directory` yet into it."""
     here = Path(__file__).parent
     for name in CODE_FILES:
@@ -53,14 +53,14 @@ def copy_code(save_directory) -> None:
             shutil.copyfile(here / name, Path(save_directory) / name)
 
 
-class SavesItsCode:
+class CustomCodeMixin:
     """The models' `save_pretrained`: transformers' own (the next class in the model's bases), then the Auto
     classes and the pipeline in config.json and the code files beside the weights, whichever way the folder
     is saved (transformers' `Trainer`, PEFT's `merge_and_unload()` and `push_to_hub` call it too)."""
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        name_the_code(self.config)
+        set_auto_map_and_pipelines(self.config)
         result = super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
-            copy_code(save_directory)
+            copy_code_files(save_directory)
         return result
