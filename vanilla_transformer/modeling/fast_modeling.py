@@ -146,7 +146,7 @@ class PackableLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():  # a compiled step packs nothing (and traces no context variable)
             return super().forward(x)
-        packed = _PACKED.get().get(self)  # read once: this call's own, whatever other threads do meanwhile
+        packed = current_packed_weights().get(self)  # read once: this call's own, whatever other threads do meanwhile
         if packed is None or torch.is_grad_enabled() or x.dtype != torch.float32:
             return super().forward(x)
         return _packed_linear(x, packed, self.bias)

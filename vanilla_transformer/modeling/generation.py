@@ -509,16 +509,14 @@ class GNMTRanking:
     Stopping rule, exact for α >= 0 and α < 0 alike: a live hypothesis can only lose log-probability,
     so its best possible final score is max(log P / lp(L + 1), log P / lp(L_max)), lp being monotone in
     length (L its length, L_max the sentence's cap). A sentence is done when the worst kept hypothesis
-    is at least that bound for its best live hypothesis; `early_stopping` is not used.
-
-    `prompt_length` and `done`'s `full` are the rankings' shared interface, which `TransformersRanking`
-    needs: here each sentence's longest output comes as `max_new`, and a kept place left empty scores
-    -inf, which only the bound of a sentence with no live hypothesis (-inf too) reaches: it is done.
+    is at least that bound for its best live hypothesis; `early_stopping` is not used. A kept place
+    left empty scores -inf, which only the bound of a sentence with no live hypothesis (-inf too)
+    reaches: it is done.
     """
 
     dead = float("-inf")  # the score of a beam that may not be extended
 
-    def __init__(self, generation_config, prompt_length: int):
+    def __init__(self, generation_config):
         self.alpha = generation_config.length_penalty
         self.keep = generation_config.num_return_sequences or 1
         self.fill = generation_config.pad_token_id if generation_config.pad_token_id is not None else 0
@@ -526,9 +524,9 @@ class GNMTRanking:
     def penalty(self, length):
         return gnmt_length_penalty(length, self.alpha)
 
-    def done(self, best_live, length: int, max_new, worst_kept, full):
+    def done(self, best_live, length: int, max_new, worst_kept):
         """Per sentence: can no live hypothesis (best log P `best_live`, `length` tokens, at most
-        `max_new`) beat the worst of those kept (`worst_kept`; `full` once `keep` are)?"""
+        `max_new`) beat the worst of those kept (`worst_kept`, -inf until `keep` are)?"""
         bound = torch.maximum(best_live / self.penalty(length + 1), best_live / self.penalty(max_new.float()))
         return worst_kept >= bound
 
@@ -539,21 +537,24 @@ class TransformersRanking:
     hypothesis, scored at its current length, cannot beat the worst kept (a heuristic); "never" scores
     it at the longest length instead when α > 0. Beams it rules out score -1e9 (and still extend), as in
     transformers, and its outputs are padded as transformers pads them (with </s> when the padding id is 0).
+    `longest`: transformers' longest output (max_length less the prompt), for all sentences; the sentences'
+    own caps (`done`'s `max_new`) are not in its rule.
     """
 
     dead = -1e9
 
-    def __init__(self, generation_config, prompt_length: int):
+    def __init__(self, generation_config, longest: int):
         self.alpha = generation_config.length_penalty
         self.keep = generation_config.num_beams
         self.early_stopping = generation_config.early_stopping
-        self.longest = generation_config.max_length - prompt_length
+        self.longest = longest
         self.fill = generation_config.pad_token_id or _first(generation_config.eos_token_id)
 
     def penalty(self, length):
         return length**self.alpha
 
-    def done(self, best_live, length: int, max_new, worst_kept, full):
+    def done(self, best_live, length: int, max_new, worst_kept):
+        full = worst_kept > float("-inf")  # `keep` are kept
         horizon = self.longest if self.early_stopping == "never" and self.alpha > 0 else length
         # Until `keep` are kept, the worst counts as -1e9 (transformers' empty slots).
         can_improve = best_live / self.penalty(horizon) > torch.where(full, worst_kept, self.dead)
@@ -651,9 +652,7 @@ class _Hypotheses:
         length = self.tokens.size(1) - self.prompt_length
         active = self.active
         worst_kept = self.kept_scores[active, -1]  # -inf until `ranking.keep` are kept
-        self.done[active] |= (length >= max_new) | self.ranking.done(
-            self.scores[:, 0], length, max_new, worst_kept, worst_kept > float("-inf")
-        )
+        self.done[active] |= (length >= max_new) | self.ranking.done(self.scores[:, 0], length, max_new, worst_kept)
         return self.done[active]
 
     def keep(self, staying: torch.Tensor) -> None:
@@ -716,20 +715,21 @@ class _StepOutputs:
 def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True,
                      **model_kwargs):
     """Beam search ranked as the paper does (`GNMTRanking`); a `custom_generate` callable for `generate`."""
-    return _beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, GNMTRanking,
-                        prune, **model_kwargs)
+    return _beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                        GNMTRanking(generation_config), prune, **model_kwargs)
 
 
 def beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True, **model_kwargs):
     """transformers' beam search (`TransformersRanking`) in our loop, where finished sentences leave the
     batch: the tokens and scores of transformers' own loop, with less work. A `custom_generate` callable."""
+    longest = generation_config.max_length - input_ids.size(1)
     return _beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config,
-                        TransformersRanking, prune, **model_kwargs)
+                        TransformersRanking(generation_config, longest), prune, **model_kwargs)
 
 
 def _beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, ranking, prune=True,
                  **model_kwargs):
-    """Beam search with the ranking and stopping rule of `ranking` (`GNMTRanking`, `TransformersRanking`).
+    """Beam search with the ranking and stopping rule of `ranking` (a `GNMTRanking` or `TransformersRanking`).
 
     `generate` has already run the encoder once and repeated each sentence `num_beams` times, so
     `input_ids` is (batch * beams, 1), the decoder start token.
@@ -750,7 +750,7 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
     own, or with `prune=False`.
     """
     beams, prompt_length = generation_config.num_beams, input_ids.size(1)
-    hypotheses = _Hypotheses(input_ids, beams, ranking(generation_config, prompt_length), generation_config.max_length)
+    hypotheses = _Hypotheses(input_ids, beams, ranking, generation_config.max_length)
     decoder = _LiveRows(model, input_ids, logits_processor, generation_config, model_kwargs, rows_per_sentence=beams,
                         output_attentions=bool(generation_config.output_attentions),
                         output_hidden_states=bool(generation_config.output_hidden_states))
