@@ -110,7 +110,7 @@ def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: st
     model, optimizer = prepare(accelerator, model, optimizer)
     if compiled:
         model.compile(dynamic=False)
-    parts = Components(accelerator, model, optimizer, scheduler, checkpoint_root=Path("unused"))
+    components = Components(accelerator, model, optimizer, scheduler, checkpoint_root=Path("unused"))
     state = RunState()
     budget = Budget(progress=state)  # no limit: the caller says how many steps
     source = {"batches": None}
@@ -121,7 +121,7 @@ def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: st
             source["batches"] = PrefetchedBatches(split, batches, PadCollator(pad_token_id, shapes), accelerator.device)
             batch = next(source["batches"])
         with training_attention(accelerator.device):  # as the training loop runs every step
-            tokens, _ = train_step(parts, [batch], state.step, budget)
+            tokens, _ = train_step(components, [batch], state.step, budget)
         state.count_step(1, tokens)
         return tokens, batch[0]
 

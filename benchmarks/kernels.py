@@ -162,7 +162,7 @@ def ours_step(config, batch: dict, device: str, precision: str):
     optimizer = make_optimizer(model, accelerator.device)
     scheduler = make_scheduler(optimizer, config.d_model, 4000)
     model, optimizer = prepare(accelerator, model, optimizer)
-    parts = Components(accelerator, model, optimizer, scheduler, checkpoint_root=Path("unused"))
+    components = Components(accelerator, model, optimizer, scheduler, checkpoint_root=Path("unused"))
     batch = {name: tensor.to(accelerator.device) for name, tensor in batch.items()}
     tokens = int((batch["labels"] != -100).sum())
     state = RunState()
@@ -170,10 +170,10 @@ def ours_step(config, batch: dict, device: str, precision: str):
 
     def step():
         with training_attention(accelerator.device):  # as the training loop runs every step
-            train_step(parts, [(batch, tokens)], state.step, budget)
+            train_step(components, [(batch, tokens)], state.step, budget)
         state.count_step(1, tokens)
 
-    step.parts = parts
+    step.components = components
     return step
 
 
@@ -217,7 +217,7 @@ def run(device: str, precision: str, quick: bool, rows: int | None = None, lengt
     rows, length = rows or (8 if quick else 64), length or (16 if quick else 32)
     batch = synthetic_batch(config.vocab_size, rows, length, config.pad_token_id)
     step = ours_step(config, batch, device, precision)
-    ours = "ours, bf16 weights" if step.parts.weights is not None else "ours"
+    ours = "ours, bf16 weights" if step.components.weights is not None else "ours"
     counts = {ours: count_step(step), "marian": count_step(marian_step(config, batch, device, precision))}
     return {"shape": "tiny" if quick else "base", "device": device, "precision": precision, "rows": rows,
             "length": length, "target_tokens": int((batch["labels"] != -100).sum()), "counts": counts}

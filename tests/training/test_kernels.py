@@ -173,7 +173,7 @@ def test_a_training_run_on_a_gpu_keeps_sdpa_off_cudnn_and_a_cpu_run_is_left_alon
         assert state() == before
 
 
-def bf16_step_parts(monkeypatch, forced: str | None, **overrides):
+def bf16_step_components(monkeypatch, forced: str | None, **overrides):
     """The training loop's Components for a one-process bf16 run on the CPU, with bf16 weights as `forced` says."""
     from accelerate.state import AcceleratorState
 
@@ -194,11 +194,11 @@ def bf16_step_parts(monkeypatch, forced: str | None, **overrides):
 
 @pytest.mark.parametrize("forced, on", [(None, False), ("1", True), ("0", False)])
 def test_bf16_weights_are_a_gpu_s_default_and_the_environment_decides_anywhere(monkeypatch, forced, on):
-    parts = bf16_step_parts(monkeypatch, forced)
-    assert (parts.weights is not None) is on  # this is a CPU: off unless asked for
+    components = bf16_step_components(monkeypatch, forced)
+    assert (components.weights is not None) is on  # this is a CPU: off unless asked for
     monkeypatch.setenv(kernels.BF16_WEIGHTS_VARIABLE, "yes")
     with pytest.raises(ValueError, match=r"^VANILLA_TRANSFORMER_BF16_WEIGHTS must be 0 or 1 \(or unset\); got 'yes'\.$"):
-        kernels.bf16_weights(parts.accelerator, parts.model)
+        kernels.bf16_weights(components.accelerator, components.model)
 
 
 def test_bf16_weights_give_the_fp32_parameters_gradients_as_close_to_fp32_s_as_autocast_s(monkeypatch):
@@ -209,16 +209,16 @@ def test_bf16_weights_give_the_fp32_parameters_gradients_as_close_to_fp32_s_as_a
 
     grads = {}
     for mode in ("fp32", "autocast", "bf16 weights"):
-        parts = bf16_step_parts(monkeypatch, "1" if mode == "bf16 weights" else "0")
-        net = parts.model
+        components = bf16_step_components(monkeypatch, "1" if mode == "bf16 weights" else "0")
+        net = components.model
         own = {name: p for name, p in net.named_parameters()}
         for _ in range(2):
-            if parts.weights is None:
+            if components.weights is None:
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
                     loss_value, _ = criterion.batch_loss(net, batch())
                 loss_value.backward()
                 continue
-            with parts.weights.swapped():
+            with components.weights.swapped():
                 assert all(p.dtype == torch.bfloat16 for p in net.parameters())
                 assert net.lm_head.weight is net.model.shared.weight
                 loss_value, _ = criterion.batch_loss(net, batch())
@@ -245,13 +245,13 @@ def test_a_step_on_bf16_weights_casts_a_handful_of_times_where_autocast_casts_at
 
     counts, losses = {}, {}
     for forced in ("0", "1"):
-        parts = bf16_step_parts(monkeypatch, forced)
+        components = bf16_step_components(monkeypatch, forced)
         b = batch()
         tokens = int((b["labels"] != -100).sum())
         state = RunState()
-        train_step(parts, [(b, tokens)], 0, Budget(progress=state))  # Adam's state made
-        counts[forced] = count_kernels(lambda: train_step(parts, [(b, tokens)], 1, Budget(progress=state)))
-        losses[forced] = parts.losses
+        train_step(components, [(b, tokens)], 0, Budget(progress=state))  # Adam's state made
+        counts[forced] = count_kernels(lambda: train_step(components, [(b, tokens)], 1, Budget(progress=state)))
+        losses[forced] = components.losses
     assert counts["1"].casts < counts["0"].casts / 4
     assert counts["1"]["aten._foreach_copy_"] == 2  # the copies refreshed, the gradients handed back
     assert counts["1"].total < counts["0"].total

@@ -104,17 +104,17 @@ def make_run(tmp_path, model, mixed_precision="no"):
     scheduler = make_scheduler(optimizer, D_MODEL, WARMUP)
     model, optimizer = prepare(accelerator, model, optimizer)
     state = RunState()
-    parts = Components(accelerator, model, optimizer, scheduler, checkpoint_root=tmp_path / "checkpoints")
-    return SimpleNamespace(parts=parts, state=state, budget=Budget(progress=state))
+    components = Components(accelerator, model, optimizer, scheduler, checkpoint_root=tmp_path / "checkpoints")
+    return SimpleNamespace(components=components, state=state, budget=Budget(progress=state))
 
 
 def one_step(run, micro_batches):
     """A step as `train` takes it (each micro-batch with its target tokens, counted on the host), then the
     losses read as logging reads them: (the step's target tokens, loss, NLL per token, learning rate)."""
     counted = [(b, int((b["labels"] != IGNORE_INDEX).sum())) for b in micro_batches]
-    total_tokens, lr = train_step(run.parts, counted, run.state.step, run.budget)
+    total_tokens, lr = train_step(run.components, counted, run.state.step, run.budget)
     run.state.count_step(len(micro_batches), total_tokens)
-    return (total_tokens, *run.parts.losses.read(run.state.step), lr)
+    return (total_tokens, *run.components.losses.read(run.state.step), lr)
 
 
 @pytest.mark.parametrize("split", [[4], [2, 2], [1, 3]], ids=["one batch", "two halves", "one and three"])
@@ -129,7 +129,7 @@ def test_two_steps_are_adams_steps_on_the_loss_per_target_token_of_the_whole_ste
     bounds = [sum(split[:i]) for i in range(len(split) + 1)]
     micro_batches = [collate(PAIRS[a:b]) for a, b in zip(bounds, bounds[1:])]
     gradients = []  # what the optimiser is handed, captured just before its update
-    run.parts.optimizer.optimizer.register_step_pre_hook(
+    run.components.optimizer.optimizer.register_step_pre_hook(
         lambda *_: gradients.append({n: p.grad.clone() for n, p in trained.named_parameters() if p.grad is not None})
     )
     for step in range(2):
@@ -160,7 +160,7 @@ def test_a_non_finite_step_leaves_the_weights_and_the_next_read_stops_the_run(tm
         one_step(run, [collate(PAIRS)])
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, before[name], equal_nan=True, msg=name)
-    assert all(state["step"] == 0 for state in run.parts.optimizer.optimizer.state.values())  # Adam's count did not move
+    assert all(state["step"] == 0 for state in run.components.optimizer.optimizer.state.values())  # Adam's count did not move
 
 
 def split_of(pairs) -> TokenizedSplit:
@@ -210,7 +210,7 @@ def test_a_bf16_step_evaluation_and_decoding_run_under_autocast_with_no_fp32_cop
     split.dataset = split.dataset.add_column("reference", ["a b"] * len(PAIRS))
     decode = SimpleNamespace(pad_token_id=PAD, batch_decode=lambda ids, skip_special_tokens: ["a b"] * len(ids))
     outputs.clear(), projections.clear()
-    metrics = evaluate(run.parts.accelerator, run.parts.model, decode, split, TrainingArguments(
+    metrics = evaluate(run.components.accelerator, run.components.model, decode, split, TrainingArguments(
         output_dir=str(tmp_path), max_tokens=64, num_beams=2), translate_samples=len(PAIRS))
     assert metrics["translated"] == len(PAIRS)
     assert outputs and set(outputs) == {torch.bfloat16}

@@ -29,28 +29,29 @@ __all__ = ["finish"]
 logger = get_logger(__name__)
 
 
-def finish(parts: Components, state: RunState, budget: Budget, args: TrainingArguments) -> dict:
+def finish(components: Components, state: RunState, budget: Budget, args: TrainingArguments) -> dict:
     """The model first: once training is done, §6.1's averaged weights, the config and the tokenizer are
     saved before anything else. Then the final scores (results.json), the model card and the upload,
     none of which can take the saved model with it. `resume` on a finished run comes here at once."""
-    accelerator = parts.accelerator
+    accelerator = components.accelerator
     budget.end_part()  # the run's parts, this one's training time included, not its final scores
     elapsed = time.perf_counter() - budget.started
-    unwrapped, weights = _final_weights(parts, state, args)
+    unwrapped, weights = _final_weights(components, state, args)
     unwrapped.generation_config = paper_generation_config(unwrapped.config)
     if accelerator.is_main_process:
-        save_model_files(unwrapped, parts.tokenizer, args.output_dir)
+        save_model_files(unwrapped, components.tokenizer, args.output_dir)
         logger.info(f"saved the model and tokenizer to {args.output_dir}")
-    results = _final_results(parts, state, args, unwrapped, weights, elapsed, budget.session_tokens)
+    results = _final_results(components, state, args, unwrapped, weights, elapsed, budget.session_tokens)
     if accelerator.is_main_process:
         write_results(args.output_dir, results)
         write_model_card(
-            unwrapped, parts.tokenizer, args.output_dir, results, dataset=args.dataset, source_lang=parts.source_lang,
-            target_lang=parts.target_lang, hyperparameters=_card_hyperparameters(args, weights),
-            example=_card_example(parts, args.max_length),
+            unwrapped, components.tokenizer, args.output_dir, results, dataset=args.dataset,
+            source_lang=components.source_lang, target_lang=components.target_lang,
+            hyperparameters=_card_hyperparameters(args, weights),
+            example=_card_example(components, args.max_length),
         )
         logger.info(f"saved {RESULTS_FILE} and the model card to {args.output_dir}")
-    parts.unwrap_model()  # the DDP wrapper goes before the process group (a gloo hang at exit otherwise)
+    components.unwrap_model()  # the DDP wrapper goes before the process group (a gloo hang at exit otherwise)
     end_training(accelerator)
     if accelerator.is_main_process and args.push_to_hub:  # after the barrier: no process waits on the upload
         _upload(args.output_dir, args.push_to_hub)
@@ -63,12 +64,12 @@ def _card_hyperparameters(args: TrainingArguments, weights: dict) -> dict:
     return {**options, "average_last": len(weights["averaged_checkpoints"])}
 
 
-def _card_example(parts: Components, max_length: int) -> str | None:
+def _card_example(components: Components, max_length: int) -> str | None:
     """The sentence whose attention the model card shows: the first validation source that the model
     reads whole (at most `max_length` tokens; a held-out split may start with a very long one)."""
-    for row in islice(parts.data["validation"], 200):
-        text = (row["translation"] or {}).get(parts.source_lang)
-        if text and text.strip() and len(parts.tokenizer(text)["input_ids"]) <= max_length:
+    for row in islice(components.data["validation"], 200):
+        text = (row["translation"] or {}).get(components.source_lang)
+        if text and text.strip() and len(components.tokenizer(text)["input_ids"]) <= max_length:
             return text
     return None
 
@@ -86,23 +87,24 @@ def _upload(output_dir: str, repo_id: str) -> None:
         )
 
 
-def _final_weights(parts: Components, state: RunState, args: TrainingArguments):
+def _final_weights(components: Components, state: RunState, args: TrainingArguments):
     """§6.1: the final model averages the last `average_last` checkpoints; with `best_metric`, the best
     checkpoint by validation instead (or, with `average_best`, the average of the best `average_last`);
     with `ema_decay`, the moving average replaces them when its validation perplexity is lower. Returns
     the unwrapped model and what its weights are: {"averaged_checkpoints": names, "best_checkpoint": the
     best validation, or None, "weight_average": the comparison, or None}."""
-    chosen = _chosen_checkpoints(parts, state, args)
-    unwrapped = full_model(parts.accelerator, parts.model)  # every process: under FSDP they gather the weights together
-    if [p.name for p in chosen] != [checkpoint_path(parts.checkpoint_root, state.step).name]:  # not the model as it is
+    chosen = _chosen_checkpoints(components, state, args)
+    # Every process: under FSDP they gather the weights together.
+    unwrapped = full_model(components.accelerator, components.model)
+    if [p.name for p in chosen] != [checkpoint_path(components.checkpoint_root, state.step).name]:  # not the model as it is
         load_weights(unwrapped, average_checkpoints(chosen))
         logger.info(f"final weights: {'the average of ' * (len(chosen) > 1)}{', '.join(p.name for p in chosen)}")
     best = None
     if state.best:
-        best = {**state.best[0], "checkpoint": checkpoint_path(parts.checkpoint_root, state.best[0]["step"]).name}
-    compared = _compare_weight_average(parts, args, unwrapped) if parts.average is not None else None
+        best = {**state.best[0], "checkpoint": checkpoint_path(components.checkpoint_root, state.best[0]["step"]).name}
+    compared = _compare_weight_average(components, args, unwrapped) if components.average is not None else None
     if args.lora_rank is not None:  # the adapters merged into the weights: a plain model folder, no PEFT to load it
-        if parts.accelerator.is_main_process:  # ... and kept beside it, for PEFT
+        if components.accelerator.is_main_process:  # ... and kept beside it, for PEFT
             logger.info(f"saved the LoRA adapter to {save_adapter(unwrapped, args.output_dir, args.model_name_or_path)}")
         unwrapped = unwrapped.merge_and_unload()
         logger.info("LoRA adapters merged into the weights")
@@ -120,42 +122,43 @@ def _final_weights_named(state: RunState, chosen: list, compared: dict | None) -
             "name": names[0] if len(names) == 1 else f"the average of {', '.join(names)}"}
 
 
-def _chosen_checkpoints(parts: Components, state: RunState, args: TrainingArguments) -> list:
+def _chosen_checkpoints(components: Components, state: RunState, args: TrainingArguments) -> list:
     """The checkpoints the final weights are (the average of): the best by validation, or the last `average_last`."""
     if state.best and (args.average_best or args.average_last == 1):
-        return sorted(checkpoint_path(parts.checkpoint_root, step) for step in best_steps(state))
+        return sorted(checkpoint_path(components.checkpoint_root, step) for step in best_steps(state))
     if args.best_metric is not None and not state.best:
         logger.warning(f"`best_metric` is {args.best_metric}, but no validation ran (`eval_steps` {args.eval_steps}): "
                        "the final weights are the last checkpoints'")
-    chosen = list_checkpoints(parts.checkpoint_root)[-args.average_last :]
+    chosen = list_checkpoints(components.checkpoint_root)[-args.average_last :]
     if len(chosen) < args.average_last:
         logger.warning(f"`average_last` is {args.average_last}, but the run has {len(chosen)} checkpoint(s): the "
                        f"final weights average those {len(chosen)} (save more often with `save_steps`)")
     return chosen
 
 
-def _compare_weight_average(parts: Components, args: TrainingArguments, model) -> dict:
+def _compare_weight_average(components: Components, args: TrainingArguments, model) -> dict:
     """Validation perplexity of the weights as they are and of the moving average; the better one stays in `model`."""
     def perplexity() -> float:  # in fp32, as the final scores
-        return evaluate(parts.accelerator, model, parts.tokenizer, parts.eval_splits["validation"], args, 0,
+        return evaluate(components.accelerator, model, components.tokenizer, components.eval_splits["validation"], args, 0,
                         full_precision=True)["perplexity"]
 
     kept = {name: p.detach().clone() for name, p in model.state_dict().items()}
     scores = {"checkpoint": perplexity()}
-    parts.average.copy_to(model)
+    components.average.copy_to(model)
     scores["moving_average"] = perplexity()
     use_average = scores["moving_average"] < scores["checkpoint"]
     if not use_average:
         model.load_state_dict(kept)
     logger.info(f"final weights: {'the moving average' if use_average else 'the last checkpoint'} (validation "
-                f"perplexity {scores['moving_average']:.2f} averaged, {scores['checkpoint']:.2f} not; decay {parts.average.decay})")
-    return {"decay": parts.average.decay, "used": use_average, "validation_perplexity": scores}
+                f"perplexity {scores['moving_average']:.2f} averaged, {scores['checkpoint']:.2f} not; "
+                f"decay {components.average.decay})")
+    return {"decay": components.average.decay, "used": use_average, "validation_perplexity": scores}
 
 
-def _final_results(parts: Components, state: RunState, args: TrainingArguments, unwrapped, weights: dict,
+def _final_results(components: Components, state: RunState, args: TrainingArguments, unwrapped, weights: dict,
                    elapsed: float, session_tokens: int) -> dict:
     """Validation and test scores of the final weights, with the run's numbers, flat as results.json holds them."""
-    epoch_batches = max(len(parts.sampler.local_batches(state.epoch)), 1)
+    epoch_batches = max(len(components.sampler.local_batches(state.epoch)), 1)
     results = {
         "steps": state.step,
         "epochs": state.epoch + state.batches_done / epoch_batches,
@@ -164,25 +167,25 @@ def _final_results(parts: Components, state: RunState, args: TrainingArguments, 
         "train_minutes": round(sum(part["seconds"] for part in state.parts) / 60, 2),
         "parts": state.parts,
         "tokens_per_second": round(session_tokens / elapsed, 1) if elapsed else None,  # this part's
-        "mixed_precision": parts.accelerator.mixed_precision,
+        "mixed_precision": components.accelerator.mixed_precision,
         "scored_precision": "fp32",  # the final scores, as `vanilla-transformer evaluate` computes them
         "attn_implementation": state.attn_implementation,
         **weights,
-        "source_lang": parts.source_lang,
-        "target_lang": parts.target_lang,
+        "source_lang": components.source_lang,
+        "target_lang": components.target_lang,
         "dataset": args.dataset,
         "decoding": {"num_beams": args.num_beams, "length_penalty": args.length_penalty, "max_new_tokens": "input length + 50"},
     }
-    for name, split in parts.eval_splits.items():
+    for name, split in components.eval_splits.items():
         # Validation translates what it translated during training (`eval_samples`); the test split,
         # which the headline numbers come from, is translated whole unless `test_samples` says otherwise.
         # `test_samples` bounds every split scored here.
-        samples = args.eval_samples if name == "validation" and "test" in parts.eval_splits else args.test_samples
+        samples = args.eval_samples if name == "validation" and "test" in components.eval_splits else args.test_samples
         if samples is not None and args.test_samples is not None:
             samples = min(samples, args.test_samples)
-        results[name] = evaluate(parts.accelerator, unwrapped, parts.tokenizer, split, args, translate_samples=samples,
-                                 full_precision=True)
-        report(parts.accelerator, state.history, weights["final_weights"]["step"], name, results[name], parts.log,
+        results[name] = evaluate(components.accelerator, unwrapped, components.tokenizer, split, args,
+                                 translate_samples=samples, full_precision=True)
+        report(components.accelerator, state.history, weights["final_weights"]["step"], name, results[name], components.log,
                weights=weights["final_weights"]["name"])
     results["history"] = state.history
     # The headline numbers, flat, as the model card reads them.
@@ -198,7 +201,7 @@ def _final_results(parts: Components, state: RunState, args: TrainingArguments, 
         "validation_loss": results["validation"]["loss"],
         "validation_perplexity": results["validation"]["perplexity"],
         **results,
-        "replica_checksums": _replica_checksums(parts.accelerator, unwrapped),
+        "replica_checksums": _replica_checksums(components.accelerator, unwrapped),
     }
 
 

@@ -61,37 +61,38 @@ def train(args: TrainingArguments) -> dict:
         if args.resume and on_main(accelerator, lambda: finished_step(args)) is not None:
             return read_json(Path(args.output_dir) / RESULTS_FILE)  # the run is done: the folder stays as it is
         try:
-            parts, state, budget = set_up(args, accelerator)
+            components, state, budget = set_up(args, accelerator)
         except BaseException:
             lock.release(discard=True)  # a run that fails while being set up leaves no folder it made
             raise
-        parts.log = TrainingLog(args.output_dir, budget.start_step if args.resume else None, accelerator.is_main_process)
+        components.log = TrainingLog(args.output_dir, budget.start_step if args.resume else None,
+                                     accelerator.is_main_process)
         last_saved = state.step if args.resume else None  # the step of the newest checkpoint
 
         def save() -> int:
             budget.end_part()  # the checkpoint records the run's time up to it
-            save_run(parts, state, args.keep_checkpoints)
+            save_run(components, state, args.keep_checkpoints)
             return state.step
 
         bar = _progress_bar(args, state, budget, accelerator.is_local_main_process)
-        with (StopRequests() as budget.stop_requests, closing(_steps(parts, state, budget, args)) as steps,
+        with (StopRequests() as budget.stop_requests, closing(_steps(components, state, budget, args)) as steps,
               training_attention(accelerator.device)):  # the timing of kernels and every evaluation too
             # Fine-tuning: the baseline, before any step.
-            if args.model_name_or_path is not None and not args.resume and _validate(parts, state, args):
+            if args.model_name_or_path is not None and not args.resume and _validate(components, state, args):
                 last_saved = save()
             with bar:  # closed on the way out, so that a failure's one line comes after the bar, not before
                 for micro_batches in steps:
                     if state.step == budget.start_step:  # the first step of this session
-                        choose_attention(parts, state, args.attn_implementation, micro_batches[0][0])
-                    tokens, lr = train_step(parts, micro_batches, state.step, budget, args.max_grad_norm)
+                        choose_attention(components, state, args.attn_implementation, micro_batches[0][0])
+                    tokens, lr = train_step(components, micro_batches, state.step, budget, args.max_grad_norm)
                     state.count_step(len(micro_batches), tokens)
                     budget.session_tokens += tokens
                     _advance(bar, args, budget)
                     if state.step % args.log_steps == 0:
-                        _log(parts, state, budget, lr, bar)
+                        _log(components, state, budget, lr, bar)
                     # The last step is validated too, so that the steps since the last validation can be the best.
                     last = args.best_metric is not None and (budget.steps_done(state.step) or budget.out_of_time())
-                    best = (state.step % args.eval_steps == 0 or last) and _validate(parts, state, args)
+                    best = (state.step % args.eval_steps == 0 or last) and _validate(components, state, args)
                     if best or state.step % args.save_steps == 0:
                         last_saved = save()
                     if out_of_patience(state, args):
@@ -101,13 +102,13 @@ def train(args: TrainingArguments) -> dict:
             if budget.out_of_time() and not budget.stop_signal:
                 logger.info(f"time limit of {args.time_limit} min reached at step {state.step}")
             if args.best_metric is not None and not budget.stop_signal and not _validated(state):  # the last epoch's end
-                _validate(parts, state, args)
+                _validate(components, state, args)
                 last_saved = None  # saved again, with the validation
             if last_saved != state.step:
                 save()
         if budget.stop_signal:
             raise TrainingInterrupted(budget.stop_signal, args.output_dir, state.step)
-        return finish(parts, state, budget, args)
+        return finish(components, state, budget, args)
     except OSError as err:
         full = disk_full(err, args.output_dir)
         if full is None:
@@ -117,22 +118,24 @@ def train(args: TrainingArguments) -> dict:
         lock.release()
 
 
-def save_run(parts: Components, state: RunState, keep: int | None) -> None:
+def save_run(components: Components, state: RunState, keep: int | None) -> None:
     """Checkpoint the run as of `state.step`, on every process; never after a step that was not finite.
     The best checkpoints of model selection outlive the newest `keep`."""
-    parts.losses.read(state.step, reset=False)  # raises after a step that was not finite
+    components.losses.read(state.step, reset=False)  # raises after a step that was not finite
     protected = [record["step"] for record in state.best]
-    save_checkpoint(parts.accelerator, parts.checkpoint_root, state.step, state.to_dict(), keep=keep, protect=protected)
+    save_checkpoint(components.accelerator, components.checkpoint_root, state.step, state.to_dict(), keep=keep,
+                    protect=protected)
 
 
-def _steps(parts: Components, state: RunState, budget: Budget, args: TrainingArguments):
+def _steps(components: Components, state: RunState, budget: Budget, args: TrainingArguments):
     """The micro-batches of each step, epoch after epoch from where `state` is, until the budget is spent.
 
     Batches come ready (PrefetchedBatches): the host never waits for the device to make them."""
-    collate = PadCollator(parts.tokenizer.pad_token_id, parts.sampler.shapes)
+    collate = PadCollator(components.tokenizer.pad_token_id, components.sampler.shapes)
     while not budget.spent(state.step) and not budget.epochs_done():
-        parts.sampler.set_epoch(state.epoch, state.batches_done)
-        with PrefetchedBatches(parts.train_split, parts.sampler, collate, parts.accelerator.device) as batches:
+        components.sampler.set_epoch(state.epoch, state.batches_done)
+        with PrefetchedBatches(components.train_split, components.sampler, collate,
+                               components.accelerator.device) as batches:
             while micro_batches := list(islice(batches, args.gradient_accumulation_steps)):
                 yield micro_batches
                 if budget.spent(state.step):
@@ -160,29 +163,29 @@ def _advance(bar, args: TrainingArguments, budget: Budget) -> None:
         bar.update(min((budget.before + budget.elapsed) / 60, args.time_limit) - bar.n)
 
 
-def _log(parts: Components, state: RunState, budget: Budget, lr: float, bar) -> None:
+def _log(components: Components, state: RunState, budget: Budget, lr: float, bar) -> None:
     """The losses since the last log (the one wait for the device that logging costs): a plain line, a record in
     the training log, the trackers and the bar."""
-    loss, nll = parts.losses.read(state.step)
+    loss, nll = components.losses.read(state.step)
     elapsed = time.perf_counter() - budget.started  # this part's; the run's adds the earlier parts'
     tokens_per_second = budget.session_tokens / elapsed
     part = len(state.parts)
     bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}")
     logger.info(f"step {state.step}: loss {loss:.4f}, nll {nll:.4f}, lr {lr:.3e}, {tokens_per_second:.0f} tokens/s, "
                 f"{(budget.before + elapsed) / 60:.1f} min" + (f" (part {part}: {elapsed / 60:.1f})" if part > 1 else ""))
-    parts.log.append({"step": state.step, "loss": loss, "nll": nll, "lr": lr,
+    components.log.append({"step": state.step, "loss": loss, "nll": nll, "lr": lr,
                       "tokens_per_second": round(tokens_per_second, 1), "elapsed": round(budget.before + elapsed, 2),
                       "part": part, "part_elapsed": round(elapsed, 2)})
     metrics = {"train/loss": loss, "train/nll": nll, "train/lr": lr, "train/tokens_per_second": tokens_per_second}
-    parts.accelerator.log(metrics, step=state.step)
+    components.accelerator.log(metrics, step=state.step)
 
 
-def _validate(parts: Components, state: RunState, args: TrainingArguments) -> bool:
+def _validate(components: Components, state: RunState, args: TrainingArguments) -> bool:
     """Score the validation split; whether the model is the best so far by `best_metric` (its checkpoint is then saved)."""
     # In fp32, as the final scores: the best is chosen on the numbers reported for it.
-    metrics = evaluate(parts.accelerator, parts.model, parts.tokenizer, parts.eval_splits["validation"], args,
-                       args.eval_samples, full_precision=True)
-    report(parts.accelerator, state.history, state.step, "validation", metrics, parts.log)
+    metrics = evaluate(components.accelerator, components.model, components.tokenizer,
+                       components.eval_splits["validation"], args, args.eval_samples, full_precision=True)
+    report(components.accelerator, state.history, state.step, "validation", metrics, components.log)
     best = record_validation(state, args, metrics)
     if best:
         logger.info(f"step {state.step}: best validation {args.best_metric} so far ({metrics[args.best_metric]:.4f})")

@@ -138,11 +138,11 @@ def set_up(args: TrainingArguments, accelerator) -> tuple[Components, RunState, 
         set_seed(args.seed, device_specific=True)  # different dropout masks on each process
     if accelerator.is_main_process:
         accelerator.init_trackers("train", config={k: v for k, v in asdict(args).items() if not isinstance(v, dict)})
-    parts = Components(accelerator, model, prepared_optimizer, scheduler, checkpoint_root, average, tokenizer, data,
+    components = Components(accelerator, model, prepared_optimizer, scheduler, checkpoint_root, average, tokenizer, data,
                        source_lang, target_lang, train_split, eval_splits, sampler)
-    if parts.weights is not None:
+    if components.weights is not None:
         logger.info("bf16 weights: forward and backward on bf16 copies, Adam on the fp32 weights (no autocast)")
-    return parts, state, budget
+    return components, state, budget
 
 
 def gpu_batch(memory: int, config, parameters: int, processes: int, max_length: int,
@@ -330,14 +330,15 @@ def _record_language_pair(config, source_lang: str, target_lang: str, dataset: s
     config.update({"source_lang": source_lang, "target_lang": target_lang, "dataset_name": recorded_name(dataset)})
 
 
-def choose_attention(parts: Components, state: RunState, asked: str | None, batch: dict) -> None:
+def choose_attention(components: Components, state: RunState, asked: str | None, batch: dict) -> None:
     """Put the model on `asked` (`attn_implementation`), on the one the resumed run chose, or on the one that trains
     the first batch fastest here (kernels.py); checkpoints record it, so that a resumed run computes as it did."""
-    model = parts.accelerator.unwrap_model(parts.model)
+    model = components.accelerator.unwrap_model(components.model)
     chosen = asked or state.attn_implementation
     if chosen:
         _set_attention(model, chosen)
-    elif seconds := fastest_attention(parts.accelerator, parts.model, batch, lambda m, b: criterion.batch_loss(m, b)[0]):
+    elif seconds := fastest_attention(components.accelerator, components.model, batch,
+                                      lambda m, b: criterion.batch_loss(m, b)[0]):
         logger.info(attention_choice(model.config._attn_implementation, seconds))
     state.attn_implementation = model.config._attn_implementation
 

@@ -28,18 +28,18 @@ if TYPE_CHECKING:
 __all__ = ["StepCounts", "train_step"]
 
 
-def train_step(parts: Components, micro_batches: list[tuple[dict, int]], step: int, budget: Budget,
+def train_step(components: Components, micro_batches: list[tuple[dict, int]], step: int, budget: Budget,
                max_grad_norm: float | None = None) -> tuple[int, float]:
     """Optimiser step `step + 1` on `micro_batches` (each batch with its target-token count). Returns the step's
-    target tokens over all processes and the learning rate it used; its losses are summed into `parts.losses`.
+    target tokens over all processes and the learning rate it used; its losses are summed into `components.losses`.
     Call it under kernels.py's `training_attention`, as the training loop does for the whole run."""
-    accelerator, model, engine, guard = parts.accelerator, parts.model, parts.engine, parts.guard
+    accelerator, model, engine, guard = components.accelerator, components.model, components.engine, components.guard
     model.train()
     counts = StepCounts(accelerator, sum(n for _, n in micro_batches), budget)  # over every process, not waited for
     step_loss, step_nll = (torch.zeros((), dtype=torch.float64, device=accelerator.device) for _ in range(2))
     # bf16 copies of the weights (kernels.Bf16Weights), or autocast casting them at every use
-    copies = parts.weights.swapped if parts.weights is not None else nullcontext
-    autocast = nullcontext if parts.weights is not None else accelerator.autocast
+    copies = components.weights.swapped if components.weights is not None else nullcontext
+    autocast = nullcontext if components.weights is not None else accelerator.autocast
     for i, (batch, _) in enumerate(micro_batches):
         with engine.accumulating(model, last=i == len(micro_batches) - 1), copies():
             with autocast():
@@ -49,18 +49,18 @@ def train_step(parts: Components, micro_batches: list[tuple[dict, int]], step: i
             accelerator.backward(loss * accelerator.num_processes / counts.tokens)
         step_loss += loss.detach().double()
         step_nll += nll.double()
-    parts.losses.add(step_loss, step_nll)
+    components.losses.add(step_loss, step_nll)
     norm = engine.clip_grad_norm(model, max_grad_norm)
     guard.before_update(step_loss, norm, step)
-    lr = parts.scheduler.get_last_lr()[0]
-    parts.optimizer.step()  # Adam (§5.3)
+    lr = components.scheduler.get_last_lr()[0]
+    components.optimizer.step()  # Adam (§5.3)
     total_tokens = counts.read(budget)
     if not accelerator.optimizer_step_was_skipped:  # fp16's scaler skips a step whose gradients overflowed
-        parts.scheduler.step()  # the rate of the next step (§5.3)
-        if parts.average is not None:
-            parts.average.update(accelerator.unwrap_model(model))
-    parts.optimizer.zero_grad(set_to_none=True)
-    parts.losses.add_tokens(total_tokens)
+        components.scheduler.step()  # the rate of the next step (§5.3)
+        if components.average is not None:
+            components.average.update(accelerator.unwrap_model(model))
+    components.optimizer.zero_grad(set_to_none=True)
+    components.losses.add_tokens(total_tokens)
     return total_tokens, lr
 
 
