@@ -115,45 +115,8 @@ def _spec(model, tokens: list[str], unk_token: str):
     # Copies: CTranslate2's quantization rewrites the arrays it is given in place, and a float32 CPU
     # tensor's .float().cpu() is the model's own memory (an int8 export once quantized the caller's model).
     weight = {name: tensor.detach().float().cpu().clone() for name, tensor in model.state_dict().items()}
-
-    def linear(target, *names):  # several names: fused along the output rows (Q, K, V -> QKV)
-        target.weight = torch.cat([weight[f"{name}.weight"] for name in names])
-        target.bias = torch.cat([weight[f"{name}.bias"] for name in names])
-
-    def norm(target, name):
-        target.gamma, target.beta = weight[f"{name}.weight"], weight[f"{name}.bias"]
-
-    def attention(target, name, residual, cross=False):
-        projections = [f"{name}.{p}_proj" for p in ("q", "k", "v")]
-        groups = [projections[:1], projections[1:]] if cross else [projections]
-        for linear_spec, names in zip(target.linear, [*groups, [f"{name}.out_proj"]]):
-            linear(linear_spec, *names)
-        norm(target.layer_norm, f"{residual}.norm")
-        if QUERIES_SCALES[config.attention_score] is not None:
-            target.queries_scale = QUERIES_SCALES[config.attention_score]
-
-    def feed_forward(target, prefix):
-        linear(target.linear_0, f"{prefix}.feed_forward.fc1")
-        linear(target.linear_1, f"{prefix}.feed_forward.fc2")
-        norm(target.layer_norm, f"{prefix}.feed_forward_residual.norm")
-
-    for side, stack in (("encoder", spec.encoder), ("decoder", spec.decoder)):
-        prefix = f"model.{side}"
-        embeddings = stack.embeddings[0] if side == "encoder" else stack.embeddings
-        embeddings.weight = weight[f"{prefix}.embeddings.embed_tokens.weight"]
-        stack.scale_embeddings = config.scale_embedding
-        stack.position_encodings.encodings = (
-            weight[f"{prefix}.embeddings.learned_positions.weight"] if config.position_encoding == "learned"
-            else sinusoidal_encoding(torch.arange(config.max_position_embeddings), config.d_model)
-        )
-        if config.norm_position == "pre":
-            norm(stack.layer_norm, f"{prefix}.final_norm")
-        for i, layer in enumerate(stack.layer):
-            name = f"{prefix}.layers.{i}"
-            attention(layer.self_attention, f"{name}.self_attn", f"{name}.self_attn_residual")
-            if side == "decoder":
-                attention(layer.attention, f"{name}.cross_attn", f"{name}.cross_attn_residual", cross=True)
-            feed_forward(layer.ffn, name)
+    _fill_stack(spec.encoder, "encoder", weight, config)
+    _fill_stack(spec.decoder, "decoder", weight, config)
     spec.decoder.projection.weight = weight["lm_head.weight"]
     spec.decoder.start_from_zero_embedding = False
 
@@ -166,6 +129,51 @@ def _spec(model, tokens: list[str], unk_token: str):
     spec.register_source_vocabulary(tokens)
     spec.register_target_vocabulary(tokens)
     return spec
+
+
+def _fill_stack(stack, side: str, weight: dict, config) -> None:
+    """One stack of the spec (`side` "encoder" or "decoder"): embeddings, positions, layers."""
+    prefix = f"model.{side}"
+    embeddings = stack.embeddings[0] if side == "encoder" else stack.embeddings
+    embeddings.weight = weight[f"{prefix}.embeddings.embed_tokens.weight"]
+    stack.scale_embeddings = config.scale_embedding
+    stack.position_encodings.encodings = (
+        weight[f"{prefix}.embeddings.learned_positions.weight"] if config.position_encoding == "learned"
+        else sinusoidal_encoding(torch.arange(config.max_position_embeddings), config.d_model)
+    )
+    if config.norm_position == "pre":
+        _fill_norm(stack.layer_norm, weight, f"{prefix}.final_norm")
+    queries_scale = QUERIES_SCALES[config.attention_score]
+    for i, layer in enumerate(stack.layer):
+        name = f"{prefix}.layers.{i}"
+        _fill_attention(layer.self_attention, weight, f"{name}.self_attn", f"{name}.self_attn_residual", queries_scale)
+        if side == "decoder":
+            _fill_attention(layer.attention, weight, f"{name}.cross_attn", f"{name}.cross_attn_residual", queries_scale,
+                            cross=True)
+        _fill_linear(layer.ffn.linear_0, weight, f"{name}.feed_forward.fc1")
+        _fill_linear(layer.ffn.linear_1, weight, f"{name}.feed_forward.fc2")
+        _fill_norm(layer.ffn.layer_norm, weight, f"{name}.feed_forward_residual.norm")
+
+
+def _fill_attention(target, weight: dict, name: str, residual: str, queries_scale, cross: bool = False) -> None:
+    """An attention block: self-attention's fused QKV, or cross-attention's Q and fused KV; W^O; its LayerNorm."""
+    projections = [f"{name}.{p}_proj" for p in ("q", "k", "v")]
+    groups = [projections[:1], projections[1:]] if cross else [projections]
+    for linear_spec, names in zip(target.linear, [*groups, [f"{name}.out_proj"]]):
+        _fill_linear(linear_spec, weight, *names)
+    _fill_norm(target.layer_norm, weight, f"{residual}.norm")
+    if queries_scale is not None:
+        target.queries_scale = queries_scale
+
+
+def _fill_linear(target, weight: dict, *names: str) -> None:
+    """A linear map; several names are fused along the output rows (Q, K, V -> QKV)."""
+    target.weight = torch.cat([weight[f"{name}.weight"] for name in names])
+    target.bias = torch.cat([weight[f"{name}.bias"] for name in names])
+
+
+def _fill_norm(target, weight: dict, name: str) -> None:
+    target.gamma, target.beta = weight[f"{name}.weight"], weight[f"{name}.bias"]
 
 
 def _plain_tokenizer(backend):
