@@ -67,45 +67,7 @@ def train(args: TrainingArguments) -> dict:
             raise
         components.log = TrainingLog(args.output_dir, budget.start_step if args.resume else None,
                                      accelerator.is_main_process)
-        last_saved = state.step if args.resume else None  # the step of the newest checkpoint
-
-        def save() -> int:
-            budget.end_part()  # the checkpoint records the run's time up to it
-            save_run(components, state, args.keep_checkpoints)
-            return state.step
-
-        bar = _progress_bar(args, state, budget, accelerator.is_local_main_process)
-        with (StopRequests() as budget.stop_requests, closing(_steps(components, state, budget, args)) as steps,
-              training_attention(accelerator.device)):  # the timing of kernels and every evaluation too
-            # Fine-tuning: the baseline, before any step.
-            if args.model_name_or_path is not None and not args.resume and _validate(components, state, args):
-                last_saved = save()
-            with bar:  # closed on the way out, so that a failure's one line comes after the bar, not before
-                for micro_batches in steps:
-                    if state.step == budget.start_step:  # the first step of this session
-                        choose_attention(components, state, args.attn_implementation, micro_batches[0][0])
-                    tokens, lr = train_step(components, micro_batches, state.step, budget, args.max_grad_norm)
-                    state.count_step(len(micro_batches), tokens)
-                    budget.session_tokens += tokens
-                    _advance(bar, args, budget)
-                    if state.step % args.log_steps == 0:
-                        _log(components, state, budget, lr, bar)
-                    # The last step is validated too, so that the steps since the last validation can be the best.
-                    last = args.best_metric is not None and (budget.steps_done(state.step) or budget.out_of_time())
-                    best = (state.step % args.eval_steps == 0 or last) and _validate(components, state, args)
-                    if best or state.step % args.save_steps == 0:
-                        last_saved = save()
-                    if out_of_patience(state, args):
-                        logger.info(f"no better validation {args.best_metric} for {args.patience} evaluation(s): "
-                                    f"stopping at step {state.step}; the best was step {state.best[0]['step']}")
-                        break
-            if budget.out_of_time() and not budget.stop_signal:
-                logger.info(f"time limit of {args.time_limit} min reached at step {state.step}")
-            if args.best_metric is not None and not budget.stop_signal and not _validated(state):  # the last epoch's end
-                _validate(components, state, args)
-                last_saved = None  # saved again, with the validation
-            if last_saved != state.step:
-                save()
+        _train_part(components, state, budget, args)
         if budget.stop_signal:
             raise TrainingInterrupted(budget.stop_signal, args.output_dir, state.step)
         return finish(components, state, budget, args)
@@ -116,6 +78,50 @@ def train(args: TrainingArguments) -> dict:
         raise full from None
     finally:
         lock.release()
+
+
+def _train_part(components: Components, state: RunState, budget: Budget, args: TrainingArguments) -> None:
+    """This part of the run: its steps, validated and saved as `args` say, until the budget is spent, patience runs
+    out or a stop is requested; then a checkpoint of the last step (validated first under `best_metric`)."""
+    last_saved = state.step if args.resume else None  # the step of the newest checkpoint
+
+    def save() -> int:
+        budget.end_part()  # the checkpoint records the run's time up to it
+        save_run(components, state, args.keep_checkpoints)
+        return state.step
+
+    bar = _progress_bar(args, state, budget, components.accelerator.is_local_main_process)
+    with (StopRequests() as budget.stop_requests, closing(_steps(components, state, budget, args)) as steps,
+          training_attention(components.accelerator.device)):  # the timing of kernels and every evaluation too
+        # Fine-tuning: the baseline, before any step.
+        if args.model_name_or_path is not None and not args.resume and _validate(components, state, args):
+            last_saved = save()
+        with bar:  # closed on the way out, so that a failure's one line comes after the bar, not before
+            for micro_batches in steps:
+                if state.step == budget.start_step:  # the first step of this session
+                    choose_attention(components, state, args.attn_implementation, micro_batches[0][0])
+                tokens, lr = train_step(components, micro_batches, state.step, budget, args.max_grad_norm)
+                state.count_step(len(micro_batches), tokens)
+                budget.session_tokens += tokens
+                _advance(bar, args, budget)
+                if state.step % args.log_steps == 0:
+                    _log(components, state, budget, lr, bar)
+                # The last step is validated too, so that the steps since the last validation can be the best.
+                last = args.best_metric is not None and (budget.steps_done(state.step) or budget.out_of_time())
+                best = (state.step % args.eval_steps == 0 or last) and _validate(components, state, args)
+                if best or state.step % args.save_steps == 0:
+                    last_saved = save()
+                if out_of_patience(state, args):
+                    logger.info(f"no better validation {args.best_metric} for {args.patience} evaluation(s): "
+                                f"stopping at step {state.step}; the best was step {state.best[0]['step']}")
+                    break
+        if budget.out_of_time() and not budget.stop_signal:
+            logger.info(f"time limit of {args.time_limit} min reached at step {state.step}")
+        if args.best_metric is not None and not budget.stop_signal and not _validated(state):  # the last epoch's end
+            _validate(components, state, args)
+            last_saved = None  # saved again, with the validation
+        if last_saved != state.step:
+            save()
 
 
 def save_run(components: Components, state: RunState, keep: int | None) -> None:
