@@ -162,18 +162,7 @@ def train_tokenizer(
     """
     extra = [t for t in special_tokens if t not in SPECIAL_TOKENS.values()]
     all_special = [*SPECIAL_TOKENS.values(), *extra]
-    smallest = len(_BYTE_ALPHABET) + len(all_special)
-    if vocab_size < smallest:
-        raise ValueError(
-            f"vocab_size={vocab_size} is smaller than the byte alphabet ({len(_BYTE_ALPHABET)}) "
-            f"plus the special tokens ({len(all_special)}); use at least {smallest + 1}"
-        )
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"model_type must be one of {', '.join(MODEL_TYPES)}; got {model_type!r}")
-    if min_frequency < 1:
-        raise ValueError(f"min_frequency must be at least 1, got {min_frequency}")
-    if isinstance(texts, (str, bytes)):
-        raise TypeError("texts must be an iterable of strings or a data set, not a single string")
+    _check_training_arguments(texts, vocab_size, min_frequency, model_type, len(all_special))
     if isinstance(texts, (datasets.Dataset, datasets.DatasetDict)):
         texts = iter_texts(texts, languages)
 
@@ -186,18 +175,39 @@ def train_tokenizer(
     if cut[0]:
         logger.warning(f"{cut[0]:,} of {seen[0]:,} texts are longer than {MAX_TRAINING_LINE:,} characters: the tokenizer "
                        f"learnt from the first {MAX_TRAINING_LINE:,} of each")
-    eos = SPECIAL_TOKENS["eos_token"]
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"$A:0 {eos}:0",
-        pair=f"$A:0 {eos}:0 $B:1 {eos}:1",
-        special_tokens=[(eos, tokenizer.token_to_id(eos))],
-    )
+    tokenizer.post_processor = _eos_appender(tokenizer)
     wrapped = wrap_tokenizer(tokenizer, model_max_length)
     if extra:
         wrapped.add_special_tokens({"extra_special_tokens": extra})
     if output_dir is not None:
         save_tokenizer(wrapped, output_dir)
     return wrapped
+
+
+def _check_training_arguments(texts, vocab_size: int, min_frequency: int, model_type: str, special_count: int) -> None:
+    """train_tokenizer's arguments, refused before any text is read."""
+    smallest = len(_BYTE_ALPHABET) + special_count
+    if vocab_size < smallest:
+        raise ValueError(
+            f"vocab_size={vocab_size} is smaller than the byte alphabet ({len(_BYTE_ALPHABET)}) "
+            f"plus the special tokens ({special_count}); use at least {smallest + 1}"
+        )
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"model_type must be one of {', '.join(MODEL_TYPES)}; got {model_type!r}")
+    if min_frequency < 1:
+        raise ValueError(f"min_frequency must be at least 1, got {min_frequency}")
+    if isinstance(texts, (str, bytes)):
+        raise TypeError("texts must be an iterable of strings or a data set, not a single string")
+
+
+def _eos_appender(tokenizer: Tokenizer) -> processors.TemplateProcessing:
+    """The post-processor that appends `</s>` to every sequence (and to each of a pair)."""
+    eos = SPECIAL_TOKENS["eos_token"]
+    return processors.TemplateProcessing(
+        single=f"$A:0 {eos}:0",
+        pair=f"$A:0 {eos}:0 $B:1 {eos}:1",
+        special_tokens=[(eos, tokenizer.token_to_id(eos))],
+    )
 
 
 def check_appends_eos(tokenizer, name: str) -> None:
