@@ -176,6 +176,35 @@ def _positive_int(name: str, value) -> int:
     return int(value)
 
 
+def _what_to_return(return_tensors, return_text, return_type) -> dict:
+    """The postprocess parameters `return_tensors` and `return_text` (or the older `return_type`) ask for;
+    none when none is given."""
+    # transformers 4's ReturnType: TENSORS (0) gives the token ids alone, TEXT (1) the text alone.
+    if return_type is not None and return_tensors is None and return_text is None:
+        kind = getattr(return_type, "value", return_type)
+        if kind not in (0, 1):
+            raise ValueError(f"`return_type` must be 0 (token ids) or 1 (text), as transformers 4's ReturnType; got {return_type!r}.")
+        return_tensors, return_text = kind == 0, kind == 1
+    if return_tensors is None and return_text is None:
+        return {}
+    # Either alone says what to return: `return_tensors=True` gives the ids instead of the text, as before.
+    return_tensors = not return_text if return_tensors is None else bool(return_tensors)
+    return_text = not return_tensors if return_text is None else bool(return_text)
+    if not (return_tensors or return_text):
+        raise ValueError("`return_text` and `return_tensors` are both False: there would be nothing to return.")
+    return {"return_tensors": return_tensors, "return_text": return_text}
+
+
+def _stop_token(tokenizer, stop_sequence: str) -> int:
+    """As transformers 4 did: generation ends at the stop sequence's first token, which is kept."""
+    stop_ids = tokenizer.encode(stop_sequence, add_special_tokens=False)
+    if not stop_ids:
+        raise ValueError(f"`stop_sequence` must be text that has tokens; got {stop_sequence!r}.")
+    if len(stop_ids) > 1:  # stacklevel: one more than _sanitize_parameters' own warnings, a call deeper
+        warnings.warn(f"`stop_sequence` {stop_sequence!r} is {len(stop_ids)} tokens; generation stops at its first.", stacklevel=4)
+    return stop_ids[0]
+
+
 class TranslationPipeline(Pipeline):
     """Translate text with a sequence-to-sequence model; returns `[{"translation_text": ...}]`."""
 
@@ -201,29 +230,11 @@ class TranslationPipeline(Pipeline):
         if return_attentions is not None:
             forward_params["return_attentions"] = return_attentions
             postprocess_params["return_attentions"] = return_attentions
-        # transformers 4's ReturnType: TENSORS (0) gives the token ids alone, TEXT (1) the text alone.
-        if return_type is not None and return_tensors is None and return_text is None:
-            kind = getattr(return_type, "value", return_type)
-            if kind not in (0, 1):
-                raise ValueError(f"`return_type` must be 0 (token ids) or 1 (text), as transformers 4's ReturnType; got {return_type!r}.")
-            return_tensors, return_text = kind == 0, kind == 1
-        if return_tensors is not None or return_text is not None:
-            # Either alone says what to return: `return_tensors=True` gives the ids instead of the text, as before.
-            return_tensors = not return_text if return_tensors is None else bool(return_tensors)
-            return_text = not return_tensors if return_text is None else bool(return_text)
-            if not (return_tensors or return_text):
-                raise ValueError("`return_text` and `return_tensors` are both False: there would be nothing to return.")
-            postprocess_params.update(return_tensors=return_tensors, return_text=return_text)
+        postprocess_params.update(_what_to_return(return_tensors, return_text, return_type))
         if clean_up_tokenization_spaces is not None:
             postprocess_params["clean_up_tokenization_spaces"] = clean_up_tokenization_spaces
         if stop_sequence is not None:
-            # As transformers 4 did: generation ends at the stop sequence's first token, which is kept.
-            stop_ids = self.tokenizer.encode(stop_sequence, add_special_tokens=False)
-            if not stop_ids:
-                raise ValueError(f"`stop_sequence` must be text that has tokens; got {stop_sequence!r}.")
-            if len(stop_ids) > 1:
-                warnings.warn(f"`stop_sequence` {stop_sequence!r} is {len(stop_ids)} tokens; generation stops at its first.", stacklevel=3)
-            generate_kwargs["eos_token_id"] = stop_ids[0]
+            generate_kwargs["eos_token_id"] = _stop_token(self.tokenizer, stop_sequence)
         if "num_return_sequences" in generate_kwargs:
             _positive_int("num_return_sequences", generate_kwargs["num_return_sequences"])
         check_decoding_options(**{name: generate_kwargs.get(name) for name in ("num_beams", "length_penalty", "max_new_tokens")})
