@@ -155,39 +155,55 @@ def check_config_fits_weights(folder: Path) -> None:
     """Raise ValueError naming config.json and what it contradicts (an edited model_type, d_model, vocab_size
     or layer count), before transformers' own report and RuntimeError. What the config gives comes from a
     model built on the meta device: no memory, no weights."""
-    import torch
-    from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForSeq2SeqLM
-
     from .modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 
     config_file = folder / "config.json"
-    check_config_file(config_file)
-    try:
-        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
-    except (TypeError, ValueError, KeyError) as err:
-        raise ValueError(f"{config_file} does not describe a model: {err}") from None
+    config = _read_config(folder, config_file)
     ours = config.model_type == VanillaTransformerConfig.model_type
     index = folder / "model.safetensors.index.json"
     files = sorted(set(read_json(index)["weight_map"].values())) if index.is_file() else ["model.safetensors"]
     present = all((folder / name).is_file() for name in files)
     if ours and present:  # before the model is built, even on the meta device (100,000 layers take minutes there)
-        check_config_sizes(config, config_file, weight_shapes([folder / name for name in files]), folder)
-    try:
-        with torch.device("meta"):
-            tensors = AutoModelForSeq2SeqLM.from_config(config, trust_remote_code=False).state_dict(keep_vars=True)
-    except (TypeError, ValueError, KeyError) as err:
-        raise ValueError(f"{config_file} does not describe a model: {err}" if ours else
-                         f"{config_file} describes a {config.model_type!r} model, which is not a translation "
-                         "(sequence-to-sequence) model transformers knows") from None
+        shapes = weight_shapes([folder / name for name in files])
+        check_config_sizes(config, config_file, shapes, folder)
+    tensors = _meta_tensors(config, config_file, ours)
     if not ours:
         return  # another architecture (a Marian folder, say): transformers checks its weights
     if not present:
         return  # weights in another format: transformers' own check applies
-    saved = {}
-    for name in files:
-        with safe_open(str(folder / name), framework="pt") as weights:
-            saved.update({key: (name, tuple(weights.get_slice(key).get_shape())) for key in weights.keys()})
+    names = {folder / name: name for name in files}
+    saved = {key: (names[path], shape) for key, (shape, path) in shapes.items()}
+    _check_tensors_fit(folder, config_file, files, saved, tensors)
+
+
+def _read_config(folder: Path, config_file: Path):
+    """The folder's config, by transformers' own classes (no code from the folder), or a ValueError naming it."""
+    from transformers import AutoConfig
+
+    check_config_file(config_file)
+    try:
+        return AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    except (TypeError, ValueError, KeyError) as err:
+        raise ValueError(f"{config_file} does not describe a model: {err}") from None
+
+
+def _meta_tensors(config, config_file: Path, ours: bool) -> dict:
+    """The tensors the config gives, by name, from a model built on the meta device (tied ones are one tensor)."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+
+    try:
+        with torch.device("meta"):
+            return AutoModelForSeq2SeqLM.from_config(config, trust_remote_code=False).state_dict(keep_vars=True)
+    except (TypeError, ValueError, KeyError) as err:
+        raise ValueError(f"{config_file} does not describe a model: {err}" if ours else
+                         f"{config_file} describes a {config.model_type!r} model, which is not a translation "
+                         "(sequence-to-sequence) model transformers knows") from None
+
+
+def _check_tensors_fit(folder: Path, config_file: Path, files: list[str], saved: dict, tensors: dict) -> None:
+    """Refuse saved weights (`saved`: name -> file, shape) that lack a tensor of the config's, have one it has no
+    place for, or differ in shape: the weights file is named when it is the one changed, else config.json."""
     if any("kv_proj" in key for key in saved):
         return  # a folder saved before the projections were split: load_pretrained says how it loads
     tied: dict[int, list[str]] = {}  # a tied tensor is saved under one of its names
