@@ -761,13 +761,7 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
     count = -1
     with packed_products(model, input_ids.size(0)):
         while count != 0:
-            outputs, logits = decoder.step(hypotheses.tokens)
-            log_probs = decoder.process(hypotheses.tokens, logits.log_softmax(dim=-1))
-            steps.record(log_probs, outputs)
-            candidates = hypotheses.candidates(log_probs, stopping_criteria, decoder.cap.last_step(hypotheses.tokens))
-            hypotheses.finish(candidates)
-            parents = hypotheses.live_on(candidates)
-            done = hypotheses.sentences_done(decoder.cap.max_new_tokens.clamp(max=longest))
+            parents, done = _beam_step(decoder, hypotheses, steps, stopping_criteria, longest)
             count = _unfinished_count(done)
             if prune and 0 < count and should_shrink_batch(count, done.numel()):  # in the gather that reorders the beams
                 staying, _ = _staying_and_leaving(done, count)
@@ -779,6 +773,18 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
     n_return = generation_config.num_return_sequences or 1
     return steps.beam_output(hypotheses.best(n_return), hypotheses.ranking.fill, model_kwargs["encoder_outputs"],
                              decoder.cache, input_ids.device)
+
+
+def _beam_step(decoder: _LiveRows, hypotheses: _Hypotheses, steps: _StepOutputs, stopping_criteria, longest: int):
+    """One step of the search: the live hypotheses extended by every token, those of the best candidates that end
+    finished, the best that do not live on. Returns the row each live hypothesis comes from, and the sentences done."""
+    outputs, logits = decoder.step(hypotheses.tokens)
+    log_probs = decoder.process(hypotheses.tokens, logits.log_softmax(dim=-1))
+    steps.record(log_probs, outputs)
+    candidates = hypotheses.candidates(log_probs, stopping_criteria, decoder.cap.last_step(hypotheses.tokens))
+    hypotheses.finish(candidates)
+    parents = hypotheses.live_on(candidates)
+    return parents, hypotheses.sentences_done(decoder.cap.max_new_tokens.clamp(max=longest))
 
 
 __all__ = [
