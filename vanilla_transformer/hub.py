@@ -84,14 +84,7 @@ def save_for_hub(
     card, heat map and results of an earlier model are removed, and everything else is kept.
     """
     output_dir = Path(output_dir)
-    if output_dir.exists() and not output_dir.is_dir():
-        raise NotADirectoryError(f"`output_dir` exists and is not a folder: {output_dir}")
-    if results is not None and not isinstance(results, dict):
-        raise TypeError(f"`results` must be a dict of scores; got {type(results).__name__}")
-    if repo_id is not None:
-        check_repo_id(repo_id)
-    if example is not None and (not isinstance(example, str) or not example.strip()):
-        raise ValueError(f"`example` must be a sentence to draw the attention of; got an empty or blank {example!r}")
+    _check_save_arguments(output_dir, results, repo_id, example)
     source_lang, target_lang = _languages(dataset, source_lang, target_lang)
     if source_lang and target_lang:  # in config.json: evaluating or translating another pair is warned about
         from .corpora import recorded_name
@@ -105,6 +98,18 @@ def save_for_hub(
         source_lang=source_lang, target_lang=target_lang, hyperparameters=hyperparameters, license=license,
     )
     return output_dir
+
+
+def _check_save_arguments(output_dir: Path, results, repo_id: str | None, example) -> None:
+    """save_for_hub's arguments, refused before anything is written."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise NotADirectoryError(f"`output_dir` exists and is not a folder: {output_dir}")
+    if results is not None and not isinstance(results, dict):
+        raise TypeError(f"`results` must be a dict of scores; got {type(results).__name__}")
+    if repo_id is not None:
+        check_repo_id(repo_id)
+    if example is not None and (not isinstance(example, str) or not example.strip()):
+        raise ValueError(f"`example` must be a sentence to draw the attention of; got an empty or blank {example!r}")
 
 
 def save_model_files(model, tokenizer, output_dir: str | os.PathLike) -> Path:
