@@ -2,7 +2,9 @@ import pytest
 import torch
 
 from vanilla_transformer.training.averaging import WeightAverage
-from vanilla_transformer.training.schedule import BudgetSchedule, make_optimizer, make_scheduler, noam_rate
+from vanilla_transformer.training.arguments import TrainingArguments
+from vanilla_transformer.training.schedule import (SCHEDULES, BudgetSchedule, make_optimizer, make_scheduler, noam_rate,
+                                                   schedule_summary)
 
 
 def test_noam_rate_is_the_papers_formula():
@@ -157,3 +159,13 @@ def test_the_moving_average_follows_the_weights_and_round_trips_through_its_stat
         WeightAverage(torch.nn.Linear(3, 3, bias=False), 0.9).load_state_dict(average.state_dict())
     with pytest.raises(ValueError, match="`decay` must be in"):
         WeightAverage(model, decay=1.0)
+
+
+def test_each_schedule_describes_itself_where_the_options_and_the_log_name_it():
+    """A schedule is one function and one SCHEDULES entry: its docstring's first line is what `--help` says of
+    it, so that a new schedule needs no edit anywhere else."""
+    help_text = TrainingArguments.__dataclass_fields__["lr_schedule"].metadata["help"]
+    for name in SCHEDULES:
+        summary = schedule_summary(name)
+        assert summary and summary[0].islower() and f"{name}: {summary}" in help_text
+    assert schedule_summary("linear") == "the paper's warm-up to its peak, then a linear decay to zero where the budget ends"

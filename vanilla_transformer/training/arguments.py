@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ..choices import DEFAULT_VOCAB_SIZE, PAPER_WARMUP_STEPS, PRESET_NAMES, TOKENIZER_MODELS
 from ..file_checks import check_repo_id
-from .schedule import SCHEDULES, check_schedule
+from .schedule import SCHEDULES, check_schedule, schedule_summary
 
 __all__ = ["ATTENTION_IMPLEMENTATIONS", "CPU_MAX_TOKENS", "DEFAULT_DDP_TIMEOUT", "DEFAULT_VOCAB_SIZE", "NEVER_RESTORED",
            "PAPER_WARMUP_STEPS", "SCHEDULES", "TrainingArguments", "add_arguments", "argparse_options", "check_option"]
@@ -184,8 +184,8 @@ class TrainingArguments:
     )
     lr_schedule: str = option(
         "noam", group=OPTIMISATION, choices=tuple(SCHEDULES),
-        help="noam: the paper's inverse square root; linear/cosine: the same warm-up and peak, then down to 0 at the "
-        "end of --max-steps/--time-limit/--num-epochs, whichever comes first",
+        help="; ".join(f"{name}: {schedule_summary(name)}" for name in SCHEDULES)
+        + " (the budget: --max-steps, --time-limit or --num-epochs, whichever ends first)",
     )
     ema_decay: float | None = option(
         None, group=OPTIMISATION, metavar="DECAY",
@@ -301,10 +301,8 @@ class TrainingArguments:
             check_repo_id(self.push_to_hub)  # before hours of training, not after
 
     def _validate_lora(self) -> None:
-        try:
-            import peft  # noqa: F401
-        except ImportError:
-            raise ValueError("`lora_rank` needs the peft package: pip install 'vanilla-transformer[peft]'") from None
+        if importlib.util.find_spec("peft") is None:
+            raise ValueError("`lora_rank` needs the peft package: pip install 'vanilla-transformer[peft]'")
         if self.freeze_encoder or self.freeze_embeddings:
             raise ValueError("`lora_rank` already trains the adapters alone: leave out `freeze_encoder` and "
                              "`freeze_embeddings`.")

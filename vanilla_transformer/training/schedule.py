@@ -12,8 +12,9 @@ budget of minutes stops while its rate is still high, so `BudgetSchedule` warms 
 the same peak, then decays linearly or along a cosine to exactly zero where the budget ends. A
 fine-tuning run names its peak instead (`peak_scale`): the curve keeps its shape, scaled to reach it.
 
-`SCHEDULES` names every schedule (`lr_schedule`'s choices) and the function that builds it: adding a
-schedule is one function and one entry there. torch is imported where an optimiser or schedule is built,
+`SCHEDULES` names every schedule (`lr_schedule`'s choices) and the function that builds it, whose docstring's
+first line is what `--help`, the log and the model card say of it: adding a schedule is one function and one
+entry there. torch is imported where an optimiser or schedule is built,
 so that `train --help` reads the names without it.
 """
 
@@ -28,7 +29,8 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["PAPER_WARMUP_STEPS", "SCHEDULES", "BudgetSchedule", "check_schedule", "make_optimizer", "make_scheduler",
-           "noam_rate", "peak_scale"]
+           "noam_rate", "peak_scale",
+           "schedule_summary"]
 
 
 def check_schedule(warmup_steps, scale, schedule, names=("warmup_steps", "scale", "schedule")) -> None:
@@ -103,7 +105,9 @@ def make_scheduler(
 
 
 def noam(optimizer, d_model: int, warmup_steps: int, scale: float, remaining_steps=None):
-    """The paper's, as a LambdaLR: it asks for the multiplier of step 0 when it is built and of step i after the
+    """The paper's: a linear warm-up, then the inverse square root of the step.
+
+    A LambdaLR: it asks for the multiplier of step 0 when it is built and of step i after the
     i-th `scheduler.step()`; the paper counts the first update as step 1, hence `i + 1`."""
     from torch.optim.lr_scheduler import LambdaLR  # here, so that --help reads `SCHEDULES` without torch
 
@@ -111,18 +115,29 @@ def noam(optimizer, d_model: int, warmup_steps: int, scale: float, remaining_ste
 
 
 def linear(optimizer, d_model: int, warmup_steps: int, scale: float, remaining_steps=None) -> BudgetSchedule:
-    """Noam's warm-up and peak, then `peak * (1 - p)` down to zero where the budget ends."""
+    """The paper's warm-up to its peak, then a linear decay to zero where the budget ends.
+
+    `peak * (1 - p)`, p the fraction of the decay done (`BudgetSchedule`)."""
     return _budget(optimizer, d_model, warmup_steps, scale, remaining_steps, "linear", lambda p: 1.0 - p)
 
 
 def cosine(optimizer, d_model: int, warmup_steps: int, scale: float, remaining_steps=None) -> BudgetSchedule:
-    """Noam's warm-up and peak, then `peak * (1 + cos(pi * p)) / 2` down to zero where the budget ends."""
+    """The paper's warm-up to its peak, then a cosine decay to zero where the budget ends.
+
+    `peak * (1 + cos(pi * p)) / 2`, p the fraction of the decay done (`BudgetSchedule`)."""
     return _budget(optimizer, d_model, warmup_steps, scale, remaining_steps, "cosine",
                    lambda p: 0.5 * (1.0 + math.cos(math.pi * p)))
 
 
 # Every schedule, by the name `lr_schedule` takes: the one place a schedule is defined (the options read it).
 SCHEDULES = {"noam": noam, "linear": linear, "cosine": cosine}
+
+
+def schedule_summary(name: str) -> str:
+    """What schedule `name` does, in words: the first line of its function's docstring (for `--help`, the
+    training log and the model card, so that a new schedule describes itself)."""
+    line = SCHEDULES[name].__doc__.split("\n", 1)[0].rstrip(".")
+    return line[0].lower() + line[1:]
 
 
 def _budget(optimizer, d_model, warmup_steps, scale, remaining_steps, name: str, decay) -> BudgetSchedule:

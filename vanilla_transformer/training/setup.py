@@ -46,7 +46,7 @@ from .run_folder import (
     resume_step,
     run_options,
 )
-from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler, peak_scale
+from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler, peak_scale, schedule_summary
 from .task import prepare_data
 
 __all__ = ["ADAPTER_DIR", "Components", "add_lora", "choose_attention", "freeze", "gpu_batch", "prepare", "save_adapter",
@@ -355,7 +355,7 @@ def _log_recipe(args: TrainingArguments, accelerator, d_model: int, scale: float
     if args.lr_schedule == "noam":
         schedule = f"lr = {scale:.4g} * {d_model}^-0.5 * min(step^-0.5, step * {args.warmup_steps}^-1.5)"
     else:
-        schedule = f"lr: linear warm-up, then {args.lr_schedule} decay to 0 at the end of the budget (not the paper's)"
+        schedule = f"lr: {schedule_summary(args.lr_schedule)} (not the paper's)"
     average = f"; moving average of the weights, decay {args.ema_decay}" if args.ema_decay is not None else ""
     adam = f"Adam({args.adam_beta1}, {args.adam_beta2}, {args.adam_epsilon})"
     if args.weight_decay:
