@@ -94,7 +94,7 @@ def _recipe(hyperparameters: dict | None, config) -> list[str]:
     if h.get("lr_schedule", "noam") == "noam":
         recipe.append(f"learning rate d_model^-0.5 · min(step^-0.5, step · warmup^-1.5) with warmup = {h['warmup_steps']} (§5.3)")
     else:
-        recipe.append(f"the `{h['lr_schedule']}` learning-rate schedule with {h['warmup_steps']} warm-up steps (not the paper's)")
+        recipe.append(f"the {h['lr_schedule']} learning-rate schedule with {h['warmup_steps']} warm-up steps (not the paper's)")
     if "label_smoothing" in h:
         recipe.append(f"label smoothing ε_ls = {h['label_smoothing']} (§5.4)")
     recipe.append(f"residual dropout P_drop = {config.dropout} (§5.4)")
