@@ -32,8 +32,7 @@ from .mfu import matmul_tflops, rated_peak_tflops
 # steps before generating. On the CPU there is no time for training that changes the outputs (200
 # steps of tiny still repeat one phrase), so the weights stay random and every sentence decodes to
 # the length cap: a fixed-length workload. Chosen so that `--sizes tiny,base` on 2 CPU cores takes
-# under 10 minutes on a quiet machine (earlier, larger
-# settings took 2,436 s while four other jobs shared the two cores).
+# under 10 minutes on a quiet machine.
 SETTINGS = {
     "cpu": {
         "tiny": dict(train_tokens=2048, sentences=128, generation_train_steps=0),
@@ -210,7 +209,7 @@ def markdown(report: dict) -> str:
         "tokens. Memory: peak resident memory of the contender's own process above the interpreter with "
         "torch imported (CPU), or `torch.cuda.max_memory_allocated` (GPU). MFU = the step's FLOPs (weights and "
         "attention, forward and backward: benchmarks/mfu.py) per second / the GPU's rated bf16 peak; in brackets, "
-        "/ the bf16 matmul rate measured on it." + (
+        "/ the bf16 matmul rate this device reaches." + (
             " Share of matmul rate = the step's FLOPs per second / the rate measured in the same run and precision on "
             "the step's own matrix products (every weight matrix's forward product and its two gradient products, the "
             "output projection's included; their FLOPs / their time). Ours trains on the attention implementation "

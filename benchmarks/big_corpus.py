@@ -1,4 +1,4 @@
-"""Time to the first training step, and peak memory, on a big synthetic corpus (issue #18).
+"""Time to the first training step, and peak memory, on a big synthetic corpus.
 
     python -m benchmarks.big_corpus                          # 2M pairs, two runs (the second reuses the caches)
     python -m benchmarks.big_corpus --pairs 20000 --runs 2   # a quick check that it works
@@ -13,7 +13,7 @@ touched), and the anonymous memory the process holds at the first step (Linux `R
 mapped files). The first run trains the BPE tokenizer and fills the `Dataset.map` cache; a second
 run on the same folder reads both back.
 
-Targets (issue #18): under 5 minutes to the first step on 2 cores; memory that does not grow with
+Targets: under 5 minutes to the first step on 2 cores; memory that does not grow with
 the corpus beyond the length table (8 bytes a pair) and Arrow's memory-mapped files.
 """
 

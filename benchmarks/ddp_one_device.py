@@ -1,4 +1,4 @@
-"""Two training processes on one device (issue #60): DDP trains, saves, resumes and averages where one GPU is lent.
+"""Two training processes on one device: DDP trains, saves, resumes and averages where one GPU is lent.
 
     PYTHONPATH=. HF_HUB_OFFLINE=1 python -m benchmarks.ddp_one_device --device cuda --output-dir $OUT
     PYTHONPATH=. HF_HUB_OFFLINE=1 python -m benchmarks.ddp_one_device --device cpu    # two CPU processes, gloo

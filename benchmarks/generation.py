@@ -41,7 +41,7 @@ MODES = {
     "beam4": dict(num_beams=4, length_penalty=LENGTH_PENALTY, early_stopping=True),
 }
 GNMT = dict(length_penalty_style="gnmt")
-# What each of our decoding changes buys (issues #14, #45): ours with them undone one at a time, timed beside
+# What each of our decoding changes buys: ours with them undone one at a time, timed beside
 # the rest. "rows stay": our loop keeps finished sentences in the batch (`prune=False`) instead of letting them
 # leave (`should_shrink_batch`). PLAIN: the decoder's products and the output projection on torch's default kernel (MKL
 # on a CPU) instead of oneDNN's on the weights packed for the call, where that is faster. "transformers' loop":
@@ -243,8 +243,7 @@ def _ctranslate2_runner(path, tokenizer, batches, device, threads, max_new_token
 
 class _Ctranslate2Process:
     """CTranslate2 in a process of its own, as it is deployed. In the process where torch has run its
-    OpenMP threads, CTranslate2's run several times slower, and stay so (measured 2026-11-24, 2-core
-    Zen 5, 2 threads: 418 greedy sentences/s before a torch matmul, 70 after it, 82 two seconds later).
+    OpenMP threads, CTranslate2's run several times slower, and stay so.
     Called as the PyTorch runners are, `(options, subset=None)`; `last_peak_mb` is the memory the last
     call needed in that process (peak resident memory above its start)."""
 

@@ -1,14 +1,12 @@
 """Six score functions inside one Transformer: which learns, how fast, what it costs, what it attends to.
 
-    python -m benchmarks.score_functions              # all six, 400 steps each (see DEFAULT_STEPS): 66 minutes on 2 CPU cores
+    python -m benchmarks.score_functions              # all six, 400 steps each (see DEFAULT_STEPS): about an hour on 2 CPU cores
     python -m benchmarks.score_functions --steps 20 --score-functions scaled_dot,location --test-samples 16
-    python -m benchmarks.score_functions --append-to benchmarks/results/score-functions-2026-11-23-cpu.json \
+    python -m benchmarks.score_functions --append-to benchmarks/results/score-functions-DATE-cpu.json \
         --score-functions scaled_dot --variants hard,local-m,local-p,relu,sparsemax \
         --figure docs/score-functions-variants.png     # more rows in an existing report, its settings reused
 
-The quickstart's small model (quickstart.SIZES["small"]: 4 heads, 8k joint BPE; d_model 256, 3 + 3 layers
-and d_ff 1024 in the 2026-11-23 results, 2 encoder + 4 decoder layers and d_ff 512 from 2026-11-24, d_ff 256 since,
-d_model 192 since benchmarks/results/tuning-2026-11-24-cpu.md, K)
+The quickstart's small model (quickstart.SIZES["small"]: each report records the shape it trained)
 is trained once per score function (`attention_score`, which applies in every attention block) with the
 training script on the embedded English–Spanish Bible: one tokenizer, and the same data order, seed,
 schedule (250 warm-up steps, batches of 2,048 tokens) and number of steps for every model,
@@ -64,13 +62,11 @@ from . import training as training_benchmark
 from .common import by_length, environment, load_text, model_config, pairs, peak_memory_mb, summary, token_batch, write_atomically
 from .decoding import ROWS, translate
 
-# Steps, not minutes. 400 steps for all six took 66.0 minutes on 2 CPU cores (AMD EPYC, 2026-11-23): about
-# 0.8-0.9 s/step for scaled_dot, dot, general, cosine and location, 3.7 s/step for additive, which builds a
-# (B, H, T, S, Dh) tensor in every block (28 of the 66 minutes), and 1-2 minutes per model of validation, test
-# scoring (634 verses, beam 4) and timing.
+# Steps, not minutes, so that every score function sees the same updates; additive, which builds a
+# (B, H, T, S, Dh) tensor in every block, takes several times as long a step as the others.
 DEFAULT_STEPS = 400
 CURVE_POINTS = 5  # validation perplexity every steps / CURVE_POINTS steps
-TIMING_TOKENS = 2048  # target tokens of the fixed batch the training speed is measured on
+TIMING_TOKENS = 2048  # target tokens of the fixed batch the training speed is timed on
 TIMING_WARMUP, TIMING_STEPS = 2, 8
 DECODE_BATCH = 32
 DECODING = ROWS["beam 4, GNMT α 0.6"]  # the paper's search (§6.1), the training script's test scoring

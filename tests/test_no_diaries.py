@@ -29,8 +29,8 @@ ISSUE = r"(?<![\w/&])#\d+\b|\bissues? ?#?\d+"
 
 
 def python_lines():
-    """(path, line number, line) of every Python file of the package and the tests but this one."""
-    for folder in ("vanilla_transformer", "tests"):
+    """(path, line number, line) of every Python file of the package, the benchmarks and the tests but this one."""
+    for folder in ("vanilla_transformer", "benchmarks", "tests"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             if path != Path(__file__).resolve():
                 for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
