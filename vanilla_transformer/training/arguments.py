@@ -28,6 +28,8 @@ CPU_MAX_TOKENS = 4096  # `max_tokens` off a GPU, where the paper's batch would m
 # tokenises a WMT-size corpus meanwhile, which outlasts NCCL's default of 10 minutes.
 DEFAULT_DDP_TIMEOUT = 3 * 60 * 60
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")  # transformers' names
+COMPILE_BACKENDS = ("inductor", "aot_eager")  # torch.compile's: kernels generated, or torch's own on the same graphs
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # inductor's
 BEST_METRICS = {"bleu": max, "chrf": max, "loss": min}  # validation scores a checkpoint is chosen by, and which way
 # Accelerate's trackers, each with the package it needs (an optional extra of this one, pyproject.toml).
 TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "comet_ml": "comet_ml", "aim": "aim",
@@ -156,7 +158,8 @@ class TrainingArguments:
     bucket_shapes: int | None = option(
         None, group=STEPS, bound="non-negative", metavar="N",
         help="pad training batches to at most N shapes (rows x length) chosen from the data's lengths, so that a "
-        "compiled step compiles N times (default: 16 on a GPU; 0, each batch as long as its longest pair, elsewhere)",
+        "compiled step compiles N times (default: 16 on a GPU or with --torch-compile; 0, each batch as long as its "
+        "longest pair, elsewhere)",
     )
     max_steps: int | None = option(100_000, group=STEPS, bound="positive", help="optimiser steps (the paper's base model's)")
     num_epochs: int | None = option(None, group=STEPS, bound="positive", help="passes over the training data")
@@ -209,6 +212,23 @@ class TrainingArguments:
         None, group=OPTIMISATION, choices=ATTENTION_IMPLEMENTATIONS,
         help="transformers' attention implementation to train with (default: sdpa or eager, whichever trains the "
         "first batch faster here)",
+    )
+    torch_compile: bool | None = option(
+        None, group=OPTIMISATION,
+        help="train on the step compiled with torch.compile: the forward and loss, and so the backward, one graph per "
+        "batch shape (16 --bucket-shapes unless given); each shape's first step compiles, which --time-limit counts; "
+        "minutes on a small CPU; --torch-compile false for the eager step (default: on for one process on a GPU "
+        "with bucket shapes, else off)",
+    )
+    torch_compile_backend: str | None = option(
+        None, group=OPTIMISATION, choices=COMPILE_BACKENDS,
+        help="torch.compile's backend: inductor generates the step's kernels; aot_eager captures the same graphs, "
+        "forward and backward, and runs them with torch's own kernels, a quick check that the step compiles "
+        "(default: inductor; giving it implies --torch-compile)",
+    )
+    torch_compile_mode: str | None = option(
+        None, group=OPTIMISATION, choices=COMPILE_MODES,
+        help="inductor's mode; reduce-overhead replays CUDA graphs (default: default; giving it implies --torch-compile)",
     )
     # Checkpoints
     save_steps: int = option(1000, group=CHECKPOINTS, bound="positive", help="checkpoint every N steps")
@@ -294,6 +314,7 @@ class TrainingArguments:
         check_probability("label_smoothing", self.label_smoothing)
         check_decoding_options(num_beams=self.num_beams, length_penalty=self.length_penalty)
         self._validate_selection()
+        self._validate_compile()
         if self.report_to is not None and importlib.util.find_spec(TRACKERS[self.report_to]) is None:
             raise ValueError(f"`report_to` {self.report_to} needs the {TRACKERS[self.report_to]} package: "
                              f"pip install 'vanilla-transformer[{self.report_to}]'")
@@ -309,6 +330,22 @@ class TrainingArguments:
         if not all(name.strip() for name in self.lora_target_modules.split(",")):
             raise ValueError(f"`lora_target_modules` must be layer names separated by commas, e.g. {LORA_TARGETS}; "
                              f"got {self.lora_target_modules!r}.")
+
+    def compile_asked(self) -> bool | None:
+        """Whether the step is to be compiled as the options say: `torch_compile`, implied by a backend or mode;
+        None when left to the run (compiled.py's `compiled_loss`)."""
+        implied = self.torch_compile_backend is not None or self.torch_compile_mode is not None
+        return self.torch_compile if self.torch_compile is not None else (True if implied else None)
+
+    def _validate_compile(self) -> None:
+        if self.torch_compile is False and (self.torch_compile_backend or self.torch_compile_mode):
+            raise ValueError("`torch_compile_backend` and `torch_compile_mode` are for a compiled step, and "
+                             "`torch_compile` false leaves it eager: give one or the other.")
+        if self.torch_compile_mode is not None and self.torch_compile_backend == "aot_eager":
+            raise ValueError("`torch_compile_mode` is inductor's: leave it out with `torch_compile_backend` aot_eager.")
+        if self.compile_asked() and self.bucket_shapes == 0:
+            raise ValueError("`torch_compile` needs bucket shapes: without them a compiled step compiles again for "
+                             "every batch length; give `bucket_shapes` a positive number, or leave it out (16).")
 
     def _validate_selection(self) -> None:
         """The model-selection options need a score to select by."""
@@ -401,6 +438,15 @@ def _kind(hint) -> tuple[type, bool]:
     return hint, False
 
 
+def boolean(text: str) -> bool:
+    """A typed true or false, as transformers' HfArgumentParser reads one."""
+    if text.lower() in ("true", "yes", "1"):
+        return True
+    if text.lower() in ("false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false; got {text!r}")
+
+
 def argparse_options(name: str, arguments: type = TrainingArguments, **changes) -> dict:
     """The keywords of `add_argument` for the field `name` (its `--kebab-case` flag aside), as `train` declares it;
     `changes` replace some for another command (say, `default=None`, `shown_default="the model's"`)."""
@@ -411,6 +457,8 @@ def argparse_options(name: str, arguments: type = TrainingArguments, **changes) 
         options["default"] = ""  # KEY=VALUE,... as typed: the command reads it (cli/train.py's _parse_overrides)
     elif f.default is dataclasses.MISSING:
         options.update(required=True, default=None)
+    elif kind is bool and f.default is None:  # left out, the run chooses: --flag (true) or --flag true/false
+        options.update(type=boolean, nargs="?", const=True, metavar="true|false")
     elif kind is bool:
         options["action"] = "store_true"
     elif kind is not str:

@@ -170,6 +170,7 @@ def _final_results(components: Components, state: RunState, args: TrainingArgume
         "mixed_precision": components.accelerator.mixed_precision,
         "scored_precision": "fp32",  # the final scores, as `vanilla-transformer evaluate` computes them
         "attn_implementation": state.attn_implementation,
+        "compiled_step": components.compiled.record() if components.compiled is not None else None,  # this part's compiling
         **weights,
         "source_lang": components.source_lang,
         "target_lang": components.target_lang,

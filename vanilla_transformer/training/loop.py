@@ -25,6 +25,7 @@ from ..file_checks import read_json
 from ..hub import RESULTS_FILE
 from .arguments import TrainingArguments
 from .checkpoints import save_checkpoint
+from .compiled import compile_timing
 from .data import PadCollator, PrefetchedBatches
 from .distributed import default_mixed_precision, start_accelerator
 from .evaluation import evaluate, full_model, report
@@ -100,7 +101,8 @@ def _train_part(components: Components, state: RunState, budget: Budget, args: T
             for micro_batches in steps:
                 if state.step == budget.start_step:  # the first step of this session
                     choose_attention(components, state, args.attn_implementation, micro_batches[0][0])
-                tokens, lr = train_step(components, micro_batches, state.step, budget, args.max_grad_norm)
+                with compile_timing(components.compiled, micro_batches, components.accelerator.device):
+                    tokens, lr = train_step(components, micro_batches, state.step, budget, args.max_grad_norm)
                 state.count_step(len(micro_batches), tokens)
                 budget.session_tokens += tokens
                 _advance(bar, args, budget)

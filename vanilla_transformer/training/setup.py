@@ -31,6 +31,7 @@ from . import criterion
 from .arguments import CPU_MAX_TOKENS, TrainingArguments
 from .averaging import WeightAverage
 from .checkpoints import checkpoint_path, read_state
+from .compiled import CompiledLoss, compiled_loss
 from .data import TokenBatchSampler, TokenizedSplit, bucket_shapes
 from .distributed import configure_deepspeed
 from .engines import Engine, NonFiniteGuard
@@ -82,6 +83,7 @@ class Components:
     guard: NonFiniteGuard = field(init=False)  # what becomes of a step that is not finite
     weights: Bf16Weights | None = field(init=False)  # bf16 copies the step trains on (kernels.py); None: autocast
     log: Any = None  # the run's TrainingLog (logs.py), set by `train`
+    compiled: CompiledLoss | None = None  # the step's forward and loss compiled (compiled.py); None: eager
 
     def __post_init__(self):
         self.engine = Engine(self.accelerator, self.optimizer)
@@ -140,6 +142,7 @@ def set_up(args: TrainingArguments, accelerator) -> tuple[Components, RunState, 
         accelerator.init_trackers("train", config={k: v for k, v in asdict(args).items() if not isinstance(v, dict)})
     components = Components(accelerator, model, prepared_optimizer, scheduler, checkpoint_root, average, tokenizer, data,
                        source_lang, target_lang, train_split, eval_splits, sampler)
+    components.compiled = compiled_loss(args, accelerator, sampler.shapes)
     if components.weights is not None:
         logger.info("bf16 weights: forward and backward on bf16 copies, Adam on the fp32 weights (no autocast)")
     return components, state, budget
@@ -195,11 +198,12 @@ def _size_batches(args: TrainingArguments, accelerator, model) -> None:
 
 
 def _training_sampler(args: TrainingArguments, accelerator, split: TokenizedSplit, epoch: int) -> TokenBatchSampler:
-    """The training batches, padded to `bucket_shapes` shapes (by default GPU_BUCKETS on a GPU, none elsewhere);
-    one line says the shapes and the padding they waste beside that of batches as long as their longest pair."""
+    """The training batches, padded to `bucket_shapes` shapes (by default GPU_BUCKETS on a GPU or for a compiled
+    step, none elsewhere); one line says the shapes and the padding they waste beside that of batches as long as
+    their longest pair."""
     count = args.bucket_shapes
     if count is None:
-        count = GPU_BUCKETS if accelerator.device.type == "cuda" else 0
+        count = GPU_BUCKETS if accelerator.device.type == "cuda" or args.compile_asked() else 0
     shapes = bucket_shapes(split.lengths, args.max_tokens, count) if count else None
     shard = dict(seed=args.seed, num_replicas=accelerator.num_processes, rank=accelerator.process_index)
     sampler = TokenBatchSampler(split.lengths, args.max_tokens, shapes=shapes, **shard)

@@ -40,10 +40,11 @@ def train_step(components: Components, micro_batches: list[tuple[dict, int]], st
     # bf16 copies of the weights (kernels.Bf16Weights), or autocast casting them at every use
     copies = components.weights.swapped if components.weights is not None else nullcontext
     autocast = nullcontext if components.weights is not None else accelerator.autocast
+    batch_loss = components.compiled or criterion.batch_loss  # compiled.py's graphs, one per batch shape, or eager
     for i, (batch, _) in enumerate(micro_batches):
         with engine.accumulating(model, last=i == len(micro_batches) - 1), copies():
             with autocast():
-                loss, nll = criterion.batch_loss(model, batch)  # label-smoothed, summed over target tokens (§5.4)
+                loss, nll = batch_loss(model, batch)  # label-smoothed, summed over target tokens (§5.4)
             guard.before_backward(loss, step)
             # Per target token of the whole step; DDP averages over processes, which * num_processes makes a sum.
             accelerator.backward(loss * accelerator.num_processes / counts.tokens)
