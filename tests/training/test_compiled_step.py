@@ -21,7 +21,8 @@ from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTra
 from vanilla_transformer.training.arguments import TrainingArguments
 from vanilla_transformer.training.compiled import CompiledLoss, compile_timing
 from vanilla_transformer.training.data import IGNORE_INDEX, PadCollator
-from vanilla_transformer.training.kernels import BF16_WEIGHTS_VARIABLE
+from vanilla_transformer.training import criterion
+from vanilla_transformer.training.kernels import BF16_WEIGHTS_VARIABLE, Bf16Weights
 from vanilla_transformer.training.run_folder import Budget, RunState
 from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
 from vanilla_transformer.training.setup import Components, prepare
@@ -170,3 +171,24 @@ def test_torch_compile_is_left_to_the_run_unless_typed(typed, parsed):
     from vanilla_transformer import cli
 
     assert cli.build_parser().parse_args(["train", "--output-dir", "x", *typed]).torch_compile is parsed
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("fast_paths", [True, False], ids=["packed-attention", "plain-attention"])
+@pytest.mark.parametrize("bf16_weights", [False, True], ids=["autocast", "bf16-weights"])
+def test_the_model_s_forward_and_loss_are_one_graph(attention, fast_paths, bf16_weights):
+    # Proves: dynamo captures the whole forward and loss without a break, for the attention kernels and paths a
+    # run may take (a break would leave the step partly eager and compile more graphs than there are shapes).
+    torch.manual_seed(0)
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset(
+        "tiny", vocab_size=24, d_model=32, d_ff=64, num_heads=2, encoder_layers=1, decoder_layers=1,
+        pad_token_id=PAD, bos_token_id=1, eos_token_id=2, fast_paths=fast_paths)).train()
+    model.set_attn_implementation(attention)
+    torch._dynamo.reset()
+    if bf16_weights:
+        with Bf16Weights(model).swapped():
+            explained = torch._dynamo.explain(criterion.batch_loss)(model, batch(LONG))
+    else:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            explained = torch._dynamo.explain(criterion.batch_loss)(model, batch(LONG))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
