@@ -17,14 +17,17 @@ It writes `benchmarks/results/gpu-smoke-<date>-<device>.json` and `.md`, naming 
   padded to 16 bucket shapes, one after the other in this process, with the batch the training loop takes
   on the device by default (the paper's ~25,000 tokens where they fit): target tokens/s, MFU against the
   device's rated peak (benchmarks/mfu.py), kernels per step (aten operators, benchmarks/kernels.py, and the
-  kernels the profiler saw launched), host and GPU time per step from the profiler, peak memory; and the
-  first preset's loop step compiled (`--compile-shapes` shapes), with its compile time;
+  kernels the profiler saw launched), host and GPU time per step from the profiler, peak memory;
+- the compiled step: the first preset's bf16 loop step eager, then compiled as `train --torch-compile` compiles
+  it in each of `--compile-modes`, over the batches of `--compile-shapes` shapes, with the compile time (each
+  shape's first step) and the graphs compiled (one per shape is the aim), so that the mode is chosen by measurement;
 - a one-GPU FSDP2 run of `vanilla-transformer train` (accelerate_configs/fsdp_8gpu.yaml with one
   process): beam-search evaluation, checkpoints, `--resume` and `--average-last 2`.
 
 `--quick` shortens every part (a check that the script runs, e.g. on a CPU with `--device cpu`: the tiny
-model on 1,024-token batches of 4 shapes; no synchronisation counts, compiling, FSDP or GPU tests there). The
-report is written again after each part, so that a run stopped early keeps what it measured.
+model on 1,024-token batches of 4 shapes; no synchronisation counts, FSDP or GPU tests there, and no compiling
+unless `--compile-shapes` says so: minutes on a small CPU). The report is written again after each part (and each
+compile mode), so that a run stopped early keeps what it measured.
 """
 
 from __future__ import annotations
@@ -48,6 +51,11 @@ from .common import Timer, write_atomically
 from .mfu import matmul_tflops, mfu, rated_peak_tflops, training_flops
 
 ROOT = Path(__file__).resolve().parents[1]
+# The compiled step's modes measured by default: inductor's kernels, and the same replayed as CUDA graphs; max-autotune's
+# search of kernel configurations costs minutes per shape.
+COMPILE_MODES = ("default", "reduce-overhead")
+BATCHES_PER_SHAPE = 3  # the compiled part's batches of each shape, taken in turn: a graph is a shape's, not a batch's
+ALL_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 RESULTS = ROOT / "benchmarks" / "results"
 
 
@@ -87,14 +95,16 @@ def token_batches(pairs: list, max_tokens: int, buckets: int):
 
 
 def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: str, mixed_precision: str,
-              compiled: bool = False):
+              compile_mode: str | None = None):
     """A callable that runs one training step as `train` runs it: the next of `batches` (index lists into
     `split`, again and again) from `PrefetchedBatches`, padded to `shapes`, then `train_step`; it returns the
     step's target tokens and its batch. The Accelerator is made here, with `mixed_precision`, on `device`;
-    `compiled`: the model's forward compiled (`Module.compile`), once per batch shape."""
+    `compile_mode`: the step compiled as `train --torch-compile-mode` compiles it (training/compiled.py), once per
+    batch shape, each shape's first step timed as `train` times it (the callable's `compiled.seconds`)."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
+    from vanilla_transformer.training.compiled import CompiledLoss, compile_timing
     from vanilla_transformer.training.data import PadCollator, PrefetchedBatches
     from vanilla_transformer.training.kernels import training_attention
     from vanilla_transformer.training.run_folder import Budget, RunState
@@ -108,9 +118,9 @@ def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: st
     optimizer = make_optimizer(model, accelerator.device)
     scheduler = make_scheduler(optimizer, model.config.d_model, 4000)
     model, optimizer = prepare(accelerator, model, optimizer)
-    if compiled:
-        model.compile(dynamic=False)
     components = Components(accelerator, model, optimizer, scheduler, checkpoint_root=Path("unused"))
+    if compile_mode is not None:
+        components.compiled = CompiledLoss(len(shapes), mode=compile_mode)
     state = RunState()
     budget = Budget(progress=state)  # no limit: the caller says how many steps
     source = {"batches": None}
@@ -120,11 +130,12 @@ def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: st
         if batch is None:
             source["batches"] = PrefetchedBatches(split, batches, PadCollator(pad_token_id, shapes), accelerator.device)
             batch = next(source["batches"])
-        with training_attention(accelerator.device):  # as the training loop runs every step
-            tokens, _ = train_step(components, [batch], state.step, budget)
+        with training_attention(accelerator.device), compile_timing(components.compiled, [batch], accelerator.device):
+            tokens, _ = train_step(components, [batch], state.step, budget)  # as the training loop runs every step
         state.count_step(1, tokens)
         return tokens, batch[0]
 
+    step.compiled = components.compiled
     return step
 
 
@@ -222,15 +233,14 @@ def profiled(step, steps: int, cuda: bool) -> dict:
 
 def measure(step, config, device: str, rated_peak, warmup: int, steps: int, compiled: bool = False) -> dict:
     """Tokens/s, MFU, kernels, profile and peak memory of `step` (a `loop_step` or `bare_step`) after `warmup`
-    calls, whose time beyond that of as many timed steps is the compile time of a `compiled` step."""
+    calls (a `compiled` step compiles in them)."""
     from .kernels import count_kernels
 
     cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    with Timer(device) as warm:
-        for _ in range(warmup):
-            step()
+    for _ in range(warmup):
+        step()
     with Timer(device) as timer:
         done = [step() for _ in range(steps)]
     flops_per_s = sum(training_flops(config, batch) for _, batch in done) / timer.seconds
@@ -244,36 +254,45 @@ def measure(step, config, device: str, rated_peak, warmup: int, steps: int, comp
         "kernels_per_step": None if kernels is None else kernels.total,
         "casts_per_step": None if kernels is None else kernels.casts,
         **profiled(step, min(steps, 3), cuda),
-        "compile_seconds": max(warm.seconds - warmup * timer.seconds / steps, 0.0) if compiled else None,
+        "compile_seconds": None,  # a compiled step's: `compiled_runs`
         "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
     }
 
 
-def side_by_side(tokenizer, device: str, presets: list, warmup: int, steps: int, buckets: int,
-                 max_tokens: int | None = None, compile_shapes: int = 0) -> dict:
-    """Each preset in TF32 and bf16: the loop's step (`loop_step`) beside MarianMTModel's bare step of the same
-    shape on the same batches (bucketed, so that both see `buckets` shapes at most), one after the other; on a
-    GPU `max_tokens` is the training loop's default there (`gpu_batch`: the paper's ~25,000 tokens a step if
-    they fit). `compile_shapes`: also the loop's step compiled, in bf16, over the batches of that many shapes.
-    On a GPU, the rate of a plain matmul is measured after them."""
+def preset_batches(preset: str, tokenizer, pairs: list, device: str, max_tokens: int | None, buckets: int):
+    """`preset`'s config, its batch's tokens (on a GPU by default the training loop's: `gpu_batch`), and one epoch of
+    `pairs` in batches padded to `buckets` shapes: (config, max_tokens, split, index lists, shapes, batches on
+    `device`)."""
     from vanilla_transformer.training.data import PadCollator
     from vanilla_transformer.training.setup import gpu_batch
 
+    probe = _model(preset, tokenizer, dropout=0.1)
+    config, parameters = probe.config, sum(p.numel() for p in probe.parameters())
+    del probe
+    tokens = max_tokens
+    if tokens is None:
+        memory = torch.cuda.get_device_properties(device).total_memory
+        tokens = gpu_batch(memory, config, parameters, 1, 128, accumulation=1)[0]
+    split, batches, shapes = token_batches(pairs, tokens, buckets)
+    collate = PadCollator(tokenizer.pad_token_id, shapes)
+    ready = [{k: v.to(device) for k, v in collate(split.dataset[b]).items()} for b in batches]
+    return config, tokens, split, batches, shapes, ready
+
+
+def side_by_side(tokenizer, device: str, presets: list, warmup: int, steps: int, buckets: int,
+                 max_tokens: int | None = None) -> dict:
+    """Each preset in TF32 and bf16: the loop's step (`loop_step`) beside MarianMTModel's bare step of the same
+    shape on the same batches (bucketed, so that both see `buckets` shapes at most), one after the other; on a
+    GPU `max_tokens` is the training loop's default there (`gpu_batch`: the paper's ~25,000 tokens a step if
+    they fit).
+    On a GPU, the rate of a plain matmul is measured after them."""
     cuda = device.startswith("cuda")
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     pairs = _pairs(tokenizer, 8000)
     out = {"device": name, "warmup_steps": warmup, "timed_steps": steps, "buckets": buckets, "presets": {}}
     for preset in presets:
-        probe = _model(preset, tokenizer, dropout=0.1)
-        config, parameters = probe.config, sum(p.numel() for p in probe.parameters())
-        del probe
-        tokens = max_tokens
-        if tokens is None:
-            memory = torch.cuda.get_device_properties(device).total_memory
-            tokens = gpu_batch(memory, config, parameters, 1, 128, accumulation=1)[0]
-        split, batches, shapes = token_batches(pairs, tokens, buckets)
-        collate = PadCollator(tokenizer.pad_token_id, shapes)
-        ready = [{k: v.to(device) for k, v in collate(split.dataset[b]).items()} for b in batches]
+        config, tokens, split, batches, shapes, ready = preset_batches(preset, tokenizer, pairs, device, max_tokens,
+                                                                       buckets)
         result = out["presets"][preset] = {"max_tokens": tokens, "shapes": shapes, "batches": len(batches)}
         for precision, mixed, dtype in (("tf32", "no", torch.float32), ("bf16", "bf16", torch.bfloat16)):
             peak = rated_peak_tflops(name, precision)
@@ -283,14 +302,6 @@ def side_by_side(tokenizer, device: str, presets: list, warmup: int, steps: int,
             del ours
             runs["marian"] = measure(bare_step(marian_model(config, device), ready, dtype), config, device, peak,
                                      warmup, steps)
-            if compile_shapes and precision == "bf16":
-                first = list(dict.fromkeys(tuple(b["input_ids"].shape) for b in ready))[:compile_shapes]
-                chosen = [b for b, r in zip(batches, ready) if tuple(r["input_ids"].shape) in first]
-                compiled = loop_step(_model(preset, tokenizer, dropout=0.1), split, chosen, shapes,
-                                     tokenizer.pad_token_id, device, mixed, compiled=True)
-                runs["ours-compiled"] = {"shapes": len(first), **measure(
-                    compiled, config, device, peak, len(chosen) + 1, steps, compiled=True)}
-                del compiled
             runs["speedup_vs_marian"] = runs["ours"]["target_tokens_per_s"] / runs["marian"]["target_tokens_per_s"]
             result[precision] = runs
             gc.collect()  # the steps' models and optimisers, before the next one's peak memory is measured
@@ -301,6 +312,51 @@ def side_by_side(tokenizer, device: str, presets: list, warmup: int, steps: int,
         out["measured_matmul_tflops"] = {"bf16": matmul_tflops(device, torch.bfloat16),
                                          "tf32": matmul_tflops(device, torch.float32)}
     return out
+
+
+def compiled_steps(tokenizer, device: str, preset: str, steps: int, buckets: int, max_tokens: int | None,
+                   compile_shapes: int, modes: tuple, out: dict, save) -> None:
+    """`preset`'s bf16 loop step over BATCHES_PER_SHAPE batches of each of the first `compile_shapes` of `buckets`
+    shapes, the shapes in turn: eager, then compiled as `train --torch-compile` compiles it in each of `modes`, each
+    warmed up on every batch once (each shape compiles then), into `out` (saved after each)."""
+    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
+    config, tokens, split, batches, shapes, ready = preset_batches(preset, tokenizer, _pairs(tokenizer, 8000), device,
+                                                                   max_tokens, buckets)
+    first = list(dict.fromkeys(tuple(b["input_ids"].shape) for b in ready))[:compile_shapes]
+    chosen = [[b for b, r in zip(batches, ready) if tuple(r["input_ids"].shape) == shape][:BATCHES_PER_SHAPE]
+              for shape in first]
+    chosen = [b for pair in zip(*chosen) for b in pair]  # the shapes in turn
+    out.update(device=name, preset=preset, max_tokens=tokens, shapes=[list(s) for s in first], batches=len(chosen),
+               timed_steps=steps, runs={})
+    peak = rated_peak_tflops(name, "bf16")
+    for mode in ("eager", *modes):
+        torch._dynamo.reset()  # each mode compiles afresh, within its own limit of graphs
+        step = loop_step(_model(preset, tokenizer, dropout=0.1), split, chosen, shapes, tokenizer.pad_token_id,
+                         device, "bf16", compile_mode=None if mode == "eager" else mode)
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        measured = measure(step, config, device, peak, len(chosen) + 1, steps, compiled=mode != "eager")
+        if mode != "eager":  # compile time as `train` logs it: each new shape's first step
+            measured.update(compile_seconds=step.compiled.seconds,
+                            graphs=torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs)
+        out["runs"][mode] = measured
+        del step
+        gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        save()
+
+
+def compiled_table(c: dict) -> list[str]:
+    lines = [f"The loop's bf16 step of the {c['preset']} model on {c['device']}, eager and compiled (`train "
+             f"--torch-compile`), over {c['batches']} batches of {len(c['shapes'])} shapes ({c['max_tokens']:,} tokens): "
+             f"{c['timed_steps']} steps after one pass over them; compile: each shape's first step, as `train` logs it.",
+             "", "| step | target tokens/s | MFU | host ms | GPU ms | step ms | compile s | graphs | peak GiB |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for mode, r in c["runs"].items():
+        lines.append(f"| {mode} | {r['target_tokens_per_s']:,.0f} | {_number(r['mfu'], '.1%')} | {r['host_ms']:.1f} | "
+                     f"{_number(r['gpu_ms'], '.1f')} | {r['step_ms']:.1f} | {_number(r['compile_seconds'], '.1f')} | "
+                     f"{r.get('graphs', '-')} | {_number(r['peak_memory_gib'], '.1f')} |")
+    return lines
 
 
 def run_command(command: list, timeout: int, env=None) -> dict:
@@ -361,7 +417,8 @@ def throughput_table(t: dict) -> list[str]:
     lines = [f"Target tokens/s on {t['device']}: {t['timed_steps']} steps after {t['warmup_steps']}, batches padded to "
              f"at most {t['buckets']} shapes; MFU against the rated peak; kernels: aten operators per step "
              "(benchmarks/kernels.py) and, on a GPU, kernels launched (profiler); host: self CPU time of the "
-             "operators; compile: the warm-up's time beyond as many steps.", "",
+             "operators; compile: each shape's first step, as `train --torch-compile` logs it; ours-N-shapes: "
+             "the eager step on the batches the compiled ones take.", "",
              "| model | precision | step | max tokens | target tokens/s | MFU | kernels (aten / launched) | casts | "
              "host ms | GPU ms | step ms | compile s | peak GiB |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -399,6 +456,8 @@ def markdown(report: dict) -> str:
         lines += [f"- CUDA synchronisations per step: the loop's {s['loop_step']:g}, a bare step's {s['bare_step']:g}"]
     if "throughput" in report:
         lines += ["", *throughput_table(report["throughput"]), ""]
+    if report.get("compiled", {}).get("runs"):
+        lines += ["", *compiled_table(report["compiled"]), ""]
     if "fsdp" in report:
         f = report["fsdp"]
         ok = f["resumed"] is not None and f["resumed"]["returncode"] == 0
@@ -412,20 +471,24 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--output-dir", type=Path, default=RESULTS, help="where the report goes (default: %(default)s)")
-    parser.add_argument("--skip", nargs="*", default=[], choices=("tests", "synchronisations", "throughput", "fsdp"))
+    parser.add_argument("--skip", nargs="*", default=[],
+                        choices=("tests", "synchronisations", "throughput", "compiled", "fsdp"))
     parser.add_argument("--presets", nargs="+", default=["base", "big"], choices=("tiny", "small", "base", "big"),
                         help="the models measured side by side (default: %(default)s; tiny with --quick)")
-    parser.add_argument("--compile-shapes", type=int, default=2, metavar="N",
-                        help="on a GPU, also the first preset's bf16 step compiled, over the batches of N shapes "
-                        "(0: not compiled; default: %(default)s)")
+    parser.add_argument("--compile-shapes", type=int, default=None, metavar="N",
+                        help="the compiled part: the first preset's bf16 step eager and compiled (--torch-compile), "
+                        "over the batches of N shapes (0: none; default: 2 on a GPU, 0 elsewhere)")
+    parser.add_argument("--compile-modes", nargs="+", default=list(COMPILE_MODES), choices=ALL_COMPILE_MODES,
+                        help="inductor's modes the step is compiled in, one after the other (default: %(default)s)")
     args = parser.parse_args(argv)
-    if args.compile_shapes < 0:
+    if args.compile_shapes is not None and args.compile_shapes < 0:
         parser.error(f"--compile-shapes: expected a non-negative integer; got {args.compile_shapes}")
     import transformers
     from vanilla_transformer.tokenizer import train_tokenizer
     from vanilla_transformer.corpora import load_translation_dataset
 
     cuda = args.device.startswith("cuda")
+    compile_shapes = args.compile_shapes if args.compile_shapes is not None else 2 if cuda else 0
     if cuda and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA GPU here (use --device cpu --quick to check the script)")
     if cuda:
@@ -455,13 +518,17 @@ def main(argv=None) -> int:
         for preset in ["tiny"] if args.quick else args.presets:
             measured = side_by_side(
                 tokenizer, args.device, [preset], warmup=1 if args.quick else 3, steps=1 if args.quick else 10,
-                buckets=4 if args.quick else 16, max_tokens=1024 if args.quick or not cuda else None,
-                compile_shapes=args.compile_shapes if cuda and preset == args.presets[0] else 0)
+                buckets=4 if args.quick else 16, max_tokens=1024 if args.quick or not cuda else None)
             if "throughput" in report:
                 report["throughput"]["presets"].update(measured["presets"])
             else:
                 report["throughput"] = measured
             save()
+    if compile_shapes and "compiled" not in args.skip:
+        report["compiled"] = {}
+        compiled_steps(tokenizer, args.device, "tiny" if args.quick else args.presets[0], steps=1 if args.quick else 10,
+                       buckets=4 if args.quick else 16, max_tokens=1024 if args.quick or not cuda else None,
+                       compile_shapes=compile_shapes, modes=tuple(args.compile_modes), out=report["compiled"], save=save)
     if cuda and "fsdp" not in args.skip:
         import tempfile
 

@@ -24,6 +24,8 @@ __all__ = ["CompiledLoss", "compile_timing", "compiled_loss"]
 
 logger = get_logger(__name__)
 
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # inductor's modes that replay CUDA graphs
+
 
 class CompiledLoss:
     """`criterion.batch_loss(model, batch)` compiled, one graph per batch shape, at most `shapes` of them."""
@@ -36,6 +38,8 @@ class CompiledLoss:
         self.seconds = 0.0  # the first steps of each shape, compiling
 
     def __call__(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.mode in CUDA_GRAPH_MODES:  # the last call's outputs are read: its CUDA graph's buffers may be reused
+            torch.compiler.cudagraph_mark_step_begin()
         # Read when a shape is new, inside the call: the limit is this step's, not the process's for other callers.
         with torch._dynamo.config.patch(recompile_limit=self.shapes, fail_on_recompile_limit_hit=True):
             return self.function(model, batch)
