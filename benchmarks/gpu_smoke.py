@@ -26,7 +26,7 @@ It writes `benchmarks/results/gpu-smoke-<date>-<device>.json` and `.md`, naming 
 
 `--quick` shortens every part (a check that the script runs, e.g. on a CPU with `--device cpu`: the tiny
 model on 1,024-token batches of 4 shapes; no synchronisation counts, FSDP or GPU tests there, and no compiling
-unless `--compile-shapes` says so: minutes on a small CPU). The report is written again after each part (and each
+unless `--compile-shapes` says so: slow on a CPU). The report is written again after each part (and each
 compile mode), so that a run stopped early keeps what it measured.
 """
 
@@ -52,7 +52,7 @@ from .mfu import matmul_tflops, mfu, rated_peak_tflops, training_flops
 
 ROOT = Path(__file__).resolve().parents[1]
 # The compiled step's modes measured by default: inductor's kernels, and the same replayed as CUDA graphs; max-autotune's
-# search of kernel configurations costs minutes per shape.
+# search of kernel configurations multiplies the compile time of every shape.
 COMPILE_MODES = ("default", "reduce-overhead")
 BATCHES_PER_SHAPE = 3  # the compiled part's batches of each shape, taken in turn: a graph is a shape's, not a batch's
 ALL_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")

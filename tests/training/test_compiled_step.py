@@ -1,7 +1,7 @@
 """The compiled training step (`--torch-compile`, training/compiled.py) against the eager one, on a CPU.
 
-The step is compiled for two bucket shapes at most. inductor generates and builds C++ kernels for every graph,
-tens of seconds a shape on a small CPU, so one test compiles with it (one shape) and the others with aot_eager:
+The step is compiled for two bucket shapes at most. inductor generates and builds C++ kernels for every graph, slow
+on a CPU (benchmarks/results/), so one test compiles with it (one shape) and the others with aot_eager:
 the same graphs, forward and backward captured by dynamo and AOTAutograd, run on torch's own kernels.
 """
 
@@ -114,6 +114,7 @@ def test_the_step_compiles_once_per_bucket_shape_and_never_falls_back_past_the_l
     assert compiled.seen == {(4, 6, 4, 6), (2, 9, 2, 9)} and compiled.seconds > 0
     assert compiled.record() == {"backend": "aot_eager", "mode": None, "shapes": 2,
                                  "compile_seconds": round(compiled.seconds, 2)}
+    torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
         train([batch(SHORT), batch(LONG), batch(THIRD, [*SHAPES, (9, 3)])], "no", CompiledLoss(2, "aot_eager"))
 
