@@ -6,6 +6,8 @@ the same graphs, forward and backward captured by dynamo and AOTAutograd, run on
 """
 
 import json
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -193,3 +195,28 @@ def test_the_model_s_forward_and_loss_are_one_graph(attention, fast_paths, bf16_
         with torch.autocast("cpu", dtype=torch.bfloat16):
             explained = torch._dynamo.explain(criterion.batch_loss)(model, batch(LONG))
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def test_two_ddp_processes_train_the_compiled_step_as_the_eager_one(tmp_path, small_task, small_run):
+    # Proves: under DDP (two CPU processes, gloo) the compiled step, a compiled function calling the DDP-wrapped model,
+    # trains as the eager step does: the same logged losses; each shape compiles once (the main process's log).
+    def launch(name, *extra):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}, "ACCELERATE_USE_CPU": "1",
+               "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+        result = subprocess.run(
+            [sys.executable, "-m", "accelerate.commands.launch", "--mixed_precision", "no", "--dynamo_backend", "no",
+             "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(port),
+             "-m", "vanilla_transformer.cli", "train", "--output-dir", str(tmp_path / name), "--dataset", str(small_task),
+             *small_run, "--max-steps", "4", "--log-steps", "1", "--bucket-shapes", "2", *extra],
+            env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        records = [json.loads(line) for line in (tmp_path / name / "training_log.jsonl").read_text().splitlines()]
+        return result.stderr, [(r["loss"], r["nll"]) for r in records if "split" not in r]
+
+    _, eager = launch("eager")
+    log, compiled = launch("compiled", "--torch-compile-backend", "aot_eager")
+    assert len(eager) == 4 and compiled == [pytest.approx(losses, rel=1e-6) for losses in eager]
+    assert "under MULTI_CPU" in log and len([line for line in log.splitlines() if "compiled in" in line]) == 2

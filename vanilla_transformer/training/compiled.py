@@ -73,7 +73,7 @@ def compiled_loss(args, accelerator, shapes: list | None) -> CompiledLoss | None
         return None
     else:
         why = "asked" + ("" if accelerator.distributed_type == DistributedType.NO else
-                         f"; under {accelerator.distributed_type.value} not tested here")
+                         f"; under {accelerator.distributed_type.value}, tested on CPU processes with DDP alone")
     compiled = CompiledLoss(len(shapes), args.torch_compile_backend or "inductor", args.torch_compile_mode)
     logger.info(f"compiled step: torch.compile ({compiled.describe()}) of the forward "
                 f"and loss, one graph per batch shape, at most {len(shapes)}; each shape's first step compiles ({why})")
