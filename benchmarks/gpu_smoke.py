@@ -135,7 +135,7 @@ def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: st
         state.count_step(1, tokens)
         return tokens, batch[0]
 
-    step.compiled = components.compiled
+    step.compiled, step.losses = components.compiled, components.losses
     return step
 
 
@@ -317,8 +317,10 @@ def side_by_side(tokenizer, device: str, presets: list, warmup: int, steps: int,
 def compiled_steps(tokenizer, device: str, preset: str, steps: int, buckets: int, max_tokens: int | None,
                    compile_shapes: int, modes: tuple, out: dict, save) -> None:
     """`preset`'s bf16 loop step over BATCHES_PER_SHAPE batches of each of the first `compile_shapes` of `buckets`
-    shapes, the shapes in turn: eager, then compiled as `train --torch-compile` compiles it in each of `modes`, each
-    warmed up on every batch once (each shape compiles then), into `out` (saved after each)."""
+    shapes, the shapes in turn: eager, then compiled as `train --torch-compile` compiles it in each of `modes`, into
+    `out` (saved after each). Without dropout, from the same weights: the first pass over the batches (each shape
+    compiles in it) is also each step's loss, against the eager step's (`loss_vs_eager`: the largest relative
+    difference); then a warm-up step and the timed ones."""
     name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
     config, tokens, split, batches, shapes, ready = preset_batches(preset, tokenizer, _pairs(tokenizer, 8000), device,
                                                                    max_tokens, buckets)
@@ -331,13 +333,19 @@ def compiled_steps(tokenizer, device: str, preset: str, steps: int, buckets: int
     peak = rated_peak_tflops(name, "bf16")
     for mode in ("eager", *modes):
         torch._dynamo.reset()  # each mode compiles afresh, within its own limit of graphs
-        step = loop_step(_model(preset, tokenizer, dropout=0.1), split, chosen, shapes, tokenizer.pad_token_id,
+        step = loop_step(_model(preset, tokenizer, dropout=0.0), split, chosen, shapes, tokenizer.pad_token_id,
                          device, "bf16", compile_mode=None if mode == "eager" else mode)
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-        measured = measure(step, config, device, peak, len(chosen) + 1, steps, compiled=mode != "eager")
+        losses = []
+        for number in range(len(chosen)):
+            step()
+            losses.append(step.losses.read(number)[0])
+        measured = {"losses": losses, **measure(step, config, device, peak, 1, steps, compiled=mode != "eager")}
         if mode != "eager":  # compile time as `train` logs it: each new shape's first step
+            eager = out["runs"]["eager"]["losses"]
             measured.update(compile_seconds=step.compiled.seconds,
-                            graphs=torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs)
+                            graphs=torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs,
+                            loss_vs_eager=max(abs(a - b) / abs(b) for a, b in zip(losses, eager)))
         out["runs"][mode] = measured
         del step
         gc.collect()
@@ -349,13 +357,15 @@ def compiled_steps(tokenizer, device: str, preset: str, steps: int, buckets: int
 def compiled_table(c: dict) -> list[str]:
     lines = [f"The loop's bf16 step of the {c['preset']} model on {c['device']}, eager and compiled (`train "
              f"--torch-compile`), over {c['batches']} batches of {len(c['shapes'])} shapes ({c['max_tokens']:,} tokens): "
-             f"{c['timed_steps']} steps after one pass over them; compile: each shape's first step, as `train` logs it.",
-             "", "| step | target tokens/s | MFU | host ms | GPU ms | step ms | compile s | graphs | peak GiB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"{c['timed_steps']} steps after one pass over them; compile: each shape's first step, as `train` logs it; "
+             "loss vs eager: the largest relative difference of the first pass's losses (no dropout, same weights).",
+             "", "| step | target tokens/s | MFU | host ms | GPU ms | step ms | compile s | graphs | loss vs eager | "
+             "peak GiB |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for mode, r in c["runs"].items():
         lines.append(f"| {mode} | {r['target_tokens_per_s']:,.0f} | {_number(r['mfu'], '.1%')} | {r['host_ms']:.1f} | "
                      f"{_number(r['gpu_ms'], '.1f')} | {r['step_ms']:.1f} | {_number(r['compile_seconds'], '.1f')} | "
-                     f"{r.get('graphs', '-')} | {_number(r['peak_memory_gib'], '.1f')} |")
+                     f"{r.get('graphs', '-')} | {_number(r.get('loss_vs_eager'), '.1e')} | "
+                     f"{_number(r['peak_memory_gib'], '.1f')} |")
     return lines
 
 
