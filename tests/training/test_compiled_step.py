@@ -61,17 +61,17 @@ def train(batches, mixed_precision: str, compiled: CompiledLoss | None):
     optimizer = make_optimizer(model, accelerator.device)
     scheduler = make_scheduler(optimizer, model.config.d_model, 10)
     model, optimizer = prepare(accelerator, model, optimizer)
-    parts = Components(accelerator, model, optimizer, scheduler, checkpoint_root=Path("unused"))
-    parts.compiled = compiled
+    components = Components(accelerator, model, optimizer, scheduler, checkpoint_root=Path("unused"))
+    components.compiled = compiled
     state = RunState()
     budget = Budget(progress=state)
     losses = []
     for b in batches:
         micro_batches = [(b, int((b["labels"] != IGNORE_INDEX).sum()))]
-        with compile_timing(parts.compiled, micro_batches, accelerator.device):
-            tokens, _ = train_step(parts, micro_batches, state.step, budget)
+        with compile_timing(components.compiled, micro_batches, accelerator.device):
+            tokens, _ = train_step(components, micro_batches, state.step, budget)
         state.count_step(1, tokens)
-        losses.extend(parts.losses.read(state.step))
+        losses.extend(components.losses.read(state.step))
     AcceleratorState._reset_state(reset_partial_state=True)
     return losses, {name: p.detach().clone() for name, p in model.named_parameters()}
 

@@ -217,8 +217,7 @@ class TrainingArguments:
         None, group=OPTIMISATION,
         help="train on the step compiled with torch.compile: the forward and loss, and so the backward, one graph per "
         "batch shape (16 --bucket-shapes unless given); each shape's first step compiles (slowly on a CPU), which "
-        "--time-limit counts; --torch-compile false for the eager step (default: on for one process on a GPU "
-        "with bucket shapes, else off)",
+        "--time-limit counts (default: off, the eager step)",
     )
     torch_compile_backend: str | None = option(
         None, group=OPTIMISATION, choices=COMPILE_BACKENDS,

@@ -58,22 +58,17 @@ def shape(batch: dict) -> tuple:
 
 
 def compiled_loss(args, accelerator, shapes: list | None) -> CompiledLoss | None:
-    """The compiled loss the run trains with, or None for the eager one: `torch_compile` as asked, by default on
-    for one process on a GPU with bucket shapes. One line says which, and why where it was not asked."""
-    asked = args.compile_asked()
-    cuda = accelerator.device.type == "cuda"
-    if asked and accelerator.distributed_type == DistributedType.DEEPSPEED:
+    """The compiled loss the run trains with where `torch_compile` asks for it, or None for the eager one.
+
+    Off unless asked, on every device: whether a GPU's compile time (one graph per bucket shape) pays within a
+    run is not yet measured (benchmarks/gpu_smoke.py's compiled part measures it)."""
+    if not args.compile_asked():
+        return None
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
         raise ValueError("`torch_compile` is not supported under DeepSpeed, whose engine runs the forward itself; "
                          "train without it, or with DDP or FSDP")
-    if asked is None:
-        if not (cuda and shapes and accelerator.distributed_type == DistributedType.NO):
-            return None
-        why = "the default for one process on a GPU with bucket shapes; --torch-compile false for the eager step"
-    elif not asked:
-        return None
-    else:
-        why = "asked" + ("" if accelerator.distributed_type == DistributedType.NO else
-                         f"; under {accelerator.distributed_type.value}, tested on CPU processes with DDP alone")
+    why = "asked" + ("" if accelerator.distributed_type == DistributedType.NO else
+                     f"; under {accelerator.distributed_type.value}, tested on CPU processes with DDP alone")
     compiled = CompiledLoss(len(shapes), args.torch_compile_backend or "inductor", args.torch_compile_mode)
     logger.info(f"compiled step: torch.compile ({compiled.describe()}) of the forward "
                 f"and loss, one graph per batch shape, at most {len(shapes)}; each shape's first step compiles ({why})")
