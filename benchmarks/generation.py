@@ -43,7 +43,7 @@ MODES = {
 GNMT = dict(length_penalty_style="gnmt")
 # What each of our decoding changes buys: ours with them undone one at a time, timed beside
 # the rest. "rows stay": our loop keeps finished sentences in the batch (`prune=False`) instead of letting them
-# leave (`should_shrink_batch`). PLAIN: the decoder's products and the output projection on torch's default kernel (MKL
+# leave (`should_prune`). PLAIN: the decoder's products and the output projection on torch's default kernel (MKL
 # on a CPU) instead of oneDNN's on the weights packed for the call, where that is faster. "transformers' loop":
 # transformers' own search loop instead of ours (it keeps rows and packs nothing). Each row undoes one more.
 PLAIN = {"packed_products": False}  # not a `generate` option: `_hf_runner` turns oneDNN off around the call

@@ -287,11 +287,11 @@ def test_the_pruning_searches_are_what_generate_runs(model_and_batch, monkeypatc
 
 
 def test_one_rule_lets_finished_rows_leave_greedy_and_beam_search(monkeypatch):
-    """`fast.should_shrink_batch`, the rule of both searches: finished rows (in beam search, the rows of done
+    """`fast.should_prune`, the rule of both searches: finished rows (in beam search, the rows of done
     sentences) leave at once; rows that stay change no output."""
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
-    assert [fast.should_shrink_batch(16 - finished, 16) for finished in (0, 1, 16)] == [False, True, True]
+    assert [fast.should_prune(16 - finished, 16) for finished in (0, 1, 16)] == [False, True, True]
     torch.manual_seed(0)
     model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=40, dropout=0.0)).eval()
     # Random weights run every sentence to its cap (source length 1 to 16, + 2): one sentence ends per
@@ -309,7 +309,7 @@ def test_one_rule_lets_finished_rows_leave_greedy_and_beam_search(monkeypatch):
         whole = model.generate(**batch, num_beams=beams, custom_generate=functools.partial(search, prune=False))
         assert torch.equal(pruned, whole)
         with monkeypatch.context() as patch:
-            patch.setattr(generation, "should_shrink_batch", lambda going_on, batch: False)  # the rule decides, in each search
+            patch.setattr(generation, "should_prune", lambda going_on, batch: False)  # the rule decides, in each search
             batch_sizes.clear()
             assert torch.equal(model.generate(**batch, num_beams=beams, custom_generate=search), whole)
             assert set(batch_sizes) == {16 * beams}
@@ -427,7 +427,7 @@ def test_a_packed_linear_map_gives_the_numbers_of_nn_linear(onednn_faster):
     torch.manual_seed(0)
     linear, x = fast.PackableLinear(24, 40), torch.randn(40, 24)
     expected = torch.nn.functional.linear(x, linear.weight, linear.bias)
-    with torch.no_grad(), fast_modeling.packed_weights({linear: fast._pack(linear.weight)}):
+    with torch.no_grad(), fast_modeling.packed_weights({linear: fast_modeling.pack_weight(linear.weight)}):
         with torch.profiler.profile() as profile:
             packed = linear(x)
         assert "mkldnn::_linear_pointwise" in {event.key for event in profile.key_averages()}

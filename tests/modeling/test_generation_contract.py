@@ -2,6 +2,7 @@
 unusually, gives what transformers' own loop gives."""
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -79,6 +80,12 @@ def test_plain_requests_run_our_loops(model):
     assert chosen(model, dict(num_beams=3)) == (beam_search, None)
     assert chosen(model, dict(num_beams=3), style="gnmt") == (gnmt_beam_search, None)
     assert chosen(model, dict(num_beams=3, return_dict_in_generate=True, output_scores=True)) == (beam_search, None)
+
+
+def test_generate_logs_why_transformers_loop_serves_a_call(model, caplog):
+    with caplog.at_level(logging.DEBUG, logger="vanilla_transformer.modeling.generation"):
+        model.generate(source(), do_sample=True, max_new_tokens=2)
+    assert "transformers' own generation loop serves this call: sampling" in caplog.text
 
 
 def test_a_cache_passed_in_and_peft_go_to_transformers_loop(model):

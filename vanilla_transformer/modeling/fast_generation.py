@@ -6,7 +6,7 @@ chooses the model's loss) turns them off.
     the decoder's linear maps and lm_head       packed_products: the same products on oneDNN, each weight packed
       (§3.2.2, §3.3, §3.4) on torch's default     once per call, for the shapes oneDNN computes faster on this
       fp32 kernel (MKL on a CPU)                  machine (timed once per shape, `is_onednn_faster`)
-    every row computed until the last ends      should_shrink_batch: finished sentences leave our search loops' batch
+    every row computed until the last ends      should_prune: finished sentences leave our search loops' batch
 
 The model's linear maps are built as PackableLinear (fast_modeling.py) for this.
 
@@ -26,15 +26,10 @@ from torch import nn
 from .fast_modeling import (
     ONEDNN_LINEAR,
     PackableLinear,
-    _pack,
-    _packed_linear,
+    onednn_linear,
+    pack_weight,
     packed_weights,
 )
-
-
-def fast_paths_enabled(config) -> bool:
-    """The one switch: `config.fast_paths`."""
-    return config.fast_paths
 
 
 MARGIN = 0.05  # oneDNN replaces torch's kernel for a shape only when it is at least this much faster
@@ -52,8 +47,8 @@ def is_onednn_faster(rows: int, in_features: int, out_features: int) -> bool:
         numbers = torch.Generator().manual_seed(0)  # its own: the global random stream stays as it was
         x = torch.randn(rows, in_features, generator=numbers)
         weight = torch.randn(out_features, in_features, generator=numbers)
-        bias, packed = torch.zeros(out_features), _pack(weight)
-        kernels = (lambda: F.linear(x, weight, bias), lambda: _packed_linear(x, packed, bias))
+        bias, packed = torch.zeros(out_features), pack_weight(weight)
+        kernels = (lambda: F.linear(x, weight, bias), lambda: onednn_linear(x, packed, bias))
         seconds = [math.inf, math.inf]
         with torch.no_grad():
             for kernel in kernels:
@@ -74,7 +69,7 @@ def worth_packing(model, linear: nn.Linear, rows: int) -> bool:
     that shape."""
     weight = linear.weight
     return (
-        fast_paths_enabled(model.config)
+        model.config.fast_paths
         and rows > 1
         and ONEDNN_LINEAR
         and torch.backends.mkldnn.enabled
@@ -91,11 +86,11 @@ def packed_products(model, rows: int):
     meanwhile; the packed copies are memory for the call). The packing is this call's own: other threads
     decoding with the same model, under autocast or not, see none of it, and nothing is stored on the model."""
     modules = [*model.get_decoder().modules(), model.get_output_embeddings()]
-    return packed_weights({module: _pack(module.weight) for module in modules
+    return packed_weights({module: pack_weight(module.weight) for module in modules
                            if isinstance(module, PackableLinear) and worth_packing(model, module, rows)})
 
 
-def should_shrink_batch(going_on: int, batch: int) -> bool:
+def should_prune(going_on: int, batch: int) -> bool:
     """The one rule by which finished rows leave the batch of our searches (greedy and beam): at once,
     when fewer than the `batch` rows (or, in beam search, sentences) are `going_on`. Gathering the rows
     that stay costs no more than computing finished rows for a step or two, and beam search gathers its
@@ -103,4 +98,4 @@ def should_shrink_batch(going_on: int, batch: int) -> bool:
     return going_on < batch
 
 
-__all__ = ["fast_paths_enabled", "is_onednn_faster", "packed_products", "should_shrink_batch", "worth_packing"]
+__all__ = ["is_onednn_faster", "packed_products", "should_prune", "worth_packing"]

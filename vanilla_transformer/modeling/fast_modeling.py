@@ -109,11 +109,13 @@ ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and all(
 )
 
 
-def _pack(weight: torch.Tensor) -> torch.Tensor:
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` laid out for oneDNN's kernels (`onednn_linear`'s `packed`)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
 
-def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias) -> torch.Tensor:
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias) -> torch.Tensor:
+    """nn.Linear's product on oneDNN, with the weight packed by `pack_weight`."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
@@ -149,7 +151,7 @@ class PackableLinear(nn.Linear):
         packed = current_packed_weights().get(self)  # read once: this call's own, whatever other threads do meanwhile
         if packed is None or torch.is_grad_enabled() or x.dtype != torch.float32:
             return super().forward(x)
-        return _packed_linear(x, packed, self.bias)
+        return onednn_linear(x, packed, self.bias)
 
 
 def packed_linear(x: torch.Tensor, linears) -> tuple[torch.Tensor, ...]:
@@ -177,6 +179,8 @@ __all__ = [
     "PackableLinear",
     "current_packed_weights",
     "linear_class",
+    "onednn_linear",
+    "pack_weight",
     "packed_linear",
     "packed_weights",
 ]

@@ -79,11 +79,13 @@ from transformers.generation import (
 )
 from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 from transformers.masking_utils import create_bidirectional_mask
+from transformers.utils import logging
 
 from .input_checks import CACHE_NAME, check_source_not_empty, resolve_cache_argument
 from .value_checks import check_decoding_options
-from .fast_generation import fast_paths_enabled, packed_products, should_shrink_batch
+from .fast_generation import packed_products, should_prune
 
+logger = logging.get_logger(__name__)
 
 LENGTH_PENALTY_STYLES = ("gnmt", "transformers")
 DEFAULT_MAX_LENGTH_OFFSET = 50  # §6.1: "maximum output length to input length + 50"
@@ -187,9 +189,11 @@ def generate(model, base_generate, inputs=None, generation_config=None, logits_p
         logits_processor = LogitsProcessorList([*(logits_processor or []), cap])
         generation_config = _with_longest_output(model, cap, kwargs, generation_config)
 
-    search, _reason = choose_search(model, kwargs, setting, style)
+    search, reason = choose_search(model, kwargs, setting, style)
     if search is not None:
         kwargs["custom_generate"] = search
+    else:
+        logger.debug(f"transformers' own generation loop serves this call: {reason}")
     return base_generate(inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs)
 
 
@@ -388,11 +392,11 @@ class _LiveRows:
         """The sentences' length cap, last of the processors."""
         return self.processors[-1]
 
-    def can_shrink_batch(self, returns_dict: bool) -> bool:
+    def can_prune(self, returns_dict: bool) -> bool:
         """Rows may leave the batch unless something needs every row (the returned cache and per-step outputs
         of `return_dict_in_generate`, a static cache, a processor that reads across rows) or the fast paths are off."""
         static_cache = self.cache is not None and self.cache.is_compileable
-        return (fast_paths_enabled(self.model.config) and not returns_dict and not static_cache
+        return (self.model.config.fast_paths and not returns_dict and not static_cache
                 and all(isinstance(p, ROW_WISE_PROCESSORS) for p in self.processors))
 
     def step(self, tokens: torch.Tensor):
@@ -462,7 +466,7 @@ def _staying_and_leaving(finished: torch.Tensor, count: int) -> tuple[torch.Tens
 
 
 def greedy_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True, **model_kwargs):
-    """Greedy decoding in which finished sentences leave the batch (`should_shrink_batch`); a `custom_generate`
+    """Greedy decoding in which finished sentences leave the batch (`should_prune`); a `custom_generate`
     callable.
 
     Returns what transformers' greedy search returns, token for token: each row its argmax tokens,
@@ -474,8 +478,8 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     compiles the step).
     """
     rows = input_ids.size(0)
-    decoder = _LiveRows(model, input_ids, logits_processor, generation_config, model_kwargs)
-    prune = prune and decoder.can_shrink_batch(returns_dict=False)  # with it, transformers' loop runs
+    live = _LiveRows(model, input_ids, logits_processor, generation_config, model_kwargs)
+    prune = prune and live.can_prune(returns_dict=False)  # with it, transformers' loop runs
     eos = _first(generation_config.eos_token_id)
     pad = generation_config.pad_token_id if generation_config.pad_token_id is not None else eos
 
@@ -485,9 +489,9 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
     with packed_products(model, rows):
         while True:
-            _, logits = decoder.step(tokens)
-            scores = decoder.process(tokens, logits)
-            at_cap = decoder.cap.last_step(tokens)  # stops with this token, </s> or not (where </s> is ruled out)
+            _, logits = live.step(tokens)
+            scores = live.process(tokens, logits)
+            at_cap = live.cap.last_step(tokens)  # stops with this token, </s> or not (where </s> is ruled out)
             next_tokens = torch.where(finished, pad, scores.argmax(dim=-1))  # finished rows are fed padding
             tokens = torch.cat((tokens, next_tokens[:, None]), dim=1)
             finished |= stopping_criteria(tokens, scores) | at_cap
@@ -495,10 +499,10 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
             if count == 0:
                 sequences[active, : tokens.size(1)] = tokens
                 return sequences[:, : tokens.size(1)]
-            if prune and should_shrink_batch(count, finished.numel()):
+            if prune and should_prune(count, finished.numel()):
                 staying, leaving = _staying_and_leaving(finished, count)
                 sequences[active[leaving], : tokens.size(1)] = tokens[leaving]
-                decoder.keep(staying)
+                live.keep(staying)
                 tokens, active, finished = tokens[staying], active[staying], finished[staying]
 
 
@@ -569,6 +573,14 @@ class _Candidates(NamedTuple):
     origins: torch.Tensor  # (sentences * 2K, length - prompt): the rows the tokens were generated from
     rows: torch.Tensor  # (sentences * 2K,): the rows they extend, in the batch now
     stops: torch.Tensor  # (sentences, 2K): ends (</s>, a stopping criterion, the sentence's cap)
+
+
+class _Finished(NamedTuple):
+    """A finished hypothesis: its score by the ranking, its tokens and the row each token came from."""
+
+    score: float
+    tokens: torch.Tensor  # (length,): the prompt, then the generated tokens
+    beam_indices: torch.Tensor  # (length - prompt,): transformers' beam_indices
 
 
 class _Hypotheses:
@@ -661,11 +673,12 @@ class _Hypotheses:
         self.tokens, self.origins, self.scores = self.tokens[rows], self.origins[rows], self.scores[staying]
         self.active = self.active[staying]
 
-    def best(self, n: int) -> list:
-        """Each sentence's `n` best finished hypotheses, sentence by sentence: (score, tokens, origins)."""
+    def best(self, n: int) -> list[_Finished]:
+        """Each sentence's `n` best finished hypotheses, sentence by sentence."""
         scores, lengths = self.kept_scores[:, :n].tolist(), self.kept_lengths[:, :n].tolist()
         return [
-            (score, self.kept_tokens[sentence, rank, :length], self.kept_origins[sentence, rank, : length - self.prompt_length])
+            _Finished(score, self.kept_tokens[sentence, rank, :length],
+                     self.kept_origins[sentence, rank, : length - self.prompt_length])
             for sentence, (sentence_scores, sentence_lengths) in enumerate(zip(scores, lengths))
             for rank, (score, length) in enumerate(zip(sentence_scores, sentence_lengths))
             if score > float("-inf")
@@ -690,19 +703,19 @@ class _StepOutputs:
             self.cross_attentions.append(outputs.cross_attentions)
             self.decoder_hidden_states.append(outputs.hidden_states)
 
-    def beam_output(self, hypotheses: list, fill: int, encoder_outputs, cache, device):
+    def beam_output(self, hypotheses: list[_Finished], fill: int, encoder_outputs, cache, device):
         """The sequences (padded with `fill`), or with `return_dict_in_generate` transformers' output of a
         beam search: scores, beam indices and what each step gave."""
         config = self.config
-        sequences = pad_sequence([h[1] for h in hypotheses], batch_first=True, padding_value=fill)
+        sequences = pad_sequence([h.tokens for h in hypotheses], batch_first=True, padding_value=fill)
         if not config.return_dict_in_generate:
             return sequences
         attentions, hidden_states = config.output_attentions, config.output_hidden_states
         return GenerateBeamEncoderDecoderOutput(
             sequences=sequences,
-            sequences_scores=torch.tensor([h[0] for h in hypotheses], device=device) if config.output_scores else None,
+            sequences_scores=torch.tensor([h.score for h in hypotheses], device=device) if config.output_scores else None,
             scores=tuple(self.scores) if config.output_scores else None,
-            beam_indices=pad_sequence([h[2] for h in hypotheses], batch_first=True, padding_value=-1),
+            beam_indices=pad_sequence([h.beam_indices for h in hypotheses], batch_first=True, padding_value=-1),
             encoder_attentions=encoder_outputs.attentions if attentions else None,
             encoder_hidden_states=encoder_outputs.hidden_states if hidden_states else None,
             decoder_attentions=tuple(self.decoder_attentions) if attentions else None,
@@ -742,7 +755,7 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
     going on (`_unfinished_count`); everything else stays on the device. The decoder's products run on packed
     weights where that is faster (`packed_products`).
 
-    Done sentences leave the batch (as in fairseq's generator, by the rule of `should_shrink_batch`): their
+    Done sentences leave the batch (as in fairseq's generator, by the rule of `should_prune`): their
     rows are no longer computed, and the search ends when the last sentence is done. Outputs and scores
     are those of the full batch. Rows stay in place (done sentences are then ignored) with
     `return_dict_in_generate` (the returned cache, as transformers returns it, and any per-step outputs
@@ -751,40 +764,40 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
     """
     beams, prompt_length = generation_config.num_beams, input_ids.size(1)
     hypotheses = _Hypotheses(input_ids, beams, ranking, generation_config.max_length)
-    decoder = _LiveRows(model, input_ids, logits_processor, generation_config, model_kwargs, rows_per_sentence=beams,
-                        output_attentions=bool(generation_config.output_attentions),
-                        output_hidden_states=bool(generation_config.output_hidden_states))
+    live = _LiveRows(model, input_ids, logits_processor, generation_config, model_kwargs, rows_per_sentence=beams,
+                     output_attentions=bool(generation_config.output_attentions),
+                     output_hidden_states=bool(generation_config.output_hidden_states))
     steps = _StepOutputs(generation_config)
-    prune = prune and decoder.can_shrink_batch(bool(generation_config.return_dict_in_generate))
+    prune = prune and live.can_prune(bool(generation_config.return_dict_in_generate))
     longest = generation_config.max_length - prompt_length  # transformers' max_length, under the sentences' caps
 
     count = -1
     with packed_products(model, input_ids.size(0)):
         while count != 0:
-            parents, done = _beam_step(decoder, hypotheses, steps, stopping_criteria, longest)
+            parents, done = _beam_step(live, hypotheses, steps, stopping_criteria, longest)
             count = _unfinished_count(done)
-            if prune and 0 < count and should_shrink_batch(count, done.numel()):  # in the gather that reorders the beams
+            if prune and 0 < count and should_prune(count, done.numel()):  # in the gather that reorders the beams
                 staying, _ = _staying_and_leaving(done, count)
-                decoder.keep(staying, self_attention_rows=parents[_rows_of(staying, beams)])
+                live.keep(staying, self_attention_rows=parents[_rows_of(staying, beams)])
                 hypotheses.keep(staying)
             else:
-                decoder.reorder(parents)
+                live.reorder(parents)
 
     n_return = generation_config.num_return_sequences or 1
     return steps.beam_output(hypotheses.best(n_return), hypotheses.ranking.fill, model_kwargs["encoder_outputs"],
-                             decoder.cache, input_ids.device)
+                             live.cache, input_ids.device)
 
 
-def _beam_step(decoder: _LiveRows, hypotheses: _Hypotheses, steps: _StepOutputs, stopping_criteria, longest: int):
+def _beam_step(live: _LiveRows, hypotheses: _Hypotheses, steps: _StepOutputs, stopping_criteria, longest: int):
     """One step of the search: the live hypotheses extended by every token, those of the best candidates that end
     finished, the best that do not live on. Returns the row each live hypothesis comes from, and the sentences done."""
-    outputs, logits = decoder.step(hypotheses.tokens)
-    log_probs = decoder.process(hypotheses.tokens, logits.log_softmax(dim=-1))
+    outputs, logits = live.step(hypotheses.tokens)
+    log_probs = live.process(hypotheses.tokens, logits.log_softmax(dim=-1))
     steps.record(log_probs, outputs)
-    candidates = hypotheses.candidates(log_probs, stopping_criteria, decoder.cap.last_step(hypotheses.tokens))
+    candidates = hypotheses.candidates(log_probs, stopping_criteria, live.cap.last_step(hypotheses.tokens))
     hypotheses.finish(candidates)
     parents = hypotheses.live_on(candidates)
-    return parents, hypotheses.sentences_done(decoder.cap.max_new_tokens.clamp(max=longest))
+    return parents, hypotheses.sentences_done(live.cap.max_new_tokens.clamp(max=longest))
 
 
 __all__ = [
