@@ -10,7 +10,8 @@ from safetensors.torch import load_file, save_file
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from vanilla_transformer.modeling.input_checks import CACHE_NAME, check_attn_implementation, check_ids
+from vanilla_transformer.modeling.attention_variants import check_attn_implementation
+from vanilla_transformer.modeling.input_checks import CACHE_NAME, check_ids
 from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerModel
 
 VOCAB = 40
@@ -112,6 +113,25 @@ def test_attention_beyond_the_paper_runs_on_its_own_function_and_refuses_another
     assert local.config._attn_implementation == "sdpa"
     with pytest.raises(ValueError, match="`attn_implementation`='flash_attention_2' takes no mask for local"):
         check_attn_implementation(local.config, "flash_attention_2")
+
+
+def test_which_scores_run_on_transformers_kernels_is_read_from_the_score_classes(monkeypatch):
+    """A score class that keeps MultiHeadAttention's `score` (a dot product) runs on any attention function; one
+    with its own `score` only on the explicit one: no list of score names to keep beside SCORE_CLASSES."""
+    from types import SimpleNamespace
+
+    from vanilla_transformer.modeling import attention_variants
+
+    class OwnScore(attention_variants.ExplicitAttention):
+        def score(self, q, k):
+            return q @ k.transpose(-1, -2)
+
+    monkeypatch.setitem(attention_variants.SCORE_CLASSES, "dot_again", attention_variants.ExplicitAttention)
+    monkeypatch.setitem(attention_variants.SCORE_CLASSES, "own_score", OwnScore)
+    paper = dict(attention_normalization="softmax", attention_hardness="soft", local_attention="none")
+    assert not attention_variants.explicit_attention(SimpleNamespace(attention_score="dot_again", **paper))
+    assert attention_variants.explicit_attention(SimpleNamespace(attention_score="own_score", **paper))
+    check_attn_implementation(SimpleNamespace(attention_score="dot_again", **paper), "sdpa")
 
 
 def test_a_custom_4d_attention_mask_gives_what_the_2d_one_gives():

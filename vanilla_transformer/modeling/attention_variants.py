@@ -6,7 +6,8 @@ attention, and Luong's local attention (local-m and local-p). Each is a config f
 The paper's own attention, §3.2.1's scaled dot product and softmax in `MultiHeadAttention`, stays in
 attention.py. modeling_vanilla_transformer.py asks this file once, when a layer is
 built, for the class the config names (`variant_attention_class`) and for local attention's masks
-(`LocalAttentionMasks`). The classes here are MultiHeadAttention with their own `attend`: the explicit path, score -> mask ->
+(`LocalAttentionMasks`), and when a model is built, which attention implementations its config runs on
+(`check_attn_implementation`). The classes here are MultiHeadAttention with their own `attend`: the explicit path, score -> mask ->
 normalization -> weights · V, on which every combination of the options runs. Luong's dot product with
 softmax needs none of it: it is MultiHeadAttention with a scale of 1. Shapes: B batch, T queries, S keys,
 H heads, Dh = d_model / H. Masks are transformers' additive ones: 0 where attention is allowed, the
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .input_checks import additive_mask, explicit_attention
+from .input_checks import additive_mask
 from .attention import MultiHeadAttention
 
 
@@ -249,6 +250,32 @@ def variant_attention_class(config):
     """The attention class of a config beyond the paper's; None where MultiHeadAttention computes it (the
     scaled dot product or Luong's dot product, with softmax, on any of transformers' attention functions)."""
     return SCORE_CLASSES[config.attention_score] if explicit_attention(config) else None
+
+
+def explicit_attention(config) -> bool:
+    """Whether the config asks for attention beyond what transformers' attention functions compute (a score
+    class with a `score` of its own rather than MultiHeadAttention's dot product, a normalization other than
+    softmax, hard attention, local-p's predicted window): that runs on its own explicit function only."""
+    return (
+        SCORE_CLASSES[config.attention_score].score is not MultiHeadAttention.score
+        or config.attention_normalization != "softmax"
+        or config.attention_hardness == "hard"
+        or config.local_attention == "local-p"
+    )
+
+
+def check_attn_implementation(config, requested: str | None) -> None:
+    """Attention beyond the paper runs on its own explicit function only ("eager"); local-m's window is a mask,
+    which flash attention does not take."""
+    if explicit_attention(config) and requested not in (None, "eager"):
+        raise ValueError(
+            f'`attn_implementation`={requested!r}: this model\'s attention (its `attention_score`, '
+            '`attention_normalization`, `attention_hardness` or `local_attention`) runs only on its own explicit '
+            'function; use "eager" or leave it out.'
+        )
+    if config.local_attention != "none" and requested is not None and requested.startswith("flash"):
+        raise ValueError(f'`attn_implementation`={requested!r} takes no mask for local attention\'s window; use '
+                         '"sdpa", "eager" or "flex_attention".')
 
 
 # --------------------------------------------------------------------------------------

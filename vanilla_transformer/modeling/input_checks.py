@@ -35,32 +35,6 @@ def use_return_dict(return_dict, config) -> bool:
     return config.return_dict if return_dict is None else return_dict
 
 
-def explicit_attention(config) -> bool:
-    """Whether the config asks for attention beyond what transformers' attention functions compute (a score
-    other than a dot product, a normalization other than softmax, hard attention, local-p's predicted window):
-    that runs on its own explicit function only (attention_variants.py)."""
-    return (
-        config.attention_score not in ("scaled_dot", "dot")
-        or config.attention_normalization != "softmax"
-        or config.attention_hardness == "hard"
-        or config.local_attention == "local-p"
-    )
-
-
-def check_attn_implementation(config, requested: str | None) -> None:
-    """Attention beyond the paper runs on its own explicit function only ("eager"); local-m's window is a mask,
-    which flash attention does not take."""
-    if explicit_attention(config) and requested not in (None, "eager"):
-        raise ValueError(
-            f'`attn_implementation`={requested!r}: this model\'s attention (its `attention_score`, '
-            '`attention_normalization`, `attention_hardness` or `local_attention`) runs only on its own explicit '
-            'function; use "eager" or leave it out.'
-        )
-    if config.local_attention != "none" and requested is not None and requested.startswith("flash"):
-        raise ValueError(f'`attn_implementation`={requested!r} takes no mask for local attention\'s window; use '
-                         '"sdpa", "eager" or "flex_attention".')
-
-
 def additive_mask(mask, module, query, key):
     """The additive mask of the explicit attention function (0 where allowed, the dtype's minimum where not)
     from one built for torch's fused kernel: a boolean one (True where allowed), or None where the kernel

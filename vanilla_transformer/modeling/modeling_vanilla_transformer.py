@@ -46,18 +46,21 @@ from transformers.modeling_outputs import (
 
 from .input_checks import (
     CACHE_NAME,
-    check_attn_implementation,
     check_cache_and_checkpointing,
     check_decoder_inputs,
     check_encoder_inputs,
     check_labels,
     check_learned_positions,
-    explicit_attention,
     resolve_cache_argument,
     use_return_dict,
 )
 from .attention import MultiHeadAttention, PackedMultiHeadAttention  # §3.2
-from .attention_variants import LocalAttentionMasks, variant_attention_class
+from .attention_variants import (
+    LocalAttentionMasks,
+    check_attn_implementation,
+    explicit_attention,
+    variant_attention_class,
+)
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .fast_modeling import ClosedFormCrossEntropy, linear_class  # speed-ups (`fast_paths`)
 from .generation import generate as paper_generate  # decoding (§6.1)

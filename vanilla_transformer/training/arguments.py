@@ -357,7 +357,7 @@ class TrainingArguments:
 
     def _validate_config_overrides(self) -> None:
         """Before hours of data preparation: known fields with values the config accepts."""
-        from ..modeling.input_checks import check_attn_implementation
+        from ..modeling.attention_variants import check_attn_implementation
         from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 
         known = [name for name in inspect.signature(VanillaTransformerConfig).parameters
