@@ -197,3 +197,11 @@ def test_the_pages_neuron_data_is_the_models_own(overrides, tokenizer):
             assert (allowed <= near).all() and allowed.any(-1).all()
         else:
             assert torch.equal(allowed, expected_mask)
+
+
+def test_the_papers_attention_class_carries_no_neuron_view_code():
+    """§3.2's MultiHeadAttention reads as the paper: what the neuron view draws of a score lives with the score
+    classes (attention_variants.py), the dot product's drawing included."""
+    from vanilla_transformer.modeling.attention import MultiHeadAttention
+
+    assert not {"score_terms", "score_drawing"} & set(vars(MultiHeadAttention))

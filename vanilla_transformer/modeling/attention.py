@@ -106,28 +106,6 @@ class MultiHeadAttention(nn.Module):
         """§3.2.1's scores (B, H, T, S), as the attention functions compute them (the neuron view reads them here)."""
         return q @ k.transpose(-1, -2) * self.scaling
 
-    # What the neuron view (visualize/neuron_view.py) draws of the score: `score_terms` are the tensors beside q and
-    # k (B, H, rows, columns), `score_drawing` says how the page shows them. Its expressions name a tensor ("query",
-    # "key" or a term: the row of this query, of this key, or the only row) or apply an operation to others:
-    # ["times" | "plus" | "divide", a, b], ["tanh", a], ["sum" | "norm", a] (a vector to a number); numbers are numbers.
-
-    def score_terms(self, q, k) -> dict:
-        return {}
-
-    def score_drawing(self) -> dict:
-        """The formula, the rows drawn for each key (the last one's sum makes the score), the query's rows beside
-        q (`top`), the terms with a row per query (`per_query`), and the steps from the rows to the score, shown
-        when a score is hovered (the last step is the score)."""
-        product = ["sum", ["times", "query", "key"]]
-        scaled = self.scaling != 1.0
-        formula = (f"q·k / √{self.head_dim}: the scaled dot product of §3.2.1" if scaled
-                   else "q·k: the dot product (Luong et al. 2015)")
-        steps = [["q·k = Σ q×k", product]]
-        if scaled:
-            steps.append([f"/ √{self.head_dim}", ["times", product, self.scaling]])
-        return dict(formula=formula, rows=[["k", "key"], ["q×k", ["times", "query", "key"]]], top=[],
-                    per_query=[], steps=steps)
-
     def attend(self, q, k, v, attention_mask, output_attentions=False):
         implementation = self.config._attn_implementation
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)

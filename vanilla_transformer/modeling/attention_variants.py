@@ -79,6 +79,20 @@ class ExplicitAttention(MultiHeadAttention):
         which counts a model before it is built)."""
         return 0
 
+    # What the neuron view (visualize/neuron_view.py) draws of the score: `score_terms` are the tensors beside q and
+    # k (B, H, rows, columns), `score_drawing` says how the page shows them. Its expressions name a tensor ("query",
+    # "key" or a term: the row of this query, of this key, or the only row) or apply an operation to others:
+    # ["times" | "plus" | "divide", a, b], ["tanh", a], ["sum" | "norm", a] (a vector to a number); numbers are numbers.
+
+    def score_terms(self, q, k) -> dict:
+        return {}
+
+    def score_drawing(self) -> dict:
+        """The formula, the rows drawn for each key (the last one's sum makes the score), the query's rows beside
+        q (`top`), the terms with a row per query (`per_query`), and the steps from the rows to the score, shown
+        when a score is hovered (the last step is the score)."""
+        return dot_product_drawing(self)
+
 
 class GeneralAttention(ExplicitAttention):
     """Luong et al. 2015: q^T W_a k, one W_a per head.
@@ -231,8 +245,22 @@ class LocationAttention(ExplicitAttention):
 
 
 def summed_rows(formula: str, rows: list) -> dict:
-    """A neuron-view drawing (MultiHeadAttention.score_drawing) whose score is the sum of its last row."""
+    """A neuron-view drawing (ExplicitAttention.score_drawing) whose score is the sum of its last row."""
     return dict(formula=formula, rows=rows, top=[], per_query=[], steps=[["Σ of the last row", ["sum", rows[-1][1]]]])
+
+
+def dot_product_drawing(block) -> dict:
+    """The neuron-view drawing of a dot-product score, q·k times the block's `scaling`: ExplicitAttention's, and
+    that of the paper's MultiHeadAttention, which carries no drawing of its own."""
+    product = ["sum", ["times", "query", "key"]]
+    scaled = block.scaling != 1.0
+    formula = (f"q·k / √{block.head_dim}: the scaled dot product of §3.2.1" if scaled
+               else "q·k: the dot product (Luong et al. 2015)")
+    steps = [["q·k = Σ q×k", product]]
+    if scaled:
+        steps.append([f"/ √{block.head_dim}", ["times", product, block.scaling]])
+    return dict(formula=formula, rows=[["k", "key"], ["q×k", ["times", "query", "key"]]], top=[],
+                per_query=[], steps=steps)
 
 
 SCORE_CLASSES = {

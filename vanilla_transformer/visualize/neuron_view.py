@@ -13,9 +13,10 @@ weights are the model's `output_attentions`; nothing is computed by a second imp
 Location-based scores read no keys: `keys` and `products` are then None.
 
 `neuron_tensors` gives the same for every block of the model, and beside them what its score function
-is made of, as each attention class names it (its `score_terms`, read from the block's own parameters:
+is made of, as each class of attention_variants.py names it (its `score_terms`, read from the block's own parameters:
 general's W_a·k_j, additive's W_q·q, W_k·k_j and v_a, cosine's learned strength, location's column of W_a
-for each position) and how a page draws them (its `score_drawing`), and local-p's predicted position p_t.
+for each position) and how a page draws them (its `score_drawing`; the paper's MultiHeadAttention, a dot product,
+is drawn by `dot_product_drawing`), and local-p's predicted position p_t.
 `allowed` is the mask the block attended under: padding, the look-ahead mask of §3.2.3 and any local window.
 
 One model may serve several threads (`serve --max-concurrent`): the hooks that read q and k keep only
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..modeling.attention_variants import predicted_position
+from ..modeling.attention_variants import ExplicitAttention, dot_product_drawing, predicted_position
 from ..modeling.input_checks import additive_mask
 
 KINDS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
@@ -125,7 +126,9 @@ def _block_tensors(block, captured, name, weights, row: int) -> dict:
         mask = mask[min(row, mask.size(0) - 1):][:1] == 0  # (1, 1, T, S)
         allowed = allowed & mask[0, 0]
     allowed = allowed.expand(block.num_heads, -1, -1)
-    terms = {name: term[0] for name, term in block.score_terms(q, stand_in).items()}  # (H, rows, Dh|1) each
+    # the paper's MultiHeadAttention (attention.py) has no terms beside q and k: its score is the dot product
+    terms = block.score_terms(q, stand_in) if isinstance(block, ExplicitAttention) else {}
+    terms = {name: term[0] for name, term in terms.items()}  # (H, rows, Dh|1) each
     if getattr(block, "predicts_position", False):  # local-p: the window is around each query's predicted position
         centres = predicted_position(block, q, keys, mask)  # (1, H, T, 1)
         allowed = allowed & ((torch.arange(keys, device=q.device) - centres[0]).abs() <= block.config.attention_window)
@@ -153,7 +156,9 @@ def neuron_tensors(model, input_ids, attention_mask, decoder_input_ids, row: int
             allowed=torch.stack([layer["allowed"] for layer in per_layer]).cpu(),
             terms={name: stack([layer["terms"][name] for layer in per_layer]) for name in per_layer[0]["terms"]},
         )
-    config, drawing = model.config, blocks["encoder", 0].score_drawing()  # every block of a model draws alike
+    block = blocks["encoder", 0]  # every block of a model draws alike
+    drawing = block.score_drawing() if isinstance(block, ExplicitAttention) else dot_product_drawing(block)
+    config = model.config
     return Neurons(score=config.attention_score, normalization=config.attention_normalization,
                    hard=config.attention_hardness == "hard", local_attention=config.local_attention,
                    window=config.attention_window, kinds=kinds,
