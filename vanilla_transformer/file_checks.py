@@ -17,7 +17,7 @@ from pathlib import Path
 # A Hub repository id, user/name: how a name the user gives is told from a folder that is not there.
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
-__all__ = ["MAX_LINE_BYTES", "REPO_ID", "bounded_lines", "check_model_files", "check_plain_file", "check_plain_pickle", "check_repo_id", "check_weights_file",
+__all__ = ["MAX_LINE_BYTES", "REPO_ID", "bounded_lines", "check_model_files", "check_output_file", "check_plain_file", "check_plain_pickle", "check_repo_id", "check_weights_file",
            "read_json", "utf8_lines"]
 
 # The most bytes one line of text is read to: far past any sentence (translate cuts a long one to what the model
@@ -188,6 +188,21 @@ def check_plain_file(path: str | os.PathLike, what: str) -> None:
     if path.is_symlink() or (path.exists() and not path.is_file()):
         raise ValueError(f"{what} is a link or a device, which the file written would replace; give the name of a "
                          "plain file")
+
+
+def check_output_file(option: str, path: str | None) -> None:
+    """A file an option names for a command's result can be written there (a ValueError saying why not),
+    checked before the work whose result goes there, not after it."""
+    if path is None:
+        return
+    folder = Path(path).parent
+    if Path(path).is_dir():
+        raise ValueError(f"{option} {path} is a folder; give the name of a file to write")
+    check_plain_file(path, f"{option} {path}")
+    if not folder.is_dir():
+        raise ValueError(f"{option} {path}: there is no folder {folder} to write it in")
+    if not os.access(folder, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"{option} {path}: not allowed to write there")
 
 
 def check_outputs_apart(outputs: dict[str, str | None], inputs: Iterable[str | os.PathLike]) -> None:

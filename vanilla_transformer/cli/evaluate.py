@@ -16,7 +16,6 @@ from .options import (
     use_threads,
 )
 from .streams import read_lines
-from .translate import translator
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +46,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import time
 
     from ..file_checks import write_text_file
-    from ..inference import score_translations
+    from ..inference import score_translations, translator
     from ..modeling.pipeline_vanilla_transformer import language_pair_mismatch
 
     try:
@@ -56,7 +55,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         use_threads(args)
         what, source_lang, target_lang, pairs = _evaluation_pairs(args)
         sources, references = _complete_pairs(args, pairs, what)
-        translate, config = translator(args)
+        translate, config = translator(args.model, args.engine, args.device, args.threads, decoding_options(args))
         mismatch = config is not None and source_lang and language_pair_mismatch(config, source_lang, target_lang)
         if mismatch:
             print(f"warning: {mismatch}; scoring {what} ({source_lang}->{target_lang}) anyway", file=sys.stderr)
@@ -142,33 +141,14 @@ def _recorded_data(model: str, source_lang: str | None, target_lang: str | None)
 
 def _check_evaluation_options(args: argparse.Namespace) -> None:
     """--max-samples and the output files, before the translating."""
-    from ..file_checks import check_outputs_apart
+    from ..file_checks import check_output_file, check_outputs_apart
 
     if args.max_samples is not None and args.max_samples < 1:
         raise ValueError(f"--max-samples must be at least 1; got {args.max_samples}")
-    _check_output_file("--hypotheses-out", args.hypotheses_out)
-    _check_output_file("--references-out", args.references_out)
+    check_output_file("--hypotheses-out", args.hypotheses_out)
+    check_output_file("--references-out", args.references_out)
     check_outputs_apart({"--hypotheses-out": args.hypotheses_out, "--references-out": args.references_out},
                         inputs=[args.dataset, args.source_file, args.reference_file, args.model])
-
-
-def _check_output_file(option: str, path: str | None) -> None:
-    """Before the work whose result goes there, not after it."""
-    import os
-    from pathlib import Path
-
-    from ..file_checks import check_plain_file
-
-    if path is None:
-        return
-    folder = Path(path).parent
-    if Path(path).is_dir():
-        raise ValueError(f"{option} {path} is a folder; give the name of a file to write")
-    check_plain_file(path, f"{option} {path}")
-    if not folder.is_dir():
-        raise ValueError(f"{option} {path}: there is no folder {folder} to write it in")
-    if not os.access(folder, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
-        raise ValueError(f"{option} {path}: not allowed to write there")
 
 
 def _complete_pairs(args: argparse.Namespace, pairs: list[tuple[str, str]], what: str) -> tuple[list[str], list[str]]:

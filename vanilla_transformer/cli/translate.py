@@ -44,7 +44,10 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         _check_nbest_options(args)
         use_threads(args)
         texts = args.texts or read_lines(args.input_file or "-", "--input-file")
-        translate = translator(args)[0]
+        from ..inference import translator
+
+        translate = translator(args.model, args.engine, args.device, args.threads, decoding_options(args),
+                               nbest=args.nbest, with_scores=args.with_scores)[0]
     except (OSError, ValueError, TypeError, ImportError) as err:
         refuse(p, err)
     stdin = not args.texts and args.input_file in (None, "-")
@@ -62,41 +65,6 @@ def _check_nbest_options(args: argparse.Namespace) -> None:
         raise ValueError(f"--nbest must be between 1 and {MAX_NUM_BEAMS} (the beam holds N hypotheses); got {args.nbest}")
     if (args.nbest > 1 or args.with_scores) and args.engine == "ctranslate2":
         raise ValueError("--nbest and --with-scores are for --engine transformers; CTranslate2 gives one translation")
-
-
-def translator(args: argparse.Namespace):
-    """(texts -> output lines, the model's config or None for an export), with the engine, model and
-    decoding options the command line names; with --nbest or --with-scores, each text's output is its
-    N best translations on N lines, each after the text's index (from 0, counted from `first_line`) and a tab,
-    and its score and a tab with --with-scores."""
-    options = decoding_options(args)
-    nbest, with_scores = getattr(args, "nbest", 1), getattr(args, "with_scores", False)
-    if nbest > 1 or with_scores:
-        from ..inference import load_model, translate_nbest
-
-        model, tokenizer = load_model(args.model, args.device)
-
-        def translate(texts, first_line=1):
-            # INDEX<TAB>[SCORE<TAB>]TEXT, the index from 0 (fairseq's H-i); a blank text has no score: nothing was translated.
-            def line(index, source, text, score):
-                score_field = (f"{score:.4f}" if source.strip() else "") + "\t"
-                return f"{index}\t{score_field if with_scores else ''}{text}"
-
-            hypotheses = translate_nbest(model, tokenizer, texts, nbest=nbest, **options)
-            return ["\n".join(line(index, source, text, score) for text, score in best)
-                    for index, (source, best) in enumerate(zip(texts, hypotheses), first_line - 1)]
-
-        return translate, model.config
-    if args.engine == "ctranslate2":
-        from ..export.ctranslate2 import CTranslate2Translator
-
-        exported = CTranslate2Translator(args.model, args.device, args.threads)
-        return (lambda texts, first_line=1: exported.translate(texts, first_line=first_line, **options)), None
-    from ..inference import load_model, translate_texts
-
-    model, tokenizer = load_model(args.model, args.device)
-    return (lambda texts, first_line=1: translate_texts(model, tokenizer, texts, first_line=first_line, **options)), \
-        model.config
 
 
 def _translated_batches(p: argparse.ArgumentParser, batches, translate):
