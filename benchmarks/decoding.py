@@ -27,6 +27,7 @@ import sacrebleu
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from vanilla_transformer.choices import TRANSLATION_BATCH_SIZE
 from vanilla_transformer.corpora import load_translation_dataset, resolve_languages, text_pairs
 
 from .generation import generated_lengths
@@ -66,7 +67,7 @@ def main(argv=None) -> None:
     parser.add_argument("--target-lang", help="target language key (default: the other one)")
     parser.add_argument("--split", default="validation", help="split to translate (default: %(default)s)")
     parser.add_argument("--limit", type=int, help="first N sentences only")
-    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=TRANSLATION_BATCH_SIZE, help="sentences per batch (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.batch_size < 1:
         parser.error(f"--batch-size must be a positive integer; got {args.batch_size}")

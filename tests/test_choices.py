@@ -5,6 +5,7 @@ A copy elsewhere (an option's `choices=`, a check's tuple) drifts the day one si
 test reads the package's source and names each copy."""
 
 import ast
+import inspect
 from pathlib import Path
 
 from vanilla_transformer import choices
@@ -34,7 +35,7 @@ def copies(root: Path) -> list[str]:
 
 
 def test_the_choice_lists_are_found():
-    assert {"TOKENIZER_MODELS", "QUANTIZATIONS", "PRESET_NAMES", "SCHEDULES"} <= set(CHOICE_LISTS)
+    assert {"TOKENIZER_MODELS", "QUANTIZATIONS", "PRESET_NAMES", "SCHEDULES", "ENGINES"} <= set(CHOICE_LISTS)
 
 
 def test_no_choice_list_is_written_twice():
@@ -46,13 +47,16 @@ def test_a_copy_is_named(tmp_path):
     (package / "cli").mkdir(parents=True)
     (package / "cli" / "export.py").write_text('CHOICES = ("int8", "float32", "int8_float32", "float16", "int8_float16", "bfloat16")\n'
                                                'p.add_argument("--model-type", choices=["bpe", "unigram"])\n'
-                                               'ENGINES = ("transformers", "ctranslate2")\n')
-    assert copies(package) == ["vanilla_transformer/cli/export.py:1 repeats choices.QUANTIZATIONS",
-                               "vanilla_transformer/cli/export.py:2 repeats choices.TOKENIZER_MODELS"]
+                                               'ENGINES = ("ctranslate2", "transformers")\n'
+                                               'SIDES = ("source", "target")\n')
+    assert sorted(copies(package)) == ["vanilla_transformer/cli/export.py:1 repeats choices.QUANTIZATIONS",
+                               "vanilla_transformer/cli/export.py:2 repeats choices.TOKENIZER_MODELS",
+                               "vanilla_transformer/cli/export.py:3 repeats choices.ENGINES"]
 
 
 def test_the_modules_that_offer_a_choice_take_it_from_choices():
-    from vanilla_transformer import tokenizer
+    from vanilla_transformer import inference, tokenizer
+    from vanilla_transformer.cli import build_parser
     from vanilla_transformer.export import ctranslate2
     from vanilla_transformer.training import arguments, schedule
     from vanilla_transformer.visualize import app
@@ -62,5 +66,10 @@ def test_the_modules_that_offer_a_choice_take_it_from_choices():
     assert schedule.SCHEDULES is arguments.SCHEDULES and not hasattr(choices, "SCHEDULES")
     assert ctranslate2.QUANTIZATIONS is choices.QUANTIZATIONS
     assert app.Limits() == app.Limits(**choices.SERVE_LIMITS)
+    for command in ("translate", "evaluate"):
+        args = build_parser().parse_args([command, "--model", "m"])
+        assert (args.engine, args.batch_size) == (choices.ENGINES[0], choices.TRANSLATION_BATCH_SIZE)
+    for function in (inference.translate_texts, inference.translate_nbest, ctranslate2.CTranslate2Translator.translate):
+        assert inspect.signature(function).parameters["batch_size"].default == choices.TRANSLATION_BATCH_SIZE
     # The modeling files cannot import choices.py (a saved folder holds them alone): the config's table is held equal.
     assert set(choices.PRESET_NAMES) == set(PRESETS)

@@ -6,7 +6,8 @@ is the config's `PRESETS`, held equal by a test. The learning-rate schedules are
 training/schedule.py's `SCHEDULES` (torch-free too). tests/test_choices.py fails on a list written twice.
 """
 
-__all__ = ["DEFAULT_VOCAB_SIZE", "PAPER_WARMUP_STEPS", "PRESET_NAMES", "QUANTIZATIONS", "SERVE_LIMITS", "TOKENIZER_MODELS"]
+__all__ = ["DEFAULT_VOCAB_SIZE", "ENGINES", "PAPER_WARMUP_STEPS", "PRESET_NAMES", "QUANTIZATIONS", "SERVE_LIMITS", "TOKENIZER_MODELS",
+           "TRANSLATION_BATCH_SIZE"]
 
 DEFAULT_VOCAB_SIZE = 8000  # docs/tokenizer.md: the paper's 37k was for 4.5M pairs, the Bible corpora have ~29k
 PAPER_WARMUP_STEPS = 4000  # §5.3
@@ -17,6 +18,9 @@ TOKENIZER_MODELS = ("bpe", "unigram")
 PRESET_NAMES = ("tiny", "small", "base", "big")  # the config's PRESETS
 # CTranslate2's weight types an export may take.
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "int8_float16", "bfloat16")
+# What decodes for `translate` and `evaluate` (--engine): the model's own generate, or CTranslate2 on an export.
+ENGINES = ("transformers", "ctranslate2")
+TRANSLATION_BATCH_SIZE = 32  # texts per batch when translating: --batch-size's default and the library's
 
 # What one visitor of `serve` (and of a Space) may ask, by default: visualize/app.py's `Limits`.
 SERVE_LIMITS = {

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from .choices import TRANSLATION_BATCH_SIZE
 from .file_checks import REPO_ID, check_model_files, read_json
 from .tokenizer_files import check_tokenizer_files
 from .modeling.pipeline_vanilla_transformer import (
@@ -279,7 +280,7 @@ def translate_texts(
     tokenizer,
     texts: list[str],
     *,
-    batch_size: int = 32,
+    batch_size: int = TRANSLATION_BATCH_SIZE,
     num_beams: int | None = None,
     length_penalty: float | None = None,
     max_new_tokens: int | None = None,
@@ -351,7 +352,7 @@ def translate_nbest(
     texts: list[str],
     *,
     nbest: int = 1,
-    batch_size: int = 32,
+    batch_size: int = TRANSLATION_BATCH_SIZE,
     num_beams: int | None = None,
     length_penalty: float | None = None,
     max_new_tokens: int | None = None,

@@ -8,6 +8,7 @@ import argparse
 import errno
 from typing import NoReturn
 
+from ..choices import ENGINES, TRANSLATION_BATCH_SIZE
 from ..training.arguments import argparse_options
 
 
@@ -73,13 +74,13 @@ def add_decoding_options(p: argparse.ArgumentParser, batches: bool = True) -> No
     decoding = p.add_argument_group("decoding")
     if batches:
         decoding.add_argument(
-            "--engine", choices=("transformers", "ctranslate2"), default="transformers",
+            "--engine", choices=ENGINES, default=ENGINES[0],
             help="transformers: a model folder or Hub id, decoded by its own generate (the paper's search); "
             "ctranslate2: a folder written by `export --format ctranslate2`, decoded by CTranslate2 with the "
             "folder's defaults (its length penalty and stopping differ slightly: see the folder's README) "
             "(default: %(default)s)",
         )
-        decoding.add_argument("--batch-size", type=int, default=32, help="texts per batch (default: %(default)s)")
+        decoding.add_argument("--batch-size", type=int, default=TRANSLATION_BATCH_SIZE, help="texts per batch (default: %(default)s)")
     add_beam_options(decoding)
     decoding.add_argument("--max-new-tokens", type=int, help="longest translation in tokens (default: input length + 50, §6.1)")
     decoding.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the GPU when there is one)")

@@ -48,7 +48,7 @@ import torch
 
 from ..modeling.generation import DEFAULT_MAX_LENGTH_OFFSET
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_encoding
-from ..choices import QUANTIZATIONS
+from ..choices import QUANTIZATIONS, TRANSLATION_BATCH_SIZE
 from ..file_checks import read_json
 from ..inference import cut_texts
 from ..modeling.pipeline_vanilla_transformer import source_length_limit
@@ -351,7 +351,7 @@ class CTranslate2Translator:
         results = self.translator.translate_batch(sources, **options)
         return [[self.tokenizer.token_to_id(token) for token in result.hypotheses[0]] for result in results]
 
-    def translate(self, texts: list[str], *, batch_size: int = 32, first_line: int = 1, **options) -> list[str]:
+    def translate(self, texts: list[str], *, batch_size: int = TRANSLATION_BATCH_SIZE, first_line: int = 1, **options) -> list[str]:
         """Translate each text; blank texts give "". A text longer than the model reads is cut before tokenising,
         with a warning naming its line (`first_line` is the first text's). Batches hold texts of similar length
         (longest first), so that each batch's length cap is close to each of its texts' own."""
