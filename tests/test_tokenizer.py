@@ -228,6 +228,21 @@ def test_cli_trains_and_saves(tmp_path, corpora, capsys):
     assert len(AutoTokenizer.from_pretrained(out2)) == 500
 
 
+def test_cli_refuses_the_folder_of_a_trained_model(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    (model / "tokenizer.json").write_text("{}")
+    before = {p.name: p.read_bytes() for p in model.iterdir()}
+    with pytest.raises(SystemExit) as stop:
+        main(["train-tokenizer", "--dataset", "bible-en-es", "--vocab-size", "300", "--output-dir", str(model)])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"vanilla-transformer train-tokenizer: error: --output-dir {model} holds a trained model (model.safetensors) "
+        "whose tokenizer a new vocabulary would replace; give another --output-dir")
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == before
+
+
 def test_cli_bad_input_is_a_usage_error(tmp_path, capsys):
     out = tmp_path / "tok"
     with pytest.raises(SystemExit) as exit_info:

@@ -327,3 +327,69 @@ def test_evaluate_without_dataset_scores_the_data_set_the_model_records(hub_tiny
     assert capsys.readouterr().err.splitlines()[-1].endswith(
         "records no data set (its config.json has no dataset_name); name one with --dataset, or give --source-file "
         "and --reference-file")
+
+
+def _test_split(tmp_path):
+    """A data set folder with a test split of two pairs, for the tests that are refused before it is read."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "test.jsonl").write_text("".join(json.dumps({"translation": {"src": text, "tgt": text}}) + "\n"
+                                             for text in ("a b c", "d e f")))
+    return data
+
+
+@pytest.mark.parametrize("kind", ["link", "pipe"])
+def test_single_file_outputs_refuse_a_link_or_a_device(tmp_path, kind, capsys):
+    # Written to a temporary file and renamed into place, an output would replace the link or the device
+    # itself (/dev/null, as root, becomes a plain file).
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    target = tmp_path / "target.txt"
+    target.write_text("kept\n")
+    special = tmp_path / "special.html"
+    if kind == "link":
+        special.symlink_to(target)
+    else:
+        os.mkfifo(special)
+    for argv, message in (
+        (["evaluate", "--model", str(model), "--dataset", str(_test_split(tmp_path)), "--hypotheses-out", str(special)],
+         f"--hypotheses-out {special} is a link or a device"),
+        (["attention", "--model", str(model), "x", "--html", str(special)], f"`--html` {str(special)!r} is a link or a device"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        assert stop.value.code == 2
+        assert message in capsys.readouterr().err
+    assert special.is_symlink() if kind == "link" else not special.is_file()
+    assert target.read_text() == "kept\n"
+
+
+def _evaluate(model, data, *outputs):
+    return main(["evaluate", "--model", str(model), "--dataset", str(data), "--max-samples", "2",
+                 "--num-beams", "1", *outputs])
+
+
+@pytest.mark.parametrize("case", ["the data file", "a file of the model", "the other output"])
+def test_evaluate_refuses_an_output_that_is_an_input_or_the_other_output(tmp_path, case, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    data = _test_split(tmp_path)
+    test_file = data / "test.jsonl"
+    data_before = test_file.read_bytes()
+    hypotheses, references = {
+        "the data file": (test_file, tmp_path / "ref.txt"),
+        "a file of the model": (model / "config.json", tmp_path / "ref.txt"),
+        "the other output": (tmp_path / "same.txt", tmp_path / "same.txt"),
+    }[case]
+    with pytest.raises(SystemExit) as stop:
+        _evaluate(model, data, "--hypotheses-out", str(hypotheses), "--references-out", str(references))
+    assert stop.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    if case == "the other output":
+        assert f"--references-out {references} is also the file of --hypotheses-out" in error
+    else:
+        assert f"--hypotheses-out {hypotheses} is an input of this command" in error
+    assert test_file.read_bytes() == data_before and (model / "config.json").read_text() == "{}"
+    assert not references.exists()
