@@ -49,6 +49,12 @@ def test_no_issue_numbers_in_python_files():
     assert not hits, "say what is checked and why, not which issue asked for it:\n" + "\n".join(hits)
 
 
+def test_reports_are_named_by_their_topic_not_an_issue():
+    names = sorted(path.name for path in (ROOT / "benchmarks" / "results").iterdir()
+                   if re.search(ISSUE, path.name, re.IGNORECASE))
+    assert not names, "name a report for what it measures (a reader finds it by topic):\n" + "\n".join(names)
+
+
 @pytest.mark.parametrize("line", ["Issue #63, every stream", "(#46)", "issues #18, #47", "# #54: one line", "issue 5"])
 def test_the_issue_rule_finds_each_way_of_naming_one(line):
     assert re.search(ISSUE, line, re.IGNORECASE), line
