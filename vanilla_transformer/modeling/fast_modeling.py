@@ -39,7 +39,8 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     for the gather and runs softmax's backward over both. Here the gradient is made in the forward pass
     from the log-probabilities it already holds, a block of rows at a time, and backward only scales it:
     the same numbers with no (N, V) tensor but the gradient. Whatever the rows, each block is the same few
-    kernels (softmax, gather, mean, exp, the target's scatter) and the loss is summed once.
+    kernels (softmax, gather, mean, exp, the target's scatter, the write of softmax - q) and the loss is summed
+    once.
     """
 
     @staticmethod
@@ -62,9 +63,11 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
             picked.append(log_probs.gather(1, target[block]))
             if epsilon:
                 means.append(log_probs.mean(dim=-1, keepdim=True))
-            if grad is not None:  # softmax - (1 - ε)·onehot, in fp32; backward subtracts ε/V from every entry
+            if grad is not None:  # softmax - q in fp32, written in the gradient's dtype
                 softmax = log_probs.exp_().scatter_add_(1, target[block], one_hot[: log_probs.size(0)])
-                if not in_place:
+                if epsilon:  # the ε/V of every entry, subtracted in the pass that writes the block
+                    torch.sub(softmax, epsilon / logits.size(-1), out=grad[block])
+                elif not in_place:
                     grad[block] = softmax
         ignored = ignored.unsqueeze(1)  # (N, 1)
         picked = _joined(picked).masked_fill_(ignored, 0.0).sum()  # the sum of log p(y) over the kept tokens
@@ -74,7 +77,6 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         if epsilon:
             loss.sub_(_joined(means).masked_fill_(ignored, 0.0).sum(), alpha=epsilon)
         if grad is not None:
-            ctx.epsilon_per_token = epsilon / logits.size(-1)
             ctx.save_for_backward(grad, (~ignored).to(logits.dtype))
         ctx.mark_non_differentiable(nll)
         return loss, nll
@@ -83,8 +85,9 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss, grad_nll):
         grad, kept = ctx.saved_tensors  # (N, V), (N, 1)
-        scale = kept * grad_loss  # ignored tokens get no gradient: their rows are zeroed in this one pass
-        return torch.addcmul(scale * -ctx.epsilon_per_token, grad, scale), None, None  # (softmax - q)·scale
+        # One (N, 1) operand broadcast over the (N, V) gradient: a CPU vectorises an elementwise kernel with at most
+        # one, and runs one with two (as addcmul(-ε/V·scale, grad, scale) would be) element by element.
+        return grad * (kept * grad_loss), None, None  # ignored tokens' rows are zeroed in this one pass
 
 
 def _joined(blocks: list) -> torch.Tensor:
