@@ -135,13 +135,17 @@ def test_closed_form_cross_entropy_launches_seven_kernels_a_block_and_one_block_
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_closed_form_cross_entropy_s_backward_is_one_product_of_the_gradient_by_a_column(dtype):
+def test_closed_form_cross_entropy_s_backward_is_one_product_of_the_gradient_by_a_column_in_place(dtype):
     # Proves: backward scales the (N, V) gradient by an (N, 1) column in one kernel with one broadcast operand,
-    # which a CPU vectorises; addcmul(-ε/V·scale, grad, scale) has two, and a CPU runs it element by element.
+    # which a CPU vectorises (addcmul(-ε/V·scale, grad, scale) has two, and a CPU runs it element by element), in
+    # place (no fresh (N, V) tensor); a second backward through the same graph is refused, not given wrong numbers.
     logits, labels = logits_and_labels()
-    loss = fast.ClosedFormCrossEntropy()(logits.detach().to(dtype).requires_grad_(), labels, 0.1)[0]
-    counts = count_kernels(loss.backward)
-    assert counts == {"aten.ones_like": 1, "aten.mul": 2}  # the loss's seed; the column; the column times the gradient
+    logits = logits.detach().to(dtype).requires_grad_()
+    loss = fast.ClosedFormCrossEntropy()(logits * 1, labels, 0.1)[0]
+    counts = count_kernels(lambda: loss.backward(retain_graph=True))
+    assert counts == {"aten.ones_like": 1, "aten.mul": 2, "aten.mul_": 1}  # seed; x 1's; the column; its product
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
 
 
 def plain_and_packed(**overrides):

@@ -85,9 +85,11 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss, grad_nll):
         grad, kept = ctx.saved_tensors  # (N, V), (N, 1)
-        # One (N, 1) operand broadcast over the (N, V) gradient: a CPU vectorises an elementwise kernel with at most
-        # one, and runs one with two (as addcmul(-ε/V·scale, grad, scale) would be) element by element.
-        return grad * (kept * grad_loss), None, None  # ignored tokens' rows are zeroed in this one pass
+        # In place: no fresh (N, V) tensor a step (a CPU's allocator gives one fresh pages). One (N, 1) operand
+        # broadcast: a CPU vectorises an elementwise kernel with at most one, and runs one with two (as
+        # addcmul(-ε/V·scale, grad, scale) would be) element by element. A second backward (retain_graph) is
+        # refused by autograd, which sees the saved gradient changed.
+        return grad.mul_(kept * grad_loss), None, None  # ignored tokens' rows are zeroed in this one pass
 
 
 def _joined(blocks: list) -> torch.Tensor:
