@@ -52,7 +52,7 @@ CATEGORIES = {  # the table's columns, by operator name; everything else is "oth
                   "aten._scaled_dot_product_cudnn_attention", "aten._scaled_dot_product_cudnn_attention_backward",
                   "aten._softmax", "aten._softmax_backward_data"),
     "layer norm": ("aten.native_layer_norm", "aten.native_layer_norm_backward"),
-    "loss": ("aten._log_softmax", "aten._log_softmax_backward_data", "aten.nll_loss_forward",
+    "loss": ("aten._log_softmax", "aten.log_softmax", "aten._log_softmax_backward_data", "aten.nll_loss_forward",
              "aten.nll_loss_backward", "aten.gather", "aten.scatter_add_", "aten.scatter_add"),
     "optimiser": ("aten._fused_adam_", "aten._fused_adamw_", "aten._foreach_add_", "aten._foreach_mul_",
                   "aten._foreach_lerp_", "aten._foreach_addcmul_", "aten._foreach_addcdiv_", "aten._foreach_sqrt",

@@ -49,17 +49,25 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         ignored = labels == -100
         target = labels.masked_fill(ignored, 0).unsqueeze(1)  # (N, 1)
         grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
-        in_place = grad is not None and grad.dtype == torch.float32
+        fp32 = logits.dtype == torch.float32
+        in_place = grad is not None and fp32
         block_bytes = BLOCK_BYTES if logits.device.type == "cpu" else DEVICE_BLOCK_BYTES
         rows = max(1, block_bytes // (4 * logits.size(-1)))
         # -(1 - ε) at each row's target, added to the softmax: made once, a slice of it for every block
         one_hot = None if grad is None else logits.new_full((min(rows, logits.size(0)), 1), epsilon - 1.0,
                                                             dtype=torch.float32)
+        # The log-probabilities go into the gradient (fp32 logits': made in place from them) or one buffer, other
+        # dtypes' blocks are made fp32 in another: tensors made once a call whatever the blocks, since a CPU's
+        # allocator gives fresh memory fresh pages.
+        shape = (min(rows, logits.size(0)), logits.size(-1))
+        fp32_out = None if in_place else logits.new_empty(shape, dtype=torch.float32)
+        fp32_block = None if fp32 else logits.new_empty(shape, dtype=torch.float32)
         picked, means = [], []  # log p(y) and the mean log-probability of each row, (rows, 1) per block
         for start in range(0, logits.size(0), rows):
             block = slice(start, start + rows)
-            # fp32 logits' gradient is made in place from their log-probabilities; other dtypes' is copied
-            log_probs = torch.log_softmax(logits[block], dim=-1, dtype=torch.float32, out=grad[block] if in_place else None)
+            size = logits[block].size(0)
+            rows_fp32 = logits[block] if fp32 else fp32_block[:size].copy_(logits[block])
+            log_probs = torch.log_softmax(rows_fp32, dim=-1, out=grad[block] if in_place else fp32_out[:size])
             picked.append(log_probs.gather(1, target[block]))
             if epsilon:
                 means.append(log_probs.mean(dim=-1, keepdim=True))
