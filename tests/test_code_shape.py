@@ -42,3 +42,46 @@ def test_the_measures_count_what_they_say(tmp_path):
     source = tmp_path / "example.py"
     source.write_text("@decorator\ndef f():\n    '''Doc.'''\n    return 1\n\n\nclass C:\n    def g(self):\n        pass\n")
     assert list(function_lengths(source)) == [(2, "f", 3), (8, "g", 2)]
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The package's modules that `path` imports, at its top or inside a function, by dotted name."""
+    module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            target = ".".join(filter(None, [base, node.module or ""]))
+            found |= {f"{target}.{alias.name}" for alias in node.names} | {target}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return {name for name in found if name.startswith("vanilla_transformer")}
+
+
+def test_no_circle_of_imports_in_the_package():
+    """No two modules import each other, directly or through others (lazy imports inside functions count too):
+    the package reads from the bottom up."""
+    files = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in PACKAGE.rglob("*.py")}
+    graph = {name: {m for m in imported_modules(path) if m in files and m != name} for name, path in files.items()}
+    packages = {name for name, path in files.items() if path.name == "__init__.py"}
+    for name in graph:  # a package's __init__ is not an import of its own modules' neighbours
+        graph[name] -= {p for p in packages if name.startswith(p + ".")}
+    state, path, circles = {}, [], []
+
+    def visit(name):
+        state[name] = "open"
+        path.append(name)
+        for other in sorted(graph[name]):
+            if state.get(other) == "open":
+                circles.append(" -> ".join(path[path.index(other):] + [other]))
+            elif other not in state:
+                visit(other)
+        path.pop()
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+    assert not circles, "circles of imports:\n" + "\n".join(circles)

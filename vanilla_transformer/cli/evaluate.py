@@ -46,7 +46,8 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import time
 
     from ..file_checks import write_text_file
-    from ..inference import score_translations, translator
+    from ..inference import score_translations
+    from .engines import translator
     from ..modeling.pipeline_vanilla_transformer import language_pair_mismatch
 
     try:
