@@ -330,11 +330,10 @@ class TrainingArguments:
             raise ValueError(f"`lora_target_modules` must be layer names separated by commas, e.g. {LORA_TARGETS}; "
                              f"got {self.lora_target_modules!r}.")
 
-    def compile_asked(self) -> bool | None:
-        """Whether the step is to be compiled as the options say: `torch_compile`, implied by a backend or mode;
-        None when left to the run (compiled.py's `compiled_loss`)."""
+    def compile_asked(self) -> bool:
+        """Whether the step is to be compiled: `torch_compile`, or left out and implied by a backend or mode."""
         implied = self.torch_compile_backend is not None or self.torch_compile_mode is not None
-        return self.torch_compile if self.torch_compile is not None else (True if implied else None)
+        return self.torch_compile if self.torch_compile is not None else implied
 
     def _validate_compile(self) -> None:
         if self.torch_compile is False and (self.torch_compile_backend or self.torch_compile_mode):
