@@ -148,7 +148,7 @@ def test_closed_form_cross_entropy_s_backward_is_one_product_of_the_gradient_by_
     loss = fast.ClosedFormCrossEntropy()(logits * 1, labels, 0.1)[0]
     counts = count_kernels(lambda: loss.backward(retain_graph=True))
     assert counts == {"aten.ones_like": 1, "aten.mul": 2, "aten.mul_": 1}  # seed; x 1's; the column; its product
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+    with pytest.raises(RuntimeError):  # autograd's refusal; its wording is torch's
         loss.backward()
 
 

@@ -9,9 +9,9 @@ folder, its lock, the tokenizer):
   case: `accelerate launch --multi_gpu` on a machine without GPUs and without `ACCELERATE_USE_CPU=1`;
   Accelerate then finds no GPU and runs each process alone ("1 process(es)"), and the processes
   race on the output folder.
-- FSDP asked for where Accelerate cannot run it (no GPU: Accelerate's FSDP plugin raises "no
-  available devices") is a usage error that says to use DDP on CPU instead; FSDP asked for but not
-  active (an Accelerate version that falls back to DDP) is a warning.
+- FSDP asked for where it cannot run (no accelerator, or `ACCELERATE_USE_CPU`) is a usage error that
+  says to use DDP on CPU instead, decided from the launch's settings before Accelerate is started; FSDP
+  asked for but not active (an Accelerate version that falls back to DDP) is a warning.
 - One line on the main process says what runs: the distributed type, the world size, the machines
   and processes per machine, the mixed precision and the device type; then each process logs its
   own rank and device.
@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_DDP_TIMEOUT",
     "configure_deepspeed",
     "default_mixed_precision",
+    "check_engine_has_devices",
     "describe",
     "end_training",
     "launched_world_size",
@@ -93,16 +94,9 @@ def start_accelerator(ddp_timeout: float = DEFAULT_DDP_TIMEOUT, **kwargs) -> Acc
     from accelerate.utils import InitProcessGroupKwargs
 
     engine = requested_engine()
+    check_engine_has_devices(engine)
     handlers = [*kwargs.pop("kwargs_handlers", []), InitProcessGroupKwargs(timeout=timedelta(seconds=ddp_timeout))]
-    try:
-        accelerator = Accelerator(kwargs_handlers=handlers, **kwargs)
-    except RuntimeError as err:
-        if engine == "FSDP" and "no available devices" in str(err):
-            raise ValueError(
-                f"FSDP was asked for (ACCELERATE_USE_FSDP), but Accelerate finds no GPU to shard the model on ({err}). "
-                "On CPU train with DDP instead: ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ..."
-            ) from None
-        raise
+    accelerator = Accelerator(kwargs_handlers=handlers, **kwargs)
     check_world_size(accelerator)
     if accelerator.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -118,6 +112,20 @@ def start_accelerator(ddp_timeout: float = DEFAULT_DDP_TIMEOUT, **kwargs) -> Acc
             main_process_only=False,
         )
     return accelerator
+
+
+def check_engine_has_devices(engine: str | None) -> None:
+    """Refuse FSDP where there is no accelerator to shard on, from the launch's own settings, before Accelerate
+    builds its plugin (whose error for this differs from one Accelerate release to the next)."""
+    import torch
+
+    if engine != "FSDP" or not (_flag("ACCELERATE_USE_CPU") or not torch.accelerator.is_available()):
+        return
+    raise ValueError(
+        "FSDP was asked for (ACCELERATE_USE_FSDP), but this launch has no GPU to shard the model on "
+        + ("(ACCELERATE_USE_CPU is set). " if _flag("ACCELERATE_USE_CPU") else "(torch finds no accelerator). ")
+        + "On CPU train with DDP instead: ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ..."
+    )
 
 
 def check_world_size(accelerator) -> None:
