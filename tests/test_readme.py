@@ -48,6 +48,27 @@ def test_readme_is_short_and_undated():
         "the results table links the dated report its numbers come from"
 
 
+def test_readme_s_tested_range_holds_the_installed_releases_and_starts_at_pyproject_s_floor():
+    """What the README says was tested is what this run tests: a release outside its range fails here, the day pip
+    installs it (raise the range in README.md and docs/compatibility.md once the rest of the suite passes on it)."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    floors = dict(re.findall(r'"(transformers|accelerate)>=([\d.]+)', (ROOT / "pyproject.toml").read_text()))
+    for package in ("transformers", "accelerate"):
+        found = re.search(rf"\b{package} ([\d.]+) to ([\d.]+)", text)
+        assert found, f"README.md names no tested range for {package} ('{package} X to Y')"
+        oldest, newest = found.groups()
+        assert oldest == floors[package], f"README.md's oldest {package} {oldest} is not pyproject.toml's >={floors[package]}"
+        installed = version(package)
+        assert Version(oldest) <= Version(installed) <= Version(newest), (
+            f"{package} {installed} is installed, outside README.md's tested {oldest} to {newest}: "
+            "if the suite passes on it, raise the range in README.md and docs/compatibility.md"
+        )
+
+
 @pytest.mark.parametrize("page", [README, *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_every_relative_link_points_at_a_file(page):
     targets = [t for t in LINK.findall(page.read_text(encoding="utf-8")) if not re.match(r"[a-z]+:|#", t)]
