@@ -70,10 +70,11 @@ def score(model, held_out: dict) -> dict:
             "exact_match": round(right.all(-1).float().mean().item(), 4)}
 
 
-def train_option(option: str, steps: int = DEFAULT_STEPS, seed: int = 0) -> dict:
-    """Train one row from the seed's initialisation on the seed's batches; its scores, time and model."""
+def train_option(option: str, steps: int = DEFAULT_STEPS, seed: int = 0, **overrides) -> dict:
+    """Train one row from the seed's initialisation on the seed's batches; its scores, time and model.
+    `overrides` are further config fields (the walkthrough's `fast_paths=False`, `attn_implementation="eager"`)."""
     torch.manual_seed(seed)
-    model = VanillaTransformerForConditionalGeneration(config_for(option)).train()
+    model = VanillaTransformerForConditionalGeneration(config_for(option, **overrides)).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.98))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / WARMUP))
     data = torch.Generator().manual_seed(seed)
@@ -133,24 +134,34 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+SPECIALS = {0: "<pad>", 1: "<s>", 2: "</s>"}  # reversal_batch's ids below SYMBOLS
+
+
 def letters(ids) -> list[str]:
-    return [LETTERS[i - SYMBOLS.start] if i in SYMBOLS else "</s>" for i in ids]
+    """Readable tokens of ids: one letter per symbol."""
+    return [LETTERS[i - SYMBOLS.start] if i in SYMBOLS else SPECIALS[i] for i in ids]
+
+
+def encode(texts: list[str]) -> dict[str, torch.Tensor]:
+    """Sequences of LETTERS as the model reads them: the symbols' ids and </s>, right-padded, with their mask."""
+    longest = max(len(text) for text in texts) + 1
+    input_ids = torch.zeros(len(texts), longest, dtype=torch.long)
+    for row, text in enumerate(texts):
+        input_ids[row, : len(text) + 1] = torch.tensor([SYMBOLS.start + LETTERS.index(c) for c in text] + [2])
+    return {"input_ids": input_ids, "attention_mask": (input_ids != 0).long()}
 
 
 def plot(rows: list[dict], path: str | os.PathLike, seed: int = 0) -> Path:
     """One PNG: each row's cross-attention on the same held-out sequence, one colour scale (0 to 1)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: a notebook's backend stays as it is
 
     sequence = example(seed)
     keys = letters(sequence["input_ids"][0].tolist())
     queries = letters(sequence["labels"][0].tolist())  # row t writes the t-th token of the reversal
     columns = min(len(rows), 4)
     grid_rows = -(-len(rows) // columns)
-    fig, axes = plt.subplots(grid_rows, columns, figsize=(3.2 * columns, 3.4 * grid_rows + 1.0), squeeze=False,
-                             layout="constrained")
+    fig = Figure(figsize=(3.2 * columns, 3.4 * grid_rows + 1.0), layout="constrained")
+    axes = fig.subplots(grid_rows, columns, squeeze=False)
     for ax, row in zip(axes.flat, rows):
         image = ax.imshow(row["attention"].numpy(), vmin=0.0, vmax=1.0, cmap="viridis")
         ax.set_title(f"{row['option']}\ntoken acc. {row['accuracy']:.2f}, exact {row['exact_match']:.2f}", fontsize=9)
@@ -166,7 +177,6 @@ def plot(rows: list[dict], path: str | os.PathLike, seed: int = 0) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
