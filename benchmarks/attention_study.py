@@ -123,7 +123,7 @@ def table(rows: list[dict]) -> str:
     lines = [f"Reversal of {LENGTHS[0]} to {LENGTHS[1]} symbols, the tiny model, {HELD_OUT} held-out sequences under "
              f"teacher forcing. Chance token accuracy: {CHANCE:.3f} (a uniform guess among {len(SYMBOLS)} symbols); "
              f"chance exact match: about 0. Seconds are wall time on {os.cpu_count()} cores, "
-             f"{torch.get_num_threads()} torch threads, load average {os.getloadavg()[0]:.2f} when written.",
+             f"torch threads: {torch.get_num_threads()}, load average {os.getloadavg()[0]:.2f} when written.",
              "",
              "| option | config fields changed | token accuracy | exact match | steps | seconds |",
              "|---|---|---:|---:|---:|---:|"]
