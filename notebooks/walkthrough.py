@@ -66,7 +66,9 @@ if (MODEL / "config.json").is_file():
     tokenizer = AutoTokenizer.from_pretrained(MODEL)
     SENTENCES = ["Jesus wept.", "In the beginning, God created the heavens and the earth."]
     batch = tokenizer(SENTENCES, return_tensors="pt", padding=True)
-    pieces = tokenizer.convert_ids_to_tokens
+    from vanilla_transformer.modeling.pipeline_vanilla_transformer import readable_pieces
+
+    pieces = lambda ids: [piece.strip() or "␣" for piece in readable_pieces(tokenizer, ids)]  # words, not byte symbols
     print(f"the demo's model from {MODEL}")
 else:
     trained = attention_study.train_option("scaled_dot", MODEL_STEPS, fast_paths=False, attn_implementation="eager")
@@ -135,7 +137,7 @@ with torch.no_grad():
 for hook in hooks:
     hook.remove()
 for name, mask in caught.items():
-    print(f"{name} mask shape (B, 1, queries, keys): {tuple(mask.shape)}, visible pairs of sentence 2: "
+    print(f"{name} mask shape (B, 1, queries, keys): {tuple(mask.shape)}, visible pairs of sentence {PADDED + 1}: "
           f"{int((mask[PADDED, 0] == 0).sum())} of {mask[PADDED, 0].numel()}")
 titles = {"encoder": "encoder self-attention: padding hidden", "decoder": "decoder self-attention: look-ahead",
           "cross": "cross-attention: source padding hidden"}
@@ -299,7 +301,7 @@ with torch.no_grad():
     greedy = model.generate(**one, num_beams=1, do_sample=False)
     beams = model.generate(**one, num_beams=4, num_return_sequences=4, length_penalty=0.6, output_scores=True,
                            return_dict_in_generate=True)
-text = lambda ids: " ".join(piece for piece in pieces(ids.tolist())[1:] if piece not in ("</s>", "<pad>"))
+text = lambda ids: " ".join(piece for piece in pieces(ids.tolist())[1:] if piece not in ("</s>", "<pad>", "<s>"))
 print(f"source: {SENTENCES[0]!r}\ngreedy: {text(greedy[0])}")
 for rank, (sequence, score) in enumerate(zip(beams.sequences, beams.sequences_scores.tolist()), 1):
     print(f"beam {rank}: score {score:.3f}  {text(sequence)}")
@@ -314,8 +316,10 @@ plt.show()
 #
 # Every score function of the notes' table and every attention kind, each with one config field changed,
 # trained on reversal (`benchmarks/attention_study.py`; from the command line:
-# `python -m benchmarks.attention_study --output-dir study`, 200 steps a row). Here a small budget: the
-# ordering shows, the accuracies are lower than the command's.
+# `python -m benchmarks.attention_study --output-dir study`, 200 steps a row). Here a small budget, so that the
+# notebook stays within minutes: the rows have only begun to part. At 200 steps the score functions reach 0.93 to
+# 0.98 token accuracy, local-p 0.98, sparsemax 0.89, ReLU 0.62, hard 0.50, and local-m stays near 0.27: it
+# aligns output position t with source position t, the wrong place for a reversal (docs/attention.md).
 
 # %%
 rows = attention_study.study(steps=STUDY_STEPS)

@@ -29,8 +29,8 @@ def _outputs(notebook) -> tuple[str, list[str], int]:
 
 @pytest.mark.slow
 def test_the_walkthrough_runs_headless_and_shows_each_step(tmp_path, monkeypatch):
-    jupytext = pytest.importorskip("jupytext")
-    nbclient = pytest.importorskip("nbclient")
+    import jupytext  # the test extra's, with nbclient
+    import nbclient
 
     # A small budget; the toy model even where the demo's model was trained (the toy's numbers are known here).
     for name, value in {"WALKTHROUGH_MODEL": str(tmp_path / "no-model"), "WALKTHROUGH_MODEL_STEPS": "150",
@@ -69,3 +69,23 @@ def test_the_walkthrough_runs_headless_and_shows_each_step(tmp_path, monkeypatch
     assert len(rows) == 11 and rows[0].startswith("| scaled_dot |") and "Chance token accuracy: 0.034" in table
     assert (tmp_path / "study" / "attention-study.png").is_file()
     assert re.search(r"walkthrough ran in \d+ s on \d+ cores", text)
+
+
+@pytest.mark.slow
+def test_the_walkthrough_reads_a_trained_folder_when_there_is_one(hub_tiny_folder, tmp_path, monkeypatch):
+    """The demo's model branch: a saved folder, its tokenizer's words on the axes, the same steps and figures."""
+    import jupytext
+    import nbclient
+
+    for name, value in {"WALKTHROUGH_MODEL": str(hub_tiny_folder), "WALKTHROUGH_STUDY_STEPS": "1",
+                        "WALKTHROUGH_OUTPUT": str(tmp_path / "study"), "HF_HUB_OFFLINE": "1",
+                        "PYTHONPATH": str(ROOT)}.items():
+        monkeypatch.setenv(name, value)
+    notebook = jupytext.read(NOTEBOOK)
+    nbclient.NotebookClient(notebook, timeout=900, kernel_name="python3",
+                            resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    text, _, figures = _outputs(notebook)
+    assert figures >= 8 and f"the demo's model from {hub_tiny_folder}" in text
+    assert "'Jesus wept.' -> [" in text and "Ġ" not in text and "Ã" not in text  # words, not byte-level symbols
+    assert float(re.search(r"largest difference from the model's own weights: (\S+)", text).group(1)) < 1e-5
+    assert len(re.findall(r"beam \d: score", text)) == 4
