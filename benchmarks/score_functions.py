@@ -2,11 +2,12 @@
 
     python -m benchmarks.score_functions              # all six, 400 steps each (see DEFAULT_STEPS): about an hour on 2 CPU cores
     python -m benchmarks.score_functions --steps 20 --score-functions scaled_dot,location --test-samples 16
+    python -m benchmarks.score_functions --preset tiny --steps 100 --test-samples 16   # the tiny model: shorter
     python -m benchmarks.score_functions --append-to benchmarks/results/score-functions-DATE-cpu.json \
         --score-functions scaled_dot --variants hard,local-m,local-p,relu,sparsemax \
         --figure docs/score-functions-variants.png     # more rows in an existing report, its settings reused
 
-The quickstart's small model (quickstart.SIZES["small"]: each report records the shape it trained)
+The quickstart's small model (quickstart.SIZES["small"], or the `--preset` named: each report records the shape it trained)
 is trained once per score function (`attention_score`, which applies in every attention block) with the
 training script on the embedded English–Spanish Bible: one tokenizer, and the same data order, seed,
 schedule (250 warm-up steps, batches of 2,048 tokens) and number of steps for every model,
@@ -33,7 +34,7 @@ only the new rows, with the report's model, schedule, steps, seed and test setti
 report (JSON and Markdown) with every row; each added row records its own machine, versions and command.
 
 Writes <out>/score-functions-<date>-<device>.json and .md (or the appended report) after every row, and
-the figure (default docs/score-functions.png) of every row whose attention the report holds: rows record
+the figure (default: beside the report, <report>.png) of every row whose attention the report holds: rows record
 their panel (`figure_attention`) since variants were added, so a figure can be redrawn without the models.
 """
 
@@ -71,7 +72,6 @@ TIMING_WARMUP, TIMING_STEPS = 2, 8
 DECODE_BATCH = 32
 DECODING = ROWS["beam 4, GNMT α 0.6"]  # the paper's search (§6.1), the training script's test scoring
 FIGURE_VERSE = 2  # the test verse of the figure: "Yahweh God made garments of animal skins for Adam and ..."
-SMALL = SIZES["small"]
 # Other attention options, crossed with each score function: name -> (config fields, the row's label).
 VARIANTS = {
     "none": ({}, ""),
@@ -82,7 +82,7 @@ VARIANTS = {
     "sparsemax": ({"attention_normalization": "sparsemax"}, "sparsemax"),
 }
 # Options an appended row takes from the report instead: its rows must have been trained alike.
-FROM_REPORT = ("steps", "test_samples", "decode_sentences", "timing_steps")
+FROM_REPORT = ("steps", "test_samples", "decode_sentences", "timing_steps", "preset")
 
 
 def _subset(option: str, allowed):
@@ -211,13 +211,14 @@ def new_settings(args, command: str) -> dict:
     """The settings every row of a new report shares."""
     steps = args.steps or DEFAULT_STEPS
     timing_steps = args.timing_steps or TIMING_STEPS
+    size = SIZES[args.preset or "small"]
     return {
         "command": command,
         "score_functions": args.score_functions,
         "steps": steps,
         "curve_every": max(1, steps // CURVE_POINTS),
-        "model": {"preset": SMALL["preset"], **PRESETS[SMALL["preset"]]},  # its shape, written out in the report
-        "max_tokens": SMALL["max_tokens"], "warmup_steps": SMALL["warmup_steps"], "lr_scale": SMALL["lr_scale"],
+        "model": {"preset": size["preset"], **PRESETS[size["preset"]]},  # its shape, written out in the report
+        "max_tokens": size["max_tokens"], "warmup_steps": size["warmup_steps"], "lr_scale": size.get("lr_scale", 1.0),
         "seed": 0,
         "test_samples": args.test_samples or "all",
         "decoding": {"num_beams": DECODING["num_beams"], "length_penalty": DECODING["length_penalty"],
@@ -262,7 +263,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help=f"timed training steps on the fixed batch (default: {TIMING_STEPS})")
     parser.add_argument("--threads", type=_positive, default=os.cpu_count(), help="torch threads (default: all cores)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for the JSON and Markdown")
-    parser.add_argument("--figure", type=Path, default=Path("docs/score-functions.png"), help="the figure's path")
+    parser.add_argument("--preset", choices=list(SIZES),
+                        help="the quickstart's model size and schedule every row trains (default: small)")
+    parser.add_argument("--figure", type=Path, help="the figure's path (default: beside the report, REPORT.png)")
     parser.add_argument("--work-dir", type=Path,
                         help="keep the trained models in DIR/<options> (default: a temporary folder)")
     args = parser.parse_args(argv)
@@ -280,6 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
         report = {"environment": environment_now, "settings": new_settings(args, command), "results": {}}
         stem = f"score-functions-{environment_now['date']}-{environment_now.get('gpu', 'cpu').replace(' ', '-').lower()}"
         json_path, md_path = args.out / f"{stem}.json", args.out / f"{stem}.md"
+    args.figure = args.figure or json_path.with_suffix(".png")
     settings, results = report["settings"], report["results"]
     model = dict(settings["model"])
     preset = model.pop("preset")

@@ -132,3 +132,46 @@ def test_readme_attention_commands_write_the_explorer_and_the_maps(hub_tiny_fold
     page = tmp_path / "explorer.html"
     assert page.read_text(encoding="utf-8").lstrip().lower().startswith("<!doctype html")
     assert len(list((tmp_path / "maps").glob("*.png"))) > 1
+
+
+def _section(title: str) -> str:
+    text = README.read_text(encoding="utf-8")
+    start = text.index(f"## {title}\n")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def _loaded_in_a_fresh_process(folder: Path, cwd: Path, **options) -> tuple[set[str], str]:
+    """The module classes `print(model)` shows, and the attention implementation, of `folder` loaded as the README
+    says: with transformers alone, so that the folder's copy of the code runs."""
+    extra = "".join(f", {key}={value!r}" for key, value in options.items())
+    code = ("from transformers import AutoModelForSeq2SeqLM\n"
+            f"model = AutoModelForSeq2SeqLM.from_pretrained({str(folder)!r}, trust_remote_code=True{extra})\n"
+            "print(model)\nprint('attention:', model.config._attn_implementation)\n")
+    stdout = _run([sys.executable, "-c", code], cwd=cwd, timeout=300)
+    classes = set(re.findall(r"^\s*(?:\(\w+\): )?([A-Z]\w*)\(", stdout, flags=re.M))
+    return classes, stdout.rsplit("attention: ", 1)[1].strip()
+
+
+@pytest.mark.slow
+def test_readme_names_the_classes_print_model_shows_by_default_and_plain(tmp_path, monkeypatch):
+    import torch
+
+    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+
+    folder = tmp_path / "model"
+    config = VanillaTransformerConfig.tiny(vocab_size=40, encoder_layers=1, decoder_layers=1)
+    VanillaTransformerForConditionalGeneration(config).save_pretrained(folder)
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))  # the folder's copy, not another test's
+    default, default_attention = _loaded_in_a_fresh_process(folder, tmp_path)
+    plain, plain_attention = _loaded_in_a_fresh_process(folder, tmp_path, fast_paths=False, attn_implementation="eager")
+    assert (default_attention, plain_attention) == ("sdpa", "eager")
+
+    section = _section("How to read the code")
+    paragraph = section[section.index("**What a loaded model runs.**"):].split("\n\n")[0]
+    named = set(re.findall(r"`([A-Z]\w*)`", paragraph))
+    assert named == default ^ plain, "the README names exactly the classes the default and plain models differ by"
+    assert {"PackedMultiHeadAttention", "PackableLinear", "ClosedFormCrossEntropy"} <= default - plain
+    assert "(`sdpa`)" in paragraph and 'fast_paths=False, attn_implementation="eager"' in paragraph
+    ours = {name for name in plain if not hasattr(torch.nn, name)}
+    unnamed = sorted(name for name in ours if f"`{name}`" not in section)
+    assert not unnamed, f"print(model) of the plain model shows classes the README's reading list omits: {unnamed}"

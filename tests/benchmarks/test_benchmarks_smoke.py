@@ -304,3 +304,22 @@ def test_the_cpu_precision_benchmark_compares_its_variants_from_the_same_start(t
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].endswith(
         "--variants takes a comma-separated subset of fp32,bf16-autocast,bf16-weights,bf16-autocast-compiled; got ['fp16']")
+
+
+def test_score_function_study_trains_the_preset_named(tmp_path, capsys):
+    """`--preset` picks the quickstart's size every row trains; a report's rows keep the report's."""
+    import argparse
+
+    from benchmarks.score_functions import main as study, new_settings
+
+    args = argparse.Namespace(steps=None, timing_steps=None, preset="tiny", score_functions=["scaled_dot"],
+                              test_samples=None, decode_sentences=None)
+    settings = new_settings(args, "python -m benchmarks.score_functions --preset tiny")
+    assert settings["model"] == {"preset": "tiny", **PRESETS["tiny"]}
+    assert (settings["warmup_steps"], settings["lr_scale"]) == (SIZES["tiny"]["warmup_steps"], 1.0)
+    assert new_settings(argparse.Namespace(**{**vars(args), "preset": None}), "")["model"]["preset"] == "small"
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"environment": {"device": "cpu"}, "settings": {}, "results": {}}))
+    with pytest.raises(SystemExit) as refused:
+        study(["--append-to", str(report), "--preset", "tiny"])
+    assert refused.value.code == 2 and "leave out --preset" in capsys.readouterr().err.splitlines()[-1]
