@@ -25,7 +25,14 @@ from accelerate.logging import get_logger
 from ..file_checks import read_json
 from ..hub import DESCRIPTION_FILES, RESULTS_FILE
 from ..staging import DiskFull, sweep_staging
-from .arguments import ATTENTION_IMPLEMENTATIONS, FOLDER_TRACKERS, NEVER_RESTORED, RUN_OPTIONS, TrainingArguments, check_option
+from .arguments import (
+    ATTENTION_IMPLEMENTATIONS,
+    FOLDER_TRACKERS,
+    NEVER_RESTORED,
+    RUN_OPTIONS,
+    TrainingArguments,
+    check_option,
+)
 from .checkpoints import (
     STATE_FILE,
     WEIGHTS_FILE,
