@@ -59,6 +59,8 @@ def training_arguments(
     if not minutes > reserve:  # NaN too
         raise ValueError(f"`minutes` must be more than {reserve} for size {size!r} (the time scoring and saving "
                          f"take); got {minutes}.")
+    if test_samples is not None and not test_samples >= 1:  # the summary reports the test split's scores
+        raise ValueError(f"`test_samples` must be a positive integer or None; got {test_samples!r}.")
     return TrainingArguments(
         output_dir=str(output_dir),
         dataset=CORPUS,

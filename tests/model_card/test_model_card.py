@@ -17,6 +17,7 @@ RESULTS = {
     "sacrebleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
     "validation_perplexity": 9.81,
     "train_runtime_s": 1234.5,  # not a metric: results.json keeps it, the card does not list it
+    "steps": 20000,  # trained: the recipe's steps
 }
 
 

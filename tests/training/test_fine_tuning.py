@@ -212,3 +212,26 @@ def test_a_unigram_tokenizer_trains_and_resume_refuses_another(tmp_path, small_t
     err = _usage_error(capsys, ["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run, *SHORT,
                                 "--max-steps", "4", "--resume", "--tokenizer-model", "bpe"])
     assert "Traceback" not in err and "tokenizer_model 'unigram' -> 'bpe'" in err.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_the_lora_adapter_has_a_card_of_its_own_and_the_model_card_names_its_data(tmp_path, pretrained, small_run):
+    # The adapter's README was PEFT's empty template naming a local base path; the card's `datasets:` metadata
+    # held the data folder's absolute path.
+    model, data = pretrained
+    out = tmp_path / "lora"
+    result = subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", "train", "--dataset", str(data),
+                             "--output-dir", str(out), *small_run, *SHORT, "--model-name-or-path", str(model),
+                             "--lora-rank", "2", "--lora-target-modules", "q_proj,v_proj", "--max-steps", "1"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    card = (out / "adapter" / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: peft\n") and "base_model:" not in card  # a local base: no Hub id
+    assert f"# LoRA adapter of {out.name}" in card and "rank 2, alpha 16" in card and "q_proj, v_proj" in card
+    assert f"from_pretrained('{model.name}', trust_remote_code=True)" in card
+    assert 'PeftModel.from_pretrained(base, "adapter")' in card
+    assert str(tmp_path) not in card and "[More Information Needed]" not in card
+    readme = (out / "README.md").read_text()
+    metadata = readme.split("\n---\n", 1)[0]
+    assert str(data) not in metadata and "datasets:" not in metadata
+    assert f"Data: {data.name}." in readme

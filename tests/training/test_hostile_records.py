@@ -73,7 +73,7 @@ def test_resume_never_takes_an_option_acting_outside_the_folder_from_a_record(na
     block = result.stderr[start:].splitlines()[:4]
     assert block[0] == f"resume: the options of the run, from {run}/checkpoints/checkpoint-00000002/trainer_state.json:"
     assert "seed=0" in block[1] and f"{name}=None" in block[1]
-    assert block[2] == "  typed in place of the recorded ones: max_steps 2 -> 3"
+    assert block[2] == "  typed in place of the recorded ones, and recorded for the next resume: max_steps 2 -> 3"
     assert block[3].endswith(f"give them on the command line): {name}={value!r}")
     assert "uploading" not in result.stderr and "wandb" not in result.stderr[:start]
     assert json.loads((run / "results.json").read_text())  # the run finished, its folder complete

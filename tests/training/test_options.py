@@ -120,7 +120,7 @@ def test_train_help_prints_every_group_and_imports_no_torch():
     ("max_steps", -1, "`max_steps` must be a positive integer or None; got -1."),
     ("num_epochs", 0, "`num_epochs` must be a positive integer or None; got 0."),
     ("eval_samples", -1, "`eval_samples` must be a non-negative integer or None; got -1."),
-    ("test_samples", 0, "`test_samples` must be a positive integer or None; got 0."),
+    ("test_samples", -1, "`test_samples` must be a non-negative integer or None; got -1."),
     ("time_limit", float("inf"), "`time_limit` must be a positive number or None; got inf."),
     ("max_grad_norm", 0.0, "`max_grad_norm` must be a positive number or None; got 0.0."),
     ("ddp_timeout", 0, "`ddp_timeout` must be a positive integer; got 0."),

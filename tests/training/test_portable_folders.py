@@ -4,6 +4,7 @@ sentences its scores cover."""
 
 import json
 import os
+import random
 import subprocess
 import sys
 
@@ -44,3 +45,22 @@ def test_evaluate_finds_a_relative_dataset_from_another_directory(tmp_path, writ
     moved = _cli(tmp_path / "elsewhere", "evaluate", "--model", "../work/run", "--dataset", "../work/moved",
                  "--source-lang", "src", "--target-lang", "tgt", "--num-beams", "1", "--max-new-tokens", "8")
     assert moved.returncode == 0, moved.stderr
+
+
+@pytest.mark.slow
+def test_evaluate_reads_the_headerless_tsv_a_folder_was_trained_on_without_retyping_its_columns(tmp_path, small_run):
+    # The folder recorded the data's path but not its columns: a colleague's `evaluate --model FOLDER` stopped
+    # with "the first row (...) does not name the languages".
+    data, rng = tmp_path / "data", random.Random(0)
+    data.mkdir()
+    for split, n in (("train", 300), ("validation", 12), ("test", 12)):
+        rows = [" ".join(rng.choice("abcdefghijkl") for _ in range(rng.randint(3, 8))) for _ in range(n)]
+        (data / f"{split}.tsv").write_text("".join(f"{row}\t{row[::-1]}\n" for row in rows), encoding="utf-8")
+    trained = _cli(tmp_path, "train", "--dataset", "data", "--columns", "en,fr", "--output-dir", "run", *small_run,
+                   "--max-steps", "2", "--test-samples", "2")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["dataset_columns"] == "en,fr"
+    (tmp_path / "elsewhere").mkdir()
+    result = _cli(tmp_path / "elsewhere", "evaluate", "--model", str(tmp_path / "run"), "--max-samples", "3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith(f"{data.resolve()} test en->fr: 3 segments translated"), result.stdout

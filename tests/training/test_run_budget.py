@@ -103,15 +103,15 @@ def test_a_run_stopped_twice_and_resumed_counts_one_budget_in_its_bar_log_result
 def test_the_time_limit_counts_the_earlier_parts_of_the_run():
     state = RunState(step=10, parts=[{"steps": [0, 6], "seconds": 40.0}, {"steps": [6, 10], "seconds": 15.0}])
     budget = Budget(time_limit=1.0, progress=state, start_step=10, before=state.begin_part())
-    assert budget.before == 55.0 and state.parts[-1] == {"steps": [10, 10], "seconds": 0.0}
+    assert budget.before == 55.0 and state.parts[-1] == {"steps": [10, 10], "seconds": 0.0, "scoring_seconds": 0.0}
     budget.elapsed = 4.0
     assert not budget.out_of_time() and not budget.spent(10)
     assert budget.remaining_steps(13) == pytest.approx((60 - 55 - 4) / (4 / 2) - 1)
     budget.elapsed = 5.5
     assert budget.out_of_time() and budget.spent(13)
     state.step = 13
-    state.end_part(5.5)
-    assert state.parts[-1] == {"steps": [10, 13], "seconds": 5.5}
+    state.end_part(5.5, 2.25)
+    assert state.parts[-1] == {"steps": [10, 13], "seconds": 5.5, "scoring_seconds": 2.25}
     assert "1.01 of `time_limit` 1 min" in budget.describe()
 
 
@@ -147,8 +147,10 @@ def test_the_final_scores_name_the_step_of_the_weights_they_score(tmp_path, smal
     assert [r["step"] for r in results["history"] if r["split"] == "validation" and "final_weights" not in r] == [0, 4, 5]
     assert results["best_checkpoint"]["step"] == 0 and results["averaged_checkpoints"] == ["checkpoint-00000000"]
     final = [r for r in results["history"] if "final_weights" in r]
-    assert [(r["step"], r["split"], r["final_weights"]) for r in final] == [
-        (0, "validation", "checkpoint-00000000"), (0, "test", "checkpoint-00000000")]
+    # The baseline's validation stands for the final one: the same weights, on the same pairs, are not scored twice.
+    assert [(r["step"], r["split"], r["final_weights"]) for r in final] == [(0, "test", "checkpoint-00000000")]
+    assert ("step 0 validation (final weights: checkpoint-00000000): as validated during training, the same weights "
+            "on the same pairs") in err
     assert "step 0 test (final weights: checkpoint-00000000): " in err and "step 5 test" not in err
     assert results["validation"]["loss"] == pytest.approx(results["best_checkpoint"]["value"], rel=1e-6)
 

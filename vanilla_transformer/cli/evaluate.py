@@ -99,10 +99,12 @@ def _evaluation_pairs(args: argparse.Namespace) -> tuple[str, str | None, str | 
     from ..corpora import SPLIT_NAMES, load_translation_dataset, resolve_languages, text_pairs
 
     dataset, source_lang, target_lang = args.dataset, args.source_lang, args.target_lang
+    dataset_config, columns = args.dataset_config, args.columns
     if dataset is None:
-        dataset, source_lang, target_lang = _recorded_data(args.model, source_lang, target_lang)
-    data = load_translation_dataset(dataset, args.dataset_config, source_lang=source_lang, target_lang=target_lang,
-                                    columns=args.columns)
+        dataset, source_lang, target_lang, recorded = _recorded_data(args.model, source_lang, target_lang)
+        dataset_config, columns = dataset_config or recorded["dataset_config"], columns or recorded["dataset_columns"]
+    data = load_translation_dataset(dataset, dataset_config, source_lang=source_lang, target_lang=target_lang,
+                                    columns=columns)
     asked = args.split or "test"
     split = next((name for name, names in SPLIT_NAMES.items() if asked in names), asked)
     if split not in data:
@@ -112,9 +114,10 @@ def _evaluation_pairs(args: argparse.Namespace) -> tuple[str, str | None, str | 
         list(zip(*text_pairs(data[split], source_lang, target_lang)))
 
 
-def _recorded_data(model: str, source_lang: str | None, target_lang: str | None) -> tuple[str, str, str]:
+def _recorded_data(model: str, source_lang: str | None, target_lang: str | None) -> tuple[str, str, str, dict]:
     """The data set and language pair that the model's config.json records (training writes them), the
-    languages given on the command line taking precedence."""
+    languages given on the command line taking precedence, and what else reads the data set again: its
+    `dataset_config` and `dataset_columns` (each a string or None)."""
     import glob
     import os
     from pathlib import Path
@@ -137,7 +140,9 @@ def _recorded_data(model: str, source_lang: str | None, target_lang: str | None)
     if os.path.isabs(dataset) and not (os.path.exists(dataset) or glob.glob(glob.escape(dataset) + ".*")):
         raise ValueError(f"--dataset: {model} records the data set {dataset}, which is not on this machine; give its "
                          "path here with --dataset, or give --source-file and --reference-file")
-    return dataset, source_lang or config.get("source_lang"), target_lang or config.get("target_lang")
+    recorded = {name: config.get(name) if isinstance(config.get(name), str) else None
+                for name in ("dataset_config", "dataset_columns")}
+    return dataset, source_lang or config.get("source_lang"), target_lang or config.get("target_lang"), recorded
 
 
 def _check_evaluation_options(args: argparse.Namespace) -> None:

@@ -14,6 +14,7 @@ is then only ever a sentence.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shlex
 from pathlib import Path
@@ -84,12 +85,13 @@ def _signature(results: dict | None, metric: str) -> str | None:
     return results.get(f"{metric}_signature") or results.get("sacrebleu_signature")
 
 
-def _recipe(hyperparameters: dict | None, config) -> list[str]:
-    """The training recipe in the paper's terms, for the settings `vanilla-transformer train` records."""
+def _recipe(hyperparameters: dict | None, config, trained_steps=None) -> list[str]:
+    """The training recipe in the paper's terms, for the settings `vanilla-transformer train` records, with the
+    steps the run trained (not `max_steps`, a limit it may never have reached)."""
     h = hyperparameters or {}
     if "warmup_steps" not in h:  # not a run of our training loop: its optimiser is unknown
         return []
-    steps = f"; {h['max_steps']:,} steps" if isinstance(h.get("max_steps"), int) else ""
+    steps = f"; {trained_steps:,} steps" if _is_count(trained_steps) else ""
     recipe = [f"Adam with β1 = 0.9, β2 = 0.98, ε = 1e-9{steps}"]
     if h.get("lr_schedule", "noam") == "noam":
         recipe.append(f"learning rate d_model^-0.5 · min(step^-0.5, step · warmup^-1.5) with warmup = {h['warmup_steps']} (§5.3)")
@@ -123,11 +125,33 @@ def _training_time(results: dict | None) -> str | None:
         return None
     parts = [p for p in results.get("parts") or [] if isinstance(p, dict) and {"steps", "seconds"} <= set(p)]
     steps = results.get("steps")
-    text = f"Trained for {minutes:g} minutes{f' ({steps:,} steps)' if isinstance(steps, int) else ''}"
+    text = f"Trained for {minutes:g} minutes{f' ({steps:,} steps)' if _is_count(steps) else ''}"
     if len(parts) > 1:
         shares = "; ".join(f"steps {p['steps'][0]}-{p['steps'][1]}: {p['seconds'] / 60:.2f} min" for p in parts)
         text += f", in {len(parts)} parts (the first session, then {len(parts) - 1} resume(s): {shares})"
+    scoring = results.get("scoring_minutes")
+    if isinstance(scoring, (int, float)) and not isinstance(scoring, bool):
+        text += f"; validating and scoring took {scoring:g} minutes besides"
+    not_scored = [str(name) for name in results.get("not_scored") or []]
+    if not_scored:
+        text += f". The final scoring was stopped: {', '.join(not_scored)} not scored"
     return _markdown(text + ".")
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _dataset_names(dataset: str | None) -> tuple[str | None, str | None]:
+    """(the data set as the card names it, its name in the metadata): a local file or folder by its own name in
+    the text and nowhere in the metadata, whose `datasets` are Hub data sets; an embedded corpus or a Hub data
+    set as it is in both."""
+    if not dataset:
+        return None, None
+    path = Path(dataset).expanduser()
+    if os.path.isabs(dataset) or path.exists():
+        return path.name or str(dataset), None
+    return dataset, dataset
 
 
 def _metrics_note(metrics: list[dict]) -> str:
@@ -181,9 +205,9 @@ def build_model_card(
         raise TypeError(f"`hyperparameters` must be a dict; got {type(hyperparameters).__name__}")
     languages = [lang for lang in (source_lang, target_lang) if lang]
     pair = f"{source_lang}-{target_lang}" if source_lang and target_lang else None
-    model_name = repo_id.split("/")[-1]
-    metrics = metrics_from_results(results)
-    card_data = _card_data(model_name, license, dataset, languages, pair, metrics, results)
+    model_name, metrics = repo_id.split("/")[-1], metrics_from_results(results)
+    dataset, hub_dataset = _dataset_names(dataset)
+    card_data = _card_data(model_name, license, hub_dataset, languages, pair, metrics, results, label=dataset)
     names = [_LANGUAGE_NAMES.get(lang, lang) for lang in languages]
     text = _ENVIRONMENT.from_string(TEMPLATE.read_text(encoding="utf-8")).render(
         card_data=card_data.to_yaml(),
@@ -195,7 +219,7 @@ def build_model_card(
         dataset_note="verse-aligned Bible translations embedded in the package" if dataset and dataset.startswith("bible-") else None,
         bible=bool(dataset and dataset.startswith("bible-")),
         hyperparameters=_shown_hyperparameters(hyperparameters),
-        recipe=_recipe(hyperparameters, config),
+        recipe=_recipe(hyperparameters, config, (results or {}).get("steps")),
         training_time=_training_time(results),
         metrics=metrics,
         metrics_note=_metrics_note(metrics),
@@ -211,11 +235,11 @@ def build_model_card(
 
 def _card_data(
     model_name: str, license: str, dataset: str | None, languages: list[str], pair: str | None, metrics: list[dict],
-    results: dict | None,
+    results: dict | None, label: str | None = None,
 ) -> ModelCardData:
     """The card's YAML metadata: what the Hub files the model under, and its scores as `model-index`
     entries, each with its sacrebleu signature."""
-    dataset_name = dataset or "unknown"
+    dataset_name = dataset or label or "unknown"  # `label`: a local data set's own name, never its path
     eval_results = [
         EvalResult(
             task_type="translation",
@@ -272,3 +296,27 @@ def retarget_card(card: ModelCard, repo_id: str) -> ModelCard:
     if data.model_name in (old_name, None):
         data.model_name = new_name  # the name `model-index` is written under
     return ModelCard(f"---\n{data.to_yaml()}\n---\n{text}")
+
+
+def adapter_card(base: str | None, rank: int, alpha: float, dropout: float, targets, folder_name: str) -> str:
+    """The README of a LoRA run's adapter folder, in place of PEFT's empty template: what it adapts and how, and
+    how to load it. The base model is named, a local folder by its own name (its path is in adapter_config.json)."""
+    local = base is not None and (os.path.isabs(base) or Path(base).expanduser().exists())
+    base_name = Path(base).name if local else base
+    metadata = ["library_name: peft", "tags:", "- lora", "- translation", "- vanilla-transformer"]
+    if base_name is not None and not local:
+        metadata.append(f"base_model: {base_name}")
+    loaded = repr(base_name or "BASE_MODEL")
+    what = (f"the model {_markdown(base_name)}" if base_name else "a model trained from a preset")
+    return "\n".join([
+        "---", *metadata, "---", "",
+        f"# LoRA adapter of {_markdown(folder_name)}", "",
+        f"Low-rank adapters (LoRA, Hu et al., 2021) of {what}, trained with `vanilla-transformer train "
+        f"--lora-rank {rank}`: rank {rank}, alpha {alpha:g} (updates scaled by alpha / rank), dropout {dropout:g}, on "
+        f"the layers {_markdown(', '.join(targets))} of every attention block. The folder above holds the same model "
+        "with the adapters merged into its weights; this one keeps them apart, for PEFT.", "",
+        "```python", "from peft import PeftModel", "from transformers import AutoModelForSeq2SeqLM", "",
+        f"base = AutoModelForSeq2SeqLM.from_pretrained({loaded}, trust_remote_code=True)",
+        "model = PeftModel.from_pretrained(base, \"adapter\")  # this folder", "```", "",
+        "`base_model_name_or_path` in adapter_config.json says where the base model was read from.", "",
+    ])

@@ -54,7 +54,7 @@ MAX_SIZE = 2**31 - 1  # past any real model; larger numbers overflow torch's ind
 PROBABILITIES = ("dropout", "attention_dropout", "label_smoothing")
 FLAGS = ("scale_embedding", "tie_word_embeddings", "use_cache", "fast_paths")
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
-OPTIONAL_STRINGS = ("source_lang", "target_lang", "dataset_name")
+OPTIONAL_STRINGS = ("source_lang", "target_lang", "dataset_name", "dataset_config", "dataset_columns")
 
 
 def _check_choice(name: str, value, allowed) -> None:
@@ -129,6 +129,8 @@ class VanillaTransformerConfig(PretrainedConfig):
         source_lang / target_lang / dataset_name: the language pair the model was trained to translate
             and the data set it was trained on (written by training; None when unknown), so that scoring
             or translating another pair can be warned about.
+        dataset_config / dataset_columns: what else reads that data set again (a Hub configuration, the
+            column names of a headerless .tsv/.csv, comma-separated), written by training; None when not needed.
         fast_paths: True (the default) builds the model with its speed-ups, which give the plain path's
             numbers with less work: the smoothed cross-entropy with its gradient in closed form
             (fast_modeling.py), and in decoding the decoder's products and the output
@@ -179,6 +181,8 @@ class VanillaTransformerConfig(PretrainedConfig):
         source_lang: str | None = None,
         target_lang: str | None = None,
         dataset_name: str | None = None,
+        dataset_config: str | None = None,
+        dataset_columns: str | None = None,
         fast_paths: bool = True,
         **kwargs,
     ):
@@ -213,6 +217,8 @@ class VanillaTransformerConfig(PretrainedConfig):
         self.source_lang = source_lang
         self.target_lang = target_lang
         self.dataset_name = dataset_name
+        self.dataset_config = dataset_config
+        self.dataset_columns = dataset_columns
         self.fast_paths = fast_paths
         self._validate()
         super().__init__(is_encoder_decoder=is_encoder_decoder, **kwargs)

@@ -20,7 +20,8 @@ from ..choices import DEFAULT_VOCAB_SIZE, PAPER_WARMUP_STEPS, PRESET_NAMES, TOKE
 from ..file_checks import check_repo_id
 from .schedule import SCHEDULES, check_schedule, schedule_summary
 
-__all__ = ["ATTENTION_IMPLEMENTATIONS", "CPU_MAX_TOKENS", "DEFAULT_DDP_TIMEOUT", "DEFAULT_VOCAB_SIZE", "NEVER_RESTORED",
+__all__ = ["ATTENTION_IMPLEMENTATIONS", "CPU_MAX_TOKENS", "DEFAULT_DDP_TIMEOUT", "DEFAULT_VOCAB_SIZE", "FOLDER_TRACKERS",
+           "NEVER_RESTORED",
            "PAPER_WARMUP_STEPS", "SCHEDULES", "TrainingArguments", "add_arguments", "argparse_options", "check_option"]
 
 CPU_MAX_TOKENS = 4096  # `max_tokens` off a GPU, where the paper's batch would make every step long
@@ -37,7 +38,7 @@ TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", 
 
 LORA_TARGETS = "q_proj,k_proj,v_proj,out_proj"  # the attention projections, self and cross
 TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")  # the config takes them from the tokenizer
-DATA_FIELDS = ("source_lang", "target_lang", "dataset_name")  # ... and these from the data
+DATA_FIELDS = ("source_lang", "target_lang", "dataset_name", "dataset_config", "dataset_columns")  # ... and these from the data
 # What a resumed run must share with the run it continues; its limits, evaluation and checkpoints may change.
 RUN_OPTIONS = ("dataset", "dataset_config", "columns", "source_lang", "target_lang", "max_length", "truncate", "tokenizer",
                "preset", "config_overrides", "model_name_or_path", "max_tokens", "gradient_accumulation_steps", "seed",
@@ -49,6 +50,8 @@ RUN_OPTIONS = ("dataset", "dataset_config", "columns", "source_lang", "target_la
 # What acts outside the run's folder (an upload, a tracker) or names it: `resume` takes these from the command line
 # alone, never from a record in the folder, which anyone who can write there could have edited.
 NEVER_RESTORED = ("output_dir", "resume", "push_to_hub", "report_to")
+# ... except the trackers that write only under OUTPUT_DIR/runs: `resume` restores these, and says so.
+FOLDER_TRACKERS = ("tensorboard",)
 
 # The groups of `train --help`, in order, each with what it says beyond its options.
 DATA = "data"
@@ -249,8 +252,9 @@ class TrainingArguments:
         "split; 0 for none",
     )
     test_samples: int | None = option(
-        None, group=EVALUATION, bound="positive",
-        help="test pairs translated for the final BLEU/chrF (default: the whole test split)",
+        None, group=EVALUATION, bound="non-negative",
+        help="test pairs translated for the final BLEU/chrF; 0 skips the test, and the validation split (its "
+        "--eval-samples) gives the final scores (default: the whole test split)",
     )
     num_beams: int = option(4, group=EVALUATION, help="beam size (the paper: 4, §6.1)")
     length_penalty: float = option(0.6, group=EVALUATION, help="beam length penalty alpha (the paper: 0.6)")

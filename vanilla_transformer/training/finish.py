@@ -3,7 +3,9 @@
 Once training is done, §6.1's average of the last `average_last` checkpoints (or, with `ema_decay`, the
 moving average of the weights when it scores better on validation) is saved with the config and tokenizer,
 and `output_dir` becomes a complete Hub repository: then the validation and test splits are scored
-(results.json), the model card is written and, with `push_to_hub`, the folder is uploaded.
+(results.json), the model card is written and, with `push_to_hub`, the folder is uploaded. The scoring is
+timed beside the training (the time limit counts the steps alone), and SIGINT or SIGTERM stops it at once:
+results.json then lists what was `not_scored`, and `resume` scores it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from .arguments import TrainingArguments
 from .checkpoints import average_checkpoints, checkpoint_path, list_checkpoints
 from .distributed import end_training
 from .evaluation import evaluate, full_model, load_weights, report
-from .run_folder import Budget, RunState
+from .run_folder import Budget, RunState, ScoringInterrupted, StopScoring
 from .selection import best_steps
 from .setup import Components, save_adapter
 
@@ -35,33 +37,39 @@ def finish(components: Components, state: RunState, budget: Budget, args: Traini
     none of which can take the saved model with it. `resume` on a finished run comes here at once."""
     accelerator = components.accelerator
     budget.end_part()  # the run's parts, this one's training time included, not its final scores
-    elapsed = time.perf_counter() - budget.started
-    unwrapped, weights = _final_weights(components, state, args)
-    unwrapped.generation_config = paper_generation_config(unwrapped.config)
-    if accelerator.is_main_process:
-        save_model_files(unwrapped, components.tokenizer, args.output_dir)
-        logger.info(f"saved the model and tokenizer to {args.output_dir}")
-    results = _final_results(components, state, args, unwrapped, weights, elapsed, budget.session_tokens)
-    if accelerator.is_main_process:
-        write_results(args.output_dir, results)
-        write_model_card(
-            unwrapped, components.tokenizer, args.output_dir, results, dataset=args.dataset,
-            source_lang=components.source_lang, target_lang=components.target_lang,
-            hyperparameters=_card_hyperparameters(args, weights),
-            example=_card_example(components, args.max_length),
-        )
-        logger.info(f"saved {RESULTS_FILE} and the model card to {args.output_dir}")
+    elapsed = budget.training_seconds()
+    # A stop asked for after the last step, or while saving, skips the scores; the model is saved whole first.
+    with StopScoring(budget.requested_signal()) as stops:
+        unwrapped, weights = _final_weights(components, state, args)
+        unwrapped.generation_config = paper_generation_config(unwrapped.config)
+        if accelerator.is_main_process:
+            save_model_files(unwrapped, components.tokenizer, args.output_dir)
+            logger.info(f"saved the model and tokenizer to {args.output_dir}")
+        results = _final_results(components, state, args, unwrapped, weights, elapsed, budget.session_tokens, stops)
+        if accelerator.is_main_process:
+            write_results(args.output_dir, results)
+            write_model_card(
+                unwrapped, components.tokenizer, args.output_dir, results, dataset=args.dataset,
+                source_lang=components.source_lang, target_lang=components.target_lang,
+                hyperparameters=_card_hyperparameters(state, args, weights),
+                example=_card_example(components, args.max_length),
+            )
+            logger.info(f"saved {RESULTS_FILE} and the model card to {args.output_dir}")
     components.unwrap_model()  # the DDP wrapper goes before the process group (a gloo hang at exit otherwise)
     end_training(accelerator)
+    if results.get("not_scored"):  # stopped: no upload of a folder its owner did not let finish
+        raise ScoringInterrupted(stops.signum, args.output_dir, results["not_scored"])
     if accelerator.is_main_process and args.push_to_hub:  # after the barrier: no process waits on the upload
         _upload(args.output_dir, args.push_to_hub)
     return results
 
 
-def _card_hyperparameters(args: TrainingArguments, weights: dict) -> dict:
-    """The options as the card states them, `average_last` as many checkpoints as were averaged."""
-    options = {k: v for k, v in asdict(args).items() if v is not None and k != "output_dir"}
-    return {**options, "average_last": len(weights["averaged_checkpoints"])}
+def _card_hyperparameters(state: RunState, args: TrainingArguments, weights: dict) -> dict:
+    """The run's options as it trained with them (those its checkpoints record, each resume's typed ones
+    included), as the card states them; `average_last` as many checkpoints as were averaged."""
+    options = state.options if state.options is not None else asdict(args)
+    shown = {k: v for k, v in options.items() if v is not None and k not in ("output_dir", "resume")}
+    return {**shown, "average_last": len(weights["averaged_checkpoints"])}
 
 
 def _card_example(components: Components, max_length: int) -> str | None:
@@ -156,7 +164,7 @@ def _compare_weight_average(components: Components, args: TrainingArguments, mod
 
 
 def _final_results(components: Components, state: RunState, args: TrainingArguments, unwrapped, weights: dict,
-                   elapsed: float, session_tokens: int) -> dict:
+                   elapsed: float, session_tokens: int, stops: StopScoring) -> dict:
     """Validation and test scores of the final weights, with the run's numbers, flat as results.json holds them."""
     epoch_batches = max(len(components.sampler.local_batches(state.epoch)), 1)
     results = {
@@ -175,34 +183,75 @@ def _final_results(components: Components, state: RunState, args: TrainingArgume
         "source_lang": components.source_lang,
         "target_lang": components.target_lang,
         "dataset": args.dataset,
+        "columns": args.columns,
         "decoding": {"num_beams": args.num_beams, "length_penalty": args.length_penalty, "max_new_tokens": "input length + 50"},
     }
-    for name, split in components.eval_splits.items():
-        # Validation translates what it translated during training (`eval_samples`); the test split,
-        # which the headline numbers come from, is translated whole unless `test_samples` says otherwise.
-        # `test_samples` bounds every split scored here.
-        samples = args.eval_samples if name == "validation" and "test" in components.eval_splits else args.test_samples
-        if samples is not None and args.test_samples is not None:
-            samples = min(samples, args.test_samples)
-        results[name] = evaluate(components.accelerator, unwrapped, components.tokenizer, split, args,
-                                 translate_samples=samples, full_precision=True)
-        report(components.accelerator, state.history, weights["final_weights"]["step"], name, results[name], components.log,
-               weights=weights["final_weights"]["name"])
+    splits, started = _final_splits(components, args), time.perf_counter()
+    try:
+        for name, samples in splits.items():
+            stops.check()
+            results[name] = _final_scores(components, state, args, unwrapped, weights, name, samples)
+    except ScoringInterrupted:
+        results["not_scored"] = [name for name in splits if name not in results]
+        logger.warning(f"the final scoring was stopped: {', '.join(results['not_scored'])} not scored; the model is "
+                       f"saved in {args.output_dir}, and `resume` scores it")
+    stops.armed = False  # the results and the card are written whole
+    final_seconds = time.perf_counter() - started
+    # Validation and scoring, timed beside the training time that the time limit counts.
+    results["scoring_minutes"] = round((sum(p.get("scoring_seconds", 0) for p in state.parts) + final_seconds) / 60, 2)
+    results["final_scoring_seconds"] = round(final_seconds, 2)
+    logger.info(f"final scores in {final_seconds / 60:.2f} min; the run trained {results['train_minutes']:.2f} min "
+                f"and validated and scored {results['scoring_minutes']:.2f} min besides")
     results["history"] = state.history
-    # The headline numbers, flat, as the model card reads them.
-    final = results.get("test") or results["validation"]
+    return {**_headline(results), **results, "replica_checksums": _replica_checksums(components.accelerator, unwrapped)}
+
+
+def _final_splits(components: Components, args: TrainingArguments) -> dict:
+    """The splits the final weights are scored on, each with the pairs translated (None: all). The test split,
+    unless `test_samples` is 0, on `test_samples`; the validation split on its own `eval_samples`, or, as the
+    headline where there is no test split, on `test_samples`."""
+    test = "test" in components.eval_splits and args.test_samples != 0
+    splits = {"validation": args.eval_samples if test or args.test_samples == 0 else args.test_samples}
+    return {**splits, "test": args.test_samples} if test else splits
+
+
+def _final_scores(components: Components, state: RunState, args: TrainingArguments, unwrapped, weights: dict,
+                  name: str, samples: int | None) -> dict:
+    """The scores of split `name` on the final weights; a validation of the same weights on as many pairs during
+    training stands for them, never computed twice."""
+    step, split = weights["final_weights"]["step"], components.eval_splits[name]
+    count = len(split.dataset) if samples is None else min(samples, len(split.dataset))
+    as_trained = (weights["averaged_checkpoints"] == [checkpoint_path(components.checkpoint_root, step).name]
+                  and not (weights["weight_average"] or {}).get("used"))
+    earlier = [record for record in state.history if record["step"] == step and record["split"] == name
+               and "final_weights" not in record and record.get("translated", 0) == count]
+    if name == "validation" and as_trained and earlier:
+        logger.info(f"step {step} validation (final weights: {weights['final_weights']['name']}): as validated during "
+                    "training, the same weights on the same pairs")
+        return {k: v for k, v in earlier[-1].items() if k not in ("step", "split")}
+    start = time.perf_counter()
+    metrics = evaluate(components.accelerator, unwrapped, components.tokenizer, split, args,
+                       translate_samples=samples, full_precision=True)
+    metrics["seconds"] = round(time.perf_counter() - start, 2)
+    report(components.accelerator, state.history, step, name, metrics, components.log, weights=weights["final_weights"]["name"])
+    return metrics
+
+
+def _headline(results: dict) -> dict:
+    """The headline numbers, flat, as the model card reads them: the test split's, else the validation split's;
+    None where the final scoring was stopped before them."""
+    split = "test" if "test" in results else "validation"
+    final, validation = results.get(split) or {}, results.get("validation") or {}
     return {
-        "split": "test" if "test" in results else "validation",
-        "bleu": final["bleu"],
-        "chrf": final["chrf"],
-        "sacrebleu_signature": final["bleu_signature"],
-        "chrf_signature": final["chrf_signature"],
-        "scored_pairs": final["translated"],  # the card's headline says how many of the split's pairs it covers
-        "split_pairs": final["pairs"],
-        "validation_loss": results["validation"]["loss"],
-        "validation_perplexity": results["validation"]["perplexity"],
-        **results,
-        "replica_checksums": _replica_checksums(components.accelerator, unwrapped),
+        "split": split,
+        "bleu": final.get("bleu"),
+        "chrf": final.get("chrf"),
+        "sacrebleu_signature": final.get("bleu_signature"),
+        "chrf_signature": final.get("chrf_signature"),
+        "scored_pairs": final.get("translated"),  # the card's headline says how many of the split's pairs it covers
+        "split_pairs": final.get("pairs"),
+        "validation_loss": validation.get("loss"),
+        "validation_perplexity": validation.get("perplexity"),
     }
 
 

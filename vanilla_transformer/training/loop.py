@@ -95,7 +95,7 @@ def _train_part(components: Components, state: RunState, budget: Budget, args: T
     with (StopRequests() as budget.stop_requests, closing(_steps(components, state, budget, args)) as steps,
           training_attention(components.accelerator.device)):  # the timing of kernels and every evaluation too
         # Fine-tuning: the baseline, before any step.
-        if args.model_name_or_path is not None and not args.resume and _validate(components, state, args):
+        if args.model_name_or_path is not None and not args.resume and _validate(components, state, budget, args):
             last_saved = save()
         with bar:  # closed on the way out, so that a failure's one line comes after the bar, not before
             for micro_batches in steps:
@@ -110,7 +110,7 @@ def _train_part(components: Components, state: RunState, budget: Budget, args: T
                     _log(components, state, budget, lr, bar)
                 # The last step is validated too, so that the steps since the last validation can be the best.
                 last = args.best_metric is not None and (budget.steps_done(state.step) or budget.out_of_time())
-                best = (state.step % args.eval_steps == 0 or last) and _validate(components, state, args)
+                best = (state.step % args.eval_steps == 0 or last) and _validate(components, state, budget, args)
                 if best or state.step % args.save_steps == 0:
                     last_saved = save()
                 if out_of_patience(state, args):
@@ -120,7 +120,7 @@ def _train_part(components: Components, state: RunState, budget: Budget, args: T
         if budget.out_of_time() and not budget.stop_signal:
             logger.info(f"time limit of {args.time_limit} min reached at step {state.step}")
         if args.best_metric is not None and not budget.stop_signal and not _validated(state):  # the last epoch's end
-            _validate(components, state, args)
+            _validate(components, state, budget, args)
             last_saved = None  # saved again, with the validation
         if last_saved != state.step:
             save()
@@ -175,7 +175,7 @@ def _log(components: Components, state: RunState, budget: Budget, lr: float, bar
     """The losses since the last log (the one wait for the device that logging costs): a plain line, a record in
     the training log, the trackers and the bar."""
     loss, nll = components.losses.read(state.step)
-    elapsed = time.perf_counter() - budget.started  # this part's; the run's adds the earlier parts'
+    elapsed = budget.training_seconds()  # this part's; the run's adds the earlier parts'
     tokens_per_second = budget.session_tokens / elapsed
     part = len(state.parts)
     bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}")
@@ -188,11 +188,15 @@ def _log(components: Components, state: RunState, budget: Budget, lr: float, bar
     components.accelerator.log(metrics, step=state.step)
 
 
-def _validate(components: Components, state: RunState, args: TrainingArguments) -> bool:
-    """Score the validation split; whether the model is the best so far by `best_metric` (its checkpoint is then saved)."""
+def _validate(components: Components, state: RunState, budget: Budget, args: TrainingArguments) -> bool:
+    """Score the validation split; whether the model is the best so far by `best_metric` (its checkpoint is then saved).
+    Its time is the budget's `scoring`, beside the training time that the time limit counts."""
+    start = time.perf_counter()
     # In fp32, as the final scores: the best is chosen on the numbers reported for it.
     metrics = evaluate(components.accelerator, components.model, components.tokenizer,
                        components.eval_splits["validation"], args, args.eval_samples, full_precision=True)
+    metrics["seconds"] = round(time.perf_counter() - start, 2)
+    budget.scoring += metrics["seconds"]
     report(components.accelerator, state.history, state.step, "validation", metrics, components.log)
     best = record_validation(state, args, metrics)
     if best:

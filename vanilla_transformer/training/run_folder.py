@@ -25,7 +25,14 @@ from accelerate.logging import get_logger
 from ..file_checks import read_json
 from ..hub import DESCRIPTION_FILES, RESULTS_FILE
 from ..staging import DiskFull, sweep_staging
-from .arguments import ATTENTION_IMPLEMENTATIONS, NEVER_RESTORED, RUN_OPTIONS, TrainingArguments, check_option
+from .arguments import (
+    ATTENTION_IMPLEMENTATIONS,
+    FOLDER_TRACKERS,
+    NEVER_RESTORED,
+    RUN_OPTIONS,
+    TrainingArguments,
+    check_option,
+)
 from .checkpoints import (
     STATE_FILE,
     WEIGHTS_FILE,
@@ -40,7 +47,7 @@ from .lock import RunLock
 __all__ = [
     "CHECKPOINTS", "Budget", "RunState", "StopRequests", "TrainingInterrupted", "check_same_run", "disk_full",
     "check_run_config", "check_state", "finished_step", "on_main", "recorded_options", "restore_options",
-    "resume_budget", "resume_step", "run_options", "take_folder",
+    "resume_budget", "resume_step", "run_options", "ScoringInterrupted", "StopScoring", "take_folder",
 ]
 
 logger = get_logger(__name__)
@@ -64,7 +71,8 @@ class RunState:
     options: dict | None = None  # every option the run was started with: `resume` alone restores them
     best: list = field(default_factory=list)  # model selection's best validations, best first (selection.py)
     evaluations_without_improvement: int = 0  # towards `patience`
-    # The run's parts up to this step, the first session and each resume: {"steps": [first, last], "seconds"}.
+    # The run's parts up to this step, the first session and each resume: {"steps": [first, last], "seconds"} of
+    # training (the steps and their saving), and "scoring_seconds" of validation beside them.
     parts: list = field(default_factory=list)
 
     def count_step(self, batches: int, tokens: int) -> None:
@@ -76,12 +84,13 @@ class RunState:
     def begin_part(self) -> float:
         """A new part of the run from this step (its first session, or a resume); the seconds of the parts before."""
         before = sum(part["seconds"] for part in self.parts)
-        self.parts.append({"steps": [self.step, self.step], "seconds": 0.0})
+        self.parts.append({"steps": [self.step, self.step], "seconds": 0.0, "scoring_seconds": 0.0})
         return before
 
-    def end_part(self, seconds: float) -> None:
-        """The current part as of this step, `seconds` long so far."""
-        self.parts[-1] = {"steps": [self.parts[-1]["steps"][0], self.step], "seconds": round(seconds, 2)}
+    def end_part(self, seconds: float, scoring: float = 0.0) -> None:
+        """The current part as of this step: `seconds` of training so far, and `scoring` of validation."""
+        self.parts[-1] = {"steps": [self.parts[-1]["steps"][0], self.step], "seconds": round(seconds, 2),
+                          "scoring_seconds": round(scoring, 2)}
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -119,7 +128,8 @@ class Budget:
     progress: RunState = field(default_factory=RunState)  # the epoch and its batches done, for `num_epochs`
     start_step: int = 0  # where this session began
     started: float = field(default_factory=time.perf_counter)
-    elapsed: float = 0.0  # seconds since `started` on the main process, as of the current step (alike on every process)
+    elapsed: float = 0.0  # seconds trained since `started` on the main process, as of the current step (alike on every process)
+    scoring: float = 0.0  # seconds of this session spent validating: timed beside the budget, never counted in it
     session_tokens: int = 0  # target tokens trained on in this session, for tokens per second
     before: float = 0.0  # seconds of the run's earlier parts (RunState.parts), which the time limit counts too
     stop_requests: StopRequests | None = None
@@ -148,9 +158,13 @@ class Budget:
     def out_of_time(self) -> bool:
         return self.time_limit is not None and self.before + self.elapsed > self.time_limit * 60
 
+    def training_seconds(self) -> float:
+        """Seconds of this session so far that the time limit counts: all but validating."""
+        return time.perf_counter() - self.started - self.scoring
+
     def end_part(self) -> None:
         """Record this session's part of the run as of now (before a checkpoint, and at the end)."""
-        self.progress.end_part(time.perf_counter() - self.started)
+        self.progress.end_part(self.training_seconds(), self.scoring)
 
     def describe(self) -> str:
         """The run's budget, its limits and what is spent of each: "step 6 of `max_steps` 8; 0.4 of `time_limit` 5 min"."""
@@ -187,14 +201,19 @@ def finished_step(args: TrainingArguments) -> int | None:
         return None
     if state is None or not isinstance(results, dict) or results.get("steps") != state.step:
         return None
+    if results.get("not_scored"):  # the final scoring was stopped: `train` scores what is missing
+        return None
     given = recorded_options(args)  # another option given with `resume` is refused, or applied, by `train`
-    if any(given.get(name) != value for name, value in (state.options or {}).items() if name not in BUDGET_OPTIONS):
+    if any(given.get(name) != value for name, value in (state.options or {}).items()
+           if name not in BUDGET_OPTIONS and name not in NEVER_RESTORED):
         return None
     budget = Budget(args.max_steps, args.num_epochs, args.time_limit, progress=state,
                     before=sum(part["seconds"] for part in state.parts))
-    if not (budget.spent(state.step) or budget.epochs_done()):
+    stopped_early = args.patience is not None and state.evaluations_without_improvement >= args.patience
+    if not (budget.spent(state.step) or budget.epochs_done() or stopped_early):
         return None
-    logger.info(f"`resume`: the run in {args.output_dir} is done ({budget.describe()}); its model and "
+    done = f"{budget.describe()}{'; stopped early by `patience`' * stopped_early}"
+    logger.info(f"`resume`: the run in {args.output_dir} is done ({done}); its model and "
                 f"{RESULTS_FILE} are saved. Nothing to do: give a larger `max_steps`, `time_limit` or `num_epochs` "
                 "to train on")
     return state.step
@@ -202,7 +221,7 @@ def finished_step(args: TrainingArguments) -> int | None:
 
 def resume_budget(args: TrainingArguments, state: RunState, budget: Budget) -> None:
     """Say where a resumed run stands against its budget, and which limits typed with `resume` replace the
-    recorded ones; those are recorded in turn, so that the next `resume` keeps them."""
+    recorded ones. Every option typed with `resume` is recorded in turn, so that the next `resume` keeps it."""
     earlier = ", ".join(f"steps {p['steps'][0]}-{p['steps'][1]} in {p['seconds'] / 60:.2f} min" for p in state.parts[:-1])
     logger.info(f"part {len(state.parts)} of the run, from step {state.step}{f' (before: {earlier})' if earlier else ''}; "
                 f"the budget counts every part: {budget.describe()}")
@@ -212,7 +231,7 @@ def resume_budget(args: TrainingArguments, state: RunState, budget: Budget) -> N
     for name in BUDGET_OPTIONS:
         if name in recorded and recorded[name] != getattr(args, name):
             logger.info(f"`{name}` {getattr(args, name)}, given with `resume`, replaces the run's {recorded[name]}")
-        recorded[name] = getattr(args, name)
+    state.options = {**recorded, **recorded_options(args)}
 
 
 def take_folder(lock: RunLock) -> None:
@@ -330,6 +349,8 @@ def restore_options(output_dir: str, given: dict) -> dict:
     known = {f.name for f in fields(TrainingArguments)}  # an option since removed is dropped
     restored = {name: value for name, value in recorded.items()
                 if name in known and name not in NEVER_RESTORED and name not in given}
+    if "report_to" not in given and recorded.get("report_to") in FOLDER_TRACKERS:  # it writes in the folder alone
+        restored["report_to"] = recorded["report_to"]
     for name, value in restored.items():
         try:
             check_option(name, value)
@@ -349,7 +370,10 @@ def _log_options(args: TrainingArguments, recorded: dict, source: Path) -> None:
     lines = [f"resume: the options of the run, from {source}:",
              "  " + ", ".join(f"{name}={value!r}" for name, value in sorted(options.items()))]
     if changed:
-        lines.append(f"  typed in place of the recorded ones: {'; '.join(changed)}")
+        lines.append(f"  typed in place of the recorded ones, and recorded for the next resume: {'; '.join(changed)}")
+    if args.report_to is not None and recorded.get("report_to") == args.report_to:
+        lines.append(f"  report_to={args.report_to!r} as recorded: the tracker goes on logging under "
+                     f"{Path(args.output_dir) / 'runs'}")
     if left_out:
         lines.append(f"  recorded but not restored (they act outside the run's folder; give them on the command line): "
                      f"{', '.join(left_out)}")
@@ -423,5 +447,50 @@ class StopRequests:
                        "(send it again to stop at once, unsaved)")
 
     def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+class ScoringInterrupted(TrainingInterrupted):
+    """SIGINT or SIGTERM during the final scoring, which stops at once: the model is saved by then, and `not_scored`
+    names the splits left unscored."""
+
+    def __init__(self, signum: int, output_dir: str = "", not_scored=()):
+        self.exit_code = 128 + signum
+        Exception.__init__(
+            self, f"stopped by {signal.Signals(signum).name} during the final scoring; the trained model is saved in "
+            f"{output_dir}, not scored: {', '.join(not_scored) or 'nothing'}; run the same command with --resume to "
+            "score it"
+        )
+
+
+class StopScoring:
+    """While the final scores are computed: SIGINT and SIGTERM stop them at once (`armed`), or, outside the
+    scoring itself, once the card is written. `pending`: a stop asked for after the last step, which stops them
+    before they start."""
+
+    def __init__(self, pending: int = 0):
+        self.signum, self.armed, self._previous = pending, False, {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._stop)
+        return self
+
+    def _stop(self, signum, frame) -> None:
+        self.signum = signum
+        logger.warning(f"{signal.Signals(signum).name}: stopping the final scoring; the model is saved")
+        if self.armed:
+            raise ScoringInterrupted(signum)
+
+    def check(self) -> None:
+        """Raise ScoringInterrupted if a stop came; from now on, one stops at once."""
+        self.armed = True
+        if self.signum:
+            raise ScoringInterrupted(self.signum)
+
+    def __exit__(self, *exc) -> None:
+        self.armed = False
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)

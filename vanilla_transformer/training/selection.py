@@ -4,13 +4,18 @@ Not in the paper, which averages the last checkpoints (§6.1). With `best_metric
 is compared with the best so far: `RunState.best` lists the best evaluations, best first (one, or
 `average_last` with `average_best`), whose checkpoints pruning never deletes, and
 `evaluations_without_improvement` counts towards `patience`. Both live in the checkpoints, so a resumed
-run keeps knowing its best and its count.
+run keeps knowing its best and its count. BLEU and chrF compare only on as many validation sentences
+(`eval_samples`): a resume that changes their number starts a new comparison.
 """
 
 from __future__ import annotations
 
+from accelerate.logging import get_logger
+
 from .arguments import BEST_METRICS, TrainingArguments
 from .run_folder import RunState
+
+logger = get_logger(__name__)
 
 __all__ = ["best_steps", "out_of_patience", "record_validation"]
 
@@ -20,13 +25,27 @@ def record_validation(state: RunState, args: TrainingArguments, metrics: dict) -
     if args.best_metric is None:
         return False
     value, better = metrics[args.best_metric], BEST_METRICS[args.best_metric]
+    _start_anew_on_other_samples(state, args)
     improved = not state.best or (value != state.best[0]["value"] and better(value, state.best[0]["value"]) == value)
     kept = args.average_last if args.average_best else 1
     # Sorted best first; an earlier step wins a tie (it was there first).
-    candidates = state.best + [{"step": state.step, "metric": args.best_metric, "value": value}]
+    candidates = state.best + [{"step": state.step, "metric": args.best_metric, "value": value,
+                                "eval_samples": args.eval_samples}]
     state.best = sorted(candidates, key=lambda r: r["value"], reverse=better is max)[:kept]
     state.evaluations_without_improvement = 0 if improved else state.evaluations_without_improvement + 1
     return improved
+
+
+def _start_anew_on_other_samples(state: RunState, args: TrainingArguments) -> None:
+    """BLEU or chrF on another number of validation sentences is another measure: the best so far are forgotten
+    (the loss is on the whole split, whatever `eval_samples` is). Records from before the count was kept compare."""
+    if args.best_metric == "loss" or not state.best:
+        return
+    before = state.best[0].get("eval_samples", args.eval_samples)
+    if before != args.eval_samples:
+        logger.info(f"`eval_samples` is {args.eval_samples}, the best validation {args.best_metric} so far (step "
+                    f"{state.best[0]['step']}) was on {before}: model selection starts a new comparison at step {state.step}")
+        state.best, state.evaluations_without_improvement = [], 0
 
 
 def best_steps(state: RunState) -> list[int]:

@@ -21,6 +21,7 @@ from accelerate.utils import DistributedType, set_seed
 
 from ..corpora import recorded_name
 from ..inference import load_pretrained
+from ..model_card import adapter_card
 from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 from ..modeling.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
@@ -224,6 +225,7 @@ def _build_model(args: TrainingArguments, accelerator, tokenizer, resume_from: P
         _set_attention(model, args.attn_implementation)
     _check_max_length(args, model.config)
     _record_language_pair(model.config, *langs, args.dataset)
+    model.config.update({"dataset_config": args.dataset_config, "dataset_columns": args.columns})  # to read it again
     checkpoint_root = Path(args.output_dir) / CHECKPOINTS
     if accelerator.is_main_process and resume_from is None:
         checkpoint_root.mkdir(parents=True, exist_ok=True)
@@ -285,8 +287,12 @@ def save_adapter(model, output_dir: str | os.PathLike, base: str | None) -> Path
     folder = Path(output_dir) / ADAPTER_DIR
     if base is not None:  # None: a model trained from a preset, which no folder holds
         model.peft_config["default"].base_model_name_or_path = str(Path(base).resolve()) if Path(base).is_dir() else base
+    lora = model.peft_config["default"]
     with staging_folder(output_dir, ADAPTER_DIR, folder) as staging:
         model.save_pretrained(staging, save_embedding_layers=False)  # LoRA trains no embeddings
+        card = adapter_card(base, lora.r, lora.lora_alpha, lora.lora_dropout, sorted(lora.target_modules),
+                            Path(output_dir).name)
+        (staging / "README.md").write_text(card, encoding="utf-8")  # in place of PEFT's empty template
         publish_files(staging)
         shutil.rmtree(folder, ignore_errors=True)  # an earlier finish of this run's
         os.rename(staging, folder)

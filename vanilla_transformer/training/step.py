@@ -73,7 +73,7 @@ class StepCounts:
 
     def __init__(self, accelerator, local_tokens: int, budget: Budget):
         main = accelerator.is_main_process
-        elapsed_ms = int((time.perf_counter() - budget.started) * 1000) if main else 0
+        elapsed_ms = int(budget.training_seconds() * 1000) if main else 0
         counts = torch.tensor([local_tokens, elapsed_ms, budget.requested_signal() if main else 0], dtype=torch.float64)
         if accelerator.device.type == "cuda":
             counts = counts.pin_memory()

@@ -1,0 +1,95 @@
+"""Finishing a run through the real `train` command, in a process of its own: the time limit counts the steps
+and validation is timed beside them, `--test-samples 0` skips the test, the final validation keeps its size and
+never scores the same weights twice, and SIGINT during the final scoring stops it with the model saved."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from vanilla_transformer.training.logs import LOG_FILE, read_log
+
+CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def _train(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, "train", *map(str, args)], capture_output=True, text=True, env=ENV, timeout=300)
+
+
+@pytest.mark.slow
+def test_test_samples_0_skips_the_test_and_the_final_validation_keeps_its_size_scored_once(
+    tmp_path, small_task, small_run
+):
+    # `--test-samples` had to be at least 1, and `--test-samples 1` shrank the final validation to one sentence;
+    # a run whose last step was validated validated it again, with the same numbers.
+    out = tmp_path / "run"
+    result = _train("--dataset", small_task, "--output-dir", out, *small_run, "--max-steps", 3, "--eval-steps", 3,
+                    "--eval-samples", 4, "--test-samples", 0)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert "test" not in results and results["split"] == "validation"
+    assert results["validation"]["translated"] == results["scored_pairs"] == 4
+    validations = [r for r in read_log(out / LOG_FILE) if r.get("split") == "validation"]
+    assert [r["step"] for r in validations] == [3]  # scored once: the final weights are step 3's, as validated
+    assert "as validated during training, the same weights on the same pairs" in result.stderr
+    assert "step 3 test" not in result.stderr
+
+
+@pytest.mark.slow
+def test_the_time_limit_counts_the_steps_and_validation_is_timed_beside_them(tmp_path, small_task, small_run):
+    # Validation and the final scores were booked as training: the card said "Trained for 13.13 minutes" where
+    # about 8.9 were training.
+    out = tmp_path / "run"
+    started = time.perf_counter()
+    result = _train("--dataset", small_task, "--output-dir", out, *small_run, "--max-steps", 4, "--eval-steps", 1,
+                    "--eval-samples", 12, "--num-beams", 4, "--test-samples", 4, "--log-steps", 1)
+    wall = time.perf_counter() - started
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    validations = [r for r in read_log(out / LOG_FILE) if r.get("split") == "validation" and "final_weights" not in r]
+    assert [r["step"] for r in validations] == [1, 2, 3, 4] and all(r["seconds"] > 0 for r in validations)
+    [part] = results["parts"]
+    assert part["scoring_seconds"] == pytest.approx(sum(r["seconds"] for r in validations), abs=0.05)
+    assert part["seconds"] + part["scoring_seconds"] + results["final_scoring_seconds"] < wall
+    assert results["train_minutes"] == round(part["seconds"] / 60, 2)
+    scoring = results["scoring_minutes"]
+    assert scoring == pytest.approx((part["scoring_seconds"] + results["final_scoring_seconds"]) / 60, abs=0.011)
+    assert f"validating and scoring took {scoring:g} minutes besides" in (out / "README.md").read_text()
+    # The step records' clock is the training's: it moves less than the validations between them took.
+    steps = [r for r in read_log(out / LOG_FILE) if "split" not in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4] and steps[-1]["elapsed"] <= part["seconds"] + 0.01
+
+
+@pytest.mark.slow
+def test_sigint_during_the_final_scoring_stops_it_and_keeps_the_trained_model(tmp_path, write_synthetic_task, small_run):
+    # A SIGINT during the final scoring was not acted on; the run went on to score the whole test split.
+    data = write_synthetic_task(tmp_path / "data", n_train=300, n_eval=400, reverse=True)
+    out = tmp_path / "run"
+    process = subprocess.Popen([*CLI, "train", "--dataset", str(data), "--output-dir", str(out), *small_run,
+                                "--max-steps", "2", "--num-beams", "4"],
+                               stderr=subprocess.PIPE, text=True, env=ENV)
+    lines = []
+    for line in process.stderr:  # the model is saved: the final scoring begins
+        lines.append(line)
+        if "saved the model and tokenizer" in line:
+            time.sleep(2)
+            process.send_signal(signal.SIGINT)
+            break
+    try:
+        lines += process.stderr.readlines()
+        process.wait(timeout=120)
+    finally:
+        process.kill()
+    err = "".join(lines)
+    assert process.returncode == 130, err[-3000:]
+    assert "Traceback" not in err
+    assert err.splitlines()[-1].startswith(f"vanilla-transformer train: stopped by SIGINT during the final scoring; "
+                                           f"the trained model is saved in {out}, not scored: ")
+    results = json.loads((out / "results.json").read_text())
+    assert "test" in results["not_scored"] and (out / "model.safetensors").exists()
+    assert "not scored." in (out / "README.md").read_text()
