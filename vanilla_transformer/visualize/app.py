@@ -108,12 +108,10 @@ def _length_offset(model) -> int:
 def make_translate(model, tokenizer, limits: Limits, pages: str | os.PathLike | tempfile.TemporaryDirectory,
                    slots: threading.Semaphore | None = None):
     """The app's function: (sentence, beams, length penalty, longest output (0: the model's default)) ->
-    (translation, the explorer in a frame, the explorer's file, written under `pages`, which keeps the
-    newest `KEPT_PAGES`). A request beyond `limits` is a gr.Error naming the limit. `slots`: held while
-    translating, shared with the JSON endpoint (default: one of its own)."""
-    offset = _length_offset(model)
+    (translation, the explorer in a frame, the explorer's file, written under `pages`, which keeps the newest
+    `KEPT_PAGES`). A request beyond `limits` is a gr.Error naming the limit. `slots`: held while translating."""
+    offset, slots = _length_offset(model), slots or threading.Semaphore(limits.max_concurrent)
     longest_text = limits.max_input_tokens * longest_token(tokenizer)
-    slots = slots or threading.Semaphore(limits.max_concurrent)
 
     def translate(sentence: str, num_beams: float, length_penalty: float, max_new_tokens: float):
         if not isinstance(sentence, str):  # a client's call may hold anything: Gradio passes it on
