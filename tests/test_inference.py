@@ -24,7 +24,7 @@ def test_each_weights_file_is_opened_once(tmp_path, monkeypatch):
 
 
 def test_longest_token_scans_the_vocabulary_once_per_tokenizer(hub_tiny_model, monkeypatch):
-    # translate_texts scanned the vocabulary for every batch: 0.09 s each, a tenth of the CLI's time on a file.
+    # translate_texts scanned the vocabulary for every batch of a file, a tenth of the CLI's time on a trained model.
     from vanilla_transformer import inference
 
     _, tokenizer = hub_tiny_model

@@ -304,3 +304,13 @@ def test_the_cpu_precision_benchmark_compares_its_variants_from_the_same_start(t
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].endswith(
         "--variants takes a comma-separated subset of fp32,bf16-autocast,bf16-weights,bf16-autocast-compiled; got ['fp16']")
+
+
+def test_cli_against_pipeline_times_both_on_the_same_lines(hub_tiny_folder):
+    result = subprocess.run([sys.executable, "-m", "benchmarks.cli_translate", "--model", str(hub_tiny_folder), "--lines",
+                             "40"], capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    first, cli, pipeline = result.stdout.splitlines()[-3:]
+    assert first.startswith("40 lines, beams 1, 1 thread(s)") and first.endswith("outputs differing: 0"), first
+    assert cli.lstrip().startswith("cli: ") and pipeline.startswith("pipeline: ")
