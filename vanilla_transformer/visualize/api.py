@@ -128,7 +128,7 @@ class Batcher:
                 try:
                     self.check(job.texts)
                     batch.append(job)
-                except Refused as err:
+                except Exception as err:  # Refused, or a failure of this request's own: the thread goes on
                     job.future.set_exception(err)
             if batch:
                 self._decode(batch)
