@@ -10,9 +10,9 @@ takes the address from GRADIO_SERVER_NAME and GRADIO_SERVER_PORT.
 What one visitor may ask is bounded (`Limits`: source and output length, beams, requests served at once
 and waiting): a request beyond a limit is refused with a message naming it. A deployer changes them with
 `serve --max-input-tokens ...` or, in a Space, the variables VANILLA_TRANSFORMER_MAX_INPUT_TOKENS,
-..._MAX_NEW_TOKENS, ..._MAX_BEAMS, ..._MAX_CONCURRENT, ..._MAX_QUEUED and ..._REQUEST_TIMEOUT. Every
+..._MAX_NEW_TOKENS, ..._MAX_BEAMS, ..._MAX_TEXTS, ..._MAX_CONCURRENT, ..._MAX_QUEUED and ..._REQUEST_TIMEOUT. Every
 request goes through the queue: Gradio's REST route that skips it (`/run/`) is closed. `serve` answers a
-request body larger than the longest sentence needs with 413, from its length before reading it or, sent
+request body larger than `max_texts` of the longest sentences need with 413, from its length before reading it or, sent
 in chunks, once past the limit (`BodyLimit`), and a client that takes longer than `request_timeout` to send
 its headers and body, however it spaces them out, with 408 (`RequestDeadline`); it keeps the explorer's files in one folder inside Gradio's cache (the newest
 `KEPT_PAGES`), removed when it stops.
