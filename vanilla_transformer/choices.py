@@ -27,6 +27,7 @@ SERVE_LIMITS = {
     "max_input_tokens": 128,  # source tokens, </s> included: a long sentence
     "max_new_tokens": 256,  # output tokens a visitor may ask for
     "max_beams": 8,
+    "max_texts": 32,  # texts in one request to the JSON endpoint, and in one batch of requests decoded together
     "max_concurrent": 1,  # requests translated at once; the others wait in the queue ...
     "max_queued": 8,  # ... which refuses more than this many
     "request_timeout": 30,  # seconds a client may take to send a request (headers and body): a slow one holds a connection

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import warnings
+import weakref
 from pathlib import Path
 
 import torch
@@ -310,8 +311,16 @@ def translate_texts(
 
 def longest_token(tokenizer) -> int:
     """The most characters one token stands for: a text of more than `n * longest_token` characters has more
-    than n tokens, which tells a text too long without tokenising it."""
-    return max(len(tokenizer.convert_tokens_to_string([token])) for token in tokenizer.get_vocab())
+    than n tokens, which tells a text too long without tokenising it. Scanned once per tokenizer (and again if
+    its vocabulary grows): a scan of 8,000 tokens costs what translating a few lines does."""
+    known = _LONGEST_TOKENS.get(tokenizer)
+    if known is None or known[0] != len(tokenizer):
+        known = len(tokenizer), max(len(tokenizer.convert_tokens_to_string([token])) for token in tokenizer.get_vocab())
+        _LONGEST_TOKENS[tokenizer] = known
+    return known[1]
+
+
+_LONGEST_TOKENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> (its size, longest_token)
 
 
 def bounded_texts(model, tokenizer, texts: list[str], first_line: int = 1) -> list[str]:

@@ -323,3 +323,13 @@ def test_score_function_study_trains_the_preset_named(tmp_path, capsys):
     with pytest.raises(SystemExit) as refused:
         study(["--append-to", str(report), "--preset", "tiny"])
     assert refused.value.code == 2 and "leave out --preset" in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_cli_against_pipeline_times_both_on_the_same_lines(hub_tiny_folder):
+    result = subprocess.run([sys.executable, "-m", "benchmarks.cli_translate", "--model", str(hub_tiny_folder), "--lines",
+                             "40"], capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    first, cli, pipeline = result.stdout.splitlines()[-3:]
+    assert first.startswith("40 lines, beams 1, 1 thread(s)") and first.endswith("outputs differing: 0"), first
+    assert cli.lstrip().startswith("cli: ") and pipeline.startswith("pipeline: ")

@@ -393,3 +393,35 @@ def test_evaluate_refuses_an_output_that_is_an_input_or_the_other_output(tmp_pat
         assert f"--hypotheses-out {hypotheses} is an input of this command" in error
     assert test_file.read_bytes() == data_before and (model / "config.json").read_text() == "{}"
     assert not references.exists()
+
+
+def test_translate_sorts_a_file_by_length_across_several_batches(hub_tiny_folder, hub_tiny_model, tmp_path, capsys,
+                                                                 monkeypatch):
+    # A file went to the model 32 lines at a time, each batch padded to its longest line, as the pipeline does.
+    from vanilla_transformer import inference
+
+    seen = []
+    translate = inference.translate_texts
+    monkeypatch.setattr(inference, "translate_texts", lambda model, tokenizer, texts, **options:
+                        seen.append(len(texts)) or translate(model, tokenizer, texts, **options))
+    lines = [LINES[i % len(LINES)] + " Amen." * (i % 5) for i in range(20)]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["translate", "--model", str(hub_tiny_folder), *GREEDY, "--batch-size", "2", "--input-file",
+                 str(tmp_path / "in.txt")]) == 0
+    assert seen == [16, 4]  # 8 batches sorted together, then the rest
+    assert capsys.readouterr().out.splitlines() == translate(*hub_tiny_model, lines, num_beams=1, max_new_tokens=12)
+
+
+@pytest.mark.slow
+def test_translate_writes_what_the_folders_pipeline_writes(hub_tiny_folder, tmp_path):
+    from transformers import pipeline
+
+    lines = [LINES[i % len(LINES)] + " Amen." * (i % 7) for i in range(40)]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", "translate", "--model", str(hub_tiny_folder),
+                             "--input-file", str(tmp_path / "in.txt"), "--num-beams", "1", "--batch-size", "8"],
+                            capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    translate = pipeline("translation", model=str(hub_tiny_folder), trust_remote_code=True, device="cpu")
+    expected = [" ".join(r["translation_text"].splitlines()) for r in translate(lines, batch_size=8, num_beams=1)]
+    assert result.stdout.splitlines() == expected

@@ -167,3 +167,119 @@ def test_connections_that_send_half_their_headers_are_closed_at_the_deadline(ser
     finally:
         for connection in connections:
             connection.close()
+
+
+# --- the JSON endpoint: POST /v1/translate ---
+
+
+def _translate_json(served, payload, timeout=300):
+    status, text, headers = serving.post(*served, "/v1/translate", payload, timeout=timeout, headers=True)
+    return status, json.loads(text), headers
+
+
+def _peak_memory_kb(pid: int) -> tuple[int, int]:
+    """(resident, peak resident) memory of a process, in kB."""
+    fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+@pytest.mark.slow
+def test_the_json_endpoint_answers_20_concurrent_clients_in_batches_as_it_answers_one(served, hub_tiny_model):
+    import random
+
+    from vanilla_transformer.inference import translate_texts
+
+    texts = SENTENCES + ["God is love.", "Blessed are the meek.", "The Lord is my shepherd.", "Ask, and it shall be given you."]
+    alone = {text: _translate_json(served, {"texts": [text], "num_beams": 1})[1]["translations"][0] for text in texts}
+    assert list(alone.values()) == translate_texts(*hub_tiny_model, texts, num_beams=1)  # the CLI's translations
+    resident, _ = _peak_memory_kb(served.pid)
+    requests = [random.Random(i).sample(texts, 1 + i % 3) for i in range(200)]
+    start = threading.Barrier(20)
+
+    def client(number):
+        start.wait()
+        return [_translate_json(served, {"texts": request, "num_beams": 1}) for request in requests[number::20]]
+
+    with ThreadPoolExecutor(20) as pool:
+        answers = [answer for answers in pool.map(client, range(20)) for answer in answers]
+    sent = [request for number in range(20) for request in requests[number::20]]
+    assert [status for status, _, _ in answers] == [200] * 200, answers[:1]
+    assert [body["translations"] for _, body, _ in answers] == [[alone[text] for text in request] for request in sent]
+    batches = [int(headers["X-Batch-Texts"]) for _, _, headers in answers]
+    assert max(batches) > 3 and max(batches) <= 32, batches  # requests of 1-3 texts decoded together, up to max_texts
+    _, peak = _peak_memory_kb(served.pid)
+    assert peak - resident < 300_000, f"the server grew from {resident} kB to a peak of {peak} kB"
+
+
+@pytest.mark.slow
+def test_the_json_endpoint_gives_scores_and_attention_only_when_asked(served):
+    status, body, _ = _translate_json(served, {"texts": ["Jesus wept.", ""], "num_beams": 2, "with_scores": True})
+    assert status == 200 and set(body) == {"translations", "scores"} and body["translations"][1] == "", body
+    assert body["scores"][0] < 0 and body["scores"][1] == 0.0
+    status, body, _ = _translate_json(served, {"texts": ["Jesus wept."], "attention": True})
+    (attention,) = body["attentions"]
+    assert status == 200 and set(body) == {"translations", "attentions"}
+    weights = attention["cross_attention"]
+    assert len(weights) == len(attention["target_tokens"]) and len(weights[0]) == len(attention["source_tokens"])
+    assert abs(sum(weights[0]) - 1) < 1e-2
+
+
+REFUSED = [  # (body, status, what the one line names)
+    (b"not json", 400, "not JSON"),
+    ({"texts": "Jesus wept."}, 400, "`texts` must be a list of 1 to 32 strings"),
+    ({"texts": ["x"] * 33}, 400, "`texts` must be a list of 1 to 32 strings"),
+    ({"texts": [None]}, 400, "`texts` must be a list"),
+    ({"texts": ["Jesus wept."], "num_beams": 20}, 400, "`num_beams` must be a whole number from 1 to 8"),
+    ({"texts": ["Jesus wept."], "num_beams": "nan"}, 400, "`num_beams` must be a whole number"),
+    (b'{"texts": ["Jesus wept."], "num_beams": NaN}', 400, "`num_beams` must be a whole number"),
+    ({"texts": ["Jesus wept."], "max_new_tokens": "inf"}, 400, "`max_new_tokens` must be a whole number from 1 to 256"),
+    ({"texts": ["Jesus wept."], "length_penalty": "0.6"}, 400, "length_penalty` must be a finite number"),
+    ({"texts": ["Jesus wept."], "with_scores": "yes"}, 400, "`with_scores` must be true or false"),
+    ({"texts": ["Jesus wept."], "beams": 4}, 400, "Unknown field 'beams'"),
+    ({"texts": ["a " * 300]}, 400, "tokens long; this server translates at most 128 (max_input_tokens)"),
+    ({"texts": ["x" * 50_000]}, 400, "texts[0] is 50000 characters long"),
+]
+
+
+@pytest.mark.slow
+def test_the_json_endpoint_refuses_a_request_beyond_its_limits_in_one_line_and_logs_no_traceback(served):
+    for body, status, message in REFUSED:
+        answered, text = serving.post(*served, "/v1/translate", body)
+        assert answered == status and message in json.loads(text)["error"], (body, answered, text)
+        assert "\n" not in json.loads(text)["error"]
+    assert "Traceback" not in served.log.read_text()
+
+
+def _call_events(host, port, data):
+    """The queue's REST route: the last event's kind and data."""
+    status, text = serving.post(host, port, "/gradio_api/call/translate", {"data": data})
+    assert status == 200, text
+    event = json.loads(text)["event_id"]
+    with urllib.request.urlopen(f"http://{host}:{port}/gradio_api/call/translate/{event}", timeout=300) as stream:
+        lines = stream.read().decode().splitlines()
+    kinds = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    data = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    return kinds[-1], json.loads(data[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("data, message", [
+    (["Jesus wept.", "nan", 0.6, 0], "Beam size (1: greedy) must be a number from 1 to 8; got 'nan'."),
+    (["Jesus wept.", 1, 0.6, "inf"], "must be a number of at least 0; got 'inf'."),
+    ([None, None, None, None], "Beam size (1: greedy) must be a number from 1 to 8; got None."),
+    (["Jesus wept.", 20, 0.6, 0], "Beam size (1: greedy) must be a number from 1 to 8; got 20."),
+    ([None, 1, 0.6, 0], "The sentence must be text; got None."),
+])
+def test_the_page_refuses_bad_decoding_options_with_a_message_and_logs_no_traceback(served, data, message):
+    # "nan" beams, "inf" tokens or nulls answered {"error": null} with a traceback in the log.
+    kind, answer = _call_events(*served, data)
+    assert kind == "error" and message in str(answer), answer
+    assert "Traceback" not in served.log.read_text()
+
+
+@pytest.mark.slow
+def test_the_page_has_one_route_per_call(served):
+    host, port = served
+    with urllib.request.urlopen(f"http://{host}:{port}/gradio_api/info", timeout=30) as response:
+        routes = json.load(response)["named_endpoints"]
+    assert "/translate" in routes and "/translate_1" not in routes, sorted(routes)

@@ -9,6 +9,9 @@ from .options import add_decoding_options, add_model_option, add_threads_option,
 from .streams import batches_as_they_come, batches_of, read_lines
 
 
+LENGTH_WINDOW = 8  # batches of a file sorted by length together: fewer lines padded to a longer one, little memory
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "translate",
@@ -51,7 +54,8 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except (OSError, ValueError, TypeError, ImportError) as err:
         refuse(p, err)
     stdin = not args.texts and args.input_file in (None, "-")
-    batches = batches_as_they_come(texts, args.batch_size) if stdin else batches_of(texts, args.batch_size)
+    # A file is read LENGTH_WINDOW batches at a time, which are sorted by length: little padding in each batch.
+    batches = batches_as_they_come(texts, args.batch_size) if stdin else batches_of(texts, args.batch_size * LENGTH_WINDOW)
     # Batch by batch, each written as it is done: a pipe sees lines at once, an interrupt keeps them.
     for translations in _translated_batches(p, batches, translate):
         print("\n".join(translations), flush=True)

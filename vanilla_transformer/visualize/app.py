@@ -10,12 +10,15 @@ takes the address from GRADIO_SERVER_NAME and GRADIO_SERVER_PORT.
 What one visitor may ask is bounded (`Limits`: source and output length, beams, requests served at once
 and waiting): a request beyond a limit is refused with a message naming it. A deployer changes them with
 `serve --max-input-tokens ...` or, in a Space, the variables VANILLA_TRANSFORMER_MAX_INPUT_TOKENS,
-..._MAX_NEW_TOKENS, ..._MAX_BEAMS, ..._MAX_CONCURRENT, ..._MAX_QUEUED and ..._REQUEST_TIMEOUT. Every
+..._MAX_NEW_TOKENS, ..._MAX_BEAMS, ..._MAX_TEXTS, ..._MAX_CONCURRENT, ..._MAX_QUEUED and ..._REQUEST_TIMEOUT. Every
 request goes through the queue: Gradio's REST route that skips it (`/run/`) is closed. `serve` answers a
-request body larger than the longest sentence needs with 413, from its length before reading it or, sent
+request body larger than `max_texts` of the longest sentences need with 413, from its length before reading it or, sent
 in chunks, once past the limit (`BodyLimit`), and a client that takes longer than `request_timeout` to send
 its headers and body, however it spaces them out, with 408 (`RequestDeadline`); it keeps the explorer's files in one folder inside Gradio's cache (the newest
 `KEPT_PAGES`), removed when it stops.
+
+Programs call the JSON endpoint `POST /v1/translate` (api.py), served beside the page within the same limits;
+its batches and the page's requests share the `max_concurrent` translation slots.
 
 The page loads nothing from other hosts: the theme uses the system's fonts, analytics are off, and
 the explorer is the self-contained page of `vanilla_transformer.visualize.explorer`, shown in a sandboxed frame
@@ -31,6 +34,7 @@ import html
 import math
 import os
 import tempfile
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +70,7 @@ class Limits:
     max_input_tokens: int = SERVE_LIMITS["max_input_tokens"]
     max_new_tokens: int = SERVE_LIMITS["max_new_tokens"]
     max_beams: int = SERVE_LIMITS["max_beams"]
+    max_texts: int = SERVE_LIMITS["max_texts"]
     max_concurrent: int = SERVE_LIMITS["max_concurrent"]
     max_queued: int = SERVE_LIMITS["max_queued"]
     request_timeout: int = SERVE_LIMITS["request_timeout"]
@@ -100,44 +105,45 @@ def _length_offset(model) -> int:
     return getattr(model.generation_config, "max_length_offset", None) or DEFAULT_MAX_LENGTH_OFFSET
 
 
-def make_translate(model, tokenizer, limits: Limits, pages: str | os.PathLike | tempfile.TemporaryDirectory):
+def make_translate(model, tokenizer, limits: Limits, pages: str | os.PathLike | tempfile.TemporaryDirectory,
+                   slots: threading.Semaphore | None = None):
     """The app's function: (sentence, beams, length penalty, longest output (0: the model's default)) ->
-    (translation, the explorer in a frame, the explorer's file, written under `pages`, which keeps the
-    newest `KEPT_PAGES`). A request beyond `limits` is a gr.Error naming the limit."""
-    offset = _length_offset(model)
+    (translation, the explorer in a frame, the explorer's file, written under `pages`, which keeps the newest
+    `KEPT_PAGES`). A request beyond `limits` is a gr.Error naming the limit. `slots`: held while translating."""
+    offset, slots = _length_offset(model), slots or threading.Semaphore(limits.max_concurrent)
     longest_text = limits.max_input_tokens * longest_token(tokenizer)
 
-    def refuse(message: str):
-        return gr.Error(message, print_exception=False)
-
     def translate(sentence: str, num_beams: float, length_penalty: float, max_new_tokens: float):
-        num_beams, requested = int(num_beams), int(max_new_tokens or 0)
+        if not isinstance(sentence, str):  # a client's call may hold anything: Gradio passes it on
+            raise _refuse(f"The sentence must be text; got {sentence!r}.")
+        num_beams, requested = int(num_beams), int(max_new_tokens or 0)  # numbers in range: App.validate_inputs
         if len(sentence or "") > longest_text:  # before tokenising: the cost of that grows with the text
-            raise refuse(f"The sentence is {len(sentence)} characters long, more than the {limits.max_input_tokens} "
+            raise _refuse(f"The sentence is {len(sentence)} characters long, more than the {limits.max_input_tokens} "
                          "tokens this app translates (max_input_tokens) can hold. Give a shorter sentence.")
         tokens = len(tokenizer(sentence or "")["input_ids"])
         if tokens > limits.max_input_tokens:
-            raise refuse(f"The sentence is {tokens} tokens long; this app translates at most {limits.max_input_tokens} "
+            raise _refuse(f"The sentence is {tokens} tokens long; this app translates at most {limits.max_input_tokens} "
                          "(max_input_tokens). Give a shorter sentence.")
         if num_beams > limits.max_beams:
-            raise refuse(f"Beam size {num_beams} is over this app's limit of {limits.max_beams} (max_beams).")
+            raise _refuse(f"Beam size {num_beams} is over this app's limit of {limits.max_beams} (max_beams).")
         if requested > limits.max_new_tokens:
-            raise refuse(f"The longest output asked for, {requested} tokens, is over this app's limit of "
+            raise _refuse(f"The longest output asked for, {requested} tokens, is over this app's limit of "
                          f"{limits.max_new_tokens} (max_new_tokens).")
         try:  # an emptied box (None) is no number either
             check_decoding_options(length_penalty=math.nan if length_penalty is None else length_penalty,
                                    names={"length_penalty": "The length penalty"})
         except ValueError as err:
-            raise refuse(str(err)) from None
+            raise _refuse(str(err)) from None
         if not requested and tokens + offset > limits.max_new_tokens:
             requested = limits.max_new_tokens  # the model's default (source length + offset) within the limit
         try:
-            record = collect_attentions(
-                model, tokenizer, sentence, num_beams=num_beams, length_penalty=float(length_penalty),
-                max_new_tokens=requested or None,
-            )
+            with slots:
+                record = collect_attentions(
+                    model, tokenizer, sentence, num_beams=num_beams, length_penalty=float(length_penalty),
+                    max_new_tokens=requested or None,
+                )
         except (TypeError, ValueError) as err:
-            raise refuse(str(err).replace("`text`", "The sentence")) from err
+            raise _refuse(str(err).replace("`text`", "The sentence")) from None
         page = explorer_html(record)
         # `pages` itself, not its name: a TemporaryDirectory lives as long as this function refers to it
         folder = pages.name if isinstance(pages, tempfile.TemporaryDirectory) else pages
@@ -149,6 +155,11 @@ def make_translate(model, tokenizer, limits: Limits, pages: str | os.PathLike | 
         return record.translation, frame, str(path)
 
     return translate
+
+
+def _refuse(message: str) -> gr.Error:
+    """A refusal the client reads, which the server does not log as a failure."""
+    return gr.Error(message, print_exception=False)
 
 
 KEPT_PAGES = 32  # explorer files kept for download: a few MB each, for as long as the app serves
@@ -179,7 +190,22 @@ class App(gr.Blocks):
             names = ", ".join(str(getattr(block, "label", None) or block) for block in block_fn.inputs)
             raise gr.Error(f"This call takes {len(block_fn.inputs)} inputs ({names}); it was given {len(inputs)}.",
                            print_exception=False)
+        for block, value in zip(block_fn.inputs, inputs):
+            if isinstance(block, (gr.Slider, gr.Number)):
+                _check_number(block, value)
         super().validate_inputs(block_fn, inputs)
+
+
+def _check_number(block, value) -> None:
+    """Refuse a value that Gradio's own range check would fail on with a traceback and an empty error (a string,
+    NaN) or log as a failure (out of range); an emptied number box (None) is left to the app's function."""
+    if value is None and isinstance(block, gr.Number):
+        return
+    low, high = block.minimum, block.maximum
+    fits = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not fits or (low is not None and value < low) or (high is not None and value > high):
+        bounds = f" from {low} to {high}" if high is not None else (f" of at least {low}" if low is not None else "")
+        raise _refuse(f"{block.label} must be a number{bounds}; got {value!r}.")
 
 
 def build_app(model_name_or_path: str, device: str | None = None, limits: Limits | None = None) -> gr.Blocks:
@@ -190,7 +216,8 @@ def build_app(model_name_or_path: str, device: str | None = None, limits: Limits
     check_attention_support(model)
     config = model.generation_config
     pages = pages_folder()  # lives as long as the app
-    translate = make_translate(model, tokenizer, limits, pages)
+    slots = threading.Semaphore(limits.max_concurrent)  # the page's requests and the JSON endpoint's batches share them
+    translate = make_translate(model, tokenizer, limits, pages, slots)
     max_request_bytes = request_bytes(limits, longest_token(tokenizer))
 
     with App(title=f"Translate with {model_name_or_path}", analytics_enabled=False) as demo:
@@ -214,12 +241,24 @@ def build_app(model_name_or_path: str, device: str | None = None, limits: Limits
         download = gr.File(label="The explorer as one HTML file (it works offline)", elem_id="download")
         gr.Examples(EXAMPLES, inputs=sentence)
         inputs, outputs = [sentence, num_beams, length_penalty, max_new_tokens], [translation, explorer, download]
-        button.click(translate, inputs, outputs)
-        sentence.submit(translate, inputs, outputs)
+        # One event for both triggers: one API route (/translate), not a second one (/translate_1) for the same call.
+        gr.on([button.click, sentence.submit], translate, inputs, outputs, api_name="translate")
     demo.max_request_bytes = max_request_bytes  # for `serve`'s BodyLimit
+    demo.json_route = json_endpoint(model, tokenizer, limits, slots)  # for `serve`: POST /v1/translate
     demo.request_timeout = limits.request_timeout  # for `serve`'s BodyLimit
     # api_open=False: Gradio otherwise leaves the REST route /run/ open outside Spaces, where no limit holds
     return demo.queue(max_size=limits.max_queued, default_concurrency_limit=limits.max_concurrent, api_open=False)
+
+
+def json_endpoint(model, tokenizer, limits: Limits, slots: threading.Semaphore):
+    """The route of the JSON endpoint (api.py), its requests decoded in batches within `limits`."""
+    from .api import Batcher, json_route, make_decode
+
+    # The model's own default length (source + offset) where no source within the limits can pass max_new_tokens.
+    default = None if limits.max_input_tokens + _length_offset(model) <= limits.max_new_tokens else limits.max_new_tokens
+    decode, check = make_decode(model, tokenizer, limits, default, slots)
+    batcher = Batcher(decode, check, limits.max_texts, limits.max_queued)
+    return json_route(batcher, limits, limits.max_input_tokens * longest_token(tokenizer))
 
 
 def serve(model_name_or_path: str, host: str | None = None, port: int | None = None, device: str | None = None,
@@ -236,13 +275,14 @@ def serve(model_name_or_path: str, host: str | None = None, port: int | None = N
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     body_limit = Middleware(BodyLimit, max_bytes=demo.max_request_bytes, timeout=demo.request_timeout)
     _use_request_deadline(demo.request_timeout)
-    demo.launch(server_name=host, server_port=port, theme=theme, app_kwargs={"middleware": [body_limit]})
+    demo.launch(server_name=host, server_port=port, theme=theme,
+                app_kwargs={"middleware": [body_limit], "routes": [demo.json_route]})
 
 
 def request_bytes(limits: Limits, longest_token: int) -> int:
-    """The largest request body the app reads: a sentence of `max_input_tokens` tokens, each character
+    """The largest request body the app reads: `max_texts` sentences of `max_input_tokens` tokens, each character
     escaped in JSON (at most 12 bytes: a surrogate pair), and room for the rest of the request."""
-    return limits.max_input_tokens * longest_token * 12 + 64 * 1024
+    return limits.max_texts * limits.max_input_tokens * longest_token * 12 + 64 * 1024
 
 
 class BodyLimit:
