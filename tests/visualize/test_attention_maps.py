@@ -89,10 +89,10 @@ def test_every_png_names_its_rows_and_columns_and_colours_every_layer_from_0_to_
         kinds = KINDS if name == "overview.png" else [name.split("_")[0]]
         assert limits == {(0.0, 1.0)}, name
         assert any(DECODER_ROWS in text for text in texts) == any(kind != "encoder" for kind in kinds), name
+        assert any("colours: 0 to 1, one scale for every layer" in text for text in texts), name
         assert {AXIS_LABELS[kind][0] for kind in kinds} <= texts, name
         if name != "overview.png":
             assert AXIS_LABELS[kinds[0]][1] in texts, name
-            assert "attention weight (0 to 1: one scale for every layer)" in texts, name
     assert max(float(record.encoder_attention[layer].max()) for layer in range(2)) < 1  # the old per-layer scale differs
 
 

@@ -15,9 +15,10 @@
 - **Attention.** transformers' attention implementations compute the same function (tested) at very
   different speeds from one machine and precision to another (on some CPUs the fused "sdpa" kernel's
   bf16 backward is slower than the plain "eager" one). `fastest_attention` times each on the run's own
-  first batch, forward and backward, and keeps the fastest. After a warm-up round it goes on only while
-  another round fits in `TIMING_SHARE` of what is left of the run: a short run (a learner's few minutes)
-  keeps the configured implementation, untimed, rather than spend a sixth of its budget choosing. On a GPU, transformers' "sdpa" leaves torch
+  first batch, forward and backward, and keeps the fastest. After its first run it goes on only while
+  the runs to the end of its next round fit in `TIMING_SHARE` of what is left of the run: a short run (a
+  learner's few minutes) keeps the configured implementation, untimed, rather than spend a sixth of its
+  budget choosing. On a GPU, transformers' "sdpa" leaves torch
   to pick the fused kernel, and torch may pick cuDNN's, which builds an execution plan on the host for
   every new shape of batch: training's token batches come in many shapes, so `training_attention` keeps
   a run on flash and memory-efficient attention, which need no plan.
@@ -36,7 +37,8 @@ from accelerate.utils import DistributedType
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 __all__ = ["BF16_CPU_FLAGS", "BF16_WEIGHTS_VARIABLE", "CPU_BF16_VARIABLE", "TIMING_SHARE", "TRAINING_SDPA_BACKENDS",
-           "Bf16Weights", "attention_choice", "bf16_weights", "cpu_computes_bf16", "cpu_flags", "fastest_attention", "training_attention"]
+           "Bf16Weights", "attention_choice", "bf16_weights", "cpu_computes_bf16", "cpu_flags", "fastest_attention",
+           "training_attention"]
 
 # /proc/cpuinfo's names for bf16 arithmetic in hardware: x86's AVX-512 BF16 and AMX, Arm's BF16 extension.
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})

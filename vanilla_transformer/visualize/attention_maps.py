@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,8 +48,8 @@ from ..modeling.pipeline_vanilla_transformer import readable_pieces, source_leng
 from .neuron_view import Neurons, neuron_tensors
 
 __all__ = [
-    "AXIS_LABELS", "AttentionRecord", "BERTVIZ_NOTE", "DECODER_ROWS", "KINDS", "bertviz_data", "check_attention_support",
-    "collect_attentions", "decoding_settings", "plot_layer", "plot_models", "plot_overview", "save_attention_maps",
+    "AXIS_LABELS", "AttentionRecord", "BERTVIZ_NOTE", "DECODER_ROWS", "KINDS", "bertviz_data",
+    "check_attention_support", "collect_attentions", "decoding_settings", "plot_layer", "plot_models", "plot_overview", "save_attention_maps",
 ]
 
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
@@ -262,7 +263,9 @@ def _figure(plt, grid_rows: int, grid_columns: int, queries: int, keys: int):
 
 
 def _finish(fig, image, title: str, label: str):
-    fig.suptitle(title, fontsize=11)
+    # Each line of the title wrapped to the figure's width (11-point characters are about 0.55 em wide): none is cut.
+    width = max(30, int(fig.get_figwidth() * 0.92 * 72 / (11 * 0.55)))
+    fig.suptitle("\n".join(textwrap.fill(line, width) for line in title.split("\n")), fontsize=11)
     fig.tight_layout(rect=(0, 0, 0.92, 0.97))
     colour_bar_axes = fig.add_axes((0.935, 0.15, 0.015, 0.7))
     fig.colorbar(image, cax=colour_bar_axes, label=label)
@@ -282,7 +285,9 @@ def _rows_line(kinds) -> str:
     return "rows: queries, columns: keys" + (f"; {DECODER_ROWS}" if set(kinds) & {"decoder", "cross"} else "")
 
 
-def plot_layer(record: AttentionRecord, kind: str, layer: int, path: str | os.PathLike, vmax: float | None = 1.0) -> Path:
+def plot_layer(
+    record: AttentionRecord, kind: str, layer: int, path: str | os.PathLike, vmax: float | None = 1.0,
+) -> Path:
     """One PNG of one layer: every head's heat map in a grid, tokens on the axes, one shared colour bar.
 
     Rows are queries, columns keys. Colours run from 0 to `vmax`: 1 by default, the same in every layer's
@@ -304,9 +309,10 @@ def plot_layer(record: AttentionRecord, kind: str, layer: int, path: str | os.Pa
         image = _draw(ax, weights[layer, head].numpy(), rows, keys, top, fontsize)
         ax.set_title(f"head {head + 1}", fontsize=10)
     _label_axes(axes, kind)
-    title = f"{KINDS[kind]}, layer {layer + 1} of {weights.size(0)}\n{_rows_line([kind])}\n{_caption(record)}"
-    scale = "one scale for every layer" if vmax is not None else "this layer's largest weight at the top"
-    _finish(fig, image, title, f"attention weight (0 to {top:.2g}: {scale})")
+    scale = "0 to 1, one scale for every layer" if vmax is not None else f"0 to {top:.2g}, this layer's largest weight"
+    title = f"{KINDS[kind]}, layer {layer + 1} of {weights.size(0)}\n{_rows_line([kind])}; colours: {scale}\n"
+    title += _caption(record)
+    _finish(fig, image, title, "attention weight")
     return _save(fig, path)
 
 
@@ -327,8 +333,9 @@ def plot_overview(record: AttentionRecord, path: str | os.PathLike) -> Path:
             image = _draw(ax, weights[layer].mean(0).numpy(), rows, keys, 1.0, fontsize)
             ax.set_title(f"{KINDS[kind]}, layer {layer + 1}", fontsize=10)
         axes[row, 0].set_ylabel(AXIS_LABELS[kind][0], fontsize=9)
-    title = f"Every layer, mean of the heads\n{_rows_line(KINDS)}\n{_caption(record)}"
-    _finish(fig, image, title, "attention weight (mean of heads; 0 to 1, one scale for every layer)")
+    scale = "colours: 0 to 1, one scale for every layer"
+    title = f"Every layer, mean of the heads\n{_rows_line(KINDS)}; {scale}\n{_caption(record)}"
+    _finish(fig, image, title, "attention weight (mean of heads)")
     return _save(fig, path)
 
 
@@ -379,7 +386,7 @@ def _caption(record: AttentionRecord, width: int = 70) -> str:
 def _save(fig, path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.15)  # every label whole, however short the sentence
     _pyplot().close(fig)
     return path
 
