@@ -167,7 +167,7 @@ def test_decoder_rows_are_the_token_read_and_the_page_says_so(chromium, explorer
         _click(page, "kinds", kind)
         for view in ("lines", "heat"):
             _click(page, "views", view)
-            assert DECODER_ROWS in page.inner_text("#rows-note"), (kind, view)
+            assert DECODER_ROWS in page.inner_text("#rows-note").lower(), (kind, view)
         _click(page, "views", "lines")
         rows = page.eval_on_selector_all(".col.queries .tok", "ts => ts.map(t => t.textContent.replace('\u2011', ''))")
         assert rows[0] == "<start>" and rows == record.target_labels, kind
