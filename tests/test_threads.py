@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from vanilla_transformer.cli import main
-from vanilla_transformer.threads import quota_cpus
+from vanilla_transformer import threads
+from vanilla_transformer.threads import CpuClock, load_average, oversubscription, quota_cpus
 
 GREEDY = ["--num-beams", "1", "--max-new-tokens", "8"]
 
@@ -83,3 +84,33 @@ def test_train_sets_the_threads_and_logs_them(tmp_path, caplog):
     finally:
         torch.set_num_threads(before)
     assert "threads: 2 (--threads; --threads N to change)" in caplog.text
+
+
+def test_an_oversubscribed_machine_gets_one_line_that_suggests_fewer_threads():
+    """The premises: the load average over the CPUs this process may use, or a first step computed on less than half
+    a CPU. The suggestion leaves the CPUs the other jobs hold, and never goes below one thread."""
+    assert oversubscription(2, 1.8, load=1.5, cpus=2) is None  # busy, and nobody else waiting
+    assert oversubscription(2, 1.8, load=2.0, cpus=2) is None  # the load of this run alone
+    assert oversubscription(2, 1.8, load=6.0, cpus=2) == (
+        "threads: the machine looks oversubscribed (load average 6.0 on the 2 CPU(s) this process may use): "
+        "fewer threads may train faster: try --threads 1")
+    assert oversubscription(16, 3.0, load=20.0, cpus=16).endswith("try --threads 12")  # 4 CPUs' worth of others
+    assert oversubscription(2, 0.3, load=None, cpus=2) == (
+        "threads: the machine looks oversubscribed (its first step computed on 0.3 CPU(s) with 2 thread(s)): "
+        "fewer threads may train faster: try --threads 1")
+    both = oversubscription(4, 0.4, load=9.0, cpus=4)
+    assert "load average 9.0 on the 4 CPU(s)" in both and "0.4 CPU(s) with 4 thread(s)" in both
+    one = oversubscription(1, 0.2, load=3.0, cpus=2)
+    assert "--threads N" in one and "try --threads" not in one  # one thread already: nothing fewer to suggest
+
+
+def test_the_load_average_and_the_cpu_clock_read_the_machine(monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.5, 2.0, 1.0))
+    assert load_average() == 3.5
+    monkeypatch.setattr(os, "getloadavg", lambda: (_ for _ in ()).throw(OSError("no load average here")))
+    assert load_average() is None
+    clock = CpuClock()
+    deadline = threads.time.perf_counter() + 0.2
+    while threads.time.perf_counter() < deadline:  # busy: about one CPU, less on a shared machine
+        pass
+    assert 0 < clock.cpus() <= 1.2

@@ -6,15 +6,22 @@ it can run at once, and they wait for one another. The default here is the affin
 the cgroup v2 `cpu.max` quota of this process's cgroup and its parents, and shared among the processes of
 this machine under `accelerate launch` (LOCAL_WORLD_SIZE); OMP_NUM_THREADS, where set, says it instead.
 This module imports no torch until it sets the threads, so that `--help` stays instant.
+
+On a machine shared with other jobs, threads wait for CPUs that others hold: `oversubscription` says so in one
+line, from the load average against the CPUs this process may use, or from the process's CPU time against the
+wall time of its first step (a process given less than half a CPU), and suggests fewer threads.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import time
 from pathlib import Path
 
-__all__ = ["default_threads", "quota_cpus", "use_threads"]
+__all__ = ["CpuClock", "default_threads", "load_average", "oversubscription", "quota_cpus", "use_threads"]
+
+BUSY = 0.5  # CPUs a computing process is given, at the least, on a machine that is not oversubscribed
 
 
 def quota_cpus(cgroup_root: str | os.PathLike = "/sys/fs/cgroup", own: str | os.PathLike = "/proc/self/cgroup") -> int | None:
@@ -43,7 +50,7 @@ def default_threads() -> tuple[int, str]:
     variable = os.environ.get("OMP_NUM_THREADS", "").strip()
     if variable.isdigit() and int(variable) > 0:
         return int(variable), "OMP_NUM_THREADS"
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = _affinity_cpus()
     why = "the CPUs this process may use"
     quota = quota_cpus()
     if quota is not None and quota < cpus:
@@ -66,3 +73,45 @@ def use_threads(threads: int | None, option: str = "--threads") -> str:
         threads, why = default_threads()
     torch.set_num_threads(threads)
     return f"threads: {threads} ({why}; {option} N to change)"
+
+
+def _affinity_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def load_average() -> float | None:
+    """The machine's load average over the last minute: the processes running or waiting for a CPU. None where
+    the system keeps none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+class CpuClock:
+    """This process's CPU time against the wall time since it was made: how many CPUs it computed on."""
+
+    def __init__(self):
+        self.cpu, self.wall = time.process_time(), time.perf_counter()
+
+    def cpus(self) -> float:
+        return (time.process_time() - self.cpu) / max(time.perf_counter() - self.wall, 1e-9)
+
+
+def oversubscription(threads: int, used_cpus: float, load: float | None = None, cpus: int | None = None) -> str | None:
+    """One line when the machine looks oversubscribed, suggesting --threads; None when it does not.
+
+    Its premises: the load average `load` above the `cpus` this process may use (default: its affinity's), or
+    the process computing on fewer than `BUSY` CPUs (`used_cpus`, from a `CpuClock` around its work) with
+    `threads` threads."""
+    cpus = cpus or _affinity_cpus()
+    crowded = load is not None and load > cpus
+    if not crowded and used_cpus >= BUSY:
+        return None
+    seen = [f"load average {load:.1f} on the {cpus} CPU(s) this process may use" if crowded else "",
+            f"its first step computed on {used_cpus:.1f} CPU(s) with {threads} thread(s)" if used_cpus < BUSY else ""]
+    others = max(0.0, load - threads) if load is not None else threads / 2
+    fewer = max(1, min(threads - 1, math.floor(cpus - others)))
+    advice = (f"fewer threads may train faster: try --threads {fewer}" if threads > 1 else
+              "other jobs hold the CPUs, so steps are slower and timings noisy (--threads N sets the threads)")
+    return f"threads: the machine looks oversubscribed ({'; '.join(filter(None, seen))}): {advice}"

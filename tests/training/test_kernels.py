@@ -1,6 +1,10 @@
 """What runs fastest here (training/kernels.py): bf16 only where the CPU computes it, and the attention
 implementation timed on the run's first batch, with every candidate computing the same numbers."""
 
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,6 +112,30 @@ def test_the_words_for_the_attention_kept_agree_with_its_timings(monkeypatch):
         net = model().train()
         timed = fastest_attention(Accelerator(cpu=True), net, batch(), clocked_loss(monkeypatch, seconds))
         assert attention_choice(net.config._attn_implementation, timed) == words
+
+
+@pytest.mark.parametrize("allowed, runs, chosen", [(3.0, 1, "sdpa"), (4.0, 4, "eager"), (None, 6, "eager")],
+                         ids=["not even a round", "two rounds", "no allowance"])
+def test_the_timing_stops_before_it_would_pass_its_allowance(monkeypatch, allowed, runs, chosen):
+    """sdpa takes 1 s a run, eager 0.5 s: each run is followed only where the runs to the next deciding round's end
+    fit; stopped before a round past the warm-up, the configured implementation stays and nothing is returned."""
+    net = model().train()
+    calls, asked = [], []
+    clocked = clocked_loss(monkeypatch, {"sdpa": 1.0, "eager": 0.5})
+
+    def counted(m, b):
+        calls.append(m.config._attn_implementation)
+        return clocked(m, b)
+
+    def allowance(per_run):
+        asked.append(per_run)
+        return allowed
+
+    seconds = fastest_attention(Accelerator(cpu=True), net, batch(), counted, allowance=None if allowed is None else allowance)
+    assert len(calls) == runs and net.config._attn_implementation == chosen
+    assert seconds == ({} if runs < 4 else pytest.approx({"sdpa": 1.0, "eager": 0.5}))
+    assert set(asked) <= {1.0}  # the slowest implementation's fastest run so far
+    assert all(p.grad is None for p in net.parameters())
 
 
 def test_a_model_with_one_attention_implementation_is_left_on_it():
@@ -285,3 +313,42 @@ def test_a_run_on_bf16_weights_saves_fp32_weights_and_resumes_to_the_uninterrupt
         assert tensor.dtype == torch.float32, name
         assert torch.equal(tensor, resumed[name]), name
     assert any(not torch.equal(tensor, autocast[name]) for name, tensor in whole.items())
+
+
+SLOW_LOSS = """
+import atexit, sys, time
+import torch
+from vanilla_transformer.training import criterion
+
+real, runs = criterion.batch_loss, []
+
+def batch_loss(model, batch):  # each forward and backward half a second slower, and counted
+    if torch.is_grad_enabled():
+        runs.append(model.config._attn_implementation)
+        time.sleep(0.5)
+    return real(model, batch)
+
+criterion.batch_loss = batch_loss
+atexit.register(lambda: print(f"forward and backward: {len(runs)}"))
+from vanilla_transformer.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_tiny_run_with_a_time_limit_spends_a_small_share_of_it_choosing_the_attention(tmp_path, small_task, small_run):
+    """Before: sdpa against eager three times over, 6 forward and backward of the first batch whatever the budget:
+    3 s of this 30-s run (each made half a second slower), a tenth of it. Now the first run shows that the rest
+    would pass 3% of the time limit: sdpa stays, untimed, and the line says so."""
+    asked = small_run.index("--attn-implementation")
+    del small_run[asked:asked + 2]  # the run chooses
+    argv = ["train", "--dataset", str(small_task), "--output-dir", str(tmp_path / "run"), *small_run, "--time-limit", "0.5"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    result = subprocess.run([sys.executable, "-c", SLOW_LOSS, *argv], env=env, capture_output=True, text=True, timeout=600)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    steps = int(re.search(r"time limit of 0.5 min reached at step (\d+)", out).group(1))
+    runs = int(re.search(r"forward and backward: (\d+)", out).group(1))
+    assert runs - steps == 1  # the timing's: one, where there were 6
+    assert re.search(r"attention: sdpa, not timed: 1 forward and backward took \d+\.\d s, and the timing may take 3% "
+                     r"of what is left of the run", out)

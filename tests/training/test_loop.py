@@ -517,3 +517,26 @@ def test_resume_with_other_data_or_model_options_is_refused(tmp_path, small_task
     monkeypatch.chdir(small_task.parent)
     assert main(["train", "--dataset", small_task.name, "--output-dir", str(out), *small_run, "--max-steps", "3",
                  "--eval-samples", "2", "--resume"]) == 0
+
+
+FAKE_LOAD = """
+import os, sys
+os.getloadavg = lambda: (64.0, 64.0, 64.0)  # a machine that 64 processes want
+from vanilla_transformer.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_an_oversubscribed_machine_is_named_in_one_line_that_suggests_threads(tmp_path, small_task, small_run):
+    """Before: nothing said that the threads waited for CPUs other jobs held (the load average is faked: the test
+    holds on any machine)."""
+    argv = ["train", "--dataset", str(small_task), "--output-dir", str(tmp_path / "run"), *small_run, "--max-steps", "2",
+            "--threads", "2"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", FAKE_LOAD, *argv], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in (result.stdout + result.stderr).replace("\r", "\n").splitlines() if "looks oversubscribed" in line]
+    assert len(lines) == 1, lines
+    assert "the machine looks oversubscribed (load average 64.0 on the " in lines[0]
+    assert lines[0].endswith("fewer threads may train faster: try --threads 1")

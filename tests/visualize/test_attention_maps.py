@@ -1,5 +1,8 @@
 """Attention heat maps: one PNG per layer and kind, an overview, and bertviz's data layout."""
 
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import matplotlib.image
@@ -8,7 +11,8 @@ import torch
 from transformers import GenerationConfig
 
 from vanilla_transformer.visualize.attention_maps import (
-    KINDS, bertviz_data, collect_attentions, decoding_settings, plot_layer, save_attention_maps,
+    AXIS_LABELS, BERTVIZ_NOTE, DECODER_ROWS, KINDS, bertviz_data, collect_attentions, decoding_settings, plot_layer,
+    save_attention_maps,
 )
 from vanilla_transformer.modeling.generation import paper_generation_config
 from vanilla_transformer.inference import load_model
@@ -55,6 +59,66 @@ def test_one_png_per_layer_and_kind_plus_overview_and_bertviz_data(record, hub_t
         image = matplotlib.image.imread(tmp_path / "maps" / name)
         assert image.shape[0] > 300 and image.shape[1] > 300
         assert image[..., :3].std() > 0.05  # drawn, not blank
+
+
+def drawn(monkeypatch) -> dict:
+    """{file name: (the figure's texts, the colour limits of its heat maps)}, read from each figure as it is saved."""
+    import matplotlib.text
+
+    from vanilla_transformer.visualize import attention_maps
+
+    figures, save = {}, attention_maps._save
+
+    def recording_save(fig, path):
+        texts = {text.get_text() for text in fig.findobj(matplotlib.text.Text)}
+        limits = {image.get_clim() for ax in fig.axes for image in ax.get_images()}
+        figures[Path(path).name] = (texts, limits)
+        return save(fig, path)
+
+    monkeypatch.setattr(attention_maps, "_save", recording_save)
+    return figures
+
+
+def test_every_png_names_its_rows_and_columns_and_colours_every_layer_from_0_to_1(record, monkeypatch, tmp_path):
+    """One convention for decoder rows (the token read), written on each picture, and one colour scale for every
+    layer and file, so that a colour means the same weight in each."""
+    figures = drawn(monkeypatch)
+    save_attention_maps(record, tmp_path / "maps")
+    assert len(figures) == 2 * 3 + 1
+    for name, (texts, limits) in figures.items():
+        kinds = KINDS if name == "overview.png" else [name.split("_")[0]]
+        assert limits == {(0.0, 1.0)}, name
+        assert any(DECODER_ROWS in text for text in texts) == any(kind != "encoder" for kind in kinds), name
+        assert any("colours: 0 to 1, one scale for every layer" in text for text in texts), name
+        assert {AXIS_LABELS[kind][0] for kind in kinds} <= texts, name
+        if name != "overview.png":
+            assert AXIS_LABELS[kinds[0]][1] in texts, name
+    assert max(float(record.encoder_attention[layer].max()) for layer in range(2)) < 1  # the old per-layer scale differs
+
+
+def test_a_layers_own_scale_is_an_option_that_says_so(record, monkeypatch, tmp_path):
+    figures = drawn(monkeypatch)
+    plot_layer(record, "cross", 0, tmp_path / "cross.png", vmax=None)
+    texts, limits = figures["cross.png"]
+    top = float(record.cross_attention[0].max())
+    assert list(limits) == [(0.0, pytest.approx(top))] and any("this layer's largest weight" in text for text in texts)
+
+
+@pytest.mark.slow
+def test_the_attention_command_says_bertviz_needs_the_network_and_names_the_decoder_rows(hub_tiny_folder, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "vanilla_transformer.cli", "attention", "--model", str(hub_tiny_folder), "Jesus wept.",
+         "--output-dir", str(tmp_path / "maps"), "--num-beams", "1", "--max-new-tokens", "6"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[-1] == BERTVIZ_NOTE and "from the network" in BERTVIZ_NOTE and DECODER_ROWS in BERTVIZ_NOTE
+    assert (tmp_path / "maps" / "bertviz.pt").is_file()
+    html = subprocess.run(
+        [sys.executable, "-m", "vanilla_transformer.cli", "attention", "--model", str(hub_tiny_folder), "Jesus wept.",
+         "--html", str(tmp_path / "page.html"), "--num-beams", "1", "--max-new-tokens", "6"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert html.returncode == 0 and BERTVIZ_NOTE not in html.stdout  # no bertviz data, no word on it
 
 
 def test_bertviz_data_has_the_layout_bertviz_takes(record, tmp_path):

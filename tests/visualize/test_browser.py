@@ -18,7 +18,7 @@ import vanilla_transformer
 from vanilla_transformer.modeling.attention_variants import ATTENTION_SCORES
 from vanilla_transformer.modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer.visualize.attention_maps import collect_attentions
+from vanilla_transformer.visualize.attention_maps import DECODER_ROWS, collect_attentions
 from vanilla_transformer.visualize.explorer import explorer_data, save_explorer
 from vanilla_transformer.inference import translate_texts
 
@@ -143,6 +143,76 @@ def test_the_explorer_renders_offline_switches_views_and_highlights_hovered_line
     assert screenshot[:8] == b"\x89PNG\r\n\x1a\n" and len(screenshot) > 20_000
     assert watched.errors == []
     assert watched.blocked == [] and watched.requests == [path.as_uri()]  # the page itself, nothing else
+    watched.close()
+
+
+def _pressed(page) -> dict:
+    """What the controls show: the pressed button of each group, the step and the neuron view's query."""
+    shown = {group: page.locator(f"#{group} button[aria-pressed=true]").get_attribute("data-value")
+             for group in ("kinds", "layers", "heads", "views")}
+    shown["step"] = page.input_value("#slider")
+    if shown["views"] == "neuron":
+        shown["query"] = page.locator("#nv-queries button[aria-pressed=true]").get_attribute("data-query")
+    return shown
+
+
+def test_decoder_rows_are_the_token_read_and_the_page_says_so(chromium, explorer_file):
+    """As in the PNGs and bertviz: the first decoder row is the start token, the last the last token but one."""
+    record, path = explorer_file
+    watched = Watched(chromium, allowed=path.as_uri())
+    page = watched.page
+    page.goto(path.as_uri())
+    page.wait_for_selector(LINES)
+    for kind in ("cross", "decoder"):
+        _click(page, "kinds", kind)
+        for view in ("lines", "heat"):
+            _click(page, "views", view)
+            assert DECODER_ROWS in page.inner_text("#rows-note").lower(), (kind, view)
+        _click(page, "views", "lines")
+        rows = page.eval_on_selector_all(".col.queries .tok", "ts => ts.map(t => t.textContent.replace('\u2011', ''))")
+        assert rows[0] == "<start>" and rows == record.target_labels, kind
+    _click(page, "views", "neuron")
+    assert "the token read" in page.inner_text("#nv-queries")
+    assert watched.errors == []
+    watched.close()
+
+
+def test_the_address_keeps_what_is_shown_and_a_reload_or_a_link_shows_it_again(chromium, explorer_file):
+    record, path = explorer_file
+    watched = Watched(chromium, allowed=path.as_uri())
+    page = watched.page
+    page.goto(path.as_uri())
+    page.wait_for_selector(LINES)
+    _click(page, "kinds", "decoder")
+    _click(page, "layers", 0)
+    _click(page, "heads", 2)
+    _click(page, "views", "heat")
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowRight")
+    shown, url = _pressed(page), page.url
+    assert shown == {"kinds": "decoder", "layers": "0", "heads": "2", "views": "heat", "step": "2"}
+    assert "#" in url and "kind=decoder" in url and "view=heat" in url
+    drawn = _heat(page)
+    page.reload()
+    page.wait_for_selector("canvas.heat")
+    assert _pressed(page) == shown and _heat(page) == drawn
+    other = watched.context.new_page()  # a link opened afresh
+    other.goto(url)
+    other.wait_for_selector("canvas.heat")
+    assert _pressed(other) == shown
+    _click(other, "views", "neuron")
+    _click(other, "kinds", "encoder")
+    other.click('#nv-queries button[data-query="3"]')
+    shown = _pressed(other)
+    assert shown["query"] == "3" and shown["kinds"] == "encoder"
+    page.goto(other.url)  # the same file with another hash: the page follows it
+    page.wait_for_selector("#nv-queries")
+    assert _pressed(page) == shown
+    page.goto("about:blank")
+    page.goto(path.as_uri() + "#kind=nothing&layer=99&head=-4&view=x&step=1e9&query=0")  # ignored, not an error
+    page.wait_for_selector(LINES)
+    assert _pressed(page) == {"kinds": "cross", "layers": "1", "heads": "-1", "views": "lines", "step": "0"}
+    assert watched.errors == [] and watched.blocked == []
     watched.close()
 
 

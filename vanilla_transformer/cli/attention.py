@@ -15,8 +15,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Translate one sentence and show its attention. --output-dir (the default) writes heat maps of "
         "encoder self-attention, decoder self-attention and cross-attention: <kind>_layer<N>.png (every head of one "
         "layer in a grid), overview.png (every layer, mean of heads), and bertviz.pt for bertviz in a notebook: "
-        "`model_view(**torch.load('bertviz.pt'))`. --html writes one self-contained page to explore every layer and "
-        "head in a browser, offline: lines and heat maps, stepping through the translation.",
+        "`model_view(**torch.load('bertviz.pt'))` (bertviz's pages fetch their scripts from the network). --html "
+        "writes one self-contained page to explore every layer and head in a browser, offline: lines and heat maps, "
+        "stepping through the translation. In every picture a decoder row is the token read, whose output predicts "
+        "the next token; colours run from 0 to 1.",
     )
     p.add_argument("text", help="the sentence to translate")
     add_model_option(p)
@@ -30,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import signal
 
-    from ..visualize.attention_maps import collect_attentions, save_attention_maps
+    from ..visualize.attention_maps import BERTVIZ_NOTE, collect_attentions, save_attention_maps
     from ..inference import load_model
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: the staging folder is removed
@@ -52,4 +54,6 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         refuse(p, err)
     print(f"{record.source}\n-> {record.translation}")
     print(f"{len(written)} files written:", " ".join(str(path) for path in written))
+    if any(path.name == "bertviz.pt" for path in written):
+        print(BERTVIZ_NOTE)
     return 0

@@ -18,10 +18,12 @@ from contextlib import closing
 from itertools import islice
 from pathlib import Path
 
+import torch
 from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
 from ..file_checks import read_json
+from ..threads import CpuClock, load_average, oversubscription
 from ..hub import RESULTS_FILE
 from .arguments import TrainingArguments
 from .checkpoints import save_checkpoint
@@ -99,10 +101,13 @@ def _train_part(components: Components, state: RunState, budget: Budget, args: T
             last_saved = save()
         with bar:  # closed on the way out, so that a failure's one line comes after the bar, not before
             for micro_batches in steps:
-                if state.step == budget.start_step:  # the first step of this session
-                    choose_attention(components, state, args.attn_implementation, micro_batches[0][0])
+                if first := state.step == budget.start_step:  # the first step of this session
+                    clock = CpuClock()
+                    choose_attention(components, state, budget, args.attn_implementation, micro_batches[0][0])
                 with compile_timing(components.compiled, micro_batches, components.accelerator.device):
                     tokens, lr = train_step(components, micro_batches, state.step, budget, args.max_grad_norm)
+                if first:
+                    _check_machine(components, clock)
                 state.count_step(len(micro_batches), tokens)
                 budget.session_tokens += tokens
                 _advance(bar, args, budget)
@@ -124,6 +129,15 @@ def _train_part(components: Components, state: RunState, budget: Budget, args: T
             last_saved = None  # saved again, with the validation
         if last_saved != state.step:
             save()
+
+
+def _check_machine(components: Components, clock: CpuClock) -> None:
+    """One line when the first step (with the attention timing) found the CPUs oversubscribed; a GPU's host waits
+    for the device, so its CPU time says nothing of the machine."""
+    if components.accelerator.device.type == "cpu":
+        line = oversubscription(torch.get_num_threads(), clock.cpus(), load_average())
+        if line:
+            logger.info(line)
 
 
 def save_run(components: Components, state: RunState, keep: int | None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from .compiled import CompiledLoss, compiled_loss
 from .data import TokenBatchSampler, TokenizedSplit, bucket_shapes
 from .distributed import configure_deepspeed
 from .engines import Engine, NonFiniteGuard
-from .kernels import Bf16Weights, attention_choice, bf16_weights, fastest_attention
+from .kernels import TIMING_SHARE, Bf16Weights, attention_choice, bf16_weights, fastest_attention
 from .logs import Losses
 from .run_folder import (
     CHECKPOINTS,
@@ -340,17 +341,32 @@ def _record_language_pair(config, source_lang: str, target_lang: str, dataset: s
     config.update({"source_lang": source_lang, "target_lang": target_lang, "dataset_name": recorded_name(dataset)})
 
 
-def choose_attention(components: Components, state: RunState, asked: str | None, batch: dict) -> None:
+def choose_attention(components: Components, state: RunState, budget: Budget, asked: str | None, batch: dict) -> None:
     """Put the model on `asked` (`attn_implementation`), on the one the resumed run chose, or on the one that trains
-    the first batch fastest here (kernels.py); checkpoints record it, so that a resumed run computes as it did."""
+    the first batch fastest here (kernels.py), timed within its share of the budget; checkpoints record it, so that
+    a resumed run computes as it did."""
     model = components.accelerator.unwrap_model(components.model)
     chosen = asked or state.attn_implementation
+    started = time.perf_counter()
     if chosen:
         _set_attention(model, chosen)
     elif seconds := fastest_attention(components.accelerator, components.model, batch,
-                                      lambda m, b: criterion.batch_loss(m, b)[0]):
-        logger.info(attention_choice(model.config._attn_implementation, seconds))
+                                      lambda m, b: criterion.batch_loss(m, b)[0], allowance=_timing_allowance(budget)):
+        logger.info(f"{attention_choice(model.config._attn_implementation, seconds)}; "
+                    f"timed in {time.perf_counter() - started:.1f} s")
     state.attn_implementation = model.config._attn_implementation
+
+
+def _timing_allowance(budget: Budget):
+    """The seconds the attention timing may take, from the seconds of one forward and backward (about a step's):
+    `TIMING_SHARE` of what is left of the run, its minutes or its steps."""
+    def allowance(run_seconds: float) -> float:
+        left = budget.remaining_steps(budget.start_step) * run_seconds
+        if budget.time_limit is not None:
+            left = min(left, budget.time_limit * 60 - budget.before - (time.perf_counter() - budget.started))
+        return TIMING_SHARE * left
+
+    return allowance
 
 
 def _set_attention(model, implementation: str) -> None:

@@ -16,8 +16,11 @@ Three kinds of attention (§3.2.3), each (layers, heads, queries, keys):
 - "cross": encoder-decoder attention, each target position over the source tokens.
 
 Rows are queries and sum to 1. Decoder rows are labelled with the token the decoder read at that
-position; that row's output predicts the next token. Tokens are labelled with the text they stand
-for (`readable_pieces`), not with byte-level symbols; the record keeps the ids and raw tokens too.
+position (`DECODER_ROWS`); that row's output predicts the next token. This is transformers' and bertviz's
+convention (a row per decoder input), kept by every picture: the PNGs, bertviz's data and the explorer,
+each of which says so on it. Tokens are labelled with the text they stand for (`readable_pieces`), not
+with byte-level symbols; the record keeps the ids and raw tokens too. Colours run from 0 to 1 in every
+PNG, so that a colour means one weight across layers and files.
 `explorer.save_explorer(record, "explorer.html")` writes the same record as an interactive page.
 
 `bertviz.pt` holds the same weights as bertviz's `model_view`/`head_view` take them for an
@@ -25,12 +28,16 @@ encoder-decoder model, with readable token labels, so in a notebook:
 
     from bertviz import model_view
     model_view(**torch.load("maps/bertviz.pt"))
+
+bertviz's pages fetch their scripts (require.js, d3, jQuery) from the network and show nothing offline
+(`BERTVIZ_NOTE`); the explorer is the offline view.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,11 +48,22 @@ from ..modeling.pipeline_vanilla_transformer import readable_pieces, source_leng
 from .neuron_view import Neurons, neuron_tensors
 
 __all__ = [
-    "AttentionRecord", "KINDS", "bertviz_data", "check_attention_support", "collect_attentions", "decoding_settings",
-    "plot_layer", "plot_models", "plot_overview", "save_attention_maps",
+    "AXIS_LABELS", "AttentionRecord", "BERTVIZ_NOTE", "DECODER_ROWS", "KINDS", "bertviz_data",
+    "check_attention_support", "collect_attentions", "decoding_settings", "plot_layer", "plot_models", "plot_overview", "save_attention_maps",
 ]
 
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
+# Which token names a decoder row, written on every picture: transformers' and bertviz's, a row per decoder input.
+DECODER_ROWS = "decoder rows: the token read (its output predicts the next token)"
+# (rows, columns) of each kind's heat maps
+AXIS_LABELS = {
+    "encoder": ("source token (query)", "source token (key)"),
+    "decoder": ("token read (query)", "token read (key)"),
+    "cross": ("token read (query)", "source token (key)"),
+}
+# One line where bertviz's data is written: its pages are not offline, the explorer is.
+BERTVIZ_NOTE = ("bertviz.pt: bertviz's pages fetch their scripts (require.js, d3, jQuery) from the network and show "
+                f"nothing offline; the explorer (--html) is the offline view. In both, {DECODER_ROWS}.")
 
 
 @dataclass
@@ -245,17 +263,35 @@ def _figure(plt, grid_rows: int, grid_columns: int, queries: int, keys: int):
 
 
 def _finish(fig, image, title: str, label: str):
-    fig.suptitle(title, fontsize=11)
+    # Each line of the title wrapped to the figure's width (11-point characters are about 0.55 em wide): none is cut.
+    width = max(30, int(fig.get_figwidth() * 0.92 * 72 / (11 * 0.55)))
+    fig.suptitle("\n".join(textwrap.fill(line, width) for line in title.split("\n")), fontsize=11)
     fig.tight_layout(rect=(0, 0, 0.92, 0.97))
     colour_bar_axes = fig.add_axes((0.935, 0.15, 0.015, 0.7))
     fig.colorbar(image, cax=colour_bar_axes, label=label)
 
 
-def plot_layer(record: AttentionRecord, kind: str, layer: int, path: str | os.PathLike) -> Path:
+def _label_axes(axes, kind: str) -> None:
+    """Name what the rows and columns are on the grid's left and bottom edges."""
+    rows, columns = AXIS_LABELS[kind]
+    for ax in axes[:, 0]:
+        ax.set_ylabel(rows, fontsize=9)
+    for ax in axes[-1, :]:
+        ax.set_xlabel(columns, fontsize=9)
+
+
+def _rows_line(kinds) -> str:
+    """The title's line on what rows and columns are; it names the decoder's convention where decoder rows are drawn."""
+    return "rows: queries, columns: keys" + (f"; {DECODER_ROWS}" if set(kinds) & {"decoder", "cross"} else "")
+
+
+def plot_layer(
+    record: AttentionRecord, kind: str, layer: int, path: str | os.PathLike, vmax: float | None = 1.0,
+) -> Path:
     """One PNG of one layer: every head's heat map in a grid, tokens on the axes, one shared colour bar.
 
-    Rows are queries, columns keys. All heads share the colour scale (0 to the layer's largest weight),
-    so heads can be compared at a glance.
+    Rows are queries, columns keys. Colours run from 0 to `vmax`: 1 by default, the same in every layer's
+    file; None scales them to the layer's largest weight, which shows weak patterns but differs from file to file.
     """
     weights = record.weights(kind)
     if not 0 <= layer < weights.size(0):
@@ -265,20 +301,23 @@ def plot_layer(record: AttentionRecord, kind: str, layer: int, path: str | os.Pa
     heads = weights.size(1)
     grid_rows, grid_columns = _grid(heads)
     fig, axes, fontsize = _figure(plt, grid_rows, grid_columns, len(rows), len(keys))
-    vmax = float(weights[layer].max())
+    top = float(weights[layer].max()) if vmax is None else vmax
     for head, ax in enumerate(axes.flat):
         if head >= heads:
             ax.axis("off")
             continue
-        image = _draw(ax, weights[layer, head].numpy(), rows, keys, vmax, fontsize)
+        image = _draw(ax, weights[layer, head].numpy(), rows, keys, top, fontsize)
         ax.set_title(f"head {head + 1}", fontsize=10)
-    title = f"{KINDS[kind]}, layer {layer + 1} of {weights.size(0)} (rows: queries, columns: keys)\n{_caption(record)}"
+    _label_axes(axes, kind)
+    scale = "0 to 1, one scale for every layer" if vmax is not None else f"0 to {top:.2g}, this layer's largest weight"
+    title = f"{KINDS[kind]}, layer {layer + 1} of {weights.size(0)}\n{_rows_line([kind])}; colours: {scale}\n"
+    title += _caption(record)
     _finish(fig, image, title, "attention weight")
     return _save(fig, path)
 
 
 def plot_overview(record: AttentionRecord, path: str | os.PathLike) -> Path:
-    """One PNG with a row per kind of attention and a column per layer, each panel the heads' mean."""
+    """One PNG with a row per kind of attention and a column per layer, each panel the heads' mean (colours 0 to 1)."""
     plt = _pyplot()
     layers = max(record.encoder_attention.size(0), record.decoder_attention.size(0))
     longest = max(len(record.source_labels), len(record.target_labels))
@@ -293,7 +332,10 @@ def plot_overview(record: AttentionRecord, path: str | os.PathLike) -> Path:
                 continue
             image = _draw(ax, weights[layer].mean(0).numpy(), rows, keys, 1.0, fontsize)
             ax.set_title(f"{KINDS[kind]}, layer {layer + 1}", fontsize=10)
-    _finish(fig, image, f"Every layer, mean of the heads\n{_caption(record)}", "attention weight (mean of heads)")
+        axes[row, 0].set_ylabel(AXIS_LABELS[kind][0], fontsize=9)
+    scale = "colours: 0 to 1, one scale for every layer"
+    title = f"Every layer, mean of the heads\n{_rows_line(KINDS)}; {scale}\n{_caption(record)}"
+    _finish(fig, image, title, "attention weight (mean of heads)")
     return _save(fig, path)
 
 
@@ -325,8 +367,9 @@ def plot_models(records: dict[str, AttentionRecord], path: str | os.PathLike, ki
         ax.set_title(f"{name}\n{_cut(records[name].translation, 40)}", fontsize=9)
     for ax in list(axes.flat)[len(records):]:
         ax.axis("off")
+    _label_axes(axes, kind)
     layers = next(iter(records.values())).weights(kind).size(0)
-    title = (f"{KINDS[kind]}, layer {layer % layers + 1} of {layers}, mean of the heads (rows: queries, columns: keys)\n"
+    title = (f"{KINDS[kind]}, layer {layer % layers + 1} of {layers}, mean of the heads\n{_rows_line([kind])}\n"
              f"{_cut(sources.pop(), 90)}")
     _finish(fig, image, title, "attention weight (mean of heads; one scale for all panels)")
     return _save(fig, path)
@@ -343,7 +386,7 @@ def _caption(record: AttentionRecord, width: int = 70) -> str:
 def _save(fig, path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.15)  # every label whole, however short the sentence
     _pyplot().close(fig)
     return path
 

@@ -12,6 +12,9 @@ lines and weights), a heat map, a step-through of the translation that shows, on
 a time, what the decoder attended to while writing it, and the neuron view (`neuron_view`): for one
 head and query token, q, each key, their elementwise product (or the score function's own terms), the
 score the model computed and the weight it gave, in bertviz's colours (blue positive, orange negative).
+A decoder row (query) is the token the decoder read, as in the PNGs and bertviz (`DECODER_ROWS`, written on
+the page); the step-through names both the token read and the token written. The page's address keeps what
+it shows (kind, layer, head, view, step and query, in its hash), so that a reload or a link shows it again.
 
 Weights are stored as bytes (weight × 255, rounded: steps of 0.004), base64-encoded: 20 source and
 22 target tokens on the base model (6 + 6 layers, 8 heads) take 110 KB. A page would grow with the
@@ -37,7 +40,7 @@ from pathlib import Path
 import torch
 
 from ..file_checks import check_plain_file
-from .attention_maps import KINDS, AttentionRecord
+from .attention_maps import DECODER_ROWS, KINDS, AttentionRecord
 from .neuron_view import Neurons, NeuronTensors
 
 __all__ = ["MAX_BYTES", "explorer_data", "explorer_html", "html_path", "save_explorer"]
@@ -162,6 +165,7 @@ def explorer_data(record: AttentionRecord) -> dict:
         "source": {"ids": record.source_ids, "tokens": record.source_tokens, "pieces": record.source_pieces},
         "target": {"ids": record.target_ids, "tokens": record.target_tokens, "pieces": record.target_pieces},
         "special_ids": record.special_ids,
+        "decoder_rows": DECODER_ROWS,
         "weights": {kind: _pack(record.weights(kind), keep) for kind in KINDS},
         "neurons": _neuron_data(record.neurons),
     }
