@@ -95,15 +95,55 @@ class RunState:
 def check_state(state: dict, source: Path) -> None:
     """A ValueError naming `source` unless a checkpoint's state holds what `RunState` holds: counts, lists, and one
     of ATTENTION_IMPLEMENTATIONS (transformers takes another name for a Hub kernel, which it downloads and runs)."""
-    kinds = {"epoch": int, "batches_done": int, "train_tokens": int, "evaluations_without_improvement": int,
-             "history": list, "best": list, "run_options": (dict, type(None)), "options": (dict, type(None))}
+    if not isinstance(state, dict):
+        raise ValueError(f"`resume`: {source} is damaged: it is not a JSON object")
+    kinds = {"step": int, "epoch": int, "batches_done": int, "train_tokens": int, "evaluations_without_improvement": int,
+             "history": list, "best": list, "parts": list, "run_options": (dict, type(None)),
+             "options": (dict, type(None))}
     for name, kind in kinds.items():
         value = state.get(name)
         if name in state and (not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0)):
             raise ValueError(f"`resume`: {source} is damaged: its {name} is {value!r}")
+    if not isinstance(state.get("step"), int):
+        raise ValueError(f"`resume`: {source} is damaged: it records no step")
     if state.get("attn_implementation") not in (None, *ATTENTION_IMPLEMENTATIONS):
         raise ValueError(f"`resume`: {source} records the attention implementation {state['attn_implementation']!r}, "
                          f"not one of {', '.join(ATTENTION_IMPLEMENTATIONS)}; it is not used")
+    for number, part in enumerate(state.get("parts", []), 1):
+        problem = part_problem(part, state["step"])
+        if problem:
+            raise ValueError(f"`resume`: {source} is damaged: part {number} of its parts {problem}; got {part!r}")
+    for name in ("history", "best"):  # each an evaluation: its step, and for model selection its score
+        for record in state.get(name, []):
+            if not isinstance(record, dict) or not _is_count(record.get("step")) or (
+                    name == "best" and not _is_number(record.get("value"))):
+                raise ValueError(f"`resume`: {source} is damaged: its {name} holds {record!r}, not the record of an "
+                                 "evaluation")
+
+
+# A part of a run longer than this is an edited record, not a session: a year.
+MAX_PART_SECONDS = 366 * 24 * 3600
+
+
+def part_problem(part, step: int) -> str | None:
+    """What is wrong with one part of a run as its checkpoint records it ({"steps": [first, last], "seconds"}), or
+    None: the steps are counts up to the checkpoint's `step`, the seconds a finite, non-negative time."""
+    if not isinstance(part, dict):
+        return "is not a JSON object with steps and seconds"
+    steps, seconds = part.get("steps"), part.get("seconds")
+    if not (isinstance(steps, list) and len(steps) == 2 and all(map(_is_count, steps)) and steps[0] <= steps[1] <= step):
+        return f"must have steps [first, last], counts with first <= last <= the checkpoint's step {step}"
+    if not (_is_number(seconds) and 0 <= seconds <= MAX_PART_SECONDS):
+        return f"must have seconds, a number from 0 to {MAX_PART_SECONDS:,}"
+    return None
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -181,7 +221,10 @@ def finished_step(args: TrainingArguments) -> int | None:
     line and returns the step; else None (a run whose final folder is not there yet is finished by `train`)."""
     checkpoint = latest_checkpoint(Path(args.output_dir) / CHECKPOINTS)
     try:
-        state = RunState.from_dict(read_state(checkpoint)) if checkpoint is not None else None
+        recorded = read_state(checkpoint) if checkpoint is not None else None
+        if recorded is not None:
+            check_state(recorded, checkpoint / STATE_FILE)  # else `resume_step` names what is wrong
+        state = RunState.from_dict(recorded) if recorded is not None else None
         results = read_json(Path(args.output_dir) / RESULTS_FILE)
     except (OSError, ValueError, AttributeError):  # damaged or missing: `train` says what, or writes them
         return None
