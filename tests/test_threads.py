@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from vanilla_transformer.cli import main
-from vanilla_transformer.threads import machine_cpus, quota_cpus
+from vanilla_transformer.threads import quota_cpus
 
 GREEDY = ["--num-beams", "1", "--max-new-tokens", "8"]
+CPUS = os.cpu_count()  # the most threads a command takes
 
 
 def _evaluate(folder, *options, cpus=None) -> subprocess.CompletedProcess:
@@ -31,8 +32,8 @@ def test_the_default_is_the_cpus_this_process_may_use_and_the_timing_names_it(hu
     pinned = _evaluate(hub_tiny_folder, cpus={min(os.sched_getaffinity(0))})  # as `taskset -c N` runs it
     assert pinned.returncode == 0, pinned.stderr
     assert "segments translated in" in pinned.stdout and "s on 1 CPU thread (transformers)" in pinned.stdout
-    given = _evaluate(hub_tiny_folder, "--threads", str(machine_cpus()))
-    threads = f"{machine_cpus()} CPU thread{'s' * (machine_cpus() > 1)}"
+    given = _evaluate(hub_tiny_folder, "--threads", str(CPUS))
+    threads = f"{CPUS} CPU thread{'s' * (CPUS > 1)}"
     assert given.returncode == 0 and f"s on {threads} (transformers)" in given.stdout
     assert "threads:" not in pinned.stderr + given.stderr
 
@@ -51,7 +52,7 @@ def test_every_command_that_computes_refuses_a_thread_count_below_one_in_one_lin
     assert stop.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
         ("--threads must be a positive integer; got 0",
-         f"`threads` must be a positive integer up to {machine_cpus()} (this machine's CPUs) or None; got 0."))
+         f"`threads` must be a positive integer up to {CPUS} (this machine's CPUs) or None; got 0."))
 
 
 def test_the_cgroup_quota_bounds_the_default(tmp_path):
@@ -109,12 +110,12 @@ def test_threads_beyond_the_machines_cpus_and_bad_variables_are_one_line_naming_
     result = _translate(hub_tiny_folder, *options, env=env)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr  # libgomp may say a line of its own before ours
-    assert result.stderr.strip().splitlines()[-1] == f"vanilla-transformer translate: error: {message.format(cpus=machine_cpus())}"
+    assert result.stderr.strip().splitlines()[-1] == f"vanilla-transformer translate: error: {message.format(cpus=CPUS)}"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("option, value, message", [
-    ("--threads", "100000", f"`threads` must be a positive integer up to {machine_cpus()} (this machine's CPUs) or "
+    ("--threads", "100000", f"`threads` must be a positive integer up to {CPUS} (this machine's CPUs) or "
                             "None; got 100000."),
     ("--seed", "-1", "`seed` must be an integer in [0, 2**32); got -1."),
     ("--seed", str(2**32), f"`seed` must be an integer in [0, 2**32); got {2**32}."),

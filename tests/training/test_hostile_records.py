@@ -173,9 +173,7 @@ def test_edited_parts_of_a_run_are_refused_in_one_line_naming_the_file(parts, ex
 @pytest.mark.slow
 def test_a_recorded_thread_count_beyond_the_machines_cpus_is_refused_in_one_line(run):
     # 100,000 threads were restored, then a MemoryError traceback.
-    from vanilla_transformer.threads import machine_cpus
-
     path = _edit_state(run, lambda state: state["options"].update(threads=100000))
     result = run_cli("train", "--resume", "--output-dir", run, "--max-steps", 3)
     _refused_in_one_line(result, f"`resume`: {path} records an option that is refused: `threads` must be a positive "
-                                 f"integer up to {machine_cpus()} (this machine's CPUs) or None; got 100000.")
+                                 f"integer up to {os.cpu_count()} (this machine's CPUs) or None; got 100000.")

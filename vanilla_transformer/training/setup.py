@@ -83,6 +83,7 @@ class Components:
     guard: NonFiniteGuard = field(init=False)  # what becomes of a step that is not finite
     weights: Bf16Weights | None = field(init=False)  # bf16 copies the step trains on (kernels.py); None: autocast
     log: Any = None  # the run's TrainingLog (logs.py), set by `train`
+    lock: Any = None  # the folder's RunLock (lock.py), held by the main process, set by `train`
     compiled: CompiledLoss | None = None  # the step's forward and loss compiled (compiled.py); None: eager
 
     def __post_init__(self):
