@@ -40,7 +40,7 @@ from .lock import RunLock
 __all__ = [
     "CHECKPOINTS", "Budget", "RunState", "StopRequests", "TrainingInterrupted", "check_same_run", "disk_full",
     "check_run_config", "check_state", "finished_step", "on_main", "recorded_options", "restore_options",
-    "resume_budget", "resume_step", "run_options", "take_folder",
+    "resume_budget", "resume_step", "run_options", "take_folder", "check_nothing_to_replace",
 ]
 
 logger = get_logger(__name__)
@@ -321,7 +321,53 @@ def resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
     if cards:  # not this run's: the finished model's card and scores would replace them
         raise ValueError(f"{args.output_dir} holds {', '.join(cards)}, which the finished model's card and scores would "
                          "replace; pick another `output_dir`, or move them")
+    check_nothing_to_replace(args)
     return None
+
+
+def check_nothing_to_replace(args: TrainingArguments) -> None:
+    """A new run refuses a folder holding a path it would write over or delete: the model's code and settings, its
+    log, the weights of another layout, a LoRA run's `adapter/`, a tokenizer's settings without its tokenizer.json,
+    anything in `checkpoints/` but the records of a run that stopped before its first checkpoint (whose tokenizer
+    and log are this folder's own, used or kept)."""
+    from ..hub import STALE_WEIGHTS
+    from ..modeling.saving import CODE_FILES
+    from .logs import LOG_FILE
+    from .setup import ADAPTER_DIR
+
+    folder = Path(args.output_dir)
+    started = _run_record(folder / CHECKPOINTS / "config.json")  # a run of this folder got as far as its model
+    written = [*CODE_FILES, "generation_config.json", *([] if started else [LOG_FILE]),
+               *([ADAPTER_DIR] if args.lora_rank is not None else []),
+               *([] if (folder / "tokenizer.json").is_file() else ["tokenizer_config.json", "special_tokens_map.json"])]
+    found = [name for name in written if (folder / name).exists() or (folder / name).is_symlink()]
+    found += sorted(entry.name for entry in folder.iterdir() if STALE_WEIGHTS.match(entry.name))
+    found += _not_run_records(folder / CHECKPOINTS)
+    found = [f"{name}/" if (folder / name).is_dir() else name for name in found]
+    if found:
+        more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+        raise ValueError(f"{folder} holds {', '.join(found[:3])}{more}, which a new run would write over or delete; "
+                         "pick another `output_dir`, or move them")
+
+
+def _not_run_records(checkpoints: Path) -> list[str]:
+    """What `checkpoints/` holds that is not a record a run that stopped early leaves (or a half-written staging)."""
+    from ..staging import STAGING_PREFIX
+
+    if not checkpoints.is_dir():
+        return []
+    return sorted(f"{CHECKPOINTS}/{entry.name}" for entry in checkpoints.iterdir()
+                  if not entry.name.startswith(STAGING_PREFIX)
+                  and not (entry.name in ("config.json", TOKENIZER_OPTIONS) and _run_record(entry)))
+
+
+def _run_record(path: Path) -> bool:
+    """Whether `path` is a JSON object a run wrote (a model's config names its `model_type`)."""
+    try:
+        record = read_json(path) if path.is_file() and not path.is_symlink() else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and (path.name != "config.json" or "model_type" in record)
 
 
 def check_run_config(config_file: Path, checkpoint: Path) -> None:
