@@ -38,7 +38,7 @@ from .checkpoints import (
 from .lock import RunLock
 
 __all__ = [
-    "CHECKPOINTS", "Budget", "RunState", "StopRequests", "TrainingInterrupted", "check_same_run", "disk_full",
+    "ADAPTER_DIR", "CHECKPOINTS", "Budget", "RunState", "StopRequests", "TrainingInterrupted", "check_same_run", "disk_full",
     "check_run_config", "check_state", "finished_step", "on_main", "recorded_options", "restore_options",
     "resume_budget", "resume_step", "run_options", "take_folder", "check_nothing_to_replace",
 ]
@@ -46,6 +46,7 @@ __all__ = [
 logger = get_logger(__name__)
 
 CHECKPOINTS = "checkpoints"  # sub-folder of output_dir; the rest of output_dir is the Hub folder (hub.py)
+ADAPTER_DIR = "adapter"  # where a LoRA run keeps PEFT's adapter, beside the merged model
 TOKENIZER_OPTIONS = "tokenizer_options.json"  # in CHECKPOINTS: what the run's own tokenizer was trained from
 MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")  # a saved model
 
@@ -333,7 +334,6 @@ def check_nothing_to_replace(args: TrainingArguments) -> None:
     from ..hub import STALE_WEIGHTS
     from ..modeling.saving import CODE_FILES
     from .logs import LOG_FILE
-    from .setup import ADAPTER_DIR
 
     folder = Path(args.output_dir)
     started = _run_record(folder / CHECKPOINTS / "config.json")  # a run of this folder got as far as its model

@@ -38,6 +38,7 @@ from .engines import Engine, NonFiniteGuard
 from .kernels import Bf16Weights, attention_choice, bf16_weights, fastest_attention
 from .logs import Losses
 from .run_folder import (
+    ADAPTER_DIR,
     CHECKPOINTS,
     Budget,
     RunState,
@@ -53,7 +54,6 @@ from .task import prepare_data
 __all__ = ["ADAPTER_DIR", "Components", "add_lora", "choose_attention", "freeze", "gpu_batch", "prepare", "save_adapter",
            "set_up"]
 
-ADAPTER_DIR = "adapter"  # where a LoRA run keeps PEFT's adapter, beside the merged model
 
 logger = get_logger(__name__)
 
