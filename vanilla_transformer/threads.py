@@ -58,6 +58,7 @@ def quota_cpus(cgroup_root: str | os.PathLike = "/sys/fs/cgroup", own: str | os.
 def default_threads() -> tuple[int, str]:
     """(threads, where the number comes from): OMP_NUM_THREADS where set, else the CPUs this process may use
     (affinity, cgroup quota), shared among this machine's processes of a launch."""
+    processes = environment_number("LOCAL_WORLD_SIZE", 1)  # checked whichever says the number
     variable = environment_number("OMP_NUM_THREADS", 0, machine_cpus())  # above the CPUs: refused, as --threads is
     if variable:
         return variable, "OMP_NUM_THREADS"
@@ -66,7 +67,6 @@ def default_threads() -> tuple[int, str]:
     quota = quota_cpus()
     if quota is not None and quota < cpus:
         cpus, why = quota, f"the cgroup's CPU quota, of the {cpus} CPUs this process may use"
-    processes = environment_number("LOCAL_WORLD_SIZE", 1)
     if processes > 1:
         return max(1, cpus // processes), f"{why}, shared by {processes} processes"
     return cpus, why
