@@ -30,6 +30,7 @@ from .checkpoints import (
     STATE_FILE,
     WEIGHTS_FILE,
     checkpoint_layout,
+    checkpoint_name,
     latest_checkpoint,
     list_checkpoints,
     newest_sound_checkpoint,
@@ -329,8 +330,8 @@ def resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
 def check_nothing_to_replace(args: TrainingArguments) -> None:
     """A new run refuses a folder holding a path it would write over or delete: the model's code and settings, its
     log, the weights of another layout, a LoRA run's `adapter/`, a tokenizer's settings without its tokenizer.json,
-    anything in `checkpoints/` but the records of a run that stopped before its first checkpoint (whose tokenizer
-    and log are this folder's own, used or kept)."""
+    in `checkpoints/` a checkpoint's name or records other than those of a run that stopped before its first
+    checkpoint (whose tokenizer and log are this folder's own, used or kept)."""
     from ..hub import STALE_WEIGHTS
     from ..modeling.saving import CODE_FILES
     from .logs import LOG_FILE
@@ -351,14 +352,14 @@ def check_nothing_to_replace(args: TrainingArguments) -> None:
 
 
 def _not_run_records(checkpoints: Path) -> list[str]:
-    """What `checkpoints/` holds that is not a record a run that stopped early leaves (or a half-written staging)."""
-    from ..staging import STAGING_PREFIX
-
+    """What in `checkpoints/` a run would write over and did not write: a folder named as a checkpoint (an incomplete
+    one: complete ones are an earlier run's), or a config or tokenizer record that is not a run's. Other names a
+    run never touches."""
     if not checkpoints.is_dir():
         return []
     return sorted(f"{CHECKPOINTS}/{entry.name}" for entry in checkpoints.iterdir()
-                  if not entry.name.startswith(STAGING_PREFIX)
-                  and not (entry.name in ("config.json", TOKENIZER_OPTIONS) and _run_record(entry)))
+                  if checkpoint_name(entry.name) is not None
+                  or (entry.name in ("config.json", TOKENIZER_OPTIONS) and not _run_record(entry)))
 
 
 def _run_record(path: Path) -> bool:
