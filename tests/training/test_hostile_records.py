@@ -87,7 +87,8 @@ def test_a_recorded_option_of_the_wrong_type_is_refused_in_one_line(run):
 
     path = _edit_state(run, edit)
     result = run_cli("train", "--resume", "--output-dir", run, "--max-steps", 3)
-    _refused_in_one_line(result, f"`resume`: {path} records an option that is refused: `seed` must be an integer; got 'abc'.")
+    _refused_in_one_line(result, f"`resume`: {path} records an option that is refused: `seed` must be an integer in "
+                                 "[0, 2**32); got 'abc'.")
     assert not (run / "checkpoints" / "checkpoint-00000003").exists()
 
 
