@@ -15,6 +15,7 @@ from vanilla_transformer import threads
 from vanilla_transformer.threads import CpuClock, load_average, oversubscription, quota_cpus
 
 GREEDY = ["--num-beams", "1", "--max-new-tokens", "8"]
+CPUS = os.cpu_count()  # the most threads a command takes
 
 
 def _evaluate(folder, *options, cpus=None) -> subprocess.CompletedProcess:
@@ -32,8 +33,9 @@ def test_the_default_is_the_cpus_this_process_may_use_and_the_timing_names_it(hu
     pinned = _evaluate(hub_tiny_folder, cpus={min(os.sched_getaffinity(0))})  # as `taskset -c N` runs it
     assert pinned.returncode == 0, pinned.stderr
     assert "segments translated in" in pinned.stdout and "s on 1 CPU thread (transformers)" in pinned.stdout
-    given = _evaluate(hub_tiny_folder, "--threads", "3")
-    assert given.returncode == 0 and "s on 3 CPU threads (transformers)" in given.stdout
+    given = _evaluate(hub_tiny_folder, "--threads", str(CPUS))
+    threads = f"{CPUS} CPU thread{'s' * (CPUS > 1)}"
+    assert given.returncode == 0 and f"s on {threads} (transformers)" in given.stdout
     assert "threads:" not in pinned.stderr + given.stderr
 
 
@@ -50,7 +52,8 @@ def test_every_command_that_computes_refuses_a_thread_count_below_one_in_one_lin
         main([*argv, "--threads", "0"])
     assert stop.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
-        ("--threads must be a positive integer; got 0", "`threads` must be a positive integer or None; got 0."))
+        ("--threads must be a positive integer; got 0",
+         f"`threads` must be a positive integer up to {CPUS} (this machine's CPUs) or None; got 0."))
 
 
 def test_the_cgroup_quota_bounds_the_default(tmp_path):
@@ -114,3 +117,46 @@ def test_the_load_average_and_the_cpu_clock_read_the_machine(monkeypatch):
     while threads.time.perf_counter() < deadline:  # busy: about one CPU, less on a shared machine
         pass
     assert 0 < clock.cpus() <= 1.2
+
+
+def _translate(folder, *options, env=()) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", "translate", "--model", str(folder), *GREEDY,
+                           *options, "a b c"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", **dict(env)})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options, env, message", [
+    (["--threads", "100000"], {}, "--threads must be at most {cpus}, the CPUs of this machine; got 100000"),
+    ([], {"OMP_NUM_THREADS": "100000"},
+     "the environment variable OMP_NUM_THREADS must be a positive whole number of at most {cpus}; got '100000'"),
+    ([], {"OMP_NUM_THREADS": "abc"},
+     "the environment variable OMP_NUM_THREADS must be a positive whole number of at most {cpus}; got 'abc'"),
+    ([], {"LOCAL_WORLD_SIZE": "abc"}, "the environment variable LOCAL_WORLD_SIZE must be a positive whole number; got 'abc'"),
+])
+def test_threads_beyond_the_machines_cpus_and_bad_variables_are_one_line_naming_them(hub_tiny_folder, options, env,
+                                                                                    message):
+    """Before: 100,000 threads failed to start and the process died of SIGSEGV; a variable that is not a number was
+    an int() error naming no variable (or was ignored)."""
+    result = _translate(hub_tiny_folder, *options, env=env)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr  # libgomp may say a line of its own before ours
+    assert result.stderr.strip().splitlines()[-1] == f"vanilla-transformer translate: error: {message.format(cpus=CPUS)}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("option, value, message", [
+    ("--threads", "100000", f"`threads` must be a positive integer up to {CPUS} (this machine's CPUs) or "
+                            "None; got 100000."),
+    ("--seed", "-1", "`seed` must be an integer in [0, 2**32); got -1."),
+    ("--seed", str(2**32), f"`seed` must be an integer in [0, 2**32); got {2**32}."),
+])
+def test_train_refuses_threads_and_seeds_out_of_bounds_before_it_sets_up(tmp_path, option, value, message):
+    """Before: a seed of -1 was refused by NumPy after the folder was taken and the data read; 100,000 threads
+    crashed. Now the option is refused before anything is written."""
+    result = subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", "train", "--output-dir",
+                             str(tmp_path / "run"), "--max-steps", "1", option, value], capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"vanilla-transformer train: error: {message}"]
+    assert not (tmp_path / "run").exists()

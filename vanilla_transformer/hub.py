@@ -34,6 +34,7 @@ from .tokenizer import save_tokenizer_files
 __all__ = [
     "DESCRIPTION_FILES",
     "PIPELINE_TASK",
+    "STALE_WEIGHTS",
     "check_hub_folder",
     "check_repo_id",
     "push_folder",
@@ -45,7 +46,7 @@ __all__ = [
 
 PIPELINE_TASK = next(iter(CUSTOM_PIPELINES))  # "translation"
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-_STALE_WEIGHTS = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")
+STALE_WEIGHTS = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")
 ATTENTION_IMAGE = "attention.png"
 RESULTS_FILE = "results.json"
 DESCRIPTION_FILES = ("README.md", ATTENTION_IMAGE, RESULTS_FILE)  # of the model they were written with
@@ -245,7 +246,7 @@ def _drop_absent_code(folder: Path) -> None:
 def _move_into_place(staging: Path, output_dir: Path) -> None:
     new_names = {entry.name for entry in staging.iterdir()}
     for entry in output_dir.iterdir():  # weights of another shape (say, sharded), the old model's card and scores
-        if entry.name not in new_names and (_STALE_WEIGHTS.match(entry.name) or entry.name in DESCRIPTION_FILES):
+        if entry.name not in new_names and (STALE_WEIGHTS.match(entry.name) or entry.name in DESCRIPTION_FILES):
             entry.unlink()
     for entry in sorted(staging.iterdir(), key=lambda entry: entry.name == "config.json"):  # a model once config.json lands
         os.replace(entry, output_dir / entry.name)

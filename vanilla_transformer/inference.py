@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from .choices import TRANSLATION_BATCH_SIZE
+from .adapter_files import ADAPTER_CONFIG, check_adapter_files, merge_adapter
 from .file_checks import REPO_ID, check_model_files, read_json
 from .tokenizer_files import check_tokenizer_files
 from .modeling.pipeline_vanilla_transformer import (
@@ -128,11 +129,15 @@ def load_pretrained(name_or_path: str | os.PathLike, **kwargs):
     process without this package: `from_pretrained(folder, trust_remote_code=True)`."""
     from transformers import AutoModelForSeq2SeqLM
 
+    adapter = False
     if Path(name_or_path).is_dir():
         check_model_files(Path(name_or_path))
         check_config_fits_weights(Path(name_or_path))
+        adapter = _check_adapter(Path(name_or_path))
     kwargs.setdefault("trust_remote_code", False)  # the package's classes: no question, no code from the folder
     model, info = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
+    if adapter:
+        return merge_adapter(model)  # the base weights were checked against the config above
     kinds = ("missing_keys", "unexpected_keys", "mismatched_keys")
     wrong = {kind.replace("_", " "): sorted(map(str, info.get(kind) or ())) for kind in kinds if info.get(kind)}
     if wrong:
@@ -143,6 +148,20 @@ def load_pretrained(name_or_path: str | os.PathLike, **kwargs):
                if "kv_proj" in found else "")
         raise ValueError(f"the weights in {name_or_path} do not fit this version's model{old}: {found}")
     return model
+
+
+def _check_adapter(folder: Path) -> bool:
+    """Whether `folder` holds a LoRA adapter saved with it, which transformers applies as it loads (a ValueError
+    names what does not fit); it needs PEFT, without which transformers would leave it out unsaid."""
+    import importlib.util
+
+    if not check_adapter_files(folder, _read_config(folder, folder / "config.json")):
+        return False
+    if importlib.util.find_spec("peft") is None:
+        raise ValueError(f"{folder / ADAPTER_CONFIG} is a LoRA adapter saved with the model, which needs the peft "
+                         "package: pip install 'vanilla-transformer[peft]'")
+    warnings.warn(f"applying the LoRA adapter saved in {folder} ({ADAPTER_CONFIG}), merged into the weights", stacklevel=3)
+    return True
 
 
 def check_config_file(path: Path) -> None:

@@ -19,9 +19,28 @@ import os
 import time
 from pathlib import Path
 
-__all__ = ["CpuClock", "default_threads", "load_average", "oversubscription", "quota_cpus", "use_threads"]
+__all__ = ["CpuClock", "default_threads", "environment_number", "load_average", "machine_cpus", "oversubscription",
+           "quota_cpus", "use_threads"]
 
 BUSY = 0.5  # CPUs a computing process is given, at the least, on a machine that is not oversubscribed
+
+
+def machine_cpus() -> int:
+    """The CPUs of this machine: the most threads a command computes with (more only wait for one another, and
+    tens of thousands fail to start and crash the process)."""
+    return os.cpu_count() or 1
+
+
+def environment_number(name: str, default: int, maximum: int | None = None) -> int:
+    """The positive whole number the environment variable `name` holds (`default` where unset or empty), or a
+    ValueError naming the variable and what it takes."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < 1 or (maximum is not None and int(text) > maximum):
+        at_most = f" of at most {maximum}" if maximum is not None else ""
+        raise ValueError(f"the environment variable {name} must be a positive whole number{at_most}; got {text!r}")
+    return int(text)
 
 
 def quota_cpus(cgroup_root: str | os.PathLike = "/sys/fs/cgroup", own: str | os.PathLike = "/proc/self/cgroup") -> int | None:
@@ -47,15 +66,15 @@ def quota_cpus(cgroup_root: str | os.PathLike = "/sys/fs/cgroup", own: str | os.
 def default_threads() -> tuple[int, str]:
     """(threads, where the number comes from): OMP_NUM_THREADS where set, else the CPUs this process may use
     (affinity, cgroup quota), shared among this machine's processes of a launch."""
-    variable = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if variable.isdigit() and int(variable) > 0:
-        return int(variable), "OMP_NUM_THREADS"
+    processes = environment_number("LOCAL_WORLD_SIZE", 1)  # checked whichever says the number
+    variable = environment_number("OMP_NUM_THREADS", 0, machine_cpus())  # above the CPUs: refused, as --threads is
+    if variable:
+        return variable, "OMP_NUM_THREADS"
     cpus = _affinity_cpus()
     why = "the CPUs this process may use"
     quota = quota_cpus()
     if quota is not None and quota < cpus:
         cpus, why = quota, f"the cgroup's CPU quota, of the {cpus} CPUs this process may use"
-    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     if processes > 1:
         return max(1, cpus // processes), f"{why}, shared by {processes} processes"
     return cpus, why
@@ -63,9 +82,11 @@ def default_threads() -> tuple[int, str]:
 
 def use_threads(threads: int | None, option: str = "--threads") -> str:
     """Set torch's threads to `threads` (default: `default_threads`) and return the line that says so;
-    ValueError for a number below 1, naming `option`."""
+    ValueError for a number below 1 or above the machine's CPUs, naming `option`."""
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"{option} must be a positive integer; got {threads!r}")
+    if threads is not None and threads > machine_cpus():
+        raise ValueError(f"{option} must be at most {machine_cpus()}, the CPUs of this machine; got {threads}")
     import torch
 
     why = option

@@ -87,7 +87,8 @@ def test_a_recorded_option_of_the_wrong_type_is_refused_in_one_line(run):
 
     path = _edit_state(run, edit)
     result = run_cli("train", "--resume", "--output-dir", run, "--max-steps", 3)
-    _refused_in_one_line(result, f"`resume`: {path} records an option that is refused: `seed` must be an integer; got 'abc'.")
+    _refused_in_one_line(result, f"`resume`: {path} records an option that is refused: `seed` must be an integer in "
+                                 "[0, 2**32); got 'abc'.")
     assert not (run / "checkpoints" / "checkpoint-00000003").exists()
 
 
@@ -150,3 +151,30 @@ def test_a_linked_checkpoint_is_named_and_never_followed_to_prune(run, tmp_path)
     assert link.is_symlink() and sorted(path.name for path in outside.iterdir()) == kept
     names = sorted(path.name for path in (run / "checkpoints").glob("checkpoint-*"))
     assert names == ["checkpoint-00000001", "checkpoint-00000003", "checkpoint-00000004"]  # the newest 2, and the link
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parts, expected", [
+    ([{"steps": [0, 2], "seconds": -1e9}], "part 1 of its parts must have seconds, a number from 0 to 31,622,400; "
+                                           "got {'steps': [0, 2], 'seconds': -1000000000.0}"),
+    ([{"steps": [0, 2], "seconds": float("nan")}], "part 1 of its parts must have seconds, a number from 0 to"),
+    ("abc", "is damaged: its parts is 'abc'"),
+    ([{"seconds": 5}], "part 1 of its parts must have steps [first, last], counts with first <= last <= the "
+                       "checkpoint's step 2; got {'seconds': 5}"),
+])
+def test_edited_parts_of_a_run_are_refused_in_one_line_naming_the_file(parts, expected, run):
+    # Negative seconds made --time-limit count backwards (training went on past it, the bar at "-4761904593%");
+    # "abc" was a TypeError traceback, a part without steps a KeyError, NaN seconds an error naming no file.
+    path = _edit_state(run, lambda state: state.update(parts=parts))
+    result = run_cli("train", "--resume", "--output-dir", run, "--time-limit", 0.35)
+    _refused_in_one_line(result, f"`resume`: {path} is damaged: ", expected)
+    assert not (run / "checkpoints" / "checkpoint-00000003").exists()
+
+
+@pytest.mark.slow
+def test_a_recorded_thread_count_beyond_the_machines_cpus_is_refused_in_one_line(run):
+    # 100,000 threads were restored, then a MemoryError traceback.
+    path = _edit_state(run, lambda state: state["options"].update(threads=100000))
+    result = run_cli("train", "--resume", "--output-dir", run, "--max-steps", 3)
+    _refused_in_one_line(result, f"`resume`: {path} records an option that is refused: `threads` must be a positive "
+                                 f"integer up to {os.cpu_count()} (this machine's CPUs) or None; got 100000.")

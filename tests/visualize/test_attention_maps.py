@@ -196,3 +196,25 @@ def test_plot_models_draws_one_panel_per_model_on_one_colour_scale(synthetic_rec
         attention_maps.plot_models(records, tmp_path / "bad.png")
     with pytest.raises(ValueError, match="empty"):
         attention_maps.plot_models({}, tmp_path / "bad.png")
+
+
+@pytest.mark.slow
+def test_attention_that_cannot_write_its_maps_leaves_no_folder_behind(hub_tiny_folder, tmp_path):
+    """A full disk (here: a file-size limit, whose writes fail as a full disk's do) left an empty maps/ folder."""
+    import os
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))
+
+    maps = tmp_path / "maps"
+    result = subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", "attention", "--model", str(hub_tiny_folder),
+                             "--output-dir", str(maps), "--num-beams", "1", "Jesus wept."], capture_output=True,
+                            text=True, timeout=300, preexec_fn=limited, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.splitlines()[-1].startswith("vanilla-transformer attention: error: ")
+    assert not maps.exists()

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ..choices import DEFAULT_VOCAB_SIZE, PAPER_WARMUP_STEPS, PRESET_NAMES, TOKENIZER_MODELS
 from ..file_checks import check_repo_id
+from ..threads import machine_cpus
 from .schedule import SCHEDULES, check_schedule, schedule_summary
 
 __all__ = ["ATTENTION_IMPLEMENTATIONS", "CPU_MAX_TOKENS", "DEFAULT_DDP_TIMEOUT", "DEFAULT_VOCAB_SIZE", "FOLDER_TRACKERS",
@@ -82,12 +83,16 @@ BOUNDS = {
     ("positive", float): ("a positive number", lambda value: value > 0),
     ("non-negative", float): ("a non-negative number", lambda value: value >= 0),
     ("fraction", float): ("a number in [0, 1)", lambda value: 0 <= value < 1),
+    # More threads than CPUs only wait for one another; tens of thousands fail to start and crash the process.
+    ("cpus", int): (f"a positive integer up to {machine_cpus()} (this machine's CPUs)",
+                    lambda value: 1 <= value <= machine_cpus()),
+    ("seed", int): ("an integer in [0, 2**32)", lambda value: 0 <= value < 2**32),  # what NumPy's generator takes
 }
 
 
 def option(default=dataclasses.MISSING, *, group: str, help: str, **metadata):
     """A field of `TrainingArguments` with what its command-line option needs: its group, help and any of
-    `choices`, `bound` ("positive", "non-negative", "fraction") and `metavar`."""
+    `choices`, `bound` (a name in BOUNDS: "positive", "non-negative", "fraction", "cpus", "seed") and `metavar`."""
     return field(default=default, metadata=dict(group=group, help=help, **metadata))
 
 
@@ -169,7 +174,7 @@ class TrainingArguments:
     time_limit: float | None = option(
         None, group=STEPS, bound="positive", metavar="MINUTES",
         help="stop (with a checkpoint) after this long, the minutes of every part of a resumed run counted")
-    seed: int = option(0, group=STEPS, help="seeds weights, data order and dropout")
+    seed: int = option(0, group=STEPS, bound="seed", help="seeds weights, data order and dropout")
     # Optimisation (§5.3, §5.4); warmup_steps, lr_scale and lr_schedule are checked by schedule.py's check_schedule
     warmup_steps: int = option(
         PAPER_WARMUP_STEPS, group=OPTIMISATION,
@@ -207,7 +212,7 @@ class TrainingArguments:
         "(fp16 on a GPU without it), else no",
     )
     threads: int | None = option(
-        None, group=OPTIMISATION, bound="positive", metavar="N",
+        None, group=OPTIMISATION, bound="cpus", metavar="N",
         help="CPU threads torch computes with (default: OMP_NUM_THREADS where set, else the CPUs this process may "
         "use: its affinity, within its cgroup's CPU quota, shared by a launch's processes on this machine)",
     )

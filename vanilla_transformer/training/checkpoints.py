@@ -53,6 +53,7 @@ __all__ = [
     "average_checkpoints",
     "check_plain_pickle",
     "checkpoint_layout",
+    "checkpoint_name",
     "checkpoint_path",
     "checkpoint_weights",
     "drop_tied_copies",
@@ -93,6 +94,12 @@ logger = get_logger(__name__)
 
 def checkpoint_path(root: str | os.PathLike, step: int) -> Path:
     return Path(root) / f"checkpoint-{step:08d}"
+
+
+def checkpoint_name(name: str) -> int | None:
+    """The step a checkpoint's folder name gives (checkpoint-00000042: 42), or None for another name."""
+    match = _NAME.match(name)
+    return int(match.group(1)) if match else None
 
 
 def list_checkpoints(root: str | os.PathLike) -> list[Path]:

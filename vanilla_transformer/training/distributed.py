@@ -26,6 +26,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import DistributedType
 
 from .arguments import DEFAULT_DDP_TIMEOUT
+from ..threads import environment_number
 
 __all__ = [
     "DEFAULT_DDP_TIMEOUT",
@@ -152,7 +153,7 @@ def check_world_size(accelerator) -> None:
 def describe(accelerator) -> str:
     """One line: distributed type, world size, machines and processes per machine, mixed precision, devices."""
     world = accelerator.num_processes
-    per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    per_machine = environment_number("LOCAL_WORLD_SIZE", world)
     machines = max(world // max(per_machine, 1), 1)
     device = accelerator.device
     tf32 = ""

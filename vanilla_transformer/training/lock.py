@@ -30,10 +30,14 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-__all__ = ["LOCK_FILE", "RunLock"]
+__all__ = ["LOCK_FILE", "LockLost", "RunLock"]
 
 LOCK_FILE = ".train.lock"
 logger = logging.getLogger(__name__)
+
+
+class LockLost(FileExistsError):
+    """The folder's lock is no longer this run's: another run may hold the folder."""
 
 
 class RunLock:
@@ -74,19 +78,37 @@ class RunLock:
             self._fd = fd
         previous = _read(self.path)
         if previous:
-            logger.warning(f"taking over {self.path}: the run that left it ({_describe(previous)}) is no longer running")
+            logger.warning(f"taking over {self.path}: {_why_free(previous)}")
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                   "command": shlex.join(sys.argv)}
         os.ftruncate(self._fd, 0)
         os.lseek(self._fd, 0, os.SEEK_SET)
         os.write(self._fd, json.dumps(holder).encode())
 
+    def check(self) -> None:
+        """Raise LockLost unless this run's file is still the folder's lock: a run whose file was removed (or
+        replaced by another run's) no longer has the folder to itself, and stops before it writes there again."""
+        if self._fd is None or self.holds():
+            return
+        raise LockLost(f"{self.path} was removed or replaced while this run trained, so another run may be writing "
+                       f"{self.folder}; this run stops before writing its next checkpoint. Check which run should go "
+                       "on, then `resume` it alone")
+
+    def holds(self) -> bool:
+        """Whether the file at `path` is the one this run locked."""
+        try:
+            return self._fd is not None and os.stat(self.path).st_ino == os.fstat(self._fd).st_ino
+        except FileNotFoundError:
+            return False
+
     def release(self, discard: bool = False) -> None:
-        """Remove the file (while still holding it, so that no one waits on a removed file) and let go.
-        A folder the lock made goes if it is empty, or with what is in it when `discard` is true."""
+        """Remove the file (while still holding it, so that no one waits on a removed file) and let go; another run's
+        file, in its place since, stays. A folder the lock made goes if it is empty, or with what is in it when
+        `discard` is true."""
         if self._fd is None:
             return
-        self.path.unlink(missing_ok=True)
+        if self.holds():
+            self.path.unlink(missing_ok=True)
         os.close(self._fd)
         self._fd = None
         if self._made_folder and discard:
@@ -119,6 +141,18 @@ def _gone(holder: dict) -> bool:
     except OSError:  # there is one, another user's
         return False
     return False
+
+
+def _why_free(holder: dict) -> str:
+    """Why a lock file that names a holder is not locked, as far as this machine can tell."""
+    pid, host = holder.get("pid"), holder.get("host")
+    if _gone(holder):
+        return f"the run that left it ({_describe(holder)}) is no longer running"
+    if host == socket.gethostname():
+        return (f"it names PID {pid} on this host, a running process that does not hold the lock, so no run of this "
+                f"folder (the PID reused, or the file written by hand): {_describe(holder)}")
+    return (f"it names a run on host {host}, which this machine cannot see; no process here holds the lock "
+            f"({_describe(holder)})")
 
 
 def _describe(holder: dict) -> str:

@@ -70,6 +70,7 @@ def train(args: TrainingArguments) -> dict:
             raise
         components.log = TrainingLog(args.output_dir, budget.start_step if args.resume else None,
                                      accelerator.is_main_process)
+        components.lock = lock
         _train_part(components, state, budget, args)
         if budget.stop_signal:
             raise TrainingInterrupted(budget.stop_signal, args.output_dir, state.step)
@@ -144,6 +145,8 @@ def save_run(components: Components, state: RunState, keep: int | None) -> None:
     """Checkpoint the run as of `state.step`, on every process; never after a step that was not finite.
     The best checkpoints of model selection outlive the newest `keep`."""
     components.losses.read(state.step, reset=False)  # raises after a step that was not finite
+    if components.lock is not None:  # a run that lost the folder to another writes nothing more there
+        on_main(components.accelerator, components.lock.check)
     protected = [record["step"] for record in state.best]
     save_checkpoint(components.accelerator, components.checkpoint_root, state.step, state.to_dict(), keep=keep,
                     protect=protected)

@@ -37,6 +37,7 @@ from .checkpoints import (
     STATE_FILE,
     WEIGHTS_FILE,
     checkpoint_layout,
+    checkpoint_name,
     latest_checkpoint,
     list_checkpoints,
     newest_sound_checkpoint,
@@ -45,14 +46,16 @@ from .checkpoints import (
 from .lock import RunLock
 
 __all__ = [
-    "CHECKPOINTS", "Budget", "RunState", "StopRequests", "TrainingInterrupted", "check_same_run", "disk_full",
+    "ADAPTER_DIR", "CHECKPOINTS", "Budget", "RunState", "StopRequests", "TrainingInterrupted", "check_same_run", "disk_full",
     "check_run_config", "check_state", "finished_step", "on_main", "recorded_options", "restore_options",
     "resume_budget", "resume_step", "run_options", "ScoringInterrupted", "StopScoring", "take_folder",
+    "check_nothing_to_replace",
 ]
 
 logger = get_logger(__name__)
 
 CHECKPOINTS = "checkpoints"  # sub-folder of output_dir; the rest of output_dir is the Hub folder (hub.py)
+ADAPTER_DIR = "adapter"  # where a LoRA run keeps PEFT's adapter, beside the merged model
 TOKENIZER_OPTIONS = "tokenizer_options.json"  # in CHECKPOINTS: what the run's own tokenizer was trained from
 MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")  # a saved model
 
@@ -104,15 +107,55 @@ class RunState:
 def check_state(state: dict, source: Path) -> None:
     """A ValueError naming `source` unless a checkpoint's state holds what `RunState` holds: counts, lists, and one
     of ATTENTION_IMPLEMENTATIONS (transformers takes another name for a Hub kernel, which it downloads and runs)."""
-    kinds = {"epoch": int, "batches_done": int, "train_tokens": int, "evaluations_without_improvement": int,
-             "history": list, "best": list, "run_options": (dict, type(None)), "options": (dict, type(None))}
+    if not isinstance(state, dict):
+        raise ValueError(f"`resume`: {source} is damaged: it is not a JSON object")
+    kinds = {"step": int, "epoch": int, "batches_done": int, "train_tokens": int, "evaluations_without_improvement": int,
+             "history": list, "best": list, "parts": list, "run_options": (dict, type(None)),
+             "options": (dict, type(None))}
     for name, kind in kinds.items():
         value = state.get(name)
         if name in state and (not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0)):
             raise ValueError(f"`resume`: {source} is damaged: its {name} is {value!r}")
+    if not isinstance(state.get("step"), int):
+        raise ValueError(f"`resume`: {source} is damaged: it records no step")
     if state.get("attn_implementation") not in (None, *ATTENTION_IMPLEMENTATIONS):
         raise ValueError(f"`resume`: {source} records the attention implementation {state['attn_implementation']!r}, "
                          f"not one of {', '.join(ATTENTION_IMPLEMENTATIONS)}; it is not used")
+    for number, part in enumerate(state.get("parts", []), 1):
+        problem = part_problem(part, state["step"])
+        if problem:
+            raise ValueError(f"`resume`: {source} is damaged: part {number} of its parts {problem}; got {part!r}")
+    for name in ("history", "best"):  # each an evaluation: its step, and for model selection its score
+        for record in state.get(name, []):
+            if not isinstance(record, dict) or not _is_count(record.get("step")) or (
+                    name == "best" and not _is_number(record.get("value"))):
+                raise ValueError(f"`resume`: {source} is damaged: its {name} holds {record!r}, not the record of an "
+                                 "evaluation")
+
+
+# A part of a run longer than this is an edited record, not a session: a year.
+MAX_PART_SECONDS = 366 * 24 * 3600
+
+
+def part_problem(part, step: int) -> str | None:
+    """What is wrong with one part of a run as its checkpoint records it ({"steps": [first, last], "seconds"}), or
+    None: the steps are counts up to the checkpoint's `step`, the seconds a finite, non-negative time."""
+    if not isinstance(part, dict):
+        return "is not a JSON object with steps and seconds"
+    steps, seconds = part.get("steps"), part.get("seconds")
+    if not (isinstance(steps, list) and len(steps) == 2 and all(map(_is_count, steps)) and steps[0] <= steps[1] <= step):
+        return f"must have steps [first, last], counts with first <= last <= the checkpoint's step {step}"
+    if not (_is_number(seconds) and 0 <= seconds <= MAX_PART_SECONDS):
+        return f"must have seconds, a number from 0 to {MAX_PART_SECONDS:,}"
+    return None
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -195,7 +238,10 @@ def finished_step(args: TrainingArguments) -> int | None:
     line and returns the step; else None (a run whose final folder is not there yet is finished by `train`)."""
     checkpoint = latest_checkpoint(Path(args.output_dir) / CHECKPOINTS)
     try:
-        state = RunState.from_dict(read_state(checkpoint)) if checkpoint is not None else None
+        recorded = read_state(checkpoint) if checkpoint is not None else None
+        if recorded is not None:
+            check_state(recorded, checkpoint / STATE_FILE)  # else `resume_step` names what is wrong
+        state = RunState.from_dict(recorded) if recorded is not None else None
         results = read_json(Path(args.output_dir) / RESULTS_FILE)
     except (OSError, ValueError, AttributeError):  # damaged or missing: `train` says what, or writes them
         return None
@@ -297,7 +343,52 @@ def resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
     if cards:  # not this run's: the finished model's card and scores would replace them
         raise ValueError(f"{args.output_dir} holds {', '.join(cards)}, which the finished model's card and scores would "
                          "replace; pick another `output_dir`, or move them")
+    check_nothing_to_replace(args)
     return None
+
+
+def check_nothing_to_replace(args: TrainingArguments) -> None:
+    """A new run refuses a folder holding a path it would write over or delete: the model's code and settings, its
+    log, the weights of another layout, a LoRA run's `adapter/`, a tokenizer's settings without its tokenizer.json,
+    in `checkpoints/` a checkpoint's name or records other than those of a run that stopped before its first
+    checkpoint (whose tokenizer and log are this folder's own, used or kept)."""
+    from ..hub import STALE_WEIGHTS
+    from ..modeling.saving import CODE_FILES
+    from .logs import LOG_FILE
+
+    folder = Path(args.output_dir)
+    started = _run_record(folder / CHECKPOINTS / "config.json")  # a run of this folder got as far as its model
+    written = [*CODE_FILES, "generation_config.json", *([] if started else [LOG_FILE]),
+               *([ADAPTER_DIR] if args.lora_rank is not None else []),
+               *([] if (folder / "tokenizer.json").is_file() else ["tokenizer_config.json", "special_tokens_map.json"])]
+    found = [name for name in written if (folder / name).exists() or (folder / name).is_symlink()]
+    found += sorted(entry.name for entry in folder.iterdir() if STALE_WEIGHTS.match(entry.name))
+    found += _not_run_records(folder / CHECKPOINTS)
+    found = [f"{name}/" if (folder / name).is_dir() else name for name in found]
+    if found:
+        more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+        raise ValueError(f"{folder} holds {', '.join(found[:3])}{more}, which a new run would write over or delete; "
+                         "pick another `output_dir`, or move them")
+
+
+def _not_run_records(checkpoints: Path) -> list[str]:
+    """What in `checkpoints/` a run would write over and did not write: a folder named as a checkpoint (an incomplete
+    one: complete ones are an earlier run's), or a config or tokenizer record that is not a run's. Other names a
+    run never touches."""
+    if not checkpoints.is_dir():
+        return []
+    return sorted(f"{CHECKPOINTS}/{entry.name}" for entry in checkpoints.iterdir()
+                  if checkpoint_name(entry.name) is not None
+                  or (entry.name in ("config.json", TOKENIZER_OPTIONS) and not _run_record(entry)))
+
+
+def _run_record(path: Path) -> bool:
+    """Whether `path` is a JSON object a run wrote (a model's config names its `model_type`)."""
+    try:
+        record = read_json(path) if path.is_file() and not path.is_symlink() else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and (path.name != "config.json" or "model_type" in record)
 
 
 def check_run_config(config_file: Path, checkpoint: Path) -> None:

@@ -40,6 +40,7 @@ from .engines import Engine, NonFiniteGuard
 from .kernels import TIMING_SHARE, Bf16Weights, attention_choice, bf16_weights, fastest_attention
 from .logs import Losses
 from .run_folder import (
+    ADAPTER_DIR,
     CHECKPOINTS,
     Budget,
     RunState,
@@ -55,7 +56,6 @@ from .task import prepare_data
 __all__ = ["ADAPTER_DIR", "Components", "add_lora", "choose_attention", "freeze", "gpu_batch", "prepare", "save_adapter",
            "set_up"]
 
-ADAPTER_DIR = "adapter"  # where a LoRA run keeps PEFT's adapter, beside the merged model
 
 logger = get_logger(__name__)
 
@@ -85,6 +85,7 @@ class Components:
     guard: NonFiniteGuard = field(init=False)  # what becomes of a step that is not finite
     weights: Bf16Weights | None = field(init=False)  # bf16 copies the step trains on (kernels.py); None: autocast
     log: Any = None  # the run's TrainingLog (logs.py), set by `train`
+    lock: Any = None  # the folder's RunLock (lock.py), held by the main process, set by `train`
     compiled: CompiledLoss | None = None  # the step's forward and loss compiled (compiled.py); None: eager
 
     def __post_init__(self):

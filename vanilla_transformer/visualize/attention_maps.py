@@ -408,16 +408,18 @@ def bertviz_data(record: AttentionRecord) -> dict:
 def save_attention_maps(record: AttentionRecord, output_dir: str | os.PathLike) -> list[Path]:
     """Write `<kind>_layer<N>.png` for every layer of each kind, `overview.png` and `bertviz.pt`.
 
-    Files are drawn in a temporary folder beside `output_dir` and then moved in, so a failure
-    leaves no partial set.
+    Files are drawn in a temporary folder inside `output_dir` and then moved in, so a failure
+    leaves no partial set, and no `output_dir` where it made one.
     """
     import shutil
     import tempfile
 
     output_dir = Path(output_dir)
+    made = not output_dir.exists()
     output_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".attention.", dir=output_dir))
+    staging = output_dir / ".attention.none"
     try:
+        staging = Path(tempfile.mkdtemp(prefix=".attention.", dir=output_dir))
         for kind in KINDS:
             for layer in range(record.weights(kind).size(0)):
                 plot_layer(record, kind, layer, staging / f"{kind}_layer{layer + 1}.png")
@@ -427,6 +429,11 @@ def save_attention_maps(record: AttentionRecord, output_dir: str | os.PathLike) 
         for file in sorted(staging.iterdir()):
             os.replace(file, output_dir / file.name)
             paths.append(output_dir / file.name)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if made and not any(output_dir.iterdir()):  # a full disk, an interrupt: the folder made for the maps goes too
+            output_dir.rmdir()
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return paths

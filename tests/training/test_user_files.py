@@ -1,0 +1,71 @@
+"""Nothing a user made is deleted or written over by a training run: with a file of the user's at any path a run
+writes in its output folder (a plain run and a LoRA fine-tune), `train` refuses in one line, or leaves the file as
+it was. Each case drives the real command in a process of its own."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import SMALL_RUN
+
+CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+NOTES = "the user's notes\n"
+
+
+def _train(data, out, *options) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, "train", "--dataset", str(data), "--output-dir", str(out), *SMALL_RUN,
+                           "--max-steps", "2", "--save-steps", "1", *options], capture_output=True, text=True, env=ENV,
+                          timeout=600)
+
+
+def _written(folder: Path) -> list[str]:
+    """Every path a run left in `folder` and in its sub-folders, relative to it (a checkpoint counts as one)."""
+    paths = [path.relative_to(folder) for path in folder.rglob("*")]
+    return sorted(str(path) for path in paths if len(path.parts) <= 2)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, write_synthetic_task):
+    """The data, and the paths a plain run and a LoRA fine-tune of its model write, each with its options."""
+    root = tmp_path_factory.mktemp("user-files")
+    data = write_synthetic_task(root / "data", n_train=300, n_eval=12, reverse=True)
+    base = _train(data, root / "base")
+    assert base.returncode == 0, base.stderr[-2000:]
+    lora_options = ("--model-name-or-path", str(root / "base"), "--lora-rank", "2")
+    lora = _train(data, root / "lora", *lora_options)
+    assert lora.returncode == 0, lora.stderr[-2000:]
+    assert (root / "lora" / "adapter" / "adapter_config.json").is_file()
+    return data, {(): _written(root / "base"), lora_options: _written(root / "lora")}
+
+
+@pytest.mark.slow
+def test_every_path_a_run_writes_is_refused_or_left_as_the_user_made_it(runs, tmp_path):
+    # A LoRA run deleted a user's adapter/ with the notes in it and said nothing; a plain run wrote over the code
+    # files, generation_config.json and the log, and removed a user's pytorch_model.bin.
+    data, written = runs
+    cases = [(options, path) for options, paths in written.items() for path in paths
+             if options or path not in written[()] or options == ()]
+    cases = list({path: (options, path) for options, path in reversed(cases)}.values())  # a path once, plain first
+    cases += [((), "pytorch_model.bin"), ((), "model-00001-of-00002.safetensors")]  # other layouts, swept at the end
+    outcomes = {}
+    for number, (options, path) in enumerate(cases):
+        out = tmp_path / f"out{number}"
+        user_file = out / path if not written_is_folder(written, options, path) else out / path / "MY_NOTES.txt"
+        user_file.parent.mkdir(parents=True, exist_ok=True)
+        user_file.write_text(NOTES)
+        result = _train(data, out, *options)
+        refused = result.returncode == 2 and result.stderr.splitlines()[-1].startswith("vanilla-transformer train: error: ")
+        assert refused or result.returncode == 0, (path, result.stderr[-2000:])
+        assert "Traceback" not in result.stderr, (path, result.stderr[-2000:])
+        assert user_file.is_file() and user_file.read_text() == NOTES, (path, "changed", result.stderr[-2000:])
+        outcomes[path] = "refused" if refused else "left as it was"
+    assert "adapter" in outcomes and outcomes["adapter"] == "refused"
+
+
+def written_is_folder(written, options, path) -> bool:
+    """Whether `path` is a folder a run writes (a file of the user's goes inside it)."""
+    return any(other.startswith(path + "/") for other in written[options])
