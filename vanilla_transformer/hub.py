@@ -26,7 +26,8 @@ import os
 import re
 from pathlib import Path
 
-from .file_checks import check_model_files, check_repo_id
+from .file_checks import check_repo_id
+from .model_folder import check_model_files
 from .staging import STAGING_PREFIX, publish_files, staging_folder, sweep_staging
 from .modeling.pipeline_vanilla_transformer import CUSTOM_PIPELINES, source_length_limit
 from .tokenizer import save_tokenizer_files

@@ -11,7 +11,7 @@ from vanilla_transformer.visualize.attention_maps import (
     KINDS, bertviz_data, collect_attentions, decoding_settings, plot_layer, save_attention_maps,
 )
 from vanilla_transformer.modeling.generation import paper_generation_config
-from vanilla_transformer.inference import load_model
+from vanilla_transformer.model_folder import load_model
 
 
 @pytest.fixture(scope="module")
