@@ -465,7 +465,7 @@ def check_export_folder(folder: str | os.PathLike) -> dict:
     _check_fields(folder / OPTIONS_FILE, options, context)
     wrong = sorted(set(options) ^ set(FIELDS[OPTIONS_FILE]))
     if wrong:
-        raise ValueError(f"{folder / OPTIONS_FILE} must hold exactly {', '.join(FIELDS[OPTIONS_FILE])}; "
+        raise ValueError(f"{folder / OPTIONS_FILE}: the export writes exactly {', '.join(FIELDS[OPTIONS_FILE])}; "
                          f"{', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not as the export writes them")
     if (folder / CONFIG_FILE).is_file():
         _check_fields(folder / CONFIG_FILE, read_json(folder / CONFIG_FILE, MAX_JSON_BYTES), context, CTRANSLATE2_CONFIG)
