@@ -468,6 +468,18 @@ def check_export_folder(folder: str | os.PathLike) -> dict:
         raise ValueError(f"{folder / OPTIONS_FILE}: the export writes exactly {', '.join(FIELDS[OPTIONS_FILE])}; "
                          f"{', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not as the export writes them")
     if (folder / CONFIG_FILE).is_file():
-        _check_fields(folder / CONFIG_FILE, read_json(folder / CONFIG_FILE, MAX_JSON_BYTES), context, CTRANSLATE2_CONFIG)
+        _check_export_config(folder / CONFIG_FILE, context)
     check_tokenizer_files(folder, context.vocab_size)
     return options
+
+
+def _check_export_config(path: Path, context: Context) -> None:
+    """CTranslate2's config.json of an export: bounded in bytes, its fields within `folder_fields.FIELDS`; one that is
+    not JSON is left to CTranslate2, whose loading names it."""
+    if path.stat().st_size > MAX_JSON_BYTES:
+        read_json(path, MAX_JSON_BYTES)  # the refusal naming its size
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return
+    _check_fields(path, settings, context, CTRANSLATE2_CONFIG)
