@@ -17,8 +17,8 @@ from pathlib import Path
 # A Hub repository id, user/name: how a name the user gives is told from a folder that is not there.
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
-__all__ = ["MAX_LINE_BYTES", "REPO_ID", "bounded_lines", "check_model_files", "check_output_file", "check_plain_file", "check_plain_pickle", "check_repo_id", "check_weights_file",
-           "read_json", "utf8_lines"]
+__all__ = ["MAX_LINE_BYTES", "REPO_ID", "bounded_lines", "check_inside", "check_output_file", "check_plain_file",
+           "check_plain_pickle", "check_repo_id", "check_weights_file", "read_json", "utf8_lines"]
 
 # The most bytes one line of text is read to: far past any sentence (translate cuts a long one to what the model
 # reads), it bounds the memory a file without line ends (/dev/zero, a binary file) takes before it is refused.
@@ -57,8 +57,11 @@ def bounded_lines(lines: Iterable[bytes], name: str, max_bytes: int = MAX_LINE_B
         yield raw
 
 
-def read_json(path: str | os.PathLike):
-    """A JSON file we wrote, or a ValueError naming it and where it stops being JSON."""
+def read_json(path: str | os.PathLike, max_bytes: int | None = None):
+    """A JSON file we wrote, or a ValueError naming it and where it stops being JSON; one of more than
+    `max_bytes` bytes is refused before it is read (a parser holds the whole file, and many times its size)."""
+    if max_bytes is not None and (size := Path(path).stat().st_size) > max_bytes:
+        raise ValueError(f"{path} is {size:,} bytes, more than such a file holds (at most {max_bytes:,}); it is not read")
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except UnicodeDecodeError as err:
@@ -119,30 +122,6 @@ def _unpickling_reason(err: Exception) -> str:
         if line.strip() and not line.strip().startswith(advice):
             return line.strip().split(" Please use")[0]
     return type(err).__name__
-
-
-def check_model_files(folder: str | os.PathLike) -> None:
-    """The config and weights of a saved model folder read back whole, and a pickled weights file
-    (pytorch_model.bin) holds tensors and plain values alone; a ValueError names the file otherwise."""
-    folder = Path(folder)
-    try:
-        read_json(folder / "config.json")
-        shards = ["model.safetensors", "pytorch_model.bin"]
-        for index in (folder / "model.safetensors.index.json", folder / "pytorch_model.bin.index.json"):
-            if index.is_file():
-                named = sorted(set(read_json(index)["weight_map"].values()))
-                for name in named:
-                    if Path(name).is_absolute() or ".." in Path(name).parts:
-                        raise ValueError(f"{index} names {name!r}, outside the model folder; its weights are not read")
-                shards += named
-        for name in shards:
-            check_inside(folder / name)
-            if (folder / name).is_file():
-                check_weights_file(folder / name)
-                if not name.endswith(".safetensors"):
-                    check_plain_pickle(folder / name)
-    except ValueError as err:
-        raise ValueError(f"{err}. Copy the model folder again, or save the model again.") from None
 
 
 def check_inside(path: Path) -> None:

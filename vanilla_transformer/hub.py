@@ -26,7 +26,8 @@ import os
 import re
 from pathlib import Path
 
-from .file_checks import check_model_files, check_repo_id
+from .file_checks import check_repo_id
+from .model_folder import WEIGHT_FILES, check_model_files
 from .staging import STAGING_PREFIX, publish_files, staging_folder, sweep_staging
 from .modeling.pipeline_vanilla_transformer import CUSTOM_PIPELINES, source_length_limit
 from .tokenizer import save_tokenizer_files
@@ -45,7 +46,6 @@ __all__ = [
 ]
 
 PIPELINE_TASK = next(iter(CUSTOM_PIPELINES))  # "translation"
-_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 STALE_WEIGHTS = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")
 ATTENTION_IMAGE = "attention.png"
 RESULTS_FILE = "results.json"
@@ -263,7 +263,7 @@ def check_hub_folder(folder: str | os.PathLike) -> Path:
     if not folder.is_dir():
         raise FileNotFoundError(f"`folder` is not a folder: {folder}")
     missing = []
-    if not any((folder / name).is_file() for name in _WEIGHT_FILES):
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
         missing.append("weights (model.safetensors)")
     config = {}
     if not (folder / "config.json").is_file():

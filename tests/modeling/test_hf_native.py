@@ -462,11 +462,11 @@ def test_the_finetuning_example_runs_and_its_folder_translates(finetuned, name):
 
 
 def test_weights_that_do_not_fit_are_refused_not_left_random(hub_tiny_model, tmp_path):
-    """A folder saved by an earlier version of this package holds one fused `kv_proj` per attention block: our loaders refuse
-    it by name instead of transformers' warning and randomly initialised k_proj / v_proj."""
+    """Weights whose key and value projections are fused into one `kv_proj` per attention block: our loaders refuse
+    them, naming the tensors they lack, instead of transformers' warning and randomly initialised k_proj / v_proj."""
     from safetensors.torch import load_file, save_file
 
-    from vanilla_transformer.inference import load_pretrained
+    from vanilla_transformer.model_folder import load_pretrained
 
     model, _ = hub_tiny_model
     model.save_pretrained(tmp_path)
@@ -475,5 +475,5 @@ def test_weights_that_do_not_fit_are_refused_not_left_random(hub_tiny_model, tmp
         fused = torch.cat([weights.pop(name), weights.pop(name.replace("k_proj", "v_proj"))])
         weights[name.replace("k_proj", "kv_proj")] = fused
     save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(ValueError, match=r"kv_proj.*an earlier version of vanilla-transformer.*trust_remote_code=True"):
+    with pytest.raises(ValueError, match=r"are not those config.json describes: they lack model\.\S+\.k_proj\.weight"):
         load_pretrained(tmp_path)

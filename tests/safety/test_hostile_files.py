@@ -115,7 +115,7 @@ def test_a_model_folder_with_crafted_pickled_weights_is_refused_in_one_line(comm
 
 
 def test_train_from_a_model_folder_with_crafted_pickled_weights_is_refused_by_the_loader_it_uses(crafted_folder, tmp_path):
-    from vanilla_transformer.inference import (
+    from vanilla_transformer.model_folder import (
         load_pretrained,  # `train --model-name-or-path` loads with it
     )
 

@@ -122,13 +122,11 @@ def _recorded_data(model: str, source_lang: str | None, target_lang: str | None)
     import os
     from pathlib import Path
 
-    from ..file_checks import read_json
-    from ..inference import check_config_file
+    from ..model_folder import check_config_file
 
     path = Path(model) / "config.json"
     if path.is_file():
-        check_config_file(path)
-        config = read_json(path)
+        config = check_config_file(path)
     else:  # a Hub id: its config, or an OSError saying why not
         from transformers import AutoConfig
 

@@ -33,7 +33,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import shlex
 
     from ..export.ctranslate2 import export_ctranslate2
-    from ..inference import load_model
+    from ..model_folder import load_model
 
     try:
         use_threads(args)

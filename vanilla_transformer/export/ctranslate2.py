@@ -47,16 +47,17 @@ from pathlib import Path
 import torch
 
 from ..modeling.generation import DEFAULT_MAX_LENGTH_OFFSET
+from ..modeling.value_checks import MAX_NEW_TOKENS
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_encoding
 from ..choices import QUANTIZATIONS, TRANSLATION_BATCH_SIZE
-from ..file_checks import read_json
+from ..folder_fields import OPTIONS_FILE
 from ..inference import cut_texts
+from ..model_folder import check_export_folder
 from ..modeling.pipeline_vanilla_transformer import source_length_limit
 from ..staging import publish_files, staging_folder, sweep_staging
 
 __all__ = ["CTranslate2Translator", "QUANTIZATIONS", "export_ctranslate2", "import_ctranslate2"]
 
-OPTIONS_FILE = "translation_options.json"  # keyword arguments of Translator.translate_batch, + max_length_offset
 # Query scale per score function CTranslate2 can compute; None keeps its default, 1/sqrt(d_k).
 QUERIES_SCALES = {"scaled_dot": None, "dot": 1.0}
 INSTALL_HINT = "pip install 'vanilla-transformer[ctranslate2]' (or pip install 'ctranslate2>=4.5')"
@@ -198,7 +199,8 @@ def translation_options(model, tokenizer) -> dict:
         "length_penalty": generation.length_penalty if generation.length_penalty is not None else 1.0,
         "min_decoding_length": 0,  # as generate: </s> may come first
         "max_input_length": min(source_length_limit(model, tokenizer), config.max_position_embeddings),
-        "max_decoding_length": min(generation.max_new_tokens or math.inf, config.max_position_embeddings - 1),
+        "max_decoding_length": min(generation.max_new_tokens or math.inf, config.max_position_embeddings - 1,
+                                   MAX_NEW_TOKENS),
         "max_length_offset": getattr(generation, "max_length_offset", None) or DEFAULT_MAX_LENGTH_OFFSET,
     }
 
@@ -296,18 +298,12 @@ class CTranslate2Translator:
         from tokenizers import Tokenizer
 
         folder = Path(folder)
-        missing = [name for name in ("model.bin", "tokenizer.json", OPTIONS_FILE) if not (folder / name).is_file()]
-        if missing:
-            model = folder if (folder / "config.json").is_file() else "MODEL"  # a model folder: export it elsewhere
-            raise ValueError(
-                f"`model` {folder} is not a CTranslate2 export (it lacks {', '.join(missing)}); write one with "
-                f"`vanilla-transformer export --model {model} --format ctranslate2 --output-dir {folder.name}-ct2`"
-            )
+        self.options = check_export_folder(folder)  # before CTranslate2 reads anything of it
+        self.folder = folder
         device = device or ("cuda" if ctranslate2.get_cuda_device_count() else "cpu")
         kind, _, index = device.partition(":")
         if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
             raise ValueError(f"`device` must be cpu, cuda or cuda:N for CTranslate2; got {device!r}")
-        self.options = read_json(folder / OPTIONS_FILE)
         try:
             self.translator = ctranslate2.Translator(str(folder), device=kind, device_index=int(index or 0),
                                                      intra_threads=threads)
@@ -348,7 +344,11 @@ class CTranslate2Translator:
         options["beam_size"] = num_beams or options["beam_size"]
         if length_penalty is not None:
             options["length_penalty"] = length_penalty
-        results = self.translator.translate_batch(sources, **options)
+        try:
+            results = self.translator.translate_batch(sources, **options)
+        except RuntimeError as err:  # a length past the position table the export stores ("No position encodings")
+            raise ValueError(f"{self.folder / OPTIONS_FILE}: CTranslate2 cannot decode with these options: "
+                             f"{str(err).splitlines()[0]}. Export the model again") from None
         return [[self.tokenizer.token_to_id(token) for token in result.hypotheses[0]] for result in results]
 
     def translate(self, texts: list[str], *, batch_size: int = TRANSLATION_BATCH_SIZE, first_line: int = 1, **options) -> list[str]:

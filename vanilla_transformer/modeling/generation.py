@@ -82,7 +82,7 @@ from transformers.masking_utils import create_bidirectional_mask
 from transformers.utils import logging
 
 from .input_checks import CACHE_NAME, check_source_not_empty, resolve_cache_argument
-from .value_checks import check_decoding_options
+from .value_checks import MAX_NEW_TOKENS, check_decoding_options
 from .fast_generation import packed_products, should_prune
 
 logger = logging.get_logger(__name__)
@@ -206,8 +206,8 @@ def _checked_options(kwargs, generation_config, setting):
         kwargs.pop(name, None)
     if style not in LENGTH_PENALTY_STYLES:
         raise ValueError(f"`length_penalty_style` must be one of {LENGTH_PENALTY_STYLES}; got {style!r}.")
-    if not isinstance(offset, int) or offset < 1:
-        raise ValueError(f"`max_length_offset` must be a positive integer; got {offset!r}.")
+    if not isinstance(offset, int) or isinstance(offset, bool) or not 1 <= offset <= MAX_NEW_TOKENS:
+        raise ValueError(f"`max_length_offset` must be an integer in 1..{MAX_NEW_TOKENS}; got {offset!r}.")
     check_decoding_options(
         num_beams=setting("num_beams"),
         length_penalty=setting("length_penalty"),
@@ -241,8 +241,10 @@ def _source_length_cap(model, source, kwargs, generation_config, offset: int, se
     else:
         lengths = (source != model.config.pad_token_id).sum(1)
     prompt = kwargs["decoder_input_ids"].size(1) if kwargs.get("decoder_input_ids") is not None else 1
-    # A stored max_new_tokens is a ceiling (see the top of this file), and so is the longest target the model reads.
-    ceiling = min(model.generation_config.max_new_tokens or math.inf, longest_target(model.config) - prompt)
+    # A stored max_new_tokens is a ceiling (see the top of this file), and so are the longest target the model reads
+    # and the longest output any option may ask for: a sinusoidal model's positions alone bound nothing.
+    ceiling = min(model.generation_config.max_new_tokens or math.inf, longest_target(model.config) - prompt,
+                  MAX_NEW_TOKENS)
     return SourceLengthCap((lengths + offset).clamp(max=ceiling), _first(setting("eos_token_id")), prompt)
 
 

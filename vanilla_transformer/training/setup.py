@@ -21,8 +21,8 @@ from accelerate.logging import get_logger
 from accelerate.utils import DistributedType, set_seed
 
 from ..corpora import recorded_name
-from ..inference import load_pretrained
 from ..model_card import adapter_card
+from ..model_folder import check_model_folder, load_pretrained
 from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 from ..modeling.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
@@ -106,8 +106,7 @@ def set_up(args: TrainingArguments, accelerator) -> tuple[Components, RunState, 
                          "shards of the weights; train without it, or with DDP")
     logger.info(use_threads(args.threads))  # before the data is read and tokenised: that computes too
     checkpoint_root = Path(args.output_dir) / CHECKPOINTS
-    step = on_main(accelerator, lambda: resume_step(args, checkpoint_root))
-    resume_from = None if step is None else checkpoint_path(checkpoint_root, step)
+    resume_from = _starting_point(args, accelerator, checkpoint_root)
     set_seed(args.seed)  # the same initial weights on every process
     data, source_lang, target_lang, tokenizer, train_split, eval_splits = prepare_data(args, accelerator)
     model = _build_model(args, accelerator, tokenizer, resume_from, (source_lang, target_lang))
@@ -149,6 +148,15 @@ def set_up(args: TrainingArguments, accelerator) -> tuple[Components, RunState, 
     if components.weights is not None:
         logger.info("bf16 weights: forward and backward on bf16 copies, Adam on the fp32 weights (no autocast)")
     return components, state, budget
+
+
+def _starting_point(args: TrainingArguments, accelerator, checkpoint_root: Path) -> Path | None:
+    """The checkpoint the run resumes from, or None; a model folder to fine-tune is checked by the gate first,
+    before its tokenizer or any data is read."""
+    step = on_main(accelerator, lambda: resume_step(args, checkpoint_root))
+    if step is None and args.model_name_or_path is not None and Path(args.model_name_or_path).is_dir():
+        check_model_folder(args.model_name_or_path, needs_tokenizer=False)
+    return None if step is None else checkpoint_path(checkpoint_root, step)
 
 
 def gpu_batch(memory: int, config, parameters: int, processes: int, max_length: int,

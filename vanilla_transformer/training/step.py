@@ -13,7 +13,6 @@ read (logs.py's `Losses.read`) every `log_steps` and before every checkpoint.
 
 from __future__ import annotations
 
-import time
 from contextlib import nullcontext
 from typing import TYPE_CHECKING
 

@@ -16,7 +16,7 @@ from accelerate.logging import get_logger
 
 from ..corpora import load_translation_dataset, resolve_languages
 from ..file_checks import read_json
-from ..inference import load_tokenizer as read_tokenizer
+from ..model_folder import load_tokenizer as read_tokenizer
 from ..staging import STAGING_PREFIX
 from ..tokenizer import check_appends_eos, train_tokenizer
 from .arguments import TrainingArguments

@@ -49,7 +49,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from vanilla_transformer.visualize.attention_maps import check_attention_support, collect_attentions
 from vanilla_transformer.visualize.explorer import explorer_html
 from vanilla_transformer.choices import SERVE_LIMITS
-from vanilla_transformer.inference import load_model, longest_token
+from vanilla_transformer.inference import longest_token
+from vanilla_transformer.model_folder import load_model
 from vanilla_transformer.modeling.value_checks import MAX_NEW_TOKENS, check_decoding_options
 from vanilla_transformer.modeling.generation import DEFAULT_MAX_LENGTH_OFFSET
 
