@@ -31,6 +31,7 @@ import torch
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES
+from vanilla_transformer.visualize.attention_maps import AXIS_LABELS, DECODER_ROWS
 
 from .common import write_atomically
 from .hard_attention import BATCH, LENGTHS, SYMBOLS, VOCAB, reversal_batch
@@ -157,7 +158,8 @@ def plot(rows: list[dict], path: str | os.PathLike, seed: int = 0) -> Path:
 
     sequence = example(seed)
     keys = letters(sequence["input_ids"][0].tolist())
-    queries = letters(sequence["labels"][0].tolist())  # row t writes the t-th token of the reversal
+    # Row t is the token the decoder read there (the start token, then the reversal so far), as in every picture.
+    queries = ["<start>", *letters(sequence["labels"][0].tolist())[:-1]]
     columns = min(len(rows), 4)
     grid_rows = -(-len(rows) // columns)
     fig = Figure(figsize=(3.2 * columns, 3.4 * grid_rows + 1.0), layout="constrained")
@@ -167,11 +169,12 @@ def plot(rows: list[dict], path: str | os.PathLike, seed: int = 0) -> Path:
         ax.set_title(f"{row['option']}\ntoken acc. {row['accuracy']:.2f}, exact {row['exact_match']:.2f}", fontsize=9)
         ax.set_xticks(range(len(keys)), keys, fontsize=7)
         ax.set_yticks(range(len(queries)), queries, fontsize=7)
-        ax.set_xlabel("source token (key)", fontsize=8)
-        ax.set_ylabel("token written (query)", fontsize=8)
+        ax.set_ylabel(AXIS_LABELS["cross"][0], fontsize=8)
+        ax.set_xlabel(AXIS_LABELS["cross"][1], fontsize=8)
     for ax in list(axes.flat)[len(rows):]:
         ax.axis("off")
     fig.suptitle(f"Cross-attention of the last decoder layer, mean of the heads: reversing {''.join(keys[:-1])}\n"
+                 f"{DECODER_ROWS}\n"
                  f"tiny model, {rows[0]['steps']} steps per option; chance token accuracy {CHANCE:.2f}", fontsize=11)
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight (one scale for all panels)")
     path = Path(path)

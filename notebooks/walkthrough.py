@@ -42,6 +42,7 @@ from benchmarks import attention_study
 from vanilla_transformer.modeling import modeling_vanilla_transformer as paper  # registers the checkout's classes
 from vanilla_transformer.quickstart import SIZES
 from vanilla_transformer.training.schedule import PAPER_WARMUP_STEPS, make_scheduler, noam_rate
+from vanilla_transformer.visualize.attention_maps import AXIS_LABELS, DECODER_ROWS
 
 STARTED = time.perf_counter()
 MODEL = Path(os.environ.get("WALKTHROUGH_MODEL", ROOT / "runs" / "quickstart"))  # the demo's model, if trained
@@ -219,7 +220,8 @@ plt.show()
 
 # %%
 length = int((generated[0] == config.eos_token_id).nonzero()[0]) if config.eos_token_id in generated[0] else generated.size(1) - 1
-read, written = pieces(generated[0, :length].tolist()), pieces(generated[0, 1 : length + 1].tolist())
+read = ["<start>", *pieces(generated[0, 1:length].tolist())]  # rows: the token read, as in every picture
+written = pieces(generated[0, 1 : length + 1].tolist())
 source = pieces(input_ids[0, :first].tolist())
 steps = len(written)  # position t reads `read[t]` and writes `written[t]`
 print("decoder input shape (B, T):", tuple(generated.shape), "| cross-attention shape (B, heads, T, S):",
@@ -231,9 +233,10 @@ for ax, matrix, columns, title in ((left, decoder_weights, read, "decoder self-a
                                    (right, cross_weights, source, "cross-attention: which source token each reads")):
     image = ax.imshow(matrix.numpy(), vmin=0, vmax=1)
     ax.set(title=f"{title}\nlast layer, mean of heads", xticks=range(len(columns)), yticks=range(steps),
-           xlabel="key", ylabel="query: the token it writes")
+           xlabel="key", ylabel=AXIS_LABELS["cross"][0])
     ax.set_xticklabels(columns, rotation=90)
-    ax.set_yticklabels(written)
+    ax.set_yticklabels(read)
+fig.suptitle(DECODER_ROWS)
 fig.colorbar(image, ax=[left, right], label="weight")
 plt.show()
 

@@ -26,6 +26,25 @@ def test_every_score_function_and_attention_kind_is_a_row():
     assert {"local-m", "local-p", "hard", "relu", "sparsemax"} <= set(OPTIONS)
 
 
+def test_the_figure_labels_decoder_rows_by_the_token_read_as_every_picture_does(tmp_path, monkeypatch):
+    import torch
+    from matplotlib.figure import Figure
+
+    from benchmarks.attention_study import example, plot
+    from vanilla_transformer.visualize.attention_maps import AXIS_LABELS, DECODER_ROWS
+
+    saved = []
+    monkeypatch.setattr(Figure, "savefig", lambda figure, path, **kwargs: saved.append(figure))
+    length = example(0)["labels"].shape[1]
+    row = {"option": "scaled_dot", "accuracy": 1.0, "exact_match": 1.0, "steps": 1,
+           "attention": torch.full((length, example(0)["input_ids"].shape[1]), 0.5)}
+    plot([row], tmp_path / "study.png")
+    axes = saved[0].axes[0]
+    rows = [label.get_text() for label in axes.get_yticklabels()]
+    assert rows[0] == "<start>" and axes.get_ylabel() == AXIS_LABELS["cross"][0]  # the first row read is the start
+    assert DECODER_ROWS in saved[0].get_suptitle()
+
+
 @pytest.mark.slow
 def test_the_study_writes_its_table_and_figure_where_told_and_the_scaled_dot_beats_chance(tmp_path):
     out = tmp_path / "study"
