@@ -69,3 +69,21 @@ def test_every_path_a_run_writes_is_refused_or_left_as_the_user_made_it(runs, tm
 def written_is_folder(written, options, path) -> bool:
     """Whether `path` is a folder a run writes (a file of the user's goes inside it)."""
     return any(other.startswith(path + "/") for other in written[options])
+
+
+def test_saving_the_adapter_again_keeps_a_file_a_user_put_in_adapter_and_says_so(tmp_path):
+    # A resumed LoRA run replaces its earlier adapter whole: a file a user added there meanwhile is not deleted.
+    from peft import LoraConfig, get_peft_model
+
+    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+    from vanilla_transformer.training.setup import save_adapter
+
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=300))
+    model = get_peft_model(model, LoraConfig(task_type="SEQ_2_SEQ_LM", r=4, target_modules=["q_proj", "v_proj"]))
+    folder = save_adapter(model, tmp_path, None)
+    assert save_adapter(model, tmp_path, None) == folder  # this run's own adapter is replaced
+    (folder / "MY_ADAPTER_NOTES.txt").write_text("notes")
+    written = {path.name: path.read_bytes() for path in folder.iterdir()}
+    with pytest.raises(ValueError, match=r"adapter holds MY_ADAPTER_NOTES.txt, which no run wrote there; move them out"):
+        save_adapter(model, tmp_path, None)
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == written

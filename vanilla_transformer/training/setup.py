@@ -290,11 +290,18 @@ def add_lora(model, rank: int, alpha: float, dropout: float, target_modules: lis
     return model
 
 
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "README.md")  # what PEFT and the card write
+
+
 def save_adapter(model, output_dir: str | os.PathLike, base: str | None) -> Path:
     """A LoRA run's adapter as PEFT saves it (adapter_config.json, adapter_model.safetensors) in
     `output_dir/adapter`, written whole: `PeftModel.from_pretrained(base model, that folder)` loads it. Its
     config names the `base` model (`model_name_or_path`), a local folder by its absolute path."""
     folder = Path(output_dir) / ADAPTER_DIR
+    foreign = sorted(entry.name for entry in folder.iterdir() if entry.name not in ADAPTER_FILES) if folder.is_dir() else []
+    if foreign:  # an earlier finish's adapter is replaced whole: never with files a user put beside it
+        raise ValueError(f"{folder} holds {', '.join(foreign)}, which no run wrote there; move them out, then run the "
+                         "same command with --resume to save the adapter")
     if base is not None:  # None: a model trained from a preset, which no folder holds
         model.peft_config["default"].base_model_name_or_path = str(Path(base).resolve()) if Path(base).is_dir() else base
     lora = model.peft_config["default"]
