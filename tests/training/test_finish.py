@@ -65,19 +65,43 @@ def test_the_time_limit_counts_the_steps_and_validation_is_timed_beside_them(tmp
     assert [r["step"] for r in steps] == [1, 2, 3, 4] and steps[-1]["elapsed"] <= part["seconds"] + 0.01
 
 
+SCORING = "translating for the scores"
+# The run with each scoring's translation held for 10 s after it says so: a signal sent then arrives mid-scoring on any
+# machine, however fast it scores a tiny model.
+SLOW_SCORING = f"""
+import sys, time
+from vanilla_transformer import cli
+from vanilla_transformer.training import evaluation
+
+translate = evaluation.translate
+
+
+def slowly(*args, **kwargs):
+    print("{SCORING}", file=sys.stderr, flush=True)
+    time.sleep(10)
+    return translate(*args, **kwargs)
+
+
+evaluation.translate = slowly
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
 @pytest.mark.slow
 def test_sigint_during_the_final_scoring_stops_it_and_keeps_the_trained_model(tmp_path, write_synthetic_task, small_run):
     # A SIGINT during the final scoring was not acted on; the run went on to score the whole test split.
     data = write_synthetic_task(tmp_path / "data", n_train=300, n_eval=400, reverse=True)
     out = tmp_path / "run"
-    process = subprocess.Popen([*CLI, "train", "--dataset", str(data), "--output-dir", str(out), *small_run,
-                                "--max-steps", "2", "--num-beams", "4"],
+    script = tmp_path / "slow_scoring.py"
+    script.write_text(SLOW_SCORING)
+    process = subprocess.Popen([sys.executable, str(script), "train", "--dataset", str(data), "--output-dir", str(out),
+                                *small_run, "--max-steps", "2", "--num-beams", "4"],
                                stderr=subprocess.PIPE, text=True, env=ENV)
-    lines = []
-    for line in process.stderr:  # the model is saved: the final scoring begins
+    lines, saved = [], False
+    for line in process.stderr:  # the model is saved, then the final scoring translates: the signal comes then
         lines.append(line)
-        if "saved the model and tokenizer" in line:
-            time.sleep(2)
+        saved = saved or "saved the model and tokenizer" in line
+        if saved and line.startswith(SCORING):
             process.send_signal(signal.SIGINT)
             break
     try:

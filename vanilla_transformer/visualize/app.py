@@ -253,7 +253,7 @@ def build_app(model_name_or_path: str, device: str | None = None, limits: Limits
 
 def json_endpoint(model, tokenizer, limits: Limits, slots: threading.Semaphore):
     """The route of the JSON endpoint (api.py), its requests decoded in batches within `limits`."""
-    from .api import Batcher, json_route, make_decode
+    from vanilla_transformer.visualize.api import Batcher, json_route, make_decode  # absolute: a Space runs this file alone
 
     # The model's own default length (source + offset) where no source within the limits can pass max_new_tokens.
     default = None if limits.max_input_tokens + _length_offset(model) <= limits.max_new_tokens else limits.max_new_tokens
