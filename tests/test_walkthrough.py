@@ -2,7 +2,6 @@
 says: the shapes at each step, the plain classes, the masks, attention by hand equal to the model's, label
 smoothing's target, the beams' scores, the notes' table and at least eight figures."""
 
-import os
 import re
 from pathlib import Path
 

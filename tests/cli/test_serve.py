@@ -58,15 +58,9 @@ def test_the_route_that_skips_the_queue_is_closed_to_every_client(served):
 
 def _call(host, port, sentence):
     """The queue's REST route: POST /call/<name> for an event id, then its result as server-sent events."""
-    status, text = serving.post(host, port, "/gradio_api/call/translate", {"data": [sentence, 1, 0.6, 0]})
-    assert status == 200, text
-    event = json.loads(text)["event_id"]
-    with urllib.request.urlopen(f"http://{host}:{port}/gradio_api/call/translate/{event}", timeout=300) as stream:
-        lines = stream.read().decode().splitlines()
-    kinds = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
-    data = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
-    assert kinds[-1] == "complete", lines[-4:]
-    return json.loads(data[-1])[0]
+    kind, data = _call_events(host, port, [sentence, 1, 0.6, 0])
+    assert kind == "complete", data
+    return data[0]
 
 
 @pytest.mark.slow
