@@ -47,7 +47,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     from ..file_checks import write_text_file
     from ..inference import score_translations
-    from .engines import translator
+    from .translators import translator
     from ..modeling.pipeline_vanilla_transformer import language_pair_mismatch
 
     try:

@@ -47,7 +47,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         _check_nbest_options(args)
         use_threads(args)
         texts = args.texts or read_lines(args.input_file or "-", "--input-file")
-        from .engines import translator
+        from .translators import translator
 
         translate = translator(args.model, args.engine, args.device, args.threads, decoding_options(args),
                                nbest=args.nbest, with_scores=args.with_scores)[0]

@@ -1,4 +1,4 @@
-"""The engine a command translates with: our model through transformers, or its CTranslate2 export."""
+"""The translator a command decodes with, built for its engine: our model through transformers, or its export."""
 
 from __future__ import annotations
 
