@@ -153,6 +153,6 @@ def score_translations(hypotheses: list[str], references: list[str] | list[list[
 
     `references` holds one reference per hypothesis, or a list of references per hypothesis.
     """
-    from .metrics import load
+    from .metrics import load_bleu_chrf
 
-    return load().compute(predictions=hypotheses, references=references)
+    return load_bleu_chrf().compute(predictions=hypotheses, references=references)

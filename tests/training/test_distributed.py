@@ -141,7 +141,7 @@ from accelerate import PartialState
 from vanilla_transformer import cli
 from vanilla_transformer.training import task
 
-learn = task.load_tokenizer
+learn = task.prepare_tokenizer
 
 
 def slowly(*args, **kwargs):  # the main process prepares for {seconds} s while the others wait for it
@@ -150,7 +150,7 @@ def slowly(*args, **kwargs):  # the main process prepares for {seconds} s while 
     return learn(*args, **kwargs)
 
 
-task.load_tokenizer = slowly
+task.prepare_tokenizer = slowly
 sys.exit(cli.main(sys.argv[1:]))
 """
 

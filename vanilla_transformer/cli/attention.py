@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from .options import add_decoding_options, add_model_option, add_threads_option, decoding_options, refuse, use_threads
+from .options import add_decoding_options, add_model_option, add_threads_option, decoding_options, refuse, apply_threads_option
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +42,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             from ..visualize.explorer import html_path, save_explorer
 
             html_path(args.html, "--html")  # before a translation that may take a while
-        use_threads(args)
+        apply_threads_option(args)
         model, tokenizer = load_model(args.model, args.device)
         record = collect_attentions(model, tokenizer, args.text, **options)
         written = []

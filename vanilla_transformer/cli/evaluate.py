@@ -13,7 +13,7 @@ from .options import (
     add_threads_option,
     decoding_options,
     refuse,
-    use_threads,
+    apply_threads_option,
 )
 from .streams import read_lines
 
@@ -53,7 +53,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         decoding_options(args)  # bad options fail before the data set is read
         _check_evaluation_options(args)
-        use_threads(args)
+        apply_threads_option(args)
         what, source_lang, target_lang, pairs = _evaluation_pairs(args)
         sources, references = _complete_pairs(args, pairs, what)
         translate, config = translator(args.model, args.engine, args.device, args.threads, decoding_options(args))

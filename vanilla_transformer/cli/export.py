@@ -6,7 +6,7 @@ import argparse
 from functools import partial
 
 from ..choices import QUANTIZATIONS
-from .options import add_model_option, add_threads_option, refuse, use_threads
+from .options import add_model_option, add_threads_option, refuse, apply_threads_option
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -36,7 +36,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..model_folder import load_model
 
     try:
-        use_threads(args)
+        apply_threads_option(args)
         model, tokenizer = load_model(args.model, "cpu")
         folder = export_ctranslate2(model, tokenizer, args.output_dir, args.quantization)
     except (OSError, ValueError, ImportError) as err:

@@ -57,14 +57,14 @@ def add_threads_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", **argparse_options("threads"))
 
 
-def use_threads(args: argparse.Namespace) -> str:
+def apply_threads_option(args: argparse.Namespace) -> str:
     """Set torch's threads from --threads (or its default), args.threads to the number, and return the line that
     says so: a run logs it; a command whose standard error is for errors alone names args.threads where it times."""
     import torch
 
-    from ..threads import use_threads as set_threads
+    from ..threads import use_threads
 
-    line = set_threads(args.threads)
+    line = use_threads(args.threads)
     args.threads = torch.get_num_threads()
     return line
 

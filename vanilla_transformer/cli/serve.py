@@ -7,7 +7,7 @@ import sys
 from functools import partial
 
 from ..choices import SERVE_LIMITS
-from .options import add_model_option, add_threads_option, refuse, use_threads
+from .options import add_model_option, add_threads_option, refuse, apply_threads_option
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -52,7 +52,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from ..visualize.app import Limits, serve
 
         limits = Limits.from_environment(**{name: getattr(args, name) for name in SERVE_LIMITS})
-        print(use_threads(args), file=sys.stderr)
+        print(apply_threads_option(args), file=sys.stderr)
         serve(args.model, args.host, args.port, args.device, limits)
     except (OSError, ValueError, ImportError) as err:
         refuse(p, err)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from .options import add_decoding_options, add_model_option, add_threads_option, decoding_options, refuse, use_threads
+from .options import add_decoding_options, add_model_option, add_threads_option, decoding_options, refuse, apply_threads_option
 from .streams import batches_as_they_come, batches_of, read_lines
 
 
@@ -45,7 +45,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             raise ValueError("give texts as arguments or --input-file, not both")
         decoding_options(args)  # bad options fail before reading the input
         _check_nbest_options(args)
-        use_threads(args)
+        apply_threads_option(args)
         texts = args.texts or read_lines(args.input_file or "-", "--input-file")
         from .translators import translator
 

@@ -8,7 +8,7 @@
     # {"bleu": 27.3, "chrf": 52.1, "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|...", ...}
 
 `evaluate.load("sacrebleu")` would fetch its script from the Hub; this one is a file in the package.
-`load()` gives the module our command line and training loop score with, loaded once per process.
+`load_bleu_chrf()` gives the module our command line and training loop score with, loaded once per process.
 `repeated_phrase` finds the loops a young model falls into ("y de su mujer, y de su mujer").
 """
 
@@ -16,13 +16,13 @@ import re
 from functools import cache
 from pathlib import Path
 
-__all__ = ["BLEU_CHRF", "load", "repeated_phrase"]
+__all__ = ["BLEU_CHRF", "load_bleu_chrf", "repeated_phrase"]
 
 BLEU_CHRF = str(Path(__file__).parent / "bleu_chrf" / "bleu_chrf.py")  # a str: evaluate.load takes no Path
 
 
 @cache
-def load():
+def load_bleu_chrf():
     """The BLEU/chrF metric, loaded on first use and then shared: one load per process. It keeps its
     inputs in memory (no cache files, so processes of one training run cannot collide); give `compute`
     all predictions at once, or use your own `evaluate.load(BLEU_CHRF)` to `add_batch` step by step."""

@@ -165,7 +165,7 @@ def _setting(name, kwargs, generation_config, model_config, default=None):
     return default
 
 
-def generate(model, base_generate, inputs=None, generation_config=None, logits_processor=None, **kwargs):
+def paper_generate(model, base_generate, inputs=None, generation_config=None, logits_processor=None, **kwargs):
     """`generate` with the two attributes described at the top of this file; everything else is transformers'.
 
     `base_generate` is transformers' `GenerationMixin.generate` bound to `model`. In steps: the options
@@ -808,9 +808,9 @@ __all__ = [
     "TransformersRanking",
     "beam_search",
     "choose_search",
-    "generate",
     "gnmt_beam_search",
     "gnmt_length_penalty",
     "greedy_search",
+    "paper_generate",
     "paper_generation_config",
 ]

@@ -63,7 +63,7 @@ from .attention_variants import (
 )
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .fast_modeling import ClosedFormCrossEntropy, linear_class  # speed-ups (`fast_paths`)
-from .generation import generate as paper_generate  # decoding (§6.1)
+from .generation import paper_generate  # decoding (§6.1)
 from .saving import CustomCodeMixin
 
 

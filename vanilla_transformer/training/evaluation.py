@@ -14,8 +14,7 @@ from contextlib import nullcontext
 import torch
 from accelerate.logging import get_logger
 
-from ..metrics import load as load_metric
-from ..metrics import repeated_phrase
+from ..metrics import load_bleu_chrf, repeated_phrase
 from ..modeling.generation import paper_generation_config
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from . import criterion
@@ -78,7 +77,7 @@ def _translation_scores(accelerator, model, tokenizer, split: TokenizedSplit, ar
     translations = sorted(accelerator.gather_for_metrics(translations, use_gather_object=True))
     hypotheses = [text for _, text in translations]
     references = [subset.dataset[i]["reference"] for i, _ in translations]
-    scores = load_metric().compute(predictions=hypotheses, references=references)
+    scores = load_bleu_chrf().compute(predictions=hypotheses, references=references)
     return dict(
         {key: scores[key] for key in ("bleu", "chrf", "bleu_signature", "chrf_signature")},
         translated=len(hypotheses),

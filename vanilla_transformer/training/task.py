@@ -16,14 +16,14 @@ from accelerate.logging import get_logger
 
 from ..corpora import load_translation_dataset, resolve_languages
 from ..file_checks import read_json
-from ..model_folder import load_tokenizer as read_tokenizer
+from ..model_folder import load_tokenizer
 from ..staging import STAGING_PREFIX
 from ..tokenizer import check_appends_eos, train_tokenizer
 from .arguments import TrainingArguments
 from .data import tokenize_pairs
 from .run_folder import CHECKPOINTS, TOKENIZER_OPTIONS, run_options
 
-__all__ = ["load_splits", "load_tokenizer", "prepare_data"]
+__all__ = ["load_splits", "prepare_data", "prepare_tokenizer"]
 
 logger = get_logger(__name__)
 
@@ -35,7 +35,7 @@ def prepare_data(args: TrainingArguments, accelerator):
     with accelerator.local_main_process_first():
         data, source_lang, target_lang = load_splits(args)
     with accelerator.main_process_first():
-        tokenizer = load_tokenizer(args, data, source_lang, target_lang)
+        tokenizer = prepare_tokenizer(args, data, source_lang, target_lang)
     with accelerator.local_main_process_first():
         train_split = tokenize_pairs(
             data["train"], tokenizer, source_lang, target_lang, args.max_length, args.truncate, name="train"
@@ -75,7 +75,7 @@ def load_splits(args: TrainingArguments):
     return data, source_lang, target_lang
 
 
-def load_tokenizer(args: TrainingArguments, data, source_lang: str, target_lang: str):
+def prepare_tokenizer(args: TrainingArguments, data, source_lang: str, target_lang: str):
     """An existing tokenizer folder, else the one saved in output_dir or with the model, else a new one."""
     output_dir = Path(args.output_dir)
     if args.tokenizer is not None:
@@ -105,7 +105,7 @@ def load_tokenizer(args: TrainingArguments, data, source_lang: str, target_lang:
 def _checked_tokenizer(folder, name: str):
     """A saved tokenizer that ends every sentence with </s>, without which a model never learns to stop; one
     that cannot be read is a ValueError naming its file."""
-    tokenizer = read_tokenizer(folder)
+    tokenizer = load_tokenizer(folder)
     check_appends_eos(tokenizer, name)
     return tokenizer
 
