@@ -32,7 +32,7 @@ def location_folder(train_tiny, tmp_path_factory):
     return folder
 
 
-# --- row 1: decoding a model with a bounded length stops there; one bad line costs that line ---
+# --- Decoding a model of bounded length stops at its bound; one line too long costs that line alone ---
 
 
 def test_translate_a_long_line_with_a_bounded_model_costs_nothing_else(location_folder, tmp_path):
@@ -103,7 +103,7 @@ def test_a_text_that_fails_costs_its_line_alone(hub_tiny_model, monkeypatch):
         assert translate_texts(model, tokenizer, texts, num_beams=1, first_line=10) == [expected[0], "", expected[1]]
 
 
-# --- row 6: translate writes each batch as it is done ---
+# --- translate writes each batch as soon as it is done ---
 
 
 def test_translate_writes_the_first_lines_before_the_input_ends(hub_tiny_folder):
@@ -125,7 +125,7 @@ def test_translate_writes_the_first_lines_before_the_input_ends(hub_tiny_folder)
         process.wait()
 
 
-# --- rows 3 and 5: serve bounds a request before reading it, and keeps its files in one folder it removes ---
+# --- serve bounds a request before reading it, and keeps its files in one folder it removes ---
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +206,7 @@ def test_the_app_keeps_the_newest_explorer_pages(hub_tiny_model, tmp_path, monke
     assert sorted(tmp_path.iterdir()) == sorted(pages[1:])
 
 
-# --- row 4: attention draws pictures whose size has a ceiling, and cleans its staging folder on every exit ---
+# --- attention's pictures have a size ceiling, and its staging folder is cleaned on every exit ---
 
 LONGER_LINE = " ".join([LONG_LINE] * 2)
 
@@ -246,7 +246,7 @@ def test_attention_stopped_by_sigterm_leaves_no_staging_folder(hub_tiny_folder, 
         process.wait()
 
 
-# --- row 7: the beam count has a bound on every path ---
+# --- The beam count is bounded on every path ---
 
 
 @pytest.mark.parametrize("command", ["translate", "attention", "evaluate", "train"])
@@ -272,7 +272,7 @@ def test_the_pipeline_refuses_a_beam_count_or_length_past_the_bound(hub_tiny_mod
         translate("Jesus wept.", max_new_tokens=100_000)
 
 
-# --- row 9: the saved tokenizer.json without training's truncation ---
+# --- The saved tokenizer.json reads texts whole, without training's truncation ---
 
 
 def test_a_saved_tokenizer_reads_long_texts_whole_with_tokenizers_alone(tiny_corpus, tmp_path):
@@ -293,7 +293,7 @@ def test_a_saved_tokenizer_reads_long_texts_whole_with_tokenizers_alone(tiny_cor
         assert len(Tokenizer.from_file(str(tmp_path / folder / "tokenizer.json")).encode(LONG_LINE).ids) == whole > 16
 
 
-# --- row 8: a size too large for torch is refused by the config ---
+# --- A size too large for torch to index is refused by the config ---
 
 
 def test_a_size_past_what_torch_indexes_is_refused_in_one_line(tmp_path):
@@ -307,7 +307,7 @@ def test_a_size_past_what_torch_indexes_is_refused_in_one_line(tmp_path):
     assert result.stderr.count("\n") == 1
 
 
-# --- rows 10 and 11: auto_map entries whose code a folder lacks, and transformers' list form ---
+# --- A saved folder's auto_map names only code it holds, in either of transformers' forms ---
 
 
 def _edit_json(path, **changes):
@@ -348,7 +348,7 @@ def test_push_checks_a_folder_whose_auto_map_holds_the_tokenizers_list_form(hub_
     assert result.returncode == 2 and "missing: tokenization_x.py" in result.stderr and "Traceback" not in result.stderr
 
 
-# --- row 12: the card's heat map of a bf16 run ---
+# --- The card draws the heat map of a model trained in bf16 ---
 
 
 @pytest.mark.parametrize("overrides", [{"attention_score": "general"}, {"attention_score": "additive"},
@@ -368,7 +368,7 @@ def test_the_card_draws_the_attention_of_a_model_trained_in_bf16(overrides, tiny
     assert (folder / "attention.png").is_file()
 
 
-# --- row 13: a language column holding a number names its row ---
+# --- A number in a language column is refused, naming its row ---
 
 
 @pytest.mark.parametrize("command", ["train-tokenizer", "train"])
@@ -385,7 +385,7 @@ def test_a_number_in_a_language_column_is_named_with_its_row(command, tmp_path):
     assert "target_lang='es': the column must hold text, and row 3 holds int 5" in result.stderr
 
 
-# --- row 15: invalid UTF-8 in a command-line argument ---
+# --- A command-line text that is not UTF-8 is refused, naming the byte ---
 
 
 @pytest.mark.parametrize("command", ["translate", "attention"])
@@ -398,7 +398,7 @@ def test_a_text_argument_that_is_not_utf8_is_named(command, hub_tiny_folder):
                                       "is not UTF-8; give the text in UTF-8\n")
 
 
-# --- row 16: a weights file with a tensor added or removed is named, not config.json ---
+# --- A weights file with a tensor added or removed is the file named, not config.json ---
 
 
 @pytest.mark.parametrize("change", ["extra", "missing"])
@@ -421,7 +421,7 @@ def test_a_weights_file_with_a_tensor_added_or_removed_is_the_one_named(change, 
     assert ("have model.encoder.layers.0.spare.weight" if change == "extra" else "lack model.encoder.layers.0.") in result.stderr
 
 
-# --- row 17: export's hint runs as printed ---
+# --- export's hint runs as printed, spaces in the path included ---
 
 
 def test_the_export_hint_runs_as_printed_with_spaces_in_the_path(hub_tiny_folder, tmp_path):

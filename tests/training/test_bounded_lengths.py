@@ -25,7 +25,7 @@ def test_train_with_location_scores_ends_with_its_scores_and_card(small_task, sm
     assert (output / "results.json").is_file() and (output / "README.md").is_file()
 
 
-# --- row 2: --max-length within every length the model reads, checked when train starts ---
+# --- --max-length is within every length the model reads, checked when train starts ---
 
 
 @pytest.mark.parametrize("overrides, field", [
@@ -43,7 +43,7 @@ def test_train_refuses_a_max_length_the_model_cannot_read(small_task, small_run,
 
 
 
-# --- row 14: the card's average_last is what happened ---
+# --- The card's average_last says what happened ---
 
 
 def test_the_card_says_how_many_checkpoints_were_averaged(small_task, small_run, tmp_path):
