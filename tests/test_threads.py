@@ -29,7 +29,8 @@ def _evaluate(folder, *options, cpus=None) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_the_default_is_the_cpus_this_process_may_use_and_the_timing_names_it(hub_tiny_folder):
-    """Before: torch's default (the machine's cores) and no word of it. Standard error stays for errors alone."""
+    """The default is the CPUs this process may use, not the machine's cores, and the timing line names it.
+    Standard error stays for errors alone."""
     pinned = _evaluate(hub_tiny_folder, cpus={min(os.sched_getaffinity(0))})  # as `taskset -c N` runs it
     assert pinned.returncode == 0, pinned.stderr
     assert "segments translated in" in pinned.stdout and "s on 1 CPU thread (transformers)" in pinned.stdout
@@ -136,8 +137,8 @@ def _translate(folder, *options, env=()) -> subprocess.CompletedProcess:
 ])
 def test_threads_beyond_the_machines_cpus_and_bad_variables_are_one_line_naming_them(hub_tiny_folder, options, env,
                                                                                     message):
-    """Before: 100,000 threads failed to start and the process died of SIGSEGV; a variable that is not a number was
-    an int() error naming no variable (or was ignored)."""
+    """Threads past the machine's CPUs would fail to start and kill the process; a variable that is not a number
+    is named, never an int() error naming nothing, never ignored."""
     result = _translate(hub_tiny_folder, *options, env=env)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr  # libgomp may say a line of its own before ours
@@ -152,8 +153,8 @@ def test_threads_beyond_the_machines_cpus_and_bad_variables_are_one_line_naming_
     ("--seed", str(2**32), f"`seed` must be an integer in [0, 2**32); got {2**32}."),
 ])
 def test_train_refuses_threads_and_seeds_out_of_bounds_before_it_sets_up(tmp_path, option, value, message):
-    """Before: a seed of -1 was refused by NumPy after the folder was taken and the data read; 100,000 threads
-    crashed. Now the option is refused before anything is written."""
+    """An option out of bounds is refused before anything is written: before the folder is taken and the data
+    read."""
     result = subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", "train", "--output-dir",
                              str(tmp_path / "run"), "--max-steps", "1", option, value], capture_output=True, text=True,
                             timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})

@@ -106,7 +106,7 @@ def test_push_uploads_the_folder(hub_tiny_folder, tmp_path, monkeypatch, capsys)
     (["evaluate", "--model", "{folder}", "--split", "valid", "--source-file", "{one_line}", "--reference-file",
       "{one_line}"], "--split picks a split of --dataset; --source-file and --reference-file are scored whole"),
     (["attention", "--model", "{folder}", " "], "empty"),
-    # Each used to end after the work, or in a traceback.
+    # Each is refused before the work, in one line, never in a traceback.
     (["translate", "--model", "{folder}", "--input-file", "{latin1}"], "latin1.txt, line 2: byte 0xf3 at column 6 is not UTF-8"),
     (["evaluate", "--model", "{folder}", "--hypotheses-out", "{empty}"], "is a folder; give the name of a file"),
     (["evaluate", "--model", "{folder}", "--references-out", "{empty}/no/such/ref.txt"], "there is no folder"),
@@ -160,7 +160,7 @@ def test_bad_input_is_a_usage_error_and_nothing_is_uploaded(argv, message, hub_t
 
 
 def test_evaluate_leaves_out_pairs_with_a_missing_side_and_says_so(hub_tiny_folder, tmp_path, capsys):
-    # Before: an AttributeError on the null reference (`train` drops such pairs).
+    # A pair with a side missing is left out, as `train` drops it, and the note names its rows.
     rows = [{"en": "Jesus wept.", "es": "Jesús lloró."}, {"en": "And God said.", "es": None},
             {"en": "Let there be light.", "es": "Sea la luz."}, {"en": "   ", "es": "Y fue la luz."}]
     (tmp_path / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
@@ -171,7 +171,7 @@ def test_evaluate_leaves_out_pairs_with_a_missing_side_and_says_so(hub_tiny_fold
 
 
 def test_evaluate_warns_when_the_data_is_another_language_pair(hub_tiny_folder, capsys):
-    # Before: a model trained en->es was scored on en->fr without a word (the pair was not stored).
+    # The model stores its language pair: scoring it on another pair is said.
     assert main(["evaluate", "--model", str(hub_tiny_folder), "--dataset", "bible-en-fr", "--max-samples", "2", *GREEDY]) == 0
     err = capsys.readouterr().err
     assert ("warning: the model translates en->es (trained on bible-en-es), not en->fr: its output will not be in the "
@@ -226,7 +226,7 @@ def test_translate_nbest_with_scores_gives_n_ranked_lines_per_text(hub_tiny_fold
 
 @pytest.mark.slow
 def test_translate_nbest_lines_carry_the_index_of_their_input_line_across_batches(hub_tiny_folder):
-    """Before: N lines per input and no index; a script had to count them."""
+    """Each of the N lines of an input carries its index, so that a script need not count them."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "vanilla_transformer.cli", "translate", "--model", str(hub_tiny_folder), "--nbest", "2",
@@ -299,7 +299,7 @@ def test_evaluate_scores_a_source_file_against_a_reference_file(hub_tiny_folder,
 
 
 def test_evaluate_reads_a_headerless_tsv_whose_columns_are_named(hub_tiny_folder, tmp_path, capsys):
-    """Before: --columns was unknown and the headerless file was refused."""
+    """--columns names the columns of a file without a header row."""
     (tmp_path / "pairs.tsv").write_text("Jesus wept.\tJesús lloró.\nAnd God said.\tY dijo Dios.\n", encoding="utf-8")
     assert main(["evaluate", "--model", str(hub_tiny_folder), "--dataset", str(tmp_path / "pairs.tsv"),
                  "--columns", "en,es", "--split", "train", *GREEDY]) == 0
@@ -307,7 +307,7 @@ def test_evaluate_reads_a_headerless_tsv_whose_columns_are_named(hub_tiny_folder
 
 
 def test_evaluate_without_dataset_scores_the_data_set_the_model_records(hub_tiny_folder, tmp_path, capsys):
-    """Before: the embedded en-es Bible, whatever the model was trained on."""
+    """Without --dataset, the data set the model records is scored, not the embedded en-es Bible."""
     from vanilla_transformer.corpora import load_translation_dataset, text_pairs
 
     english, spanish = text_pairs(load_translation_dataset("bible-en-es")["validation"], "en", "es")

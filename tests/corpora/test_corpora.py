@@ -167,8 +167,8 @@ GOOD = [json.dumps({"translation": {"en": f"verse {i}", "es": f"versículo {i}"}
     ],
 )
 def test_a_bad_line_is_named_with_its_file_and_line(tmp_path, name, bad_line, message):
-    # Before: "An error occurred while generating the dataset", a bare codec error raised when the row was
-    # read, or "the 'translation' column has an unsupported type: Json".
+    # Named with its file and line, never `datasets`' "An error occurred while generating the dataset" or a bare
+    # codec error.
     if name.endswith(".csv"):
         lines = [b"en,es"] + [f"verse {i},vers {i}".encode() for i in range(19)] + [bad_line]
     else:
@@ -255,7 +255,7 @@ def test_split_files_named_valid_or_dev_are_the_validation_split(tmp_path):
 
 @pytest.mark.parametrize("name, separator", [("pairs.tsv", "\t"), ("pairs.csv", ",")])
 def test_columns_names_the_columns_of_a_table_without_a_header_row(tmp_path, fr_en_pairs, name, separator):
-    """Before: refused, and the file had to be edited to add a header row."""
+    """--columns reads a table without a header row: the file need not be edited."""
     (tmp_path / "data").mkdir()
     rows = [(str(i), fr.replace(",", ""), en.replace(",", "")) for i, (fr, en) in enumerate(fr_en_pairs[:5])]
     for split in ("train", "test"):

@@ -182,7 +182,7 @@ def test_card_shows_apostrophes_claims_only_the_metrics_it_lists_and_no_sentinel
 
 
 def test_the_scores_say_how_many_sentences_of_the_split_they_cover():
-    """Before: a `test_samples | 200` row in the hyper-parameters was all that said a score covered part of the split."""
+    """A score of part of the split says so beside the score, not only in the hyper-parameters."""
     config = VanillaTransformerConfig.tiny(vocab_size=100)
     part = build_model_card(config, results={**RESULTS, "scored_pairs": 200, "split_pairs": 634})
     whole = build_model_card(config, results={**RESULTS, "scored_pairs": 634, "split_pairs": 634})

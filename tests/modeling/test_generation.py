@@ -229,7 +229,7 @@ def padded_sources(lengths, seed=0):
 
 @pytest.fixture(scope="module")
 def toy_model():
-    """A tiny network trained for 80 steps (3 s) to reverse its input: half-learnt, so it emits
+    """A tiny network trained for 80 steps to reverse its input: half-learnt, so it emits
     varied tokens and </s>, and beam search and greedy search disagree on some sentences."""
     torch.manual_seed(0)
     model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=40, dropout=0.0))
@@ -328,7 +328,7 @@ def test_style_comes_from_the_generation_config_and_transformers_is_the_default(
     ],
 )
 def test_bad_decoding_options_are_refused_naming_the_option(options, message):
-    # Before: num_beams=0 was a ZeroDivisionError inside transformers' beam search, a NaN penalty was used.
+    # Refused naming the option, never an error inside transformers' beam search or a NaN penalty used.
     model = ScriptedModel().eval()
     with pytest.raises(ValueError, match=message):
         model.generate(torch.tensor([[A, EOS]]), **options)

@@ -154,7 +154,7 @@ def test_too_long_text_is_truncated_with_a_warning_or_refused(translate):
     ],
 )
 def test_bad_generation_options_are_refused_before_translating(translate, monkeypatch, options, message):
-    # Before: num_beams=0 was a ZeroDivisionError 13 frames into transformers' beam search.
+    # Refused before the model runs, never an error deep in transformers' beam search.
     monkeypatch.setattr(translate.model, "generate", lambda *a, **k: pytest.fail("the model was run"))
     with pytest.raises(ValueError, match=message):
         translate(SENTENCES[:2], **options)

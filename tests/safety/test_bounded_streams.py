@@ -40,7 +40,7 @@ def _refused_in_one_line(result, command: str, message: str) -> None:
 
 @pytest.mark.slow
 def test_translate_refuses_standard_input_without_line_ends(hub_tiny_folder):
-    # Before: a MemoryError traceback in the reader thread, and the main thread waiting for it for ever.
+    # A line has a bound: endless input is refused in one line, never a MemoryError in the reader thread.
     with open("/dev/zero", "rb") as zeros:
         result = run_capped("translate", "--model", hub_tiny_folder, stdin=zeros)
     _refused_in_one_line(result, "translate", "standard input, line 1")
@@ -48,21 +48,21 @@ def test_translate_refuses_standard_input_without_line_ends(hub_tiny_folder):
 
 @pytest.mark.slow
 def test_translate_refuses_an_input_file_without_line_ends(hub_tiny_folder):
-    # Before: a MemoryError traceback from utf8_lines.
+    # A line has a bound: endless input is refused in one line, never a MemoryError.
     result = run_capped("translate", "--model", hub_tiny_folder, "--input-file", "/dev/zero")
     _refused_in_one_line(result, "translate", "/dev/zero, line 1")
 
 
 @pytest.mark.slow
 def test_evaluate_refuses_files_without_line_ends(hub_tiny_folder):
-    # Before: a MemoryError traceback from utf8_lines.
+    # A line has a bound: endless input is refused in one line, never a MemoryError.
     result = run_capped("evaluate", "--model", hub_tiny_folder, "--source-file", "/dev/zero", "--reference-file", "/dev/zero")
     _refused_in_one_line(result, "evaluate", "/dev/zero, line 1")
 
 
 @pytest.mark.slow
 def test_tokenizer_training_cuts_a_long_line_without_spaces_and_says_so(tmp_path):
-    # Before: one 5 MB line without spaces held BPE training for many minutes, without a word.
+    # A long line without spaces would hold BPE training for minutes: it is cut, and a line says so.
     texts = tmp_path / "texts.txt"
     texts.write_text("In the beginning God created the heaven and the earth.\n" * 50 + "a" * 5_000_000 + "\nJesus wept.\n")
     result = run_capped("train-tokenizer", "--text-files", texts, "--vocab-size", 300, "--output-dir", tmp_path / "tok",

@@ -56,8 +56,8 @@ def hub_tiny_ctranslate2(hub_tiny_model, tmp_path_factory):
 
 @pytest.mark.parametrize("engine", ["transformers", "ctranslate2"])
 def test_translate_bounds_the_work_of_a_huge_line_before_tokenising_it(engine, request, tmp_path):
-    # One 10 MB line was tokenised whole (85 s, 3.0 GB) before being cut to the 1,024 tokens the model reads;
-    # the CTranslate2 engine cuts it as early.
+    # A line is cut to what the model reads before it is tokenised, not after: a 10 MB line would take minutes and
+    # gigabytes; the CTranslate2 engine cuts it as early.
     folder = request.getfixturevalue("hub_tiny_folder" if engine == "transformers" else "hub_tiny_ctranslate2")
     sentence = "And the men of the city said unto him, Bring forth the man. "
     lines = tmp_path / "in.txt"

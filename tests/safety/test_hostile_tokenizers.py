@@ -46,7 +46,8 @@ def _split_first(pattern: str):
 
 @pytest.mark.slow
 def test_a_tokenizer_file_far_larger_than_the_vocabulary_is_refused_before_it_is_parsed(hub_tiny_folder, tmp_path):
-    # Before: 1.5 M added tokens (206 MB) were parsed and added for minutes, in gigabytes, before any check; 100,000 here.
+    # The file's size is checked against the vocabulary before it is parsed: millions of added tokens would take
+    # minutes and gigabytes; 100,000 here.
     def add_tokens(tokenizer):
         start = len(tokenizer["model"]["vocab"])
         tokenizer["added_tokens"] += [{"id": start + i, "content": f"tok{i}", "single_word": False, "lstrip": False,
@@ -74,7 +75,7 @@ def test_more_added_tokens_than_the_model_has_rows_are_refused_before_they_are_a
 
 @pytest.mark.slow
 def test_a_pattern_that_backtracks_without_end_is_refused_before_the_library_runs_it(hub_tiny_folder, tmp_path):
-    # Before: "Onig: Regex search error: retry-limit-in-match over", a Rust panic and a 301-line traceback.
+    # The pattern is refused in one line before the tokenizers library runs it and panics.
     folder = _with_tokenizer(hub_tiny_folder, tmp_path, _split_first("(a+)+$"))
     result = _translate(folder, "a" * 40 + "b")
     assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1, result.stderr[-2000:]

@@ -104,7 +104,7 @@ def test_a_near_tie_keeps_the_configured_attention(monkeypatch):
 
 
 def test_the_words_for_the_attention_kept_agree_with_its_timings(monkeypatch):
-    """Before: "sdpa, the fastest here (sdpa 1527 ms, eager 1495 ms)"."""
+    """The line names the attention kept and why: one faster by less than 5% is not called the fastest."""
     for seconds, words in (({"sdpa": 1.527, "eager": 1.495}, "attention: sdpa, kept: eager was faster on the first "
                             "batch, forward and backward, but by less than 5% (sdpa 1527 ms, eager 1495 ms)"),
                            ({"sdpa": 1.527, "eager": 1.2}, "attention: eager, the fastest here on the first batch, "
@@ -337,9 +337,8 @@ sys.exit(main(sys.argv[1:]))
 
 @pytest.mark.slow
 def test_a_tiny_run_with_a_time_limit_spends_a_small_share_of_it_choosing_the_attention(tmp_path, small_task, small_run):
-    """Before: sdpa against eager three times over, 6 forward and backward of the first batch whatever the budget:
-    3 s of this 30-s run (each made half a second slower), a tenth of it. Now the first run shows that the rest
-    would pass 3% of the time limit: sdpa stays, untimed, and the line says so."""
+    """Timing the kernels costs at most 3% of the time limit: when the first run shows that the rest would pass
+    it, sdpa stays, untimed, and the line says so."""
     asked = small_run.index("--attn-implementation")
     del small_run[asked:asked + 2]  # the run chooses
     argv = ["train", "--dataset", str(small_task), "--output-dir", str(tmp_path / "run"), *small_run, "--time-limit", "0.5"]

@@ -238,16 +238,16 @@ def test_bad_input_is_a_clear_usage_error(tmp_path, small_task, small_run, capsy
 @pytest.mark.parametrize(
     "extra, expected",
     [
-        # Before: accepted; every gradient was scaled by a negative factor and training ascended (exit 0).
+        # A negative bound would scale every gradient by a negative factor: training would ascend.
         (["--max-grad-norm", "-1"], "`max_grad_norm` must be a positive number or None; got -1.0."),
         (["--lr-scale", "nan"], "`lr_scale` must be a positive number; got nan."),
         (["--time-limit", "nan"], "`time_limit` must be a positive number or None; got nan."),
-        # Before: accepted; results.json held a bare NaN (invalid JSON).
+        # A NaN would reach results.json as a bare NaN (invalid JSON).
         (["--length-penalty", "nan"], "`length_penalty` must be a finite number (the paper's: 0.6); got nan."),
-        # Before: accepted; the run trained, saved, and died while scoring with a traceback.
+        # Refused at the start, not after training, when scoring would meet it.
         (["--length-penalty", "1e308"], "`length_penalty` must be between -10.0 and 10.0"),
-        # Before: tracebacks (TypeError, ZeroDivisionError, "got multiple values for keyword argument"), or
-        # the string stored in config.json.
+        # Each override is of its field's kind and range, and never a field the tokenizer sets: one line, never a
+        # traceback or a string stored in config.json.
         (["--config-overrides", "d_model=abc"], "`config_overrides`: `d_model` must be a positive integer; got 'abc'."),
         (["--config-overrides", "num_heads=0"], "`config_overrides`: `num_heads` must be a positive integer; got 0."),
         (["--config-overrides", "vocab_size=50"], "`config_overrides`: vocab_size come(s) from the tokenizer"),
@@ -340,8 +340,8 @@ def test_push_to_hub_with_a_bad_repo_id_fails_before_training(tmp_path, small_ta
 
 @pytest.mark.slow
 def test_a_long_first_validation_sentence_does_not_cost_the_model(tmp_path, small_task, small_run):
-    # Before: the model card's heat map was drawn from the first validation source, attention_maps refused
-    # it (over 1,024 tokens), and the run died after training with no weights, config or card saved.
+    # The card's heat map is drawn from the first validation source: one longer than the model reads must not
+    # stop the run after training, with no weights, config or card saved.
     long = " ".join(LETTERS[i % len(LETTERS)] for i in range(1100))
     rows = (small_task / "validation.jsonl").read_text().splitlines()
     rows[0] = json.dumps({"translation": {"src": long, "tgt": long}})
@@ -437,7 +437,7 @@ def test_a_second_run_on_the_same_folder_is_refused_and_a_dead_runs_lock_is_take
 
     try:
         wait_for((out / "tokenizer.json").is_file)  # it has started: its tokenizer is saved, its first step is near
-        # The same command again. Before: both ran, both exited 0, and each pruned the other's checkpoints.
+        # The same command again: two runs in one folder would each prune the other's checkpoints.
         err = _usage_error(capsys, [*argv, "--max-steps", "2"])
         assert err.startswith(f"vanilla-transformer train: error: {out} is in use by another training run "
                               f"(PID {first.pid} on host {socket.gethostname()}, started ")
@@ -462,8 +462,7 @@ DAMAGE = {
 
 @pytest.mark.slow
 def test_resume_falls_back_past_a_damaged_checkpoint_to_the_same_weights(tmp_path, small_task, small_run, caplog):
-    # Before: a raw SafetensorError traceback, "[Errno 22] Invalid argument" or "Invalid control character",
-    # naming no file, and no way to resume from the checkpoint before.
+    # A damaged checkpoint is named in one line, and resuming falls back to the checkpoint before it.
     argv = [*small_run, "--max-steps", "4", "--save-steps", "2"]
     whole = _run(tmp_path, "whole", small_task, argv)
     expected = weights(whole / "checkpoints" / "checkpoint-00000004")
@@ -503,7 +502,7 @@ def test_resume_with_other_data_or_model_options_is_refused(tmp_path, small_task
     config = json.loads((out / "config.json").read_text())  # the pair travels with the model
     assert (config["source_lang"], config["target_lang"], config["dataset_name"]) == ("src", "tgt", str(small_task))
     capsys.readouterr()
-    # Before: each continued the old run silently (the old architecture, or the old run's tokenizer on new data).
+    # A resume that changes the run (its architecture, its data) is refused: it would continue the old run silently.
     overrides = small_run[small_run.index("--config-overrides") + 1]
     err = _usage_error(capsys, ["train", "--dataset", str(small_task), "--output-dir", str(out), *small_run,
                                 "--config-overrides", overrides + ",d_ff=128", "--max-steps", "4", "--resume"])
@@ -529,8 +528,8 @@ sys.exit(main(sys.argv[1:]))
 
 @pytest.mark.slow
 def test_an_oversubscribed_machine_is_named_in_one_line_that_suggests_threads(tmp_path, small_task, small_run):
-    """Before: nothing said that the threads waited for CPUs other jobs held (the load average is faked: the test
-    holds on any machine)."""
+    """Threads that wait for CPUs other jobs hold are named in one line (the load average is faked: the test holds
+    on any machine)."""
     argv = ["train", "--dataset", str(small_task), "--output-dir", str(tmp_path / "run"), *small_run, "--max-steps", "2",
             "--threads", "2"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}

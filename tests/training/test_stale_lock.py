@@ -57,7 +57,8 @@ def test_a_killed_runs_lock_still_held_by_its_fork_is_taken_over_and_a_live_run_
 @pytest.mark.slow
 def test_a_lock_naming_a_live_process_that_holds_nothing_is_taken_over_saying_what_is_true(tmp_path, small_task,
                                                                                           small_run):
-    # A file naming PID 1 (alive, no run of the folder) was taken over "as no longer running", which was false.
+    # A file naming PID 1 (alive, no run of the folder) is taken over with a line that says why, not "as no longer
+    # running", which would be false.
     out = tmp_path / "out"
     out.mkdir()
     (out / ".train.lock").write_text(json.dumps({"pid": 1, "host": socket.gethostname(), "started": "earlier",
