@@ -56,7 +56,7 @@ class _FirstStep(Exception):
 def measure(data: Path, output_dir: Path) -> dict:
     """In this process: `train` until the first optimiser step is done; seconds and peak memory."""
     from vanilla_transformer.training import loop
-    from vanilla_transformer.training.arguments import TrainingArguments
+    from vanilla_transformer.training.arguments import TrainArguments
 
     step = loop.train_step
 
@@ -65,7 +65,7 @@ def measure(data: Path, output_dir: Path) -> dict:
         raise _FirstStep
 
     loop.train_step = stop_after_first
-    args = TrainingArguments(
+    args = TrainArguments(
         output_dir=str(output_dir), dataset=str(data), source_lang="en", target_lang="es", preset="tiny",
         max_steps=1, max_tokens=4096, eval_samples=0, log_steps=1,
     )

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from .metrics import repeated_phrase
-from .training.arguments import TrainingArguments
+from .training.arguments import TrainArguments
 from .training.loop import train
 
 CORPUS = "bible-en-es"
@@ -50,7 +50,7 @@ SIZES = {
 
 def training_arguments(
     output_dir, minutes: float, size: str, seed: int = 0, test_samples: int | None = None, threads: int | None = None,
-) -> TrainingArguments:
+) -> TrainArguments:
     """What the quickstart trains: the model and schedule of `size` for a budget of `minutes`."""
     if size not in SIZES:
         raise ValueError(f"`size` must be one of {', '.join(map(repr, SIZES))}; got {size!r}.")
@@ -61,7 +61,7 @@ def training_arguments(
                          f"take); got {minutes}.")
     if test_samples is not None and not test_samples >= 1:  # the summary reports the test split's scores
         raise ValueError(f"`test_samples` must be a positive integer or None; got {test_samples!r}.")
-    return TrainingArguments(
+    return TrainArguments(
         output_dir=str(output_dir),
         dataset=CORPUS,
         max_length=128,

@@ -20,7 +20,7 @@ from accelerate.state import AcceleratorState
 
 from vanilla_transformer.modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer.training.arguments import TrainingArguments
+from vanilla_transformer.training.arguments import TrainArguments
 from vanilla_transformer.training.compiled import CompiledLoss, compile_timing
 from vanilla_transformer.training.data import IGNORE_INDEX, PadCollator
 from vanilla_transformer.training import criterion
@@ -149,7 +149,7 @@ def test_bad_compile_options_are_refused_in_one_line(tmp_path, options, message)
 ])
 def test_compile_options_that_contradict_are_refused(options, message):
     with pytest.raises(ValueError, match=f"^{message}$"):
-        TrainingArguments(output_dir="unused", **options).validate()
+        TrainArguments(output_dir="unused", **options).validate()
 
 
 def test_train_with_torch_compile_from_the_command_line(tmp_path, small_task, small_run):

@@ -267,30 +267,30 @@ def deepspeed_accelerator(stage: int, world: int = 2, **config):
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_deepspeed_gets_one_token_batch_per_micro_step_and_our_clipping(stage):
     from vanilla_transformer.training.distributed import configure_deepspeed
-    from vanilla_transformer.training.arguments import TrainingArguments
+    from vanilla_transformer.training.arguments import TrainArguments
 
     accelerator = deepspeed_accelerator(stage, world=8)
-    configure_deepspeed(accelerator, TrainingArguments(output_dir="unused", max_grad_norm=1.0))
+    configure_deepspeed(accelerator, TrainArguments(output_dir="unused", max_grad_norm=1.0))
     config = accelerator.state.deepspeed_plugin.deepspeed_config
     assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"], config["train_batch_size"],
             config["gradient_clipping"]) == (1, 1, 8, 1.0)
     assert config["zero_optimization"]["stage"] == stage
 
     accelerator = deepspeed_accelerator(stage)
-    configure_deepspeed(accelerator, TrainingArguments(output_dir="unused"))
+    configure_deepspeed(accelerator, TrainArguments(output_dir="unused"))
     assert accelerator.state.deepspeed_plugin.deepspeed_config["gradient_clipping"] == 0.0  # off, as without DeepSpeed
 
 
 def test_deepspeed_settings_that_contradict_token_batches_are_refused():
     from vanilla_transformer.training.distributed import configure_deepspeed
-    from vanilla_transformer.training.arguments import TrainingArguments
+    from vanilla_transformer.training.arguments import TrainArguments
 
     with pytest.raises(ValueError, match="train_micro_batch_size_per_gpu=16.*must be 1 or 'auto'"):
-        configure_deepspeed(deepspeed_accelerator(2, train_micro_batch_size_per_gpu=16), TrainingArguments(output_dir="x"))
+        configure_deepspeed(deepspeed_accelerator(2, train_micro_batch_size_per_gpu=16), TrainArguments(output_dir="x"))
     with pytest.raises(ValueError, match="`gradient_accumulation_steps` 2 is not supported under DeepSpeed"):
-        configure_deepspeed(deepspeed_accelerator(2), TrainingArguments(output_dir="x", gradient_accumulation_steps=2))
+        configure_deepspeed(deepspeed_accelerator(2), TrainArguments(output_dir="x", gradient_accumulation_steps=2))
     kept = deepspeed_accelerator(2, gradient_clipping=0.5)  # the user's own clipping stays
-    configure_deepspeed(kept, TrainingArguments(output_dir="x", max_grad_norm=1.0))
+    configure_deepspeed(kept, TrainArguments(output_dir="x", max_grad_norm=1.0))
     assert kept.state.deepspeed_plugin.deepspeed_config["gradient_clipping"] == 0.5
 
 

@@ -21,7 +21,7 @@ from vanilla_transformer.corpora import load_translation_dataset
 from vanilla_transformer.hub import check_hub_folder
 from vanilla_transformer.metrics import repeated_phrase
 from vanilla_transformer.training import criterion, loop
-from vanilla_transformer.training.arguments import TrainingArguments
+from vanilla_transformer.training.arguments import TrainArguments
 from vanilla_transformer.training.checkpoints import latest_checkpoint, list_checkpoints, read_state
 
 REPO = Path(__file__).resolve().parents[2]
@@ -306,7 +306,7 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, s
 def test_tensorboard_without_the_package_is_a_clear_error(tmp_path):
     from accelerate.utils import is_tensorboard_available
 
-    args = TrainingArguments(output_dir=str(tmp_path), report_to="tensorboard")
+    args = TrainArguments(output_dir=str(tmp_path), report_to="tensorboard")
     if is_tensorboard_available():
         args.validate()
     else:

@@ -1,4 +1,4 @@
-"""`vanilla-transformer train`'s options are generated from `TrainingArguments`, each declared once.
+"""`vanilla-transformer train`'s options are generated from `TrainArguments`, each declared once.
 
 The fields carry their help, group, choices and bounds; the parser is built from them, so these tests
 check the generating (every field an option, a changed default shows), that `--help` stays torch-free,
@@ -22,14 +22,14 @@ from vanilla_transformer.training.arguments import (
     GROUPS,
     PRESET_NAMES,
     TRACKERS,
-    TrainingArguments,
+    TrainArguments,
     add_arguments,
     argparse_options,
     option,
 )
 from vanilla_transformer.training.schedule import SCHEDULES
 
-FIELDS = {f.name: f for f in dataclasses.fields(TrainingArguments)}
+FIELDS = {f.name: f for f in dataclasses.fields(TrainArguments)}
 
 
 def subcommand(add, name: str) -> argparse.ArgumentParser:
@@ -63,14 +63,14 @@ def test_every_field_is_an_option_with_its_flag_help_and_group():
 def test_the_parsed_defaults_are_the_dataclasses():
     parsed = vars(cli.build_parser().parse_args(["train", "--output-dir", "runs/x"]))
     parsed = {k: v for k, v in parsed.items() if k not in ("command", "func")}
-    expected = dataclasses.asdict(TrainingArguments(output_dir="runs/x"))
+    expected = dataclasses.asdict(TrainArguments(output_dir="runs/x"))
     assert parsed.pop("config_overrides") == "" and expected.pop("config_overrides") == {}  # no KEY=VALUE: no overrides
     assert parsed == expected
 
 
 def test_a_default_or_field_changed_in_the_dataclass_shows_in_the_parser():
     @dataclasses.dataclass
-    class Longer(TrainingArguments):
+    class Longer(TrainArguments):
         max_length: int = dataclasses.field(default=512, metadata=FIELDS["max_length"].metadata)
         label_smoothing: float = dataclasses.field(default=0.2, metadata=FIELDS["label_smoothing"].metadata)
         warmup_ratio: float | None = option(None, group=DATA, help="a field only the subclass has")
@@ -94,7 +94,7 @@ def test_every_choice_offered_passes_validation(tmp_path):
     for name, action in options_of(train_parser()).items():
         for choice in action.choices or ():
             try:
-                TrainingArguments(output_dir=str(tmp_path), **{name: choice}).validate()
+                TrainArguments(output_dir=str(tmp_path), **{name: choice}).validate()
             except ValueError as err:  # the trackers also need their package, which may not be installed
                 assert name == "report_to" and f"needs the {TRACKERS[choice]} package" in str(err)
 
@@ -140,7 +140,7 @@ def test_train_help_prints_every_group_and_imports_no_torch():
 ])
 def test_each_bound_and_choice_is_refused_naming_the_option(tmp_path, name, value, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        TrainingArguments(output_dir=str(tmp_path), **{name: value}).validate()
+        TrainArguments(output_dir=str(tmp_path), **{name: value}).validate()
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -169,14 +169,14 @@ def test_the_decoding_commands_take_the_beam_options_from_the_one_declaration():
 
 @pytest.mark.parametrize("value", [1e308, -11.0, float("inf")])
 def test_the_python_api_refuses_a_length_penalty_the_command_line_refuses(tmp_path, value):
-    # The bound beam search can score with lives in TrainingArguments, which `train`'s options go through:
+    # The bound beam search can score with lives in TrainArguments, which `train`'s options go through:
     # `train` refuses it before reading anything, not after training and saving.
     from vanilla_transformer.training.loop import train
 
     with pytest.raises(ValueError, match=r"^`length_penalty` must be (between -10.0 and 10.0|a finite number) .* got "):
-        train(TrainingArguments(output_dir=str(tmp_path / "out"), length_penalty=value))
+        train(TrainArguments(output_dir=str(tmp_path / "out"), length_penalty=value))
     assert not (tmp_path / "out").exists()
-    TrainingArguments(output_dir=str(tmp_path), length_penalty=-10.0).validate()
+    TrainArguments(output_dir=str(tmp_path), length_penalty=-10.0).validate()
 
 
 def test_train_tokenizer_defaults_are_trains_and_the_tokenizers():
@@ -188,9 +188,9 @@ def test_train_tokenizer_defaults_are_trains_and_the_tokenizers():
 
 def test_an_attention_implementation_the_model_cannot_run_is_refused_before_any_data(tmp_path):
     # Proves: a variant that runs only on its explicit function refuses sdpa at validation, before the data.
-    args = TrainingArguments(output_dir=str(tmp_path), config_overrides={"attention_score": "general"},
+    args = TrainArguments(output_dir=str(tmp_path), config_overrides={"attention_score": "general"},
                              attn_implementation="sdpa")
     with pytest.raises(ValueError, match=r"`attn_implementation`='sdpa'.*runs only on its own explicit"):
         args.validate()
-    TrainingArguments(output_dir=str(tmp_path), config_overrides={"attention_score": "general"},
+    TrainArguments(output_dir=str(tmp_path), config_overrides={"attention_score": "general"},
                       attn_implementation="eager").validate()

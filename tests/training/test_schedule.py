@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from vanilla_transformer.training.averaging import WeightAverage
-from vanilla_transformer.training.arguments import TrainingArguments
+from vanilla_transformer.training.arguments import TrainArguments
 from vanilla_transformer.training.schedule import (SCHEDULES, BudgetSchedule, make_optimizer, make_scheduler, noam_rate,
                                                    schedule_summary)
 
@@ -164,7 +164,7 @@ def test_the_moving_average_follows_the_weights_and_round_trips_through_its_stat
 def test_each_schedule_describes_itself_where_the_options_and_the_log_name_it():
     """A schedule is one function and one SCHEDULES entry: its docstring's first line is what `--help` says of
     it, so that a new schedule needs no edit anywhere else."""
-    help_text = TrainingArguments.__dataclass_fields__["lr_schedule"].metadata["help"]
+    help_text = TrainArguments.__dataclass_fields__["lr_schedule"].metadata["help"]
     for name in SCHEDULES:
         summary = schedule_summary(name)
         assert summary and summary[0].islower() and f"{name}: {summary}" in help_text

@@ -147,7 +147,7 @@ def test_selection_and_tracker_mistakes_are_one_line_errors(tmp_path, small_task
 def test_the_best_checkpoints_outlive_pruning_and_average_best_keeps_as_many_as_it_averages(tmp_path):
     from accelerate import Accelerator
 
-    from vanilla_transformer.training.arguments import TrainingArguments
+    from vanilla_transformer.training.arguments import TrainArguments
     from vanilla_transformer.training.checkpoints import save_checkpoint
     from vanilla_transformer.training.run_folder import RunState
     from vanilla_transformer.training.selection import best_steps, out_of_patience, record_validation
@@ -155,7 +155,7 @@ def test_the_best_checkpoints_outlive_pruning_and_average_best_keeps_as_many_as_
     model = torch.nn.Linear(3, 2)
     accelerator = Accelerator(cpu=True)
     accelerator.prepare(model, torch.optim.Adam(model.parameters()))
-    args = TrainingArguments(output_dir=str(tmp_path), best_metric="bleu", average_best=True, average_last=2, patience=2)
+    args = TrainArguments(output_dir=str(tmp_path), best_metric="bleu", average_best=True, average_last=2, patience=2)
     state = RunState()
     for step, bleu in [(1, 10.0), (2, 30.0), (3, 20.0), (4, 20.0), (5, 5.0)]:
         state.step = step

@@ -21,7 +21,7 @@ from vanilla_transformer.modeling.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     shift_tokens_right,
 )
-from vanilla_transformer.training.arguments import TrainingArguments
+from vanilla_transformer.training.arguments import TrainArguments
 from vanilla_transformer.training.data import IGNORE_INDEX, PadCollator, TokenizedSplit
 from vanilla_transformer.training.evaluation import evaluate
 from vanilla_transformer.training.run_folder import Budget, RunState
@@ -174,7 +174,7 @@ def test_evaluation_loss_and_perplexity_are_per_target_token_over_the_whole_spli
     """Batched by tokens (here several batches), summed, then divided once: the numbers of the whole split."""
     model = tiny_model(fast_paths)
     model.train()
-    args = TrainingArguments(output_dir=str(tmp_path), label_smoothing=SMOOTHING, max_tokens=12)
+    args = TrainArguments(output_dir=str(tmp_path), label_smoothing=SMOOTHING, max_tokens=12)
     metrics = evaluate(Accelerator(cpu=True, mixed_precision="no"), model, SimpleNamespace(pad_token_id=PAD),
                        split_of(PAIRS), args, translate_samples=0)
     assert model.training  # evaluation hands the model back in the mode it found it
@@ -210,7 +210,7 @@ def test_a_bf16_step_evaluation_and_decoding_run_under_autocast_with_no_fp32_cop
     split.dataset = split.dataset.add_column("reference", ["a b"] * len(PAIRS))
     decode = SimpleNamespace(pad_token_id=PAD, batch_decode=lambda ids, skip_special_tokens: ["a b"] * len(ids))
     outputs.clear(), projections.clear()
-    metrics = evaluate(run.components.accelerator, run.components.model, decode, split, TrainingArguments(
+    metrics = evaluate(run.components.accelerator, run.components.model, decode, split, TrainArguments(
         output_dir=str(tmp_path), max_tokens=64, num_beams=2), translate_samples=len(PAIRS))
     assert metrics["translated"] == len(PAIRS)
     assert outputs and set(outputs) == {torch.bfloat16}

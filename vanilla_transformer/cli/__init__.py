@@ -2,7 +2,7 @@
 
 Each command's module has `add_parser`, which declares its arguments and points `func` at its `run`;
 heavy imports happen inside the runners so that `vanilla-transformer --help` stays instant. `train`'s
-options are generated from the fields of `TrainingArguments` (training/arguments.py, which imports no
+options are generated from the fields of `TrainArguments` (training/arguments.py, which imports no
 torch); an option other commands share with it takes its default and help from there, and one several
 other commands take is declared once (options.py). The texts a command reads come through streams.py.
 """

@@ -1,5 +1,5 @@
 """What several commands share: their options, declared once, and the one-line refusal of bad input.
-An option a command shares with `train` takes its default and help from TrainingArguments
+An option a command shares with `train` takes its default and help from TrainArguments
 (training/arguments.py, which imports no torch)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`vanilla-transformer train`: its options are the fields of TrainingArguments."""
+"""`vanilla-transformer train`: its options are the fields of TrainArguments."""
 
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "Runs on one CPU or GPU as is, and on several processes under `accelerate launch -m "
         "vanilla_transformer.cli train ...`. The output folder ends as a complete Hub repository.",
     )
-    add_arguments(p)  # one option per TrainingArguments field
+    add_arguments(p)  # one option per TrainArguments field
     p.set_defaults(func=partial(run, p))
 
 
 def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from ..training.arguments import TrainingArguments
+    from ..training.arguments import TrainArguments
     from ..training.loop import train
     from ..training.run_folder import TrainingInterrupted, restore_options
 
@@ -36,7 +36,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if args.resume:  # the options not typed are the run's own
             given = _typed_options(args.argv)
             options = restore_options(args.output_dir, {k: v for k, v in options.items() if k in given})
-        train(TrainingArguments(**options))
+        train(TrainArguments(**options))
     except (OSError, ValueError) as err:
         refuse(p, err)
     except FloatingPointError as err:
@@ -49,13 +49,13 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _typed_options(argv: list[str]) -> set[str]:
-    """The `train` options typed on the command line `argv` (abbreviated or not), as TrainingArguments names them."""
+    """The `train` options typed on the command line `argv` (abbreviated or not), as TrainArguments names them."""
     import dataclasses
 
-    from ..training.arguments import TrainingArguments, argparse_options
+    from ..training.arguments import TrainArguments, argparse_options
 
     parser = argparse.ArgumentParser(add_help=False)
-    for f in dataclasses.fields(TrainingArguments):
+    for f in dataclasses.fields(TrainArguments):
         parser.add_argument("--" + f.name.replace("_", "-"),
                             **argparse_options(f.name, default=argparse.SUPPRESS, required=False))
     return set(vars(parser.parse_known_args(argv)[0]))

@@ -1,4 +1,4 @@
-"""`TrainingArguments`: every option of `train`, declared once.
+"""`TrainArguments`: every option of `train`, declared once.
 
 Each field carries its help, its group of `train --help` and, where it has them, its choices and the
 bound it must keep (`positive`, `non-negative`, `fraction`), as transformers' `TrainingArguments` carries
@@ -23,7 +23,7 @@ from .schedule import SCHEDULES, check_schedule, schedule_summary
 
 __all__ = ["ATTENTION_IMPLEMENTATIONS", "CPU_MAX_TOKENS", "DEFAULT_DDP_TIMEOUT", "DEFAULT_VOCAB_SIZE", "FOLDER_TRACKERS",
            "NEVER_RESTORED",
-           "PAPER_WARMUP_STEPS", "SCHEDULES", "TrainingArguments", "add_arguments", "argparse_options", "check_option"]
+           "PAPER_WARMUP_STEPS", "SCHEDULES", "TrainArguments", "add_arguments", "argparse_options", "check_option"]
 
 CPU_MAX_TOKENS = 4096  # `max_tokens` off a GPU, where the paper's batch would make every step long
 # Seconds a process waits in a collective for the others: the main process learns the vocabulary and
@@ -91,13 +91,13 @@ BOUNDS = {
 
 
 def option(default=dataclasses.MISSING, *, group: str, help: str, **metadata):
-    """A field of `TrainingArguments` with what its command-line option needs: its group, help and any of
+    """A field of `TrainArguments` with what its command-line option needs: its group, help and any of
     `choices`, `bound` (a name in BOUNDS: "positive", "non-negative", "fraction", "cpus", "seed") and `metavar`."""
     return field(default=default, metadata=dict(group=group, help=help, **metadata))
 
 
 @dataclass
-class TrainingArguments:
+class TrainArguments:
     """Every option of `train`; its command line is generated from these fields, one `--kebab-case` option each."""
 
     output_dir: str = option(group=OUTPUT, help="the run's folder: checkpoints/ while training, then a Hub repository")
@@ -395,9 +395,9 @@ class TrainingArguments:
 
 
 def check_option(name: str, value) -> None:
-    """The value of one option of `TrainingArguments` (say, one a checkpoint records): its type, choices and bound."""
-    f = next(f for f in dataclasses.fields(TrainingArguments) if f.name == name)
-    _check_field(f, _hint(TrainingArguments, f), value)
+    """The value of one option of `TrainArguments` (say, one a checkpoint records): its type, choices and bound."""
+    f = next(f for f in dataclasses.fields(TrainArguments) if f.name == name)
+    _check_field(f, _hint(TrainArguments, f), value)
 
 
 # What an error calls each type of option, and the test of a value (an int stands for a float).
@@ -454,7 +454,7 @@ def boolean(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false; got {text!r}")
 
 
-def argparse_options(name: str, arguments: type = TrainingArguments, **changes) -> dict:
+def argparse_options(name: str, arguments: type = TrainArguments, **changes) -> dict:
     """The keywords of `add_argument` for the field `name` (its `--kebab-case` flag aside), as `train` declares it;
     `changes` replace some for another command (say, `default=None`, `shown_default="the model's"`)."""
     f = next(f for f in dataclasses.fields(arguments) if f.name == name)
@@ -479,8 +479,8 @@ def argparse_options(name: str, arguments: type = TrainingArguments, **changes) 
     return options
 
 
-def add_arguments(parser: argparse.ArgumentParser, arguments: type = TrainingArguments) -> None:
-    """One option per field of `arguments` (a TrainingArguments, or a subclass or copy of it), in `GROUPS`."""
+def add_arguments(parser: argparse.ArgumentParser, arguments: type = TrainArguments) -> None:
+    """One option per field of `arguments` (a TrainArguments, or a subclass or copy of it), in `GROUPS`."""
     groups = {title: parser.add_argument_group(title, description) for title, description in GROUPS.items()}
     for f in dataclasses.fields(arguments):
         groups[f.metadata["group"]].add_argument("--" + f.name.replace("_", "-"), **argparse_options(f.name, arguments))

@@ -18,7 +18,7 @@ from ..metrics import load_bleu_chrf, repeated_phrase
 from ..modeling.generation import paper_generation_config
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from . import criterion
-from .arguments import TrainingArguments
+from .arguments import TrainArguments
 from .data import PadCollator, PrefetchedBatches, TokenBatchSampler, TokenizedSplit
 
 __all__ = ["evaluate", "full_model", "load_weights", "report", "translate"]
@@ -27,7 +27,7 @@ logger = get_logger(__name__)
 
 
 @torch.no_grad()
-def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: TrainingArguments, translate_samples=None,
+def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: TrainArguments, translate_samples=None,
              full_precision: bool = False) -> dict:
     """Loss, perplexity and (unless `translate_samples` is 0) BLEU and chrF of beam-search translations.
 
@@ -62,7 +62,7 @@ def evaluate(accelerator, model, tokenizer, split: TokenizedSplit, args: Trainin
     return metrics
 
 
-def _translation_scores(accelerator, model, tokenizer, split: TokenizedSplit, args: TrainingArguments, count: int,
+def _translation_scores(accelerator, model, tokenizer, split: TokenizedSplit, args: TrainArguments, count: int,
                         precision) -> dict:
     """BLEU and chrF of beam-search translations of the first `count` pairs of `split`, each process its share."""
     shard = dict(shuffle=False, num_replicas=accelerator.num_processes, rank=accelerator.process_index)
@@ -120,7 +120,7 @@ def load_weights(model, weights: dict) -> None:
     model.tie_weights()
 
 
-def translate(model, tokenizer, batches, indices: list[list[int]], args: TrainingArguments) -> list[tuple[int, str]]:
+def translate(model, tokenizer, batches, indices: list[list[int]], args: TrainArguments) -> list[tuple[int, str]]:
     """(pair index, translation) for every pair of `batches`, whose pairs `indices` lists batch by batch."""
     translations = []
     for (batch, _), batch_indices in zip(batches, indices):

@@ -18,7 +18,7 @@ from accelerate.logging import get_logger
 
 from ..hub import RESULTS_FILE, save_model_files, write_model_card, write_results
 from ..modeling.generation import paper_generation_config
-from .arguments import TrainingArguments
+from .arguments import TrainArguments
 from .checkpoints import average_checkpoints, checkpoint_path, list_checkpoints
 from .distributed import end_training
 from .evaluation import evaluate, full_model, load_weights, report
@@ -31,7 +31,7 @@ __all__ = ["finish"]
 logger = get_logger(__name__)
 
 
-def finish(components: Components, state: RunState, budget: Budget, args: TrainingArguments) -> dict:
+def finish(components: Components, state: RunState, budget: Budget, args: TrainArguments) -> dict:
     """The model first: once training is done, §6.1's averaged weights, the config and the tokenizer are
     saved before anything else. Then the final scores (results.json), the model card and the upload,
     none of which can take the saved model with it. `resume` on a finished run comes here at once."""
@@ -64,7 +64,7 @@ def finish(components: Components, state: RunState, budget: Budget, args: Traini
     return results
 
 
-def _card_hyperparameters(state: RunState, args: TrainingArguments, weights: dict) -> dict:
+def _card_hyperparameters(state: RunState, args: TrainArguments, weights: dict) -> dict:
     """The run's options as it trained with them (those its checkpoints record, each resume's typed ones
     included), as the card states them; `average_last` as many checkpoints as were averaged."""
     options = state.options if state.options is not None else asdict(args)
@@ -95,7 +95,7 @@ def _upload(output_dir: str, repo_id: str) -> None:
         )
 
 
-def _final_weights(components: Components, state: RunState, args: TrainingArguments):
+def _final_weights(components: Components, state: RunState, args: TrainArguments):
     """§6.1: the final model averages the last `average_last` checkpoints; with `best_metric`, the best
     checkpoint by validation instead (or, with `average_best`, the average of the best `average_last`);
     with `ema_decay`, the moving average replaces them when its validation perplexity is lower. Returns
@@ -130,7 +130,7 @@ def _final_weights_named(state: RunState, chosen: list, compared: dict | None) -
             "name": names[0] if len(names) == 1 else f"the average of {', '.join(names)}"}
 
 
-def _chosen_checkpoints(components: Components, state: RunState, args: TrainingArguments) -> list:
+def _chosen_checkpoints(components: Components, state: RunState, args: TrainArguments) -> list:
     """The checkpoints the final weights are (the average of): the best by validation, or the last `average_last`."""
     if state.best and (args.average_best or args.average_last == 1):
         return sorted(checkpoint_path(components.checkpoint_root, step) for step in best_steps(state))
@@ -144,7 +144,7 @@ def _chosen_checkpoints(components: Components, state: RunState, args: TrainingA
     return chosen
 
 
-def _compare_weight_average(components: Components, args: TrainingArguments, model) -> dict:
+def _compare_weight_average(components: Components, args: TrainArguments, model) -> dict:
     """Validation perplexity of the weights as they are and of the moving average; the better one stays in `model`."""
     def perplexity() -> float:  # in fp32, as the final scores
         return evaluate(components.accelerator, model, components.tokenizer, components.eval_splits["validation"], args, 0,
@@ -163,7 +163,7 @@ def _compare_weight_average(components: Components, args: TrainingArguments, mod
     return {"decay": components.average.decay, "used": use_average, "validation_perplexity": scores}
 
 
-def _final_results(components: Components, state: RunState, args: TrainingArguments, unwrapped, weights: dict,
+def _final_results(components: Components, state: RunState, args: TrainArguments, unwrapped, weights: dict,
                    elapsed: float, session_tokens: int, stops: StopScoring) -> dict:
     """Validation and test scores of the final weights, with the run's numbers, flat as results.json holds them."""
     epoch_batches = max(len(components.sampler.local_batches(state.epoch)), 1)
@@ -206,7 +206,7 @@ def _final_results(components: Components, state: RunState, args: TrainingArgume
     return {**_headline(results), **results, "replica_checksums": _replica_checksums(components.accelerator, unwrapped)}
 
 
-def _final_splits(components: Components, args: TrainingArguments) -> dict:
+def _final_splits(components: Components, args: TrainArguments) -> dict:
     """The splits the final weights are scored on, each with the pairs translated (None: all). The test split,
     unless `test_samples` is 0, on `test_samples`; the validation split on its own `eval_samples`, or, as the
     headline where there is no test split, on `test_samples`."""
@@ -215,7 +215,7 @@ def _final_splits(components: Components, args: TrainingArguments) -> dict:
     return {**splits, "test": args.test_samples} if test else splits
 
 
-def _final_scores(components: Components, state: RunState, args: TrainingArguments, unwrapped, weights: dict,
+def _final_scores(components: Components, state: RunState, args: TrainArguments, unwrapped, weights: dict,
                   name: str, samples: int | None) -> dict:
     """The scores of split `name` on the final weights; a validation of the same weights on as many pairs during
     training stands for them, never computed twice."""

@@ -1,4 +1,4 @@
-"""The training driver: `train(TrainingArguments(...))`, on one CPU, one GPU or many, with Accelerate.
+"""The training driver: `train(TrainArguments(...))`, on one CPU, one GPU or many, with Accelerate.
 
     vanilla-transformer train --output-dir runs/en-es --preset tiny --warmup-steps 400 --time-limit 15
     accelerate launch -m vanilla_transformer.cli train ...        # the same, on every process
@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from ..file_checks import read_json
 from ..threads import CpuClock, load_average, oversubscription
 from ..hub import RESULTS_FILE
-from .arguments import TrainingArguments
+from .arguments import TrainArguments
 from .checkpoints import save_checkpoint
 from .compiled import compile_timing
 from .data import PadCollator, PrefetchedBatches
@@ -49,12 +49,12 @@ from .selection import best_steps, out_of_patience, record_validation
 from .setup import Components, choose_attention, prepare, set_up
 from .step import train_step
 
-__all__ = ["TrainingArguments", "TrainingInterrupted", "evaluate", "full_model", "prepare", "train"]
+__all__ = ["TrainArguments", "TrainingInterrupted", "evaluate", "full_model", "prepare", "train"]
 
 logger = get_logger(__name__)  # logs on the main process only
 
 
-def train(args: TrainingArguments) -> dict:
+def train(args: TrainArguments) -> dict:
     """Train (or fine-tune, or resume) as `args` says; returns the results written to results.json."""
     args.validate()
     accelerator = _start_accelerator(args)
@@ -84,7 +84,7 @@ def train(args: TrainingArguments) -> dict:
         lock.release()
 
 
-def _train_part(components: Components, state: RunState, budget: Budget, args: TrainingArguments) -> None:
+def _train_part(components: Components, state: RunState, budget: Budget, args: TrainArguments) -> None:
     """This part of the run: its steps, validated and saved as `args` say, until the budget is spent, patience runs
     out or a stop is requested; then a checkpoint of the last step (validated first under `best_metric`)."""
     last_saved = state.step if args.resume else None  # the step of the newest checkpoint
@@ -152,7 +152,7 @@ def save_run(components: Components, state: RunState, keep: int | None) -> None:
                     protect=protected)
 
 
-def _steps(components: Components, state: RunState, budget: Budget, args: TrainingArguments):
+def _steps(components: Components, state: RunState, budget: Budget, args: TrainArguments):
     """The micro-batches of each step, epoch after epoch from where `state` is, until the budget is spent.
 
     Batches come ready (PrefetchedBatches): the host never waits for the device to make them."""
@@ -170,7 +170,7 @@ def _steps(components: Components, state: RunState, budget: Budget, args: Traini
         logger.info(f"epoch {state.epoch} finished at step {state.step}")
 
 
-def _progress_bar(args: TrainingArguments, state: RunState, budget: Budget, enabled: bool):
+def _progress_bar(args: TrainArguments, state: RunState, budget: Budget, enabled: bool):
     """The run's steps towards `max_steps`; under `time_limit`, the run's minutes towards it, so that the time left
     reads true. The count includes the earlier parts of a resumed run; the bar's own clock is this part's."""
     desc = "training" if len(state.parts) < 2 else f"training (part {len(state.parts)})"
@@ -181,7 +181,7 @@ def _progress_bar(args: TrainingArguments, state: RunState, budget: Budget, enab
     return tqdm(total=args.max_steps, initial=state.step, disable=not enabled, desc=desc)
 
 
-def _advance(bar, args: TrainingArguments, budget: Budget) -> None:
+def _advance(bar, args: TrainArguments, budget: Budget) -> None:
     if args.time_limit is None:
         bar.update(1)
     else:  # the run's minutes, as the step measured them
@@ -205,7 +205,7 @@ def _log(components: Components, state: RunState, budget: Budget, lr: float, bar
     components.accelerator.log(metrics, step=state.step)
 
 
-def _validate(components: Components, state: RunState, budget: Budget, args: TrainingArguments) -> bool:
+def _validate(components: Components, state: RunState, budget: Budget, args: TrainArguments) -> bool:
     """Score the validation split; whether the model is the best so far by `best_metric` (its checkpoint is then saved).
     Its time is the budget's `scoring`, beside the training time that the time limit counts."""
     start = time.perf_counter()
@@ -225,7 +225,7 @@ def _validated(state: RunState) -> bool:
     return any(record["step"] == state.step and record["split"] == "validation" for record in state.history)
 
 
-def _start_accelerator(args: TrainingArguments):
+def _start_accelerator(args: TrainArguments):
     """Logging set up, then Accelerate started: it refuses a launch whose processes would train alone, and logs what runs."""
     if not logging.getLogger().handlers:
         logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)

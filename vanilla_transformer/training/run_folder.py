@@ -30,7 +30,7 @@ from .arguments import (
     FOLDER_TRACKERS,
     NEVER_RESTORED,
     RUN_OPTIONS,
-    TrainingArguments,
+    TrainArguments,
     check_option,
 )
 from .checkpoints import (
@@ -232,7 +232,7 @@ class Budget:
 BUDGET_OPTIONS = ("max_steps", "num_epochs", "time_limit")  # the run's limits, which a resume may extend
 
 
-def finished_step(args: TrainingArguments) -> int | None:
+def finished_step(args: TrainArguments) -> int | None:
     """`resume` of a run whose budget is spent and whose final model and results.json are those of its newest
     checkpoint, with no option but its limits given otherwise: nothing to train, score or save. Says so in one
     line and returns the step; else None (a run whose final folder is not there yet is finished by `train`)."""
@@ -265,7 +265,7 @@ def finished_step(args: TrainingArguments) -> int | None:
     return state.step
 
 
-def resume_budget(args: TrainingArguments, state: RunState, budget: Budget) -> None:
+def resume_budget(args: TrainArguments, state: RunState, budget: Budget) -> None:
     """Say where a resumed run stands against its budget, and which limits typed with `resume` replace the
     recorded ones. Every option typed with `resume` is recorded in turn, so that the next `resume` keeps it."""
     earlier = ", ".join(f"steps {p['steps'][0]}-{p['steps'][1]} in {p['seconds'] / 60:.2f} min" for p in state.parts[:-1])
@@ -309,7 +309,7 @@ def on_main(accelerator, decide) -> int | None:
     return answer
 
 
-def resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
+def resume_step(args: TrainArguments, checkpoint_root: Path) -> int | None:
     """The step of the checkpoint `resume` continues from; without `resume`, refuse a folder that holds an earlier run."""
     if args.resume:
         if not list_checkpoints(checkpoint_root):
@@ -347,7 +347,7 @@ def resume_step(args: TrainingArguments, checkpoint_root: Path) -> int | None:
     return None
 
 
-def check_nothing_to_replace(args: TrainingArguments) -> None:
+def check_nothing_to_replace(args: TrainArguments) -> None:
     """A new run refuses a folder holding a path it would write over or delete: the model's code and settings, its
     log, the weights of another layout, a LoRA run's `adapter/`, a tokenizer's settings without its tokenizer.json,
     in `checkpoints/` a checkpoint's name or records other than those of a run that stopped before its first
@@ -408,7 +408,7 @@ def check_run_config(config_file: Path, checkpoint: Path) -> None:
         check_config_sizes(config, config_file, weight_shapes([checkpoint / WEIGHTS_FILE]), checkpoint)
 
 
-def run_options(args: TrainingArguments) -> dict:
+def run_options(args: TrainArguments) -> dict:
     """The options that define a run (RUN_OPTIONS), local paths made absolute, as its checkpoints record them."""
     options = {name: getattr(args, name) for name in RUN_OPTIONS}
     for name in ("dataset", "tokenizer", "model_name_or_path"):
@@ -417,7 +417,7 @@ def run_options(args: TrainingArguments) -> dict:
     return options
 
 
-def recorded_options(args: TrainingArguments) -> dict:
+def recorded_options(args: TrainArguments) -> dict:
     """Every option of the run as its checkpoints record them, for `resume` alone to restore (`restore_options`)."""
     return {name: value for name, value in asdict(args).items() if name not in ("output_dir", "resume")}
 
@@ -437,7 +437,7 @@ def restore_options(output_dir: str, given: dict) -> dict:
             continue
     if not isinstance(recorded, dict):
         raise ValueError(f"`resume`: {source} is damaged: its options are not a JSON object")
-    known = {f.name for f in fields(TrainingArguments)}  # an option since removed is dropped
+    known = {f.name for f in fields(TrainArguments)}  # an option since removed is dropped
     restored = {name: value for name, value in recorded.items()
                 if name in known and name not in NEVER_RESTORED and name not in given}
     if "report_to" not in given and recorded.get("report_to") in FOLDER_TRACKERS:  # it writes in the folder alone
@@ -450,7 +450,7 @@ def restore_options(output_dir: str, given: dict) -> dict:
     return {**restored, **given}
 
 
-def _log_options(args: TrainingArguments, recorded: dict, source: Path) -> None:
+def _log_options(args: TrainArguments, recorded: dict, source: Path) -> None:
     """The options of the resumed run in one block, as fairseq prints its namespace: those `source` records, those
     typed in their place, and those it records that are never restored (NEVER_RESTORED)."""
     options = recorded_options(args)
@@ -471,14 +471,14 @@ def _log_options(args: TrainingArguments, recorded: dict, source: Path) -> None:
     logger.info("\n".join(lines))
 
 
-def check_same_run(args: TrainingArguments, started_with: dict | None) -> None:
+def check_same_run(args: TrainArguments, started_with: dict | None) -> None:
     """`resume` continues the run in `output_dir` as it was started: other data, tokenizer, model or batches
     would silently be ignored or change what was being trained. (Checkpoints from before runs recorded
     their options have nothing to compare with.)"""
     if started_with is None:
         return
     now = run_options(args)
-    defaults = TrainingArguments(output_dir="")  # options newer than the checkpoint had their default
+    defaults = TrainArguments(output_dir="")  # options newer than the checkpoint had their default
     before = {name: started_with.get(name, getattr(defaults, name)) for name in RUN_OPTIONS}
     changed = [f"{name} {before[name]!r} -> {now[name]!r}" for name in RUN_OPTIONS if before[name] != now[name]]
     if changed:

@@ -35,7 +35,7 @@ __all__ = ["PAPER_WARMUP_STEPS", "SCHEDULES", "BudgetSchedule", "check_schedule"
 
 def check_schedule(warmup_steps, scale, schedule, names=("warmup_steps", "scale", "schedule")) -> None:
     """The schedule's options, checked in one place for `make_scheduler` and, before any data is read,
-    for `TrainingArguments` (whose `names` for them are warmup_steps, lr_scale and lr_schedule)."""
+    for `TrainArguments` (whose `names` for them are warmup_steps, lr_scale and lr_schedule)."""
     from ..modeling.value_checks import is_finite_number  # the modeling package brings transformers
 
     if not isinstance(warmup_steps, int) or warmup_steps < 1:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from accelerate.logging import get_logger
 
-from .arguments import BEST_METRICS, TrainingArguments
+from .arguments import BEST_METRICS, TrainArguments
 from .run_folder import RunState
 
 logger = get_logger(__name__)
@@ -20,7 +20,7 @@ logger = get_logger(__name__)
 __all__ = ["best_steps", "out_of_patience", "record_validation"]
 
 
-def record_validation(state: RunState, args: TrainingArguments, metrics: dict) -> bool:
+def record_validation(state: RunState, args: TrainArguments, metrics: dict) -> bool:
     """Compare the validation `metrics` of `state.step` with the best so far; whether they are a new best."""
     if args.best_metric is None:
         return False
@@ -36,7 +36,7 @@ def record_validation(state: RunState, args: TrainingArguments, metrics: dict) -
     return improved
 
 
-def _start_anew_on_other_samples(state: RunState, args: TrainingArguments) -> None:
+def _start_anew_on_other_samples(state: RunState, args: TrainArguments) -> None:
     """BLEU or chrF on another number of validation sentences is another measure: the best so far are forgotten
     (the loss is on the whole split, whatever `eval_samples` is). Records from before the count was kept compare."""
     if args.best_metric == "loss" or not state.best:
@@ -53,5 +53,5 @@ def best_steps(state: RunState) -> list[int]:
     return [record["step"] for record in state.best]
 
 
-def out_of_patience(state: RunState, args: TrainingArguments) -> bool:
+def out_of_patience(state: RunState, args: TrainArguments) -> bool:
     return args.patience is not None and state.evaluations_without_improvement >= args.patience

@@ -30,7 +30,7 @@ from ..modeling.modeling_vanilla_transformer import (
 from ..staging import publish_files, staging_folder
 from ..threads import use_threads
 from . import criterion
-from .arguments import CPU_MAX_TOKENS, TrainingArguments
+from .arguments import CPU_MAX_TOKENS, TrainArguments
 from .averaging import WeightAverage
 from .checkpoints import checkpoint_path, read_state
 from .compiled import CompiledLoss, compiled_loss
@@ -99,7 +99,7 @@ class Components:
         self.model = self.accelerator.unwrap_model(self.model)
 
 
-def set_up(args: TrainingArguments, accelerator) -> tuple[Components, RunState, Budget]:
+def set_up(args: TrainArguments, accelerator) -> tuple[Components, RunState, Budget]:
     """On every process: where to resume from, the data, tokenizer, model, optimiser and schedule."""
     if accelerator.distributed_type == DistributedType.FSDP and args.ema_decay is not None:
         raise ValueError("`ema_decay` is not supported under FSDP: the moving average would hold each process's "
@@ -150,7 +150,7 @@ def set_up(args: TrainingArguments, accelerator) -> tuple[Components, RunState, 
     return components, state, budget
 
 
-def _starting_point(args: TrainingArguments, accelerator, checkpoint_root: Path) -> Path | None:
+def _starting_point(args: TrainArguments, accelerator, checkpoint_root: Path) -> Path | None:
     """The checkpoint the run resumes from, or None; a model folder to fine-tune is checked by the gate first,
     before its tokenizer or any data is read."""
     step = on_main(accelerator, lambda: resume_step(args, checkpoint_root))
@@ -184,7 +184,7 @@ def gpu_batch(memory: int, config, parameters: int, processes: int, max_length: 
     return max(min(wanted, fits), max_length), accumulation
 
 
-def _size_batches(args: TrainingArguments, accelerator, model) -> None:
+def _size_batches(args: TrainArguments, accelerator, model) -> None:
     """`max_tokens` and `gradient_accumulation_steps` where left unset: on a GPU the paper's batch sized to its
     memory (`gpu_batch`), elsewhere CPU_MAX_TOKENS and one batch per step; one line says what was chosen."""
     if args.max_tokens is not None or accelerator.distributed_type == DistributedType.DEEPSPEED:
@@ -208,7 +208,7 @@ def _size_batches(args: TrainingArguments, accelerator, model) -> None:
                 "--gradient-accumulation-steps choose them)")
 
 
-def _training_sampler(args: TrainingArguments, accelerator, split: TokenizedSplit, epoch: int) -> TokenBatchSampler:
+def _training_sampler(args: TrainArguments, accelerator, split: TokenizedSplit, epoch: int) -> TokenBatchSampler:
     """The training batches, padded to `bucket_shapes` shapes (by default GPU_BUCKETS on a GPU or for a compiled
     step, none elsewhere); one line says the shapes and the padding they waste beside that of batches as long as
     their longest pair."""
@@ -227,7 +227,7 @@ def _training_sampler(args: TrainingArguments, accelerator, split: TokenizedSpli
     return sampler
 
 
-def _build_model(args: TrainingArguments, accelerator, tokenizer, resume_from: Path | None, langs: tuple[str, str]):
+def _build_model(args: TrainArguments, accelerator, tokenizer, resume_from: Path | None, langs: tuple[str, str]):
     """The model to train, its objective and attention set, its language pair recorded, its config saved."""
     model = _load_model(args, tokenizer, resume_from)
     model.config.label_smoothing = args.label_smoothing  # the model's own loss is the run's objective (§5.4)
@@ -316,7 +316,7 @@ def save_adapter(model, output_dir: str | os.PathLike, base: str | None) -> Path
     return folder
 
 
-def _load_model(args: TrainingArguments, tokenizer, resume_from: Path | None):
+def _load_model(args: TrainArguments, tokenizer, resume_from: Path | None):
     config_file = Path(args.output_dir) / CHECKPOINTS / "config.json"
     if resume_from is not None:  # the architecture of the run being resumed; its weights come with load_state
         return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_json_file(config_file))
@@ -341,7 +341,7 @@ def _load_model(args: TrainingArguments, tokenizer, resume_from: Path | None):
     return VanillaTransformerForConditionalGeneration(config)
 
 
-def _check_max_length(args: TrainingArguments, config) -> None:
+def _check_max_length(args: TrainArguments, config) -> None:
     """`max_length` within every length the model reads: a longer pair would fail at its batch, on every resume."""
     for name, bound in config.sequence_bounds().items():
         if args.max_length > bound:
@@ -392,7 +392,7 @@ def _set_attention(model, implementation: str) -> None:
         raise ValueError(f"`attn_implementation` {implementation!r} cannot run this model: {err}") from None
 
 
-def _log_recipe(args: TrainingArguments, accelerator, d_model: int, scale: float) -> None:
+def _log_recipe(args: TrainArguments, accelerator, d_model: int, scale: float) -> None:
     peak = d_model**-0.5 * args.warmup_steps**-0.5 * scale
     if args.lr_schedule == "noam":
         schedule = f"lr = {scale:.4g} * {d_model}^-0.5 * min(step^-0.5, step * {args.warmup_steps}^-1.5)"

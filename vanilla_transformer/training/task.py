@@ -19,7 +19,7 @@ from ..file_checks import read_json
 from ..model_folder import load_tokenizer
 from ..staging import STAGING_PREFIX
 from ..tokenizer import check_appends_eos, train_tokenizer
-from .arguments import TrainingArguments
+from .arguments import TrainArguments
 from .data import tokenize_pairs
 from .run_folder import CHECKPOINTS, TOKENIZER_OPTIONS, run_options
 
@@ -28,7 +28,7 @@ __all__ = ["load_splits", "prepare_data", "prepare_tokenizer"]
 logger = get_logger(__name__)
 
 
-def prepare_data(args: TrainingArguments, accelerator):
+def prepare_data(args: TrainArguments, accelerator):
     """The raw splits, the language pair, the tokenizer, and the tokenised training and evaluation splits."""
     # Each machine's first process reads the data and fills the map cache on its own disk before the others
     # read them; the tokenizer, in output_dir (which every machine shares), is learnt by the main process alone.
@@ -55,7 +55,7 @@ def prepare_data(args: TrainingArguments, accelerator):
     return data, source_lang, target_lang, tokenizer, train_split, eval_splits
 
 
-def load_splits(args: TrainingArguments):
+def load_splits(args: TrainArguments):
     """The raw splits and the language pair; without a validation split, a seeded slice of train held out."""
     data = load_translation_dataset(
         args.dataset, args.dataset_config, source_lang=args.source_lang, target_lang=args.target_lang,
@@ -75,7 +75,7 @@ def load_splits(args: TrainingArguments):
     return data, source_lang, target_lang
 
 
-def prepare_tokenizer(args: TrainingArguments, data, source_lang: str, target_lang: str):
+def prepare_tokenizer(args: TrainArguments, data, source_lang: str, target_lang: str):
     """An existing tokenizer folder, else the one saved in output_dir or with the model, else a new one."""
     output_dir = Path(args.output_dir)
     if args.tokenizer is not None:
@@ -110,14 +110,14 @@ def _checked_tokenizer(folder, name: str):
     return tokenizer
 
 
-def _tokenizer_options(args: TrainingArguments, source_lang: str, target_lang: str) -> dict:
+def _tokenizer_options(args: TrainArguments, source_lang: str, target_lang: str) -> dict:
     """What a tokenizer trained by this run is learnt from (recorded in checkpoints/tokenizer_options.json)."""
     options = run_options(args)
     return {"dataset": options["dataset"], "dataset_config": args.dataset_config, "source_lang": source_lang,
             "target_lang": target_lang, "vocab_size": args.vocab_size, "tokenizer_model": args.tokenizer_model}
 
 
-def _keep_own_tokenizer(args: TrainingArguments, options: dict) -> bool:
+def _keep_own_tokenizer(args: TrainArguments, options: dict) -> bool:
     """Whether the tokenizer already in output_dir is the one these options would train. A run interrupted
     before its first checkpoint and started again with other data or `vocab_size` trains a new one (a
     resumed run refuses instead); a tokenizer whose options were never recorded is used, with a warning."""
