@@ -85,3 +85,27 @@ def test_no_circle_of_imports_in_the_package():
         if name not in state:
             visit(name)
     assert not circles, "circles of imports:\n" + "\n".join(circles)
+
+
+def renamed_imports(path: Path) -> list[tuple[int, str, str]]:
+    """(line, name, alias) of each of the package's own names that `path` imports under another name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("vanilla_transformer")):
+            found += [(node.lineno, alias.name, alias.asname) for alias in node.names if alias.asname]
+    return found
+
+
+def test_the_package_imports_its_own_names_by_their_own_names():
+    """One meaning per name: a function imported under another name hides a twin of the same name elsewhere
+    (`load_tokenizer as read_tokenizer`); the twins get distinct names where they are defined instead."""
+    renamed = [f"{path.relative_to(ROOT)}:{line} imports {name} as {alias}"
+               for path in sorted(PACKAGE.rglob("*.py")) for line, name, alias in renamed_imports(path)]
+    assert not renamed, "give the twin a name of its own where it is defined:\n" + "\n".join(renamed)
+
+
+def test_the_import_rule_finds_renames_of_our_names_alone(tmp_path):
+    source = tmp_path / "example.py"
+    source.write_text("import numpy as np\nfrom torch.nn import functional as F\nfrom ..threads import use_threads as set_threads\n"
+                      "from vanilla_transformer.metrics import load as load_metric\nfrom .generation import paper_generate\n")
+    assert renamed_imports(source) == [(3, "use_threads", "set_threads"), (4, "load", "load_metric")]

@@ -55,6 +55,29 @@ def test_reports_are_named_by_their_topic_not_an_issue():
     assert not names, "name a report for what it measures (a reader finds it by topic):\n" + "\n".join(names)
 
 
+# A test's heading or comment states the rule it guards: "row 7" keys it to a table the repository does not hold,
+# and "Before: ..." tells what earlier code did, which a reader of the test cannot act on.
+TEST_HISTORY = re.compile(r"^\s*# -+ rows? \d+\b|(#|\"\"\").*\bBefore:")
+
+
+def test_tests_state_the_rule_they_guard_not_its_history():
+    hits = [f"{path}:{number}: {line.strip()}" for path, number, line in python_lines() if TEST_HISTORY.search(line)]
+    assert not hits, "say the rule the test guards, not a table row or what the code did before:\n" + "\n".join(hits)
+
+
+@pytest.mark.parametrize("line", ["# --- row 7: the beam count has a bound ---", "# --- rows 3 and 5: serve ---",
+                                  '    """Before: N lines per input and no index."""', "    # Before: a traceback.",
+                                  "        # The same command again. Before: both ran."])
+def test_the_history_rule_finds_each_form(line):
+    assert TEST_HISTORY.search(line), line
+
+
+@pytest.mark.parametrize("line", ["# --- the JSON endpoint: POST /v1/translate ---", "    # a side is missing (rows 2, 4)",
+                                  '    assert "row 3 holds int 5" in result.stderr', "    # Refused before the work."])
+def test_the_history_rule_leaves_rules_alone(line):
+    assert not TEST_HISTORY.search(line), line
+
+
 @pytest.mark.parametrize("line", ["Issue #63, every stream", "(#46)", "issues #18, #47", "# #54: one line", "issue 5"])
 def test_the_issue_rule_finds_each_way_of_naming_one(line):
     assert re.search(ISSUE, line, re.IGNORECASE), line
