@@ -70,3 +70,12 @@ def test_a_folder_is_replaced_whole_and_a_damaged_one_set_aside_under_a_free_nam
     (tmp_path / "damaged-adapter").mkdir()
     assert set_aside(old, "damaged-adapter").name == "damaged-adapter-again"
     assert sorted(os.listdir(tmp_path)) == ["damaged-adapter", "damaged-adapter-again"]
+
+
+def test_a_file_written_again_removes_what_a_killed_write_of_it_left_and_nothing_else(tmp_path):
+    left = tmp_path / f"{STAGING_PREFIX}abcd1234-results.json"  # as a write killed before its rename leaves it
+    kept = [tmp_path / f"{STAGING_PREFIX}abcd1234-old-results.json", tmp_path / f"{STAGING_PREFIX}model", tmp_path / "notes"]
+    for path in (left, *kept):
+        path.write_text("mine")
+    write_file_whole(tmp_path / "results.json", "{}\n")
+    assert sorted(tmp_path.iterdir()) == sorted([tmp_path / "results.json", *kept])

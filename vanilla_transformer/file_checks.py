@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 import re
 from pathlib import Path
 
-from .staging import DiskFull, sweep_staging, write_file_whole
+from .staging import DiskFull, write_file_whole
 
 # A Hub repository id, user/name: how a name the user gives is told from a folder that is not there.
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -148,7 +148,6 @@ def write_text_file(path: str | os.PathLike, text: str) -> None:
     old file as it was and no partial one. An OSError names `path` and the cause."""
     path = Path(path)
     try:
-        sweep_staging(path.parent)  # what an interrupted write left
         write_file_whole(path, text)
     except OSError as err:
         cause = os.strerror(err.errno) if isinstance(err, DiskFull) else err.strerror or err

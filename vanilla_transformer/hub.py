@@ -329,5 +329,4 @@ def _retarget_card_file(path: Path, repo_id: str) -> None:
     retargeted = retarget_card(card, repo_id)
     if retargeted is card:
         return
-    sweep_staging(path.parent)  # what an interrupted retargeting left
     write_file_whole(path, retargeted.save)

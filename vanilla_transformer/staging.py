@@ -6,8 +6,8 @@ Every file the package writes that must appear whole goes through this module: o
 INSIDE the folder it goes to, then renamed into place (`_move`, the one rename). Staging inside
 (never beside, in the parent) lets an output folder whose parent is read-only (a container's volume
 mount) be written, and keeps every rename on one file system. A process killed while writing
-leaves such an entry behind; the next run or save in that folder sweeps it (`sweep_staging`), and
-nothing without the prefix is ever touched.
+leaves such an entry behind; the next run or save in that folder sweeps it (`sweep_staging`; the
+next write of the same file or folder removes its own), and nothing without the prefix is ever touched.
 
 A full disk surfaces from torch as "[enforce fail at inline_container.cc:672] unexpected pos" and from
 safetensors as a SafetensorError, naming no file. `staging_folder` and `write_file_whole` turn it into `DiskFull`, an OSError
@@ -17,6 +17,7 @@ naming the file that did not fit and the cause, after removing what was half wri
 from __future__ import annotations
 
 import errno
+import glob
 import logging
 import os
 import shutil
@@ -168,8 +169,12 @@ def set_aside(path: Path, name: str) -> Path:
 def write_file_whole(path: str | os.PathLike, content: str | bytes | Callable[[Path], object]) -> Path:
     """Write `path` whole or not at all: `content` (text as UTF-8, bytes, or a function that writes the file
     it is given) goes to a staging file beside it, which gets the mode `open` gives and is renamed into place.
-    A failure leaves the old file as it was; a full disk is raised as DiskFull naming `path`."""
+    A failure leaves the old file as it was; a full disk is raised as DiskFull naming `path`. What a killed
+    write of `path` left beside it is removed first."""
     path = Path(path)
+    for left in path.parent.glob(f"{STAGING_PREFIX}{'?' * 8}-{glob.escape(path.name)}"):  # mkstemp's 8 letters
+        if left.is_file():
+            left.unlink(missing_ok=True)
     # The staging name ends as `path` does: writers such as matplotlib pick the format from the suffix.
     handle, name = tempfile.mkstemp(dir=path.parent, prefix=STAGING_PREFIX, suffix=f"-{path.name}")
     staging = Path(name)

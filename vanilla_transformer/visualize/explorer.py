@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from ..file_checks import check_plain_file
-from ..staging import sweep_staging, write_file_whole
+from ..staging import write_file_whole
 from .attention_maps import DECODER_ROWS, KINDS, AttentionRecord
 from .neuron_view import Neurons, NeuronTensors
 
@@ -199,5 +199,4 @@ def save_explorer(record: AttentionRecord, path: str | os.PathLike) -> Path:
     path = html_path(path)
     page = explorer_html(record)
     path.parent.mkdir(parents=True, exist_ok=True)
-    sweep_staging(path.parent)  # what an interrupted save left
     return write_file_whole(path, lambda staging: staging.write_text(page, encoding="utf-8"))
