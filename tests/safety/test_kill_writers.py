@@ -20,7 +20,7 @@ next run or save in that folder removes it and touches nothing without the prefi
     training.logs.TrainingLog                training_log.jsonl                       train --resume
     training.checkpoints.save_checkpoint     checkpoints/checkpoint-<step>/           train
     training.checkpoints.newest_sound_checkpoint  damaged-checkpoint-<step>/ (a rename)  train --resume
-    training.setup.save_adapter              adapter/                                 train --lora-r
+    training.setup.save_adapter              adapter/                                 train --lora-rank
 """
 
 from __future__ import annotations
