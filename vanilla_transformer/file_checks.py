@@ -14,6 +14,8 @@ from collections.abc import Iterable, Iterator
 import re
 from pathlib import Path
 
+from .staging import DiskFull, write_file_whole
+
 # A Hub repository id, user/name: how a name the user gives is told from a folder that is not there.
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -142,22 +144,14 @@ def _link_homes(folder: Path) -> list[Path]:
 
 
 def write_text_file(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to a temporary file beside `path` and rename it into place: a full disk or an
-    interrupt leaves the old file as it was and no partial one. An OSError names `path` and the cause."""
-    import tempfile
-
+    """`text` as `path`, written whole (`staging.write_file_whole`): a full disk or an interrupt leaves the
+    old file as it was and no partial one. An OSError names `path` and the cause."""
     path = Path(path)
-    handle, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o666 & ~umask)  # mkstemp makes it 0600; the file gets the mode `open` would give it
-        os.replace(staging, path)
+        write_file_whole(path, text)
     except OSError as err:
-        Path(staging).unlink(missing_ok=True)
-        raise OSError(f"could not write {path}: {err.strerror or err}") from None
+        cause = os.strerror(err.errno) if isinstance(err, DiskFull) else err.strerror or err
+        raise OSError(f"could not write {path}: {cause}") from None
 
 
 def check_plain_file(path: str | os.PathLike, what: str) -> None:

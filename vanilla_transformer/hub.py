@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .file_checks import check_repo_id
 from .model_folder import WEIGHT_FILES, check_model_files
-from .staging import STAGING_PREFIX, publish_files, staging_folder, sweep_staging
+from .staging import staged_files, sweep_staging, write_file_whole
 from .modeling.pipeline_vanilla_transformer import CUSTOM_PIPELINES, source_length_limit
 from .tokenizer import save_tokenizer_files
 
@@ -120,24 +120,18 @@ def save_model_files(model, tokenizer, output_dir: str | os.PathLike) -> Path:
     died while saving left there is removed first; a full disk is raised as DiskFull naming the file."""
     output_dir = Path(output_dir)
     sweep_staging(output_dir)
-    with staging_folder(output_dir, "model") as staging:
+    with staged_files(output_dir, "model", last=["config.json"]) as staging:  # a model once config.json lands
         _write_generation_defaults(model)
         model.save_pretrained(staging)
         save_tokenizer_files(tokenizer, staging)
         _drop_absent_code(staging)
-        publish_files(staging)
-        _move_into_place(staging, output_dir)
+        _drop_stale_files(staging, output_dir)
     return output_dir
 
 
 def write_results(output_dir: str | os.PathLike, results: dict) -> Path:
     """results.json, written whole or not at all; a full disk is raised as DiskFull naming it."""
-    path = Path(output_dir) / RESULTS_FILE
-    with staging_folder(output_dir, RESULTS_FILE, output_dir) as staging:
-        (staging / RESULTS_FILE).write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        publish_files(staging)
-        os.replace(staging / RESULTS_FILE, path)
-    return path
+    return write_file_whole(Path(output_dir) / RESULTS_FILE, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
 
 
 def write_model_card(
@@ -164,11 +158,8 @@ def write_model_card(
             max_length=source_length_limit(model, tokenizer),
             **descriptions,
         )
-        staging = output_dir / f"{STAGING_PREFIX}README.md"
-        card.save(staging)
-        os.replace(staging, output_dir / "README.md")
+        write_file_whole(output_dir / "README.md", card.save)
     except Exception as err:  # an extra: whatever went wrong, the model is saved
-        (output_dir / f"{STAGING_PREFIX}README.md").unlink(missing_ok=True)
         logger.warning(f"the model card (README.md) was not written: {type(err).__name__}: {err}. The model in "
                        f"{output_dir} is complete without it.")
         return None
@@ -181,12 +172,9 @@ def _draw_attention(model, tokenizer, example: str, path: Path) -> bool:
 
     try:
         record = collect_attentions(model, tokenizer, example)
-        staging = path.with_name(f"{STAGING_PREFIX}{path.name}")
-        plot_layer(record, "cross", record.num_decoder_layers - 1, staging)
-        os.replace(staging, path)
+        write_file_whole(path, lambda staging: plot_layer(record, "cross", record.num_decoder_layers - 1, staging))
         return True
     except Exception as err:  # an extra: the card goes without it
-        path.with_name(f"{STAGING_PREFIX}{path.name}").unlink(missing_ok=True)
         logger.warning(f"no attention heat map in the model card: {type(err).__name__}: {err}")
         return False
 
@@ -243,13 +231,11 @@ def _drop_absent_code(folder: Path) -> None:
             path.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def _move_into_place(staging: Path, output_dir: Path) -> None:
+def _drop_stale_files(staging: Path, output_dir: Path) -> None:
     new_names = {entry.name for entry in staging.iterdir()}
     for entry in output_dir.iterdir():  # weights of another shape (say, sharded), the old model's card and scores
         if entry.name not in new_names and (STALE_WEIGHTS.match(entry.name) or entry.name in DESCRIPTION_FILES):
             entry.unlink()
-    for entry in sorted(staging.iterdir(), key=lambda entry: entry.name == "config.json"):  # a model once config.json lands
-        os.replace(entry, output_dir / entry.name)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -343,6 +329,4 @@ def _retarget_card_file(path: Path, repo_id: str) -> None:
     retargeted = retarget_card(card, repo_id)
     if retargeted is card:
         return
-    staging = path.with_name(f".{path.name}.saving")
-    retargeted.save(staging)
-    os.replace(staging, path)
+    write_file_whole(path, retargeted.save)

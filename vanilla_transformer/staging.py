@@ -1,28 +1,35 @@
-"""Writing a folder's files whole or not at all, inside the folder itself.
+"""Writing files and folders whole or not at all, inside the folder they go to.
 
-Checkpoints, the final model, the tokenizer and exports are written to a staging folder named
-`.vanilla-transformer-staging-*` INSIDE the folder they go to, then renamed into place. Staging
-inside (never beside, in the parent) lets an output folder whose parent is read-only (a container's
-volume mount) be written, and keeps every rename on one file system. A process killed while writing
-leaves such an entry behind; the next run or save in that folder sweeps it (`sweep_staging`), and
-nothing without the prefix is ever touched.
+Every file the package writes that must appear whole goes through this module: one file with
+`write_file_whole`, a folder's files with `staged_files` (each moved into place), a whole folder with
+`staging_folder` and `publish_folder`. What is being written is named `.vanilla-transformer-staging-*`
+INSIDE the folder it goes to, then renamed into place (`_move`, the one rename). Staging inside
+(never beside, in the parent) lets an output folder whose parent is read-only (a container's volume
+mount) be written, and keeps every rename on one file system. A process killed while writing
+leaves such an entry behind; the next run or save in that folder sweeps it (`sweep_staging`; the
+next write of the same file or folder removes its own), and nothing without the prefix is ever touched.
 
 A full disk surfaces from torch as "[enforce fail at inline_container.cc:672] unexpected pos" and from
-safetensors as a SafetensorError, naming no file. `staging_folder` turns it into `DiskFull`, an OSError
+safetensors as a SafetensorError, naming no file. `staging_folder` and `write_file_whole` turn it into `DiskFull`, an OSError
 naming the file that did not fit and the cause, after removing what was half written.
 """
 
 from __future__ import annotations
 
 import errno
+import glob
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["STAGING_PREFIX", "DiskFull", "disk_full", "disk_full_error", "publish_files", "staging_folder", "sweep_staging"]
+__all__ = [
+    "STAGING_PREFIX", "DiskFull", "disk_full", "disk_full_error", "publish_files", "publish_folder", "set_aside",
+    "staged_files", "staging_folder", "sweep_staging", "write_file_whole",
+]
 
 STAGING_PREFIX = ".vanilla-transformer-staging-"
 _NEARLY_FULL = 1 << 20  # bytes free after a failed write below which the disk is taken to be full
@@ -60,11 +67,20 @@ def sweep_staging(folder: str | os.PathLike) -> list[str]:
 def publish_files(folder: str | os.PathLike) -> None:
     """Give every file under `folder` the mode a plain `open` gives (0666 less the umask): safetensors and
     mkstemp write 0600, which the other users of a shared model folder cannot read."""
-    umask = os.umask(0)
-    os.umask(umask)
     for path in Path(folder).rglob("*"):
         if path.is_file() and not path.is_symlink():
-            os.chmod(path, 0o666 & ~umask)
+            _give_open_mode(path)
+
+
+def _give_open_mode(path: Path) -> None:
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+def _move(source: Path, destination: Path) -> None:
+    """The one rename that publishes what was staged (a test kills its process right before it)."""
+    os.replace(source, destination)
 
 
 def disk_full(err: BaseException, folder: str | os.PathLike) -> int | None:
@@ -121,3 +137,63 @@ def staging_folder(folder: str | os.PathLike, name: str, target: str | os.PathLi
         raise full from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def staged_files(folder: str | os.PathLike, name: str, last: Iterable[str] = ()) -> Iterator[Path]:
+    """`staging_folder` whose files are moved into `folder` on the way out, in name order and those named
+    in `last` last (a folder whose readers wait for that file sees the rest first)."""
+    folder, last = Path(folder), set(last)
+    with staging_folder(folder, name) as staging:
+        yield staging
+        publish_files(staging)
+        for entry in sorted(staging.iterdir(), key=lambda entry: (entry.name in last, entry.name)):
+            _move(entry, folder / entry.name)
+
+
+def publish_folder(staging: Path, target: Path) -> None:
+    """Put the folder `staging` in place of `target` (removed first, if there) in one rename."""
+    shutil.rmtree(target, ignore_errors=True)
+    _move(staging, target)
+
+
+def set_aside(path: Path, name: str) -> Path:
+    """Rename `path` to `name` beside it, "-again" added until the name is free; return the new path."""
+    aside = path.with_name(name)
+    while aside.exists():  # set aside before
+        aside = aside.with_name(aside.name + "-again")
+    _move(path, aside)
+    return aside
+
+
+def write_file_whole(path: str | os.PathLike, content: str | bytes | Callable[[Path], object]) -> Path:
+    """Write `path` whole or not at all: `content` (text as UTF-8, bytes, or a function that writes the file
+    it is given) goes to a staging file beside it, which gets the mode `open` gives and is renamed into place.
+    A failure leaves the old file as it was; a full disk is raised as DiskFull naming `path`. What a killed
+    write of `path` left beside it is removed first."""
+    path = Path(path)
+    for left in path.parent.glob(f"{STAGING_PREFIX}{'?' * 8}-{glob.escape(path.name)}"):  # mkstemp's 8 letters
+        if left.is_file():
+            left.unlink(missing_ok=True)
+    # The staging name ends as `path` does: writers such as matplotlib pick the format from the suffix.
+    handle, name = tempfile.mkstemp(dir=path.parent, prefix=STAGING_PREFIX, suffix=f"-{path.name}")
+    staging = Path(name)
+    try:
+        if callable(content):
+            os.close(handle)
+            content(staging)
+        elif isinstance(content, bytes):
+            with os.fdopen(handle, "wb") as f:
+                f.write(content)
+        else:
+            with os.fdopen(handle, "w", encoding="utf-8") as f:
+                f.write(content)
+        _give_open_mode(staging)  # mkstemp makes it 0600
+        _move(staging, path)
+    except BaseException as err:
+        staging.unlink(missing_ok=True)
+        code = disk_full(err, path.parent) if isinstance(err, Exception) else None
+        if code is None:
+            raise
+        raise DiskFull(f"could not write {path}: {_FULL_ERRNOS[code]}", code) from None
+    return path

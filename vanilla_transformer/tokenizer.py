@@ -41,7 +41,7 @@ from transformers import PreTrainedTokenizerFast
 from .choices import DEFAULT_VOCAB_SIZE, TOKENIZER_MODELS
 from .corpora import iter_texts
 from .file_checks import utf8_lines
-from .staging import publish_files, staging_folder, sweep_staging
+from .staging import staged_files, sweep_staging
 
 __all__ = [
     "DEFAULT_MIN_FREQUENCY",
@@ -243,9 +243,6 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, output_dir: str | os.Path
     if output_dir.exists() and not output_dir.is_dir():
         raise NotADirectoryError(f"output_dir exists and is not a folder: {output_dir}")
     sweep_staging(output_dir)
-    with staging_folder(output_dir, "tokenizer") as staging:
+    with staged_files(output_dir, "tokenizer") as staging:
         save_tokenizer_files(tokenizer, staging)
-        publish_files(staging)
-        for file in staging.iterdir():
-            os.replace(file, output_dir / file.name)
     return output_dir

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from vanilla_transformer.staging import STAGING_PREFIX
+
 CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 LONG_LINE = " ".join(["And the men of the city said unto him, Bring forth the man."] * 6)
@@ -235,7 +237,7 @@ def test_attention_stopped_by_sigterm_leaves_no_staging_folder(hub_tiny_folder, 
                                env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 300
-        while not list(tmp_path.glob(".attention.*/*.png")):  # drawing has begun
+        while not list(tmp_path.glob(f"{STAGING_PREFIX}attention/*.png")):  # drawing has begun
             assert process.poll() is None and time.monotonic() < deadline, process.stderr.read().decode()[-2000:]
             time.sleep(0.2)
         process.send_signal(signal.SIGTERM)

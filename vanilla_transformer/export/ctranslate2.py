@@ -54,7 +54,7 @@ from ..folder_fields import OPTIONS_FILE
 from ..inference import cut_texts
 from ..model_folder import check_export_folder
 from ..modeling.pipeline_vanilla_transformer import source_length_limit
-from ..staging import publish_files, staging_folder, sweep_staging
+from ..staging import staged_files, sweep_staging
 
 __all__ = ["CTranslate2Translator", "QUANTIZATIONS", "export_ctranslate2", "import_ctranslate2"]
 
@@ -225,14 +225,11 @@ def export_ctranslate2(model, tokenizer, output_dir: str | os.PathLike, quantiza
             return spec
 
     options = translation_options(model, tokenizer)
-    with staging_folder(output_dir, "export") as staging:
+    with staged_files(output_dir, "export", last=["model.bin"]) as staging:  # an export once model.bin lands
         VanillaTransformerConverter().convert(str(staging), quantization=quantization, force=True)
         _plain_tokenizer(tokenizer.backend_tokenizer).save(str(staging / "tokenizer.json"))
         (staging / OPTIONS_FILE).write_text(json.dumps(options, indent=2) + "\n")
         (staging / "README.md").write_text(_readme(model.config, quantization, options, ctranslate2.__version__))
-        publish_files(staging)
-        for file in sorted(staging.iterdir(), key=lambda file: file.name == "model.bin"):  # an export once model.bin lands
-            os.replace(file, output_dir / file.name)
     return output_dir
 
 

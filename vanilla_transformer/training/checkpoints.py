@@ -46,7 +46,7 @@ from accelerate.logging import get_logger
 from safetensors.torch import load_file
 
 from ..file_checks import check_plain_pickle, check_weights_file, read_json
-from ..staging import STAGING_PREFIX, disk_full_error, publish_files
+from ..staging import STAGING_PREFIX, disk_full_error, publish_files, publish_folder, set_aside
 
 __all__ = [
     "STATE_FILE",
@@ -209,10 +209,7 @@ def newest_sound_checkpoint(root: str | os.PathLike) -> tuple[Path, list[str]]:
             continue
         messages = []
         for damaged, problem in problems:
-            aside = damaged.with_name(DAMAGED_PREFIX + damaged.name)
-            while aside.exists():  # set aside before
-                aside = aside.with_name(aside.name + "-again")
-            damaged.rename(aside)
+            aside = set_aside(damaged, DAMAGED_PREFIX + damaged.name)
             messages.append(f"{problem}; the checkpoint is set aside as {aside.name}")
         return checkpoint, messages
     raise ValueError(
@@ -259,9 +256,8 @@ def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict
         if accelerator.is_main_process:
             (staging / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2))
             publish_files(staging)
-            if final.exists():  # the same step saved again (e.g. a resumed run that was already finished)
-                shutil.rmtree(final)
-            os.rename(staging, final)  # atomic: the checkpoint appears complete or not at all
+            # atomic: the checkpoint appears complete or not at all, in place of the same step saved before
+            publish_folder(staging, final)
             if keep is not None:
                 kept = {checkpoint_path(root, s) for s in protect}
                 for old in list_checkpoints(root)[:-keep]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..staging import STAGING_PREFIX
+from ..staging import write_file_whole
 from .checkpoints import latest_checkpoint
 
 __all__ = ["LOG_FILE", "Losses", "TrainingLog", "read_log"]
@@ -46,9 +46,7 @@ class TrainingLog:
             return
         kept = [r for r in read_log(self.path) if resumed_step is not None and r.get("step", 0) <= resumed_step]
         if self.path.exists() or kept:  # rewritten whole under another name, then renamed: never half written
-            staging = self.path.with_name(STAGING_PREFIX + self.path.name)
-            staging.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-            os.replace(staging, self.path)
+            write_file_whole(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def append(self, record: dict) -> None:
         if not self.enabled:

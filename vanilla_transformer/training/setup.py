@@ -9,7 +9,6 @@ once (`Components`), what a checkpoint holds (`RunState`) and when the steps end
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,7 +26,7 @@ from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfi
 from ..modeling.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
 )
-from ..staging import publish_files, staging_folder
+from ..staging import publish_files, publish_folder, staging_folder
 from ..threads import use_threads
 from . import criterion
 from .arguments import CPU_MAX_TOKENS, TrainArguments
@@ -311,8 +310,7 @@ def save_adapter(model, output_dir: str | os.PathLike, base: str | None) -> Path
                             Path(output_dir).name)
         (staging / "README.md").write_text(card, encoding="utf-8")  # in place of PEFT's empty template
         publish_files(staging)
-        shutil.rmtree(folder, ignore_errors=True)  # an earlier finish of this run's
-        os.rename(staging, folder)
+        publish_folder(staging, folder)  # in place of an earlier finish of this run's
     return folder
 
 

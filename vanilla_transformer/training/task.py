@@ -9,7 +9,6 @@ recorded in checkpoints/tokenizer_options.json), else the model's (`model_name_o
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from accelerate.logging import get_logger
@@ -17,7 +16,7 @@ from accelerate.logging import get_logger
 from ..corpora import load_translation_dataset, resolve_languages
 from ..file_checks import read_json
 from ..model_folder import load_tokenizer
-from ..staging import STAGING_PREFIX
+from ..staging import write_file_whole
 from ..tokenizer import check_appends_eos, train_tokenizer
 from .arguments import TrainArguments
 from .data import tokenize_pairs
@@ -96,9 +95,7 @@ def prepare_tokenizer(args: TrainArguments, data, source_lang: str, target_lang:
         model_type=args.tokenizer_model,
     )
     record.parent.mkdir(exist_ok=True)
-    staging = record.with_name(f"{STAGING_PREFIX}{record.name}")  # whole or not at all: a record is trusted
-    staging.write_text(json.dumps(options, indent=2) + "\n")
-    os.replace(staging, record)
+    write_file_whole(record, json.dumps(options, indent=2) + "\n")  # whole or not at all: a record is trusted
     return tokenizer
 
 

@@ -45,6 +45,7 @@ import torch
 
 from ..modeling.generation import DEFAULT_MAX_LENGTH_OFFSET
 from ..modeling.pipeline_vanilla_transformer import readable_pieces, source_length_limit, teacher_forced_attentions
+from ..staging import staged_files, sweep_staging
 from .neuron_view import Neurons, neuron_tensors
 
 __all__ = [
@@ -408,32 +409,16 @@ def bertviz_data(record: AttentionRecord) -> dict:
 def save_attention_maps(record: AttentionRecord, output_dir: str | os.PathLike) -> list[Path]:
     """Write `<kind>_layer<N>.png` for every layer of each kind, `overview.png` and `bertviz.pt`.
 
-    Files are drawn in a temporary folder inside `output_dir` and then moved in, so a failure
-    leaves no partial set, and no `output_dir` where it made one.
+    Files are drawn in a staging folder inside `output_dir` and then moved in (`staging.staged_files`),
+    so a failure leaves no partial set, and no `output_dir` where it made one.
     """
-    import shutil
-    import tempfile
-
     output_dir = Path(output_dir)
-    made = not output_dir.exists()
-    output_dir.mkdir(parents=True, exist_ok=True)
-    staging = output_dir / ".attention.none"
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=".attention.", dir=output_dir))
+    sweep_staging(output_dir)  # what an interrupted save left
+    with staged_files(output_dir, "attention") as staging:
         for kind in KINDS:
             for layer in range(record.weights(kind).size(0)):
                 plot_layer(record, kind, layer, staging / f"{kind}_layer{layer + 1}.png")
         plot_overview(record, staging / "overview.png")
         torch.save(bertviz_data(record), staging / "bertviz.pt")
-        paths = []
-        for file in sorted(staging.iterdir()):
-            os.replace(file, output_dir / file.name)
-            paths.append(output_dir / file.name)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        if made and not any(output_dir.iterdir()):  # a full disk, an interrupt: the folder made for the maps goes too
-            output_dir.rmdir()
-        raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        paths = [output_dir / file.name for file in sorted(staging.iterdir())]
     return paths

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from ..file_checks import check_plain_file
+from ..staging import write_file_whole
 from .attention_maps import DECODER_ROWS, KINDS, AttentionRecord
 from .neuron_view import Neurons, NeuronTensors
 
@@ -198,10 +199,4 @@ def save_explorer(record: AttentionRecord, path: str | os.PathLike) -> Path:
     path = html_path(path)
     page = explorer_html(record)
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        staging.write_text(page, encoding="utf-8")
-        os.replace(staging, path)
-    finally:
-        staging.unlink(missing_ok=True)
-    return path
+    return write_file_whole(path, lambda staging: staging.write_text(page, encoding="utf-8"))

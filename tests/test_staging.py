@@ -1,0 +1,81 @@
+"""staging.py's writers: one file whole, a folder's files moved in, a folder replaced whole."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from vanilla_transformer.staging import STAGING_PREFIX, DiskFull, publish_folder, set_aside, staged_files, write_file_whole
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_a_file_written_whole_gets_the_mode_open_gives_from_text_bytes_or_a_writer(tmp_path, umask):
+    previous = os.umask(umask)
+    try:
+        write_file_whole(tmp_path / "a.txt", "é\n")
+        write_file_whole(tmp_path / "b.bin", b"\x00\x01")
+        write_file_whole(tmp_path / "c.png", lambda staging: staging.write_bytes(staging.name.encode()))
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "a.txt").read_bytes() == "é\n".encode() and (tmp_path / "b.bin").read_bytes() == b"\x00\x01"
+    given = (tmp_path / "c.png").read_text()  # the writer's path ends as the file's does (matplotlib reads the suffix)
+    assert given.startswith(STAGING_PREFIX) and given.endswith("-c.png")
+    assert {path.name: path.stat().st_mode & 0o777 for path in tmp_path.iterdir()} == dict.fromkeys(
+        ["a.txt", "b.bin", "c.png"], 0o666 & ~umask)
+
+
+def test_a_full_disk_names_the_file_and_leaves_the_old_one_whole(tmp_path):
+    target = tmp_path / "results.json"
+    write_file_whole(target, "old\n")
+
+    def fill_the_disk(staging):
+        staging.write_text("ha")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def interrupted(staging):
+        staging.write_text("ha")
+        raise KeyboardInterrupt
+
+    with pytest.raises(DiskFull, match=rf"^could not write {target}: no space left on device$"):
+        write_file_whole(target, fill_the_disk)
+    with pytest.raises(KeyboardInterrupt):
+        write_file_whole(target, interrupted)
+    assert [path.name for path in tmp_path.iterdir()] == ["results.json"] and target.read_text() == "old\n"
+
+
+def test_staged_files_move_in_by_name_and_the_last_ones_last(tmp_path, monkeypatch):
+    from vanilla_transformer import staging
+
+    moved = []
+    real_move = staging._move
+    monkeypatch.setattr(staging, "_move", lambda source, destination: (moved.append(destination.name),
+                                                                         real_move(source, destination)))
+    (tmp_path / "keep.txt").write_text("mine")
+    with staged_files(tmp_path, "model", last=["config.json"]) as folder:
+        for name in ("config.json", "b.bin", "a.json"):
+            (folder / name).write_text(name)
+    assert moved == ["a.json", "b.bin", "config.json"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a.json", "b.bin", "config.json", "keep.txt"]
+
+
+def test_a_folder_is_replaced_whole_and_a_damaged_one_set_aside_under_a_free_name(tmp_path):
+    old, new = tmp_path / "adapter", tmp_path / f"{STAGING_PREFIX}adapter"
+    for folder, text in ((old, "old"), (new, "new")):
+        folder.mkdir()
+        (folder / f"{text}.txt").write_text(text)
+    publish_folder(new, old)
+    assert [path.name for path in tmp_path.iterdir()] == ["adapter"] and os.listdir(old) == ["new.txt"]
+    (tmp_path / "damaged-adapter").mkdir()
+    assert set_aside(old, "damaged-adapter").name == "damaged-adapter-again"
+    assert sorted(os.listdir(tmp_path)) == ["damaged-adapter", "damaged-adapter-again"]
+
+
+def test_a_file_written_again_removes_what_a_killed_write_of_it_left_and_nothing_else(tmp_path):
+    left = tmp_path / f"{STAGING_PREFIX}abcd1234-results.json"  # as a write killed before its rename leaves it
+    kept = [tmp_path / f"{STAGING_PREFIX}abcd1234-old-results.json", tmp_path / f"{STAGING_PREFIX}model", tmp_path / "notes"]
+    for path in (left, *kept):
+        path.write_text("mine")
+    write_file_whole(tmp_path / "results.json", "{}\n")
+    assert sorted(tmp_path.iterdir()) == sorted([tmp_path / "results.json", *kept])
