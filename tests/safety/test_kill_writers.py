@@ -16,7 +16,7 @@ next run or save in that folder removes it and touches nothing without the prefi
     file_checks.write_text_file              --hypotheses-out, --references-out       evaluate
     visualize.explorer.save_explorer         explorer.html                            attention --html
     visualize.attention_maps.save_attention_maps  <kind>_layer<N>.png, overview.png, bertviz.pt   attention
-    training.task.load_tokenizer             checkpoints/tokenizer_options.json       train
+    training.task.prepare_tokenizer          checkpoints/tokenizer_options.json       train
     training.logs.TrainingLog                training_log.jsonl                       train --resume
     training.checkpoints.save_checkpoint     checkpoints/checkpoint-<step>/           train
     training.checkpoints.newest_sound_checkpoint  damaged-checkpoint-<step>/ (a rename)  train --resume
@@ -137,8 +137,8 @@ def _attention_maps(out, model_dir, variant):
 def _tokenizer_record(out, model_dir, variant):
     from accelerate import PartialState
 
-    from vanilla_transformer.training.arguments import TrainingArguments
-    from vanilla_transformer.training.task import load_splits, load_tokenizer
+    from vanilla_transformer.training.arguments import TrainArguments
+    from vanilla_transformer.training.task import load_splits, prepare_tokenizer
 
     PartialState()  # the run's logging needs it
     data_dir = Path(out).parent / "data"
@@ -147,8 +147,8 @@ def _tokenizer_record(out, model_dir, variant):
         pairs = [{"translation": {"src": f"a b {i % 7} c", "tgt": f"c {i % 5} b a"}} for i in range(40)]
         for split in ("train", "validation"):
             (data_dir / f"{split}.jsonl").write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
-    args = TrainingArguments(output_dir=str(out), dataset=str(data_dir), vocab_size=300 if variant == "old" else 310)
-    load_tokenizer(args, *load_splits(args))
+    args = TrainArguments(output_dir=str(out), dataset=str(data_dir), vocab_size=300 if variant == "old" else 310)
+    prepare_tokenizer(args, *load_splits(args))
 
 
 def _training_log(out, model_dir, variant):
