@@ -15,8 +15,7 @@ import pytest
 import torch
 
 import vanilla_transformer
-from vanilla_transformer.modeling.attention_variants import ATTENTION_SCORES
-from vanilla_transformer.modeling.configuration_vanilla_transformer import VanillaTransformerConfig
+from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES, VanillaTransformerConfig
 from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.visualize.attention_maps import DECODER_ROWS, collect_attentions
 from vanilla_transformer.visualize.explorer import explorer_data, save_explorer
