@@ -1,5 +1,6 @@
 """The model's speed-up (fast_modeling.py) is chosen when the model is built, gives the
-plain path's numbers, and `fast_paths=False` builds the plain paper path; nothing is swapped afterwards."""
+plain path's numbers, and `fast_paths=False` builds the plain paper path; nothing is swapped afterwards but the
+packed linear maps' forward, while one of our searches packs them."""
 
 import inspect
 import sys

@@ -3,7 +3,7 @@
 - §5.4's label-smoothed cross-entropy with its gradient in closed form (`ClosedFormCrossEntropy`), the same numbers as
   `LabelSmoothedCrossEntropy` (modeling_vanilla_transformer.py) with less memory and time;
 - the linear maps as `PackableLinear` (`linear_class`): nn.Linear, whose weights decoding can pack for
-  oneDNN's kernels (fast_generation.py says when);
+  oneDNN's kernels (fast_generation.py says when), its `packed_forward` swapped in for that call alone;
 - attention's projections of one input as one product while training (`packed_linear`, for
   attention.py's `PackedMultiHeadAttention`).
 
