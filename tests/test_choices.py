@@ -6,7 +6,13 @@ test reads the package's source and names each copy."""
 
 import ast
 import inspect
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from vanilla_transformer import choices
 from vanilla_transformer.modeling.configuration_vanilla_transformer import PRESETS
@@ -73,3 +79,31 @@ def test_the_modules_that_offer_a_choice_take_it_from_choices():
         assert inspect.signature(function).parameters["batch_size"].default == choices.TRANSLATION_BATCH_SIZE
     # The modeling files cannot import choices.py (a saved folder holds them alone): the config's table is held equal.
     assert set(choices.PRESET_NAMES) == set(PRESETS)
+
+
+def test_the_presets_are_read_from_the_configuration():
+    assert choices.PRESETS == PRESETS and set(choices.PRESET_NAMES) == set(PRESETS)
+    assert choices.PRESET_NAMES == ("tiny", "small", "base", "big")  # the narrowest first
+
+
+@pytest.mark.slow
+def test_a_preset_added_to_the_configuration_alone_is_offered_everywhere(tmp_path):
+    """One entry in the configuration's PRESETS: `train --preset` and `quickstart --size` offer it and say its
+    shape, the configuration builds it and the quickstart has a schedule for it."""
+    shutil.copytree(PACKAGE, tmp_path / PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__"))
+    config_file = tmp_path / PACKAGE.name / "modeling" / "configuration_vanilla_transformer.py"
+    source = config_file.read_text(encoding="utf-8")
+    mini = '    "mini": {"d_model": 128, "encoder_layers": 3, "decoder_layers": 3, "num_heads": 4, "d_ff": 512, "dropout": 0.1},\n'
+    config_file.write_text(source.replace("PRESETS = {\n", "PRESETS = {\n" + mini, 1), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    shape = "mini (d_model 128, 3 encoder and 3 decoder layers, d_ff 512)"
+    for command, option in (("train", "--preset {tiny,mini,small,base,big}"), ("quickstart", "--size {tiny,mini,small,base,big}")):
+        shown = subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", command, "--help"], capture_output=True,
+                               text=True, env={**env, "COLUMNS": "1000"}, cwd=tmp_path, timeout=120, check=True)
+        assert option in shown.stdout and shape in shown.stdout, shown.stdout
+    built = subprocess.run(
+        [sys.executable, "-c", "from vanilla_transformer import VanillaTransformerConfig\n"
+         "from vanilla_transformer.quickstart import SIZES\n"
+         "print(VanillaTransformerConfig.from_preset('mini', vocab_size=100).encoder_layers, SIZES['mini']['preset'])"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300, check=True)
+    assert built.stdout.split() == ["3", "mini"], built.stderr

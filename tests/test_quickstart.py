@@ -69,7 +69,7 @@ def test_every_quickstart_size_decays_its_learning_rate_to_zero_at_the_end_of_it
 def test_quickstart_rejects_a_budget_too_small_for_the_size(tmp_path):
     with pytest.raises(ValueError, match="`minutes` must be more than 1.5 for size 'small'"):
         training_arguments(tmp_path, 1.5, "small")
-    with pytest.raises(ValueError, match="`size` must be one of 'base', 'small', 'tiny'; got 'huge'"):
+    with pytest.raises(ValueError, match="`size` must be one of 'tiny', 'small', 'base', 'big'; got 'huge'"):
         training_arguments(tmp_path, 10.0, "huge")
     with pytest.raises(ValueError, match="`minutes` must be more than 1.5 for size 'small'"):
         training_arguments(tmp_path, float("nan"), "small")

@@ -1,13 +1,17 @@
 """Every choice and default that more than one place names, declared once.
 
 The command line's `--help` reads them, so this module imports nothing: not torch, not transformers.
-The modeling files cannot import it (they are copied into every saved model folder): `PRESET_NAMES`
-is the config's `PRESETS`, held equal by a test. The learning-rate schedules are named where they are defined,
-training/schedule.py's `SCHEDULES` (torch-free too). tests/test_choices.py fails on a list written twice.
+The presets are the configuration's `PRESETS` (modeling/, copied into every saved model folder, so it cannot
+import this package): read here from its source, since importing it would bring transformers. The learning-rate
+schedules are named where they are defined, training/schedule.py's `SCHEDULES` (torch-free too).
+tests/test_choices.py fails on a list written twice.
 """
 
-__all__ = ["DEFAULT_VOCAB_SIZE", "ENGINES", "PAPER_WARMUP_STEPS", "PRESET_NAMES", "QUANTIZATIONS", "SERVE_LIMITS", "TOKENIZER_MODELS",
-           "TRANSLATION_BATCH_SIZE"]
+import ast
+from pathlib import Path
+
+__all__ = ["DEFAULT_VOCAB_SIZE", "ENGINES", "PAPER_WARMUP_STEPS", "PRESETS", "PRESET_NAMES", "PRESET_SHAPES", "QUANTIZATIONS",
+           "SERVE_LIMITS", "TOKENIZER_MODELS", "TRANSLATION_BATCH_SIZE"]
 
 DEFAULT_VOCAB_SIZE = 8000  # docs/tokenizer.md: the paper's 37k was for 4.5M pairs, the Bible corpora have ~29k
 PAPER_WARMUP_STEPS = 4000  # §5.3
@@ -15,7 +19,24 @@ PAPER_WARMUP_STEPS = 4000  # §5.3
 # bpe: merges of frequent pairs (Sennrich et al.); unigram: SentencePiece's unigram language model (Kudo, 2018),
 # which keeps the pieces that best explain the text by likelihood. Both read bytes, so both are lossless.
 TOKENIZER_MODELS = ("bpe", "unigram")
-PRESET_NAMES = ("tiny", "small", "base", "big")  # the config's PRESETS
+
+
+def _config_presets() -> dict:
+    """The configuration's PRESETS, {name: {field: value}}, as its source writes them (a literal)."""
+    source = Path(__file__).parent / "modeling" / "configuration_vanilla_transformer.py"
+    for node in ast.parse(source.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and [getattr(target, "id", None) for target in node.targets] == ["PRESETS"]:
+            return ast.literal_eval(node.value)
+    raise ImportError(f"{source} assigns no PRESETS")
+
+
+PRESETS = _config_presets()
+PRESET_NAMES = tuple(sorted(PRESETS, key=lambda name: PRESETS[name]["d_model"]))  # the narrowest first
+# What `train --preset` and `quickstart --size` say of each.
+PRESET_SHAPES = ", ".join(
+    "{name} (d_model {d_model}, {encoder_layers} encoder and {decoder_layers} decoder layers, d_ff {d_ff})".format(
+        name=name, **PRESETS[name]) for name in PRESET_NAMES)
+
 # CTranslate2's weight types an export may take.
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "int8_float16", "bfloat16")
 # What decodes for `translate` and `evaluate` (--engine): the model's own generate, or CTranslate2 on an export.

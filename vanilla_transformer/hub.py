@@ -29,12 +29,11 @@ from pathlib import Path
 from .file_checks import check_repo_id
 from .model_folder import WEIGHT_FILES, check_model_files
 from .staging import staged_files, sweep_staging, write_file_whole
-from .modeling.pipeline_vanilla_transformer import CUSTOM_PIPELINES, source_length_limit
+from .modeling.pipeline_vanilla_transformer import source_length_limit
 from .tokenizer import save_tokenizer_files
 
 __all__ = [
     "DESCRIPTION_FILES",
-    "PIPELINE_TASK",
     "STALE_WEIGHTS",
     "check_hub_folder",
     "check_repo_id",
@@ -45,7 +44,6 @@ __all__ = [
     "write_results",
 ]
 
-PIPELINE_TASK = next(iter(CUSTOM_PIPELINES))  # "translation"
 STALE_WEIGHTS = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")
 ATTENTION_IMAGE = "attention.png"
 RESULTS_FILE = "results.json"

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from .choices import PRESET_NAMES
 from .metrics import repeated_phrase
 from .training.arguments import TrainArguments
 from .training.loop import train
@@ -33,19 +34,21 @@ CORPUS = "bible-en-es"
 EXAMPLE = "In the beginning, God created the heavens and the earth."
 SUMMARY_FILE = "quickstart.json"
 
-# Model sizes, and the minutes each keeps back from the budget for what follows training (scoring the
-# test split with beam search, saving, the pipeline and the heat maps). Why each departure from the
-# paper in "small" is there: docs/tuning.md.
-SIZES = {
+# Each preset's schedule, and the minutes it keeps back from the budget for what follows training (scoring the
+# test split with beam search, saving, the pipeline and the heat maps); a preset without one of its own takes
+# base's. Why each departure from the paper in "small" is there: docs/tuning.md.
+RECIPES = {
     # The paper's base model, for a GPU.
-    "base": dict(preset="base", max_tokens=8192, warmup_steps=1000, reserve_minutes=1.0),
+    "base": dict(max_tokens=8192, warmup_steps=1000, reserve_minutes=1.0),
     # The small preset, which learns in minutes on a CPU: small batches and a short warm-up (the paper's
     # 4,000 steps would outlast the budget); lr_scale keeps the peak learning rate of d_model 256
     # (docs/tuning.md, the recipe's table).
-    "small": dict(preset="small", max_tokens=2048, warmup_steps=250, lr_scale=0.433, reserve_minutes=1.5),
+    "small": dict(max_tokens=2048, warmup_steps=250, lr_scale=0.433, reserve_minutes=1.5),
     # For tests: it learns little, but every step of the job runs.
-    "tiny": dict(preset="tiny", max_tokens=2048, warmup_steps=100, reserve_minutes=0.4),
+    "tiny": dict(max_tokens=2048, warmup_steps=100, reserve_minutes=0.4),
 }
+# The model sizes: every preset of the configuration.
+SIZES = {name: dict(preset=name, **RECIPES.get(name, RECIPES["base"])) for name in PRESET_NAMES}
 
 
 def training_arguments(

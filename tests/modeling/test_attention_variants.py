@@ -250,3 +250,16 @@ def test_a_saved_folder_with_the_options_loads_in_a_fresh_process(tmp_path, run_
     config = model.config
     assert out.split() == [config.attention_normalization, config.local_attention, str(config.attention_window),
                            config.attention_hardness]
+
+
+def test_the_score_classes_hold_the_attention_math_only():
+    """A saved folder's attention_variants.py is the attention math: one class per name the config takes, and
+    nothing of the neuron view's page (visualize/score_drawings.py draws the scores)."""
+    from vanilla_transformer.modeling import attention_variants
+    from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES
+
+    assert tuple(attention_variants.SCORE_CLASSES) == ATTENTION_SCORES
+    drawing = {"score_terms", "score_drawing", "summed_rows", "dot_product_drawing", "parameters_added"}
+    assert not drawing & set(vars(attention_variants))
+    for score_class in attention_variants.SCORE_CLASSES.values():
+        assert not drawing & {name for cls in score_class.__mro__ for name in vars(cls)}, score_class

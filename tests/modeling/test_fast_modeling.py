@@ -1,5 +1,6 @@
 """The model's speed-up (fast_modeling.py) is chosen when the model is built, gives the
-plain path's numbers, and `fast_paths=False` builds the plain paper path; nothing is swapped afterwards."""
+plain path's numbers, and `fast_paths=False` builds the plain paper path; nothing is swapped afterwards but the
+packed linear maps' forward, while one of our searches packs them."""
 
 import inspect
 import sys
@@ -209,3 +210,47 @@ def test_packed_attention_leaves_peft_s_lora_layers_to_run_their_own_forward():
         outputs[-1].backward()
         assert all(p.grad is not None for name, p in lora.named_parameters() if "lora_" in name)
     torch.testing.assert_close(outputs[0], outputs[1])
+
+
+class NoLookUp:
+    """Stands in for the packed weights' context variable: any read of it fails."""
+
+    def get(self):
+        raise AssertionError("the packed weights were looked up")
+
+    set = reset = get
+
+
+def test_training_never_looks_up_packed_weights(monkeypatch):
+    """Outside a search that packs them, the linear maps are nn.Linear's forward itself: a training step, forward
+    and backward, never reads the packed weights' context."""
+    model = make_model().train()
+    linears = [module for module in model.modules() if isinstance(module, fast.PackableLinear)]
+    assert linears or not fast.ONEDNN_LINEAR
+    assert all(type(module).forward is torch.nn.Linear.forward and "forward" not in vars(module) for module in linears)
+    monkeypatch.setattr(fast, "_PACKED", NoLookUp())
+    model(**batch()).loss.backward()
+    with torch.no_grad():  # evaluation, and transformers' own loops, alike
+        model.eval()(**batch())
+
+
+def test_packing_swaps_the_packed_forward_in_for_the_calls_that_pack_and_gives_nn_linear_s_numbers():
+    """`packed_weights` makes `packed_forward` the map's forward while a call (or several) packs it, and nn.Linear's
+    forward returns after the last; the product is nn.Linear's, and a copy made meanwhile is plain."""
+    import copy
+
+    if not fast.ONEDNN_LINEAR:
+        pytest.skip("this torch build has no oneDNN linear kernels: nothing is packed")
+    torch.manual_seed(0)
+    linear, x = fast.PackableLinear(24, 40), torch.randn(8, 24)
+    expected = F.linear(x, linear.weight, linear.bias)
+    with torch.no_grad(), fast.packed_weights({linear: fast.pack_weight(linear.weight)}):
+        assert linear.forward == linear.packed_forward
+        with fast.packed_weights({linear: fast.pack_weight(linear.weight)}):  # a second caller of a shared model
+            torch.testing.assert_close(linear(x), expected, rtol=1e-5, atol=1e-5)
+        assert linear.forward == linear.packed_forward  # the first still packs it
+        torch.testing.assert_close(linear(x), expected, rtol=1e-5, atol=1e-5)
+        assert "forward" not in vars(copy.deepcopy(linear))
+    assert "forward" not in vars(linear) and not fast._PACKING
+    with torch.no_grad():
+        assert torch.equal(linear(x), expected)

@@ -322,6 +322,33 @@ def test_bad_input_names_the_argument():
         model(input_ids.float(), decoder_input_ids=decoder_input_ids)
 
 
+def test_the_configuration_stands_alone_as_marians_does(tmp_path):
+    """configuration_vanilla_transformer.py imports the standard library and transformers' PretrainedConfig only
+    (none of the model's torch side, no memory check): its file alone builds, checks and counts a config."""
+    import ast
+    import importlib.util
+    import shutil
+    import sys
+
+    from vanilla_transformer.modeling import configuration_vanilla_transformer as configuration
+
+    tree = ast.parse(open(configuration.__file__, encoding="utf-8").read())
+    imported = {(node.module, tuple(alias.name for alias in node.names)) if isinstance(node, ast.ImportFrom)
+                else (alias.name, ()) for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                for alias in (node.names if isinstance(node, ast.Import) else node.names[:1])}
+    assert {module for module, _ in imported if module not in sys.stdlib_module_names} == {"transformers"}
+    assert ("transformers", ("PretrainedConfig",)) in imported
+    alone = shutil.copy(configuration.__file__, tmp_path / "configuration_alone.py")
+    spec = importlib.util.spec_from_file_location("configuration_alone", alone)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.VanillaTransformerConfig.tiny(vocab_size=40, attention_score="location")
+    assert config.parameter_count() == VanillaTransformerConfig.tiny(vocab_size=40, attention_score="location").parameter_count()
+    with pytest.raises(ValueError, match="`attention_score` must be one of"):
+        module.VanillaTransformerConfig(attention_score="luong")
+    assert not hasattr(config, "check_fits_in_memory")
+
+
 @pytest.mark.parametrize(
     "field,value,allowed",
     [("attention_score", "luong", ", ".join(map(repr, ATTENTION_SCORES))),  # a new score class is named without a test edit

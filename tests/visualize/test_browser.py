@@ -15,8 +15,7 @@ import pytest
 import torch
 
 import vanilla_transformer
-from vanilla_transformer.modeling.attention_variants import ATTENTION_SCORES
-from vanilla_transformer.modeling.configuration_vanilla_transformer import VanillaTransformerConfig
+from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES, VanillaTransformerConfig
 from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.visualize.attention_maps import DECODER_ROWS, collect_attentions
 from vanilla_transformer.visualize.explorer import explorer_data, save_explorer
@@ -256,7 +255,7 @@ def test_the_neuron_view_shows_the_models_numbers_for_the_chosen_kind_layer_head
 
 
 def test_the_neuron_view_draws_every_score_function_from_its_attention_class(chromium, tiny_corpus, tmp_path):
-    """The page draws each score function as its class's `score_drawing` says: its rows for each key, and the
+    """The page draws each score function as its entry in score_drawings.py says: its rows for each key, and the
     steps from them (on the score's hover title) end at the model's score."""
     tokenizer = tiny_corpus[0]
     for score in ATTENTION_SCORES:

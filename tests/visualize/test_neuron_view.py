@@ -15,7 +15,7 @@ from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTEN
 from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.visualize.attention_maps import collect_attentions
 from vanilla_transformer.visualize.explorer import explorer_html
-from vanilla_transformer.visualize.neuron_view import neuron_view
+from vanilla_transformer.visualize.neuron_view import neuron_tensors, neuron_view
 
 
 def make_model(**overrides):
@@ -205,3 +205,26 @@ def test_the_papers_attention_class_carries_no_neuron_view_code():
     from vanilla_transformer.modeling.attention import MultiHeadAttention
 
     assert not {"score_terms", "score_drawing"} & set(vars(MultiHeadAttention))
+
+
+# What main drew before the drawings left attention_variants.py: sha256 of each drawing's JSON, tiny's head_dim 16.
+DRAWING_DIGESTS = {"scaled_dot": "8492598a87e790c1", "dot": "2df3e45efa1899b2", "general": "c3615db3b95eab0b",
+                   "additive": "7af5ed3949b7548a", "cosine": "8fd205e3c1c35c63", "location": "34ca99b0b1494926"}
+TERMS = {"scaled_dot": [], "dot": [], "general": ["transformed_keys"], "additive": ["key_part", "query_part", "vector"],
+         "cosine": ["strength"], "location": ["position_weights"]}
+
+
+@pytest.mark.parametrize("normalization", ["softmax", "relu"])  # relu: the dot products on the explicit class
+@pytest.mark.parametrize("score", ATTENTION_SCORES)
+def test_each_score_is_drawn_as_before_from_its_entry_in_score_drawings(score, normalization):
+    import hashlib
+
+    from vanilla_transformer.visualize.score_drawings import SCORE_DRAWINGS
+
+    assert tuple(SCORE_DRAWINGS) == ATTENTION_SCORES  # a score function without a drawing fails here
+    model = make_model(attention_score=score, attention_normalization=normalization).eval()
+    torch.manual_seed(0)
+    neurons = neuron_tensors(model, torch.randint(3, 40, (1, 5)), None, torch.randint(3, 40, (1, 4)))
+    drawn = json.dumps(neurons.drawing, sort_keys=True, ensure_ascii=False).encode()
+    assert hashlib.sha256(drawn).hexdigest()[:16] == DRAWING_DIGESTS[score]
+    assert sorted(neurons.kinds["cross"].terms) == TERMS[score]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
+from ..choices import PRESET_NAMES, PRESET_SHAPES
 from .options import add_threads_option, refuse
 
 
@@ -19,9 +20,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output-dir", default="runs/quickstart", help="where the model folder goes (default: %(default)s)")
     p.add_argument("--minutes", type=float, default=15.0,
                    help="time budget for the whole job; training gets all but what scoring and saving need (default: %(default)s)")
-    p.add_argument("--size", choices=["tiny", "small", "base"],
-                   help="model size: the paper's base model (default on a GPU), a d_model 192 model with 2 encoder "
-                   "and 4 decoder layers and d_ff 256 (default on a CPU), or tiny (for tests)")
+    p.add_argument("--size", choices=PRESET_NAMES,
+                   help=f"model size, a preset of the model's configuration: {PRESET_SHAPES} (default: base on a GPU, "
+                   "small on a CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--test-samples", type=int, help="score only the first N test pairs (default: all 634)")
     add_threads_option(p)

@@ -73,26 +73,6 @@ class ExplicitAttention(MultiHeadAttention):
     def score_parameters(self) -> tuple:
         return ()
 
-    @classmethod
-    def parameters_added(cls, config) -> int:
-        """How many parameters a block of this class adds to MultiHeadAttention's (for config.parameter_count,
-        which counts a model before it is built)."""
-        return 0
-
-    # What the neuron view (visualize/neuron_view.py) draws of the score: `score_terms` are the tensors beside q and
-    # k (B, H, rows, columns), `score_drawing` says how the page shows them. Its expressions name a tensor ("query",
-    # "key" or a term: the row of this query, of this key, or the only row) or apply an operation to others:
-    # ["times" | "plus" | "divide", a, b], ["tanh", a], ["sum" | "norm", a] (a vector to a number); numbers are numbers.
-
-    def score_terms(self, q, k) -> dict:
-        return {}
-
-    def score_drawing(self) -> dict:
-        """The formula, the rows drawn for each key (the last one's sum makes the score), the query's rows beside
-        q (`top`), the terms with a row per query (`per_query`), and the steps from the rows to the score, shown
-        when a score is hovered (the last step is the score)."""
-        return dot_product_drawing(self)
-
 
 class GeneralAttention(ExplicitAttention):
     """Luong et al. 2015: q^T W_a k, one W_a per head.
@@ -108,19 +88,8 @@ class GeneralAttention(ExplicitAttention):
     def score(self, q, k):
         return (q @ self.score_weight) @ k.transpose(-1, -2)
 
-    def score_terms(self, q, k) -> dict:
-        return {"transformed_keys": k @ self.score_weight.transpose(-1, -2)}  # W_a·k_j, a row per key
-
-    def score_drawing(self) -> dict:
-        return summed_rows("q·(W_a k): the general score (Luong et al. 2015), W_a learned per head",
-                           [["k", "key"], ["W_a·k", "transformed_keys"], ["q×W_a·k", ["times", "query", "transformed_keys"]]])
-
     def score_parameters(self) -> tuple:
         return (self.score_weight,)
-
-    @classmethod
-    def parameters_added(cls, config) -> int:
-        return config.d_model * config.head_dim
 
 
 class AdditiveAttention(ExplicitAttention):
@@ -141,24 +110,8 @@ class AdditiveAttention(ExplicitAttention):
         hidden = torch.tanh(query_part + key_part)  # (B, H, T, S, Dh)
         return torch.einsum("bhtsd,hd->bhts", hidden, self.score_vector)
 
-    def score_terms(self, q, k) -> dict:
-        return {"query_part": q @ self.score_query_weight, "key_part": k @ self.score_key_weight,
-                "vector": self.score_vector[None, :, None]}  # W_q·q (a row per query), W_k·k_j (per key), v_a
-
-    def score_drawing(self) -> dict:
-        units = ["tanh", ["plus", "key_part", "query_part"]]
-        formula = "v_a·tanh(W_q q + W_k k): the additive score (Bahdanau et al. 2015), one tanh unit per dimension"
-        rows = [["k", "key"], ["W_k·k", "key_part"], ["tanh units", units], ["v_a×tanh", ["times", "vector", units]]]
-        drawing = summed_rows(formula, rows)
-        top = [["W_q·q", "query_part", "the query's part of the tanh units' input"], ["v_a", "vector", "the head's learned vector v_a"]]
-        return {**drawing, "top": top, "per_query": ["query_part"]}
-
     def score_parameters(self) -> tuple:
         return self.score_query_weight, self.score_key_weight, self.score_vector
-
-    @classmethod
-    def parameters_added(cls, config) -> int:
-        return 2 * config.d_model * config.head_dim + config.d_model
 
 
 class CosineAttention(ExplicitAttention):
@@ -176,25 +129,10 @@ class CosineAttention(ExplicitAttention):
         cosine = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
         return cosine * self.score_strength.view(1, -1, 1, 1)
 
-    def score_terms(self, q, k) -> dict:
-        return {"strength": self.score_strength[None, :, None, None]}  # one number per head
-
-    def score_drawing(self) -> dict:
-        cosine = ["divide", ["sum", ["times", "query", "key"]], ["times", ["norm", "query"], ["norm", "key"]]]
-        drawing = summed_rows("β · q·k / (|q| |k|): the cosine times the head's learned strength β (Graves et al. 2014)",
-                              [["k", "key"], ["q×k", ["times", "query", "key"]]])
-        steps = [["q·k", drawing["steps"][0][1]], ["|q|", ["norm", "query"]], ["|k|", ["norm", "key"]], ["cosine", cosine],
-                 ["β", ["sum", "strength"]], ["β · cosine", ["times", ["sum", "strength"], cosine]]]
-        return {**drawing, "steps": steps}
-
     def init_score_parameters(self) -> None:
         # sqrt(Dh): the scale a scaled dot product of unit-variance vectors would have.
         super().init_score_parameters()
         nn.init.constant_(self.score_strength, math.sqrt(self.head_dim))
-
-    @classmethod
-    def parameters_added(cls, config) -> int:
-        return config.num_heads
 
 
 class LocationAttention(ExplicitAttention):
@@ -229,38 +167,8 @@ class LocationAttention(ExplicitAttention):
             )
         return q @ self.score_location_weight[..., :keys]  # (B, H, T, Dh) @ (H, Dh, S) -> (B, H, T, S)
 
-    def score_terms(self, q, k) -> dict:  # W_a's column for key position j, a row per key
-        return {"position_weights": self.score_location_weight[None, ..., :k.size(-2)].transpose(-1, -2)}
-
-    def score_drawing(self) -> dict:
-        return summed_rows("(W_aᵀ q)_j: the location score (Luong et al. 2015), from q alone, one column of W_a per key "
-                           "position j", [["W_a col j", "position_weights"], ["q×W_a col j", ["times", "query", "position_weights"]]])
-
     def score_parameters(self) -> tuple:
         return (self.score_location_weight,)
-
-    @classmethod
-    def parameters_added(cls, config) -> int:  # W_a, and no W^K
-        return config.d_model * config.location_max_length - (config.d_model**2 + config.d_model)
-
-
-def summed_rows(formula: str, rows: list) -> dict:
-    """A neuron-view drawing (ExplicitAttention.score_drawing) whose score is the sum of its last row."""
-    return dict(formula=formula, rows=rows, top=[], per_query=[], steps=[["Σ of the last row", ["sum", rows[-1][1]]]])
-
-
-def dot_product_drawing(block) -> dict:
-    """The neuron-view drawing of a dot-product score, q·k times the block's `scaling`: ExplicitAttention's, and
-    that of the paper's MultiHeadAttention, which carries no drawing of its own."""
-    product = ["sum", ["times", "query", "key"]]
-    scaled = block.scaling != 1.0
-    formula = (f"q·k / √{block.head_dim}: the scaled dot product of §3.2.1" if scaled
-               else "q·k: the dot product (Luong et al. 2015)")
-    steps = [["q·k = Σ q×k", product]]
-    if scaled:
-        steps.append([f"/ √{block.head_dim}", ["times", product, block.scaling]])
-    return dict(formula=formula, rows=[["k", "key"], ["q×k", ["times", "query", "key"]]], top=[],
-                per_query=[], steps=steps)
 
 
 SCORE_CLASSES = {
@@ -270,8 +178,7 @@ SCORE_CLASSES = {
     "additive": AdditiveAttention,
     "cosine": CosineAttention,
     "location": LocationAttention,
-}
-ATTENTION_SCORES = tuple(SCORE_CLASSES)  # what `attention_score` takes: the config checks it against this
+}  # the config's ATTENTION_SCORES, one class each (tests/modeling/test_attention_variants.py holds them equal)
 
 
 def variant_attention_class(config):

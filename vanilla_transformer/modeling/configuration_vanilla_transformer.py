@@ -6,18 +6,18 @@ quickstart's CPU model) and `tiny` (tests) are named presets, as fairseq names i
     config = VanillaTransformerConfig.base(vocab_size=37000)
     config = VanillaTransformerConfig.from_preset("big", vocab_size=37000)
 
-This file ships with saved models and is loaded with `trust_remote_code=True`:
-it imports only the standard library, transformers and the files beside it: its checks, and the score
-functions' classes, which name the values `attention_score` takes.
+This file ships with saved models and is loaded with `trust_remote_code=True`: as MarianConfig, it imports
+only the standard library and transformers' `PretrainedConfig`, not torch's side of the model (the names a field
+takes are plain tuples here; attention_variants.py holds one class for each score name).
 """
 
-import os
+import math
+import numbers
 
 from transformers import PretrainedConfig
 
-from .attention_variants import ATTENTION_SCORES, SCORE_CLASSES
-from .value_checks import is_finite_number
-
+# The score functions (attention_variants.py's SCORE_CLASSES, one class each; docs/attention.md compares them).
+ATTENTION_SCORES = ("scaled_dot", "dot", "general", "additive", "cosine", "location")
 ATTENTION_NORMALIZATIONS = ("softmax", "relu", "sparsemax")
 LOCAL_ATTENTIONS = ("none", "local-m", "local-p")
 ATTENTION_HARDNESSES = ("soft", "hard")
@@ -27,14 +27,16 @@ ACTIVATIONS = ("relu", "gelu")
 
 # Table 3 of the paper. N = layers, d_model, d_ff, h = heads, P_drop = dropout.
 # "big" uses P_drop 0.3 as for EN-DE (§6.1; the EN-FR big model used 0.1).
+# The one place a preset is named: the command line (`train --preset`, `quickstart --size`) reads its names and
+# shapes from this file's source (choices.py), so each entry is a literal.
 PRESETS = {
-    "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, num_heads=8, d_ff=2048, dropout=0.1),
-    "big": dict(d_model=1024, encoder_layers=6, decoder_layers=6, num_heads=16, d_ff=4096, dropout=0.3),
+    "base": {"d_model": 512, "encoder_layers": 6, "decoder_layers": 6, "num_heads": 8, "d_ff": 2048, "dropout": 0.1},
+    "big": {"d_model": 1024, "encoder_layers": 6, "decoder_layers": 6, "num_heads": 16, "d_ff": 4096, "dropout": 0.3},
     # Not in the paper: small enough for unit tests.
-    "tiny": dict(d_model=64, encoder_layers=2, decoder_layers=2, num_heads=4, d_ff=128, dropout=0.1),
+    "tiny": {"d_model": 64, "encoder_layers": 2, "decoder_layers": 2, "num_heads": 4, "d_ff": 128, "dropout": 0.1},
     # Not in the paper: the quickstart's, which learns in minutes on a CPU. No dropout (a short run does not
     # overfit); a deeper decoder than encoder; narrow layers, whose cheaper steps beat wider ones in a short run.
-    "small": dict(d_model=192, encoder_layers=2, decoder_layers=4, num_heads=4, d_ff=256, dropout=0.0),
+    "small": {"d_model": 192, "encoder_layers": 2, "decoder_layers": 4, "num_heads": 4, "d_ff": 256, "dropout": 0.0},
 }
 
 
@@ -66,18 +68,23 @@ def _is_int(value) -> bool:  # True and False are ints to Python, not sizes or t
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def is_finite_number(value) -> bool:
+    """An int or float that is neither NaN nor infinite (True and False are no numbers here)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def check_probability(name: str, value) -> None:
     """The range of `dropout`, `attention_dropout` and `label_smoothing`, which training's options share."""
     if not is_finite_number(value) or not 0 <= value < 1:
         raise ValueError(f"`{name}` must be a number in [0, 1); got {value!r}.")
 
 
-def physical_memory() -> int | None:
-    """This machine's memory in bytes (None where the system does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, OSError, ValueError):  # no sysconf (Windows), or a name it does not know
-        return None
+def score_parameter_count(config) -> int:
+    """How many parameters an attention block of `config`'s score function adds to MultiHeadAttention's (W_a, v_a,
+    a strength per head; location's W_a replaces W^K)."""
+    d, head_dim = config.d_model, config.head_dim
+    return {"general": d * head_dim, "additive": 2 * d * head_dim + d, "cosine": config.num_heads,
+            "location": d * config.location_max_length - (d * d + d)}.get(config.attention_score, 0)
 
 
 class VanillaTransformerConfig(PretrainedConfig):
@@ -100,7 +107,7 @@ class VanillaTransformerConfig(PretrainedConfig):
         tie_word_embeddings: one matrix for source embeddings, target embeddings and the pre-softmax
             projection (§3.4). If False, the three are separate.
         attention_score: how a query is compared with the keys: "scaled_dot" (the paper, §3.2.1) or one
-            of the score functions of attention_variants.py (`SCORE_CLASSES`; compared
+            of the score functions of attention_variants.py (`ATTENTION_SCORES`; compared
             in docs/attention.md), such as "location" (Luong: scores from the query alone, W_a q over key
             positions; the keys' content is not read). It applies in every attention block: encoder
             self-attention, decoder self-attention (with "location", a learned pattern over earlier target
@@ -259,11 +266,11 @@ class VanillaTransformerConfig(PretrainedConfig):
 
     def parameter_count(self) -> int:
         """The number of the model's parameters, from the fields alone (nothing is built): the embeddings and the
-        output projection (§3.4), each layer's attention blocks (§3.2.2) with their score parameters (as each
-        score function's class counts them), its feed-forward network (§3.3) and LayerNorms (§3.1). Exact:
+        output projection (§3.4), each layer's attention blocks (§3.2.2) with their score parameters
+        (`score_parameter_count`), its feed-forward network (§3.3) and LayerNorms (§3.1). Exact:
         tests/modeling/test_modeling.py holds it to a build on the meta device."""
         d, d_ff, head_dim = self.d_model, self.d_ff, self.head_dim
-        score = SCORE_CLASSES[self.attention_score].parameters_added(self)
+        score = score_parameter_count(self)
         local_p = d * head_dim + d if self.local_attention == "local-p" else 0  # cross-attention only
         attention = 4 * (d * d + d) + score
         feed_forward, norm = 2 * d * d_ff + d + d_ff, 2 * d
@@ -287,23 +294,13 @@ class VanillaTransformerConfig(PretrainedConfig):
         """The longest sequence, source or target, the model reads; None where nothing bounds it."""
         return min(self.sequence_bounds().values(), default=None)
 
-    def check_fits_in_memory(self) -> None:
-        """Refuse, before any tensor is allocated, a model whose float32 parameters alone exceed this machine's
-        memory: each field may be in bounds while their product (d_model × vocab_size, d_model² × layers) is not."""
-        needed, memory = 4 * self.parameter_count(), physical_memory()
-        if memory is not None and needed > memory:
-            fields = ", ".join(f"{name}={getattr(self, name)}" for name in (
-                "vocab_size", "d_model", "d_ff", "num_heads", "encoder_layers", "decoder_layers"))
-            raise ValueError(f"a model of {fields} needs {needed:,} bytes for its float32 parameters alone; "
-                             f"this machine has {memory:,} bytes of memory.")
-
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "VanillaTransformerConfig":
-        """A named architecture ("base", "big", "small" or "tiny") with any field overridden."""
+        """A named architecture (a key of PRESETS) with any field overridden."""
         _check_choice("preset", name, tuple(PRESETS))
         return cls(**{**PRESETS[name], **overrides})
 

@@ -3,7 +3,7 @@
 - §5.4's label-smoothed cross-entropy with its gradient in closed form (`ClosedFormCrossEntropy`), the same numbers as
   `LabelSmoothedCrossEntropy` (modeling_vanilla_transformer.py) with less memory and time;
 - the linear maps as `PackableLinear` (`linear_class`): nn.Linear, whose weights decoding can pack for
-  oneDNN's kernels (fast_generation.py says when);
+  oneDNN's kernels (fast_generation.py says when), its `packed_forward` swapped in for that call alone;
 - attention's projections of one input as one product while training (`packed_linear`, for
   attention.py's `PackedMultiHeadAttention`).
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 import types
 
 import torch
@@ -135,17 +136,36 @@ def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias) -> torch.Tensor:
 # The packed weights of the `generate` call running in this thread (or asyncio task), {PackableLinear: weight}:
 # held per call, never on the module, so that other callers of a shared model, and copies of it, see none of them.
 _PACKED = contextvars.ContextVar("packed_weights", default=types.MappingProxyType({}))
+# How many calls pack each PackableLinear now: its `forward` is `packed_forward` while one does.
+_PACKING: dict = {}
+_PACKING_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
 def packed_weights(weights: dict):
     """While it lasts, and in this thread (or task) only, each PackableLinear in `weights` runs its product on
-    oneDNN with the packed weight given for it."""
+    oneDNN with the packed weight given for it. Meanwhile their `forward` is `packed_forward`, which finds this
+    call's weight; outside every call that packs them they are nn.Linear, with nothing to look up."""
     token = _PACKED.set(types.MappingProxyType(weights))
+    _count_packing(weights, 1)
     try:
         yield
     finally:
+        _count_packing(weights, -1)
         _PACKED.reset(token)
+
+
+def _count_packing(modules, step: int) -> None:
+    """Swap `packed_forward` in for the first call that packs a module, and out after the last."""
+    with _PACKING_LOCK:
+        for module in modules:
+            count = _PACKING.pop(module, 0) + step
+            if count:
+                _PACKING[module] = count
+            if count == step == 1:  # the first call that packs it
+                module.forward = module.packed_forward
+            elif not count:  # the last one has ended
+                del module.forward
 
 
 def current_packed_weights() -> types.MappingProxyType:
@@ -156,15 +176,24 @@ def current_packed_weights() -> types.MappingProxyType:
 class PackableLinear(nn.Linear):
     """nn.Linear, the model's linear maps (§3.2.2's projections, §3.3's W_1 and W_2, §3.4's output
     projection), whose product our search loops may run on oneDNN with the weight packed for one `generate`
-    call (fast_generation's `packed_products`). Elsewhere, and wherever gradients are on, nn.Linear itself."""
+    call (fast_generation's `packed_products`, through `packed_weights`, which makes `packed_forward` its forward
+    for the call). Elsewhere, in training always, nn.Linear's own forward runs."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def packed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The product on this call's packed weight; nn.Linear's where gradients are on, under autocast, in
+        another thread's call (which packs nothing of its own) or while compiling."""
         if torch.compiler.is_compiling():  # a compiled step packs nothing (and traces no context variable)
             return super().forward(x)
         packed = current_packed_weights().get(self)  # read once: this call's own, whatever other threads do meanwhile
         if packed is None or torch.is_grad_enabled() or x.dtype != torch.float32:
             return super().forward(x)
         return onednn_linear(x, packed, self.bias)
+
+    def __getstate__(self):
+        """A copy (deepcopy, pickle, torch.save) made while a call packs this map is a plain one."""
+        state = super().__getstate__()
+        state.pop("forward", None)
+        return state
 
 
 def packed_linear(x: torch.Tensor, linears) -> tuple[torch.Tensor, ...]:

@@ -1,5 +1,6 @@
 """Checks of the models' forward inputs that give bad input an error naming the argument and what was expected,
-not a shape error deep inside the model, and the two names of the cache.
+not a shape error deep inside the model, and the two names of the cache; and, before a model is built, of its
+config's size against this machine's memory.
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only the
 standard library, torch and the public API of transformers.
@@ -8,6 +9,7 @@ standard library, torch and the public API of transformers.
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 
 import torch
@@ -17,6 +19,25 @@ from transformers.modeling_outputs import Seq2SeqLMOutput
 # transformers 5.24 renamed the cache `past_key_values` to `cache` in generate's model arguments and in
 # the model outputs. CACHE_NAME is the installed version's name; our models and `generate` accept both.
 CACHE_NAME = "cache" if "cache" in {field.name for field in dataclasses.fields(Seq2SeqLMOutput)} else "past_key_values"
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # no sysconf (Windows), or a name it does not know
+        return None
+
+
+def check_fits_in_memory(config) -> None:
+    """Refuse, before any tensor is allocated, a model whose float32 parameters alone exceed this machine's
+    memory: each field may be in bounds while their product (d_model × vocab_size, d_model² × layers) is not."""
+    needed, memory = 4 * config.parameter_count(), physical_memory()
+    if memory is not None and needed > memory:
+        fields = ", ".join(f"{name}={getattr(config, name)}" for name in (
+            "vocab_size", "d_model", "d_ff", "num_heads", "encoder_layers", "decoder_layers"))
+        raise ValueError(f"a model of {fields} needs {needed:,} bytes for its float32 parameters alone; "
+                         f"this machine has {memory:,} bytes of memory.")
 
 
 def resolve_cache_argument(cache=None, past_key_values=None):

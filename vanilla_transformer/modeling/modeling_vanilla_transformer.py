@@ -49,6 +49,7 @@ from .input_checks import (
     check_cache_and_checkpointing,
     check_decoder_inputs,
     check_encoder_inputs,
+    check_fits_in_memory,
     check_labels,
     check_learned_positions,
     resolve_cache_argument,
@@ -360,7 +361,7 @@ class VanillaTransformerPreTrainedModel(CustomCodeMixin, PreTrainedModel):  # sa
     _supports_attention_backend = True
 
     def __init__(self, config: VanillaTransformerConfig, *args, **kwargs):
-        config.check_fits_in_memory()  # before any tensor: each path that builds a model from a config passes here
+        check_fits_in_memory(config)  # before any tensor: each path that builds a model from a config passes here
         super().__init__(config, *args, **kwargs)
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:

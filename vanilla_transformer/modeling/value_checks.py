@@ -1,24 +1,20 @@
-"""Checks of plain values, one place each: finite numbers and the decoding options (§6.1's beam size, length
-penalty and longest output), for the model's `generate`, the pipeline, the command line, the web app and
-training's scoring.
+"""Checks of plain values, one place each: the decoding options (§6.1's beam size, length penalty and longest
+output), and finite numbers (the configuration's `is_finite_number`), for the model's `generate`, the pipeline,
+the command line, the web app and training's scoring.
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only the
-standard library.
+standard library and the configuration beside it, whose checks of numbers it shares.
 """
 
 from __future__ import annotations
 
-import math
 import numbers
+
+from .configuration_vanilla_transformer import is_finite_number
 
 MAX_NUM_BEAMS = 32  # far beyond the paper's 4; each beam holds a copy of the search's state
 MAX_NEW_TOKENS = 4096  # far beyond any sentence; a larger bound only sizes buffers that memory cannot hold
 MAX_LENGTH_PENALTY = 10.0  # GNMT's ((5 + length) / 6) ** alpha stays finite in float32 below this
-
-
-def is_finite_number(value) -> bool:
-    """An int or float that is neither NaN nor infinite (True and False are no numbers here)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def check_decoding_options(num_beams=None, length_penalty=None, max_new_tokens=None, *, names=None) -> None:

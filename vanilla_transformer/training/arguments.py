@@ -16,7 +16,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 
-from ..choices import DEFAULT_VOCAB_SIZE, PAPER_WARMUP_STEPS, PRESET_NAMES, TOKENIZER_MODELS
+from ..choices import DEFAULT_VOCAB_SIZE, PAPER_WARMUP_STEPS, PRESET_NAMES, PRESET_SHAPES, TOKENIZER_MODELS
 from ..file_checks import check_repo_id
 from ..threads import machine_cpus
 from .schedule import SCHEDULES, check_schedule, schedule_summary
@@ -135,8 +135,7 @@ class TrainArguments:
     # Model
     preset: str = option(
         "tiny", group=MODEL, choices=PRESET_NAMES,
-        help="architecture trained from scratch (tiny for tests; small learns in minutes on a CPU, the quickstart's; "
-        "base and big are Table 3's)",
+        help=f"architecture trained from scratch, a preset of the model's configuration: {PRESET_SHAPES}",
     )
     config_overrides: dict = field(default_factory=dict, metadata=dict(
         group=MODEL, metavar="KEY=VALUE,...",

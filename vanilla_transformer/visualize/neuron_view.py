@@ -13,10 +13,10 @@ weights are the model's `output_attentions`; nothing is computed by a second imp
 Location-based scores read no keys: `keys` and `products` are then None.
 
 `neuron_tensors` gives the same for every block of the model, and beside them what its score function
-is made of, as each class of attention_variants.py names it (its `score_terms`, read from the block's own parameters:
+is made of, by the score function's entry in score_drawings.py (its `terms`, read from the block's own parameters:
 general's W_a·k_j, additive's W_q·q, W_k·k_j and v_a, cosine's learned strength, location's column of W_a
-for each position) and how a page draws them (its `score_drawing`; the paper's MultiHeadAttention, a dot product,
-is drawn by `dot_product_drawing`), and local-p's predicted position p_t.
+for each position) and how a page draws them (its `drawing`; the dot products, the paper's included, are drawn by
+`dot_product_drawing`), and local-p's predicted position p_t.
 `allowed` is the mask the block attended under: padding, the look-ahead mask of §3.2.3 and any local window.
 
 One model may serve several threads (`serve --max-concurrent`): the hooks that read q and k keep only
@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..modeling.attention_variants import ExplicitAttention, dot_product_drawing, predicted_position
+from ..modeling.attention_variants import predicted_position
 from ..modeling.input_checks import additive_mask
+from .score_drawings import SCORE_DRAWINGS
 
 KINDS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
 
@@ -56,7 +57,7 @@ class NeuronTensors:
     scores: torch.Tensor  # (L, H, T, S): the score function's output, before masking and normalisation
     weights: torch.Tensor  # (L, H, T, S): the weights the model attended with
     allowed: torch.Tensor  # (L, H, T, S) bool: the mask it attended under
-    terms: dict[str, torch.Tensor] = field(default_factory=dict)  # the blocks' score_terms, and "centres" for local-p
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)  # the score's terms, and "centres" for local-p
 
 
 @dataclass
@@ -69,7 +70,7 @@ class Neurons:
     local_attention: str  # "none", "local-m" or "local-p"
     window: int  # D, when local
     kinds: dict[str, NeuronTensors]
-    drawing: dict  # how a page draws the score's terms: the blocks' score_drawing, and "centres" a term per query
+    drawing: dict  # how a page draws the score's terms (score_drawings.py), and "centres" a term per query
 
 
 def _blocks(model, kind: str):
@@ -126,8 +127,7 @@ def _block_tensors(block, captured, name, weights, row: int) -> dict:
         mask = mask[min(row, mask.size(0) - 1):][:1] == 0  # (1, 1, T, S)
         allowed = allowed & mask[0, 0]
     allowed = allowed.expand(block.num_heads, -1, -1)
-    # the paper's MultiHeadAttention (attention.py) has no terms beside q and k: its score is the dot product
-    terms = block.score_terms(q, stand_in) if isinstance(block, ExplicitAttention) else {}
+    terms = SCORE_DRAWINGS[block.config.attention_score].terms(block, q, stand_in)
     terms = {name: term[0] for name, term in terms.items()}  # (H, rows, Dh|1) each
     if getattr(block, "predicts_position", False):  # local-p: the window is around each query's predicted position
         centres = predicted_position(block, q, keys, mask)  # (1, H, T, 1)
@@ -157,8 +157,8 @@ def neuron_tensors(model, input_ids, attention_mask, decoder_input_ids, row: int
             terms={name: stack([layer["terms"][name] for layer in per_layer]) for name in per_layer[0]["terms"]},
         )
     block = blocks["encoder", 0]  # every block of a model draws alike
-    drawing = block.score_drawing() if isinstance(block, ExplicitAttention) else dot_product_drawing(block)
     config = model.config
+    drawing = SCORE_DRAWINGS[config.attention_score].drawing(block)
     return Neurons(score=config.attention_score, normalization=config.attention_normalization,
                    hard=config.attention_hardness == "hard", local_attention=config.local_attention,
                    window=config.attention_window, kinds=kinds,
