@@ -254,7 +254,7 @@ def test_the_neuron_view_shows_the_models_numbers_for_the_chosen_kind_layer_head
     watched.close()
 
 
-def test_the_neuron_view_draws_every_score_function_from_its_attention_class(chromium, tiny_corpus, tmp_path):
+def test_the_neuron_view_draws_every_score_function_from_its_score_drawing(chromium, tiny_corpus, tmp_path):
     """The page draws each score function as its entry in score_drawings.py says: its rows for each key, and the
     steps from them (on the score's hover title) end at the model's score."""
     tokenizer = tiny_corpus[0]
