@@ -15,7 +15,8 @@ from accelerate import Accelerator
 
 from vanilla_transformer.training.checkpoints import read_state, save_checkpoint
 from vanilla_transformer.training.logs import LOG_FILE, read_log
-from vanilla_transformer.training.run_folder import Budget, RunState
+from vanilla_transformer.training.budget import Budget
+from vanilla_transformer.training.run_folder import RunState
 
 # trainer_state.json as `train` wrote it before RunState: its dict, with "step" added by save_checkpoint.
 WRITTEN_BEFORE = {

@@ -24,9 +24,10 @@ from vanilla_transformer.modeling.modeling_vanilla_transformer import (
 from vanilla_transformer.training.arguments import TrainArguments
 from vanilla_transformer.training.data import IGNORE_INDEX, PadCollator, TokenizedSplit
 from vanilla_transformer.training.evaluation import evaluate
-from vanilla_transformer.training.run_folder import Budget, RunState
+from vanilla_transformer.training.budget import Budget
+from vanilla_transformer.training.run_folder import RunState
 from vanilla_transformer.training.setup import Components, prepare
-from vanilla_transformer.training.step import train_step
+from vanilla_transformer.training.step import next_rate, train_step
 from vanilla_transformer.training.schedule import make_optimizer, make_scheduler, noam_rate
 
 PAD, VOCAB, D_MODEL, WARMUP, SMOOTHING = 0, 24, 32, 10, 0.1
@@ -112,9 +113,11 @@ def one_step(run, micro_batches):
     """A step as `train` takes it (each micro-batch with its target tokens, counted on the host), then the
     losses read as logging reads them: (the step's target tokens, loss, NLL per token, learning rate)."""
     counted = [(b, int((b["labels"] != IGNORE_INDEX).sum())) for b in micro_batches]
-    total_tokens, lr = train_step(run.components, counted, run.state.step, run.budget)
-    run.state.count_step(len(micro_batches), total_tokens)
-    return (total_tokens, *run.components.losses.read(run.state.step), lr)
+    done = train_step(run.components, counted, run.state.step, run.budget)
+    run.budget.add_step(done.tokens, done.elapsed, done.stop_signal)
+    next_rate(run.components, done)
+    run.state.count_step(len(micro_batches), done.tokens)
+    return (done.tokens, *run.components.losses.read(run.state.step), done.lr)
 
 
 @pytest.mark.parametrize("split", [[4], [2, 2], [1, 3]], ids=["one batch", "two halves", "one and three"])

@@ -22,7 +22,9 @@ from .arguments import TrainArguments
 from .checkpoints import average_checkpoints, checkpoint_path, list_checkpoints
 from .distributed import end_training
 from .evaluation import evaluate, full_model, load_weights, report
-from .run_folder import Budget, RunState, ScoringInterrupted, StopScoring
+from .budget import Budget
+from .run_folder import RunState
+from .signals import ScoringInterrupted, StopScoring
 from .selection import best_steps
 from .setup import Components, save_adapter
 
