@@ -99,11 +99,11 @@ def _train_part(components: Components, state: RunState, budget: Budget, args: T
                                                             micro_batches[0][0]))
                 with compile_timing(components.compiled, micro_batches, components.accelerator.device):
                     done = train_step(components, micro_batches, state.step, budget, args.max_grad_norm)
-                if first:
-                    _check_machine(components, clock)
                 budget.add_step(done.tokens, done.elapsed, done.stop_signal)
                 next_rate(components, done)  # after the budget has the step's clock, before the step is counted
                 state.count_step(len(micro_batches), done.tokens)
+                if first:
+                    _check_machine(components, clock)
                 _advance(bar, args, budget)
                 if state.step % args.log_steps == 0:
                     _log(components, state, budget, done.lr, bar)
