@@ -55,8 +55,10 @@ def test_an_epoch_ends_and_the_kernel_and_the_options_typed_at_a_resume_are_reco
     state.end_epoch()
     state.record_attention("sdpa")
     state.record_options({"max_steps": 8})
+    state.record_selection([{"step": 4, "value": 1.5}], 2)
     assert (state.epoch, state.batches_done, state.attn_implementation) == (2, 0, "sdpa")
     assert state.options == {"max_steps": 8, "eval_samples": 2}
+    assert (state.best, state.evaluations_without_improvement) == ([{"step": 4, "value": 1.5}], 2)
     older = RunState()  # a checkpoint from before runs recorded their options: nothing to add to
     older.record_options({"max_steps": 8})
     assert older.options is None

@@ -64,6 +64,10 @@ class RunState:
         """The attention implementation the first batch was trained with, which a resumed run computes with too."""
         self.attn_implementation = implementation
 
+    def record_selection(self, best: list, evaluations_without_improvement: int) -> None:
+        """Model selection's best validations, best first, and its count towards `patience` (selection.py)."""
+        self.best, self.evaluations_without_improvement = best, evaluations_without_improvement
+
     def record_options(self, typed: dict) -> None:
         """The options typed with `resume` over the recorded ones, so that the next `resume` keeps them (a checkpoint
         from before runs recorded their options keeps none)."""

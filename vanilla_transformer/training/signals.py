@@ -93,6 +93,10 @@ class StopScoring:
         if self.signum:
             raise ScoringInterrupted(self.signum)
 
+    def disarm(self) -> None:
+        """From now on a stop is recorded, not raised: what follows the scores is written whole."""
+        self.armed = False
+
     def __exit__(self, *exc) -> None:
         self.armed = False
         for signum, handler in self._previous.items():
