@@ -104,13 +104,14 @@ def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: st
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
+    from vanilla_transformer.training.budget import Budget
     from vanilla_transformer.training.compiled import CompiledLoss, compile_timing
     from vanilla_transformer.training.data import PadCollator, PrefetchedBatches
     from vanilla_transformer.training.kernels import training_attention
-    from vanilla_transformer.training.run_folder import Budget, RunState
+    from vanilla_transformer.training.run_folder import RunState
     from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
     from vanilla_transformer.training.setup import Components, prepare
-    from vanilla_transformer.training.step import train_step
+    from vanilla_transformer.training.step import next_rate, train_step
 
     AcceleratorState._reset_state(reset_partial_state=True)
     accelerator = Accelerator(mixed_precision=mixed_precision, cpu=device == "cpu")
@@ -131,9 +132,10 @@ def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: st
             source["batches"] = PrefetchedBatches(split, batches, PadCollator(pad_token_id, shapes), accelerator.device)
             batch = next(source["batches"])
         with training_attention(accelerator.device), compile_timing(components.compiled, [batch], accelerator.device):
-            tokens, _ = train_step(components, [batch], state.step, budget)  # as the training loop runs every step
-        state.count_step(1, tokens)
-        return tokens, batch[0]
+            done = train_step(components, [batch], state.step, budget)  # as the training loop runs every step
+        next_rate(components, done)
+        state.count_step(1, done.tokens)
+        return done.tokens, batch[0]
 
     step.compiled, step.losses = components.compiled, components.losses
     return step

@@ -148,11 +148,12 @@ def ours_step(config, batch: dict, device: str, precision: str):
     from accelerate.state import AcceleratorState
 
     from vanilla_transformer import VanillaTransformerForConditionalGeneration
-    from vanilla_transformer.training.run_folder import Budget, RunState
+    from vanilla_transformer.training.budget import Budget
     from vanilla_transformer.training.kernels import training_attention
+    from vanilla_transformer.training.run_folder import RunState
     from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
     from vanilla_transformer.training.setup import Components, prepare
-    from vanilla_transformer.training.step import train_step
+    from vanilla_transformer.training.step import next_rate, train_step
 
     AcceleratorState._reset_state(reset_partial_state=True)
     accelerator = Accelerator(mixed_precision="bf16" if precision == "bf16" else "no", cpu=device == "cpu")
@@ -170,7 +171,7 @@ def ours_step(config, batch: dict, device: str, precision: str):
 
     def step():
         with training_attention(accelerator.device):  # as the training loop runs every step
-            train_step(components, [(batch, tokens)], state.step, budget)
+            next_rate(components, train_step(components, [(batch, tokens)], state.step, budget))
         state.count_step(1, tokens)
 
     step.components = components

@@ -25,10 +25,11 @@ from vanilla_transformer.training.compiled import CompiledLoss, compile_timing
 from vanilla_transformer.training.data import IGNORE_INDEX, PadCollator
 from vanilla_transformer.training import criterion
 from vanilla_transformer.training.kernels import BF16_WEIGHTS_VARIABLE, Bf16Weights
-from vanilla_transformer.training.run_folder import Budget, RunState
+from vanilla_transformer.training.budget import Budget
+from vanilla_transformer.training.run_folder import RunState
 from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
 from vanilla_transformer.training.setup import Components, prepare
-from vanilla_transformer.training.step import train_step
+from vanilla_transformer.training.step import next_rate, train_step
 
 pytestmark = pytest.mark.slow
 
@@ -69,8 +70,9 @@ def train(batches, mixed_precision: str, compiled: CompiledLoss | None):
     for b in batches:
         micro_batches = [(b, int((b["labels"] != IGNORE_INDEX).sum()))]
         with compile_timing(components.compiled, micro_batches, accelerator.device):
-            tokens, _ = train_step(components, micro_batches, state.step, budget)
-        state.count_step(1, tokens)
+            done = train_step(components, micro_batches, state.step, budget)
+        next_rate(components, done)
+        state.count_step(1, done.tokens)
         losses.extend(components.losses.read(state.step))
     AcceleratorState._reset_state(reset_partial_state=True)
     return losses, {name: p.detach().clone() for name, p in model.named_parameters()}

@@ -265,7 +265,8 @@ def test_bf16_weights_give_the_fp32_parameters_gradients_as_close_to_fp32_s_as_a
 def test_a_step_on_bf16_weights_casts_a_handful_of_times_where_autocast_casts_at_every_use(monkeypatch):
     import sys
 
-    from vanilla_transformer.training.run_folder import Budget, RunState
+    from vanilla_transformer.training.budget import Budget
+    from vanilla_transformer.training.run_folder import RunState
     from vanilla_transformer.training.step import train_step
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ is not an installed package

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from safetensors.torch import load_file
 from vanilla_transformer.cli import main
 from vanilla_transformer.training.arguments import TRACKERS
 from vanilla_transformer.training.checkpoints import list_checkpoints
-from vanilla_transformer.training.logs import LOG_FILE, TrainingLog, read_log
+from vanilla_transformer.training.logs import LOG_FILE, Losses, TrainingLog, read_log
 
 REPO = Path(__file__).resolve().parents[2]
 MISSING_TRACKER = next((name for name, package in TRACKERS.items() if importlib.util.find_spec(package) is None), None)
@@ -98,6 +99,19 @@ def test_a_torn_last_line_is_dropped_and_a_resume_drops_the_steps_trained_again(
     log.append({"step": 4, "loss": 0.4})
     assert read_log(path) == [{"step": 2, "loss": 1.0}, {"step": 4, "loss": 0.4}]
     assert path.read_text().endswith("\n") and not list(tmp_path.glob(".vanilla-transformer-staging*"))
+
+
+def test_the_check_before_a_checkpoint_raises_after_a_step_that_was_not_finite_and_keeps_the_sums(tmp_path):
+    one_process = SimpleNamespace(device=torch.device("cpu"), gather=lambda sums: sums)
+    losses = Losses(one_process, tmp_path / "checkpoints")
+    losses.add(torch.tensor(6.0, dtype=torch.float64), torch.tensor(4.0, dtype=torch.float64))
+    losses.add_tokens(2)
+    losses.check_finite(1)  # a finite step: nothing to say, and the next log line still reads its losses
+    assert losses.read(1) == (3.0, 2.0)
+    losses.mark_bad(torch.tensor(True), 1)
+    with pytest.raises(FloatingPointError, match="at step 2; that step left the weights as they were, and the run "
+                                                 "stopped at step 2 before saving"):
+        losses.check_finite(2)
 
 
 @pytest.mark.slow

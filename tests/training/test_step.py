@@ -7,6 +7,7 @@ builds them.
 
 import copy
 import math
+import signal
 from types import SimpleNamespace
 
 import datasets
@@ -22,11 +23,12 @@ from vanilla_transformer.modeling.modeling_vanilla_transformer import (
     shift_tokens_right,
 )
 from vanilla_transformer.training.arguments import TrainArguments
+from vanilla_transformer.training.budget import Budget
 from vanilla_transformer.training.data import IGNORE_INDEX, PadCollator, TokenizedSplit
 from vanilla_transformer.training.evaluation import evaluate
-from vanilla_transformer.training.run_folder import Budget, RunState
+from vanilla_transformer.training.run_folder import RunState
 from vanilla_transformer.training.setup import Components, prepare
-from vanilla_transformer.training.step import train_step
+from vanilla_transformer.training.step import next_rate, train_step
 from vanilla_transformer.training.schedule import make_optimizer, make_scheduler, noam_rate
 
 PAD, VOCAB, D_MODEL, WARMUP, SMOOTHING = 0, 24, 32, 10, 0.1
@@ -112,9 +114,11 @@ def one_step(run, micro_batches):
     """A step as `train` takes it (each micro-batch with its target tokens, counted on the host), then the
     losses read as logging reads them: (the step's target tokens, loss, NLL per token, learning rate)."""
     counted = [(b, int((b["labels"] != IGNORE_INDEX).sum())) for b in micro_batches]
-    total_tokens, lr = train_step(run.components, counted, run.state.step, run.budget)
-    run.state.count_step(len(micro_batches), total_tokens)
-    return (total_tokens, *run.components.losses.read(run.state.step), lr)
+    done = train_step(run.components, counted, run.state.step, run.budget)
+    run.budget.add_step(done.tokens, done.elapsed, done.stop_signal)
+    next_rate(run.components, done)
+    run.state.count_step(len(micro_batches), done.tokens)
+    return (done.tokens, *run.components.losses.read(run.state.step), done.lr)
 
 
 @pytest.mark.parametrize("split", [[4], [2, 2], [1, 3]], ids=["one batch", "two halves", "one and three"])
@@ -146,6 +150,20 @@ def test_two_steps_are_adams_steps_on_the_loss_per_target_token_of_the_whole_ste
         torch.testing.assert_close(gradients[0][name], p.grad, rtol=1e-9, atol=1e-12, msg=name)
     for (name, got), want in zip(trained.named_parameters(), by_hand.parameters()):
         torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-9, msg=name)
+
+
+def test_a_step_returns_its_counts_and_leaves_the_budget_and_the_next_rate_to_the_loop(tmp_path):
+    # Proves: the step writes nothing of the budget; it returns the step's tokens, the main process's clock and its
+    # stop signal, which the loop adds to the budget before `next_rate`, since a schedule over the budget reads them.
+    run = make_run(tmp_path, tiny_model())
+    run.budget.stop_requests.signum = signal.SIGTERM  # a stop asked of this process during the step
+    done = train_step(run.components, [(collate(PAIRS), target_tokens(PAIRS))], 0, run.budget)
+    assert (done.tokens, done.stop_signal, done.updated) == (target_tokens(PAIRS), signal.SIGTERM, True)
+    assert done.lr == pytest.approx(noam_rate(1, D_MODEL, WARMUP), rel=1e-12) and done.elapsed >= 0
+    assert (run.budget.elapsed, run.budget.stop_signal, run.budget.session_tokens) == (0.0, 0, 0)
+    assert run.components.scheduler.get_last_lr()[0] == pytest.approx(noam_rate(1, D_MODEL, WARMUP), rel=1e-12)
+    next_rate(run.components, done)
+    assert run.components.scheduler.get_last_lr()[0] == pytest.approx(noam_rate(2, D_MODEL, WARMUP), rel=1e-12)
 
 
 def test_a_non_finite_step_leaves_the_weights_and_the_next_read_stops_the_run(tmp_path):

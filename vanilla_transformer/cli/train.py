@@ -28,7 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..training.arguments import TrainArguments
     from ..training.loop import train
-    from ..training.run_folder import TrainingInterrupted, restore_options
+    from ..training.resume import restore_options
+    from ..training.signals import TrainingInterrupted
 
     options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "argv")}
     options["config_overrides"] = _parse_overrides(p, args.config_overrides)

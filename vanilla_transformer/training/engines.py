@@ -62,7 +62,7 @@ class NonFiniteGuard:
             self.optimizer.zero_grad(set_to_none=True)
             self.losses.mark_bad(torch.tensor(True, device=loss.device), step)
             self.losses.add(loss.detach().double())  # the message names it
-            self.losses.read(step, reset=False)
+            self.losses.check_finite(step)
 
     def before_update(self, step_loss: torch.Tensor, norm: torch.Tensor | None, step: int) -> None:
         """Record the step as bad when its loss or its (all-reduced, so alike on every process) gradient norm is
@@ -78,4 +78,4 @@ class NonFiniteGuard:
             self.optimizer.optimizer.found_inf = skip.float()
         elif skip.item():
             self.optimizer.zero_grad(set_to_none=True)
-            self.losses.read(step, reset=False)
+            self.losses.check_finite(step)

@@ -22,7 +22,9 @@ from .arguments import TrainArguments
 from .checkpoints import average_checkpoints, checkpoint_path, list_checkpoints
 from .distributed import end_training
 from .evaluation import evaluate, full_model, load_weights, report
-from .run_folder import Budget, RunState, ScoringInterrupted, StopScoring
+from .budget import Budget
+from .run_folder import RunState
+from .signals import ScoringInterrupted, StopScoring
 from .selection import best_steps
 from .setup import Components, save_adapter
 
@@ -195,7 +197,7 @@ def _final_results(components: Components, state: RunState, args: TrainArguments
         results["not_scored"] = [name for name in splits if name not in results]
         logger.warning(f"the final scoring was stopped: {', '.join(results['not_scored'])} not scored; the model is "
                        f"saved in {args.output_dir}, and `resume` scores it")
-    stops.armed = False  # the results and the card are written whole
+    stops.disarm()  # the results and the card are written whole
     final_seconds = time.perf_counter() - started
     # Validation and scoring, timed beside the training time that the time limit counts.
     results["scoring_minutes"] = round((sum(p.get("scoring_seconds", 0) for p in state.parts) + final_seconds) / 60, 2)

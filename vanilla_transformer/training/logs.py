@@ -82,9 +82,23 @@ class Losses:
         """Record step `step + 1` as not finite where `bad` (a device bool) is true and no earlier step was."""
         self.sums[2] = torch.where(bad & (self.sums[2] == 0), step + 1, self.sums[2])
 
-    def read(self, step: int, reset: bool = True) -> tuple[float, float]:
+    def check_finite(self, step: int) -> None:
+        """FloatingPointError when a step since the last read was not finite (`step` is the run's); the sums stay for
+        the next read. Before every checkpoint, so that none holds the weights after such a step."""
+        self._gathered(step)
+
+    def read(self, step: int) -> tuple[float, float]:
         """The loss and NLL per target token over all processes since the last read (the one wait for the device
         that logging costs), or FloatingPointError when a step since then was not finite; `step` is the run's."""
+        loss, nll = self._gathered(step)
+        tokens = max(self.tokens, 1)
+        self.sums.zero_()
+        self.tokens = 0
+        return loss / tokens, nll / tokens
+
+    def _gathered(self, step: int) -> tuple[float, float]:
+        """The loss and NLL summed over all processes since the last read; FloatingPointError after a step that was
+        not finite."""
         sums = self.accelerator.gather(self.sums.unsqueeze(0))  # (processes, 3)
         loss, nll = sums[:, :2].sum(0).tolist()
         bad_steps = [int(bad) for bad in sums[:, 2].tolist() if bad]
@@ -96,8 +110,4 @@ class Losses:
                 f"before saving. The last good checkpoint is {good or '(none: no checkpoint was written yet)'}. Try a "
                 "lower `lr_scale`, a longer `warmup_steps`, `max_grad_norm`, or mixed_precision 'no'/'bf16'."
             )
-        tokens = max(self.tokens, 1)
-        if reset:
-            self.sums.zero_()
-            self.tokens = 0
-        return loss / tokens, nll / tokens
+        return loss, nll

@@ -26,6 +26,7 @@ from ..file_checks import read_json
 from ..threads import CpuClock, load_average, oversubscription
 from ..hub import RESULTS_FILE
 from .arguments import TrainArguments
+from .budget import Budget
 from .checkpoints import save_checkpoint
 from .compiled import compile_timing
 from .data import PadCollator, PrefetchedBatches
@@ -34,20 +35,12 @@ from .evaluation import evaluate, full_model, report
 from .finish import finish
 from .kernels import training_attention
 from .lock import RunLock
-from .logs import TrainingLog
-from .run_folder import (
-    Budget,
-    RunState,
-    StopRequests,
-    TrainingInterrupted,
-    disk_full,
-    finished_step,
-    on_main,
-    take_folder,
-)
+from .resume import finished_step
+from .run_folder import RunState, explain_disk_full, on_main, take_folder
 from .selection import best_steps, out_of_patience, record_validation
 from .setup import Components, choose_attention, prepare, set_up
-from .step import train_step
+from .signals import TrainingInterrupted
+from .step import next_rate, train_step
 
 __all__ = ["TrainArguments", "TrainingInterrupted", "evaluate", "full_model", "prepare", "train"]
 
@@ -64,19 +57,17 @@ def train(args: TrainArguments) -> dict:
         if args.resume and on_main(accelerator, lambda: finished_step(args)) is not None:
             return read_json(Path(args.output_dir) / RESULTS_FILE)  # the run is done: the folder stays as it is
         try:
-            components, state, budget = set_up(args, accelerator)
+            # `run_args`: the options the run trains with, `args` with the batch plan where `args` left it unset.
+            components, state, budget, run_args = set_up(args, accelerator, lock)
         except BaseException:
             lock.release(discard=True)  # a run that fails while being set up leaves no folder it made
             raise
-        components.log = TrainingLog(args.output_dir, budget.start_step if args.resume else None,
-                                     accelerator.is_main_process)
-        components.lock = lock
-        _train_part(components, state, budget, args)
+        _train_part(components, state, budget, run_args)
         if budget.stop_signal:
             raise TrainingInterrupted(budget.stop_signal, args.output_dir, state.step)
-        return finish(components, state, budget, args)
+        return finish(components, state, budget, run_args)
     except OSError as err:
-        full = disk_full(err, args.output_dir)
+        full = explain_disk_full(err, args.output_dir)
         if full is None:
             raise
         raise full from None
@@ -95,7 +86,7 @@ def _train_part(components: Components, state: RunState, budget: Budget, args: T
         return state.step
 
     bar = _progress_bar(args, state, budget, components.accelerator.is_local_main_process)
-    with (StopRequests() as budget.stop_requests, closing(_steps(components, state, budget, args)) as steps,
+    with (budget.stop_requests, closing(_steps(components, state, budget, args)) as steps,
           training_attention(components.accelerator.device)):  # the timing of kernels and every evaluation too
         # Fine-tuning: the baseline, before any step.
         if args.model_name_or_path is not None and not args.resume and _validate(components, state, budget, args):
@@ -104,16 +95,18 @@ def _train_part(components: Components, state: RunState, budget: Budget, args: T
             for micro_batches in steps:
                 if first := state.step == budget.start_step:  # the first step of this session
                     clock = CpuClock()
-                    choose_attention(components, state, budget, args.attn_implementation, micro_batches[0][0])
+                    state.record_attention(choose_attention(components, state, budget, args.attn_implementation,
+                                                            micro_batches[0][0]))
                 with compile_timing(components.compiled, micro_batches, components.accelerator.device):
-                    tokens, lr = train_step(components, micro_batches, state.step, budget, args.max_grad_norm)
+                    done = train_step(components, micro_batches, state.step, budget, args.max_grad_norm)
+                budget.add_step(done.tokens, done.elapsed, done.stop_signal)
+                next_rate(components, done)  # after the budget has the step's clock, before the step is counted
+                state.count_step(len(micro_batches), done.tokens)
                 if first:
                     _check_machine(components, clock)
-                state.count_step(len(micro_batches), tokens)
-                budget.session_tokens += tokens
                 _advance(bar, args, budget)
                 if state.step % args.log_steps == 0:
-                    _log(components, state, budget, lr, bar)
+                    _log(components, state, budget, done.lr, bar)
                 # The last step is validated too, so that the steps since the last validation can be the best.
                 last = args.best_metric is not None and (budget.steps_done(state.step) or budget.out_of_time())
                 best = (state.step % args.eval_steps == 0 or last) and _validate(components, state, budget, args)
@@ -144,7 +137,7 @@ def _check_machine(components: Components, clock: CpuClock) -> None:
 def save_run(components: Components, state: RunState, keep: int | None) -> None:
     """Checkpoint the run as of `state.step`, on every process; never after a step that was not finite.
     The best checkpoints of model selection outlive the newest `keep`."""
-    components.losses.read(state.step, reset=False)  # raises after a step that was not finite
+    components.losses.check_finite(state.step)
     if components.lock is not None:  # a run that lost the folder to another writes nothing more there
         on_main(components.accelerator, components.lock.check)
     protected = [record["step"] for record in state.best]
@@ -165,8 +158,7 @@ def _steps(components: Components, state: RunState, budget: Budget, args: TrainA
                 yield micro_batches
                 if budget.spent(state.step):
                     return  # the budget ends within this epoch
-        state.epoch += 1
-        state.batches_done = 0
+        state.end_epoch()
         logger.info(f"epoch {state.epoch} finished at step {state.step}")
 
 
@@ -213,7 +205,7 @@ def _validate(components: Components, state: RunState, budget: Budget, args: Tra
     metrics = evaluate(components.accelerator, components.model, components.tokenizer,
                        components.eval_splits["validation"], args, args.eval_samples, full_precision=True)
     metrics["seconds"] = round(time.perf_counter() - start, 2)
-    budget.scoring += metrics["seconds"]
+    budget.add_scoring(metrics["seconds"])
     report(components.accelerator, state.history, state.step, "validation", metrics, components.log)
     best = record_validation(state, args, metrics)
     if best:

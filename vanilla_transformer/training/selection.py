@@ -31,8 +31,8 @@ def record_validation(state: RunState, args: TrainArguments, metrics: dict) -> b
     # Sorted best first; an earlier step wins a tie (it was there first).
     candidates = state.best + [{"step": state.step, "metric": args.best_metric, "value": value,
                                 "eval_samples": args.eval_samples}]
-    state.best = sorted(candidates, key=lambda r: r["value"], reverse=better is max)[:kept]
-    state.evaluations_without_improvement = 0 if improved else state.evaluations_without_improvement + 1
+    state.record_selection(sorted(candidates, key=lambda r: r["value"], reverse=better is max)[:kept],
+                           0 if improved else state.evaluations_without_improvement + 1)
     return improved
 
 
@@ -45,7 +45,7 @@ def _start_anew_on_other_samples(state: RunState, args: TrainArguments) -> None:
     if before != args.eval_samples:
         logger.info(f"`eval_samples` is {args.eval_samples}, the best validation {args.best_metric} so far (step "
                     f"{state.best[0]['step']}) was on {before}: model selection starts a new comparison at step {state.step}")
-        state.best, state.evaluations_without_improvement = [], 0
+        state.record_selection([], 0)
 
 
 def best_steps(state: RunState) -> list[int]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from accelerate import Accelerator
@@ -37,22 +37,14 @@ from .data import TokenBatchSampler, TokenizedSplit, bucket_shapes
 from .distributed import configure_deepspeed
 from .engines import Engine, NonFiniteGuard
 from .kernels import TIMING_SHARE, Bf16Weights, attention_choice, bf16_weights, fastest_attention
-from .logs import Losses
-from .run_folder import (
-    ADAPTER_DIR,
-    CHECKPOINTS,
-    Budget,
-    RunState,
-    on_main,
-    recorded_options,
-    resume_budget,
-    resume_step,
-    run_options,
-)
+from .budget import Budget
+from .logs import Losses, TrainingLog
+from .resume import recorded_options, resume_budget, resume_step, run_options
+from .run_folder import ADAPTER_DIR, CHECKPOINTS, RunState, on_main
 from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler, peak_scale, schedule_summary
 from .task import prepare_data
 
-__all__ = ["ADAPTER_DIR", "Components", "add_lora", "choose_attention", "freeze", "gpu_batch", "prepare", "save_adapter",
+__all__ = ["ADAPTER_DIR", "BatchPlan", "Components", "add_lora", "choose_attention", "freeze", "gpu_batch", "prepare", "save_adapter",
            "set_up"]
 
 
@@ -83,8 +75,8 @@ class Components:
     losses: Losses = field(init=False)  # the step's losses, summed on the device
     guard: NonFiniteGuard = field(init=False)  # what becomes of a step that is not finite
     weights: Bf16Weights | None = field(init=False)  # bf16 copies the step trains on (kernels.py); None: autocast
-    log: Any = None  # the run's TrainingLog (logs.py), set by `train`
-    lock: Any = None  # the folder's RunLock (lock.py), held by the main process, set by `train`
+    log: Any = None  # the run's TrainingLog (logs.py)
+    lock: Any = None  # the folder's RunLock (lock.py), held by the main process
     compiled: CompiledLoss | None = None  # the step's forward and loss compiled (compiled.py); None: eager
 
     def __post_init__(self):
@@ -98,8 +90,9 @@ class Components:
         self.model = self.accelerator.unwrap_model(self.model)
 
 
-def set_up(args: TrainArguments, accelerator) -> tuple[Components, RunState, Budget]:
-    """On every process: where to resume from, the data, tokenizer, model, optimiser and schedule."""
+def set_up(args: TrainArguments, accelerator, lock=None) -> tuple[Components, RunState, Budget, TrainArguments]:
+    """On every process: where to resume from, the data, tokenizer, model, optimiser and schedule; with them the run's
+    state, its budget, and the options it trains with: `args` (left as typed) with its batch plan (`_size_batches`)."""
     if accelerator.distributed_type == DistributedType.FSDP and args.ema_decay is not None:
         raise ValueError("`ema_decay` is not supported under FSDP: the moving average would hold each process's "
                          "shards of the weights; train without it, or with DDP")
@@ -110,7 +103,7 @@ def set_up(args: TrainArguments, accelerator) -> tuple[Components, RunState, Bud
     data, source_lang, target_lang, tokenizer, train_split, eval_splits = prepare_data(args, accelerator)
     model = _build_model(args, accelerator, tokenizer, resume_from, (source_lang, target_lang))
     d_model = model.config.d_model
-    _size_batches(args, accelerator, model)
+    args = replace(args, **_size_batches(args, accelerator, model)._asdict())
     # Built before `prepare` moves the model there, over the parameters that train (freeze, add_lora).
     optimizer = make_optimizer(model, accelerator.device, (args.adam_beta1, args.adam_beta2), args.adam_epsilon,
                                args.weight_decay)
@@ -119,9 +112,7 @@ def set_up(args: TrainArguments, accelerator) -> tuple[Components, RunState, Bud
     state = (RunState(run_options=run_options(args), options=recorded_options(args)) if resume_from is None
              else RunState.from_dict(read_state(resume_from)))
     sampler = _training_sampler(args, accelerator, train_split, state.epoch)
-    budget = Budget(args.max_steps, args.num_epochs, args.time_limit, args.gradient_accumulation_steps,
-                    epoch_batches=len(sampler.local_batches(state.epoch)), progress=state, start_step=state.step,
-                    before=state.begin_part())
+    budget = _budget(args, state, len(sampler.local_batches(state.epoch)))
     # The scheduler is not prepared: Accelerate would step it once per process, and the Noam schedule counts
     # optimiser steps. It is registered so that save_state/load_state keep it.
     scale = args.lr_scale if args.lr is None else peak_scale(args.lr, d_model, args.warmup_steps)
@@ -137,16 +128,29 @@ def set_up(args: TrainArguments, accelerator) -> tuple[Components, RunState, Bud
         accelerator.load_state(str(resume_from))  # weights, optimiser, scheduler, RNG states
         logger.info(f"resumed from {resume_from} (step {state.step})")
         resume_budget(args, state, budget)
+        state.record_options(recorded_options(args))  # those typed with `resume`, for the next one
     else:
         set_seed(args.seed, device_specific=True)  # different dropout masks on each process
     if accelerator.is_main_process:
         accelerator.init_trackers("train", config={k: v for k, v in asdict(args).items() if not isinstance(v, dict)})
     components = Components(accelerator, model, prepared_optimizer, scheduler, checkpoint_root, average, tokenizer, data,
-                       source_lang, target_lang, train_split, eval_splits, sampler)
-    components.compiled = compiled_loss(args, accelerator, sampler.shapes)
+                            source_lang, target_lang, train_split, eval_splits, sampler,
+                            compiled=compiled_loss(args, accelerator, sampler.shapes),
+                            log=_training_log(args, accelerator, state), lock=lock)
     if components.weights is not None:
         logger.info("bf16 weights: forward and backward on bf16 copies, Adam on the fp32 weights (no autocast)")
-    return components, state, budget
+    return components, state, budget, args
+
+
+def _budget(args: TrainArguments, state: RunState, epoch_batches: int) -> Budget:
+    """The run's limits, as of `state`, whose new part begins here; `epoch_batches`: the batches of an epoch."""
+    return Budget(args.max_steps, args.num_epochs, args.time_limit, args.gradient_accumulation_steps,
+                  epoch_batches=epoch_batches, progress=state, start_step=state.step, before=state.begin_part())
+
+
+def _training_log(args: TrainArguments, accelerator, state: RunState) -> TrainingLog:
+    """The run's training_log.jsonl, written by the main process; a resumed run's records after its step go."""
+    return TrainingLog(args.output_dir, state.step if args.resume else None, accelerator.is_main_process)
 
 
 def _starting_point(args: TrainArguments, accelerator, checkpoint_root: Path) -> Path | None:
@@ -183,28 +187,35 @@ def gpu_batch(memory: int, config, parameters: int, processes: int, max_length: 
     return max(min(wanted, fits), max_length), accumulation
 
 
-def _size_batches(args: TrainArguments, accelerator, model) -> None:
-    """`max_tokens` and `gradient_accumulation_steps` where left unset: on a GPU the paper's batch sized to its
-    memory (`gpu_batch`), elsewhere CPU_MAX_TOKENS and one batch per step; one line says what was chosen."""
+class BatchPlan(NamedTuple):
+    """The batches of every optimiser step: `max_tokens` tokens each, `gradient_accumulation_steps` of them a process."""
+
+    max_tokens: int
+    gradient_accumulation_steps: int
+
+
+def _size_batches(args: TrainArguments, accelerator, model) -> BatchPlan:
+    """`max_tokens` and `gradient_accumulation_steps`, those given or, where left unset, on a GPU the paper's batch
+    sized to its memory (`gpu_batch`), elsewhere CPU_MAX_TOKENS and one batch per step; one line says what was chosen."""
+    accumulation = args.gradient_accumulation_steps
     if args.max_tokens is not None or accelerator.distributed_type == DistributedType.DEEPSPEED:
-        args.gradient_accumulation_steps = args.gradient_accumulation_steps or 1  # DeepSpeed: one batch a step
+        accumulation = accumulation or 1  # DeepSpeed: one batch a step
     if args.max_tokens is not None:
-        return
+        return BatchPlan(args.max_tokens, accumulation)
     processes = accelerator.num_processes
     if accelerator.device.type == "cuda":
         memory = torch.cuda.get_device_properties(accelerator.device).total_memory
         parameters = sum(p.numel() for p in model.parameters())
-        args.max_tokens, args.gradient_accumulation_steps = gpu_batch(
-            memory, model.config, parameters, processes, args.max_length, args.gradient_accumulation_steps)
+        plan = BatchPlan(*gpu_batch(memory, model.config, parameters, processes, args.max_length, accumulation))
         why = (f"the paper's ~{PAPER_STEP_TOKENS} per step, sized to the GPU's {memory / 2**30:.1f} GiB and "
                f"{parameters:,} parameters")
     else:
-        args.max_tokens, args.gradient_accumulation_steps = CPU_MAX_TOKENS, args.gradient_accumulation_steps or 1
-        why = "the default off a GPU"
-    step_tokens = args.max_tokens * args.gradient_accumulation_steps * processes
-    logger.info(f"batch: {args.max_tokens} tokens x {args.gradient_accumulation_steps} batch(es) x {processes} "
+        plan, why = BatchPlan(CPU_MAX_TOKENS, accumulation or 1), "the default off a GPU"
+    step_tokens = plan.max_tokens * plan.gradient_accumulation_steps * processes
+    logger.info(f"batch: {plan.max_tokens} tokens x {plan.gradient_accumulation_steps} batch(es) x {processes} "
                 f"process(es) = {step_tokens} tokens per optimiser step ({why}; --max-tokens and "
                 "--gradient-accumulation-steps choose them)")
+    return plan
 
 
 def _training_sampler(args: TrainArguments, accelerator, split: TokenizedSplit, epoch: int) -> TokenBatchSampler:
@@ -355,10 +366,10 @@ def _record_language_pair(config, source_lang: str, target_lang: str, dataset: s
     config.update({"source_lang": source_lang, "target_lang": target_lang, "dataset_name": recorded_name(dataset)})
 
 
-def choose_attention(components: Components, state: RunState, budget: Budget, asked: str | None, batch: dict) -> None:
+def choose_attention(components: Components, state: RunState, budget: Budget, asked: str | None, batch: dict) -> str:
     """Put the model on `asked` (`attn_implementation`), on the one the resumed run chose, or on the one that trains
-    the first batch fastest here (kernels.py), timed within its share of the budget; checkpoints record it, so that
-    a resumed run computes as it did."""
+    the first batch fastest here (kernels.py), timed within its share of the budget; returns it, for checkpoints to
+    record, so that a resumed run computes as it did."""
     model = components.accelerator.unwrap_model(components.model)
     chosen = asked or state.attn_implementation
     started = time.perf_counter()
@@ -368,7 +379,7 @@ def choose_attention(components: Components, state: RunState, budget: Budget, as
                                       lambda m, b: criterion.batch_loss(m, b)[0], allowance=_timing_allowance(budget)):
         logger.info(f"{attention_choice(model.config._attn_implementation, seconds)}; "
                     f"timed in {time.perf_counter() - started:.1f} s")
-    state.attn_implementation = model.config._attn_implementation
+    return model.config._attn_implementation
 
 
 def _timing_allowance(budget: Budget):

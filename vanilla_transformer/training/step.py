@@ -14,24 +14,35 @@ read (logs.py's `Losses.read`) every `log_steps` and before every checkpoint.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from . import criterion
 
 if TYPE_CHECKING:
-    from .run_folder import Budget
+    from .budget import Budget
     from .setup import Components
 
-__all__ = ["StepCounts", "train_step"]
+__all__ = ["StepCounts", "StepDone", "next_rate", "train_step"]
+
+
+class StepDone(NamedTuple):
+    """What an optimiser step computed, for the loop to apply: the budget's clock and stop signal come from it."""
+
+    tokens: int  # target tokens over all processes
+    lr: float  # the learning rate it used
+    elapsed: float  # the main process's training seconds as the step began (alike on every process)
+    stop_signal: int  # SIGINT or SIGTERM received by the main process (alike on every process)
+    updated: bool  # False where fp16's scaler skipped the update, whose gradients overflowed
 
 
 def train_step(components: Components, micro_batches: list[tuple[dict, int]], step: int, budget: Budget,
-               max_grad_norm: float | None = None) -> tuple[int, float]:
-    """Optimiser step `step + 1` on `micro_batches` (each batch with its target-token count). Returns the step's
-    target tokens over all processes and the learning rate it used; its losses are summed into `components.losses`.
-    Call it under kernels.py's `training_attention`, as the training loop does for the whole run."""
+               max_grad_norm: float | None = None) -> StepDone:
+    """Optimiser step `step + 1` on `micro_batches` (each batch with its target-token count), its losses summed into
+    `components.losses`; `budget` is read, never written. The rate of the next step is `next_rate`'s, once the loop
+    has given the budget this step's clock. Call it under kernels.py's `training_attention`, as the training loop
+    does for the whole run."""
     accelerator, model, engine, guard = components.accelerator, components.model, components.engine, components.guard
     model.train()
     counts = StepCounts(accelerator, sum(n for _, n in micro_batches), budget)  # over every process, not waited for
@@ -54,14 +65,20 @@ def train_step(components: Components, micro_batches: list[tuple[dict, int]], st
     guard.before_update(step_loss, norm, step)
     lr = components.scheduler.get_last_lr()[0]
     components.optimizer.step()  # Adam (§5.3)
-    total_tokens = counts.read(budget)
-    if not accelerator.optimizer_step_was_skipped:  # fp16's scaler skips a step whose gradients overflowed
-        components.scheduler.step()  # the rate of the next step (§5.3)
-        if components.average is not None:
-            components.average.update(accelerator.unwrap_model(model))
+    total_tokens, elapsed, stop_signal = counts.read()
+    updated = not accelerator.optimizer_step_was_skipped  # fp16's scaler skips a step whose gradients overflowed
+    if updated and components.average is not None:
+        components.average.update(accelerator.unwrap_model(model))
     components.optimizer.zero_grad(set_to_none=True)
     components.losses.add_tokens(total_tokens)
-    return total_tokens, lr
+    return StepDone(total_tokens, lr, elapsed, stop_signal, updated)
+
+
+def next_rate(components: Components, done: StepDone) -> None:
+    """The rate of the step after `done` (§5.3), set once the budget holds `done`'s clock: a schedule that decays
+    over the budget asks it for the steps left. A skipped update leaves the rate as it was."""
+    if done.updated:
+        components.scheduler.step()
 
 
 class StepCounts:
@@ -80,11 +97,10 @@ class StepCounts:
         self.tokens = counts[0].float()
         self._read = _read_later(counts)
 
-    def read(self, budget: Budget) -> int:
-        """The step's target tokens; the budget gets the main process's clock and stop signal (alike everywhere)."""
+    def read(self) -> tuple[int, float, int]:
+        """The step's target tokens, and the main process's elapsed seconds and stop signal (alike everywhere)."""
         total_tokens, elapsed_ms, stop_signal = self._read()
-        budget.elapsed, budget.stop_signal = elapsed_ms / 1000, int(stop_signal)
-        return int(total_tokens)
+        return int(total_tokens), elapsed_ms / 1000, int(stop_signal)
 
 
 def _read_later(tensor: torch.Tensor):

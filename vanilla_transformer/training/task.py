@@ -20,7 +20,8 @@ from ..staging import write_file_whole
 from ..tokenizer import check_appends_eos, train_tokenizer
 from .arguments import TrainArguments
 from .data import tokenize_pairs
-from .run_folder import CHECKPOINTS, TOKENIZER_OPTIONS, run_options
+from .resume import run_options
+from .run_folder import CHECKPOINTS, TOKENIZER_OPTIONS
 
 __all__ = ["load_splits", "prepare_data", "prepare_tokenizer"]
 

@@ -1,0 +1,39 @@
+"""When the steps end (`Budget`): the first limit, a stop signal, and what the loop adds to it after each step."""
+
+import math
+
+import pytest
+
+from vanilla_transformer.training.budget import Budget
+from vanilla_transformer.training.run_folder import RunState
+
+
+def test_the_steps_left_are_those_of_the_first_limit():
+    assert Budget().remaining_steps(10) == math.inf and not Budget().spent(10)
+    assert Budget(max_steps=100).remaining_steps(40) == 60
+    progress = RunState(epoch=1, batches_done=4)
+    # Two epochs of 10 batches, 2 per step: the second epoch has 6 batches left, 3 steps.
+    epochs = Budget(num_epochs=2, accumulation=2, epoch_batches=10, progress=progress)
+    assert epochs.remaining_steps(7) == 3 and not epochs.epochs_done()
+    progress.epoch = 2
+    assert epochs.epochs_done()
+    # 10 steps timed in 60 s of a 5-minute limit: 6 s a step, 240 s left, 40 steps, less the one under way.
+    timed = Budget(time_limit=5, start_step=0, elapsed=60.0)
+    assert timed.remaining_steps(11) == pytest.approx(39)
+    assert Budget(max_steps=100, num_epochs=2, epoch_batches=10, progress=RunState()).remaining_steps(0) == 20
+
+
+def test_the_budget_is_spent_at_max_steps_past_the_time_limit_or_on_a_stop_signal():
+    assert Budget(max_steps=5).spent(5) and not Budget(max_steps=5).spent(4)
+    assert Budget(time_limit=1, elapsed=61.0).spent(0) and not Budget(time_limit=1, elapsed=59.0).spent(0)
+    assert Budget(stop_signal=15).spent(0)
+
+
+def test_the_loop_adds_each_step_and_each_validation_to_the_budget():
+    budget = Budget(time_limit=1)
+    budget.add_step(tokens=100, elapsed=30.0, stop_signal=0)
+    budget.add_step(tokens=50, elapsed=61.0, stop_signal=15)
+    budget.add_scoring(2.5)
+    budget.add_scoring(1.0)
+    assert (budget.session_tokens, budget.elapsed, budget.stop_signal, budget.scoring) == (150, 61.0, 15, 3.5)
+    assert budget.out_of_time() and budget.spent(0)
