@@ -256,7 +256,7 @@ def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict
         if accelerator.is_main_process:
             (staging / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2))
             publish_files(staging)
-            # atomic: the checkpoint appears complete or not at all, in place of the same step saved before
+            # by one rename: the checkpoint appears complete or not at all (the same step saved before goes first)
             publish_folder(staging, final)
             if keep is not None:
                 kept = {checkpoint_path(root, s) for s in protect}
