@@ -5,8 +5,7 @@ chooses the model's loss) turns them off.
     plain                                       drop-in (here)
     the decoder's linear maps and lm_head       packed_products: the same products on oneDNN, each weight packed
       (§3.2.2, §3.3, §3.4) on torch's default     once per call, where the model's `onednn_decoding` asks for it
-      fp32 kernel (MKL on a CPU)                  (set at load where timed faster:
-                                                  decoding_kernel.py in the package)
+      fp32 kernel (MKL on a CPU)                  (off by default: torch's kernel was as fast on the CPU measured)
     every row computed until the last ends      should_prune: finished sentences leave our search loops' batch
 
 The model's linear maps are built as PackableLinear (fast_modeling.py) for this.
