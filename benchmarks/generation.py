@@ -29,7 +29,7 @@ from transformers import CompileConfig, GenerationConfig, GenerationMixin
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.export.marian import to_marian
-from vanilla_transformer.modeling.generation import gnmt_beam_search, greedy_search
+from vanilla_transformer.modeling.generation import beam_search, gnmt_beam_search, greedy_search
 from vanilla_transformer.inference import score_translations
 
 from .common import Timer, attention_kernels, encode, model_config, pairs, peak_memory_mb, summary, token_batch
@@ -41,21 +41,24 @@ MODES = {
     "beam4": dict(num_beams=4, length_penalty=LENGTH_PENALTY, early_stopping=True),
 }
 GNMT = dict(length_penalty_style="gnmt")
-# What our decoding loops buy (greedy search and the GNMT beam search; beam search ranked as transformers ranks it
-# runs in transformers' loop), each change timed beside the rest. "rows stay": our loop keeps finished sentences in
-# the batch (`prune=False`) instead of letting them leave (`should_prune`). ONEDNN: the decoder's products and the
-# output projection on oneDNN's kernel with the weights packed for the call (the model's `onednn_decoding`) instead
-# of torch's default (MKL on a CPU). "transformers' loop": transformers' own search loop instead of ours.
-ONEDNN = {"onednn_decoding": True}  # not a `generate` option: `_hf_runner` sets the model's attribute around the call
+# What each of our decoding changes buys: ours with them undone one at a time, timed beside
+# the rest. "rows stay": our loop keeps finished sentences in the batch (`prune=False`) instead of letting them
+# leave (`should_prune`). PLAIN: the decoder's products and the output projection on torch's default kernel (MKL
+# on a CPU) instead of oneDNN's on the weights packed for the call, where that is faster. "transformers' loop":
+# transformers' own search loop instead of ours (it keeps rows and packs nothing). Each row undoes one more.
+PLAIN = {"packed_products": False}  # not a `generate` option: `_hf_runner` turns oneDNN off around the call
+ROWS_STAY = {"greedy": functools.partial(greedy_search, prune=False), "beam4": functools.partial(beam_search, prune=False)}
 ABLATIONS = {
     "greedy": {
-        "ours, rows stay": dict(custom_generate=functools.partial(greedy_search, prune=False)),
-        "ours, oneDNN products": dict(ONEDNN),
-        "ours, transformers' loop": dict(return_dict_in_generate=True),
+        "ours, rows stay": dict(custom_generate=ROWS_STAY["greedy"]),
+        "ours, rows stay, plain products": dict(PLAIN, custom_generate=ROWS_STAY["greedy"]),
+        "ours, plain products, transformers' loop": dict(PLAIN, return_dict_in_generate=True),
     },
     "beam4": {
+        "ours, rows stay": dict(custom_generate=ROWS_STAY["beam4"]),
+        "ours, rows stay, plain products": dict(PLAIN, custom_generate=ROWS_STAY["beam4"]),
+        "ours, plain products, transformers' loop": dict(PLAIN, custom_generate=GenerationMixin._beam_search),
         "ours-gnmt, rows stay": dict(GNMT, custom_generate=functools.partial(gnmt_beam_search, prune=False)),
-        "ours-gnmt, oneDNN products": dict(GNMT, **ONEDNN),
     },
 }
 # Greedy search with transformers' static cache runs in transformers' loop, which compiles the decoder step
@@ -206,8 +209,8 @@ def _hf_runner(model, batches, device, max_new_tokens, eos, pad):
     def generate(options, subset=None):
         outputs = []
         options = dict(options)
-        onednn = options.pop("onednn_decoding", False)  # see ONEDNN
-        with torch.no_grad(), _onednn_decoding(model, onednn):
+        packed = options.pop("packed_products", True)  # see PLAIN
+        with torch.no_grad(), contextlib.nullcontext() if packed else _without_onednn():
             for batch in subset or batches:
                 batch = {k: v.to(device) for k, v in batch.items()}
                 sequences = model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens, **options)
@@ -219,16 +222,14 @@ def _hf_runner(model, batches, device, max_new_tokens, eos, pad):
 
 
 @contextlib.contextmanager
-def _onednn_decoding(model, onednn: bool):
-    """The model's `onednn_decoding` set to `onednn` within the block (Marian has none: nothing to set)."""
-    if not hasattr(model, "onednn_decoding"):
-        yield
-        return
-    was, model.onednn_decoding = model.onednn_decoding, onednn
+def _without_onednn():
+    """torch's oneDNN off within the block (`torch.backends.mkldnn.flags` would also reset its other
+    flags, and warn doing so)."""
+    was, torch.backends.mkldnn.enabled = torch.backends.mkldnn.enabled, False
     try:
         yield
     finally:
-        model.onednn_decoding = was
+        torch.backends.mkldnn.enabled = was
 
 
 def _ctranslate2_runner(path, tokenizer, batches, device, threads, max_new_tokens):

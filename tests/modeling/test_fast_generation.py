@@ -6,9 +6,6 @@ import contextlib
 import functools
 import inspect
 import json
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -23,10 +20,10 @@ from vanilla_transformer.modeling import fast_modeling
 from vanilla_transformer.modeling import generation
 from vanilla_transformer.modeling.generation import (
     CACHE_NAME,
+    beam_search,
     gnmt_beam_search,
     greedy_search,
 )
-from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
 aten = torch.ops.aten
 
@@ -59,12 +56,6 @@ MODES = {
     "beam, GNMT": dict(num_beams=4, length_penalty_style="gnmt", length_penalty=0.6),
     "beam, GNMT, 2 returned": dict(num_beams=4, num_return_sequences=2, length_penalty_style="gnmt"),
 }
-
-
-# Where GNMT's ranking and stopping rule are transformers' (α = 0: no penalty; every beam returned, so both keep
-# `num_beams` finished hypotheses; transformers' early_stopping=False, the bound ours uses then), and padding alike:
-# our GNMT loop against transformers' own.
-SAME_RULES = dict(length_penalty=0.0, num_return_sequences=4, early_stopping=False)
 
 
 def _is_transformers_cache(cache) -> bool:
@@ -107,13 +98,13 @@ def test_our_loops_build_the_source_mask_once_and_no_look_ahead_mask(model_and_b
     monkeypatch.setitem(ALL_MASK_ATTENTION_FUNCTIONS, attn_implementation,
                         lambda *args, **kwargs: built.append(kwargs["q_length"]) or mask_function(*args, **kwargs))
     loop = GenerationMixin._sample if beams == 1 else GenerationMixin._beam_search
-    options = dict(num_beams=beams, max_new_tokens=8, **({} if beams == 1 else SAME_RULES))
+    options = dict(num_beams=beams, length_penalty_style="transformers", max_new_tokens=8)
     model.set_attn_implementation(attn_implementation)
     try:
         theirs = model.generate(**batch, custom_generate=loop, **options)
         assert len(built) > 2
         built.clear()
-        ours = model.generate(**batch, length_penalty_style="gnmt", **options)
+        ours = model.generate(**batch, **options)
     finally:
         model.set_attn_implementation("sdpa")
     assert built == [batch["input_ids"].size(1), 1]  # the encoder's, then the source's for every decoding step
@@ -148,8 +139,8 @@ def test_beam_search_returns_the_cache_transformers_beam_search_returns(model_an
     row (batch x beams) as the beams stood at the last step, so that it continues as theirs would. (A beam
     cache holds the live beams, not the returned hypotheses: token-exact continuation is greedy's.)"""
     model, batch = model_and_batch
-    options = dict(num_beams=4, return_dict_in_generate=True, max_new_tokens=9, **SAME_RULES)
-    ours = model.generate(**batch, length_penalty_style="gnmt", **options)[CACHE_NAME]
+    options = dict(num_beams=4, return_dict_in_generate=True, length_penalty_style="transformers", max_new_tokens=9)
+    ours = model.generate(**batch, **options)[CACHE_NAME]
     theirs = model.generate(**batch, custom_generate=GenerationMixin._beam_search, **options)[CACHE_NAME]
     assert _is_transformers_cache(ours)
     for part in ("self_attention_cache", "cross_attention_cache"):
@@ -169,10 +160,9 @@ def test_finished_sentences_leaving_the_batch_changes_nothing(model_and_batch, e
         lengths = pruned[:, 1:].ne(model.config.pad_token_id).sum(1)
         assert lengths.min() < lengths.max()  # sentences did end at different steps
 
-    for penalty in (0.6, 0.0):
-        pruned = model.generate(**batch, num_beams=4, custom_generate=gnmt_beam_search, length_penalty=penalty, **extra)
-        whole = model.generate(**batch, num_beams=4, custom_generate=functools.partial(gnmt_beam_search, prune=False),
-                               length_penalty=penalty, **extra)
+    for search in (gnmt_beam_search, beam_search):
+        pruned = model.generate(**batch, num_beams=4, custom_generate=search, **extra)
+        whole = model.generate(**batch, num_beams=4, custom_generate=functools.partial(search, prune=False), **extra)
         assert torch.equal(pruned, whole)
 
 
@@ -224,7 +214,7 @@ class _HostWaits(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("search", [greedy_search, gnmt_beam_search], ids=["greedy", "GNMT beam"])
+@pytest.mark.parametrize("search", [greedy_search, beam_search, gnmt_beam_search], ids=["greedy", "beam", "GNMT beam"])
 def test_our_loops_wait_for_the_device_at_most_once_a_step(model_and_batch, search, monkeypatch):
     """At most one host-device synchronisation per decoding step in our loops (where rows leave: the count of
     those going on), against the length cap's check, `nonzero().tolist()`, `.item()` per finished hypothesis
@@ -257,9 +247,10 @@ TRANSFORMERS_RULES = {
 
 
 @pytest.mark.parametrize("rules", TRANSFORMERS_RULES)
-def test_beam_search_with_transformers_ranking_is_transformers_beam_search(model_and_batch, rules):
-    """A beam search ranked by transformers (what `generate` hands to transformers' loop, our length cap added)
-    gives the tokens, scores, beam indices and cache of transformers' own `_beam_search`."""
+def test_beam_search_in_our_loop_is_transformers_beam_search(model_and_batch, rules):
+    """Our loop with transformers' ranking (what `generate` runs for plain beam search) gives the tokens,
+    scores, beam indices and cache of transformers' own `_beam_search`; a plain call (rows leave the batch)
+    its tokens."""
     model, batch = model_and_batch
     # The style named: the session's shared model may carry a generation config set to "gnmt" by now.
     options = dict(num_beams=4, return_dict_in_generate=True, length_penalty_style="transformers",
@@ -282,20 +273,17 @@ def test_beam_search_with_transformers_ranking_is_transformers_beam_search(model
 
 
 def test_the_pruning_searches_are_what_generate_runs(model_and_batch, monkeypatch):
-    """Plain greedy and GNMT beam calls go through the pruning searches, and rows do leave; transformers'
-    ranking goes to transformers' loop, where they stay."""
+    """Plain greedy and beam calls (either ranking) go through the pruning searches, and rows do leave."""
     model, batch = model_and_batch
     batch_sizes = []
     forward = model.model.decoder.forward  # our loops run the decoder and project the last position themselves
     monkeypatch.setattr(model.model.decoder, "forward", lambda *a, **k: batch_sizes.append(a[0].size(0)) or forward(*a, **k))
     model.generate(**batch, num_beams=1)
     assert batch_sizes[0] == len(SENTENCES) and batch_sizes[-1] < len(SENTENCES)
-    batch_sizes.clear()
-    model.generate(**batch, num_beams=4, length_penalty_style="gnmt")
-    assert batch_sizes[0] == 4 * len(SENTENCES) and batch_sizes[-1] < 4 * len(SENTENCES)
-    batch_sizes.clear()
-    model.generate(**batch, num_beams=4, length_penalty_style="transformers")
-    assert set(batch_sizes) == {4 * len(SENTENCES)}
+    for style in ("gnmt", "transformers"):
+        batch_sizes.clear()
+        model.generate(**batch, num_beams=4, length_penalty_style=style)
+        assert batch_sizes[0] == 4 * len(SENTENCES) and batch_sizes[-1] < 4 * len(SENTENCES), style
 
 
 def test_one_rule_lets_finished_rows_leave_greedy_and_beam_search(monkeypatch):
@@ -314,7 +302,7 @@ def test_one_rule_lets_finished_rows_leave_greedy_and_beam_search(monkeypatch):
     batch_sizes = []
     forward = model.model.decoder.forward  # our loops run the decoder and project the last position themselves
     monkeypatch.setattr(model.model.decoder, "forward", lambda *a, **k: batch_sizes.append(a[0].size(0)) or forward(*a, **k))
-    for search, beams in ((greedy_search, 1), (gnmt_beam_search, 2)):
+    for search, beams in ((greedy_search, 1), (beam_search, 2), (gnmt_beam_search, 2)):
         batch_sizes.clear()
         pruned = model.generate(**batch, num_beams=beams, custom_generate=search)
         assert batch_sizes == [16 * beams] * 3 + [sentences * beams for sentences in range(15, 0, -1)], search
@@ -331,9 +319,8 @@ def test_output_attentions_and_the_pipeline_still_work(model_and_batch, hub_tiny
     from vanilla_transformer import TranslationPipeline
 
     model, batch = model_and_batch
-    options = dict(num_beams=3, output_attentions=True, return_dict_in_generate=True, **dict(SAME_RULES,
-                   num_return_sequences=3))
-    out = model.generate(**batch, length_penalty_style="gnmt", **options)
+    options = dict(num_beams=3, output_attentions=True, return_dict_in_generate=True, length_penalty_style="transformers")
+    out = model.generate(**batch, **options)
     reference = model.generate(**batch, custom_generate=GenerationMixin._beam_search, **options)
     assert len(out.cross_attentions) == len(reference.cross_attentions)
     for a, b in zip(out.decoder_attentions[-1], reference.decoder_attentions[-1]):
@@ -428,10 +415,10 @@ def packed_counts(monkeypatch):
 
 @pytest.fixture
 def onednn_faster(monkeypatch):
-    """oneDNN asked for in decoding (the model's `onednn_decoding`; which kernel is faster depends on the machine)."""
+    """oneDNN taken as the faster kernel for every shape (which it is depends on the machine)."""
     if not fast.ONEDNN_LINEAR:
         pytest.skip("this torch build has no oneDNN linear kernels: nothing is packed")
-    monkeypatch.setattr(VanillaTransformerForConditionalGeneration, "onednn_decoding", True)
+    monkeypatch.setattr(fast, "is_onednn_faster", lambda rows, in_features, out_features: True)
 
 
 def test_a_packed_linear_map_gives_the_numbers_of_nn_linear(onednn_faster):
@@ -490,7 +477,7 @@ def test_a_search_that_fails_leaves_nothing_packed(model_and_batch, onednn_faste
 
 
 def test_what_is_worth_packing(model_and_batch, monkeypatch, packed_counts, onednn_faster):
-    """Asked for, more than one row, oneDNN on, no autocast, float32 weights of the CPU, and the switch on."""
+    """More than one row, oneDNN on, no autocast, float32 weights of the CPU, and the switch on."""
     model, batch = model_and_batch
     lm_head = model.get_output_embeddings()
     assert fast.worth_packing(model, lm_head, rows=2)
@@ -503,42 +490,40 @@ def test_what_is_worth_packing(model_and_batch, monkeypatch, packed_counts, oned
         patch.setattr(model.config, "fast_paths", False, raising=False)  # ours
         assert not fast.worth_packing(model, lm_head, rows=2)
     with monkeypatch.context() as patch:
-        patch.setattr(model, "onednn_decoding", False)  # the default
+        patch.setattr(fast, "is_onednn_faster", lambda rows, in_features, out_features: False)
         assert not fast.worth_packing(model, lm_head, rows=2)
     one = {name: value[:1] for name, value in batch.items()}
     model.generate(**one, num_beams=1)
-    model.generate(**one, num_beams=2, length_penalty_style="gnmt")  # two rows: packed
+    model.generate(**one, num_beams=2, length_penalty_style="transformers")  # two rows: packed
     assert packed_counts[0] == 0 and packed_counts[1] > 0
 
 
-@pytest.mark.slow
-def test_generate_times_no_kernel_and_packs_only_where_asked():
-    """Which kernel decodes is the model's `onednn_decoding`, set before `generate` (torch's own by default), not
-    timed inside it: in a fresh process a default model packs no weight, not even to time a kernel, and the same
-    model asked for oneDNN packs them and decodes the same tokens."""
+def test_onednn_is_chosen_for_a_shape_only_where_timed_faster_and_once(monkeypatch):
+    """The two kernels are timed in turn, the fastest of each's rounds counts, oneDNN must win by MARGIN,
+    and a shape is timed once a process (rows rounded up to a power of two)."""
     if not fast.ONEDNN_LINEAR:
-        pytest.skip("this torch build has no oneDNN linear kernels: nothing is packed")
-    code = textwrap.dedent("""
-        import torch
-        from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-        from vanilla_transformer.modeling import fast_generation
+        pytest.skip("this torch build has no oneDNN linear kernels")
+    monkeypatch.setattr(fast, "_FASTER", {})
+    durations, ticks = [], []  # each timed call takes the next of `durations`
 
-        packed = []
-        pack_weight = fast_generation.pack_weight
-        fast_generation.pack_weight = lambda weight: packed.append(weight.shape) or pack_weight(weight)
-        torch.manual_seed(0)
-        model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=40)).eval()
-        source = torch.randint(4, 40, (3, 6), generator=torch.Generator().manual_seed(0))
-        outputs = [model.generate(source, num_beams=beams, max_new_tokens=5) for beams in (1, 4)]
-        print(len(packed))
-        model.onednn_decoding = True
-        same = [torch.equal(model.generate(source, num_beams=beams, max_new_tokens=5), out)
-                for beams, out in zip((1, 4), outputs)]
-        print(len(packed) > 0, all(same))
-        """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["0", "True", "True"]
+    def perf_counter():
+        ticks.append(len(ticks))
+        tick = ticks[-1]  # a timing's start is even, its end odd
+        return (tick - tick % 2) * 1000.0 + (durations[(tick // 2) % len(durations)] if tick % 2 else 0.0)
+
+    monkeypatch.setattr(fast.time, "perf_counter", perf_counter)
+    for torch_s, onednn_s, faster in ((10.0, 5.0, True), (10.0, 9.8, False), (10.0, 12.0, False)):
+        durations[:] = [torch_s, onednn_s]
+        fast._FASTER.clear()
+        assert fast.is_onednn_faster(3, 8, 16) is faster
+    state = torch.random.get_rng_state()
+    fast._FASTER.clear()
+    fast.is_onednn_faster(3, 8, 16)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the global random stream is not drawn from
+    timed = len(ticks)
+    assert fast.is_onednn_faster(4, 8, 16) is False and len(ticks) == timed  # 3 and 4 rows: one timing
+    assert fast.is_onednn_faster(5, 8, 16) is False and len(ticks) == timed + 4 * fast.ROUNDS  # 8 rows: timed anew
+    assert set(fast._FASTER) == {(4, 8, 16, torch.get_num_threads()), (8, 8, 16, torch.get_num_threads())}
 
 
 def test_fast_paths_false_builds_plain_linear_maps():

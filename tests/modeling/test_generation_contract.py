@@ -6,10 +6,11 @@ import logging
 
 import pytest
 import torch
-from transformers import GenerationConfig, GenerationMixin, StoppingCriteriaList, StopStringCriteria
+from transformers import GenerationMixin, StoppingCriteriaList, StopStringCriteria
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling.generation import (
+    beam_search,
     paper_generation_config,
     choose_search,
     gnmt_beam_search,
@@ -34,25 +35,26 @@ def source(rows=2, length=6, seed=0):
 
 def chosen(model, options, style="transformers"):
     kwargs = dict(options)
-    resolved, _ = model._prepare_generation_config(None, **kwargs)  # as `generate` resolves them
-    return choose_search(model, kwargs, resolved, style)
+
+    def setting(name, default=None):
+        value = kwargs.get(name, getattr(model.generation_config, name, None))
+        return default if value is None else value
+
+    return choose_search(model, kwargs, setting, style)
 
 
 @pytest.mark.parametrize("options,reason", [
-    (dict(do_sample=True), "transformers' sample"),
-    (dict(num_beams=2, do_sample=True), "transformers' beam_sample"),
-    (dict(num_beams=4, num_beam_groups=2, diversity_penalty=1.0), "transformers' group_beam_search"),
-    (dict(num_beams=2, force_words_ids=[[5]]), "transformers' constrained_beam_search"),
-    (dict(penalty_alpha=0.6, top_k=4), "transformers' contrastive_search"),
-    (dict(prompt_lookup_num_tokens=3), "transformers' assisted_generation"),
-    (dict(assistant_early_exit=1), "transformers' assisted_generation"),
-    pytest.param(dict(use_mtp=True), "transformers' assisted_generation", marks=pytest.mark.skipif(
-        not hasattr(GenerationConfig(), "use_mtp"), reason="multi-token prediction is newer than this transformers")),
+    (dict(do_sample=True), "sampling"),
+    (dict(num_beams=4, num_beam_groups=2, diversity_penalty=1.0), "beam groups"),
+    (dict(num_beams=2, force_words_ids=[[5]]), "constraints"),
+    (dict(penalty_alpha=0.6, top_k=4), "contrastive search"),
+    (dict(prompt_lookup_num_tokens=3), "assisted generation"),
+    (dict(assistant_early_exit=1), "assisted generation"),
+    (dict(use_mtp=True), "assisted generation"),
     (dict(is_assistant=True), "is_assistant"),
     (dict(num_beams=2, assistant_model=object(), assistant_tokenizer=object()), "assistant_tokenizer"),
     (dict(num_beams=2, is_assistant=True), "is_assistant"),
-    (dict(dola_layers="low"), "transformers' dola_generation"),
-    (dict(num_beams=2), "transformers' length penalty"),
+    (dict(dola_layers="low"), "DoLa"),
     (dict(token_healing=True), "token_healing"),
     (dict(num_beams=2, low_memory=True), "low_memory"),
     (dict(synced_gpus=True), "synced_gpus"),
@@ -70,20 +72,20 @@ def test_each_request_our_loops_cannot_serve_goes_to_transformers_loop_by_name(m
 @pytest.mark.parametrize("options", [dict(assistant_model=object()), dict(prompt_lookup_num_tokens=3),
                                      dict(dola_layers="low")])
 def test_options_transformers_ignores_with_beams_run_our_beam_search(model, options):
-    assert chosen(model, dict(options, num_beams=3), style="gnmt") == (gnmt_beam_search, None)
+    assert chosen(model, dict(options, num_beams=3)) == (beam_search, None)
 
 
 def test_plain_requests_run_our_loops(model):
     assert chosen(model, {}) == (greedy_search, None)
+    assert chosen(model, dict(num_beams=3)) == (beam_search, None)
     assert chosen(model, dict(num_beams=3), style="gnmt") == (gnmt_beam_search, None)
-    assert chosen(model, dict(num_beams=3, return_dict_in_generate=True, output_scores=True), style="gnmt") == (
-        gnmt_beam_search, None)
+    assert chosen(model, dict(num_beams=3, return_dict_in_generate=True, output_scores=True)) == (beam_search, None)
 
 
 def test_generate_logs_why_transformers_loop_serves_a_call(model, caplog):
     with caplog.at_level(logging.DEBUG, logger="vanilla_transformer.modeling.generation"):
         model.generate(source(), do_sample=True, max_new_tokens=2)
-    assert "transformers' own generation loop serves this call: transformers' sample" in caplog.text
+    assert "transformers' own generation loop serves this call: sampling" in caplog.text
 
 
 def test_a_cache_passed_in_and_peft_go_to_transformers_loop(model):

@@ -12,7 +12,8 @@ Two generation-config attributes select the paper's behaviour (GenerationConfig 
 attributes and saves them in generation_config.json; they can also be passed to `generate`):
 
     length_penalty_style: "gnmt" runs `gnmt_beam_search` below for beam search; "transformers" (the
-        default when unset) keeps transformers' ranking and stopping rules, in transformers' own loop.
+        default when unset) keeps transformers' ranking and stopping rules, run by `beam_search` below
+        (the same tokens and scores as transformers' loop, with finished sentences leaving the batch).
         Greedy search and sampling are unaffected by a length penalty. Set both attributes with
         `paper_generation_config`: set on a generation config derived from the model config
         (`_from_model_config`), transformers drops them when it loads the saved folder.
@@ -30,22 +31,21 @@ evaluation, and `save_model` then saves it), so honouring it would cut every lat
 tokens. To cap outputs, pass `max_new_tokens` or `max_length` to `generate` (or the pipeline), which
 replaces the cap, store `max_new_tokens`, or lower `max_length_offset`.
 
-The options are resolved by transformers (`_prepare_generation_config`, as its `generate` resolves them), and
-the loop that serves a request is chosen from transformers' own name for its mode (`choose_search`): our loops
-serve greedy search and GNMT-ranked beam search; every other mode, transformers' ranking of beams, and the
-requests named in `HAND_OVERS` (streamers, a cache passed in, output_logits and the like) and, for greedy
-search only, `GREEDY_HAND_OVERS` (a static cache, return_dict_in_generate) go to transformers' own loop. A
-sentence that cannot end in time (</s> suppressed, or `min_new_tokens` past its cap) stops at its cap
-unfinished, as transformers' loop does at max_length.
+Which loop serves a request is two tables (read by `choose_search`): by `HAND_OVERS` sampling, beam
+groups, constraints, contrastive search, streamers, a cache passed in, output_logits and the like go to
+transformers' own loop, named; by `GREEDY_HAND_OVERS`, for greedy search only, assisted generation, DoLa,
+a static cache and return_dict_in_generate. A sentence that cannot end in time (</s> suppressed,
+or `min_new_tokens` past its cap) stops at its cap unfinished, as transformers' loop does at max_length.
 An input longer than a learned position table (`max_position_embeddings`) is refused in one line.
 
 The search runs inside transformers' `generate` as a `custom_generate` callable (a documented
 argument of `generate`: "perform the usual input preparation steps, then call the provided callable
 to run the decoding loop"), so input preparation (encoder run once, beam expansion, cache, logits
 processors such as no_repeat_ngram_size, stopping criteria) stays transformers' own and only the
-loop below is ours. The model's `generate` passes the search (`greedy_search` or `gnmt_beam_search`);
-anyone can pass one explicitly: `model.generate(..., num_beams=4, custom_generate=gnmt_beam_search)`.
-The other form of `custom_generate`, a `custom_generate/generate.py` folder in a Hub repository, is not used: it
+loop below is ours. The model's `generate` passes the search (`greedy_search`, `beam_search` or
+`gnmt_beam_search`); anyone can pass one explicitly: `model.generate(..., num_beams=4,
+custom_generate=gnmt_beam_search)`. The other form of
+`custom_generate`, a `custom_generate/generate.py` folder in a Hub repository, is not used: it
 replaces `generate` wholesale (greedy and sampling would have to be re-implemented), needs
 `trust_remote_code` at every call and is not written by `save_pretrained`.
 
@@ -68,7 +68,6 @@ from transformers.generation import (
     ForcedBOSTokenLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
     GenerateBeamEncoderDecoderOutput,
-    GenerationMode,
     InfNanRemoveLogitsProcessor,
     LogitsProcessor,
     LogitsProcessorList,
@@ -158,33 +157,41 @@ class SourceLengthCap(LogitsProcessor):
         return _force_eos(scores, self.last_step(input_ids).repeat_interleave(rows_per_sentence), self.eos_token_id)
 
 
+def _setting(name, kwargs, generation_config, model_config, default=None):
+    """A generation option as `generate` resolves it: the call, then the passed config, then the model's."""
+    if kwargs.get(name) is not None:
+        return kwargs[name]
+    for config in (generation_config, model_config):
+        if config is not None and getattr(config, name, None) is not None:
+            return getattr(config, name)
+    return default
+
+
 def paper_generate(model, base_generate, inputs=None, generation_config=None, logits_processor=None, **kwargs):
     """`generate` with the two attributes described at the top of this file; everything else is transformers'.
 
-    `base_generate` is transformers' `GenerationMixin.generate` bound to `model`. In steps: ours taken out
-    of the call and the options checked, the options resolved by transformers, the source-length cap added
-    unless the call sets a length, the loop chosen (`choose_search`). The cache is transformers' own (an
-    `EncoderDecoderCache` of `DynamicCache`s unless the call brings one or names another), so a returned one
-    continues a generation.
+    `base_generate` is transformers' `GenerationMixin.generate` bound to `model`. In steps: the options
+    checked (ours taken out of the call), the source-length cap added unless the call sets a length, the
+    loop chosen (`choose_search`). The cache is transformers' own (an `EncoderDecoderCache` of
+    `DynamicCache`s unless the call brings one or names another), so a returned one continues a generation.
     """
-    style, offset = _our_options(kwargs, generation_config, model.generation_config)
-    # The call's own values first: transformers refuses some of them with a message less plain than ours.
-    check_decoding_options(**{name: _in_call(name, kwargs, generation_config) for name in DECODING_OPTIONS})
+
+    def setting(name, default=None):
+        return _setting(name, kwargs, generation_config, model.generation_config, default)
+
+    style, offset = _checked_options(kwargs, generation_config, setting)
     cache = resolve_cache_argument(kwargs.pop("cache", None), kwargs.pop("past_key_values", None))
     if cache is not None:  # either name works, with any transformers version
         kwargs[CACHE_NAME] = cache
     source = next((x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None), None)
     _check_source_fits(model, source)
-    # The options as transformers' `generate` resolves them: the call, its config, the model's, the defaults.
-    resolved, _ = model._prepare_generation_config(generation_config, **kwargs)
-    check_decoding_options(num_beams=resolved.num_beams, length_penalty=resolved.length_penalty)
 
-    cap = _source_length_cap(model, source, kwargs, generation_config, offset, _first(resolved.eos_token_id))
+    cap = _source_length_cap(model, source, kwargs, generation_config, offset, setting)
     if cap is not None:
         logits_processor = LogitsProcessorList([*(logits_processor or []), cap])
         generation_config = _with_longest_output(model, cap, kwargs, generation_config)
 
-    search, reason = choose_search(model, kwargs, resolved, style)
+    search, reason = choose_search(model, kwargs, setting, style)
     if search is not None:
         kwargs["custom_generate"] = search
     else:
@@ -192,27 +199,22 @@ def paper_generate(model, base_generate, inputs=None, generation_config=None, lo
     return base_generate(inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs)
 
 
-DECODING_OPTIONS = ("num_beams", "length_penalty", "max_new_tokens")  # `check_decoding_options`' arguments
-
-
-def _in_call(name: str, kwargs, generation_config):
-    """An option as the call sets it, as an argument or in its config; None where it does not."""
-    value = kwargs.get(name)
-    return getattr(generation_config, name, None) if value is None else value
-
-
-def _our_options(kwargs, generation_config, model_generation_config):
-    """Our two options (style, offset), taken out of the call (they are not model inputs), checked: the call's,
-    else its config's, else the model's (transformers knows neither)."""
-    def option(name, default):
-        values = (kwargs.pop(name, None), getattr(generation_config, name, None), getattr(model_generation_config, name, None))
-        return next((value for value in values if value is not None), default)
-
-    style, offset = option("length_penalty_style", "transformers"), option("max_length_offset", DEFAULT_MAX_LENGTH_OFFSET)
+def _checked_options(kwargs, generation_config, setting):
+    """Our two options (style, offset), taken out of the call (they are not model inputs), and the
+    settings transformers would fail on late, checked."""
+    style = setting("length_penalty_style", "transformers")
+    offset = setting("max_length_offset", DEFAULT_MAX_LENGTH_OFFSET)
+    for name in ("length_penalty_style", "max_length_offset"):
+        kwargs.pop(name, None)
     if style not in LENGTH_PENALTY_STYLES:
         raise ValueError(f"`length_penalty_style` must be one of {LENGTH_PENALTY_STYLES}; got {style!r}.")
     if not isinstance(offset, int) or isinstance(offset, bool) or not 1 <= offset <= MAX_NEW_TOKENS:
         raise ValueError(f"`max_length_offset` must be an integer in 1..{MAX_NEW_TOKENS}; got {offset!r}.")
+    check_decoding_options(
+        num_beams=setting("num_beams"),
+        length_penalty=setting("length_penalty"),
+        max_new_tokens=_setting("max_new_tokens", kwargs, generation_config, None),
+    )
     return style, offset
 
 
@@ -227,7 +229,7 @@ def _check_source_fits(model, source) -> None:
                          f"(max_position_embeddings). Truncate it: tokenizer(..., truncation=True, max_length={limit}).")
 
 
-def _source_length_cap(model, source, kwargs, generation_config, offset: int, eos: int) -> SourceLengthCap | None:
+def _source_length_cap(model, source, kwargs, generation_config, offset: int, setting) -> SourceLengthCap | None:
     """§6.1's cap: sentence i may generate its number of non-padding source tokens + `offset`. None where
     the call sets a length (`max_new_tokens` or `max_length`, as an argument or in its config)."""
     lengths_in_call = (kwargs, vars(generation_config) if generation_config is not None else {})
@@ -245,7 +247,7 @@ def _source_length_cap(model, source, kwargs, generation_config, offset: int, eo
     # and the longest output any option may ask for: a sinusoidal model's positions alone bound nothing.
     ceiling = min(model.generation_config.max_new_tokens or math.inf, longest_target(model.config) - prompt,
                   MAX_NEW_TOKENS)
-    return SourceLengthCap((lengths + offset).clamp(max=ceiling), eos, prompt)
+    return SourceLengthCap((lengths + offset).clamp(max=ceiling), _first(setting("eos_token_id")), prompt)
 
 
 def longest_target(config) -> int:
@@ -272,53 +274,67 @@ def _with_longest_output(model, cap: SourceLengthCap, kwargs, generation_config)
     return generation_config
 
 
-# Which loop serves a request. transformers names its mode (`get_generation_mode`, which also tells that it
-# ignores assistance and DoLa with beams): our loops serve greedy search, and beam search ranked as the paper
-# ranks it; transformers' own loop serves every other mode, transformers' ranking of beams, and a request that
-# asks for what our loops do not do (below, by name).
+def _assisted(kwargs, setting) -> bool:
+    """Assisted generation (an assistant model, prompt lookup, early exit), or this model serving as
+    an assistant: transformers' loop crops the cache, which only its dynamic cache can do."""
+    return (
+        kwargs.get("assistant_model") is not None
+        or bool(setting("prompt_lookup_num_tokens"))
+        or setting("assistant_early_exit") is not None
+        or bool(setting("use_mtp", False))
+        or bool(setting("is_assistant", False))
+    )
+
+
+# Which loop serves a request: the first rule that holds hands it to transformers' own loop, by name.
+# Our loops run plain greedy and beam search; anything else transformers' `generate` does itself.
 HAND_OVERS = (
-    ("custom_generate given", lambda model, kwargs, config: kwargs.get("custom_generate") is not None),
-    # an assistant's loop crops its cache, which transformers' own loops do
-    ("is_assistant", lambda model, kwargs, config: bool(config.is_assistant)),
+    ("custom_generate given", lambda model, kwargs, setting: kwargs.get("custom_generate") is not None),
+    ("sampling", lambda model, kwargs, setting: setting("do_sample", False)),
+    ("beam groups", lambda model, kwargs, setting: setting("num_beam_groups", 1) > 1),
+    ("constraints", lambda model, kwargs, setting: setting("constraints") is not None
+     or setting("force_words_ids") is not None),
+    ("contrastive search", lambda model, kwargs, setting: bool(setting("penalty_alpha"))),
+    ("is_assistant", lambda model, kwargs, setting: bool(setting("is_assistant", False))),
     # transformers checks an assistant's tokenizer in its own loops (with beams too)
-    ("assistant_tokenizer", lambda model, kwargs, config: kwargs.get("assistant_tokenizer") is not None),
-    # transformers hands the tokenizer they need only to its own loops
-    ("stop_strings", lambda model, kwargs, config: config.stop_strings is not None),
-    ("token_healing", lambda model, kwargs, config: bool(config.token_healing)),
-    ("streamer", lambda model, kwargs, config: kwargs.get("streamer") is not None),
-    ("a cache passed in", lambda model, kwargs, config: kwargs.get(CACHE_NAME) is not None),
-    ("output_logits", lambda model, kwargs, config: bool(config.output_logits)),
+    ("assistant_tokenizer", lambda model, kwargs, setting: kwargs.get("assistant_tokenizer") is not None),
+    ("stop_strings", lambda model, kwargs, setting: setting("stop_strings") is not None),
+    ("streamer", lambda model, kwargs, setting: kwargs.get("streamer") is not None),
+    ("a cache passed in", lambda model, kwargs, setting: kwargs.get(CACHE_NAME) is not None),
+    ("output_logits", lambda model, kwargs, setting: setting("output_logits", False)),
+    # transformers heals tokens with the tokenizer, which it hands only to its own loops
+    ("token_healing", lambda model, kwargs, setting: bool(setting("token_healing", False))),
     # options transformers refuses or acts on in its own loop: its error, or its synchronisation across GPUs
-    ("low_memory", lambda model, kwargs, config: bool(config.low_memory)),
-    ("synced_gpus", lambda model, kwargs, config: bool(kwargs.get("synced_gpus"))),
+    ("low_memory", lambda model, kwargs, setting: bool(setting("low_memory", False))),
+    ("synced_gpus", lambda model, kwargs, setting: bool(kwargs.get("synced_gpus"))),
     # PEFT's prompt learning (prefix tuning) feeds its prefix through prepare_inputs_for_generation,
     # which only transformers' loop calls.
-    ("PEFT's prepare_inputs_for_generation", lambda model, kwargs, config:
+    ("PEFT's prepare_inputs_for_generation", lambda model, kwargs, setting:
      "prepare_inputs_for_generation" in vars(model)),
 )
-# Greedy search only: with a static cache transformers' loop compiles the decoder step (beam search does not
-# compile in transformers), and per-step outputs come from transformers' loop.
+# Greedy search only: with a static cache transformers' loop compiles the decoder step (beam search
+# does not compile in transformers), and per-step outputs come from transformers' loop. transformers
+# assists (and runs DoLa for) greedy search and sampling only: with beams it ignores these, and so do we.
 GREEDY_HAND_OVERS = (
-    ("static cache", lambda model, kwargs, config: config.cache_implementation in ALL_STATIC_CACHE_IMPLEMENTATIONS),
-    ("return_dict_in_generate", lambda model, kwargs, config: bool(config.return_dict_in_generate)),
+    ("assisted generation", lambda model, kwargs, setting: _assisted(kwargs, setting)),
+    ("DoLa", lambda model, kwargs, setting: setting("dola_layers") is not None),
+    ("static cache", lambda model, kwargs, setting: setting("cache_implementation") in ALL_STATIC_CACHE_IMPLEMENTATIONS),
+    ("return_dict_in_generate", lambda model, kwargs, setting: setting("return_dict_in_generate", False)),
 )
 
 
-def choose_search(model, kwargs, config: GenerationConfig, style: str):
+def choose_search(model, kwargs, setting, style):
     """The loop that serves a `generate` request: (our search, None), or (None, the reason it goes to
-    transformers' own loop). `config`: the call's options as transformers resolves them; `style`: the ranking."""
-    mode = config.get_generation_mode(kwargs.get("assistant_model"))
-    if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.BEAM_SEARCH):
-        return None, f"transformers' {mode.value}"
-    greedy = mode == GenerationMode.GREEDY_SEARCH
-    for reason, applies in HAND_OVERS + (GREEDY_HAND_OVERS if greedy else ()):
-        if applies(model, kwargs, config):
+    transformers' own loop). `setting(name, default)` reads an option as `generate` resolves it."""
+    beams = setting("num_beams", 1)
+    for reason, applies in HAND_OVERS + (GREEDY_HAND_OVERS if beams == 1 else ()):
+        if applies(model, kwargs, setting):
             return None, reason
-    if greedy:
+    if beams == 1:
         return greedy_search, None  # finished sentences leave the batch
     if style == "gnmt":
         return gnmt_beam_search, None
-    return None, "transformers' length penalty"
+    return beam_search, None  # transformers' rules; finished sentences leave the batch
 
 
 # Logits processors that treat every row on its own, from its tokens, and our length cap, which selects
@@ -459,7 +475,7 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
 
     Returns what transformers' greedy search returns, token for token: each row its argmax tokens,
     padded after it ends, up to the step the last row ended. Rows stay in place (as in transformers,
-    fed padding once finished) under the conditions of `gnmt_beam_search`. As there, the host waits for the
+    fed padding once finished) under the conditions of `_beam_search`. As there, the host waits for the
     device once a step (how many rows go on); the decoder's products run on packed weights where that is
     faster (`packed_products`). Our `generate` uses it for
     plain greedy decoding without per-step outputs or a static cache (with one, transformers' loop
@@ -521,6 +537,36 @@ class GNMTRanking:
         `max_new`) beat the worst of those kept (`worst_kept`, -inf until `keep` are)?"""
         bound = torch.maximum(best_live / self.penalty(length + 1), best_live / self.penalty(max_new.float()))
         return worst_kept >= bound
+
+
+class TransformersRanking:
+    """transformers' beam search, rule for rule: log P / |Y|^α, `num_beams` finished hypotheses kept per
+    sentence, and its `early_stopping`: True stops a sentence once it has them; False once the best live
+    hypothesis, scored at its current length, cannot beat the worst kept (a heuristic); "never" scores
+    it at the longest length instead when α > 0. Beams it rules out score -1e9 (and still extend), as in
+    transformers, and its outputs are padded as transformers pads them (with </s> when the padding id is 0).
+    `longest`: transformers' longest output (max_length less the prompt), for all sentences; the sentences'
+    own caps (`done`'s `max_new`) are not in its rule.
+    """
+
+    dead = -1e9
+
+    def __init__(self, generation_config, longest: int):
+        self.alpha = generation_config.length_penalty
+        self.keep = generation_config.num_beams
+        self.early_stopping = generation_config.early_stopping
+        self.longest = longest
+        self.fill = generation_config.pad_token_id or _first(generation_config.eos_token_id)
+
+    def penalty(self, length):
+        return length**self.alpha
+
+    def done(self, best_live, length: int, max_new, worst_kept):
+        full = worst_kept > float("-inf")  # `keep` are kept
+        horizon = self.longest if self.early_stopping == "never" and self.alpha > 0 else length
+        # Until `keep` are kept, the worst counts as -1e9 (transformers' empty slots).
+        can_improve = best_live / self.penalty(horizon) > torch.where(full, worst_kept, self.dead)
+        return ~can_improve | (full & (self.early_stopping is True))
 
 
 class _Candidates(NamedTuple):
@@ -685,7 +731,22 @@ class _StepOutputs:
 
 def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True,
                      **model_kwargs):
-    """Beam search ranked as the paper does (`GNMTRanking`); a `custom_generate` callable for `generate`.
+    """Beam search ranked as the paper does (`GNMTRanking`); a `custom_generate` callable for `generate`."""
+    return _beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                        GNMTRanking(generation_config), prune, **model_kwargs)
+
+
+def beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True, **model_kwargs):
+    """transformers' beam search (`TransformersRanking`) in our loop, where finished sentences leave the
+    batch: the tokens and scores of transformers' own loop, with less work. A `custom_generate` callable."""
+    longest = generation_config.max_length - input_ids.size(1)
+    return _beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                        TransformersRanking(generation_config, longest), prune, **model_kwargs)
+
+
+def _beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, ranking, prune=True,
+                 **model_kwargs):
+    """Beam search with the ranking and stopping rule of `ranking` (a `GNMTRanking` or `TransformersRanking`).
 
     `generate` has already run the encoder once and repeated each sentence `num_beams` times, so
     `input_ids` is (batch * beams, 1), the decoder start token.
@@ -706,7 +767,7 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     own, or with `prune=False`.
     """
     beams, prompt_length = generation_config.num_beams, input_ids.size(1)
-    hypotheses = _Hypotheses(input_ids, beams, GNMTRanking(generation_config), generation_config.max_length)
+    hypotheses = _Hypotheses(input_ids, beams, ranking, generation_config.max_length)
     live = _LiveRows(model, input_ids, logits_processor, generation_config, model_kwargs, rows_per_sentence=beams,
                      output_attentions=bool(generation_config.output_attentions),
                      output_hidden_states=bool(generation_config.output_hidden_states))
@@ -746,6 +807,8 @@ def _beam_step(live: _LiveRows, hypotheses: _Hypotheses, steps: _StepOutputs, st
 __all__ = [
     "GNMTRanking",
     "SourceLengthCap",
+    "TransformersRanking",
+    "beam_search",
     "choose_search",
     "gnmt_beam_search",
     "gnmt_length_penalty",

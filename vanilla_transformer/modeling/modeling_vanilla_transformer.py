@@ -461,9 +461,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     `AutoModelForSeq2SeqLM`. Given `labels`, returns the (optionally label-smoothed, §5.4) loss."""
 
     accepts_loss_kwargs = True  # `Trainer` passes `num_items_in_batch`
-    # Our decoding loops' products on oneDNN, weights packed per call (fast_generation.py): set by whoever loads
-    # the model for a CPU where that is faster; off, torch's own kernel, as fast on the CPU measured (docs/design.md).
-    onednn_decoding = False
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
@@ -485,10 +482,9 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         return paper_generate(self, super().generate, inputs, generation_config, logits_processor, **kwargs)
 
     def prepare_inputs_for_generation(self, *args, tokenizer=None, assistant_tokenizer=None, assistant_model=None,
-                                      position_ids=None, **kwargs):
+                                      **kwargs):
         """transformers' own loops keep some of `generate`'s arguments among the model's inputs (tokenizers, an
-        assistant that beam search ignores, chunked prefill's position ids: our decoder counts positions from its
-        cache); `forward` takes none of them."""
+        assistant that beam search ignores); `forward` takes none of them."""
         return super().prepare_inputs_for_generation(*args, **kwargs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
