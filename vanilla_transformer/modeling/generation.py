@@ -50,9 +50,7 @@ replaces `generate` wholesale (greedy and sampling would have to be re-implement
 `trust_remote_code` at every call and is not written by `save_pretrained`.
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only the
-standard library, torch, transformers and the files beside it; of transformers' private names, only
-`GenerationMixin._prepare_generation_config`, so that options resolve as `generate` resolves them
-(docs/compatibility.md).
+standard library, torch, the public API of transformers and the files beside it.
 """
 
 from __future__ import annotations
