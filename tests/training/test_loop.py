@@ -384,15 +384,16 @@ def test_a_failing_model_card_or_upload_leaves_the_model_saved(tmp_path, small_t
 
 KILL_WHILE_SAVING = """
 import os, signal, sys
-from vanilla_transformer import hub
+from vanilla_transformer import staging
 
-def move_half_then_die(staging, output_dir):  # kill -9 with half of the final files in place
-    names = sorted(p.name for p in staging.iterdir())
-    for name in names[: len(names) // 2]:
-        os.replace(staging / name, output_dir / name)
-    os.kill(os.getpid(), signal.SIGKILL)
+publish = staging._move
 
-hub._move_into_place = move_half_then_die
+def die_before_config(source, destination):  # kill -9 with the final folder's weights in place, its config.json not
+    if destination.name == "config.json" and (destination.parent / "model.safetensors").exists():
+        os.kill(os.getpid(), signal.SIGKILL)
+    publish(source, destination)
+
+staging._move = die_before_config
 from vanilla_transformer.cli import main
 sys.exit(main(sys.argv[1:]))
 """
