@@ -67,15 +67,17 @@ def sweep_staging(folder: str | os.PathLike) -> list[str]:
 def publish_files(folder: str | os.PathLike) -> None:
     """Give every file under `folder` the mode a plain `open` gives (0666 less the umask): safetensors and
     mkstemp write 0600, which the other users of a shared model folder cannot read."""
+    mode = _open_mode()
     for path in Path(folder).rglob("*"):
         if path.is_file() and not path.is_symlink():
-            _give_open_mode(path)
+            os.chmod(path, mode)
 
 
-def _give_open_mode(path: Path) -> None:
+def _open_mode() -> int:
+    """The mode `open` gives a new file: 0666 less the umask (read by setting it, the only way to read it)."""
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
+    return 0o666 & ~umask
 
 
 def _move(source: Path, destination: Path) -> None:
@@ -188,7 +190,7 @@ def write_file_whole(path: str | os.PathLike, content: str | bytes | Callable[[P
         else:
             with os.fdopen(handle, "w", encoding="utf-8") as f:
                 f.write(content)
-        _give_open_mode(staging)  # mkstemp makes it 0600
+        os.chmod(staging, _open_mode())  # mkstemp makes it 0600
         _move(staging, path)
     except BaseException as err:
         staging.unlink(missing_ok=True)
