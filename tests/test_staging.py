@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 
 import pytest
 
@@ -70,6 +71,20 @@ def test_a_folder_is_replaced_whole_and_a_damaged_one_set_aside_under_a_free_nam
     (tmp_path / "damaged-adapter").mkdir()
     assert set_aside(old, "damaged-adapter").name == "damaged-adapter-again"
     assert sorted(os.listdir(tmp_path)) == ["damaged-adapter", "damaged-adapter-again"]
+
+
+def test_a_replaced_folder_is_removed_only_once_the_new_one_is_in_place(tmp_path, monkeypatch):
+    old, new = tmp_path / "adapter", tmp_path / f"{STAGING_PREFIX}adapter"
+    for folder, text in ((old, "old"), (new, "new")):
+        folder.mkdir()
+        (folder / f"{text}.txt").write_text(text)
+    seen_while_removing = []
+    real_rmtree = shutil.rmtree
+    monkeypatch.setattr(shutil, "rmtree", lambda path, *args, **kwargs: seen_while_removing.append(
+        (os.listdir(old), sorted(os.listdir(path)))) or real_rmtree(path, *args, **kwargs))
+    publish_folder(new, old)
+    assert seen_while_removing == [(["new.txt"], ["old.txt"])]
+    assert [path.name for path in tmp_path.iterdir()] == ["adapter"]
 
 
 def test_a_file_written_again_removes_what_a_killed_write_of_it_left_and_nothing_else(tmp_path):

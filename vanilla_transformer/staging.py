@@ -154,9 +154,13 @@ def staged_files(folder: str | os.PathLike, name: str, last: Iterable[str] = ())
 
 
 def publish_folder(staging: Path, target: Path) -> None:
-    """Put the folder `staging` in place of `target` (removed first, if there) in one rename."""
-    shutil.rmtree(target, ignore_errors=True)
+    """Put the folder `staging` in place of `target`. An old `target` is renamed aside (a staging name) and removed
+    once the new one is in place: a reader finds the old folder whole or the new one, never one half removed."""
+    aside = staging.with_name(staging.name + "-replaced")
+    if target.exists():
+        _move(target, aside)
     _move(staging, target)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def set_aside(path: Path, name: str) -> Path:
