@@ -92,22 +92,22 @@ def test_fsdp_without_gpus_is_one_clear_error(tmp_path, small_task, small_run):
 
 @pytest.mark.parametrize("use_cpu", ["1", ""])
 def test_fsdp_is_refused_from_the_launch_settings_where_there_is_no_accelerator(monkeypatch, use_cpu):
-    from vanilla_transformer.training.distributed import check_engine_has_devices
+    from vanilla_transformer.training.distributed import check_strategy_has_devices
 
     monkeypatch.setenv("ACCELERATE_USE_CPU", use_cpu)
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)  # pins the premise on a GPU machine too
     with pytest.raises(ValueError, match="FSDP was asked for .* ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu"):
-        check_engine_has_devices("FSDP")
-    check_engine_has_devices(None)  # DDP or one process: nothing to refuse
-    check_engine_has_devices("DEEPSPEED")  # refused later, from what Accelerate starts (check_world_size)
+        check_strategy_has_devices("FSDP")
+    check_strategy_has_devices(None)  # DDP or one process: nothing to refuse
+    check_strategy_has_devices("DEEPSPEED")  # refused later, from what Accelerate starts (check_world_size)
 
 
 def test_fsdp_is_let_through_where_there_is_an_accelerator(monkeypatch):
-    from vanilla_transformer.training.distributed import check_engine_has_devices
+    from vanilla_transformer.training.distributed import check_strategy_has_devices
 
     monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
-    check_engine_has_devices("FSDP")
+    check_strategy_has_devices("FSDP")
 
 
 def two_processes_command(output_dir: Path, args) -> list:

@@ -5,7 +5,7 @@ kernels.py's bf16 weights, whichever the step runs with); AOTAutograd derives th
 backward is compiled too. The graphs are static (`dynamic=False`): one per batch shape, which the bucket shapes
 (`bucket_shapes`, data.py) keep to a few. Dynamo's limit of recompilations is raised to the number of shapes and
 reaching it is an error, never a silent fall back to eager. The optimiser, the gradient reduction and the checks of
-engines.py stay eager. Each shape's first step compiles: its time is logged and summed (`CompiledLoss.seconds`,
+strategy.py stay eager. Each shape's first step compiles: its time is logged and summed (`CompiledLoss.seconds`,
 results.json's `compiled_step`); being wall-clock time of the run, `time_limit` counts it as any other.
 """
 

@@ -32,18 +32,18 @@ __all__ = [
     "DEFAULT_DDP_TIMEOUT",
     "configure_deepspeed",
     "default_mixed_precision",
-    "check_engine_has_devices",
+    "check_strategy_has_devices",
     "describe",
     "end_training",
     "launched_world_size",
-    "requested_engine",
+    "requested_strategy",
     "start_accelerator",
 ]
 
 logger = get_logger(__name__)
 
 # The flags `accelerate launch --use_fsdp / --use_deepspeed` (or a config file) set for the processes.
-_ENGINE_FLAGS = {"FSDP": "ACCELERATE_USE_FSDP", "DEEPSPEED": "ACCELERATE_USE_DEEPSPEED"}
+_STRATEGY_FLAGS = {"FSDP": "ACCELERATE_USE_FSDP", "DEEPSPEED": "ACCELERATE_USE_DEEPSPEED"}
 _CPU_FIX = "set ACCELERATE_USE_CPU=1 (or `accelerate launch --cpu`) on a machine without GPUs"
 
 
@@ -51,11 +51,11 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def requested_engine() -> str | None:
+def requested_strategy() -> str | None:
     """'FSDP' or 'DEEPSPEED' when the launcher asked for one, else None (DDP or a single process)."""
-    for engine, flag in _ENGINE_FLAGS.items():
+    for strategy, flag in _STRATEGY_FLAGS.items():
         if _flag(flag):
-            return engine
+            return strategy
     return None
 
 
@@ -94,17 +94,17 @@ def start_accelerator(ddp_timeout: float = DEFAULT_DDP_TIMEOUT, **kwargs) -> Acc
     import torch
     from accelerate.utils import InitProcessGroupKwargs
 
-    engine = requested_engine()
-    check_engine_has_devices(engine)
+    strategy = requested_strategy()
+    check_strategy_has_devices(strategy)
     handlers = [*kwargs.pop("kwargs_handlers", []), InitProcessGroupKwargs(timeout=timedelta(seconds=ddp_timeout))]
     accelerator = Accelerator(kwargs_handlers=handlers, **kwargs)
     check_world_size(accelerator)
     if accelerator.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     logger.info(describe(accelerator))
-    if engine is not None and accelerator.distributed_type.name != engine:
+    if strategy is not None and accelerator.distributed_type.name != strategy:
         logger.warning(
-            f"{engine} was asked for ({_ENGINE_FLAGS[engine]}) but Accelerate runs {accelerator.distributed_type.name}"
+            f"{strategy} was asked for ({_STRATEGY_FLAGS[strategy]}) but Accelerate runs {accelerator.distributed_type.name}"
             + (" (on CPU Accelerate falls back to DDP: no sharding)" if accelerator.device.type == "cpu" else "")
         )
     if accelerator.num_processes > 1:
@@ -115,12 +115,12 @@ def start_accelerator(ddp_timeout: float = DEFAULT_DDP_TIMEOUT, **kwargs) -> Acc
     return accelerator
 
 
-def check_engine_has_devices(engine: str | None) -> None:
+def check_strategy_has_devices(strategy: str | None) -> None:
     """Refuse FSDP where there is no accelerator to shard on, from the launch's own settings, before Accelerate
     builds its plugin (whose error for this differs from one Accelerate release to the next)."""
     import torch
 
-    if engine != "FSDP" or not (_flag("ACCELERATE_USE_CPU") or not torch.accelerator.is_available()):
+    if strategy != "FSDP" or not (_flag("ACCELERATE_USE_CPU") or not torch.accelerator.is_available()):
         return
     raise ValueError(
         "FSDP was asked for (ACCELERATE_USE_FSDP), but this launch has no GPU to shard the model on "

@@ -35,7 +35,7 @@ from .checkpoints import checkpoint_path, read_state
 from .compiled import CompiledLoss, compiled_loss
 from .data import TokenBatchSampler, TokenizedSplit, bucket_shapes
 from .distributed import configure_deepspeed
-from .engines import Engine, NonFiniteGuard
+from .strategy import NonFiniteGuard, StepStrategy
 from .kernels import TIMING_SHARE, Bf16Weights, attention_choice, bf16_weights, fastest_attention
 from .budget import Budget
 from .logs import Losses, TrainingLog
@@ -71,7 +71,7 @@ class Components:
     train_split: TokenizedSplit | None = None
     eval_splits: dict[str, TokenizedSplit] = field(default_factory=dict)
     sampler: TokenBatchSampler | None = None
-    engine: Engine = field(init=False)  # what DeepSpeed, FSDP2 and fp16's scaler change in the step
+    strategy: StepStrategy = field(init=False)  # what DeepSpeed, FSDP2 and fp16's scaler change in the step
     losses: Losses = field(init=False)  # the step's losses, summed on the device
     guard: NonFiniteGuard = field(init=False)  # what becomes of a step that is not finite
     weights: Bf16Weights | None = field(init=False)  # bf16 copies the step trains on (kernels.py); None: autocast
@@ -80,9 +80,9 @@ class Components:
     compiled: CompiledLoss | None = None  # the step's forward and loss compiled (compiled.py); None: eager
 
     def __post_init__(self):
-        self.engine = Engine(self.accelerator, self.optimizer)
+        self.strategy = StepStrategy(self.accelerator, self.optimizer)
         self.losses = Losses(self.accelerator, self.checkpoint_root)
-        self.guard = NonFiniteGuard(self.engine, self.optimizer, self.losses)
+        self.guard = NonFiniteGuard(self.strategy, self.optimizer, self.losses)
         self.weights = bf16_weights(self.accelerator, self.accelerator.unwrap_model(self.model))
 
     def unwrap_model(self) -> None:

@@ -6,7 +6,7 @@ non-padding target tokens and divides by the number of those tokens in the whole
 process; Adam and the learning rate's schedule are §5.3's (schedule.py).
 
 Except where the guard against a non-finite step must look (DeepSpeed, FSDP2, an Adam that is not fused:
-engines.py), the host never waits for the device within a step: the step's counts are one reduction whose result the
+strategy.py), the host never waits for the device within a step: the step's counts are one reduction whose result the
 host reads only once the step's work is queued behind it, and the losses are summed on the device and
 read (logs.py's `Losses.read`) every `log_steps` and before every checkpoint.
 """
@@ -43,7 +43,7 @@ def train_step(components: Components, micro_batches: list[tuple[dict, int]], st
     `components.losses`; `budget` is read, never written. The rate of the next step is `next_rate`'s, once the loop
     has given the budget this step's clock. Call it under kernels.py's `training_attention`, as the training loop
     does for the whole run."""
-    accelerator, model, engine, guard = components.accelerator, components.model, components.engine, components.guard
+    accelerator, model, strategy, guard = components.accelerator, components.model, components.strategy, components.guard
     model.train()
     counts = StepCounts(accelerator, sum(n for _, n in micro_batches), budget)  # over every process, not waited for
     step_loss, step_nll = (torch.zeros((), dtype=torch.float64, device=accelerator.device) for _ in range(2))
@@ -52,7 +52,7 @@ def train_step(components: Components, micro_batches: list[tuple[dict, int]], st
     autocast = nullcontext if components.weights is not None else accelerator.autocast
     batch_loss = components.compiled or criterion.batch_loss  # compiled.py's graphs, one per batch shape, or eager
     for i, (batch, _) in enumerate(micro_batches):
-        with engine.accumulating(model, last=i == len(micro_batches) - 1), copies():
+        with strategy.accumulating(model, last=i == len(micro_batches) - 1), copies():
             with autocast():
                 loss, nll = batch_loss(model, batch)  # label-smoothed, summed over target tokens (§5.4)
             guard.before_backward(loss, step)
@@ -61,7 +61,7 @@ def train_step(components: Components, micro_batches: list[tuple[dict, int]], st
         step_loss += loss.detach().double()
         step_nll += nll.double()
     components.losses.add(step_loss, step_nll)
-    norm = engine.clip_grad_norm(model, max_grad_norm)
+    norm = strategy.clip_grad_norm(model, max_grad_norm)
     guard.before_update(step_loss, norm, step)
     lr = components.scheduler.get_last_lr()[0]
     components.optimizer.step()  # Adam (§5.3)

@@ -1,6 +1,6 @@
-"""What the step does differently under each engine, and what it does with a step that is not finite.
+"""What the step does differently under each distributed strategy, and what it does with a step that is not finite.
 
-`Engine` names, once, where DeepSpeed, FSDP2 and fp16's loss scaler change §5's step: DeepSpeed clips and
+`StepStrategy` names, once, where DeepSpeed, FSDP2 and fp16's loss scaler change §5's step: DeepSpeed clips and
 updates the weights inside its own backward; FSDP2's gradient norm is a DTensor; fp16's scaler skips
 the update of a step whose gradients overflowed, and fused Adam can skip one on the device
 (`found_inf`, as the scaler uses it) without the host waiting for it.
@@ -20,11 +20,11 @@ from contextlib import nullcontext
 import torch
 from accelerate.utils import DistributedType
 
-__all__ = ["Engine", "NonFiniteGuard"]
+__all__ = ["NonFiniteGuard", "StepStrategy"]
 
 
-class Engine:
-    """The accelerator's engine as §5's step meets it."""
+class StepStrategy:
+    """The accelerator's distributed strategy (DDP, FSDP2, DeepSpeed) and precision as §5's step meets them."""
 
     def __init__(self, accelerator, optimizer):
         self.accelerator = accelerator
@@ -49,15 +49,15 @@ class Engine:
 class NonFiniteGuard:
     """A step that is not finite leaves the weights as they were, and the run stops at the next read of the losses."""
 
-    def __init__(self, engine: Engine, optimizer, losses):
-        self.engine, self.optimizer, self.losses = engine, optimizer, losses
+    def __init__(self, strategy: StepStrategy, optimizer, losses):
+        self.strategy, self.optimizer, self.losses = strategy, optimizer, losses
 
     def before_backward(self, loss: torch.Tensor, step: int) -> None:
         """Under DeepSpeed, whose engine updates inside backward: stop every process now, before any update,
         when this micro-batch's loss is not finite on any of them."""
-        if not self.engine.deepspeed:
+        if not self.strategy.deepspeed:
             return
-        bad = self.engine.accelerator.reduce((~torch.isfinite(loss.detach())).float().reshape(1), "sum")
+        bad = self.strategy.accelerator.reduce((~torch.isfinite(loss.detach())).float().reshape(1), "sum")
         if bad.item():
             self.optimizer.zero_grad(set_to_none=True)
             self.losses.mark_bad(torch.tensor(True, device=loss.device), step)
@@ -68,13 +68,13 @@ class NonFiniteGuard:
         """Record the step as bad when its loss or its (all-reduced, so alike on every process) gradient norm is
         not finite, and have the optimiser skip it: on the device where it can, else on the host now."""
         bad = ~torch.isfinite(step_loss)
-        skip = None if norm is None or self.engine.scales_loss else ~torch.isfinite(norm)
+        skip = None if norm is None or self.strategy.scales_loss else ~torch.isfinite(norm)
         if skip is not None:
             bad |= skip
         self.losses.mark_bad(bad, step)
         if skip is None:
             return
-        if self.engine.skips_on_device:
+        if self.strategy.skips_on_device:
             self.optimizer.optimizer.found_inf = skip.float()
         elif skip.item():
             self.optimizer.zero_grad(set_to_none=True)
