@@ -35,7 +35,7 @@ def test_each_weights_file_is_opened_once(tmp_path, monkeypatch):
     monkeypatch.setattr(safetensors, "safe_open", lambda path, *args, **kwargs: opened.append(path) or
                         real_open(path, *args, **kwargs))
 
-    check_config_fits_weights(tmp_path)
+    check_config_fits_weights(tmp_path, config)
 
     assert opened == [str(tmp_path / "model.safetensors")]
 

@@ -26,7 +26,8 @@ import os
 import re
 from pathlib import Path
 
-from .file_checks import check_repo_id
+from .file_checks import check_repo_id, read_json
+from .folder_fields import MAX_JSON_BYTES
 from .model_folder import WEIGHT_FILES, check_model_files
 from .staging import staged_files, sweep_staging, write_file_whole
 from .modeling.pipeline_vanilla_transformer import source_length_limit
@@ -253,10 +254,7 @@ def check_hub_folder(folder: str | os.PathLike) -> Path:
     if not (folder / "config.json").is_file():
         missing.append("config.json")
     else:
-        try:
-            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{folder / 'config.json'} is not valid JSON: {err}") from err
+        config = read_json(folder / "config.json", MAX_JSON_BYTES)
     if not (folder / "tokenizer.json").is_file() or not (folder / "tokenizer_config.json").is_file():
         missing.append("tokenizer (tokenizer.json and tokenizer_config.json)")
     auto_map = config.get("auto_map")

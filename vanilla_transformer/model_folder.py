@@ -39,14 +39,16 @@ from .folder_fields import (
 
 __all__ = ["MAX_INDEX_BYTES", "TOKENIZER_FILES", "WEIGHT_FILES", "check_config_file", "check_config_fits_weights",
            "check_config_sizes", "check_export_folder", "check_generation_file", "check_model_files",
-           "check_model_folder", "check_tokenizer_files", "check_tokenizer_fits", "default_device", "load_model",
-           "load_pretrained", "load_tokenizer", "max_tokenizer_bytes", "weight_shapes"]
+           "check_model_folder", "check_tokenizer_files", "check_tokenizer_fits", "default_device", "load_checked", "load_model",
+           "load_pretrained", "load_tokenizer", "local_folder", "max_tokenizer_bytes", "weight_shapes"]
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 # A shard index names every tensor once, in tens of bytes each: far past any model's, far below a slow parse.
 MAX_INDEX_BYTES = 16 << 20
 VOCABULARY_FILE = "shared_vocabulary.json"  # a CTranslate2 export's tokens, in id order
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# What loading a Hub repository reads: its settings, tokenizer, weights (and shards) and adapter; never its code.
+HUB_FILES = ["*.json", "*.safetensors", "*.bin"]
 
 # A token's entry in tokenizer.json (its string, id, merges, score) takes tens of bytes; a kilobyte each, with a
 # megabyte for the rest, is far past any tokenizer's own and far below what takes minutes to parse.
@@ -70,41 +72,66 @@ def default_device() -> str:
 def load_model(name_or_path: str | os.PathLike, device: str | None = None):
     """Load a model folder (or Hub id) and its tokenizer, in eval mode on `device` (default: GPU if present).
 
-    A folder goes through the gate first (`check_model_folder`), so that a missing piece or a field out of bounds
-    gets one clear line instead of a stack trace, a hang or a translation that never ends.
+    The folder (a Hub repository's files, downloaded or from the cache) goes through the gate first
+    (`check_model_folder`), so that a missing piece or a field out of bounds gets one clear line instead of a stack
+    trace, a hang or a translation that never ends.
     """
-    if Path(name_or_path).is_dir():
-        check_model_folder(name_or_path)
-    elif not REPO_ID.match(str(name_or_path)):
-        raise FileNotFoundError(f"`model` is neither a folder nor a Hub id (user/name): {name_or_path}")
-    adapter = Path(name_or_path).is_dir() and _check_adapter(Path(name_or_path))
+    folder = local_folder(name_or_path)
+    adapter = _check_adapter(folder, check_model_folder(folder))
     try:
-        tokenizer = load_tokenizer(name_or_path)
-        model = _load_weights(name_or_path, adapter)  # the package's own classes: no remote code
+        tokenizer = load_tokenizer(folder)
+        model = _load_weights(folder, adapter)  # the package's own classes: no remote code
     except OSError as err:
-        raise ValueError(f"cannot load the model {name_or_path!r}: not a model folder, and not reachable on the Hub ({err})") from err
+        raise ValueError(f"cannot load the model {name_or_path!r}: {err}") from err
     check_tokenizer_fits(tokenizer, model.config, name_or_path)
     return model.to(device or default_device()).eval(), tokenizer
 
 
-def check_model_folder(folder: str | os.PathLike, needs_tokenizer: bool = True) -> None:
-    """A ValueError naming the file and what it must be unless the model folder passes every check of this module
-    (in the order the top says); nothing is built, and no file is read past its bound. `needs_tokenizer`: a folder
-    without tokenizer.json is refused (fine-tuning may take the tokenizer from elsewhere)."""
+def local_folder(name_or_path: str | os.PathLike) -> Path:
+    """A model folder, or a Hub id's: the files of the repository that loading reads, downloaded into the Hub's
+    cache (or found there), so that the gate checks them as it checks any folder before anything reads them."""
+    from huggingface_hub import snapshot_download
+
+    if Path(name_or_path).is_dir():
+        return Path(name_or_path)
+    if not REPO_ID.match(str(name_or_path)):
+        raise FileNotFoundError(f"`model` is neither a folder nor a Hub id (user/name): {name_or_path}")
+    try:
+        return Path(snapshot_download(str(name_or_path), allow_patterns=HUB_FILES))
+    except OSError as err:
+        raise ValueError(f"cannot load the model {name_or_path!r}: not a model folder, and not reachable on the Hub "
+                         f"({' '.join(str(err).split())[:300]})") from err
+
+
+def check_model_folder(folder: str | os.PathLike, needs_tokenizer: bool = True):
+    """The folder's config (transformers' class for it), or a ValueError naming the file and what it must be unless
+    the model folder passes every check of this module (in the order the top says); nothing is built, no file is
+    read past its bound, and each settings file is read once. `needs_tokenizer`: a folder without tokenizer.json is
+    refused (fine-tuning may take the tokenizer from elsewhere)."""
     folder = Path(folder)
     _check_complete(folder, needs_tokenizer)
-    for name in (CONFIG_FILE, GENERATION_FILE, *TOKENIZER_FILES):
-        check_inside(folder / name)
-    config = check_config_file(folder / CONFIG_FILE)  # before the tokenizer, which reads it too
-    context = _context(folder)
-    _check_fields(folder / CONFIG_FILE, config, context)
+    settings = _read_settings(folder)
+    config = _read_config(folder, settings[CONFIG_FILE])
+    generation = settings.get(GENERATION_FILE)
+    context = _context(config, generation)
+    _check_fields(folder / CONFIG_FILE, settings[CONFIG_FILE], context)
     check_tokenizer_files(folder, context.vocab_size)  # before the library parses them
     if (folder / TOKENIZER_CONFIG).is_file():
         _check_fields(folder / TOKENIZER_CONFIG, read_json(folder / TOKENIZER_CONFIG), context)
-    if (folder / GENERATION_FILE).is_file():  # transformers ignores a damaged one: the decoding defaults would be lost
-        check_generation_file(folder / GENERATION_FILE, context)
+    if generation is not None:  # transformers ignores a damaged one: the decoding defaults would be lost
+        check_generation_file(folder / GENERATION_FILE, generation, context)
     check_model_files(folder)
-    check_config_fits_weights(folder)
+    check_config_fits_weights(folder, config)
+    return config
+
+
+def _read_settings(folder: Path) -> dict:
+    """config.json and generation_config.json (where there is one), each read once, by name; none of the files
+    the loaders read is a link out of the folder."""
+    for name in (CONFIG_FILE, GENERATION_FILE, *TOKENIZER_FILES):
+        check_inside(folder / name)
+    names = [name for name in (CONFIG_FILE, GENERATION_FILE) if (folder / name).is_file()]
+    return {name: read_json(folder / name, MAX_JSON_BYTES) for name in names}
 
 
 def _check_complete(folder: Path, needs_tokenizer: bool) -> None:
@@ -120,15 +147,12 @@ def _check_complete(folder: Path, needs_tokenizer: bool) -> None:
         raise ValueError(f"model folder {folder} lacks {', '.join(missing)}; give a folder written by training or save_for_hub")
 
 
-def _context(folder: Path) -> Context:
+def _context(config, generation) -> Context:
     """The vocabulary size and end tokens that the folder's other fields are checked against, from its config
-    (read by the configuration class, which checks each of its fields) and its decoding defaults."""
-    config = _read_config(folder, folder / CONFIG_FILE)
+    (built by the configuration class, which checks each of its fields) and its decoding defaults."""
     ends = {config.eos_token_id} if isinstance(config.eos_token_id, int) else set()
-    if (folder / GENERATION_FILE).is_file():
-        generation = read_json(folder / GENERATION_FILE, MAX_JSON_BYTES)
-        given = generation.get("eos_token_id") if isinstance(generation, dict) else None
-        ends |= {i for i in (given if isinstance(given, list) else [given]) if isinstance(i, int)}
+    given = generation.get("eos_token_id") if isinstance(generation, dict) else None
+    ends |= {i for i in (given if isinstance(given, list) else [given]) if isinstance(i, int)}
     return Context(config.vocab_size, frozenset(ends))
 
 
@@ -143,16 +167,15 @@ def _check_fields(path: Path, data, context: Context, table: str | None = None) 
         raise ValueError(f"{path}: {found[0]}{more}. Put back the {path.name} saved with the model")
 
 
-def check_generation_file(path: Path, context: Context) -> None:
+def check_generation_file(path: Path, generation, context: Context) -> None:
     """A ValueError naming `path` unless it is JSON whose decoding defaults keep the bounds the options typed keep
     (a beam of 100,000 would fail on every line, one warning each), every field of `folder_fields.FIELDS` within
     its bound (the end token never suppressed, lengths that end), and the rest as transformers' own
-    `GenerationConfig.validate` takes them."""
+    `GenerationConfig.validate` takes them. `generation`: what `path` holds, as read."""
     from transformers import GenerationConfig
 
     from .modeling.value_checks import check_decoding_options
 
-    generation = read_json(path, MAX_JSON_BYTES)
     if not isinstance(generation, dict):
         raise ValueError(f"{path} does not hold decoding settings (a JSON object)")
     try:
@@ -204,22 +227,24 @@ def check_tokenizer_fits(tokenizer, config, name_or_path) -> None:
 
 
 def load_pretrained(name_or_path: str | os.PathLike, **kwargs):
-    """`AutoModelForSeq2SeqLM.from_pretrained` with this package's classes, a folder through the gate first
-    (`check_model_folder`; its tokenizer may be missing), refusing weights that do not fit the classes
-    (transformers only warns and leaves such weights random)."""
-    adapter = False
-    if Path(name_or_path).is_dir():
-        check_model_folder(name_or_path, needs_tokenizer=False)
-        adapter = _check_adapter(Path(name_or_path))
-    return _load_weights(name_or_path, adapter, **kwargs)
+    """`AutoModelForSeq2SeqLM.from_pretrained` with this package's classes, the folder (or a Hub id's, as
+    `local_folder` gives it) through the gate first (`check_model_folder`; its tokenizer may be missing), refusing
+    weights that do not fit the classes (transformers only warns and leaves such weights random)."""
+    folder = local_folder(name_or_path)
+    return load_checked(folder, check_model_folder(folder, needs_tokenizer=False), **kwargs)
 
 
-def _check_adapter(folder: Path) -> bool:
-    """Whether `folder` holds a LoRA adapter saved with it, which transformers applies as it loads (a ValueError
-    names what does not fit); it needs PEFT, without which transformers would leave it out unsaid."""
+def load_checked(folder: str | os.PathLike, config, **kwargs):
+    """`load_pretrained` of a folder that has passed the gate (`config`: what `check_model_folder` returned)."""
+    return _load_weights(folder, _check_adapter(Path(folder), config), **kwargs)
+
+
+def _check_adapter(folder: Path, config) -> bool:
+    """Whether `folder` (its model's `config`) holds a LoRA adapter saved with it, which transformers applies as it
+    loads (a ValueError names what does not fit); it needs PEFT, without which transformers would leave it out unsaid."""
     import importlib.util
 
-    if not check_adapter_files(folder, _read_config(folder, folder / "config.json")):
+    if not check_adapter_files(folder, config):
         return False
     if importlib.util.find_spec("peft") is None:
         raise ValueError(f"{folder / ADAPTER_CONFIG} is a LoRA adapter saved with the model, which needs the peft "
@@ -246,22 +271,25 @@ def _load_weights(name_or_path: str | os.PathLike, adapter: bool = False, **kwar
 
 def check_config_file(path: Path) -> dict:
     """The config.json at `path`, or a ValueError naming it unless it is a JSON object of at most `MAX_JSON_BYTES`
-    with a `model_type` (without one, transformers would take the folder's code for the model and ask whether to
-    run it)."""
+    with a `model_type`."""
     config = read_json(path, MAX_JSON_BYTES)
-    if not isinstance(config, dict) or not config.get("model_type"):
-        raise ValueError(f"{path} does not describe a model: it names no `model_type`")
+    _check_model_type(path, config)
     return config
 
 
-def check_config_fits_weights(folder: Path) -> None:
-    """Raise ValueError naming config.json and what it contradicts (an edited model_type, d_model, vocab_size
-    or layer count), before transformers' own report and RuntimeError. What the config gives comes from a
-    model built on the meta device: no memory, no weights."""
+def _check_model_type(path: Path, config) -> None:
+    """Without a `model_type`, transformers would take the folder's code for the model and ask whether to run it."""
+    if not isinstance(config, dict) or not config.get("model_type"):
+        raise ValueError(f"{path} does not describe a model: it names no `model_type`")
+
+
+def check_config_fits_weights(folder: Path, config) -> None:
+    """Raise ValueError naming config.json and what its `config` contradicts (an edited model_type, d_model,
+    vocab_size or layer count), before transformers' own report and RuntimeError. What the config gives comes from
+    a model built on the meta device: no memory, no weights."""
     from .modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 
-    config_file = folder / "config.json"
-    config = _read_config(folder, config_file)
+    config_file = folder / CONFIG_FILE
     ours = config.model_type == VanillaTransformerConfig.model_type
     index = folder / "model.safetensors.index.json"
     files = sorted(set(read_json(index, MAX_INDEX_BYTES)["weight_map"].values())) if index.is_file() else ["model.safetensors"]
@@ -279,11 +307,13 @@ def check_config_fits_weights(folder: Path) -> None:
     _check_tensors_fit(folder, config_file, files, saved, tensors)
 
 
-def _read_config(folder: Path, config_file: Path):
-    """The folder's config, by transformers' own classes (no code from the folder), or a ValueError naming it."""
+def _read_config(folder: Path, settings):
+    """The folder's config, by transformers' own classes (no code from the folder), or a ValueError naming it;
+    `settings`: what its config.json holds, as read."""
     from transformers import AutoConfig
 
-    check_config_file(config_file)
+    config_file = folder / CONFIG_FILE
+    _check_model_type(config_file, settings)
     try:
         return AutoConfig.from_pretrained(folder, trust_remote_code=False)
     except (TypeError, ValueError, KeyError) as err:
@@ -375,11 +405,10 @@ def _refuse_changed_weights(folder: Path, files: list[str], lacking: list[str], 
 
 
 def check_model_files(folder: str | os.PathLike) -> None:
-    """The config and weights of a saved model folder read back whole, and a pickled weights file
-    (pytorch_model.bin) holds tensors and plain values alone; a ValueError names the file otherwise."""
+    """The weights of a saved model folder read back whole, and a pickled weights file (pytorch_model.bin) holds
+    tensors and plain values alone; a ValueError names the file otherwise."""
     folder = Path(folder)
     try:
-        read_json(folder / "config.json", MAX_JSON_BYTES)
         shards = ["model.safetensors", "pytorch_model.bin"]
         for index in (folder / "model.safetensors.index.json", folder / "pytorch_model.bin.index.json"):
             if index.is_file():

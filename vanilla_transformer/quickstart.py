@@ -27,6 +27,7 @@ import torch
 
 from .choices import PRESET_NAMES
 from .metrics import repeated_phrase
+from .staging import write_file_whole
 from .training.arguments import TrainArguments
 from .training.loop import train
 
@@ -152,7 +153,7 @@ def quickstart(
         "model_card": str(output_dir / "README.md"),
         "wall_minutes": round((time.perf_counter() - started) / 60, 2),
     }
-    (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, ensure_ascii=False))
+    write_file_whole(output_dir / SUMMARY_FILE, json.dumps(summary, indent=2, ensure_ascii=False))
     print(format_summary(summary))
     return summary
 

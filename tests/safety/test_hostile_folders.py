@@ -27,8 +27,8 @@ def _capped():
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
 
 
-def run_cli(*args, timeout=120, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=ENV, timeout=timeout,
+def run_cli(*args, timeout=120, env_vars=None, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=env_vars or ENV, timeout=timeout,
                           preexec_fn=_capped, **kwargs)
 
 
@@ -110,6 +110,24 @@ def test_a_snapshot_of_the_hub_cache_whose_files_link_to_its_blobs_is_read(hub_t
     (snapshot / "model.safetensors").symlink_to(outside)
     result = run_cli("translate", "--model", snapshot, "Jesus wept.")
     _refused_in_one_line(result, f"{snapshot / 'model.safetensors'} is a link to {outside}, outside the model folder")
+
+
+@pytest.mark.slow
+def test_a_hub_id_is_read_from_its_snapshot_through_the_gate(hub_tiny_folder, tmp_path):
+    # The Hub's cache as huggingface_hub lays it out: refs/main names the snapshot a Hub id loads, offline.
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--someone--tiny"
+    snapshot = shutil.copytree(hub_tiny_folder, repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    env = {**ENV, "HF_HUB_CACHE": str(tmp_path / "hub")}
+    result = run_cli("translate", "--model", "someone/tiny", "Jesus wept.", env_vars=env)
+    assert result.returncode == 0 and result.stdout.strip(), result.stderr
+    _edit_json(snapshot / "config.json", max_position_embeddings=2**31 - 1)
+    result = run_cli("translate", "--model", "someone/tiny", "Jesus wept.", env_vars=env)
+    _refused_in_one_line(result, f"{snapshot / 'config.json'}: `max_position_embeddings` must be an integer in 1..65536")
+    result = run_cli("translate", "--model", "someone/elsewhere", "Jesus wept.", env_vars=env)
+    _refused_in_one_line(result, "cannot load the model 'someone/elsewhere': not a model folder, and not reachable on the Hub")
 
 
 @pytest.mark.slow

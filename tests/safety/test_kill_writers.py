@@ -17,6 +17,7 @@ next run or save in that folder removes it and touches nothing without the prefi
     visualize.explorer.save_explorer         explorer.html                            attention --html
     visualize.attention_maps.save_attention_maps  <kind>_layer<N>.png, overview.png, bertviz.pt   attention
     training.task.prepare_tokenizer          checkpoints/tokenizer_options.json       train
+    training.checkpoints.save_run_config     checkpoints/config.json                  train
     training.logs.TrainingLog                training_log.jsonl                       train --resume
     training.checkpoints.save_checkpoint     checkpoints/checkpoint-<step>/           train
     training.checkpoints.newest_sound_checkpoint  damaged-checkpoint-<step>/ (a rename)  train --resume
@@ -151,6 +152,15 @@ def _tokenizer_record(out, model_dir, variant):
     prepare_tokenizer(args, *load_splits(args))
 
 
+def _run_config(out, model_dir, variant):
+    from vanilla_transformer import VanillaTransformerConfig
+    from vanilla_transformer.training.checkpoints import save_run_config
+
+    root = Path(out) / "checkpoints"
+    root.mkdir(exist_ok=True)
+    save_run_config(VanillaTransformerConfig.tiny(vocab_size=300 if variant == "old" else 310), root)
+
+
 def _training_log(out, model_dir, variant):
     from vanilla_transformer.training.logs import TrainingLog
 
@@ -232,6 +242,7 @@ WRITERS = {
     "explorer": Writer(_explorer, "explorer.html", "explorer.html"),
     "attention maps": Writer(_attention_maps, "maps/*", "*"),
     "tokenizer record": Writer(_tokenizer_record, "checkpoints/*", "tokenizer_options.json", _next_run),
+    "run config": Writer(_run_config, "checkpoints/config.json", "config.json", _next_run),
     "training log": Writer(_training_log, "training_log.jsonl", "training_log.jsonl", _next_run),
     "checkpoint": Writer(_checkpoint, "checkpoints/*", "checkpoint-*", _next_run),
     "damaged checkpoint": Writer(_damaged_checkpoint, "checkpoints/*", "damaged-*", _next_run, stages=False),

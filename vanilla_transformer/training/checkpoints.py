@@ -46,7 +46,7 @@ from accelerate.logging import get_logger
 from safetensors.torch import load_file
 
 from ..file_checks import check_plain_pickle, check_weights_file, read_json
-from ..staging import STAGING_PREFIX, disk_full_error, publish_files, publish_folder, set_aside
+from ..staging import STAGING_PREFIX, disk_full_error, publish_files, publish_folder, set_aside, write_file_whole
 
 __all__ = [
     "STATE_FILE",
@@ -62,9 +62,11 @@ __all__ = [
     "newest_sound_checkpoint",
     "read_state",
     "save_checkpoint",
+    "save_run_config",
     "verify_checkpoint",
 ]
 
+RUN_CONFIG = "config.json"  # checkpoints/config.json: the architecture a resumed run is built from
 STATE_FILE = "trainer_state.json"
 WEIGHTS_FILE = "model.safetensors"  # what Accelerate's save_state names the (first) model
 OPTIMIZER_FILE = "optimizer.bin"
@@ -232,6 +234,11 @@ def drop_tied_copies(models, weights: list[dict], output_dir=None) -> None:
                 kept = state_dict.get(name[: len(name) - len(copy)] + source)
                 if kept is not None and kept.data_ptr() == state_dict[name].data_ptr():
                     del state_dict[name]
+
+
+def save_run_config(config, root: str | os.PathLike) -> None:
+    """The run's model config in `root` (its checkpoints/), written whole: a resumed run is built from it."""
+    write_file_whole(Path(root) / RUN_CONFIG, config.to_json_string())
 
 
 def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict, keep: int | None = None,

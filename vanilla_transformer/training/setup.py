@@ -21,7 +21,7 @@ from accelerate.utils import DistributedType, set_seed
 
 from ..corpora import recorded_name
 from ..model_card import adapter_card
-from ..model_folder import check_model_folder, load_pretrained
+from ..model_folder import check_model_folder, load_checked
 from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 from ..modeling.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
@@ -31,7 +31,7 @@ from ..threads import use_threads
 from . import criterion
 from .arguments import CPU_MAX_TOKENS, TrainArguments
 from .averaging import WeightAverage
-from .checkpoints import checkpoint_path, read_state
+from .checkpoints import checkpoint_path, read_state, save_run_config
 from .compiled import CompiledLoss, compiled_loss
 from .data import TokenBatchSampler, TokenizedSplit, bucket_shapes
 from .distributed import configure_deepspeed
@@ -98,10 +98,10 @@ def set_up(args: TrainArguments, accelerator, lock=None) -> tuple[Components, Ru
                          "shards of the weights; train without it, or with DDP")
     logger.info(use_threads(args.threads))  # before the data is read and tokenised: that computes too
     checkpoint_root = Path(args.output_dir) / CHECKPOINTS
-    resume_from = _starting_point(args, accelerator, checkpoint_root)
+    resume_from, base = _starting_point(args, accelerator, checkpoint_root)
     set_seed(args.seed)  # the same initial weights on every process
     data, source_lang, target_lang, tokenizer, train_split, eval_splits = prepare_data(args, accelerator)
-    model = _build_model(args, accelerator, tokenizer, resume_from, (source_lang, target_lang))
+    model = _build_model(args, accelerator, tokenizer, resume_from, base, (source_lang, target_lang))
     d_model = model.config.d_model
     args = replace(args, **_size_batches(args, accelerator, model)._asdict())
     # Built before `prepare` moves the model there, over the parameters that train (freeze, add_lora).
@@ -153,13 +153,15 @@ def _training_log(args: TrainArguments, accelerator, state: RunState) -> Trainin
     return TrainingLog(args.output_dir, state.step if args.resume else None, accelerator.is_main_process)
 
 
-def _starting_point(args: TrainArguments, accelerator, checkpoint_root: Path) -> Path | None:
-    """The checkpoint the run resumes from, or None; a model folder to fine-tune is checked by the gate first,
-    before its tokenizer or any data is read."""
+def _starting_point(args: TrainArguments, accelerator, checkpoint_root: Path) -> tuple[Path | None, Any]:
+    """The checkpoint the run resumes from, or None; and the config of the model folder it fine-tunes, or None: the
+    gate checks that folder first, before its tokenizer or any data is read, and once."""
     step = on_main(accelerator, lambda: resume_step(args, checkpoint_root))
-    if step is None and args.model_name_or_path is not None and Path(args.model_name_or_path).is_dir():
-        check_model_folder(args.model_name_or_path, needs_tokenizer=False)
-    return None if step is None else checkpoint_path(checkpoint_root, step)
+    if step is not None:
+        return checkpoint_path(checkpoint_root, step), None
+    if args.model_name_or_path is not None and Path(args.model_name_or_path).is_dir():
+        return None, check_model_folder(args.model_name_or_path, needs_tokenizer=False)
+    return None, None
 
 
 def gpu_batch(memory: int, config, parameters: int, processes: int, max_length: int,
@@ -237,9 +239,10 @@ def _training_sampler(args: TrainArguments, accelerator, split: TokenizedSplit, 
     return sampler
 
 
-def _build_model(args: TrainArguments, accelerator, tokenizer, resume_from: Path | None, langs: tuple[str, str]):
-    """The model to train, its objective and attention set, its language pair recorded, its config saved."""
-    model = _load_model(args, tokenizer, resume_from)
+def _build_model(args: TrainArguments, accelerator, tokenizer, resume_from: Path | None, base, langs: tuple[str, str]):
+    """The model to train, its objective and attention set, its language pair recorded, its config saved. `base`:
+    the config of the checked model folder it fine-tunes (`_starting_point`), or None."""
+    model = _load_model(args, tokenizer, resume_from, base)
     model.config.label_smoothing = args.label_smoothing  # the model's own loss is the run's objective (§5.4)
     if args.attn_implementation:  # refused before the first step (a missing kernel package, for one)
         _set_attention(model, args.attn_implementation)
@@ -249,7 +252,7 @@ def _build_model(args: TrainArguments, accelerator, tokenizer, resume_from: Path
     checkpoint_root = Path(args.output_dir) / CHECKPOINTS
     if accelerator.is_main_process and resume_from is None:
         checkpoint_root.mkdir(parents=True, exist_ok=True)
-        model.config.to_json_file(checkpoint_root / "config.json")
+        save_run_config(model.config, checkpoint_root)
     logger.info(f"model: {sum(p.numel() for p in model.parameters()):,} parameters; {model.config.to_diff_dict()}")
     freeze(model, encoder=args.freeze_encoder, embeddings=args.freeze_embeddings)
     if args.lora_rank is not None:
@@ -325,14 +328,14 @@ def save_adapter(model, output_dir: str | os.PathLike, base: str | None) -> Path
     return folder
 
 
-def _load_model(args: TrainArguments, tokenizer, resume_from: Path | None):
+def _load_model(args: TrainArguments, tokenizer, resume_from: Path | None, base):
     config_file = Path(args.output_dir) / CHECKPOINTS / "config.json"
     if resume_from is not None:  # the architecture of the run being resumed; its weights come with load_state
         return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_json_file(config_file))
     if args.model_name_or_path is not None:
-        if not Path(args.model_name_or_path).is_dir():
+        if base is None:
             raise FileNotFoundError(f"`model_name_or_path`: no saved model folder at {args.model_name_or_path}")
-        model = load_pretrained(args.model_name_or_path, **args.config_overrides)
+        model = load_checked(args.model_name_or_path, base, **args.config_overrides)
         if len(tokenizer) > model.config.vocab_size:
             raise ValueError(
                 f"the tokenizer has {len(tokenizer)} tokens but the model {args.model_name_or_path} only "
