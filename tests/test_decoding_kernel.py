@@ -1,0 +1,68 @@
+"""The decoding kernel is chosen when the package loads a model, from a timing of both kernels on its own
+decoder shapes, and never where our loops could not use oneDNN."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from vanilla_transformer import decoding_kernel
+from vanilla_transformer.decoding_kernel import choose_decoding_kernel, onednn_is_faster
+from vanilla_transformer.modeling import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+
+pytestmark = pytest.mark.skipif(not decoding_kernel.ONEDNN_LINEAR, reason="torch without oneDNN's packed linear")
+
+
+def _model(**overrides):
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=64, **overrides)
+    return VanillaTransformerForConditionalGeneration(config).eval()
+
+
+def _slowed(kernel):
+    def slow(*args):
+        time.sleep(0.002)
+        return kernel(*args)
+    return slow
+
+
+@pytest.mark.parametrize("slow_one, onednn_faster", [("onednn_linear", False), ("F", True)])
+def test_the_faster_kernel_is_timed_on_the_shapes(monkeypatch, slow_one, onednn_faster):
+    if slow_one == "F":
+        monkeypatch.setattr(decoding_kernel.F, "linear", _slowed(torch.nn.functional.linear))
+    else:
+        monkeypatch.setattr(decoding_kernel, "onednn_linear", _slowed(decoding_kernel.onednn_linear))
+    assert onednn_is_faster([(16, 32), (32, 64)], rows=4) is onednn_faster
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_the_model_is_given_what_the_timing_says_for_its_decoder_shapes(monkeypatch, faster):
+    timed = []
+    monkeypatch.setattr(decoding_kernel, "onednn_is_faster", lambda shapes: timed.append(shapes) or faster)
+    model = _model()
+    assert model.onednn_decoding is False  # built, not loaded by the package: torch's own kernel
+    assert choose_decoding_kernel(model) is faster and model.onednn_decoding is faster
+    d_model, d_ff, vocab = model.config.d_model, model.config.d_ff, model.config.vocab_size
+    assert {(d_model, d_ff), (d_ff, d_model), (d_model, vocab)} <= set(timed[0])
+
+
+@pytest.mark.parametrize("unusable", ["fast_paths", "bf16", "mkldnn"])
+def test_nothing_is_timed_where_our_loops_cannot_use_onednn(monkeypatch, unusable):
+    monkeypatch.setattr(decoding_kernel, "onednn_is_faster", lambda shapes: pytest.fail("timed"))
+    model = _model(fast_paths=unusable != "fast_paths")
+    if unusable == "bf16":
+        model = model.to(torch.bfloat16)
+    if unusable == "mkldnn":
+        monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+    assert choose_decoding_kernel(model) is False and model.onednn_decoding is False
+
+
+@pytest.mark.slow
+def test_a_model_loaded_by_the_package_decodes_on_the_kernel_timed_faster(hub_tiny_folder, monkeypatch):
+    from vanilla_transformer.model_folder import load_model
+
+    for faster in (True, False):
+        monkeypatch.setattr(decoding_kernel, "onednn_is_faster", lambda shapes, faster=faster: faster)
+        model, _ = load_model(hub_tiny_folder, "cpu")
+        assert model.onednn_decoding is faster
