@@ -66,3 +66,13 @@ def test_a_model_loaded_by_the_package_decodes_on_the_kernel_timed_faster(hub_ti
         monkeypatch.setattr(decoding_kernel, "onednn_is_faster", lambda shapes, faster=faster: faster)
         model, _ = load_model(hub_tiny_folder, "cpu")
         assert model.onednn_decoding is faster
+
+
+def test_another_model_is_left_as_it_is(monkeypatch):
+    from transformers import MarianConfig, MarianMTModel
+
+    monkeypatch.setattr(decoding_kernel, "onednn_is_faster", lambda shapes: pytest.fail("timed"))
+    config = MarianConfig(vocab_size=64, pad_token_id=0, decoder_start_token_id=0, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                          decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32)
+    marian = MarianMTModel(config)
+    assert choose_decoding_kernel(marian) is False and not hasattr(marian, "onednn_decoding")

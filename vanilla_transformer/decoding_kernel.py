@@ -48,7 +48,10 @@ def onednn_is_faster(shapes, rows: int = TRANSLATION_BATCH_SIZE) -> bool:
 
 def choose_decoding_kernel(model) -> bool:
     """Set `model.onednn_decoding` to whether oneDNN is the faster kernel for its decoder's products here, where
-    our loops can use it at all (fast paths on, oneDNN present and enabled, float32 weights on the CPU); return it."""
+    our loops can use it at all (fast paths on, oneDNN present and enabled, float32 weights on the CPU); return it.
+    Another model (a Marian one, say) is left as it is: False."""
+    if not hasattr(model, "onednn_decoding"):
+        return False
     head = model.get_output_embeddings()
     usable = (model.config.fast_paths and ONEDNN_LINEAR and torch.backends.mkldnn.enabled
               and head.weight.device.type == "cpu" and head.weight.dtype == torch.float32)
