@@ -76,3 +76,25 @@ def test_another_model_is_left_as_it_is(monkeypatch):
                           decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32)
     marian = MarianMTModel(config)
     assert choose_decoding_kernel(marian) is False and not hasattr(marian, "onednn_decoding")
+
+
+def test_onednn_is_chosen_only_where_timed_faster_by_the_margin(monkeypatch):
+    """The two kernels are timed in turn, oneDNN must win by MARGIN, and the global random stream is not drawn
+    from. A clock of its own: each kernel's call moves it on by that kernel's duration."""
+    clock, durations = [0.0], {}
+
+    def timed(name, kernel):
+        def run(*args):
+            clock[0] += durations[name]
+            return kernel(*args)
+        return run
+
+    monkeypatch.setattr(decoding_kernel.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(decoding_kernel.F, "linear", timed("torch", torch.nn.functional.linear))
+    monkeypatch.setattr(decoding_kernel, "onednn_linear", timed("onednn", decoding_kernel.onednn_linear))
+    for torch_s, onednn_s, faster in ((10.0, 5.0, True), (10.0, 9.8, False), (10.0, 12.0, False)):
+        durations.update(torch=torch_s, onednn=onednn_s)
+        assert onednn_is_faster([(8, 16)], rows=3) is faster
+    state = torch.random.get_rng_state()
+    onednn_is_faster([(8, 16)], rows=3)
+    assert torch.equal(torch.random.get_rng_state(), state)
