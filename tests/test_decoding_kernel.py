@@ -39,12 +39,30 @@ def test_the_faster_kernel_is_timed_on_the_shapes(monkeypatch, slow_one, onednn_
 @pytest.mark.parametrize("faster", [True, False])
 def test_the_model_is_given_what_the_timing_says_for_its_decoder_shapes(monkeypatch, faster):
     timed = []
-    monkeypatch.setattr(decoding_kernel, "onednn_is_faster", lambda shapes: timed.append(shapes) or faster)
+    monkeypatch.setattr(decoding_kernel, "onednn_is_faster", lambda shapes: timed.extend(shapes) or faster)
     model = _model()
     assert model.onednn_decoding is False  # built, not loaded by the package: torch's own kernel
-    assert choose_decoding_kernel(model) is faster and model.onednn_decoding is faster
     d_model, d_ff, vocab = model.config.d_model, model.config.d_ff, model.config.vocab_size
-    assert {(d_model, d_ff), (d_ff, d_model), (d_model, vocab)} <= set(timed[0])
+    shapes = {(d_model, d_model), (d_model, d_ff), (d_ff, d_model), (d_model, vocab)}
+    chosen = choose_decoding_kernel(model)
+    assert chosen == model.onednn_decoding == (shapes if faster else False)
+    assert set(timed) == shapes and len(timed) == len(shapes)  # each shape timed once, on its own
+
+
+def test_only_the_shapes_timed_faster_are_packed(monkeypatch):
+    """oneDNN wins the output projection and loses the narrow products (as on a CPU where MKL wins those): our
+    loops pack the projection alone."""
+    from vanilla_transformer.modeling import fast_generation
+
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=96)  # the projection's shape its own
+    model = VanillaTransformerForConditionalGeneration(config).eval()
+    head = model.get_output_embeddings()
+    wide = (head.in_features, head.out_features)
+    monkeypatch.setattr(decoding_kernel, "onednn_is_faster", lambda shapes: shapes == [wide])
+    assert choose_decoding_kernel(model) == {wide}
+    packed = [m for m in (*model.get_decoder().modules(), head)
+              if isinstance(m, decoding_kernel.PackableLinear) and fast_generation.worth_packing(model, m, rows=4)]
+    assert packed == [head]
 
 
 @pytest.mark.parametrize("unusable", ["fast_paths", "bf16", "mkldnn"])
@@ -65,7 +83,7 @@ def test_a_model_loaded_by_the_package_decodes_on_the_kernel_timed_faster(hub_ti
     for faster in (True, False):
         monkeypatch.setattr(decoding_kernel, "onednn_is_faster", lambda shapes, faster=faster: faster)
         model, _ = load_model(hub_tiny_folder, "cpu")
-        assert model.onednn_decoding is faster
+        assert bool(model.onednn_decoding) is faster
 
 
 def test_another_model_is_left_as_it_is(monkeypatch):

@@ -1,8 +1,8 @@
 """Which kernel our decoding loops run the decoder's products on, chosen once, when a model is loaded.
 
 torch's float32 linear and oneDNN on a packed weight give the same numbers; which is faster depends on the
-CPU and on the shape (MKL can win narrow products), so `choose_decoding_kernel` times both on the model's own
-decoder shapes and sets the model's `onednn_decoding`, which the saved folder's code reads (fast_generation.py)
+CPU and on the shape (MKL can win narrow products), so `choose_decoding_kernel` times both on each of the model's own
+decoder shapes and sets the model's `onednn_decoding` to those oneDNN wins, which the saved folder's code reads (fast_generation.py)
 and which a user of a saved folder without this package may set by hand.
 """
 
@@ -46,9 +46,10 @@ def onednn_is_faster(shapes, rows: int = TRANSLATION_BATCH_SIZE) -> bool:
     return seconds[1] < (1 - MARGIN) * seconds[0]
 
 
-def choose_decoding_kernel(model) -> bool:
-    """Set `model.onednn_decoding` to whether oneDNN is the faster kernel for its decoder's products here, where
-    our loops can use it at all (fast paths on, oneDNN present and enabled, float32 weights on the CPU); return it.
+def choose_decoding_kernel(model):
+    """Set `model.onednn_decoding` to the (in, out) shapes of its decoder's products that oneDNN computes faster
+    here (MKL can win the narrow ones while oneDNN wins the output projection), where our loops can use it at all
+    (fast paths on, oneDNN present and enabled, float32 weights on the CPU); False where none. Return it.
     Another model (a Marian one, say) is left as it is: False."""
     if not hasattr(model, "onednn_decoding"):
         return False
@@ -56,6 +57,6 @@ def choose_decoding_kernel(model) -> bool:
     usable = (model.config.fast_paths and ONEDNN_LINEAR and torch.backends.mkldnn.enabled
               and head.weight.device.type == "cpu" and head.weight.dtype == torch.float32)
     linears = [m for m in (*model.get_decoder().modules(), head) if isinstance(m, PackableLinear)]
-    shapes = sorted({(m.in_features, m.out_features) for m in linears})
-    model.onednn_decoding = bool(usable and shapes and onednn_is_faster(shapes))
+    shapes = sorted({(m.in_features, m.out_features) for m in linears}) if usable else []
+    model.onednn_decoding = frozenset(shape for shape in shapes if onednn_is_faster([shape])) or False
     return model.onednn_decoding

@@ -5,7 +5,7 @@ chooses the model's loss) turns them off.
     plain                                       drop-in (here)
     the decoder's linear maps and lm_head       packed_products: the same products on oneDNN, each weight packed
       (§3.2.2, §3.3, §3.4) on torch's default     once per call, where the model's `onednn_decoding` asks for it
-      fp32 kernel (MKL on a CPU)                  (set at load where timed faster:
+      fp32 kernel (MKL on a CPU)                  (set at load to the shapes timed faster:
                                                   decoding_kernel.py in the package)
     every row computed until the last ends      should_prune: finished sentences leave our search loops' batch
 
@@ -28,14 +28,21 @@ from .fast_modeling import (
 )
 
 
+def _asked(onednn_decoding, linear: nn.Linear) -> bool:
+    """Whether a model's `onednn_decoding` (a bool, or a set of (in, out) shapes) asks for `linear` on oneDNN."""
+    if isinstance(onednn_decoding, bool):
+        return onednn_decoding
+    return (linear.in_features, linear.out_features) in onednn_decoding
+
+
 def worth_packing(model, linear: nn.Linear, rows: int) -> bool:
     """Whether our search loops run `linear`'s product for `rows` rows on oneDNN: asked for (the model's
-    `onednn_decoding`), the switch on, oneDNN present and enabled, no autocast (which would run the product in
+    `onednn_decoding`: True for every product, or the (in, out) shapes to pack), the switch on, oneDNN present and enabled, no autocast (which would run the product in
     its own dtype), a float32 weight on the CPU (not offloaded) and more than one row (one sentence does not win
     the packing back)."""
     weight = linear.weight
     return (
-        model.onednn_decoding
+        _asked(model.onednn_decoding, linear)
         and model.config.fast_paths
         and rows > 1
         and ONEDNN_LINEAR
