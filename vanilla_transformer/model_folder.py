@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from .adapter_files import ADAPTER_CONFIG, check_adapter_files, merge_adapter
+from .decoding_kernel import choose_decoding_kernel
 from .file_checks import REPO_ID, check_inside, check_plain_pickle, check_weights_file, read_json
 from .folder_fields import (
     CONFIG_FILE,
@@ -84,7 +85,9 @@ def load_model(name_or_path: str | os.PathLike, device: str | None = None):
     except OSError as err:
         raise ValueError(f"cannot load the model {name_or_path!r}: {err}") from err
     check_tokenizer_fits(tokenizer, model.config, name_or_path)
-    return model.to(device or default_device()).eval(), tokenizer
+    model = model.to(device or default_device()).eval()
+    choose_decoding_kernel(model)  # timed here, once, not inside generate
+    return model, tokenizer
 
 
 def local_folder(name_or_path: str | os.PathLike) -> Path:

@@ -6,6 +6,9 @@ import contextlib
 import functools
 import inspect
 import json
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -24,6 +27,7 @@ from vanilla_transformer.modeling.generation import (
     gnmt_beam_search,
     greedy_search,
 )
+from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
 aten = torch.ops.aten
 
@@ -415,10 +419,10 @@ def packed_counts(monkeypatch):
 
 @pytest.fixture
 def onednn_faster(monkeypatch):
-    """oneDNN taken as the faster kernel for every shape (which it is depends on the machine)."""
+    """oneDNN asked for in decoding (the model's `onednn_decoding`; which kernel is faster depends on the machine)."""
     if not fast.ONEDNN_LINEAR:
         pytest.skip("this torch build has no oneDNN linear kernels: nothing is packed")
-    monkeypatch.setattr(fast, "is_onednn_faster", lambda rows, in_features, out_features: True)
+    monkeypatch.setattr(VanillaTransformerForConditionalGeneration, "onednn_decoding", True)
 
 
 def test_a_packed_linear_map_gives_the_numbers_of_nn_linear(onednn_faster):
@@ -477,7 +481,7 @@ def test_a_search_that_fails_leaves_nothing_packed(model_and_batch, onednn_faste
 
 
 def test_what_is_worth_packing(model_and_batch, monkeypatch, packed_counts, onednn_faster):
-    """More than one row, oneDNN on, no autocast, float32 weights of the CPU, and the switch on."""
+    """Asked for, more than one row, oneDNN on, no autocast, float32 weights of the CPU, and the switch on."""
     model, batch = model_and_batch
     lm_head = model.get_output_embeddings()
     assert fast.worth_packing(model, lm_head, rows=2)
@@ -490,7 +494,7 @@ def test_what_is_worth_packing(model_and_batch, monkeypatch, packed_counts, oned
         patch.setattr(model.config, "fast_paths", False, raising=False)  # ours
         assert not fast.worth_packing(model, lm_head, rows=2)
     with monkeypatch.context() as patch:
-        patch.setattr(fast, "is_onednn_faster", lambda rows, in_features, out_features: False)
+        patch.setattr(model, "onednn_decoding", False)  # the default
         assert not fast.worth_packing(model, lm_head, rows=2)
     one = {name: value[:1] for name, value in batch.items()}
     model.generate(**one, num_beams=1)
@@ -498,32 +502,34 @@ def test_what_is_worth_packing(model_and_batch, monkeypatch, packed_counts, oned
     assert packed_counts[0] == 0 and packed_counts[1] > 0
 
 
-def test_onednn_is_chosen_for_a_shape_only_where_timed_faster_and_once(monkeypatch):
-    """The two kernels are timed in turn, the fastest of each's rounds counts, oneDNN must win by MARGIN,
-    and a shape is timed once a process (rows rounded up to a power of two)."""
+@pytest.mark.slow
+def test_generate_times_no_kernel_and_packs_only_where_asked():
+    """Which kernel decodes is the model's `onednn_decoding`, set before `generate` (torch's own by default), not
+    timed inside it: in a fresh process a default model packs no weight, not even to time a kernel, and the same
+    model asked for oneDNN packs them and decodes the same tokens."""
     if not fast.ONEDNN_LINEAR:
-        pytest.skip("this torch build has no oneDNN linear kernels")
-    monkeypatch.setattr(fast, "_FASTER", {})
-    durations, ticks = [], []  # each timed call takes the next of `durations`
+        pytest.skip("this torch build has no oneDNN linear kernels: nothing is packed")
+    code = textwrap.dedent("""
+        import torch
+        from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+        from vanilla_transformer.modeling import fast_generation
 
-    def perf_counter():
-        ticks.append(len(ticks))
-        tick = ticks[-1]  # a timing's start is even, its end odd
-        return (tick - tick % 2) * 1000.0 + (durations[(tick // 2) % len(durations)] if tick % 2 else 0.0)
-
-    monkeypatch.setattr(fast.time, "perf_counter", perf_counter)
-    for torch_s, onednn_s, faster in ((10.0, 5.0, True), (10.0, 9.8, False), (10.0, 12.0, False)):
-        durations[:] = [torch_s, onednn_s]
-        fast._FASTER.clear()
-        assert fast.is_onednn_faster(3, 8, 16) is faster
-    state = torch.random.get_rng_state()
-    fast._FASTER.clear()
-    fast.is_onednn_faster(3, 8, 16)
-    assert torch.equal(torch.random.get_rng_state(), state)  # the global random stream is not drawn from
-    timed = len(ticks)
-    assert fast.is_onednn_faster(4, 8, 16) is False and len(ticks) == timed  # 3 and 4 rows: one timing
-    assert fast.is_onednn_faster(5, 8, 16) is False and len(ticks) == timed + 4 * fast.ROUNDS  # 8 rows: timed anew
-    assert set(fast._FASTER) == {(4, 8, 16, torch.get_num_threads()), (8, 8, 16, torch.get_num_threads())}
+        packed = []
+        pack_weight = fast_generation.pack_weight
+        fast_generation.pack_weight = lambda weight: packed.append(weight.shape) or pack_weight(weight)
+        torch.manual_seed(0)
+        model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=40)).eval()
+        source = torch.randint(4, 40, (3, 6), generator=torch.Generator().manual_seed(0))
+        outputs = [model.generate(source, num_beams=beams, max_new_tokens=5) for beams in (1, 4)]
+        print(len(packed))
+        model.onednn_decoding = True
+        same = [torch.equal(model.generate(source, num_beams=beams, max_new_tokens=5), out)
+                for beams, out in zip((1, 4), outputs)]
+        print(len(packed) > 0, all(same))
+        """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0", "True", "True"]
 
 
 def test_fast_paths_false_builds_plain_linear_maps():

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 import torch
-from transformers import GenerationMixin, StoppingCriteriaList, StopStringCriteria
+from transformers import GenerationConfig, GenerationMixin, StoppingCriteriaList, StopStringCriteria
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling.generation import (
@@ -15,6 +15,7 @@ from vanilla_transformer.modeling.generation import (
     choose_search,
     gnmt_beam_search,
     greedy_search,
+    resolved_generation_config,
 )
 
 
@@ -35,26 +36,22 @@ def source(rows=2, length=6, seed=0):
 
 def chosen(model, options, style="transformers"):
     kwargs = dict(options)
-
-    def setting(name, default=None):
-        value = kwargs.get(name, getattr(model.generation_config, name, None))
-        return default if value is None else value
-
-    return choose_search(model, kwargs, setting, style)
+    return choose_search(model, kwargs, resolved_generation_config(model, None, kwargs), style)
 
 
 @pytest.mark.parametrize("options,reason", [
-    (dict(do_sample=True), "sampling"),
-    (dict(num_beams=4, num_beam_groups=2, diversity_penalty=1.0), "beam groups"),
-    (dict(num_beams=2, force_words_ids=[[5]]), "constraints"),
-    (dict(penalty_alpha=0.6, top_k=4), "contrastive search"),
-    (dict(prompt_lookup_num_tokens=3), "assisted generation"),
-    (dict(assistant_early_exit=1), "assisted generation"),
-    (dict(use_mtp=True), "assisted generation"),
+    (dict(do_sample=True), "sample"),
+    (dict(num_beams=4, num_beam_groups=2, diversity_penalty=1.0), "group_beam_search"),
+    (dict(num_beams=2, force_words_ids=[[5]]), "constrained_beam_search"),
+    (dict(penalty_alpha=0.6, top_k=4), "contrastive_search"),
+    (dict(prompt_lookup_num_tokens=3), "assisted_generation"),
+    (dict(assistant_early_exit=1), "assisted_generation"),
+    pytest.param(dict(use_mtp=True), "assisted_generation", marks=pytest.mark.skipif(
+        not hasattr(GenerationConfig(), "use_mtp"), reason="multi-token prediction is newer than this transformers")),
     (dict(is_assistant=True), "is_assistant"),
     (dict(num_beams=2, assistant_model=object(), assistant_tokenizer=object()), "assistant_tokenizer"),
     (dict(num_beams=2, is_assistant=True), "is_assistant"),
-    (dict(dola_layers="low"), "DoLa"),
+    (dict(dola_layers="low"), "dola_generation"),
     (dict(token_healing=True), "token_healing"),
     (dict(num_beams=2, low_memory=True), "low_memory"),
     (dict(synced_gpus=True), "synced_gpus"),
@@ -85,7 +82,7 @@ def test_plain_requests_run_our_loops(model):
 def test_generate_logs_why_transformers_loop_serves_a_call(model, caplog):
     with caplog.at_level(logging.DEBUG, logger="vanilla_transformer.modeling.generation"):
         model.generate(source(), do_sample=True, max_new_tokens=2)
-    assert "transformers' own generation loop serves this call: sampling" in caplog.text
+    assert "transformers' own generation loop serves this call: sample" in caplog.text
 
 
 def test_a_cache_passed_in_and_peft_go_to_transformers_loop(model):

@@ -21,7 +21,7 @@ from vanilla_transformer import (
     VanillaTransformerConfig,
     VanillaTransformerForConditionalGeneration,
 )
-from vanilla_transformer.modeling import fast_generation, fast_modeling
+from vanilla_transformer.modeling import fast_modeling
 
 SENTENCES = ["In the beginning God created the heavens and the earth.", "Jesus wept.", "And God said, Let there be light."]
 # Each caller: its options, and the autocast dtype it decodes under (None: float32). Greedy without scores and
@@ -47,10 +47,10 @@ def own_model(hub_tiny_model):
 
 @pytest.fixture
 def shared(own_model, monkeypatch):
-    """The model, a batch of three sentences, and oneDNN taken as the faster kernel for every shape (which it
-    is depends on the machine), so that each search over several rows packs its weights."""
-    monkeypatch.setattr(fast_generation, "is_onednn_faster", lambda rows, in_features, out_features: True)
+    """The model, a batch of three sentences, and oneDNN asked for in decoding (which kernel is faster depends on
+    the machine), so that each search over several rows packs its weights."""
     model, tokenizer = own_model
+    monkeypatch.setattr(model, "onednn_decoding", True)
     return model, tokenizer(SENTENCES, return_tensors="pt", padding=True)
 
 

@@ -4,8 +4,9 @@ chooses the model's loss) turns them off.
 
     plain                                       drop-in (here)
     the decoder's linear maps and lm_head       packed_products: the same products on oneDNN, each weight packed
-      (§3.2.2, §3.3, §3.4) on torch's default     once per call, for the shapes oneDNN computes faster on this
-      fp32 kernel (MKL on a CPU)                  machine (timed once per shape, `is_onednn_faster`)
+      (§3.2.2, §3.3, §3.4) on torch's default     once per call, where the model's `onednn_decoding` asks for it
+      fp32 kernel (MKL on a CPU)                  (set at load to the shapes timed faster:
+                                                  decoding_kernel.py in the package)
     every row computed until the last ends      should_prune: finished sentences leave our search loops' batch
 
 The model's linear maps are built as PackableLinear (fast_modeling.py) for this.
@@ -16,67 +17,39 @@ standard library, torch and the fast modeling file beside it.
 
 from __future__ import annotations
 
-import math
-import time
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .fast_modeling import (
     ONEDNN_LINEAR,
     PackableLinear,
-    onednn_linear,
     pack_weight,
     packed_weights,
 )
 
 
-MARGIN = 0.05  # oneDNN replaces torch's kernel for a shape only when it is at least this much faster
-ROUNDS = 5  # timings of each kernel per shape, interleaved; the fastest of each counts
-_FASTER: dict[tuple, bool] = {}  # (rows, in, out, threads): whether oneDNN was faster, measured once a process
-
-
-def is_onednn_faster(rows: int, in_features: int, out_features: int) -> bool:
-    """Whether oneDNN, on a packed weight, computes a (rows, in) x (in, out) product at least MARGIN faster than
-    torch's default float32 kernel here. It depends on the CPU and the shape (MKL can win narrow products), so
-    it is timed, once a process for each shape (rows rounded up to a power of two) and thread count."""
-    rows = 1 << (rows - 1).bit_length()
-    key = (rows, in_features, out_features, torch.get_num_threads())
-    if key not in _FASTER:
-        numbers = torch.Generator().manual_seed(0)  # its own: the global random stream stays as it was
-        x = torch.randn(rows, in_features, generator=numbers)
-        weight = torch.randn(out_features, in_features, generator=numbers)
-        bias, packed = torch.zeros(out_features), pack_weight(weight)
-        kernels = (lambda: F.linear(x, weight, bias), lambda: onednn_linear(x, packed, bias))
-        seconds = [math.inf, math.inf]
-        with torch.no_grad():
-            for kernel in kernels:
-                kernel()  # the first call sets the kernel up
-            for _ in range(ROUNDS):
-                for i, kernel in enumerate(kernels):
-                    start = time.perf_counter()
-                    kernel()
-                    seconds[i] = min(seconds[i], time.perf_counter() - start)
-        _FASTER[key] = seconds[1] < (1 - MARGIN) * seconds[0]
-    return _FASTER[key]
+def _asked(onednn_decoding, linear: nn.Linear) -> bool:
+    """Whether a model's `onednn_decoding` (a bool, or a set of (in, out) shapes) asks for `linear` on oneDNN."""
+    if isinstance(onednn_decoding, bool):
+        return onednn_decoding
+    return (linear.in_features, linear.out_features) in onednn_decoding
 
 
 def worth_packing(model, linear: nn.Linear, rows: int) -> bool:
-    """Whether our search loops run `linear`'s product for `rows` rows on oneDNN: the switch on, oneDNN present
-    and enabled, no autocast (which would run the product in its own dtype), a float32 weight on the CPU (not
-    offloaded), more than one row (one sentence does not win the packing back), and oneDNN the faster here for
-    that shape."""
+    """Whether our search loops run `linear`'s product for `rows` rows on oneDNN: asked for (the model's
+    `onednn_decoding`: True for every product, or the (in, out) shapes to pack), the switch on, oneDNN present and enabled, no autocast (which would run the product in
+    its own dtype), a float32 weight on the CPU (not offloaded) and more than one row (one sentence does not win
+    the packing back)."""
     weight = linear.weight
     return (
-        model.config.fast_paths
+        _asked(model.onednn_decoding, linear)
+        and model.config.fast_paths
         and rows > 1
         and ONEDNN_LINEAR
         and torch.backends.mkldnn.enabled
         and not torch.is_autocast_enabled("cpu")
         and weight.device.type == "cpu"
         and weight.dtype == torch.float32
-        and is_onednn_faster(rows, linear.in_features, linear.out_features)
     )
 
 
@@ -98,4 +71,4 @@ def should_prune(going_on: int, batch: int) -> bool:
     return going_on < batch
 
 
-__all__ = ["is_onednn_faster", "packed_products", "should_prune", "worth_packing"]
+__all__ = ["packed_products", "should_prune", "worth_packing"]

@@ -31,10 +31,13 @@ evaluation, and `save_model` then saves it), so honouring it would cut every lat
 tokens. To cap outputs, pass `max_new_tokens` or `max_length` to `generate` (or the pipeline), which
 replaces the cap, store `max_new_tokens`, or lower `max_length_offset`.
 
-Which loop serves a request is two tables (read by `choose_search`): by `HAND_OVERS` sampling, beam
-groups, constraints, contrastive search, streamers, a cache passed in, output_logits and the like go to
-transformers' own loop, named; by `GREEDY_HAND_OVERS`, for greedy search only, assisted generation, DoLa,
-a static cache and return_dict_in_generate. A sentence that cannot end in time (</s> suppressed,
+Which loop serves a request (`choose_search`): transformers decides its mode, from the call's options
+resolved with GenerationConfig's public methods (`resolved_generation_config`, then its
+`get_generation_mode`); our loops serve greedy and beam search, and every other mode (sampling, beam
+groups, constraints, contrastive search, assisted generation, DoLa, ...) goes to transformers' own loop,
+named. Two tables name what our loops cannot do within their modes: `HAND_OVERS` (streamers, a cache
+passed in, output_logits and the like) and, for greedy search only, `GREEDY_HAND_OVERS` (a static cache,
+return_dict_in_generate). A sentence that cannot end in time (</s> suppressed,
 or `min_new_tokens` past its cap) stops at its cap unfinished, as transformers' loop does at max_length.
 An input longer than a learned position table (`max_position_embeddings`) is refused in one line.
 
@@ -66,6 +69,7 @@ from transformers.generation import (
     ForcedBOSTokenLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
     GenerateBeamEncoderDecoderOutput,
+    GenerationMode,
     InfNanRemoveLogitsProcessor,
     LogitsProcessor,
     LogitsProcessorList,
@@ -189,7 +193,7 @@ def paper_generate(model, base_generate, inputs=None, generation_config=None, lo
         logits_processor = LogitsProcessorList([*(logits_processor or []), cap])
         generation_config = _with_longest_output(model, cap, kwargs, generation_config)
 
-    search, reason = choose_search(model, kwargs, setting, style)
+    search, reason = choose_search(model, kwargs, resolved_generation_config(model, generation_config, kwargs), style)
     if search is not None:
         kwargs["custom_generate"] = search
     else:
@@ -272,63 +276,60 @@ def _with_longest_output(model, cap: SourceLengthCap, kwargs, generation_config)
     return generation_config
 
 
-def _assisted(kwargs, setting) -> bool:
-    """Assisted generation (an assistant model, prompt lookup, early exit), or this model serving as
-    an assistant: transformers' loop crops the cache, which only its dynamic cache can do."""
-    return (
-        kwargs.get("assistant_model") is not None
-        or bool(setting("prompt_lookup_num_tokens"))
-        or setting("assistant_early_exit") is not None
-        or bool(setting("use_mtp", False))
-        or bool(setting("is_assistant", False))
-    )
+def resolved_generation_config(model, generation_config, kwargs) -> GenerationConfig:
+    """The call's options as `generate` resolves them, built with GenerationConfig's public methods: the model's
+    generation config, then what the call's `generation_config` sets (its values that are not None), then the
+    call's own arguments (`update` takes those that are options and leaves model inputs)."""
+    config = copy.deepcopy(model.generation_config)
+    if generation_config is not None:
+        config.update(**{name: value for name, value in generation_config.to_dict().items() if value is not None})
+    config.update(**kwargs)
+    return config
 
 
-# Which loop serves a request: the first rule that holds hands it to transformers' own loop, by name.
-# Our loops run plain greedy and beam search; anything else transformers' `generate` does itself.
+# Requests in a mode our loops serve (greedy and beam search) that they still cannot: the first rule that holds
+# hands the call to transformers' own loop, by name. Which mode a request is, transformers decides.
 HAND_OVERS = (
-    ("custom_generate given", lambda model, kwargs, setting: kwargs.get("custom_generate") is not None),
-    ("sampling", lambda model, kwargs, setting: setting("do_sample", False)),
-    ("beam groups", lambda model, kwargs, setting: setting("num_beam_groups", 1) > 1),
-    ("constraints", lambda model, kwargs, setting: setting("constraints") is not None
-     or setting("force_words_ids") is not None),
-    ("contrastive search", lambda model, kwargs, setting: bool(setting("penalty_alpha"))),
-    ("is_assistant", lambda model, kwargs, setting: bool(setting("is_assistant", False))),
+    ("custom_generate given", lambda model, kwargs, config: kwargs.get("custom_generate") is not None),
+    # an assistant's loop crops its cache, which only transformers' dynamic cache can do
+    ("is_assistant", lambda model, kwargs, config: bool(config.is_assistant)),
     # transformers checks an assistant's tokenizer in its own loops (with beams too)
-    ("assistant_tokenizer", lambda model, kwargs, setting: kwargs.get("assistant_tokenizer") is not None),
-    ("stop_strings", lambda model, kwargs, setting: setting("stop_strings") is not None),
-    ("streamer", lambda model, kwargs, setting: kwargs.get("streamer") is not None),
-    ("a cache passed in", lambda model, kwargs, setting: kwargs.get(CACHE_NAME) is not None),
-    ("output_logits", lambda model, kwargs, setting: setting("output_logits", False)),
-    # transformers heals tokens with the tokenizer, which it hands only to its own loops
-    ("token_healing", lambda model, kwargs, setting: bool(setting("token_healing", False))),
+    ("assistant_tokenizer", lambda model, kwargs, config: kwargs.get("assistant_tokenizer") is not None),
+    # transformers hands the tokenizer these need only to its own loops
+    ("stop_strings", lambda model, kwargs, config: config.stop_strings is not None),
+    ("token_healing", lambda model, kwargs, config: bool(config.token_healing)),
+    ("streamer", lambda model, kwargs, config: kwargs.get("streamer") is not None),
+    ("a cache passed in", lambda model, kwargs, config: kwargs.get(CACHE_NAME) is not None),
+    ("output_logits", lambda model, kwargs, config: bool(config.output_logits)),
     # options transformers refuses or acts on in its own loop: its error, or its synchronisation across GPUs
-    ("low_memory", lambda model, kwargs, setting: bool(setting("low_memory", False))),
-    ("synced_gpus", lambda model, kwargs, setting: bool(kwargs.get("synced_gpus"))),
+    ("low_memory", lambda model, kwargs, config: bool(config.low_memory)),
+    ("synced_gpus", lambda model, kwargs, config: bool(kwargs.get("synced_gpus"))),
     # PEFT's prompt learning (prefix tuning) feeds its prefix through prepare_inputs_for_generation,
     # which only transformers' loop calls.
-    ("PEFT's prepare_inputs_for_generation", lambda model, kwargs, setting:
+    ("PEFT's prepare_inputs_for_generation", lambda model, kwargs, config:
      "prepare_inputs_for_generation" in vars(model)),
 )
-# Greedy search only: with a static cache transformers' loop compiles the decoder step (beam search
-# does not compile in transformers), and per-step outputs come from transformers' loop. transformers
-# assists (and runs DoLa for) greedy search and sampling only: with beams it ignores these, and so do we.
+# Greedy search only: with a static cache transformers' loop compiles the decoder step (beam search does not
+# compile in transformers), and per-step outputs come from transformers' loop.
 GREEDY_HAND_OVERS = (
-    ("assisted generation", lambda model, kwargs, setting: _assisted(kwargs, setting)),
-    ("DoLa", lambda model, kwargs, setting: setting("dola_layers") is not None),
-    ("static cache", lambda model, kwargs, setting: setting("cache_implementation") in ALL_STATIC_CACHE_IMPLEMENTATIONS),
-    ("return_dict_in_generate", lambda model, kwargs, setting: setting("return_dict_in_generate", False)),
+    ("static cache", lambda model, kwargs, config: config.cache_implementation in ALL_STATIC_CACHE_IMPLEMENTATIONS),
+    ("return_dict_in_generate", lambda model, kwargs, config: bool(config.return_dict_in_generate)),
 )
+OUR_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.BEAM_SEARCH)
 
 
-def choose_search(model, kwargs, setting, style):
+def choose_search(model, kwargs, config: GenerationConfig, style: str):
     """The loop that serves a `generate` request: (our search, None), or (None, the reason it goes to
-    transformers' own loop). `setting(name, default)` reads an option as `generate` resolves it."""
-    beams = setting("num_beams", 1)
-    for reason, applies in HAND_OVERS + (GREEDY_HAND_OVERS if beams == 1 else ()):
-        if applies(model, kwargs, setting):
+    transformers' own loop: the mode's name, or the rule's). `config`: the call's options, resolved
+    (`resolved_generation_config`); `style`: the beam search's ranking."""
+    mode = config.get_generation_mode(kwargs.get("assistant_model"))
+    if mode not in OUR_MODES:
+        return None, mode.value
+    greedy = mode == GenerationMode.GREEDY_SEARCH
+    for reason, applies in HAND_OVERS + (GREEDY_HAND_OVERS if greedy else ()):
+        if applies(model, kwargs, config):
             return None, reason
-    if beams == 1:
+    if greedy:
         return greedy_search, None  # finished sentences leave the batch
     if style == "gnmt":
         return gnmt_beam_search, None
@@ -813,4 +814,5 @@ __all__ = [
     "greedy_search",
     "paper_generate",
     "paper_generation_config",
+    "resolved_generation_config",
 ]

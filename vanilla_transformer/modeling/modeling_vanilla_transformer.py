@@ -461,6 +461,10 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     `AutoModelForSeq2SeqLM`. Given `labels`, returns the (optionally label-smoothed, §5.4) loss."""
 
     accepts_loss_kwargs = True  # `Trainer` passes `num_items_in_batch`
+    # Our decoding loops' products on oneDNN, weights packed per call (fast_generation.py): True for all, or the
+    # (in, out) shapes to pack. Which kernel is faster depends on the CPU and the shape, so whoever loads the model
+    # sets it (the package's load_model times both per shape); off, torch's own.
+    onednn_decoding = False
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
