@@ -28,6 +28,7 @@ import torch
 from transformers import CompileConfig, GenerationConfig, GenerationMixin
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer.decoding_kernel import choose_decoding_kernel
 from vanilla_transformer.export.marian import to_marian
 from vanilla_transformer.modeling.generation import beam_search, gnmt_beam_search, greedy_search
 from vanilla_transformer.inference import score_translations
@@ -139,6 +140,7 @@ def run(tokenizer, sizes, device: str, threads: int, sentences: int, max_new_tok
             loss = train_briefly(ours.to(device), tokenizer, steps, target_tokens=8192)
             weights = f"{steps} training steps, loss {loss:.2f}"
         ours.cpu().eval()
+        choose_decoding_kernel(ours)  # the kernel the package's load_model chooses for it on this CPU
         marian = to_marian(ours).eval()
         entry = {"weights": weights, "train_steps": steps, "train_loss": loss, "modes": {}}
 

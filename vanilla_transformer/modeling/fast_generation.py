@@ -37,9 +37,9 @@ def _asked(onednn_decoding, linear: nn.Linear) -> bool:
 
 def worth_packing(model, linear: nn.Linear, rows: int) -> bool:
     """Whether our search loops run `linear`'s product for `rows` rows on oneDNN: asked for (the model's
-    `onednn_decoding`: True for every product, or the (in, out) shapes to pack), the switch on, oneDNN present and enabled, no autocast (which would run the product in
-    its own dtype), a float32 weight on the CPU (not offloaded) and more than one row (one sentence does not win
-    the packing back)."""
+    `onednn_decoding`: True for every product, or the (in, out) shapes to pack), the switch on, oneDNN present and
+    enabled, no autocast (which would run the product in its own dtype), a float32 weight on the CPU (not
+    offloaded) and more than one row (one sentence does not win the packing back)."""
     weight = linear.weight
     return (
         _asked(model.onednn_decoding, linear)
