@@ -8,7 +8,10 @@ import shutil
 
 import pytest
 
-from vanilla_transformer.staging import STAGING_PREFIX, DiskFull, publish_folder, set_aside, staged_files, write_file_whole
+from vanilla_transformer import staging
+from vanilla_transformer.staging import (
+    REPLACED, STAGING_PREFIX, DiskFull, publish_folder, set_aside, staged_files, sweep_staging, write_file_whole,
+)
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])
@@ -85,6 +88,40 @@ def test_a_replaced_folder_is_removed_only_once_the_new_one_is_in_place(tmp_path
     publish_folder(new, old)
     assert seen_while_removing == [(["new.txt"], ["old.txt"])]
     assert [path.name for path in tmp_path.iterdir()] == ["adapter"]
+
+
+def test_a_folder_whose_replacement_was_killed_between_the_renames_is_put_back_by_the_next_sweep(tmp_path, monkeypatch):
+    old, new = tmp_path / "adapter", tmp_path / f"{STAGING_PREFIX}adapter"
+    for folder, text in ((old, "old"), (new, "new")):
+        folder.mkdir()
+        (folder / f"{text}.txt").write_text(text)
+    real_move = staging._move
+    moves = []
+
+    def dies_at_the_second_rename(source, destination):
+        moves.append(destination.name)
+        if len(moves) == 2:
+            raise KeyboardInterrupt  # as a kill there leaves it
+        real_move(source, destination)
+
+    monkeypatch.setattr(staging, "_move", dies_at_the_second_rename)
+    with pytest.raises(KeyboardInterrupt):
+        publish_folder(new, old)
+    assert moves == [f"{REPLACED}adapter", "adapter"] and not old.exists()
+    monkeypatch.setattr(staging, "_move", real_move)
+    assert sweep_staging(tmp_path) == [new.name]
+    assert [path.name for path in tmp_path.iterdir()] == ["adapter"] and os.listdir(old) == ["old.txt"]
+
+
+def test_the_mode_of_a_written_file_is_opens_and_the_umask_is_read_without_being_set(tmp_path, monkeypatch):
+    umask = os.umask(0o022)
+    try:
+        monkeypatch.setattr(os, "umask", lambda mask: pytest.fail("the umask was set: every thread would see it"))
+        written = write_file_whole(tmp_path / "a.json", "{}")
+    finally:
+        monkeypatch.undo()
+        os.umask(umask)
+    assert written.stat().st_mode & 0o777 == 0o644
 
 
 def test_a_file_written_again_removes_what_a_killed_write_of_it_left_and_nothing_else(tmp_path):

@@ -27,11 +27,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = [
-    "STAGING_PREFIX", "DiskFull", "disk_full", "disk_full_error", "publish_files", "publish_folder", "set_aside",
+    "REPLACED", "STAGING_PREFIX", "DiskFull", "disk_full", "disk_full_error", "publish_files", "publish_folder", "set_aside",
     "staged_files", "staging_folder", "sweep_staging", "write_file_whole",
 ]
 
 STAGING_PREFIX = ".vanilla-transformer-staging-"
+REPLACED = f"{STAGING_PREFIX}replaced-"  # + a folder's name: the old folder, aside while its new one is published
 _NEARLY_FULL = 1 << 20  # bytes free after a failed write below which the disk is taken to be full
 _FULL_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
 
@@ -53,7 +54,11 @@ def sweep_staging(folder: str | os.PathLike) -> list[str]:
         return []
     swept = []
     for entry in sorted(folder.iterdir()):
-        if entry.name.startswith(STAGING_PREFIX):
+        original = folder / entry.name[len(REPLACED):]
+        if entry.name.startswith(REPLACED) and entry.is_dir() and not original.exists():
+            _move(entry, original)  # killed between publish_folder's two renames: the old folder is put back
+            logger.warning(f"{original}: put back as it was before a write that did not finish")
+        elif entry.name.startswith(STAGING_PREFIX):
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
             else:
@@ -74,9 +79,16 @@ def publish_files(folder: str | os.PathLike) -> None:
 
 
 def _open_mode() -> int:
-    """The mode `open` gives a new file: 0666 less the umask (read by setting it, the only way to read it)."""
-    umask = os.umask(0)
-    os.umask(umask)
+    """The mode `open` gives a new file: 0666 less the umask, as Linux shows it; elsewhere the umask is read by
+    setting it, for a moment, to the tightest mask (another thread's file made then is private, not open)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            umask = next((int(line.split()[1], 8) for line in status if line.startswith("Umask:")), None)
+    except OSError:
+        umask = None
+    if umask is None:
+        umask = os.umask(0o077)
+        os.umask(umask)
     return 0o666 & ~umask
 
 
@@ -154,10 +166,13 @@ def staged_files(folder: str | os.PathLike, name: str, last: Iterable[str] = ())
 
 
 def publish_folder(staging: Path, target: Path) -> None:
-    """Put the folder `staging` in place of `target`. An old `target` is renamed aside (a staging name) and removed
-    once the new one is in place: a reader finds the old folder whole or the new one, never one half removed."""
-    aside = staging.with_name(staging.name + "-replaced")
+    """Put the folder `staging` in place of `target`. An old `target` is renamed aside (`REPLACED` + its name) and
+    removed once the new one is in place: a reader finds the old folder whole or the new one, never one half
+    removed; a process killed between the two renames leaves the old one aside, and the next sweep puts it back."""
+    aside = target.with_name(REPLACED + target.name)
     if target.exists():
+        if aside.exists():  # left by a kill after an earlier new folder was in place
+            shutil.rmtree(aside, ignore_errors=True)
         _move(target, aside)
     _move(staging, target)
     shutil.rmtree(aside, ignore_errors=True)
