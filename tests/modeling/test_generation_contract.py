@@ -85,6 +85,16 @@ def test_generate_logs_why_transformers_loop_serves_a_call(model, caplog):
     assert "transformers' own generation loop serves this call: sample" in caplog.text
 
 
+def test_a_gnmt_beam_call_handed_to_transformers_loop_says_that_its_ranking_is_not_kept(model, caplog):
+    with caplog.at_level(logging.WARNING, logger="vanilla_transformer.modeling.generation"):
+        model.generate(source(), num_beams=4, length_penalty_style="gnmt", max_new_tokens=3)  # our loop: silent
+        assert caplog.text == ""
+        model.generate(source(), num_beams=4, length_penalty_style="gnmt", max_new_tokens=3, output_logits=True,
+                       return_dict_in_generate=True)
+    assert ("transformers' own generation loop serves this call (output_logits): it ranks finished beams by |Y|^α, "
+            "not by the GNMT length penalty that length_penalty_style='gnmt' asks for") in caplog.text
+
+
 def test_a_cache_passed_in_and_peft_go_to_transformers_loop(model):
     from vanilla_transformer.modeling.input_checks import CACHE_NAME
 

@@ -37,7 +37,8 @@ resolved with GenerationConfig's public methods (`resolved_generation_config`, t
 groups, constraints, contrastive search, assisted generation, DoLa, ...) goes to transformers' own loop,
 named. Two tables name what our loops cannot do within their modes: `HAND_OVERS` (streamers, a cache
 passed in, output_logits and the like) and, for greedy search only, `GREEDY_HAND_OVERS` (a static cache,
-return_dict_in_generate). A sentence that cannot end in time (</s> suppressed,
+return_dict_in_generate). transformers' loop ranks beams by |Y|^α: a beam call with length_penalty_style="gnmt"
+handed to it says so in a warning, once per reason. A sentence that cannot end in time (</s> suppressed,
 or `min_new_tokens` past its cap) stops at its cap unfinished, as transformers' loop does at max_length.
 An input longer than a learned position table (`max_position_embeddings`) is refused in one line.
 
@@ -193,9 +194,13 @@ def paper_generate(model, base_generate, inputs=None, generation_config=None, lo
         logits_processor = LogitsProcessorList([*(logits_processor or []), cap])
         generation_config = _with_longest_output(model, cap, kwargs, generation_config)
 
-    search, reason = choose_search(model, kwargs, resolved_generation_config(model, generation_config, kwargs), style)
+    resolved = resolved_generation_config(model, generation_config, kwargs)
+    search, reason = choose_search(model, kwargs, resolved, style)
     if search is not None:
         kwargs["custom_generate"] = search
+    elif style == "gnmt" and (resolved.num_beams or 1) > 1:  # the scores and the beam kept would change unsaid
+        logger.warning_once(f"transformers' own generation loop serves this call ({reason}): it ranks finished beams "
+                            "by |Y|^α, not by the GNMT length penalty that length_penalty_style='gnmt' asks for")
     else:
         logger.debug(f"transformers' own generation loop serves this call: {reason}")
     return base_generate(inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs)
