@@ -108,7 +108,7 @@ def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: st
     from vanilla_transformer.training.compiled import CompiledLoss, compile_timing
     from vanilla_transformer.training.data import PadCollator, PrefetchedBatches
     from vanilla_transformer.training.kernels import training_attention
-    from vanilla_transformer.training.run_folder import RunState
+    from vanilla_transformer.training.run_state import RunState
     from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
     from vanilla_transformer.training.setup import Components, prepare
     from vanilla_transformer.training.step import next_rate, train_step
@@ -266,7 +266,7 @@ def preset_batches(preset: str, tokenizer, pairs: list, device: str, max_tokens:
     `pairs` in batches padded to `buckets` shapes: (config, max_tokens, split, index lists, shapes, batches on
     `device`)."""
     from vanilla_transformer.training.data import PadCollator
-    from vanilla_transformer.training.setup import gpu_batch
+    from vanilla_transformer.training.batch_plan import gpu_batch
 
     probe = _model(preset, tokenizer, dropout=0.1)
     config, parameters = probe.config, sum(p.numel() for p in probe.parameters())

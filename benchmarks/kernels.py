@@ -150,7 +150,7 @@ def ours_step(config, batch: dict, device: str, precision: str):
     from vanilla_transformer import VanillaTransformerForConditionalGeneration
     from vanilla_transformer.training.budget import Budget
     from vanilla_transformer.training.kernels import training_attention
-    from vanilla_transformer.training.run_folder import RunState
+    from vanilla_transformer.training.run_state import RunState
     from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
     from vanilla_transformer.training.setup import Components, prepare
     from vanilla_transformer.training.step import next_rate, train_step

@@ -21,7 +21,7 @@ next run or save in that folder removes it and touches nothing without the prefi
     training.logs.TrainingLog                training_log.jsonl                       train --resume
     training.checkpoints.save_checkpoint     checkpoints/checkpoint-<step>/           train
     training.checkpoints.newest_sound_checkpoint  damaged-checkpoint-<step>/ (a rename)  train --resume
-    training.setup.save_adapter              adapter/                                 train --lora-rank
+    training.finetuning.save_adapter         adapter/                                 train --lora-rank
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def _adapter(out, model_dir, variant):
     from peft import LoraConfig, get_peft_model
 
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-    from vanilla_transformer.training.setup import save_adapter
+    from vanilla_transformer.training.finetuning import save_adapter
 
     model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=300))
     lora = LoraConfig(task_type="SEQ_2_SEQ_LM", r=4 if variant == "old" else 8, target_modules=["q_proj", "v_proj"])

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from vanilla_transformer.training.budget import Budget
-from vanilla_transformer.training.run_folder import RunState
+from vanilla_transformer.training.run_state import RunState
 
 
 def test_the_steps_left_are_those_of_the_first_limit():

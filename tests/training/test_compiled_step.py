@@ -26,7 +26,7 @@ from vanilla_transformer.training.data import IGNORE_INDEX, PadCollator
 from vanilla_transformer.training import criterion
 from vanilla_transformer.training.kernels import BF16_WEIGHTS_VARIABLE, Bf16Weights
 from vanilla_transformer.training.budget import Budget
-from vanilla_transformer.training.run_folder import RunState
+from vanilla_transformer.training.run_state import RunState
 from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
 from vanilla_transformer.training.setup import Components, prepare
 from vanilla_transformer.training.step import next_rate, train_step

@@ -287,7 +287,7 @@ GIB = 2**30
 ])
 def test_a_gpus_batch_is_the_papers_step_within_its_memory(preset, memory, processes, accumulation, expected):
     from vanilla_transformer import VanillaTransformerConfig
-    from vanilla_transformer.training.setup import gpu_batch
+    from vanilla_transformer.training.batch_plan import gpu_batch
 
     config = VanillaTransformerConfig.from_preset(preset, vocab_size=8000)
     parameters = {"base": 60_000_000, "big": 210_000_000}[preset]

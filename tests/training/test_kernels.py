@@ -266,7 +266,7 @@ def test_a_step_on_bf16_weights_casts_a_handful_of_times_where_autocast_casts_at
     import sys
 
     from vanilla_transformer.training.budget import Budget
-    from vanilla_transformer.training.run_folder import RunState
+    from vanilla_transformer.training.run_state import RunState
     from vanilla_transformer.training.step import train_step
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ is not an installed package

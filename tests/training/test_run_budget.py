@@ -14,7 +14,7 @@ import pytest
 from vanilla_transformer.cli import main
 from vanilla_transformer.training.logs import LOG_FILE, read_log
 from vanilla_transformer.training.budget import Budget
-from vanilla_transformer.training.run_folder import RunState
+from vanilla_transformer.training.run_state import RunState
 
 
 def _train(task, out, run, *extra):

@@ -146,7 +146,7 @@ def test_the_moving_average_follows_the_weights_and_round_trips_through_its_stat
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
-    average.update(model)  # first update: decay min(0.9, 2/11), so mostly the new weights
+    average.update_parameters(model)  # first update: decay min(0.9, 2/11), so mostly the new weights
     expected = [s + 1.0 - 2 / 11 for s in start]
     copy = torch.nn.Linear(3, 3)
     average.copy_to(copy)

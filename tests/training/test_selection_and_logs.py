@@ -163,7 +163,7 @@ def test_the_best_checkpoints_outlive_pruning_and_average_best_keeps_as_many_as_
 
     from vanilla_transformer.training.arguments import TrainArguments
     from vanilla_transformer.training.checkpoints import save_checkpoint
-    from vanilla_transformer.training.run_folder import RunState
+    from vanilla_transformer.training.run_state import RunState
     from vanilla_transformer.training.selection import best_steps, out_of_patience, record_validation
 
     model = torch.nn.Linear(3, 2)

@@ -26,7 +26,7 @@ from vanilla_transformer.training.arguments import TrainArguments
 from vanilla_transformer.training.budget import Budget
 from vanilla_transformer.training.data import IGNORE_INDEX, PadCollator, TokenizedSplit
 from vanilla_transformer.training.evaluation import evaluate
-from vanilla_transformer.training.run_folder import RunState
+from vanilla_transformer.training.run_state import RunState
 from vanilla_transformer.training.setup import Components, prepare
 from vanilla_transformer.training.step import next_rate, train_step
 from vanilla_transformer.training.schedule import make_optimizer, make_scheduler, noam_rate

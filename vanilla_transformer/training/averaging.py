@@ -35,8 +35,8 @@ class WeightAverage:
         return [(name, p) for name, p in model.named_parameters() if p.is_floating_point()]  # in self.names' order
 
     @torch.no_grad()
-    def update(self, model: torch.nn.Module) -> None:
-        """average += (1 - decay) * (weights - average)."""
+    def update_parameters(self, model: torch.nn.Module) -> None:
+        """average += (1 - decay) * (weights - average); named as torch's `AveragedModel` names it."""
         self.updates += 1
         decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
         for (_, p), average in zip(self._parameters(model), self.average):

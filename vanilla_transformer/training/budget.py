@@ -10,7 +10,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from .run_folder import RunState
+from .run_state import RunState
 from .signals import StopRequests
 
 __all__ = ["Budget"]
@@ -59,6 +59,14 @@ class Budget:
         if self.time_limit is not None and timed > 0:
             left.append((self.time_limit * 60 - self.before - self.elapsed) / (self.elapsed / timed) - 1)
         return min(left)
+
+    def seconds_left(self, step_seconds: float) -> float:
+        """What is left of the run at its first step, in seconds, from the seconds of one step: its minutes or its
+        steps, whichever ends first."""
+        left = self.remaining_steps(self.start_step) * step_seconds
+        if self.time_limit is not None:
+            left = min(left, self.time_limit * 60 - self.before - (time.perf_counter() - self.started))
+        return left
 
     def steps_done(self, step: int) -> bool:
         return self.max_steps is not None and step >= self.max_steps

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import DistributedType
@@ -36,6 +37,7 @@ __all__ = [
     "describe",
     "end_training",
     "launched_world_size",
+    "on_main",
     "requested_strategy",
     "start_accelerator",
 ]
@@ -239,3 +241,25 @@ def configure_deepspeed(accelerator, args) -> None:
         f"per micro-step and process (train_micro_batch_size_per_gpu 1, train_batch_size {config['train_batch_size']}), "
         f"gradient clipping {config['gradient_clipping'] or 'off'}"
     )
+
+
+def on_main(accelerator, decide) -> int | None:
+    """Run `decide()`, which returns an int or None, on the main process only, before the other processes
+    can race it; every process gets the answer, or stops with the main process's error."""
+    answer, error = None, None
+    if accelerator.is_main_process:
+        try:
+            answer = decide()
+        except Exception as err:
+            error = err
+    # [failed, answer] as a tensor reduction, as the step's own (torch's broadcast_object_list left the gloo
+    # processes hanging at exit)
+    if accelerator.num_processes > 1:
+        sent = [int(error is not None), -1 if answer is None else answer] if accelerator.is_main_process else [0, 0]
+        failed, answer = accelerator.reduce(torch.tensor(sent, device=accelerator.device), "sum").tolist()
+        answer = None if answer == -1 else answer
+        if failed and error is None:
+            error = ValueError("the main process refused to start this run; its error says why")
+    if error is not None:
+        raise error
+    return answer

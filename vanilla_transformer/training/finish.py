@@ -23,10 +23,11 @@ from .checkpoints import average_checkpoints, checkpoint_path, list_checkpoints
 from .distributed import end_training
 from .evaluation import evaluate, full_model, load_weights, report
 from .budget import Budget
-from .run_folder import RunState
+from .run_state import RunState
 from .signals import ScoringInterrupted, StopScoring
 from .selection import best_steps
-from .setup import Components, save_adapter
+from .finetuning import save_adapter
+from .setup import Components
 
 __all__ = ["finish"]
 

@@ -36,9 +36,11 @@ from accelerate.logging import get_logger
 from accelerate.utils import DistributedType
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from . import criterion
+
 __all__ = ["BF16_CPU_FLAGS", "BF16_WEIGHTS_VARIABLE", "CPU_BF16_VARIABLE", "TIMING_SHARE", "TRAINING_SDPA_BACKENDS",
-           "Bf16Weights", "attention_choice", "bf16_weights", "cpu_computes_bf16", "cpu_flags", "fastest_attention",
-           "training_attention"]
+           "Bf16Weights", "attention_choice", "bf16_weights", "choose_attention", "cpu_computes_bf16", "cpu_flags",
+           "fastest_attention", "set_attention", "training_attention"]
 
 # /proc/cpuinfo's names for bf16 arithmetic in hardware: x86's AVX-512 BF16 and AMX, Arm's BF16 extension.
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
@@ -221,6 +223,30 @@ def _past(accelerator, seconds: dict[str, list[float]], allowance, start: float)
     per_run = max(min(runs) for runs in seconds.values() if runs)
     past = time.perf_counter() - start + (goal - done) * per_run > allowance(per_run)
     return accelerator.reduce(torch.tensor([float(past)], device=accelerator.device), "sum").item() > 0
+
+
+def choose_attention(accelerator, model, chosen: str | None, batch: dict, budget) -> str:
+    """Put the model (as prepared) on `chosen` (`attn_implementation`, or the one the resumed run chose), or on the
+    one that trains the first `batch` fastest here (`fastest_attention`), timed within TIMING_SHARE of what is left
+    of the `budget`; returns it, for checkpoints to record, so that a resumed run computes as it did."""
+    unwrapped = accelerator.unwrap_model(model)
+    started = time.perf_counter()
+    if chosen:
+        set_attention(unwrapped, chosen)
+    elif seconds := fastest_attention(accelerator, model, batch, lambda m, b: criterion.batch_loss(m, b)[0],
+                                      allowance=lambda step_seconds: TIMING_SHARE * budget.seconds_left(step_seconds)):
+        logger.info(f"{attention_choice(unwrapped.config._attn_implementation, seconds)}; "
+                    f"timed in {time.perf_counter() - started:.1f} s")
+    return unwrapped.config._attn_implementation
+
+
+def set_attention(model, implementation: str) -> None:
+    """`model.set_attn_implementation`, its refusal (a missing kernel package, for one) as one ValueError naming the
+    option."""
+    try:
+        model.set_attn_implementation(implementation)
+    except (ValueError, ImportError) as err:
+        raise ValueError(f"`attn_implementation` {implementation!r} cannot run this model: {err}") from None
 
 
 def attention_choice(chosen: str, seconds: dict[str, float]) -> str:

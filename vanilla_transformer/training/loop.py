@@ -30,15 +30,16 @@ from .budget import Budget
 from .checkpoints import save_checkpoint
 from .compiled import compile_timing
 from .data import PadCollator, PrefetchedBatches
-from .distributed import default_mixed_precision, start_accelerator
+from .distributed import default_mixed_precision, on_main, start_accelerator
 from .evaluation import evaluate, full_model, report
 from .finish import finish
-from .kernels import training_attention
+from .kernels import choose_attention, training_attention
 from .lock import RunLock
 from .resume import finished_step
-from .run_folder import RunState, explain_disk_full, on_main, take_folder
+from .run_folder import explain_disk_full, take_folder
+from .run_state import RunState
 from .selection import best_steps, out_of_patience, record_validation
-from .setup import Components, choose_attention, prepare, set_up
+from .setup import Components, prepare, set_up
 from .signals import TrainingInterrupted
 from .step import next_rate, train_step
 
@@ -95,8 +96,9 @@ def _train_part(components: Components, state: RunState, budget: Budget, args: T
             for micro_batches in steps:
                 if first := state.step == budget.start_step:  # the first step of this session
                     clock = CpuClock()
-                    state.record_attention(choose_attention(components, state, budget, args.attn_implementation,
-                                                            micro_batches[0][0]))
+                    state.record_attention(choose_attention(components.accelerator, components.model,
+                                                            args.attn_implementation or state.attn_implementation,
+                                                            micro_batches[0][0], budget))
                 with compile_timing(components.compiled, micro_batches, components.accelerator.device):
                     done = train_step(components, micro_batches, state.step, budget, args.max_grad_norm)
                 budget.add_step(done.tokens, done.elapsed, done.stop_signal)

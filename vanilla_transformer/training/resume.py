@@ -1,24 +1,21 @@
-"""Resuming a run or starting one: what a run's folder records, and the policy that continues a run as it was started.
+"""Resuming a run: the policy that continues a run as it was started.
 
-A new run refuses a folder that holds an earlier run, a finished model, a card or a file it would write over
-(`check_new_folder`). `resume` continues the newest checkpoint that reads back whole (`resume_step`), with the
+`resume` continues the newest checkpoint that reads back whole (`resume_step`), with the
 options the run was started with (`restore_options`), refusing one that would change what the run trains
 (`check_same_run`); a run whose budget is spent and whose final folder is saved has nothing to do (`finished_step`).
-A checkpoint's records are data, checked before they are used (`check_state`, `check_run_config`).
+A checkpoint's records are data, checked before they are used (`RunState.read`, `check_run_config`).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, fields
 from pathlib import Path
 
 from accelerate.logging import get_logger
 
 from ..file_checks import read_json
-from ..hub import DESCRIPTION_FILES, RESULTS_FILE
+from ..hub import RESULTS_FILE
 from .arguments import (
-    ATTENTION_IMPLEMENTATIONS,
     FOLDER_TRACKERS,
     NEVER_RESTORED,
     RUN_OPTIONS,
@@ -30,17 +27,16 @@ from .checkpoints import (
     STATE_FILE,
     WEIGHTS_FILE,
     checkpoint_layout,
-    checkpoint_name,
     latest_checkpoint,
     list_checkpoints,
     newest_sound_checkpoint,
     read_state,
 )
-from .run_folder import ADAPTER_DIR, CHECKPOINTS, MODEL_FILES, TOKENIZER_OPTIONS, RunState
+from .run_folder import CHECKPOINTS
+from .run_state import RunState
 
 __all__ = [
-    "BUDGET_OPTIONS", "check_new_folder", "check_nothing_to_replace", "check_run_config", "check_same_run", "check_state",
-    "finished_step", "recorded_options", "restore_options", "resume_budget", "resume_step", "run_options",
+    "BUDGET_OPTIONS", "check_run_config", "check_same_run", "finished_step", "recorded_options", "restore_options", "resume_budget", "resume_step", "run_options",
 ]
 
 logger = get_logger(__name__)
@@ -55,11 +51,8 @@ def finished_step(args: TrainArguments) -> int | None:
     line and returns the step; else None (a run whose final folder is not there yet is finished by `train`)."""
     checkpoint = latest_checkpoint(Path(args.output_dir) / CHECKPOINTS)
     try:
-        recorded = read_state(checkpoint) if checkpoint is not None else None
+        state = RunState.read(checkpoint) if checkpoint is not None else None
         results = read_json(Path(args.output_dir) / RESULTS_FILE)
-        if recorded is not None:
-            check_state(recorded, checkpoint / STATE_FILE)  # else `resume_step` names what is wrong
-        state = RunState.from_dict(recorded) if recorded is not None else None
     except (OSError, ValueError, AttributeError):  # damaged or missing: `train` says what, or writes them
         return None
     if state is None or not isinstance(results, dict) or results.get("steps") != state.step:
@@ -96,146 +89,21 @@ def resume_budget(args: TrainArguments, state: RunState, budget: Budget) -> None
             logger.info(f"`{name}` {getattr(args, name)}, given with `resume`, replaces the run's {recorded[name]}")
 
 
-def resume_step(args: TrainArguments, checkpoint_root: Path) -> int | None:
-    """The step of the checkpoint `resume` continues from; without `resume`, refuse a folder that holds an earlier run."""
-    if args.resume:
-        if not list_checkpoints(checkpoint_root):
-            raise FileNotFoundError(f"`resume`: no complete checkpoint in {checkpoint_root} to resume from")
-        checkpoint, problems = newest_sound_checkpoint(checkpoint_root)
-        for problem in problems:
-            logger.warning(f"`resume`: {problem}")
-        state = read_state(checkpoint)
-        check_state(state, checkpoint / STATE_FILE)
-        check_same_run(args, state.get("run_options"))
-        step = state["step"]
-        if problems:
-            logger.warning(f"`resume`: continuing from {checkpoint.name}, the newest checkpoint that reads back whole; "
-                           f"the steps after {step} are trained again")
-        check_run_config(checkpoint_root / "config.json", checkpoint)  # the run's architecture, built by every process next
-        recorded = state.get("options")
-        _log_options(args, recorded if isinstance(recorded, dict) else {}, checkpoint / STATE_FILE)
-        return step
-    check_new_folder(args, checkpoint_root)
-    return None
-
-
-def check_new_folder(args: TrainArguments, checkpoint_root: Path) -> None:
-    """Without `resume`: refuse a folder that holds an earlier run, a finished model, a card or a file the run would
-    write over."""
-    if list_checkpoints(checkpoint_root):
-        raise ValueError(
-            f"{args.output_dir} holds checkpoints of an earlier run; pass `resume` to continue it, or pick a new `output_dir`"
-        )
-    model_files = [name for name in MODEL_FILES if (Path(args.output_dir) / name).exists()]
-    if model_files:  # a finished model (from the Hub, or a run whose checkpoints were removed): never replaced
-        raise ValueError(
-            f"{args.output_dir} holds a model ({', '.join(model_files)}) that a new run would replace; pass `resume` "
-            f"to continue its run (it needs its {CHECKPOINTS}/ folder), `model_name_or_path {args.output_dir}` "
-            "to fine-tune it into another `output_dir`, or pick another `output_dir`"
-        )
-    cards = [name for name in DESCRIPTION_FILES if (Path(args.output_dir) / name).exists()]
-    if cards:  # not this run's: the finished model's card and scores would replace them
-        raise ValueError(f"{args.output_dir} holds {', '.join(cards)}, which the finished model's card and scores would "
-                         "replace; pick another `output_dir`, or move them")
-    check_nothing_to_replace(args)
-
-
-def check_nothing_to_replace(args: TrainArguments) -> None:
-    """A new run refuses a folder holding a path it would write over or delete: the model's code and settings, its
-    log, the weights of another layout, a LoRA run's `adapter/`, a tokenizer's settings without its tokenizer.json,
-    in `checkpoints/` a checkpoint's name or records other than those of a run that stopped before its first
-    checkpoint (whose tokenizer and log are this folder's own, used or kept)."""
-    from ..hub import STALE_WEIGHTS
-    from ..modeling.saving import CODE_FILES
-    from .logs import LOG_FILE
-
-    folder = Path(args.output_dir)
-    started = _run_record(folder / CHECKPOINTS / "config.json")  # a run of this folder got as far as its model
-    written = [*CODE_FILES, "generation_config.json", *([] if started else [LOG_FILE]),
-               *([ADAPTER_DIR] if args.lora_rank is not None else []),
-               *([] if (folder / "tokenizer.json").is_file() else ["tokenizer_config.json", "special_tokens_map.json"])]
-    found = [name for name in written if (folder / name).exists() or (folder / name).is_symlink()]
-    found += sorted(entry.name for entry in folder.iterdir() if STALE_WEIGHTS.match(entry.name))
-    found += _not_run_records(folder / CHECKPOINTS)
-    found = [f"{name}/" if (folder / name).is_dir() else name for name in found]
-    if found:
-        more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
-        raise ValueError(f"{folder} holds {', '.join(found[:3])}{more}, which a new run would write over or delete; "
-                         "pick another `output_dir`, or move them")
-
-
-def _not_run_records(checkpoints: Path) -> list[str]:
-    """What in `checkpoints/` a run would write over and did not write: a folder named as a checkpoint (an incomplete
-    one: complete ones are an earlier run's), or a config or tokenizer record that is not a run's. Other names a
-    run never touches."""
-    if not checkpoints.is_dir():
-        return []
-    return sorted(f"{CHECKPOINTS}/{entry.name}" for entry in checkpoints.iterdir()
-                  if checkpoint_name(entry.name) is not None
-                  or (entry.name in ("config.json", TOKENIZER_OPTIONS) and not _run_record(entry)))
-
-
-def _run_record(path: Path) -> bool:
-    """Whether `path` is a JSON object a run wrote (a model's config names its `model_type`)."""
-    try:
-        record = read_json(path) if path.is_file() and not path.is_symlink() else None
-    except (OSError, ValueError):
-        return False
-    return isinstance(record, dict) and (path.name != "config.json" or "model_type" in record)
-
-
-def check_state(state: dict, source: Path) -> None:
-    """A ValueError naming `source` unless a checkpoint's state holds what `RunState` holds: counts, lists, and one
-    of ATTENTION_IMPLEMENTATIONS (transformers takes another name for a Hub kernel, which it downloads and runs)."""
-    if not isinstance(state, dict):
-        raise ValueError(f"`resume`: {source} is damaged: it is not a JSON object")
-    kinds = {"step": int, "epoch": int, "batches_done": int, "train_tokens": int, "evaluations_without_improvement": int,
-             "history": list, "best": list, "parts": list, "run_options": (dict, type(None)),
-             "options": (dict, type(None))}
-    for name, kind in kinds.items():
-        value = state.get(name)
-        if name in state and (not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0)):
-            raise ValueError(f"`resume`: {source} is damaged: its {name} is {value!r}")
-    if not isinstance(state.get("step"), int):
-        raise ValueError(f"`resume`: {source} is damaged: it records no step")
-    if state.get("attn_implementation") not in (None, *ATTENTION_IMPLEMENTATIONS):
-        raise ValueError(f"`resume`: {source} records the attention implementation {state['attn_implementation']!r}, "
-                         f"not one of {', '.join(ATTENTION_IMPLEMENTATIONS)}; it is not used")
-    for number, part in enumerate(state.get("parts", []), 1):
-        problem = part_problem(part, state["step"])
-        if problem:
-            raise ValueError(f"`resume`: {source} is damaged: part {number} of its parts {problem}; got {part!r}")
-    for name in ("history", "best"):  # each an evaluation: its step, and for model selection its score
-        for record in state.get(name, []):
-            if not isinstance(record, dict) or not _is_count(record.get("step")) or (
-                    name == "best" and not _is_number(record.get("value"))):
-                raise ValueError(f"`resume`: {source} is damaged: its {name} holds {record!r}, not the record of an "
-                                 "evaluation")
-
-
-# A part of a run longer than this is an edited record, not a session: a year.
-MAX_PART_SECONDS = 366 * 24 * 3600
-
-
-def part_problem(part, step: int) -> str | None:
-    """What is wrong with one part of a run as its checkpoint records it ({"steps": [first, last], "seconds"}), or
-    None: the steps are counts up to the checkpoint's `step`, the seconds a finite, non-negative time."""
-    if not isinstance(part, dict):
-        return "is not a JSON object with steps and seconds"
-    steps, seconds = part.get("steps"), part.get("seconds")
-    if not (isinstance(steps, list) and len(steps) == 2 and all(map(_is_count, steps)) and steps[0] <= steps[1] <= step):
-        return f"must have steps [first, last], counts with first <= last <= the checkpoint's step {step}"
-    if not (_is_number(seconds) and 0 <= seconds <= MAX_PART_SECONDS):
-        return f"must have seconds, a number from 0 to {MAX_PART_SECONDS:,}"
-    return None
-
-
-def _is_count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def resume_step(args: TrainArguments, checkpoint_root: Path) -> int:
+    """The step of the checkpoint `resume` continues from: the newest that reads back whole, of the same run."""
+    if not list_checkpoints(checkpoint_root):
+        raise FileNotFoundError(f"`resume`: no complete checkpoint in {checkpoint_root} to resume from")
+    checkpoint, problems = newest_sound_checkpoint(checkpoint_root)
+    for problem in problems:
+        logger.warning(f"`resume`: {problem}")
+    state = RunState.read(checkpoint)
+    check_same_run(args, state.run_options)
+    if problems:
+        logger.warning(f"`resume`: continuing from {checkpoint.name}, the newest checkpoint that reads back whole; "
+                       f"the steps after {state.step} are trained again")
+    check_run_config(checkpoint_root / "config.json", checkpoint)  # the run's architecture, built by every process next
+    _log_options(args, state.options or {}, checkpoint / STATE_FILE)
+    return state.step
 
 
 def check_run_config(config_file: Path, checkpoint: Path) -> None:

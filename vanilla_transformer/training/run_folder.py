@@ -1,27 +1,27 @@
-"""The run's folder and its record: one run per folder, and what a checkpoint holds besides the weights.
+"""The run's folder: one run per folder, what a new run may write there, and what a run that filled the disk kept.
 
 `output_dir` holds the finished model (a Hub folder, hub.py) and `output_dir/checkpoints/`, the run's
 checkpoints (checkpoints.py). A run takes the folder's lock and sweeps what a run killed while saving
-left behind (`take_folder`). A checkpoint holds a `RunState`, which only its own methods change. A run that
-fills the disk says what it kept (`explain_disk_full`). What a folder's records say and whether a run resumes or
-starts there is resume.py's, when the steps end budget.py's, the stop signals signals.py's.
+left behind (`take_folder`). A new run refuses a folder that holds an earlier run, a finished model, a card or a
+file it would write over (`check_new_folder`); resuming one is resume.py's. A run that fills the disk says what it
+kept (`explain_disk_full`).
 """
 
 from __future__ import annotations
 
 import errno
 import os
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-import torch
-
+from ..file_checks import read_json
+from ..hub import DESCRIPTION_FILES
 from ..staging import DiskFull, sweep_staging
-from .checkpoints import latest_checkpoint, read_state
+from .arguments import TrainArguments
+from .checkpoints import checkpoint_name, latest_checkpoint, list_checkpoints, read_state
 from .lock import RunLock
 
 __all__ = [
-    "ADAPTER_DIR", "CHECKPOINTS", "MODEL_FILES", "RunState", "TOKENIZER_OPTIONS", "explain_disk_full", "on_main",
+    "ADAPTER_DIR", "CHECKPOINTS", "MODEL_FILES", "TOKENIZER_OPTIONS", "check_new_folder", "explain_disk_full",
     "take_folder",
 ]
 
@@ -31,69 +31,6 @@ TOKENIZER_OPTIONS = "tokenizer_options.json"  # in CHECKPOINTS: what the run's o
 MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")  # a saved model
 
 
-@dataclass
-class RunState:
-    """What a checkpoint holds besides the weights, optimiser, schedule and RNG states (its trainer_state.json)."""
-
-    step: int = 0  # optimiser steps done
-    epoch: int = 0
-    batches_done: int = 0  # batches of `epoch` done on each process
-    train_tokens: int = 0  # target tokens trained on, over all processes
-    history: list = field(default_factory=list)  # every evaluation's scores
-    attn_implementation: str | None = None  # the kernel chosen on the first batch: a resumed run computes alike
-    run_options: dict | None = None  # the options that define the run (`check_same_run`)
-    options: dict | None = None  # every option the run was started with: `resume` alone restores them
-    best: list = field(default_factory=list)  # model selection's best validations, best first (selection.py)
-    evaluations_without_improvement: int = 0  # towards `patience`
-    # The run's parts up to this step, the first session and each resume: {"steps": [first, last], "seconds"} of
-    # training (the steps and their saving), and "scoring_seconds" of validation beside them.
-    parts: list = field(default_factory=list)
-
-    def count_step(self, batches: int, tokens: int) -> None:
-        """One more optimiser step, of `batches` batches on each process and `tokens` target tokens in all."""
-        self.step += 1
-        self.batches_done += batches
-        self.train_tokens += tokens
-
-    def end_epoch(self) -> None:
-        """The epoch's batches are all done: the next epoch starts from its first batch."""
-        self.epoch += 1
-        self.batches_done = 0
-
-    def record_attention(self, implementation: str) -> None:
-        """The attention implementation the first batch was trained with, which a resumed run computes with too."""
-        self.attn_implementation = implementation
-
-    def record_selection(self, best: list, evaluations_without_improvement: int) -> None:
-        """Model selection's best validations, best first, and its count towards `patience` (selection.py)."""
-        self.best, self.evaluations_without_improvement = best, evaluations_without_improvement
-
-    def record_options(self, typed: dict) -> None:
-        """The options typed with `resume` over the recorded ones, so that the next `resume` keeps them (a checkpoint
-        from before runs recorded their options keeps none)."""
-        if self.options is not None:
-            self.options = {**self.options, **typed}
-
-    def begin_part(self) -> float:
-        """A new part of the run from this step (its first session, or a resume); the seconds of the parts before."""
-        before = sum(part["seconds"] for part in self.parts)
-        self.parts.append({"steps": [self.step, self.step], "seconds": 0.0, "scoring_seconds": 0.0})
-        return before
-
-    def end_part(self, seconds: float, scoring: float = 0.0) -> None:
-        """The current part as of this step: `seconds` of training so far, and `scoring` of validation."""
-        self.parts[-1] = {"steps": [self.parts[-1]["steps"][0], self.step], "seconds": round(seconds, 2),
-                          "scoring_seconds": round(scoring, 2)}
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, state: dict) -> RunState:
-        """From a checkpoint's state, older ones included (they may lack the newer keys: defaults stand in)."""
-        return cls(**{f.name: state[f.name] for f in fields(cls) if f.name in state})
-
-
 def take_folder(lock: RunLock) -> None:
     """Lock the run's folder, then remove what a run killed while saving left in it."""
     lock.acquire()
@@ -101,26 +38,69 @@ def take_folder(lock: RunLock) -> None:
         sweep_staging(folder)
 
 
-def on_main(accelerator, decide) -> int | None:
-    """Run `decide()`, which returns an int or None, on the main process only, before the other processes
-    can race it; every process gets the answer, or stops with the main process's error."""
-    answer, error = None, None
-    if accelerator.is_main_process:
-        try:
-            answer = decide()
-        except Exception as err:
-            error = err
-    # [failed, answer] as a tensor reduction, as the step's own (torch's broadcast_object_list left the gloo
-    # processes hanging at exit)
-    if accelerator.num_processes > 1:
-        sent = [int(error is not None), -1 if answer is None else answer] if accelerator.is_main_process else [0, 0]
-        failed, answer = accelerator.reduce(torch.tensor(sent, device=accelerator.device), "sum").tolist()
-        answer = None if answer == -1 else answer
-        if failed and error is None:
-            error = ValueError("the main process refused to start this run; its error says why")
-    if error is not None:
-        raise error
-    return answer
+def check_new_folder(args: TrainArguments, checkpoint_root: Path) -> None:
+    """Without `resume`: refuse a folder that holds an earlier run, a finished model, a card or a file the run would
+    write over."""
+    if list_checkpoints(checkpoint_root):
+        raise ValueError(
+            f"{args.output_dir} holds checkpoints of an earlier run; pass `resume` to continue it, or pick a new `output_dir`"
+        )
+    model_files = [name for name in MODEL_FILES if (Path(args.output_dir) / name).exists()]
+    if model_files:  # a finished model (from the Hub, or a run whose checkpoints were removed): never replaced
+        raise ValueError(
+            f"{args.output_dir} holds a model ({', '.join(model_files)}) that a new run would replace; pass `resume` "
+            f"to continue its run (it needs its {CHECKPOINTS}/ folder), `model_name_or_path {args.output_dir}` "
+            "to fine-tune it into another `output_dir`, or pick another `output_dir`"
+        )
+    cards = [name for name in DESCRIPTION_FILES if (Path(args.output_dir) / name).exists()]
+    if cards:  # not this run's: the finished model's card and scores would replace them
+        raise ValueError(f"{args.output_dir} holds {', '.join(cards)}, which the finished model's card and scores would "
+                         "replace; pick another `output_dir`, or move them")
+    check_nothing_to_replace(args)
+
+
+def check_nothing_to_replace(args: TrainArguments) -> None:
+    """A new run refuses a folder holding a path it would write over or delete: the model's code and settings, its
+    log, the weights of another layout, a LoRA run's `adapter/`, a tokenizer's settings without its tokenizer.json,
+    in `checkpoints/` a checkpoint's name or records other than those of a run that stopped before its first
+    checkpoint (whose tokenizer and log are this folder's own, used or kept)."""
+    from ..hub import STALE_WEIGHTS
+    from ..modeling.saving import CODE_FILES
+    from .logs import LOG_FILE
+
+    folder = Path(args.output_dir)
+    started = _run_record(folder / CHECKPOINTS / "config.json")  # a run of this folder got as far as its model
+    written = [*CODE_FILES, "generation_config.json", *([] if started else [LOG_FILE]),
+               *([ADAPTER_DIR] if args.lora_rank is not None else []),
+               *([] if (folder / "tokenizer.json").is_file() else ["tokenizer_config.json", "special_tokens_map.json"])]
+    found = [name for name in written if (folder / name).exists() or (folder / name).is_symlink()]
+    found += sorted(entry.name for entry in folder.iterdir() if STALE_WEIGHTS.match(entry.name))
+    found += _not_run_records(folder / CHECKPOINTS)
+    found = [f"{name}/" if (folder / name).is_dir() else name for name in found]
+    if found:
+        more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+        raise ValueError(f"{folder} holds {', '.join(found[:3])}{more}, which a new run would write over or delete; "
+                         "pick another `output_dir`, or move them")
+
+
+def _not_run_records(checkpoints: Path) -> list[str]:
+    """What in `checkpoints/` a run would write over and did not write: a folder named as a checkpoint (an incomplete
+    one: complete ones are an earlier run's), or a config or tokenizer record that is not a run's. Other names a
+    run never touches."""
+    if not checkpoints.is_dir():
+        return []
+    return sorted(f"{CHECKPOINTS}/{entry.name}" for entry in checkpoints.iterdir()
+                  if checkpoint_name(entry.name) is not None
+                  or (entry.name in ("config.json", TOKENIZER_OPTIONS) and not _run_record(entry)))
+
+
+def _run_record(path: Path) -> bool:
+    """Whether `path` is a JSON object a run wrote (a model's config names its `model_type`)."""
+    try:
+        record = read_json(path) if path.is_file() and not path.is_symlink() else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and (path.name != "config.json" or "model_type" in record)
 
 
 def explain_disk_full(err: OSError, output_dir: str) -> DiskFull | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from accelerate.logging import get_logger
 
 from .arguments import BEST_METRICS, TrainArguments
-from .run_folder import RunState
+from .run_state import RunState
 
 logger = get_logger(__name__)
 

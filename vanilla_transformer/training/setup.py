@@ -8,11 +8,9 @@ once (`Components`), what a checkpoint holds (`RunState`) and when the steps end
 
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -20,39 +18,34 @@ from accelerate.logging import get_logger
 from accelerate.utils import DistributedType, set_seed
 
 from ..corpora import recorded_name
-from ..model_card import adapter_card
 from ..model_folder import check_model_folder, load_checked
 from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 from ..modeling.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
 )
-from ..staging import publish_files, publish_folder, staging_folder
 from ..threads import use_threads
-from . import criterion
-from .arguments import CPU_MAX_TOKENS, TrainArguments
+from .arguments import TrainArguments
 from .averaging import WeightAverage
-from .checkpoints import checkpoint_path, read_state, save_run_config
+from .batch_plan import size_batches, training_sampler
+from .checkpoints import checkpoint_path, save_run_config
 from .compiled import CompiledLoss, compiled_loss
-from .data import TokenBatchSampler, TokenizedSplit, bucket_shapes
-from .distributed import configure_deepspeed
+from .data import TokenBatchSampler, TokenizedSplit
+from .distributed import configure_deepspeed, on_main
 from .strategy import NonFiniteGuard, StepStrategy
-from .kernels import TIMING_SHARE, Bf16Weights, attention_choice, bf16_weights, fastest_attention
+from .finetuning import add_lora, freeze
+from .kernels import Bf16Weights, bf16_weights, set_attention
 from .budget import Budget
 from .logs import Losses, TrainingLog
 from .resume import recorded_options, resume_budget, resume_step, run_options
-from .run_folder import ADAPTER_DIR, CHECKPOINTS, RunState, on_main
+from .run_folder import CHECKPOINTS, check_new_folder
+from .run_state import RunState
 from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler, peak_scale, schedule_summary
 from .task import prepare_data
 
-__all__ = ["ADAPTER_DIR", "BatchPlan", "Components", "add_lora", "choose_attention", "freeze", "gpu_batch", "prepare", "save_adapter",
-           "set_up"]
+__all__ = ["Components", "prepare", "set_up"]
 
 
 logger = get_logger(__name__)
-
-PAPER_STEP_TOKENS = 25_000  # §5.1: "approximately 25000 source tokens and 25000 target tokens" per batch
-GPU_BUCKETS = 16  # batch shapes on a GPU by default: each is one compilation of a compiled step
-
 
 @dataclass
 class Components:
@@ -92,7 +85,7 @@ class Components:
 
 def set_up(args: TrainArguments, accelerator, lock=None) -> tuple[Components, RunState, Budget, TrainArguments]:
     """On every process: where to resume from, the data, tokenizer, model, optimiser and schedule; with them the run's
-    state, its budget, and the options it trains with: `args` (left as typed) with its batch plan (`_size_batches`)."""
+    state, its budget, and the options it trains with: `args` (left as typed) with its batch plan (`size_batches`)."""
     if accelerator.distributed_type == DistributedType.FSDP and args.ema_decay is not None:
         raise ValueError("`ema_decay` is not supported under FSDP: the moving average would hold each process's "
                          "shards of the weights; train without it, or with DDP")
@@ -103,15 +96,15 @@ def set_up(args: TrainArguments, accelerator, lock=None) -> tuple[Components, Ru
     data, source_lang, target_lang, tokenizer, train_split, eval_splits = prepare_data(args, accelerator)
     model = _build_model(args, accelerator, tokenizer, resume_from, base, (source_lang, target_lang))
     d_model = model.config.d_model
-    args = replace(args, **_size_batches(args, accelerator, model)._asdict())
+    args = replace(args, **size_batches(args, accelerator, model)._asdict())
     # Built before `prepare` moves the model there, over the parameters that train (freeze, add_lora).
     optimizer = make_optimizer(model, accelerator.device, (args.adam_beta1, args.adam_beta2), args.adam_epsilon,
                                args.weight_decay)
     configure_deepspeed(accelerator, args)  # the batch sizes DeepSpeed asks for; nothing without DeepSpeed
     model, prepared_optimizer = prepare(accelerator, model, optimizer)
     state = (RunState(run_options=run_options(args), options=recorded_options(args)) if resume_from is None
-             else RunState.from_dict(read_state(resume_from)))
-    sampler = _training_sampler(args, accelerator, train_split, state.epoch)
+             else RunState.read(resume_from))
+    sampler = training_sampler(args, accelerator, train_split, state.epoch)
     budget = _budget(args, state, len(sampler.local_batches(state.epoch)))
     # The scheduler is not prepared: Accelerate would step it once per process, and the Noam schedule counts
     # optimiser steps. It is registered so that save_state/load_state keep it.
@@ -156,87 +149,13 @@ def _training_log(args: TrainArguments, accelerator, state: RunState) -> Trainin
 def _starting_point(args: TrainArguments, accelerator, checkpoint_root: Path) -> tuple[Path | None, Any]:
     """The checkpoint the run resumes from, or None; and the config of the model folder it fine-tunes, or None: the
     gate checks that folder first, before its tokenizer or any data is read, and once."""
-    step = on_main(accelerator, lambda: resume_step(args, checkpoint_root))
+    step = on_main(accelerator, lambda: resume_step(args, checkpoint_root) if args.resume
+                   else check_new_folder(args, checkpoint_root))  # a new run: None, once its folder is checked
     if step is not None:
         return checkpoint_path(checkpoint_root, step), None
     if args.model_name_or_path is not None and Path(args.model_name_or_path).is_dir():
         return None, check_model_folder(args.model_name_or_path, needs_tokenizer=False)
     return None, None
-
-
-def gpu_batch(memory: int, config, parameters: int, processes: int, max_length: int,
-              accumulation: int | None = None) -> tuple[int, int]:
-    """(max_tokens, gradient_accumulation_steps) of about the paper's 25000 tokens per optimiser step over
-    `processes`, each batch fitting a device of `memory` bytes beside the model's `parameters`: with
-    `accumulation` given, the batch it needs (within what fits); else the fewest batches whose largest fits.
-
-    The estimate is coarse and errs towards less: 20 bytes a parameter (fp32 weights, gradients, Adam's two
-    moments, autocast's bf16 copies), and per token of a batch what a layer keeps for backward in bf16
-    autocast (about 30 d_model + 5 d_ff bytes, more in the decoder, which also attends to the source) and the
-    output layer's logits with their fp32 log-softmax and gradients (12 bytes a vocabulary entry), doubled for
-    the allocator's fragments and temporaries, within 80% of the memory."""
-    d, d_ff = config.d_model, config.d_ff
-    per_token = (config.encoder_layers * (30 * d + 5 * d_ff) + config.decoder_layers * (44 * d + 5 * d_ff)
-                 + 12 * config.vocab_size)
-    fits = int((0.8 * memory - 20 * parameters) / (2 * per_token))
-    if fits < max_length:
-        raise ValueError(f"a batch of `max_length` ({max_length}) tokens does not fit the device's "
-                         f"{memory / 2**30:.1f} GiB beside the model's {parameters:,} parameters; lower `max_length` "
-                         "or give `max_tokens`")
-    if accumulation is None:
-        accumulation = -(-PAPER_STEP_TOKENS // (processes * fits))  # rounded up
-    wanted = -(-PAPER_STEP_TOKENS // (processes * accumulation))
-    return max(min(wanted, fits), max_length), accumulation
-
-
-class BatchPlan(NamedTuple):
-    """The batches of every optimiser step: `max_tokens` tokens each, `gradient_accumulation_steps` of them a process."""
-
-    max_tokens: int
-    gradient_accumulation_steps: int
-
-
-def _size_batches(args: TrainArguments, accelerator, model) -> BatchPlan:
-    """`max_tokens` and `gradient_accumulation_steps`, those given or, where left unset, on a GPU the paper's batch
-    sized to its memory (`gpu_batch`), elsewhere CPU_MAX_TOKENS and one batch per step; one line says what was chosen."""
-    accumulation = args.gradient_accumulation_steps
-    if args.max_tokens is not None or accelerator.distributed_type == DistributedType.DEEPSPEED:
-        accumulation = accumulation or 1  # DeepSpeed: one batch a step
-    if args.max_tokens is not None:
-        return BatchPlan(args.max_tokens, accumulation)
-    processes = accelerator.num_processes
-    if accelerator.device.type == "cuda":
-        memory = torch.cuda.get_device_properties(accelerator.device).total_memory
-        parameters = sum(p.numel() for p in model.parameters())
-        plan = BatchPlan(*gpu_batch(memory, model.config, parameters, processes, args.max_length, accumulation))
-        why = (f"the paper's ~{PAPER_STEP_TOKENS} per step, sized to the GPU's {memory / 2**30:.1f} GiB and "
-               f"{parameters:,} parameters")
-    else:
-        plan, why = BatchPlan(CPU_MAX_TOKENS, accumulation or 1), "the default off a GPU"
-    step_tokens = plan.max_tokens * plan.gradient_accumulation_steps * processes
-    logger.info(f"batch: {plan.max_tokens} tokens x {plan.gradient_accumulation_steps} batch(es) x {processes} "
-                f"process(es) = {step_tokens} tokens per optimiser step ({why}; --max-tokens and "
-                "--gradient-accumulation-steps choose them)")
-    return plan
-
-
-def _training_sampler(args: TrainArguments, accelerator, split: TokenizedSplit, epoch: int) -> TokenBatchSampler:
-    """The training batches, padded to `bucket_shapes` shapes (by default GPU_BUCKETS on a GPU or for a compiled
-    step, none elsewhere); one line says the shapes and the padding they waste beside that of batches as long as
-    their longest pair."""
-    count = args.bucket_shapes
-    if count is None:
-        count = GPU_BUCKETS if accelerator.device.type == "cuda" or args.compile_asked() else 0
-    shapes = bucket_shapes(split.lengths, args.max_tokens, count) if count else None
-    shard = dict(seed=args.seed, num_replicas=accelerator.num_processes, rank=accelerator.process_index)
-    sampler = TokenBatchSampler(split.lengths, args.max_tokens, shapes=shapes, **shard)
-    if shapes is None:
-        logger.info(f"batches: each as long as its longest pair; {sampler.padding(epoch):.1%} of their slots pad")
-    else:
-        plain = TokenBatchSampler(split.lengths, args.max_tokens, **shard).padding(epoch)
-        logger.info(f"batches: {len(shapes)} shapes (rows x length: {', '.join(f'{r}x{n}' for r, n in shapes)}); "
-                    f"{sampler.padding(epoch):.1%} of their slots pad (as long as their longest pair: {plain:.1%})")
-    return sampler
 
 
 def _build_model(args: TrainArguments, accelerator, tokenizer, resume_from: Path | None, base, langs: tuple[str, str]):
@@ -245,7 +164,7 @@ def _build_model(args: TrainArguments, accelerator, tokenizer, resume_from: Path
     model = _load_model(args, tokenizer, resume_from, base)
     model.config.label_smoothing = args.label_smoothing  # the model's own loss is the run's objective (§5.4)
     if args.attn_implementation:  # refused before the first step (a missing kernel package, for one)
-        _set_attention(model, args.attn_implementation)
+        set_attention(model, args.attn_implementation)
     _check_max_length(args, model.config)
     _record_language_pair(model.config, *langs, args.dataset)
     model.config.update({"dataset_config": args.dataset_config, "dataset_columns": args.columns})  # to read it again
@@ -258,74 +177,6 @@ def _build_model(args: TrainArguments, accelerator, tokenizer, resume_from: Path
     if args.lora_rank is not None:
         model = add_lora(model, args.lora_rank, args.lora_alpha, args.lora_dropout, args.lora_target_modules.split(","))
     return model
-
-
-def freeze(model, encoder: bool = False, embeddings: bool = False) -> None:
-    """Stop training the encoder's layers and/or the embeddings (token, tied output and position), before the
-    optimiser is built. The token embeddings are the decoder's and the output layer's too: `encoder` leaves them."""
-    shared = {id(p) for p in (*model.get_input_embeddings().parameters(), *model.get_output_embeddings().parameters())}
-    frozen = {}
-    if embeddings:
-        for module in (model.get_encoder().embeddings, model.get_decoder().embeddings, model.get_output_embeddings()):
-            frozen.update((id(p), p) for p in module.parameters())
-    if encoder:
-        frozen.update((id(p), p) for p in model.get_encoder().parameters() if id(p) not in shared)
-    for p in frozen.values():
-        p.requires_grad_(False)
-    if frozen:
-        parts = [what for what, asked in (("the encoder's layers", encoder), ("the embeddings", embeddings)) if asked]
-        left = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        logger.info(f"frozen: {' and '.join(parts)} ({sum(p.numel() for p in frozen.values()):,} parameters); "
-                    f"{left:,} train")
-
-
-def add_lora(model, rank: int, alpha: float, dropout: float, target_modules: list[str]):
-    """LoRA (Hu et al., 2021) with PEFT: the weights stay as they are and low-rank adapters of `target_modules`
-    train; `finish` merges them into the weights, so the saved folder is a plain model, and keeps the adapter
-    beside it (`save_adapter`)."""
-    from peft import LoraConfig, TaskType, get_peft_model
-
-    target_modules = [name.strip() for name in target_modules]
-    widths = {name: min(module.in_features, module.out_features) for name, module in model.named_modules()
-              if name.rsplit(".", 1)[-1] in target_modules and isinstance(module, torch.nn.Linear)}
-    narrowest = min(widths, key=widths.get, default=None)
-    if narrowest is not None and rank > widths[narrowest]:  # before PEFT allocates adapters wider than the layers
-        raise ValueError(f"`lora_rank` must be at most {widths[narrowest]}, the width of {narrowest}; got {rank}.")
-    config = LoraConfig(task_type=TaskType.SEQ_2_SEQ_LM, r=rank, lora_alpha=alpha, lora_dropout=dropout,
-                        target_modules=target_modules)
-    try:
-        model = get_peft_model(model, config)
-    except ValueError as err:  # no layer of that name
-        raise ValueError(f"`lora_target_modules`: {err}") from None
-    trained, total = model.get_nb_trainable_parameters()
-    logger.info(f"LoRA rank {rank}, alpha {alpha} on {', '.join(target_modules)}: {trained:,} of {total:,} "
-                "parameters train")
-    return model
-
-
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "README.md")  # what PEFT and the card write
-
-
-def save_adapter(model, output_dir: str | os.PathLike, base: str | None) -> Path:
-    """A LoRA run's adapter as PEFT saves it (adapter_config.json, adapter_model.safetensors) in
-    `output_dir/adapter`, written whole: `PeftModel.from_pretrained(base model, that folder)` loads it. Its
-    config names the `base` model (`model_name_or_path`), a local folder by its absolute path."""
-    folder = Path(output_dir) / ADAPTER_DIR
-    foreign = sorted(entry.name for entry in folder.iterdir() if entry.name not in ADAPTER_FILES) if folder.is_dir() else []
-    if foreign:  # an earlier finish's adapter is replaced whole: never with files a user put beside it
-        raise ValueError(f"{folder} holds {', '.join(foreign)}, which no run wrote there; move them out, then run the "
-                         "same command with --resume to save the adapter")
-    if base is not None:  # None: a model trained from a preset, which no folder holds
-        model.peft_config["default"].base_model_name_or_path = str(Path(base).resolve()) if Path(base).is_dir() else base
-    lora = model.peft_config["default"]
-    with staging_folder(output_dir, ADAPTER_DIR, folder) as staging:
-        model.save_pretrained(staging, save_embedding_layers=False)  # LoRA trains no embeddings
-        card = adapter_card(base, lora.r, lora.lora_alpha, lora.lora_dropout, sorted(lora.target_modules),
-                            Path(output_dir).name)
-        (staging / "README.md").write_text(card, encoding="utf-8")  # in place of PEFT's empty template
-        publish_files(staging)
-        publish_folder(staging, folder)  # in place of an earlier finish of this run's
-    return folder
 
 
 def _load_model(args: TrainArguments, tokenizer, resume_from: Path | None, base):
@@ -367,41 +218,6 @@ def _record_language_pair(config, source_lang: str, target_lang: str, dataset: s
         logger.warning(f"fine-tuning a model trained on {config.source_lang}->{config.target_lang} "
                        f"to translate {source_lang}->{target_lang}")
     config.update({"source_lang": source_lang, "target_lang": target_lang, "dataset_name": recorded_name(dataset)})
-
-
-def choose_attention(components: Components, state: RunState, budget: Budget, asked: str | None, batch: dict) -> str:
-    """Put the model on `asked` (`attn_implementation`), on the one the resumed run chose, or on the one that trains
-    the first batch fastest here (kernels.py), timed within its share of the budget; returns it, for checkpoints to
-    record, so that a resumed run computes as it did."""
-    model = components.accelerator.unwrap_model(components.model)
-    chosen = asked or state.attn_implementation
-    started = time.perf_counter()
-    if chosen:
-        _set_attention(model, chosen)
-    elif seconds := fastest_attention(components.accelerator, components.model, batch,
-                                      lambda m, b: criterion.batch_loss(m, b)[0], allowance=_timing_allowance(budget)):
-        logger.info(f"{attention_choice(model.config._attn_implementation, seconds)}; "
-                    f"timed in {time.perf_counter() - started:.1f} s")
-    return model.config._attn_implementation
-
-
-def _timing_allowance(budget: Budget):
-    """The seconds the attention timing may take, from the seconds of one forward and backward (about a step's):
-    `TIMING_SHARE` of what is left of the run, its minutes or its steps."""
-    def allowance(run_seconds: float) -> float:
-        left = budget.remaining_steps(budget.start_step) * run_seconds
-        if budget.time_limit is not None:
-            left = min(left, budget.time_limit * 60 - budget.before - (time.perf_counter() - budget.started))
-        return TIMING_SHARE * left
-
-    return allowance
-
-
-def _set_attention(model, implementation: str) -> None:
-    try:
-        model.set_attn_implementation(implementation)
-    except (ValueError, ImportError) as err:
-        raise ValueError(f"`attn_implementation` {implementation!r} cannot run this model: {err}") from None
 
 
 def _log_recipe(args: TrainArguments, accelerator, d_model: int, scale: float) -> None:

@@ -68,7 +68,7 @@ def train_step(components: Components, micro_batches: list[tuple[dict, int]], st
     total_tokens, elapsed, stop_signal = counts.read()
     updated = not accelerator.optimizer_step_was_skipped  # fp16's scaler skips a step whose gradients overflowed
     if updated and components.average is not None:
-        components.average.update(accelerator.unwrap_model(model))
+        components.average.update_parameters(accelerator.unwrap_model(model))
     components.optimizer.zero_grad(set_to_none=True)
     components.losses.add_tokens(total_tokens)
     return StepDone(total_tokens, lr, elapsed, stop_signal, updated)

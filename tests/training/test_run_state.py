@@ -8,7 +8,7 @@ import torch
 from accelerate import Accelerator
 
 from vanilla_transformer.training.checkpoints import read_state, save_checkpoint
-from vanilla_transformer.training.run_folder import RunState
+from vanilla_transformer.training.run_state import RunState
 
 # trainer_state.json as `train` wrote it before RunState: its dict, with "step" added by save_checkpoint.
 WRITTEN_BEFORE = {

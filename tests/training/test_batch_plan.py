@@ -4,7 +4,7 @@ import pytest
 from accelerate import Accelerator
 
 from vanilla_transformer.training.arguments import CPU_MAX_TOKENS, TrainArguments
-from vanilla_transformer.training.setup import BatchPlan, _size_batches
+from vanilla_transformer.training.batch_plan import BatchPlan, size_batches
 
 
 @pytest.mark.parametrize(("typed", "planned"), [
@@ -14,6 +14,6 @@ from vanilla_transformer.training.setup import BatchPlan, _size_batches
 ], ids=["nothing typed", "max_tokens", "gradient_accumulation_steps"])
 def test_the_batch_plan_is_returned_and_the_options_stay_as_typed(tmp_path, typed, planned):
     args = TrainArguments(output_dir=str(tmp_path), **typed)
-    assert _size_batches(args, Accelerator(cpu=True), model=None) == BatchPlan(*planned)
+    assert size_batches(args, Accelerator(cpu=True), model=None) == BatchPlan(*planned)
     assert (args.max_tokens, args.gradient_accumulation_steps) == (typed.get("max_tokens"),
                                                                    typed.get("gradient_accumulation_steps"))

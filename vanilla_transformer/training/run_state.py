@@ -1,0 +1,141 @@
+"""The run's record: what a checkpoint holds besides the weights (`RunState`), changed by its own methods alone.
+
+A checkpoint's trainer_state.json is data: `RunState.read` checks it (`check_state`) before anything uses it, so
+that an edited record is refused in one line naming the file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from .arguments import ATTENTION_IMPLEMENTATIONS
+from .checkpoints import STATE_FILE, read_state
+
+__all__ = ["MAX_PART_SECONDS", "RunState", "check_state", "part_problem"]
+
+
+@dataclass
+class RunState:
+    """What a checkpoint holds besides the weights, optimiser, schedule and RNG states (its trainer_state.json)."""
+
+    step: int = 0  # optimiser steps done
+    epoch: int = 0
+    batches_done: int = 0  # batches of `epoch` done on each process
+    train_tokens: int = 0  # target tokens trained on, over all processes
+    history: list = field(default_factory=list)  # every evaluation's scores
+    attn_implementation: str | None = None  # the kernel chosen on the first batch: a resumed run computes alike
+    run_options: dict | None = None  # the options that define the run (`check_same_run`)
+    options: dict | None = None  # every option the run was started with: `resume` alone restores them
+    best: list = field(default_factory=list)  # model selection's best validations, best first (selection.py)
+    evaluations_without_improvement: int = 0  # towards `patience`
+    # The run's parts up to this step, the first session and each resume: {"steps": [first, last], "seconds"} of
+    # training (the steps and their saving), and "scoring_seconds" of validation beside them.
+    parts: list = field(default_factory=list)
+
+    def count_step(self, batches: int, tokens: int) -> None:
+        """One more optimiser step, of `batches` batches on each process and `tokens` target tokens in all."""
+        self.step += 1
+        self.batches_done += batches
+        self.train_tokens += tokens
+
+    def end_epoch(self) -> None:
+        """The epoch's batches are all done: the next epoch starts from its first batch."""
+        self.epoch += 1
+        self.batches_done = 0
+
+    def record_attention(self, implementation: str) -> None:
+        """The attention implementation the first batch was trained with, which a resumed run computes with too."""
+        self.attn_implementation = implementation
+
+    def record_selection(self, best: list, evaluations_without_improvement: int) -> None:
+        """Model selection's best validations, best first, and its count towards `patience` (selection.py)."""
+        self.best, self.evaluations_without_improvement = best, evaluations_without_improvement
+
+    def record_options(self, typed: dict) -> None:
+        """The options typed with `resume` over the recorded ones, so that the next `resume` keeps them (a checkpoint
+        from before runs recorded their options keeps none)."""
+        if self.options is not None:
+            self.options = {**self.options, **typed}
+
+    def begin_part(self) -> float:
+        """A new part of the run from this step (its first session, or a resume); the seconds of the parts before."""
+        before = sum(part["seconds"] for part in self.parts)
+        self.parts.append({"steps": [self.step, self.step], "seconds": 0.0, "scoring_seconds": 0.0})
+        return before
+
+    def end_part(self, seconds: float, scoring: float = 0.0) -> None:
+        """The current part as of this step: `seconds` of training so far, and `scoring` of validation."""
+        self.parts[-1] = {"steps": [self.parts[-1]["steps"][0], self.step], "seconds": round(seconds, 2),
+                          "scoring_seconds": round(scoring, 2)}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, state: dict) -> RunState:
+        """From a checkpoint's state, older ones included (they may lack the newer keys: defaults stand in)."""
+        return cls(**{f.name: state[f.name] for f in fields(cls) if f.name in state})
+
+    @classmethod
+    def read(cls, checkpoint: Path) -> RunState:
+        """The state a checkpoint holds, checked first (`check_state`): a record is data, never trusted."""
+        state = read_state(checkpoint)
+        check_state(state, checkpoint / STATE_FILE)
+        return cls.from_dict(state)
+
+
+
+def check_state(state: dict, source: Path) -> None:
+    """A ValueError naming `source` unless a checkpoint's state holds what `RunState` holds: counts, lists, and one
+    of ATTENTION_IMPLEMENTATIONS (transformers takes another name for a Hub kernel, which it downloads and runs)."""
+    if not isinstance(state, dict):
+        raise ValueError(f"`resume`: {source} is damaged: it is not a JSON object")
+    kinds = {"step": int, "epoch": int, "batches_done": int, "train_tokens": int, "evaluations_without_improvement": int,
+             "history": list, "best": list, "parts": list, "run_options": (dict, type(None)),
+             "options": (dict, type(None))}
+    for name, kind in kinds.items():
+        value = state.get(name)
+        if name in state and (not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0)):
+            raise ValueError(f"`resume`: {source} is damaged: its {name} is {value!r}")
+    if not isinstance(state.get("step"), int):
+        raise ValueError(f"`resume`: {source} is damaged: it records no step")
+    if state.get("attn_implementation") not in (None, *ATTENTION_IMPLEMENTATIONS):
+        raise ValueError(f"`resume`: {source} records the attention implementation {state['attn_implementation']!r}, "
+                         f"not one of {', '.join(ATTENTION_IMPLEMENTATIONS)}; it is not used")
+    for number, part in enumerate(state.get("parts", []), 1):
+        problem = part_problem(part, state["step"])
+        if problem:
+            raise ValueError(f"`resume`: {source} is damaged: part {number} of its parts {problem}; got {part!r}")
+    for name in ("history", "best"):  # each an evaluation: its step, and for model selection its score
+        for record in state.get(name, []):
+            if not isinstance(record, dict) or not _is_count(record.get("step")) or (
+                    name == "best" and not _is_number(record.get("value"))):
+                raise ValueError(f"`resume`: {source} is damaged: its {name} holds {record!r}, not the record of an "
+                                 "evaluation")
+
+
+# A part of a run longer than this is an edited record, not a session: a year.
+MAX_PART_SECONDS = 366 * 24 * 3600
+
+
+def part_problem(part, step: int) -> str | None:
+    """What is wrong with one part of a run as its checkpoint records it ({"steps": [first, last], "seconds"}), or
+    None: the steps are counts up to the checkpoint's `step`, the seconds a finite, non-negative time."""
+    if not isinstance(part, dict):
+        return "is not a JSON object with steps and seconds"
+    steps, seconds = part.get("steps"), part.get("seconds")
+    if not (isinstance(steps, list) and len(steps) == 2 and all(map(_is_count, steps)) and steps[0] <= steps[1] <= step):
+        return f"must have steps [first, last], counts with first <= last <= the checkpoint's step {step}"
+    if not (_is_number(seconds) and 0 <= seconds <= MAX_PART_SECONDS):
+        return f"must have seconds, a number from 0 to {MAX_PART_SECONDS:,}"
+    return None
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
