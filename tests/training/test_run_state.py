@@ -62,3 +62,13 @@ def test_an_epoch_ends_and_the_kernel_and_the_options_typed_at_a_resume_are_reco
     older = RunState()  # a checkpoint from before runs recorded their options: nothing to add to
     older.record_options({"max_steps": 8})
     assert older.options is None
+
+
+def test_read_refuses_a_damaged_state_naming_its_file(tmp_path):
+    checkpoint = tmp_path / "checkpoint-00000004"
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text(json.dumps({**WRITTEN_BEFORE, "epoch": -1}))
+    with pytest.raises(ValueError, match=r"trainer_state\.json is damaged: its epoch is -1"):
+        RunState.read(checkpoint)
+    (checkpoint / "trainer_state.json").write_text(json.dumps(WRITTEN_BEFORE))
+    assert RunState.read(checkpoint).step == 12

@@ -34,11 +34,11 @@ __all__ = ["finish"]
 logger = get_logger(__name__)
 
 
-def finish(components: Components, state: RunState, budget: Budget, args: TrainArguments) -> dict:
+def finish(components: Components, state: RunState, budget: Budget) -> dict:
     """The model first: once training is done, §6.1's averaged weights, the config and the tokenizer are
     saved before anything else. Then the final scores (results.json), the model card and the upload,
     none of which can take the saved model with it. `resume` on a finished run comes here at once."""
-    accelerator = components.accelerator
+    accelerator, args = components.accelerator, components.args
     budget.end_part()  # the run's parts, this one's training time included, not its final scores
     elapsed = budget.training_seconds()
     # A stop asked for after the last step, or while saving, skips the scores; the model is saved whole first.

@@ -58,15 +58,14 @@ def train(args: TrainArguments) -> dict:
         if args.resume and on_main(accelerator, lambda: finished_step(args)) is not None:
             return read_json(Path(args.output_dir) / RESULTS_FILE)  # the run is done: the folder stays as it is
         try:
-            # `run_args`: the options the run trains with, `args` with the batch plan where `args` left it unset.
-            components, state, budget, run_args = set_up(args, accelerator, lock)
+            components, state, budget = set_up(args, accelerator, lock)
         except BaseException:
             lock.release(discard=True)  # a run that fails while being set up leaves no folder it made
             raise
-        _train_part(components, state, budget, run_args)
+        _train_part(components, state, budget)
         if budget.stop_signal:
             raise TrainingInterrupted(budget.stop_signal, args.output_dir, state.step)
-        return finish(components, state, budget, run_args)
+        return finish(components, state, budget)
     except OSError as err:
         full = explain_disk_full(err, args.output_dir)
         if full is None:
@@ -76,9 +75,10 @@ def train(args: TrainArguments) -> dict:
         lock.release()
 
 
-def _train_part(components: Components, state: RunState, budget: Budget, args: TrainArguments) -> None:
-    """This part of the run: its steps, validated and saved as `args` say, until the budget is spent, patience runs
-    out or a stop is requested; then a checkpoint of the last step (validated first under `best_metric`)."""
+def _train_part(components: Components, state: RunState, budget: Budget) -> None:
+    """This part of the run: its steps, validated and saved as the run's options say, until the budget is spent, patience
+    runs out or a stop is requested; then a checkpoint of the last step (validated first under `best_metric`)."""
+    args = components.args
     last_saved = state.step if args.resume else None  # the step of the newest checkpoint
 
     def save() -> int:

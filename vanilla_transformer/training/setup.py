@@ -71,6 +71,7 @@ class Components:
     log: Any = None  # the run's TrainingLog (logs.py)
     lock: Any = None  # the folder's RunLock (lock.py), held by the main process
     compiled: CompiledLoss | None = None  # the step's forward and loss compiled (compiled.py); None: eager
+    args: TrainArguments | None = None  # the options the run trains with: those given, with the batch plan
 
     def __post_init__(self):
         self.strategy = StepStrategy(self.accelerator, self.optimizer)
@@ -83,9 +84,9 @@ class Components:
         self.model = self.accelerator.unwrap_model(self.model)
 
 
-def set_up(args: TrainArguments, accelerator, lock=None) -> tuple[Components, RunState, Budget, TrainArguments]:
-    """On every process: where to resume from, the data, tokenizer, model, optimiser and schedule; with them the run's
-    state, its budget, and the options it trains with: `args` (left as typed) with its batch plan (`size_batches`)."""
+def set_up(args: TrainArguments, accelerator, lock=None) -> tuple[Components, RunState, Budget]:
+    """On every process: where to resume from, the data, tokenizer, model, optimiser and schedule, built once (in
+    `Components`, with the options the run trains with: those given, with `size_batches`' plan); its state; its budget."""
     if accelerator.distributed_type == DistributedType.FSDP and args.ema_decay is not None:
         raise ValueError("`ema_decay` is not supported under FSDP: the moving average would hold each process's "
                          "shards of the weights; train without it, or with DDP")
@@ -129,10 +130,10 @@ def set_up(args: TrainArguments, accelerator, lock=None) -> tuple[Components, Ru
     components = Components(accelerator, model, prepared_optimizer, scheduler, checkpoint_root, average, tokenizer, data,
                             source_lang, target_lang, train_split, eval_splits, sampler,
                             compiled=compiled_loss(args, accelerator, sampler.shapes),
-                            log=_training_log(args, accelerator, state), lock=lock)
+                            log=_training_log(args, accelerator, state), lock=lock, args=args)
     if components.weights is not None:
         logger.info("bf16 weights: forward and backward on bf16 copies, Adam on the fp32 weights (no autocast)")
-    return components, state, budget, args
+    return components, state, budget
 
 
 def _budget(args: TrainArguments, state: RunState, epoch_batches: int) -> Budget:
