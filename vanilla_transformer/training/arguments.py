@@ -409,7 +409,7 @@ def check_option(name: str, value) -> None:
 
 
 # What an error calls each type of option, and the test of a value (an int stands for a float).
-KINDS = {
+OPTION_TYPES = {
     int: ("an integer", lambda value: isinstance(value, int) and not isinstance(value, bool)),
     float: ("a number", lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)),
     str: ("a string", lambda value: isinstance(value, str)),
@@ -426,7 +426,7 @@ def _check_field(f: dataclasses.Field, hint, value) -> None:
     if value is None and optional:
         return
     choices, bound = f.metadata.get("choices"), f.metadata.get("bound")
-    what, holds = KINDS.get(kind, (None, lambda value: True))
+    what, holds = OPTION_TYPES.get(kind, (None, lambda value: True))
     if choices is None and bound is None and not holds(value):  # choices and bounds say what they take themselves
         raise ValueError(f"`{f.name}` must be {what}{' or None' * optional}; got {value!r}.")
     if choices is not None and value not in choices:
