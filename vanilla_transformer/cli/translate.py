@@ -27,8 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_option(p, engines=True)
     p.add_argument("--input-file", help="UTF-8 text file, one text per line ('-' = standard input)")
     output = p.add_argument_group("output")
-    add_bounded_int(output, "--nbest", 1, _max_num_beams, " (the beam holds N hypotheses)", default=1, metavar="N",
-                    help="write the N best translations of each text, best first, one a line, each as "
+    add_bounded_int(output, "--nbest", 1, high=_max_num_beams, why=" (the beam holds N hypotheses)", default=1,
+                    metavar="N", help="write the N best translations of each text, best first, one a line, each as "
                     "INDEX<TAB>TEXT where INDEX is the text's, from 0 (the beam is widened to N where it is "
                     "narrower) (default: %(default)s)")
     output.add_argument("--with-scores", action="store_true",
