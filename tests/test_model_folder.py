@@ -53,7 +53,7 @@ def test_the_docs_table_is_the_one_the_code_checks_against():
 
 
 def test_the_config_rows_are_the_fields_the_configuration_validates():
-    validated = {*configuration.CHOICES, *configuration.SIZES, *configuration.PROBABILITIES, *configuration.FLAGS,
+    validated = {*configuration.CHOICES, *configuration.SIZE_FIELDS, *configuration.PROBABILITIES, *configuration.FLAGS,
                  *configuration.TOKEN_IDS, *configuration.OPTIONAL_STRINGS, "layer_norm_eps", "model_type"}
     assert set(FIELDS[CONFIG_FILE]) == validated
 

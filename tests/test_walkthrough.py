@@ -45,7 +45,7 @@ def test_the_walkthrough_runs_headless_and_shows_each_step(tmp_path, monkeypatch
     assert "attention: eager | fast_paths: False" in text
     classes = re.search(r"classes: \[(.*)\]", text).group(1)
     assert "'MultiHeadAttention'" in classes and "'LabelSmoothedCrossEntropy'" in classes
-    assert "Packed" not in classes and "ClosedForm" not in classes and "Packable" not in classes
+    assert "Fused" not in classes and "ClosedForm" not in classes and "Packable" not in classes
     for shown in ("input_ids shape (B, S): (2, 7)", "sinusoidal_encoding shape (positions, d_model): (50, 64)",
                   "Embeddings output shape (B, S, d_model): (2, 7, 64)",
                   "encoder mask shape (B, 1, queries, keys): (2, 1, 7, 7), visible pairs of sentence 2: 35 of 49",

@@ -17,7 +17,7 @@ from .modeling.configuration_vanilla_transformer import (
     MAX_SIZE,
     OPTIONAL_STRINGS,
     PROBABILITIES,
-    SIZES,
+    SIZE_FIELDS,
     TOKEN_IDS,
 )
 from .modeling.generation import LENGTH_PENALTY_STYLES
@@ -184,7 +184,7 @@ def _config_fields() -> dict[str, Field]:
     fields = {"model_type": Field("string", "names a model transformers knows", "the architecture", _text)}
     for name, allowed in CHOICES.items():
         fields[name] = Field("string", "one of " + ", ".join(allowed), _CONFIG_MEANINGS[name], None)
-    for name in SIZES:
+    for name in SIZE_FIELDS:
         fields[name] = Field("integer", f"1..{MAX_SIZE}", _CONFIG_MEANINGS.get(name, ""), None)
     for name in PROBABILITIES:
         fields[name] = Field("number", "[0, 1)", _CONFIG_MEANINGS[name], None)

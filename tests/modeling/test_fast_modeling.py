@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling import fast_modeling as fast
-from vanilla_transformer.modeling.attention import MultiHeadAttention, PackedMultiHeadAttention
+from vanilla_transformer.modeling.attention import MultiHeadAttention, FusedMultiHeadAttention
 from vanilla_transformer.modeling.modeling_vanilla_transformer import LabelSmoothedCrossEntropy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ is not an installed package
@@ -153,22 +153,22 @@ def test_closed_form_cross_entropy_s_backward_is_one_product_of_the_gradient_by_
         loss.backward()
 
 
-def plain_and_packed(**overrides):
-    packed = make_model(fast_paths=True, dropout=0.0, label_smoothing=0.1, **overrides).train()
+def plain_and_fused(**overrides):
+    fused = make_model(fast_paths=True, dropout=0.0, label_smoothing=0.1, **overrides).train()
     plain = make_model(fast_paths=False, dropout=0.0, label_smoothing=0.1, **overrides).train()
-    plain.load_state_dict(packed.state_dict())
-    return packed, plain
+    plain.load_state_dict(fused.state_dict())
+    return fused, plain
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16 autocast"])
-def test_packed_attention_trains_as_the_plain_attention_under_the_same_parameter_names(autocast):
-    packed, plain = plain_and_packed()
-    layer = packed.model.decoder.layers[0]
-    assert type(layer.self_attn) is type(layer.cross_attn) is PackedMultiHeadAttention
+def test_fused_attention_trains_as_the_plain_attention_under_the_same_parameter_names(autocast):
+    fused, plain = plain_and_fused()
+    layer = fused.model.decoder.layers[0]
+    assert type(layer.self_attn) is type(layer.cross_attn) is FusedMultiHeadAttention
     assert type(plain.model.decoder.layers[0].self_attn) is MultiHeadAttention
-    assert list(packed.state_dict()) == list(plain.state_dict())  # q_proj, k_proj, v_proj: checkpoints, PEFT, export
+    assert list(fused.state_dict()) == list(plain.state_dict())  # q_proj, k_proj, v_proj: checkpoints, PEFT, export
     results = []
-    for model in (packed, plain):
+    for model in (fused, plain):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss = model(**batch()).loss
         loss.backward()
@@ -179,29 +179,29 @@ def test_packed_attention_trains_as_the_plain_attention_under_the_same_parameter
     for name, grad in grads.items():
         torch.testing.assert_close(grad, plain_grads[name], **tolerance, msg=name)
     with torch.no_grad():  # decoding's products stay one per projection (oneDNN may pack each)
-        counts = count_kernels(lambda: packed(**batch()))
+        counts = count_kernels(lambda: fused(**batch()))
     assert counts["aten.cat"] == 0
 
 
-def test_packed_attention_makes_one_product_of_q_k_v_and_one_of_the_cross_attention_s_k_v():
-    # Proves the count: tiny has 4 self-attentions and 2 attentions over the encoder output; each packed
+def test_fused_attention_makes_one_product_of_q_k_v_and_one_of_the_cross_attention_s_k_v():
+    # Proves the count: tiny has 4 self-attentions and 2 attentions over the encoder output; each fused
     # projection saves its products forward (addmm) and backward (mm for the input's and the weight's gradient).
     counts = {}
-    for model, name in zip(plain_and_packed(), ("packed", "plain")):
+    for model, name in zip(plain_and_fused(), ("fused", "plain")):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             counts[name] = count_kernels(lambda: model(**batch()).loss.backward())
-    packed, plain = counts["packed"], counts["plain"]
+    fused, plain = counts["fused"], counts["plain"]
     saved_products = 4 * 2 + 2 * 1  # Q, K, V -> one; K, V -> one
-    assert plain["aten.addmm"] - packed["aten.addmm"] == saved_products
-    assert plain["aten.mm"] - packed["aten.mm"] == 2 * saved_products
-    assert packed.casts < plain.casts and packed.total < plain.total
+    assert plain["aten.addmm"] - fused["aten.addmm"] == saved_products
+    assert plain["aten.mm"] - fused["aten.mm"] == 2 * saved_products
+    assert fused.casts < plain.casts and fused.total < plain.total
 
 
-def test_packed_attention_leaves_peft_s_lora_layers_to_run_their_own_forward():
+def test_fused_attention_leaves_peft_s_lora_layers_to_run_their_own_forward():
     from peft import LoraConfig, TaskType, get_peft_model
 
     outputs = []
-    for model in plain_and_packed():
+    for model in plain_and_fused():
         config = LoraConfig(task_type=TaskType.SEQ_2_SEQ_LM, r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"],
                             init_lora_weights=False)  # random adapters: they change the output
         torch.manual_seed(3)

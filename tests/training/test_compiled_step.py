@@ -88,7 +88,7 @@ def assert_alike(eager, compiled, rel: float) -> None:
 
 
 def test_the_step_compiled_by_inductor_trains_as_the_eager_one_in_fp32():
-    # Proves: inductor's kernels for the forward, loss and backward of the model (packed attention projections,
+    # Proves: inductor's kernels for the forward, loss and backward of the model (fused attention projections,
     # the closed-form loss) give the eager step's losses and weights to fp32 rounding, step after step.
     batches = [batch(SHORT, SHAPES[:1])] * 3
     torch._dynamo.reset()
@@ -179,7 +179,7 @@ def test_torch_compile_is_left_to_the_run_unless_typed(typed, parsed):
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
-@pytest.mark.parametrize("fast_paths", [True, False], ids=["packed-attention", "plain-attention"])
+@pytest.mark.parametrize("fast_paths", [True, False], ids=["fused-attention", "plain-attention"])
 @pytest.mark.parametrize("bf16_weights", [False, True], ids=["autocast", "bf16-weights"])
 def test_the_model_s_forward_and_loss_are_one_graph(attention, fast_paths, bf16_weights):
     # Proves: dynamo captures the whole forward and loss without a break, for the attention kernels and paths a

@@ -18,7 +18,7 @@ from vanilla_transformer import cli
 from vanilla_transformer.modeling.configuration_vanilla_transformer import PRESETS
 from vanilla_transformer.tokenizer import DEFAULT_MIN_FREQUENCY
 from vanilla_transformer.training.arguments import (
-    DATA,
+    DATA_GROUP,
     GROUPS,
     PRESET_NAMES,
     TRACKERS,
@@ -73,7 +73,7 @@ def test_a_default_or_field_changed_in_the_dataclass_shows_in_the_parser():
     class Longer(TrainArguments):
         max_length: int = dataclasses.field(default=512, metadata=FIELDS["max_length"].metadata)
         label_smoothing: float = dataclasses.field(default=0.2, metadata=FIELDS["label_smoothing"].metadata)
-        warmup_ratio: float | None = option(None, group=DATA, help="a field only the subclass has")
+        warmup_ratio: float | None = option(None, group=DATA_GROUP, help="a field only the subclass has")
 
     parser = argparse.ArgumentParser()
     add_arguments(parser, Longer)

@@ -80,10 +80,37 @@ def add_decoding_options(p: argparse.ArgumentParser, batches: bool = True) -> No
             "folder's defaults (its length penalty and stopping differ slightly: see the folder's README) "
             "(default: %(default)s)",
         )
-        decoding.add_argument("--batch-size", type=int, default=TRANSLATION_BATCH_SIZE, help="texts per batch (default: %(default)s)")
+        add_bounded_int(decoding, "--batch-size", 1, default=TRANSLATION_BATCH_SIZE,
+                        help="texts per batch (default: %(default)s)")
     add_beam_options(decoding)
     decoding.add_argument("--max-new-tokens", type=int, help="longest translation in tokens (default: input length + 50, §6.1)")
-    decoding.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the GPU when there is one)")
+    add_device_option(decoding)
+
+
+def add_device_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--device, for a command that loads a model to run it."""
+    p.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the GPU when there is one)")
+
+
+class _BoundedInt(argparse.Action):
+    """Stores an integer option's value, or refuses it in one line (exit status 2) outside `low`..`high`;
+    `high` may be a function, called only when the option is given (so that --help imports nothing)."""
+
+    def __init__(self, option_strings, dest, low: int, high=None, why: str = "", **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.low, self.high, self.why = low, high, why
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        high = self.high() if callable(self.high) else self.high
+        if value < self.low or (high is not None and value > high):
+            within = f"at least {self.low}" if high is None else f"between {self.low} and {high}{self.why}"
+            refuse(parser, ValueError(f"{self.option_strings[0]} must be {within}; got {value}"))
+        setattr(namespace, self.dest, value)
+
+
+def add_bounded_int(p, flag: str, low: int, high=None, why: str = "", **kwargs) -> None:
+    """An integer option with its bounds, checked as the command line is read; `why`: what the upper bound is."""
+    p.add_argument(flag, type=int, action=_BoundedInt, low=low, high=high, why=why, **kwargs)
 
 
 def add_beam_options(group: argparse._ArgumentGroup) -> None:
@@ -94,12 +121,10 @@ def add_beam_options(group: argparse._ArgumentGroup) -> None:
 
 
 def decoding_options(args: argparse.Namespace) -> dict:
-    """The decoding options given (and --batch-size where the command has it), checked."""
+    """The decoding options given, checked (and --batch-size where the command has it, bounded when read)."""
     from ..modeling.value_checks import check_decoding_options
 
     batches = {"batch_size": args.batch_size} if hasattr(args, "batch_size") else {}
-    if batches and args.batch_size < 1:
-        raise ValueError(f"--batch-size must be at least 1; got {args.batch_size}")
     decoding = {name: getattr(args, name) for name in ("num_beams", "length_penalty", "max_new_tokens")}
     check_decoding_options(**decoding, names={name: "--" + name.replace("_", "-") for name in decoding})
     if getattr(args, "device", None) is not None and getattr(args, "engine", "transformers") != "ctranslate2":

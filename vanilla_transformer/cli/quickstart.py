@@ -6,6 +6,7 @@ import argparse
 from functools import partial
 
 from ..choices import PRESET_NAMES, PRESET_SHAPES
+from ..training.arguments import argparse_options
 from .options import add_threads_option, refuse
 
 
@@ -23,8 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--size", choices=PRESET_NAMES,
                    help=f"model size, a preset of the model's configuration: {PRESET_SHAPES} (default: base on a GPU, "
                    "small on a CPU)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--test-samples", type=int, help="score only the first N test pairs (default: all 634)")
+    p.add_argument("--seed", **argparse_options("seed"))
+    p.add_argument("--test-samples", **argparse_options("test_samples", help="score only the first N test pairs",
+                                                         shown_default="all 634"))
     add_threads_option(p)
     p.set_defaults(func=partial(run, p))
 

@@ -7,7 +7,7 @@ import sys
 from functools import partial
 
 from ..choices import SERVE_LIMITS
-from .options import add_model_option, add_threads_option, refuse, apply_threads_option
+from .options import add_device_option, add_model_option, add_threads_option, refuse, apply_threads_option
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_option(p)
     p.add_argument("--host", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, help="port (default: 7860, or the next free one)")
-    p.add_argument("--device", help="cpu, cuda, mps (default: the GPU when there is one)")
+    add_device_option(p)
     add_threads_option(p)
     limits = p.add_argument_group(
         "limits", "what one visitor may ask; a request beyond them is refused with a message naming the limit. "

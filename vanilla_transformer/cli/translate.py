@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from .options import add_decoding_options, add_model_option, add_threads_option, decoding_options, refuse, apply_threads_option
+from .options import add_bounded_int, add_decoding_options, add_model_option, add_threads_option, decoding_options, refuse, apply_threads_option
 from .streams import batches_as_they_come, batches_of, read_lines
 
 
@@ -27,10 +27,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_option(p, engines=True)
     p.add_argument("--input-file", help="UTF-8 text file, one text per line ('-' = standard input)")
     output = p.add_argument_group("output")
-    output.add_argument("--nbest", type=int, default=1, metavar="N",
-                        help="write the N best translations of each text, best first, one a line, each as "
-                        "INDEX<TAB>TEXT where INDEX is the text's, from 0 (the beam is widened to N where it is "
-                        "narrower) (default: %(default)s)")
+    add_bounded_int(output, "--nbest", 1, high=_max_num_beams, why=" (the beam holds N hypotheses)", default=1,
+                    metavar="N", help="write the N best translations of each text, best first, one a line, each as "
+                    "INDEX<TAB>TEXT where INDEX is the text's, from 0 (the beam is widened to N where it is "
+                    "narrower) (default: %(default)s)")
     output.add_argument("--with-scores", action="store_true",
                         help="write each translation as INDEX<TAB>SCORE<TAB>TEXT: the text's index, from 0, and the "
                         "log-probability the search ranks it by (beam search's divided by its length penalty)")
@@ -62,11 +62,13 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_nbest_options(args: argparse.Namespace) -> None:
-    from ..modeling.value_checks import MAX_NUM_BEAMS
+def _max_num_beams() -> int:
+    from ..modeling.value_checks import MAX_NUM_BEAMS  # here, not above: --help imports no transformers
 
-    if not 1 <= args.nbest <= MAX_NUM_BEAMS:
-        raise ValueError(f"--nbest must be between 1 and {MAX_NUM_BEAMS} (the beam holds N hypotheses); got {args.nbest}")
+    return MAX_NUM_BEAMS
+
+
+def _check_nbest_options(args: argparse.Namespace) -> None:
     if (args.nbest > 1 or args.with_scores) and args.engine == "ctranslate2":
         raise ValueError("--nbest and --with-scores are for --engine transformers; CTranslate2 gives one translation")
 

@@ -17,7 +17,7 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .input_checks import additive_mask
-from .fast_modeling import linear_class, packed_linear
+from .fast_modeling import linear_class, fused_linear
 
 # --------------------------------------------------------------------------------------
 # §3.2.1: scaled dot-product attention. Queries (B, H, T, Dh) against keys and values (B, H, S, Dh).
@@ -116,9 +116,9 @@ class MultiHeadAttention(nn.Module):
         return attention(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling)
 
 
-class PackedMultiHeadAttention(MultiHeadAttention):
+class FusedMultiHeadAttention(MultiHeadAttention):
     """MultiHeadAttention (the same parameters, names and numbers) whose projections of one input are one product
-    while gradients are on (fast_modeling's `packed_linear`): W^Q, W^K and W^V of self-attention, W^K and W^V of
+    while gradients are on (fast_modeling's `fused_linear`): W^Q, W^K and W^V of self-attention, W^K and W^V of
     attention over the encoder output. Fewer, larger products and casts per training step; decoding keeps one
     product per projection, which it can run on packed weights (fast_generation). Chosen when a layer is built,
     with `config.fast_paths`."""
@@ -127,8 +127,8 @@ class PackedMultiHeadAttention(MultiHeadAttention):
         if source is None or not torch.is_grad_enabled():
             return super().projections(hidden_states, source)
         if source is hidden_states:
-            return tuple(map(self._split_heads, packed_linear(hidden_states, (self.q_proj, self.k_proj, self.v_proj))))
-        return self._heads(self.q_proj, hidden_states), *map(self._split_heads, packed_linear(source, (self.k_proj, self.v_proj)))
+            return tuple(map(self._split_heads, fused_linear(hidden_states, (self.q_proj, self.k_proj, self.v_proj))))
+        return self._heads(self.q_proj, hidden_states), *map(self._split_heads, fused_linear(source, (self.k_proj, self.v_proj)))
 
 
-__all__ = ["MultiHeadAttention", "PackedMultiHeadAttention", "eager_attention_forward", "scaled_dot_product_attention"]
+__all__ = ["MultiHeadAttention", "FusedMultiHeadAttention", "eager_attention_forward", "scaled_dot_product_attention"]

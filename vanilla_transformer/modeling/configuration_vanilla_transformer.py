@@ -50,8 +50,8 @@ CHOICES = {
     "norm_position": NORM_POSITIONS,
     "activation": ACTIVATIONS,
 }
-SIZES = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "num_heads", "d_ff", "max_position_embeddings",
-         "location_max_length", "attention_window")
+SIZE_FIELDS = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "num_heads", "d_ff",
+               "max_position_embeddings", "location_max_length", "attention_window")
 MAX_SIZE = 2**31 - 1  # past any real model; larger numbers overflow torch's index arithmetic
 PROBABILITIES = ("dropout", "attention_dropout", "label_smoothing")
 FLAGS = ("scale_embedding", "tie_word_embeddings", "use_cache", "fast_paths")
@@ -240,7 +240,7 @@ class VanillaTransformerConfig(PretrainedConfig):
                 f'`attention_hardness`="hard" picks one key by a (Gumbel-)softmax sample; it cannot be combined with '
                 f'`attention_normalization`={self.attention_normalization!r} (use "softmax").'
             )
-        for name in SIZES:
+        for name in SIZE_FIELDS:
             if not _is_int(value := getattr(self, name)) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
             if value > MAX_SIZE:

@@ -4,8 +4,8 @@
   `LabelSmoothedCrossEntropy` (modeling_vanilla_transformer.py) with less memory and time;
 - the linear maps as `PackableLinear` (`linear_class`): nn.Linear, whose weights decoding can pack for
   oneDNN's kernels (fast_generation.py says when), its `packed_forward` swapped in for that call alone;
-- attention's projections of one input as one product while training (`packed_linear`, for
-  attention.py's `PackedMultiHeadAttention`).
+- attention's projections of one input as one product while training (`fused_linear`, for
+  attention.py's `FusedMultiHeadAttention`).
 
 tests/modeling/test_fast_modeling.py and test_fast_generation.py compare them with the plain path, and
 benchmarks/ says what they save.
@@ -196,7 +196,7 @@ class PackableLinear(nn.Linear):
         return state
 
 
-def packed_linear(x: torch.Tensor, linears) -> tuple[torch.Tensor, ...]:
+def fused_linear(x: torch.Tensor, linears) -> tuple[torch.Tensor, ...]:
     """Each of `linears` (nn.Linear of the same input width) applied to `x`, as one product with their weights and
     biases concatenated: one matrix product forward and two backward instead of one and two for each, and under
     autocast one cast of the concatenation instead of one per weight. The parameters stay the modules' own (the
@@ -223,6 +223,6 @@ __all__ = [
     "linear_class",
     "onednn_linear",
     "pack_weight",
-    "packed_linear",
+    "fused_linear",
     "packed_weights",
 ]

@@ -55,7 +55,7 @@ from .input_checks import (
     resolve_cache_argument,
     use_return_dict,
 )
-from .attention import MultiHeadAttention, PackedMultiHeadAttention  # §3.2
+from .attention import MultiHeadAttention, FusedMultiHeadAttention  # §3.2
 from .attention_variants import (
     LocalAttentionMasks,
     check_attn_implementation,
@@ -76,7 +76,7 @@ from .saving import CustomCodeMixin
 def attention_class(config: VanillaTransformerConfig):
     """§3.2.2's MultiHeadAttention (with `fast_paths`, its twin that projects one input in one product), or the
     attention beyond the paper that the config names (chosen once, when a layer is built)."""
-    return variant_attention_class(config) or (PackedMultiHeadAttention if config.fast_paths else MultiHeadAttention)
+    return variant_attention_class(config) or (FusedMultiHeadAttention if config.fast_paths else MultiHeadAttention)
 
 
 def local_attention_masks(config: VanillaTransformerConfig):

@@ -55,26 +55,28 @@ NEVER_RESTORED = ("output_dir", "resume", "push_to_hub", "report_to")
 FOLDER_TRACKERS = ("tensorboard",)
 
 # The groups of `train --help`, in order, each with what it says beyond its options.
-DATA = "data"
-TOKENIZER = "tokenizer"
-MODEL = "model"
-STEPS = "batches and steps (training stops at the first limit reached)"
-OPTIMISATION = "optimisation and schedule (§5.3, §5.4)"
-CHECKPOINTS = "checkpoints"
-EVALUATION = "evaluation (validation perplexity, then beam-search BLEU/chrF)"
-SELECTION = "model selection (the best checkpoint by validation, early stopping)"
-OUTPUT = "output and logging"
+DATA_GROUP = "data"
+TOKENIZER_GROUP = "tokenizer"
+MODEL_GROUP = "model"
+STEPS_GROUP = "batches and steps (training stops at the first limit reached)"
+OPTIMISATION_GROUP = "optimisation and schedule (§5.3, §5.4)"
+CHECKPOINTS_GROUP = "checkpoints"
+EVALUATION_GROUP = "evaluation (validation perplexity, then beam-search BLEU/chrF)"
+SELECTION_GROUP = "model selection (the best checkpoint by validation, early stopping)"
+OUTPUT_GROUP = "output and logging"
 GROUPS = {
-    DATA: "A validation, valid or dev split validates; without one, 2% of train (at most 1000 pairs) is held out.",
-    TOKENIZER: "Default: the one in --output-dir, else the fine-tuned model's, else a new joint BPE learnt on the "
-               "train split and saved to --output-dir.",
-    MODEL: "A preset trained from scratch, or a saved model to fine-tune.",
-    STEPS: None,
-    OPTIMISATION: None,
-    CHECKPOINTS: "§6.1 averages the last 5 of a base model.",
-    EVALUATION: "§6.1: beam 4, length penalty 0.6, at most input length + 50 tokens.",
-    SELECTION: "Not in the paper, which averages the last checkpoints (§6.1); fairseq's checkpoint_best and --patience.",
-    OUTPUT: None,
+    DATA_GROUP:
+        "A validation, valid or dev split validates; without one, 2% of train (at most 1000 pairs) is held out.",
+    TOKENIZER_GROUP: "Default: the one in --output-dir, else the fine-tuned model's, else a new joint BPE learnt "
+                     "on the train split and saved to --output-dir.",
+    MODEL_GROUP: "A preset trained from scratch, or a saved model to fine-tune.",
+    STEPS_GROUP: None,
+    OPTIMISATION_GROUP: None,
+    CHECKPOINTS_GROUP: "§6.1 averages the last 5 of a base model.",
+    EVALUATION_GROUP: "§6.1: beam 4, length penalty 0.6, at most input length + 50 tokens.",
+    SELECTION_GROUP:
+        "Not in the paper, which averages the last checkpoints (§6.1); fairseq's checkpoint_best and --patience.",
+    OUTPUT_GROUP: None,
 }
 # The bounds a field's metadata may name, by the field's type: what an error calls it, and the test.
 BOUNDS = {
@@ -100,193 +102,200 @@ def option(default=dataclasses.MISSING, *, group: str, help: str, **metadata):
 class TrainArguments:
     """Every option of `train`; its command line is generated from these fields, one `--kebab-case` option each."""
 
-    output_dir: str = option(group=OUTPUT, help="the run's folder: checkpoints/ while training, then a Hub repository")
+    output_dir: str = option(
+        group=OUTPUT_GROUP, help="the run's folder: checkpoints/ while training, then a Hub repository")
     # Data
     dataset: str = option(
-        "bible-en-es", group=DATA,
+        "bible-en-es", group=DATA_GROUP,
         help="embedded corpus (bible-en-es, bible-en-fr), local .json/.jsonl/.csv/.tsv/.parquet file (optionally .gz) "
         "or folder of split files ({'translation': {lang: text}} rows or one column per language; a .csv/.tsv has a "
         "header row naming the languages), folder of plain parallel text (train.SRC + train.TGT, valid.* or dev.*, "
         "test.*, one sentence a line) or the prefix of one such pair (DIR/train), save_to_disk folder, or Hub data "
         "set name",
     )
-    dataset_config: str | None = option(None, group=DATA, help="Hub data set configuration, e.g. de-en")
+    dataset_config: str | None = option(None, group=DATA_GROUP, help="Hub data set configuration, e.g. de-en")
     columns: str | None = option(
-        None, group=DATA, metavar="NAME,...",
+        None, group=DATA_GROUP, metavar="NAME,...",
         help="names of the columns of .tsv/.csv files without a header row, in order, e.g. en,de or id,en,de "
         "(default: the header row's)",
     )
     source_lang: str | None = option(
-        None, group=DATA, help="source language key (default: the corpus pair, or the two keys there are)")
-    target_lang: str | None = option(None, group=DATA, help="target language key")
-    max_length: int = option(256, group=DATA, bound="positive", help="tokens per side, </s> included")
-    truncate: bool = option(False, group=DATA, help="cut longer training pairs to --max-length instead of dropping them")
+        None, group=DATA_GROUP, help="source language key (default: the corpus pair, or the two keys there are)")
+    target_lang: str | None = option(None, group=DATA_GROUP, help="target language key")
+    max_length: int = option(256, group=DATA_GROUP, bound="positive", help="tokens per side, </s> included")
+    truncate: bool = option(
+        False, group=DATA_GROUP, help="cut longer training pairs to --max-length instead of dropping them")
     # Tokenizer
-    tokenizer: str | None = option(None, group=TOKENIZER, help="tokenizer folder")
+    tokenizer: str | None = option(None, group=TOKENIZER_GROUP, help="tokenizer folder")
     vocab_size: int = option(
-        DEFAULT_VOCAB_SIZE, group=TOKENIZER, bound="positive",
+        DEFAULT_VOCAB_SIZE, group=TOKENIZER_GROUP, bound="positive",
         help="size of a new joint vocabulary. The paper's 37k was for 4.5M pairs; on the ~29k-pair Bible corpora "
         "larger vocabularies shorten sequences little while many entries are too rare to train (docs/tokenizer.md)",
     )
     tokenizer_model: str = option(
-        "bpe", group=TOKENIZER, choices=TOKENIZER_MODELS,
+        "bpe", group=TOKENIZER_GROUP, choices=TOKENIZER_MODELS,
         help="model of a new tokenizer: byte-level BPE, or SentencePiece's unigram over the same bytes",
     )
     # Model
     preset: str = option(
-        "tiny", group=MODEL, choices=PRESET_NAMES,
+        "tiny", group=MODEL_GROUP, choices=PRESET_NAMES,
         help=f"architecture trained from scratch, a preset of the model's configuration: {PRESET_SHAPES}",
     )
     config_overrides: dict = field(default_factory=dict, metadata=dict(
-        group=MODEL, metavar="KEY=VALUE,...",
+        group=MODEL_GROUP, metavar="KEY=VALUE,...",
         help="config fields to change, e.g. 'd_model=256,encoder_layers=3,decoder_layers=3,d_ff=1024,dropout=0.1'",
     ))
-    model_name_or_path: str | None = option(None, group=MODEL, help="saved model folder to fine-tune instead of a preset")
+    model_name_or_path: str | None = option(
+        None, group=MODEL_GROUP, help="saved model folder to fine-tune instead of a preset")
     freeze_encoder: bool = option(
-        False, group=MODEL, help="train the encoder's layers no more (the token embeddings, shared, still train)")
-    freeze_embeddings: bool = option(False, group=MODEL, help="train the token and position embeddings no more")
+        False, group=MODEL_GROUP, help="train the encoder's layers no more (the token embeddings, shared, still train)")
+    freeze_embeddings: bool = option(False, group=MODEL_GROUP, help="train the token and position embeddings no more")
     lora_rank: int | None = option(
-        None, group=MODEL, bound="positive", metavar="RANK",
+        None, group=MODEL_GROUP, bound="positive", metavar="RANK",
         help="train low-rank adapters of this rank (LoRA, with PEFT) instead of the weights; the saved model has "
         "them merged in, and OUTPUT_DIR/adapter keeps them as PEFT loads them (default: off)",
     )
-    lora_alpha: float = option(16.0, group=MODEL, bound="positive", help="LoRA's scaling: updates are alpha / rank")
-    lora_dropout: float = option(0.0, group=MODEL, bound="fraction", help="dropout on LoRA's input")
+    lora_alpha: float = option(
+        16.0, group=MODEL_GROUP, bound="positive", help="LoRA's scaling: updates are alpha / rank")
+    lora_dropout: float = option(0.0, group=MODEL_GROUP, bound="fraction", help="dropout on LoRA's input")
     lora_target_modules: str = option(
-        LORA_TARGETS, group=MODEL, metavar="NAME,...", help="linear layers given adapters, by name")
+        LORA_TARGETS, group=MODEL_GROUP, metavar="NAME,...", help="linear layers given adapters, by name")
     # Batches and steps (§5.1, §5.2)
     max_tokens: int | None = option(
-        None, group=STEPS, bound="positive",
+        None, group=STEPS_GROUP, bound="positive",
         help="tokens per batch and process, per side, padding included (default: on a GPU, what fits its memory "
         "for the paper's ~25000 per optimiser step over accumulation and processes; elsewhere 4096)",
     )
-    gradient_accumulation_steps: int | None = option(None, group=STEPS, bound="positive", help=(
+    gradient_accumulation_steps: int | None = option(None, group=STEPS_GROUP, bound="positive", help=(
         "batches per optimiser step (default: on a GPU without --max-tokens, what the paper's ~25000 tokens need; else 1)"))
     bucket_shapes: int | None = option(
-        None, group=STEPS, bound="non-negative", metavar="N",
+        None, group=STEPS_GROUP, bound="non-negative", metavar="N",
         help="pad training batches to at most N shapes (rows x length) chosen from the data's lengths, so that a "
         "compiled step compiles N times (default: 16 on a GPU or with --torch-compile; 0, each batch as long as its "
         "longest pair, elsewhere)",
     )
-    max_steps: int | None = option(100_000, group=STEPS, bound="positive", help="optimiser steps (the paper's base model's)")
-    num_epochs: int | None = option(None, group=STEPS, bound="positive", help="passes over the training data")
+    max_steps: int | None = option(
+        100_000, group=STEPS_GROUP, bound="positive", help="optimiser steps (the paper's base model's)")
+    num_epochs: int | None = option(None, group=STEPS_GROUP, bound="positive", help="passes over the training data")
     time_limit: float | None = option(
-        None, group=STEPS, bound="positive", metavar="MINUTES",
+        None, group=STEPS_GROUP, bound="positive", metavar="MINUTES",
         help="stop (with a checkpoint) after this long, the minutes of every part of a resumed run counted")
-    seed: int = option(0, group=STEPS, bound="seed", help="seeds weights, data order and dropout")
+    seed: int = option(0, group=STEPS_GROUP, bound="seed", help="seeds weights, data order and dropout")
     # Optimisation (§5.3, §5.4); warmup_steps, lr_scale and lr_schedule are checked by schedule.py's check_schedule
     warmup_steps: int = option(
-        PAPER_WARMUP_STEPS, group=OPTIMISATION,
+        PAPER_WARMUP_STEPS, group=OPTIMISATION_GROUP,
         help="linear warm-up steps (the paper's 4000; a short CPU run wants a few hundred)",
     )
     lr: float | None = option(
-        None, group=OPTIMISATION, bound="positive",
+        None, group=OPTIMISATION_GROUP, bound="positive",
         help="peak learning rate, reached at the end of the warm-up; the schedule keeps its shape (default: the "
         "paper's d_model^-0.5 * warmup_steps^-0.5)",
     )
-    lr_scale: float = option(1.0, group=OPTIMISATION, help="factor on d_model^-0.5 * min(...); or give --lr")
-    adam_beta1: float = option(0.9, group=OPTIMISATION, bound="fraction", help="Adam's beta1 (§5.3)")
-    adam_beta2: float = option(0.98, group=OPTIMISATION, bound="fraction", help="Adam's beta2 (§5.3)")
-    adam_epsilon: float = option(1e-9, group=OPTIMISATION, bound="positive", help="Adam's epsilon (§5.3)")
+    lr_scale: float = option(1.0, group=OPTIMISATION_GROUP, help="factor on d_model^-0.5 * min(...); or give --lr")
+    adam_beta1: float = option(0.9, group=OPTIMISATION_GROUP, bound="fraction", help="Adam's beta1 (§5.3)")
+    adam_beta2: float = option(0.98, group=OPTIMISATION_GROUP, bound="fraction", help="Adam's beta2 (§5.3)")
+    adam_epsilon: float = option(1e-9, group=OPTIMISATION_GROUP, bound="positive", help="Adam's epsilon (§5.3)")
     weight_decay: float = option(
-        0.0, group=OPTIMISATION, bound="non-negative",
+        0.0, group=OPTIMISATION_GROUP, bound="non-negative",
         help="decoupled weight decay (AdamW), not on biases and LayerNorm weights (not in the paper)",
     )
     lr_schedule: str = option(
-        "noam", group=OPTIMISATION, choices=tuple(SCHEDULES),
+        "noam", group=OPTIMISATION_GROUP, choices=tuple(SCHEDULES),
         help="; ".join(f"{name}: {schedule_summary(name)}" for name in SCHEDULES)
         + " (the budget: --max-steps, --time-limit or --num-epochs, whichever ends first)",
     )
     ema_decay: float | None = option(
-        None, group=OPTIMISATION, metavar="DECAY",
+        None, group=OPTIMISATION_GROUP, metavar="DECAY",
         help="keep a moving average of the weights (e.g. 0.999); it becomes the final model if its validation "
         "perplexity is lower (not in the paper; default: off)",
     )
-    label_smoothing: float = option(0.1, group=OPTIMISATION, help="epsilon_ls (§5.4), in [0, 1)")
+    label_smoothing: float = option(0.1, group=OPTIMISATION_GROUP, help="epsilon_ls (§5.4), in [0, 1)")
     max_grad_norm: float | None = option(
-        None, group=OPTIMISATION, bound="positive", help="clip the gradient norm (not in the paper; default: off)")
+        None, group=OPTIMISATION_GROUP, bound="positive",
+        help="clip the gradient norm (not in the paper; default: off)")
     mixed_precision: str | None = option(
-        None, group=OPTIMISATION, choices=("no", "fp16", "bf16"),
+        None, group=OPTIMISATION_GROUP, choices=("no", "fp16", "bf16"),
         help="default: what `accelerate launch`/`accelerate config` say, else bf16 where the GPU or CPU computes it "
         "(fp16 on a GPU without it), else no",
     )
     threads: int | None = option(
-        None, group=OPTIMISATION, bound="cpus", metavar="N",
+        None, group=OPTIMISATION_GROUP, bound="cpus", metavar="N",
         help="CPU threads torch computes with (default: OMP_NUM_THREADS where set, else the CPUs this process may "
         "use: its affinity, within its cgroup's CPU quota, shared by a launch's processes on this machine)",
     )
     attn_implementation: str | None = option(
-        None, group=OPTIMISATION, choices=ATTENTION_IMPLEMENTATIONS,
+        None, group=OPTIMISATION_GROUP, choices=ATTENTION_IMPLEMENTATIONS,
         help="transformers' attention implementation to train with (default: sdpa or eager, whichever trains the "
         "first batch faster here)",
     )
     torch_compile: bool | None = option(
-        None, group=OPTIMISATION,
+        None, group=OPTIMISATION_GROUP,
         help="train on the step compiled with torch.compile: the forward and loss, and so the backward, one graph per "
         "batch shape (16 --bucket-shapes unless given); each shape's first step compiles (slowly on a CPU), which "
         "--time-limit counts (default: off, the eager step)",
     )
     torch_compile_backend: str | None = option(
-        None, group=OPTIMISATION, choices=COMPILE_BACKENDS,
+        None, group=OPTIMISATION_GROUP, choices=COMPILE_BACKENDS,
         help="torch.compile's backend: inductor generates the step's kernels; aot_eager captures the same graphs, "
         "forward and backward, and runs them with torch's own kernels, a quick check that the step compiles "
         "(default: inductor; giving it implies --torch-compile)",
     )
     torch_compile_mode: str | None = option(
-        None, group=OPTIMISATION, choices=COMPILE_MODES,
+        None, group=OPTIMISATION_GROUP, choices=COMPILE_MODES,
         help="inductor's mode; reduce-overhead replays CUDA graphs (default: default; giving it implies --torch-compile)",
     )
     # Checkpoints
-    save_steps: int = option(1000, group=CHECKPOINTS, bound="positive", help="checkpoint every N steps")
-    keep_checkpoints: int = option(5, group=CHECKPOINTS, bound="positive", help="newest checkpoints kept")
+    save_steps: int = option(1000, group=CHECKPOINTS_GROUP, bound="positive", help="checkpoint every N steps")
+    keep_checkpoints: int = option(5, group=CHECKPOINTS_GROUP, bound="positive", help="newest checkpoints kept")
     average_last: int = option(
-        1, group=CHECKPOINTS, bound="positive",
+        1, group=CHECKPOINTS_GROUP, bound="positive",
         help="final weights = mean of the last K checkpoints (the paper: 5 for base models)",
     )
     resume: bool = option(
-        False, group=CHECKPOINTS,
+        False, group=CHECKPOINTS_GROUP,
         help="continue from the newest checkpoint in --output-dir, with the options it records; an option given "
         "other than its default replaces the recorded one, or is refused where it would change the run",
     )
     # Evaluation; num_beams and length_penalty are checked by the model's check_decoding_options
-    eval_steps: int = option(1000, group=EVALUATION, bound="positive", help="validate every N steps")
+    eval_steps: int = option(1000, group=EVALUATION_GROUP, bound="positive", help="validate every N steps")
     eval_samples: int | None = option(
-        500, group=EVALUATION, bound="non-negative",
+        500, group=EVALUATION_GROUP, bound="non-negative",
         help="validation pairs translated for BLEU/chrF at each evaluation, and at the end when there is a test "
         "split; 0 for none",
     )
     test_samples: int | None = option(
-        None, group=EVALUATION, bound="non-negative",
+        None, group=EVALUATION_GROUP, bound="non-negative",
         help="test pairs translated for the final BLEU/chrF; 0 skips the test, and the validation split (its "
         "--eval-samples) gives the final scores (default: the whole test split)",
     )
-    num_beams: int = option(4, group=EVALUATION, help="beam size (the paper: 4, §6.1)")
-    length_penalty: float = option(0.6, group=EVALUATION, help="beam length penalty alpha (the paper: 0.6)")
+    num_beams: int = option(4, group=EVALUATION_GROUP, help="beam size (the paper: 4, §6.1)")
+    length_penalty: float = option(0.6, group=EVALUATION_GROUP, help="beam length penalty alpha (the paper: 0.6)")
     # Model selection
     best_metric: str | None = option(
-        None, group=SELECTION, choices=tuple(BEST_METRICS),
+        None, group=SELECTION_GROUP, choices=tuple(BEST_METRICS),
         help="keep the checkpoint with the best validation score (bleu and chrf need --eval-samples); it is the "
         "final model unless --average-last averages others",
     )
     patience: int | None = option(
-        None, group=SELECTION, bound="positive", metavar="N",
+        None, group=SELECTION_GROUP, bound="positive", metavar="N",
         help="with --best-metric: stop after N evaluations without improvement",
     )
     average_best: bool = option(
-        False, group=SELECTION, help="with --best-metric: average the best --average-last checkpoints, not the last")
+        False, group=SELECTION_GROUP,
+        help="with --best-metric: average the best --average-last checkpoints, not the last")
     # Output and logging
     ddp_timeout: int = option(
-        DEFAULT_DDP_TIMEOUT, group=OUTPUT, bound="positive", metavar="SECONDS",
+        DEFAULT_DDP_TIMEOUT, group=OUTPUT_GROUP, bound="positive", metavar="SECONDS",
         help="how long a process waits for the others in a collective, e.g. while the main process learns the "
         "vocabulary and tokenises",
     )
     log_steps: int = option(
-        50, group=OUTPUT, bound="positive",
+        50, group=OUTPUT_GROUP, bound="positive",
         help="log a line (loss, NLL, learning rate, tokens/s) every N steps, also appended to OUTPUT_DIR/training_log.jsonl")
     report_to: str | None = option(
-        None, group=OUTPUT, choices=tuple(TRACKERS), help="tracker, logging under OUTPUT_DIR/runs")
+        None, group=OUTPUT_GROUP, choices=tuple(TRACKERS), help="tracker, logging under OUTPUT_DIR/runs")
     push_to_hub: str | None = option(
-        None, group=OUTPUT, metavar="USER/NAME",
+        None, group=OUTPUT_GROUP, metavar="USER/NAME",
         help="upload the finished folder to this Hub model repository (token from HF_TOKEN or `hf auth login`)",
     )
 
@@ -400,7 +409,7 @@ def check_option(name: str, value) -> None:
 
 
 # What an error calls each type of option, and the test of a value (an int stands for a float).
-KINDS = {
+OPTION_TYPES = {
     int: ("an integer", lambda value: isinstance(value, int) and not isinstance(value, bool)),
     float: ("a number", lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)),
     str: ("a string", lambda value: isinstance(value, str)),
@@ -417,7 +426,7 @@ def _check_field(f: dataclasses.Field, hint, value) -> None:
     if value is None and optional:
         return
     choices, bound = f.metadata.get("choices"), f.metadata.get("bound")
-    what, holds = KINDS.get(kind, (None, lambda value: True))
+    what, holds = OPTION_TYPES.get(kind, (None, lambda value: True))
     if choices is None and bound is None and not holds(value):  # choices and bounds say what they take themselves
         raise ValueError(f"`{f.name}` must be {what}{' or None' * optional}; got {value!r}.")
     if choices is not None and value not in choices:

@@ -21,7 +21,7 @@ from . import criterion
 from .arguments import TrainArguments
 from .data import PadCollator, PrefetchedBatches, TokenBatchSampler, TokenizedSplit
 
-__all__ = ["evaluate", "full_model", "load_weights", "report", "translate"]
+__all__ = ["evaluate", "full_model", "load_weights", "report", "translate_split"]
 
 logger = get_logger(__name__)
 
@@ -73,7 +73,7 @@ def _translation_scores(accelerator, model, tokenizer, split: TokenizedSplit, ar
     indices = list(TokenBatchSampler(lengths, budget, **shard))
     collate = PadCollator(tokenizer.pad_token_id)
     with PrefetchedBatches(subset, indices, collate, accelerator.device) as batches, precision():
-        translations = translate(model, tokenizer, batches, indices, args)
+        translations = translate_split(model, tokenizer, batches, indices, args)
     translations = sorted(accelerator.gather_for_metrics(translations, use_gather_object=True))
     hypotheses = [text for _, text in translations]
     references = [subset.dataset[i]["reference"] for i, _ in translations]
@@ -120,7 +120,7 @@ def load_weights(model, weights: dict) -> None:
     model.tie_weights()
 
 
-def translate(model, tokenizer, batches, indices: list[list[int]], args: TrainArguments) -> list[tuple[int, str]]:
+def translate_split(model, tokenizer, batches, indices: list[list[int]], args: TrainArguments) -> list[tuple[int, str]]:
     """(pair index, translation) for every pair of `batches`, whose pairs `indices` lists batch by batch."""
     translations = []
     for (batch, _), batch_indices in zip(batches, indices):

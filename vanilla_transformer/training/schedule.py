@@ -118,15 +118,15 @@ def linear(optimizer, d_model: int, warmup_steps: int, scale: float, remaining_s
     """The paper's warm-up to its peak, then a linear decay to zero where the budget ends.
 
     `peak * (1 - p)`, p the fraction of the decay done (`BudgetSchedule`)."""
-    return _budget(optimizer, d_model, warmup_steps, scale, remaining_steps, "linear", lambda p: 1.0 - p)
+    return _budget_schedule(optimizer, d_model, warmup_steps, scale, remaining_steps, "linear", lambda p: 1.0 - p)
 
 
 def cosine(optimizer, d_model: int, warmup_steps: int, scale: float, remaining_steps=None) -> BudgetSchedule:
     """The paper's warm-up to its peak, then a cosine decay to zero where the budget ends.
 
     `peak * (1 + cos(pi * p)) / 2`, p the fraction of the decay done (`BudgetSchedule`)."""
-    return _budget(optimizer, d_model, warmup_steps, scale, remaining_steps, "cosine",
-                   lambda p: 0.5 * (1.0 + math.cos(math.pi * p)))
+    return _budget_schedule(optimizer, d_model, warmup_steps, scale, remaining_steps, "cosine",
+                            lambda p: 0.5 * (1.0 + math.cos(math.pi * p)))
 
 
 # Every schedule, by the name `lr_schedule` takes: the one place a schedule is defined (the options read it).
@@ -140,7 +140,7 @@ def schedule_summary(name: str) -> str:
     return line[0].lower() + line[1:]
 
 
-def _budget(optimizer, d_model, warmup_steps, scale, remaining_steps, name: str, decay) -> BudgetSchedule:
+def _budget_schedule(optimizer, d_model, warmup_steps, scale, remaining_steps, name: str, decay) -> BudgetSchedule:
     if remaining_steps is None:
         raise ValueError(f"the {name!r} schedule decays to zero at the end of the budget: give `remaining_steps`.")
     peak = noam_rate(warmup_steps, d_model, warmup_steps, scale)

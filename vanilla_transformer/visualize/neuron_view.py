@@ -34,7 +34,7 @@ from ..modeling.attention_variants import predicted_position
 from ..modeling.input_checks import additive_mask
 from .score_drawings import SCORE_DRAWINGS
 
-KINDS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
+ATTENTION_OUTPUTS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
 
 CAPTURE_LOCK = threading.Lock()  # hooks live on the shared modules: one capture registers and removes them at a time
 
@@ -139,10 +139,10 @@ def _block_tensors(block, captured, name, weights, row: int) -> dict:
 @torch.no_grad()
 def neuron_tensors(model, input_ids, attention_mask, decoder_input_ids, row: int = 0) -> Neurons:
     """The neuron-view numbers of every block, from one teacher-forced pass over sentence `row` of the batch."""
-    blocks = {(kind, layer): block for kind in KINDS for layer, block in enumerate(_blocks(model, kind))}
+    blocks = {(kind, layer): block for kind in ATTENTION_OUTPUTS for layer, block in enumerate(_blocks(model, kind))}
     out, captured = _capture(model, input_ids, attention_mask, decoder_input_ids, blocks)
     kinds = {}
-    for kind, output_name in KINDS.items():
+    for kind, output_name in ATTENTION_OUTPUTS.items():
         per_layer = [
             _block_tensors(block, captured, (kind, layer), weights[row], row)
             for layer, (block, weights) in enumerate(zip(_blocks(model, kind), getattr(out, output_name)))
@@ -169,8 +169,8 @@ def neuron_tensors(model, input_ids, attention_mask, decoder_input_ids, row: int
 def neuron_view(model, input_ids, attention_mask, decoder_input_ids, kind: str, layer: int, head: int, query: int,
                 row: int = 0) -> NeuronView:
     """The neuron view of sentence `row` of the batch. The model runs in evaluation mode."""
-    if kind not in KINDS:
-        raise ValueError(f"`kind` must be one of {', '.join(map(repr, KINDS))}; got {kind!r}.")
+    if kind not in ATTENTION_OUTPUTS:
+        raise ValueError(f"`kind` must be one of {', '.join(map(repr, ATTENTION_OUTPUTS))}; got {kind!r}.")
     block = _block(model, kind, layer)
     if not 0 <= head < block.num_heads:
         raise ValueError(f"`head` must be in [0, {block.num_heads}); got {head}.")
@@ -178,7 +178,7 @@ def neuron_view(model, input_ids, attention_mask, decoder_input_ids, kind: str, 
     queries = captured[("block", "q")].size(1)
     if not 0 <= query < queries:
         raise ValueError(f"`query` must be in [0, {queries}); got {query}.")
-    weights = getattr(out, KINDS[kind])[layer][row]  # (H, T, S)
+    weights = getattr(out, ATTENTION_OUTPUTS[kind])[layer][row]  # (H, T, S)
     numbers = _block_tensors(block, captured, "block", weights, row)
     q_vector = numbers["queries"][head, query]
     keys = None if numbers["keys"] is None else numbers["keys"][head]
