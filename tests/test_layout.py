@@ -29,7 +29,7 @@ COVERED_ELSEWHERE = {
     "cli/translate.py": ("cli/test_cli.py", "a command of its own, run end to end"),
     "cli/translators.py": ("cli/test_cli.py", "the engines translate and evaluate decode with"),
     "metrics/bleu_chrf/bleu_chrf.py": ("metrics/test_metrics.py", "the metric script the package's metrics load"),
-    "modeling/__init__.py": ("modeling/test_hf_native.py", "registers the model with the Auto classes"),
+    "modeling/__init__.py": ("modeling/test_hf_native.py", "its registration writes the auto_map saved folders load by"),
     "modeling/attention.py": ("modeling/test_modeling_vanilla_transformer.py", "the paper's attention, in the model"),
     "modeling/configuration_vanilla_transformer.py": ("modeling/test_modeling_vanilla_transformer.py",
                                                       "the config is read by the model it builds"),
