@@ -310,12 +310,15 @@ def fields_table() -> str:
     """docs/folder-fields.md: one table per file, every field with its kind, bound and meaning."""
     lines = ["# The fields of a model folder", "",
              "Every field of a model folder's JSON files that the package reads, and the bound it is checked against "
-             "before anything is built from the folder (`vanilla_transformer/model_folder.py`). Generated from "
-             "`vanilla_transformer/folder_fields.py` by `fields_table()`; `tests/test_model_folder.py` holds this file "
-             f"to it. A settings file below is read only when it is at most {MAX_JSON_BYTES:,} bytes, a tokenizer file "
-             "when at most 1 MiB plus 1 KiB per token of the vocabulary; a file that is a link out of the folder is not "
-             "read. A field outside these tables is left to transformers' own checks (`GenerationConfig.validate`, the "
-             "tokenizer's loader), or, in translation_options.json, refused.", ""]
+             "before anything is built from the folder (`vanilla_transformer/model_folder.py`).", "",
+             "This page is generated from `vanilla_transformer/folder_fields.py` by `fields_table()`; "
+             "`tests/test_model_folder.py` holds this file to it.", "",
+             "What is read at all:", "",
+             f"- a settings file below, when it is at most {MAX_JSON_BYTES:,} bytes;",
+             "- a tokenizer file, when it is at most 1 MiB plus 1 KiB per token of the vocabulary;",
+             "- no file that is a link out of the folder.", "",
+             "A field outside these tables is left to transformers' own checks (`GenerationConfig.validate`, the "
+             "tokenizer's loader). In translation_options.json it is refused.", ""]
     for file, fields in FIELDS.items():
         bounded = sum(field.check is not None for field in fields.values())
         lines += [f"## {file}", "", f"{len(fields)} fields; {bounded} bounded here, "

@@ -268,7 +268,7 @@ class VanillaTransformerConfig(PretrainedConfig):
         """The number of the model's parameters, from the fields alone (nothing is built): the embeddings and the
         output projection (§3.4), each layer's attention blocks (§3.2.2) with their score parameters
         (`score_parameter_count`), its feed-forward network (§3.3) and LayerNorms (§3.1). Exact:
-        tests/modeling/test_modeling.py holds it to a build on the meta device."""
+        tests/modeling/test_modeling_vanilla_transformer.py holds it to a build on the meta device."""
         d, d_ff, head_dim = self.d_model, self.d_ff, self.head_dim
         score = score_parameter_count(self)
         local_p = d * head_dim + d if self.local_attention == "local-p" else 0  # cross-attention only
