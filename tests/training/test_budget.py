@@ -40,7 +40,7 @@ def test_the_loop_adds_each_step_and_each_validation_to_the_budget():
 
 
 def test_the_seconds_left_at_the_first_step_are_those_of_the_first_limit(monkeypatch):
-    # 100 steps of 2 s; a 10-minute limit of which earlier parts took 300 s: 300 s left, fewer than the steps' 200.
+    # Steps' time against the time limit: whichever leaves less is what is left.
     assert Budget(max_steps=100, start_step=0).seconds_left(2.0) == 200
     monkeypatch.setattr("time.perf_counter", lambda: 1000.0)
     timed = Budget(max_steps=1000, time_limit=10, start_step=0, before=300.0, started=1000.0)
