@@ -74,6 +74,7 @@ logger = logging.getLogger(__name__)
 MODEL_TYPES = TOKENIZER_MODELS  # bpe or unigram: choices.py says what each is
 
 _BYTE_ALPHABET = pre_tokenizers.ByteLevel.alphabet()  # the 256 byte symbols every vocabulary starts with
+MIN_VOCAB_SIZE = len(_BYTE_ALPHABET) + len(SPECIAL_TOKENS)  # the smallest vocabulary a new tokenizer can have
 
 
 def _count_texts(texts: Iterable[str], seen: list[int], cut: list[int]) -> Iterator[str]:
@@ -190,7 +191,7 @@ def _check_training_arguments(texts, vocab_size: int, min_frequency: int, model_
     if vocab_size < smallest:
         raise ValueError(
             f"vocab_size={vocab_size} is smaller than the byte alphabet ({len(_BYTE_ALPHABET)}) "
-            f"plus the special tokens ({special_count}); use at least {smallest + 1}"
+            f"plus the special tokens ({special_count}); use at least {smallest}"
         )
     if model_type not in MODEL_TYPES:
         raise ValueError(f"model_type must be one of {', '.join(MODEL_TYPES)}; got {model_type!r}")

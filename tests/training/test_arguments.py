@@ -117,6 +117,8 @@ def test_train_help_prints_every_group_and_imports_no_torch():
 @pytest.mark.parametrize(("name", "value", "message"), [
     ("max_length", 0, "`max_length` must be a positive integer; got 0."),
     ("vocab_size", 2.5, "`vocab_size` must be a positive integer; got 2.5."),
+    ("vocab_size", 259, "`vocab_size` must be at least 260 (the 256 bytes every vocabulary starts with, and the special "
+                        "tokens); got 259."),
     ("max_steps", -1, "`max_steps` must be a positive integer or None; got -1."),
     ("num_epochs", 0, "`num_epochs` must be a positive integer or None; got 0."),
     ("eval_samples", -1, "`eval_samples` must be a non-negative integer or None; got -1."),
@@ -194,3 +196,14 @@ def test_an_attention_implementation_the_model_cannot_run_is_refused_before_any_
         args.validate()
     TrainArguments(output_dir=str(tmp_path), config_overrides={"attention_score": "general"},
                       attn_implementation="eager").validate()
+
+
+@pytest.mark.slow
+def test_a_vocabulary_too_small_is_refused_before_any_data_is_read_or_folder_made(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", "train", "--output-dir", str(tmp_path / "out"),
+                           "--preset", "tiny", "--vocab-size", "200", "--max-steps", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "tokenizer" not in done.stderr.replace("`vocab_size` must", "")
+    assert done.stderr.splitlines()[-1] == ("vanilla-transformer train: error: `vocab_size` must be at least 260 (the 256 "
+                                            "bytes every vocabulary starts with, and the special tokens); got 200.")
+    assert not (tmp_path / "out").exists()

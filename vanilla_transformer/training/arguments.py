@@ -303,9 +303,13 @@ class TrainArguments:
         """Fail early, naming the option and what it accepts."""
         from ..modeling.value_checks import check_decoding_options, is_finite_number
         from ..modeling.configuration_vanilla_transformer import check_probability
+        from ..tokenizer import MIN_VOCAB_SIZE
 
         for f in dataclasses.fields(self):
             _check_field(f, _hint(type(self), f), getattr(self, f.name))
+        if self.vocab_size < MIN_VOCAB_SIZE:  # before the data is read, not after the tokenizer's training starts
+            raise ValueError(f"`vocab_size` must be at least {MIN_VOCAB_SIZE} (the 256 bytes every vocabulary starts "
+                             f"with, and the special tokens); got {self.vocab_size}.")
         self._validate_config_overrides()
         if self.max_steps is None and self.num_epochs is None and self.time_limit is None:
             raise ValueError("give at least one of `max_steps`, `num_epochs` and `time_limit`, or training never ends.")

@@ -88,7 +88,7 @@ def prepare_tokenizer(args: TrainArguments, data, source_lang: str, target_lang:
     if args.model_name_or_path is not None and (Path(args.model_name_or_path) / "tokenizer.json").is_file():
         return _checked_tokenizer(args.model_name_or_path, f"`model_name_or_path` {args.model_name_or_path}'s tokenizer")
     logger.info(f"training a {args.vocab_size}-token joint {args.tokenizer_model} tokenizer on the train split; "
-                f"saved to {output_dir}")
+                f"it is saved to {output_dir} when trained")
     record = output_dir / CHECKPOINTS / TOKENIZER_OPTIONS
     record.unlink(missing_ok=True)  # the old record goes first: a tokenizer is never described by another's
     tokenizer = train_tokenizer(
