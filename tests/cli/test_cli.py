@@ -33,6 +33,7 @@ def test_translate_reads_standard_input_and_writes_one_line_per_line(hub_tiny_fo
     expected = translate_texts(model, tokenizer, LINES, num_beams=1, max_new_tokens=12)
     assert output[:-1] == expected
     assert output[1] == "" and all(output[i] for i in (0, 2, 3))  # a blank line stays blank, in place
+    assert result.stderr == ""  # standard error is for errors and warnings: no bar of the weights loading
 
 
 def test_translate_from_arguments_and_from_a_file(hub_tiny_folder, tmp_path, capsys):

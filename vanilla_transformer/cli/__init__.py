@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)  # `train --resume` tells typed options from defaults
     _check_text_arguments(parser, args)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # its bar of weights loaded: standard error is for errors and warnings
     try:
         code = args.func(args) or 0
         sys.stdout.flush()  # here, so that a failing write is reported below, not as a traceback at exit
