@@ -119,8 +119,8 @@ def check_model_folder(folder: str | os.PathLike, needs_tokenizer: bool = True):
     context = _context(config, generation)
     _check_fields(folder / CONFIG_FILE, settings[CONFIG_FILE], context)
     check_tokenizer_files(folder, context.vocab_size)  # before the library parses them
-    if (folder / TOKENIZER_CONFIG).is_file():
-        _check_fields(folder / TOKENIZER_CONFIG, read_json(folder / TOKENIZER_CONFIG), context)
+    if TOKENIZER_CONFIG in settings:
+        _check_fields(folder / TOKENIZER_CONFIG, settings[TOKENIZER_CONFIG], context)
     if generation is not None:  # transformers ignores a damaged one: the decoding defaults would be lost
         check_generation_file(folder / GENERATION_FILE, generation, context)
     check_model_files(folder)
@@ -129,11 +129,11 @@ def check_model_folder(folder: str | os.PathLike, needs_tokenizer: bool = True):
 
 
 def _read_settings(folder: Path) -> dict:
-    """config.json and generation_config.json (where there is one), each read once, by name; none of the files
-    the loaders read is a link out of the folder."""
+    """The settings files (config.json, and generation_config.json and tokenizer_config.json where there are), each
+    read once, within MAX_JSON_BYTES, by name; none of the files the loaders read is a link out of the folder."""
     for name in (CONFIG_FILE, GENERATION_FILE, *TOKENIZER_FILES):
         check_inside(folder / name)
-    names = [name for name in (CONFIG_FILE, GENERATION_FILE) if (folder / name).is_file()]
+    names = [name for name in (CONFIG_FILE, GENERATION_FILE, TOKENIZER_CONFIG) if (folder / name).is_file()]
     return {name: read_json(folder / name, MAX_JSON_BYTES) for name in names}
 
 

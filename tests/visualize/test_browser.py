@@ -17,8 +17,8 @@ import torch
 import vanilla_transformer
 from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES, VanillaTransformerConfig
 from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer.visualize.attention_maps import DECODER_ROWS, collect_attentions
-from vanilla_transformer.visualize.explorer import explorer_data, save_explorer
+from vanilla_transformer.visualize.attention_maps import DECODER_ROWS
+from vanilla_transformer.visualize.explorer import explorer_data, explorer_record, save_explorer
 from vanilla_transformer.inference import translate_texts
 
 pytestmark = pytest.mark.slow  # every test drives a Chromium process
@@ -74,7 +74,7 @@ def _click(page, group: str, value) -> None:
 @pytest.fixture(scope="module")
 def explorer_file(hub_tiny_model, tmp_path_factory):
     model, tokenizer = hub_tiny_model
-    record = collect_attentions(model, tokenizer, SENTENCE, num_beams=1, max_new_tokens=10)
+    record = explorer_record(model, tokenizer, SENTENCE, num_beams=1, max_new_tokens=10)
     return record, save_explorer(record, tmp_path_factory.mktemp("explorer") / "explorer.html")
 
 
@@ -262,7 +262,7 @@ def test_the_neuron_view_draws_every_score_function_from_its_score_drawing(chrom
         torch.manual_seed(0)
         config = VanillaTransformerConfig.tiny(vocab_size=len(tokenizer), attention_score=score)
         model = VanillaTransformerForConditionalGeneration(config).eval()
-        record = collect_attentions(model, tokenizer, SENTENCE, num_beams=1, max_new_tokens=6)
+        record = explorer_record(model, tokenizer, SENTENCE, num_beams=1, max_new_tokens=6)
         path = save_explorer(record, tmp_path / f"{score}.html")
         drawing = explorer_data(record)["neurons"]["drawing"]
         watched = Watched(chromium, allowed=path.as_uri())

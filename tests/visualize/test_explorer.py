@@ -9,7 +9,15 @@ import torch
 
 from vanilla_transformer.visualize.attention_maps import KINDS, collect_attentions
 from vanilla_transformer.cli import main
-from vanilla_transformer.visualize.explorer import MAX_BYTES, NEURON_BYTES, explorer_data, explorer_html, save_explorer
+from vanilla_transformer.visualize.explorer import (
+    MAX_BYTES,
+    NEURON_BYTES,
+    explorer_data,
+    explorer_html,
+    explorer_record,
+    save_explorer,
+)
+from vanilla_transformer.visualize.neuron_view import neuron_tensors
 
 SENTENCE = "Jesús wept; ¿why? In the beginning God created the heavens and the earth."
 
@@ -28,6 +36,18 @@ def _unpack(packed):
     indices = torch.frombuffer(bytearray(base64.b64decode(packed["indices"])), dtype=torch.int16).long()
     dense = torch.zeros(*shape, packed["keys"])
     return dense.scatter_(-1, indices.view(*shape, -1), values.view(*shape, -1))
+
+
+def test_the_explorers_record_adds_the_neuron_view_that_collect_attentions_leaves_out(hub_tiny_model, record):
+    model, tokenizer = hub_tiny_model
+    assert record.neurons is None  # the maps, the model card and the API's weights compute no neuron view
+    full = explorer_record(model, tokenizer, SENTENCE, num_beams=2, max_new_tokens=14)
+    assert full.target_ids == record.target_ids and full.translation == record.translation
+    source, output = torch.tensor([record.source_ids]), torch.tensor([record.target_ids])
+    expected = neuron_tensors(model, source, None, output[:, :-1])
+    for kind, numbers in expected.kinds.items():
+        torch.testing.assert_close(full.neurons.kinds[kind].scores, numbers.scores)
+    assert explorer_data(full)["neurons"]["kept"] > 0 and explorer_data(record)["neurons"] is None
 
 
 def test_the_page_holds_every_weight_to_1_in_510_and_loads_nothing(record):

@@ -13,8 +13,7 @@ import torch
 from vanilla_transformer.modeling.attention_variants import NORMALIZATIONS
 from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES, VanillaTransformerConfig
 from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer.visualize.attention_maps import collect_attentions
-from vanilla_transformer.visualize.explorer import explorer_html
+from vanilla_transformer.visualize.explorer import explorer_html, explorer_record
 from vanilla_transformer.visualize.neuron_view import neuron_tensors, neuron_view
 
 
@@ -150,7 +149,7 @@ def tokenizer(tiny_corpus):
 def test_the_pages_neuron_data_is_the_models_own(overrides, tokenizer):
     torch.manual_seed(0)
     model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=len(tokenizer), **overrides))
-    record = collect_attentions(model.eval(), tokenizer, SENTENCE, num_beams=1, max_new_tokens=8)
+    record = explorer_record(model.eval(), tokenizer, SENTENCE, num_beams=1, max_new_tokens=8)
     assert len(record.target_ids) >= 4
     data, heads = page_neurons(explorer_html(record))
     config = model.config

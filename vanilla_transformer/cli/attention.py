@@ -39,12 +39,13 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         options = decoding_options(args)
         if args.html:
-            from ..visualize.explorer import html_path, save_explorer
+            from ..visualize.explorer import explorer_record, html_path, save_explorer
 
             html_path(args.html, "--html")  # before a translation that may take a while
         apply_threads_option(args)
         model, tokenizer = load_model(args.model, args.device)
-        record = collect_attentions(model, tokenizer, args.text, **options)
+        collect = explorer_record if args.html else collect_attentions  # the neuron view's numbers for the page alone
+        record = collect(model, tokenizer, args.text, **options)
         written = []
         if args.html:
             written.append(save_explorer(record, args.html))

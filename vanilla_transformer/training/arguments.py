@@ -331,8 +331,6 @@ class TrainArguments:
             self._validate_lora()
         if self.ema_decay is not None and not (is_finite_number(self.ema_decay) and 0 < self.ema_decay < 1):
             raise ValueError(f"`ema_decay` must be a number in (0, 1), e.g. 0.999, or None; got {self.ema_decay!r}.")
-        check_probability("label_smoothing", self.label_smoothing)
-        check_decoding_options(num_beams=self.num_beams, length_penalty=self.length_penalty)
         self._validate_selection()
         self._validate_compile()
         if self.report_to is not None and importlib.util.find_spec(TRACKERS[self.report_to]) is None:
@@ -340,6 +338,8 @@ class TrainArguments:
                              f"pip install 'vanilla-transformer[{self.report_to}]'")
         if self.push_to_hub is not None:
             check_repo_id(self.push_to_hub)  # before hours of training, not after
+        check_probability("label_smoothing", self.label_smoothing)
+        check_decoding_options(num_beams=self.num_beams, length_penalty=self.length_penalty)
 
     def _validate_lora(self) -> None:
         if importlib.util.find_spec("peft") is None:

@@ -46,8 +46,8 @@ except ImportError as err:  # an optional dependency
 import h11  # uvicorn's, which Gradio serves with
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from vanilla_transformer.visualize.attention_maps import check_attention_support, collect_attentions
-from vanilla_transformer.visualize.explorer import explorer_html
+from vanilla_transformer.visualize.attention_maps import check_attention_support
+from vanilla_transformer.visualize.explorer import explorer_html, explorer_record
 from vanilla_transformer.choices import SERVE_LIMITS
 from vanilla_transformer.inference import longest_token
 from vanilla_transformer.model_folder import load_model
@@ -139,7 +139,7 @@ def make_translate(model, tokenizer, limits: Limits, pages: str | os.PathLike | 
             requested = limits.max_new_tokens  # the model's default (source length + offset) within the limit
         try:
             with slots:
-                record = collect_attentions(
+                record = explorer_record(
                     model, tokenizer, sentence, num_beams=num_beams, length_penalty=float(length_penalty),
                     max_new_tokens=requested or None,
                 )

@@ -46,7 +46,7 @@ import torch
 from ..modeling.generation import DEFAULT_MAX_LENGTH_OFFSET
 from ..modeling.pipeline_vanilla_transformer import readable_pieces, source_length_limit, teacher_forced_attentions
 from ..staging import staged_files, sweep_staging
-from .neuron_view import Neurons, neuron_tensors
+from .neuron_view import Neurons
 
 __all__ = [
     "AXIS_LABELS", "AttentionRecord", "BERTVIZ_NOTE", "DECODER_ROWS", "KINDS", "bertviz_data",
@@ -89,7 +89,7 @@ class AttentionRecord:
     special_ids: list[int] = field(default_factory=list)  # the tokenizer's (<pad>, <s>, </s>, <unk>, ...)
     model: str = ""  # the folder or Hub id
     settings: dict = field(default_factory=dict)  # the decoding settings, as `decoding_settings` words them
-    neurons: Neurons | None = None  # the neuron view's numbers (`neuron_view.neuron_tensors`); None for other models
+    neurons: Neurons | None = None  # the neuron view's numbers, for the explorer (`explorer.explorer_record`)
 
     def weights(self, kind: str) -> torch.Tensor:
         if kind not in KINDS:
@@ -185,9 +185,6 @@ def collect_attentions(
     generate_kwargs = {key: value for key, value in options.items() if value is not None}  # None: the model's
     output_ids = model.generate(input_ids=input_ids, **generate_kwargs)
     weights = teacher_forced_attentions(model, input_ids, output_ids)
-    neurons = None
-    if getattr(model.config, "model_type", None) == "vanilla_transformer":  # not a Marian model loaded eagerly
-        neurons = neuron_tensors(model, input_ids, None, output_ids[:, :-1])
     target_ids = output_ids[0].tolist()
     return AttentionRecord(
         source=text,
@@ -204,7 +201,6 @@ def collect_attentions(
         special_ids=sorted(tokenizer.all_special_ids),
         model=str(getattr(model, "name_or_path", "") or ""),
         settings=decoding_settings(model, num_beams, length_penalty, max_new_tokens),
-        neurons=neurons,
     )
 
 

@@ -1,6 +1,6 @@
 """One self-contained HTML page that shows the attention behind a translation: every layer and head.
 
-    record = collect_attentions(model, tokenizer, "In the beginning God created the heavens and the earth.")
+    record = explorer_record(model, tokenizer, "In the beginning God created the heavens and the earth.")
     save_explorer(record, "explorer.html")     # or: vanilla-transformer attention --model M "..." --html explorer.html
 
 The page is one file with its script, styles and data inline; a Content-Security-Policy tag forbids it
@@ -34,6 +34,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
@@ -41,10 +42,10 @@ import torch
 
 from ..file_checks import check_plain_file
 from ..staging import write_file_whole
-from .attention_maps import DECODER_ROWS, KINDS, AttentionRecord
-from .neuron_view import Neurons, NeuronTensors
+from .attention_maps import DECODER_ROWS, KINDS, AttentionRecord, collect_attentions
+from .neuron_view import Neurons, NeuronTensors, neuron_tensors
 
-__all__ = ["MAX_BYTES", "explorer_data", "explorer_html", "html_path", "save_explorer"]
+__all__ = ["MAX_BYTES", "explorer_data", "explorer_html", "explorer_record", "html_path", "save_explorer"]
 
 MAX_BYTES = 2_500_000  # stored weights in one page, before base64 (x 4/3)
 MIN_KEEP = 4  # keys kept per query, however long the sentence
@@ -153,6 +154,17 @@ def _neuron_data(neurons: Neurons | None) -> dict | None:
     return {"score": neurons.score, "normalization": neurons.normalization, "hard": neurons.hard,
             "local_attention": neurons.local_attention, "window": neurons.window,
             "kept": len(kept), "of": len(heads), "kinds": kinds, "drawing": neurons.drawing}
+
+
+def explorer_record(model, tokenizer, text: str, **options) -> AttentionRecord:
+    """`collect_attentions(model, tokenizer, text, **options)` with what the explorer shows beside the weights: the
+    neuron view's numbers (`neuron_view.neuron_tensors`), for the package's models (a Marian model has none)."""
+    record = collect_attentions(model, tokenizer, text, **options)
+    if getattr(model.config, "model_type", None) != "vanilla_transformer":
+        return record
+    device = next(model.parameters()).device
+    source, output = (torch.tensor([ids], device=device) for ids in (record.source_ids, record.target_ids))
+    return replace(record, neurons=neuron_tensors(model, source, None, output[:, :-1]))
 
 
 def explorer_data(record: AttentionRecord) -> dict:
