@@ -20,7 +20,7 @@ from .staging import DiskFull, write_file_whole
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 __all__ = ["MAX_LINE_BYTES", "REPO_ID", "bounded_lines", "check_inside", "check_output_file", "check_plain_file",
-           "check_plain_pickle", "check_repo_id", "check_weights_file", "read_json", "utf8_lines"]
+           "check_plain_pickle", "check_repo_id", "check_weights_file", "parse_json", "read_json", "utf8_lines"]
 
 # The most bytes one line of text is read to: far past any sentence (translate cuts a long one to what the model
 # reads), it bounds the memory a file without line ends (/dev/zero, a binary file) takes before it is refused.
@@ -65,11 +65,20 @@ def read_json(path: str | os.PathLike, max_bytes: int | None = None):
     if max_bytes is not None and (size := Path(path).stat().st_size) > max_bytes:
         raise ValueError(f"{path} is {size:,} bytes, more than such a file holds (at most {max_bytes:,}); it is not read")
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        return parse_json(Path(path).read_text(encoding="utf-8"), path)
     except UnicodeDecodeError as err:
         raise ValueError(f"{path} is damaged: byte {err.start} is not UTF-8") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is damaged: not valid JSON ({err})") from None
+
+
+def parse_json(text: str | bytes, name):
+    """`json.loads(text)`; a text nested deeper than Python's parser follows (its RecursionError, which no
+    `except ValueError` catches) is refused as damaged, in a ValueError naming `name`."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{name} is damaged: its values nest deeper than a JSON parser follows") from None
 
 
 def check_weights_file(path: str | os.PathLike) -> None:

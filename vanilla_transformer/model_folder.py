@@ -25,7 +25,7 @@ import torch
 
 from .adapter_files import ADAPTER_CONFIG, check_adapter_files, merge_adapter
 from .decoding_kernel import choose_decoding_kernel
-from .file_checks import REPO_ID, check_inside, check_plain_pickle, check_weights_file, read_json
+from .file_checks import REPO_ID, check_inside, check_plain_pickle, check_weights_file, parse_json, read_json
 from .folder_fields import (
     CONFIG_FILE,
     CTRANSLATE2_CONFIG,
@@ -452,7 +452,7 @@ def check_tokenizer_files(folder: str | Path, vocab_size) -> None:
     if not path.is_file():
         return
     try:
-        tokenizer = json.loads(path.read_text(encoding="utf-8"))
+        tokenizer = parse_json(path.read_text(encoding="utf-8"), path)
     except (UnicodeDecodeError, json.JSONDecodeError):
         return  # the loader names what is wrong with it
     if not isinstance(tokenizer, dict):
@@ -514,7 +514,7 @@ def _check_export_config(path: Path, context: Context) -> None:
     if path.stat().st_size > MAX_JSON_BYTES:
         read_json(path, MAX_JSON_BYTES)  # the refusal naming its size
     try:
-        settings = json.loads(path.read_text(encoding="utf-8"))
+        settings = parse_json(path.read_text(encoding="utf-8"), path)
     except (UnicodeDecodeError, json.JSONDecodeError):
         return
     _check_fields(path, settings, context, CTRANSLATE2_CONFIG)

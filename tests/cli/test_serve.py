@@ -220,6 +220,7 @@ def test_the_json_endpoint_gives_scores_and_attention_only_when_asked(served):
 
 REFUSED = [  # (body, status, what the one line names)
     (b"not json", 400, "not JSON"),
+    (b"[" * 20_000, 400, "not JSON"),  # nested deeper than Python's parser follows: its RecursionError is no 500
     ({"texts": "Jesus wept."}, 400, "`texts` must be a list of 1 to 32 strings"),
     ({"texts": ["x"] * 33}, 400, "`texts` must be a list of 1 to 32 strings"),
     ({"texts": [None]}, 400, "`texts` must be a list"),

@@ -58,6 +58,15 @@ def test_a_config_with_100000_layers_is_refused_from_the_weights_header(hub_tiny
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json"])
+def test_a_settings_file_nested_deeper_than_the_parser_follows_is_refused_in_one_line(hub_tiny_folder, tmp_path, name):
+    folder = shutil.copytree(hub_tiny_folder, tmp_path / "model")
+    (folder / name).write_text("[" * 100_000)  # Python's parser raises RecursionError, which is no ValueError
+    result = run_cli("translate", "--model", folder, "Jesus wept.")
+    _refused_in_one_line(result, f"{folder / name} is damaged: its values nest deeper than a JSON parser follows")
+
+
+@pytest.mark.slow
 def test_a_beam_count_past_the_bound_in_generation_config_is_refused(hub_tiny_folder, tmp_path):
     # Each line was printed blank, with a warning, and the exit status was 0.
     folder = shutil.copytree(hub_tiny_folder, tmp_path / "model")

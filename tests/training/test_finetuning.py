@@ -3,6 +3,7 @@ decay, freezing, --lora, --preset small, and the tokenizer a run trains or is gi
 
 import json
 import logging
+import shutil
 import subprocess
 import sys
 
@@ -82,6 +83,23 @@ def test_bad_optimisation_options_are_one_line_errors(tmp_path, small_task, smal
     assert expected in err
     assert err.count("\n") == 1 or "invalid choice" in expected  # argparse's own errors come after its usage line
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_model_folder_missing_or_without_its_tokenizer_is_refused_before_any_data_is_read(
+        tmp_path, small_task, small_run, pretrained, capsys, caplog):
+    saved, _ = pretrained
+    bare = shutil.copytree(saved, tmp_path / "bare", ignore=shutil.ignore_patterns("tokenizer.json", "checkpoints"))
+    for folder, expected in [
+        (tmp_path / "nothing", f"`model_name_or_path`: no saved model folder at {tmp_path / 'nothing'}"),
+        (bare, f"`model_name_or_path` {bare} holds no tokenizer.json: give the `tokenizer` the model was trained with"),
+    ]:
+        with caplog.at_level(logging.INFO):
+            err = _usage_error(capsys, ["train", "--dataset", str(small_task), "--output-dir", str(tmp_path / "out"),
+                                        *small_run, "--max-steps", "2", "--model-name-or-path", str(folder)])
+        assert expected in err and err.count("\n") == 1
+        assert "tokenizer on the train split" not in caplog.text  # no new tokenizer: its ids would not be the model's
+        assert not (tmp_path / "out").exists()
 
 
 def test_lora_without_peft_installed_is_a_one_line_hint(tmp_path, small_task, small_run):

@@ -125,7 +125,7 @@ class RunLock:
 def _read(path: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8") or "{}")
-    except (OSError, ValueError):  # gone, or being written
+    except (OSError, ValueError, RecursionError):  # gone, being written, or not a lock's record
         return {}
 
 

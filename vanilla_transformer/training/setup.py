@@ -154,9 +154,15 @@ def _starting_point(args: TrainArguments, accelerator, checkpoint_root: Path) ->
                    else check_new_folder(args, checkpoint_root))  # a new run: None, once its folder is checked
     if step is not None:
         return checkpoint_path(checkpoint_root, step), None
-    if args.model_name_or_path is not None and Path(args.model_name_or_path).is_dir():
-        return None, check_model_folder(args.model_name_or_path, needs_tokenizer=False)
-    return None, None
+    if args.model_name_or_path is None:
+        return None, None
+    folder = Path(args.model_name_or_path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"`model_name_or_path`: no saved model folder at {args.model_name_or_path}")
+    if args.tokenizer is None and not (folder / "tokenizer.json").is_file():  # a new tokenizer's ids are not the model's
+        raise ValueError(f"`model_name_or_path` {args.model_name_or_path} holds no tokenizer.json: give the `tokenizer` "
+                         "the model was trained with")
+    return None, check_model_folder(folder, needs_tokenizer=False)
 
 
 def _build_model(args: TrainArguments, accelerator, tokenizer, resume_from: Path | None, base, langs: tuple[str, str]):
@@ -185,8 +191,6 @@ def _load_model(args: TrainArguments, tokenizer, resume_from: Path | None, base)
     if resume_from is not None:  # the architecture of the run being resumed; its weights come with load_state
         return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_json_file(config_file))
     if args.model_name_or_path is not None:
-        if base is None:
-            raise FileNotFoundError(f"`model_name_or_path`: no saved model folder at {args.model_name_or_path}")
         model = load_checked(args.model_name_or_path, base, **args.config_overrides)
         if len(tokenizer) > model.config.vocab_size:
             raise ValueError(

@@ -18,11 +18,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
-import json
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from ..file_checks import parse_json
 from ..modeling.value_checks import check_decoding_options
 
 __all__ = ["ROUTE", "Batcher", "Refused", "json_route", "parse_request"]
@@ -43,7 +43,7 @@ class Refused(ValueError):
 def parse_request(body: bytes, limits, longest_text: int) -> tuple[list[str], dict]:
     """(texts, options) of a request's body, or Refused naming the field and what it must be."""
     try:
-        request = json.loads(body)
+        request = parse_json(body, "the body")
     except (ValueError, UnicodeDecodeError):
         raise Refused("The body is not JSON: send an object such as {\"texts\": [\"Jesus wept.\"]}.") from None
     if not isinstance(request, dict):
