@@ -68,7 +68,7 @@ def test_a_settings_file_nested_deeper_than_the_parser_follows_is_refused_in_one
 
 @pytest.mark.slow
 def test_a_beam_count_past_the_bound_in_generation_config_is_refused(hub_tiny_folder, tmp_path):
-    # Each line was printed blank, with a warning, and the exit status was 0.
+    # A beam past the bound fails on every line, one warning each: the folder is refused before the first.
     folder = shutil.copytree(hub_tiny_folder, tmp_path / "model")
     _edit_json(folder / "generation_config.json", num_beams=100_000)
     result = run_cli("translate", "--model", folder, input="Jesus wept.\nIn the beginning.\n")
