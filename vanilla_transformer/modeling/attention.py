@@ -37,9 +37,6 @@ def scaled_dot_product_attention(module, query, key, value, attention_mask, scal
     return out.transpose(1, 2), weights
 
 
-eager_attention_forward = scaled_dot_product_attention  # the name transformers' models give their own attention
-
-
 # --------------------------------------------------------------------------------------
 # §3.2.2: multi-head attention
 # --------------------------------------------------------------------------------------
@@ -108,7 +105,7 @@ class MultiHeadAttention(nn.Module):
 
     def attend(self, q, k, v, attention_mask, output_attentions=False):
         implementation = self.config._attn_implementation
-        attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, scaled_dot_product_attention)
         if output_attentions and implementation == "sdpa":
             # torch's fused kernel returns no weights: the explicit function computes the same numbers.
             attention, attention_mask = scaled_dot_product_attention, additive_mask(attention_mask, self, q, k)
@@ -131,4 +128,4 @@ class FusedMultiHeadAttention(MultiHeadAttention):
         return self._heads(self.q_proj, hidden_states), *map(self._split_heads, fused_linear(source, (self.k_proj, self.v_proj)))
 
 
-__all__ = ["MultiHeadAttention", "FusedMultiHeadAttention", "eager_attention_forward", "scaled_dot_product_attention"]
+__all__ = ["MultiHeadAttention", "FusedMultiHeadAttention", "scaled_dot_product_attention"]
