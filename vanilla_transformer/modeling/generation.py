@@ -530,15 +530,15 @@ class GNMTRanking:
 
     def __init__(self, generation_config):
         self.alpha = generation_config.length_penalty
-        self.keep = generation_config.num_return_sequences or 1
+        self.num_kept = generation_config.num_return_sequences or 1
         self.fill = generation_config.pad_token_id if generation_config.pad_token_id is not None else 0
 
     def penalty(self, length):
         return gnmt_length_penalty(length, self.alpha)
 
-    def done(self, best_live, length: int, max_new, worst_kept):
+    def is_done(self, best_live, length: int, max_new, worst_kept):
         """Per sentence: can no live hypothesis (best log P `best_live`, `length` tokens, at most
-        `max_new`) beat the worst of those kept (`worst_kept`, -inf until `keep` are)?"""
+        `max_new`) beat the worst of those kept (`worst_kept`, -inf until `num_kept` are)?"""
         bound = torch.maximum(best_live / self.penalty(length + 1), best_live / self.penalty(max_new.float()))
         return worst_kept >= bound
 
@@ -550,14 +550,14 @@ class TransformersRanking:
     it at the longest length instead when α > 0. Beams it rules out score -1e9 (and still extend), as in
     transformers, and its outputs are padded as transformers pads them (with </s> when the padding id is 0).
     `longest`: transformers' longest output (max_length less the prompt), for all sentences; the sentences'
-    own caps (`done`'s `max_new`) are not in its rule.
+    own caps (`is_done`'s `max_new`) are not in its rule.
     """
 
     dead = -1e9
 
     def __init__(self, generation_config, longest: int):
         self.alpha = generation_config.length_penalty
-        self.keep = generation_config.num_beams
+        self.num_kept = generation_config.num_beams
         self.early_stopping = generation_config.early_stopping
         self.longest = longest
         self.fill = generation_config.pad_token_id or _first(generation_config.eos_token_id)
@@ -565,10 +565,10 @@ class TransformersRanking:
     def penalty(self, length):
         return length**self.alpha
 
-    def done(self, best_live, length: int, max_new, worst_kept):
-        full = worst_kept > float("-inf")  # `keep` are kept
+    def is_done(self, best_live, length: int, max_new, worst_kept):
+        full = worst_kept > float("-inf")  # `num_kept` are kept
         horizon = self.longest if self.early_stopping == "never" and self.alpha > 0 else length
-        # Until `keep` are kept, the worst counts as -1e9 (transformers' empty slots).
+        # Until `num_kept` are kept, the worst counts as -1e9 (transformers' empty slots).
         can_improve = best_live / self.penalty(horizon) > torch.where(full, worst_kept, self.dead)
         return ~can_improve | (full & (self.early_stopping is True))
 
@@ -593,7 +593,7 @@ class _Finished(NamedTuple):
 
 class _Hypotheses:
     """Beam search's hypotheses: per row of the batch a live one (tokens, origins, log P), per sentence
-    its `ranking.keep` best finished ones and whether it is done; `active`: the sentences in the batch.
+    its `ranking.num_kept` best finished ones and whether it is done; `active`: the sentences in the batch.
     Finished hypotheses are kept on the device, in tables of the longest output (`max_length` tokens),
     so that a step never waits for the device to tell which ended."""
 
@@ -607,11 +607,11 @@ class _Hypotheses:
         self.scores[:, 0] = 0.0  # all beams start identical: expand only the first
         self.active = torch.arange(batch, device=device)  # by their index in the input
         # Per sentence, its kept finished hypotheses, best first; an empty place scores -inf.
-        self.kept_scores = torch.full((batch, ranking.keep), float("-inf"), device=device)
-        self.kept_tokens = input_ids.new_full((batch, ranking.keep, max_length), ranking.fill)
-        self.kept_origins = input_ids.new_full((batch, ranking.keep, max_length - self.prompt_length), -1)
-        self.kept_lengths = input_ids.new_zeros(batch, ranking.keep)
-        self.done = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.kept_scores = torch.full((batch, ranking.num_kept), float("-inf"), device=device)
+        self.kept_tokens = input_ids.new_full((batch, ranking.num_kept, max_length), ranking.fill)
+        self.kept_origins = input_ids.new_full((batch, ranking.num_kept, max_length - self.prompt_length), -1)
+        self.kept_lengths = input_ids.new_zeros(batch, ranking.num_kept)
+        self.completed = torch.zeros(batch, dtype=torch.bool, device=device)  # per sentence: no more to search
 
     def candidates(self, log_probs: torch.Tensor, stopping_criteria, last_step: torch.Tensor) -> _Candidates:
         """Extend every live hypothesis by every token; keep the 2K best per sentence by log P (all have the
@@ -631,16 +631,16 @@ class _Hypotheses:
 
     def finish(self, candidates: _Candidates) -> None:
         """Candidates that end among the K best of a sentence still searching are finished hypotheses,
-        scored by the ranking; a sentence keeps its `ranking.keep` best (the earlier first among equals)."""
+        scored by the ranking; a sentence keeps its `ranking.num_kept` best (the earlier first among equals)."""
         beams, active = self.beams, self.active
         length = candidates.tokens.size(1)
         final_scores = candidates.scores[:, :beams] / self.ranking.penalty(length - self.prompt_length)
         final = candidates.stops[:, :beams] & (candidates.scores[:, :beams] > float("-inf"))  # -inf never finishes
-        final &= ~self.done[active][:, None]
+        final &= ~self.completed[active][:, None]
         scores = torch.cat((self.kept_scores[active], final_scores.masked_fill(~final, float("-inf"))), dim=1)
         scores, order = scores.sort(dim=1, descending=True, stable=True)
-        order = order[:, : self.ranking.keep]
-        self.kept_scores[active] = scores[:, : self.ranking.keep]
+        order = order[:, : self.ranking.num_kept]
+        self.kept_scores[active] = scores[:, : self.ranking.num_kept]
 
         self.kept_tokens[active] = self._merged(self.kept_tokens, candidates.tokens, order, self.ranking.fill)
         self.kept_origins[active] = self._merged(self.kept_origins, candidates.origins, order, -1)
@@ -671,9 +671,10 @@ class _Hypotheses:
         finished hypotheses no live one can beat, by the ranking; returns which in the batch are done."""
         length = self.tokens.size(1) - self.prompt_length
         active = self.active
-        worst_kept = self.kept_scores[active, -1]  # -inf until `ranking.keep` are kept
-        self.done[active] |= (length >= max_new) | self.ranking.done(self.scores[:, 0], length, max_new, worst_kept)
-        return self.done[active]
+        worst_kept = self.kept_scores[active, -1]  # -inf until `ranking.num_kept` are kept
+        beaten = self.ranking.is_done(self.scores[:, 0], length, max_new, worst_kept)
+        self.completed[active] |= (length >= max_new) | beaten
+        return self.completed[active]
 
     def keep(self, staying: torch.Tensor) -> None:
         """Only the sentences `staying` (their places in the batch) stay in the batch."""
