@@ -131,3 +131,26 @@ def test_a_file_written_again_removes_what_a_killed_write_of_it_left_and_nothing
         path.write_text("mine")
     write_file_whole(tmp_path / "results.json", "{}\n")
     assert sorted(tmp_path.iterdir()) == sorted([tmp_path / "results.json", *kept])
+
+
+def test_what_is_published_reaches_the_disk_before_its_rename_and_the_rename_after(tmp_path, monkeypatch):
+    # A power cut, not only a killed process, must leave the old file or folder or the new one whole.
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("sync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                 real_fsync(fd)))
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("rename", str(b))), real_replace(a, b)))
+    write_file_whole(tmp_path / "config.json", "{}")
+    staged, rename, folder = events
+    assert staged[0] == "sync" and staged[1].endswith("-config.json") and STAGING_PREFIX in staged[1]
+    assert rename == ("rename", str(tmp_path / "config.json"))
+    assert folder == ("sync", str(tmp_path))
+
+    events.clear()
+    with staged_files(tmp_path / "model", "save") as staging_dir:
+        (staging_dir / "sub").mkdir()
+        (staging_dir / "sub" / "weights.bin").write_bytes(b"w")
+    synced_before = [path for kind, path in events[: events.index(("rename", str(tmp_path / "model" / "sub")))]
+                     if kind == "sync"]
+    assert any(path.endswith("sub/weights.bin") for path in synced_before)
+    assert events[events.index(("rename", str(tmp_path / "model" / "sub"))) + 1] == ("sync", str(tmp_path / "model"))

@@ -93,8 +93,24 @@ def _open_mode() -> int:
 
 
 def _move(source: Path, destination: Path) -> None:
-    """The one rename that publishes what was staged (a test kills its process right before it)."""
+    """The one rename that publishes what was staged (a test kills its process right before it). What was written
+    reaches the disk before the rename, and the rename after it, so a power cut too leaves the old or the new whole."""
+    _sync(source)
     os.replace(source, destination)
+    _sync(destination.parent, recursive=False)
+
+
+def _sync(path: Path, recursive: bool = True) -> None:
+    """Flush `path` to the disk: a file, or a folder's entries and (`recursive`) every file and folder under it."""
+    paths = [path, *path.rglob("*")] if recursive and path.is_dir() and not path.is_symlink() else [path]
+    for entry in paths:
+        if entry.is_symlink() or (os.name == "nt" and entry.is_dir()):  # Windows opens no folder to flush
+            continue
+        handle = os.open(entry, os.O_RDONLY)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)
 
 
 def disk_full(err: BaseException, folder: str | os.PathLike) -> int | None:
