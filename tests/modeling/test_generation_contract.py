@@ -22,7 +22,7 @@ from vanilla_transformer.modeling.generation import (
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=40, dropout=0.0)).eval()
+    return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=40, dropout=0.0)).eval()
 
 
 def transformers_loop(model, input_ids, **options):
@@ -35,8 +35,8 @@ def source(rows=2, length=6, seed=0):
 
 
 def chosen(model, options, style="transformers"):
-    kwargs = dict(options)
-    return choose_search(model, kwargs, resolved_generation_config(model, None, kwargs), style)
+    kwargs = dict(options, length_penalty_style=style)
+    return choose_search(model, kwargs, resolved_generation_config(model, None, kwargs))
 
 
 @pytest.mark.parametrize("options,reason", [
@@ -202,7 +202,7 @@ def test_a_saved_model_decodes_as_it_did_in_memory(model, tmp_path):
 
 @pytest.mark.parametrize("position_encoding,refused", [("learned", True), ("sinusoidal", False)])
 def test_an_input_past_the_learned_position_table_is_refused_in_one_line(position_encoding, refused):
-    config = VanillaTransformerConfig.tiny(vocab_size=40, dropout=0.0, max_position_embeddings=16,
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=40, dropout=0.0, max_position_embeddings=16,
                                            position_encoding=position_encoding)
     model = VanillaTransformerForConditionalGeneration(config).eval()
     assert model.generate(source(length=16), max_new_tokens=3).shape == (2, 4)

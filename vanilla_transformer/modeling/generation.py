@@ -94,6 +94,7 @@ logger = logging.get_logger(__name__)
 
 LENGTH_PENALTY_STYLES = ("gnmt", "transformers")
 DEFAULT_MAX_LENGTH_OFFSET = 50  # §6.1: "maximum output length to input length + 50"
+OUR_OPTIONS = {"length_penalty_style": "transformers", "max_length_offset": DEFAULT_MAX_LENGTH_OFFSET}  # and defaults
 
 
 def paper_generation_config(model_config, **overrides) -> GenerationConfig:
@@ -160,45 +161,33 @@ class SourceLengthCap(LogitsProcessor):
         return _force_eos(scores, self.last_step(input_ids).repeat_interleave(rows_per_sentence), self.eos_token_id)
 
 
-def _setting(name, kwargs, generation_config, model_config, default=None):
-    """A generation option as `generate` resolves it: the call, then the passed config, then the model's."""
-    if kwargs.get(name) is not None:
-        return kwargs[name]
-    for config in (generation_config, model_config):
-        if config is not None and getattr(config, name, None) is not None:
-            return getattr(config, name)
-    return default
-
-
 def paper_generate(model, base_generate, inputs=None, generation_config=None, logits_processor=None, **kwargs):
     """`generate` with the two attributes described at the top of this file; everything else is transformers'.
 
-    `base_generate` is transformers' `GenerationMixin.generate` bound to `model`. In steps: the options
-    checked (ours taken out of the call), the source-length cap added unless the call sets a length, the
-    loop chosen (`choose_search`). The cache is transformers' own (an `EncoderDecoderCache` of
+    `base_generate` is transformers' `GenerationMixin.generate` bound to `model`. In steps: the call's options
+    resolved once and checked (ours taken out of the call), the source-length cap added unless the call sets a
+    length, the loop chosen (`choose_search`). The cache is transformers' own (an `EncoderDecoderCache` of
     `DynamicCache`s unless the call brings one or names another), so a returned one continues a generation.
     """
-
-    def setting(name, default=None):
-        return _setting(name, kwargs, generation_config, model.generation_config, default)
-
-    style, offset = _checked_options(kwargs, generation_config, setting)
     cache = resolve_cache_argument(kwargs.pop("cache", None), kwargs.pop("past_key_values", None))
     if cache is not None:  # either name works, with any transformers version
         kwargs[CACHE_NAME] = cache
+    resolved = resolved_generation_config(model, generation_config, kwargs)
+    _check_options(resolved)
+    for name in OUR_OPTIONS:  # not model inputs
+        kwargs.pop(name, None)
     source = next((x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None), None)
     _check_source_fits(model, source)
 
-    cap = _source_length_cap(model, source, kwargs, generation_config, offset, setting)
-    if cap is not None:
+    if source is not None and not _sets_length(kwargs, generation_config):
+        cap = _source_length_cap(model, source, kwargs, resolved)
         logits_processor = LogitsProcessorList([*(logits_processor or []), cap])
         generation_config = _with_longest_output(model, cap, kwargs, generation_config)
 
-    resolved = resolved_generation_config(model, generation_config, kwargs)
-    search, reason = choose_search(model, kwargs, resolved, style)
+    search, reason = choose_search(model, kwargs, resolved)
     if search is not None:
         kwargs["custom_generate"] = search
-    elif style == "gnmt" and (resolved.num_beams or 1) > 1:  # the scores and the beam kept would change unsaid
+    elif resolved.length_penalty_style == "gnmt" and (resolved.num_beams or 1) > 1:  # else scores would change unsaid
         logger.warning_once(f"transformers' own generation loop serves this call ({reason}): it ranks finished beams "
                             "by |Y|^α, not by the GNMT length penalty that length_penalty_style='gnmt' asks for")
     else:
@@ -206,23 +195,15 @@ def paper_generate(model, base_generate, inputs=None, generation_config=None, lo
     return base_generate(inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs)
 
 
-def _checked_options(kwargs, generation_config, setting):
-    """Our two options (style, offset), taken out of the call (they are not model inputs), and the
-    settings transformers would fail on late, checked."""
-    style = setting("length_penalty_style", "transformers")
-    offset = setting("max_length_offset", DEFAULT_MAX_LENGTH_OFFSET)
-    for name in ("length_penalty_style", "max_length_offset"):
-        kwargs.pop(name, None)
+def _check_options(config: GenerationConfig) -> None:
+    """Our two options, and the settings transformers would fail on late (`config`: the call's, resolved)."""
+    style, offset = config.length_penalty_style, config.max_length_offset
     if style not in LENGTH_PENALTY_STYLES:
         raise ValueError(f"`length_penalty_style` must be one of {LENGTH_PENALTY_STYLES}; got {style!r}.")
     if not isinstance(offset, int) or isinstance(offset, bool) or not 1 <= offset <= MAX_NEW_TOKENS:
         raise ValueError(f"`max_length_offset` must be an integer in 1..{MAX_NEW_TOKENS}; got {offset!r}.")
-    check_decoding_options(
-        num_beams=setting("num_beams"),
-        length_penalty=setting("length_penalty"),
-        max_new_tokens=_setting("max_new_tokens", kwargs, generation_config, None),
-    )
-    return style, offset
+    check_decoding_options(num_beams=config.num_beams, length_penalty=config.length_penalty,
+                           max_new_tokens=config.max_new_tokens)
 
 
 def _check_source_fits(model, source) -> None:
@@ -236,12 +217,15 @@ def _check_source_fits(model, source) -> None:
                          f"(max_position_embeddings). Truncate it: tokenizer(..., truncation=True, max_length={limit}).")
 
 
-def _source_length_cap(model, source, kwargs, generation_config, offset: int, setting) -> SourceLengthCap | None:
-    """§6.1's cap: sentence i may generate its number of non-padding source tokens + `offset`. None where
-    the call sets a length (`max_new_tokens` or `max_length`, as an argument or in its config)."""
-    lengths_in_call = (kwargs, vars(generation_config) if generation_config is not None else {})
-    if source is None or any(c.get(n) is not None for c in lengths_in_call for n in ("max_new_tokens", "max_length")):
-        return None
+def _sets_length(kwargs, generation_config) -> bool:
+    """Does the call set a length (`max_new_tokens` or `max_length`, as an argument or in its config)? Then it
+    replaces §6.1's cap."""
+    in_call = (kwargs, vars(generation_config) if generation_config is not None else {})
+    return any(c.get(name) is not None for c in in_call for name in ("max_new_tokens", "max_length"))
+
+
+def _source_length_cap(model, source, kwargs, config: GenerationConfig) -> SourceLengthCap:
+    """§6.1's cap: sentence i may generate its number of non-padding source tokens + `max_length_offset`."""
     mask = kwargs.get("attention_mask")
     if mask is not None:
         lengths = mask.sum(1)
@@ -254,7 +238,7 @@ def _source_length_cap(model, source, kwargs, generation_config, offset: int, se
     # and the longest output any option may ask for: a sinusoidal model's positions alone bound nothing.
     ceiling = min(model.generation_config.max_new_tokens or math.inf, longest_target(model.config) - prompt,
                   MAX_NEW_TOKENS)
-    return SourceLengthCap((lengths + offset).clamp(max=ceiling), _first(setting("eos_token_id")), prompt)
+    return SourceLengthCap((lengths + config.max_length_offset).clamp(max=ceiling), _first(config.eos_token_id), prompt)
 
 
 def longest_target(config) -> int:
@@ -284,11 +268,15 @@ def _with_longest_output(model, cap: SourceLengthCap, kwargs, generation_config)
 def resolved_generation_config(model, generation_config, kwargs) -> GenerationConfig:
     """The call's options as `generate` resolves them, built with GenerationConfig's public methods: the model's
     generation config, then what the call's `generation_config` sets (its values that are not None), then the
-    call's own arguments (`update` takes those that are options and leaves model inputs)."""
+    call's own arguments (`update` takes those that are options and leaves model inputs). Our two options, in the
+    same order: `update` sets only the attributes a config already has."""
     config = copy.deepcopy(model.generation_config)
     if generation_config is not None:
         config.update(**{name: value for name, value in generation_config.to_dict().items() if value is not None})
     config.update(**kwargs)
+    for name, default in OUR_OPTIONS.items():
+        given = (kwargs.get(name), getattr(generation_config, name, None), getattr(model.generation_config, name, None))
+        setattr(config, name, next((value for value in given if value is not None), default))
     return config
 
 
@@ -323,10 +311,10 @@ GREEDY_HAND_OVERS = (
 OUR_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.BEAM_SEARCH)
 
 
-def choose_search(model, kwargs, config: GenerationConfig, style: str):
+def choose_search(model, kwargs, config: GenerationConfig):
     """The loop that serves a `generate` request: (our search, None), or (None, the reason it goes to
     transformers' own loop: the mode's name, or the rule's). `config`: the call's options, resolved
-    (`resolved_generation_config`); `style`: the beam search's ranking."""
+    (`resolved_generation_config`); its `length_penalty_style` picks the beam search's ranking."""
     mode = config.get_generation_mode(kwargs.get("assistant_model"))
     if mode not in OUR_MODES:
         return None, mode.value
@@ -336,7 +324,7 @@ def choose_search(model, kwargs, config: GenerationConfig, style: str):
             return None, reason
     if greedy:
         return greedy_search, None  # finished sentences leave the batch
-    if style == "gnmt":
+    if config.length_penalty_style == "gnmt":
         return gnmt_beam_search, None
     return beam_search, None  # transformers' rules; finished sentences leave the batch
 
@@ -376,6 +364,12 @@ def _first(eos_token_id) -> int:
     return eos_token_id[0] if isinstance(eos_token_id, (list, tuple)) else eos_token_id
 
 
+def _padding(generation_config) -> int:
+    """What our searches put after a sentence's end: the padding token, or </s> where the model has none."""
+    pad = generation_config.pad_token_id
+    return pad if pad is not None else _first(generation_config.eos_token_id)
+
+
 class _LiveRows:
     """The decoder's side of our searches: the rows still in the batch (`rows_per_sentence` a sentence),
     their cache, encoder output and logits processors, run one step at a time; finished sentences leave.
@@ -387,8 +381,8 @@ class _LiveRows:
         rows, prompt_length = input_ids.shape
         self.model, self.decoder, self.rows_per_sentence = model, model.get_decoder(), rows_per_sentence
         self.cache = model_kwargs.get(CACHE_NAME) if model_kwargs.get("use_cache", True) else None
-        self.memory = model_kwargs["encoder_outputs"].last_hidden_state  # (B, S, d_model)
-        self.attention_mask = _source_mask(model, self.memory, model_kwargs.get("attention_mask"))
+        self.encoder_hidden_states = model_kwargs["encoder_outputs"].last_hidden_state  # (B, S, d_model)
+        self.attention_mask = _source_mask(model, self.encoder_hidden_states, model_kwargs.get("attention_mask"))
         self.output_attentions, self.output_hidden_states = output_attentions, output_hidden_states
         eos = _first(generation_config.eos_token_id)
         self.processors = _with_one_length_cap(logits_processor, rows // rows_per_sentence, eos, prompt_length,
@@ -411,7 +405,7 @@ class _LiveRows:
         """Run the decoder on the rows' tokens so far (the last alone where the cache holds the others): its
         outputs and the logits of the next token."""
         new = tokens[:, -1:] if self.cache is not None and self.cache.get_seq_length() else tokens
-        outputs = self.decoder(new, self.memory, self.attention_mask, cache=self.cache,
+        outputs = self.decoder(new, self.encoder_hidden_states, self.attention_mask, cache=self.cache,
                                output_attentions=self.output_attentions, output_hidden_states=self.output_hidden_states)
         return outputs, self.project(outputs.last_hidden_state[:, -1]).float()  # §3.4, last position only
 
@@ -436,13 +430,13 @@ class _LiveRows:
         if self.cache is not None:
             self.cache.self_attention_cache.batch_select_indices(rows if self_attention_rows is None else self_attention_rows)
             self.cache.cross_attention_cache.batch_select_indices(rows)
-        self.memory = self.memory[rows]
+        self.encoder_hidden_states = self.encoder_hidden_states[rows]
         self.attention_mask = self.attention_mask[rows] if self.attention_mask is not None else None
         self.processors = LogitsProcessorList(p.select(staying) if isinstance(p, SourceLengthCap) else p
                                               for p in self.processors)
 
 
-def _source_mask(model, memory: torch.Tensor, attention_mask):
+def _source_mask(model, encoder_hidden_states: torch.Tensor, attention_mask):
     """The decoder's cross-attention mask, built once per call rather than at every step: it depends only on
     the source's padding, (B, 1, 1, S) for any query positions, in the form the attention function takes
     (transformers' mask functions pass a prepared 4-D mask through). Local attention's windows move with the
@@ -450,7 +444,7 @@ def _source_mask(model, memory: torch.Tensor, attention_mask):
     even where nothing is padded: asking would make the host wait for the device."""
     if attention_mask is None or model.config.local_attention != "none":
         return attention_mask
-    mask = create_bidirectional_mask(model.config, memory[:, :1], attention_mask, memory,
+    mask = create_bidirectional_mask(model.config, encoder_hidden_states[:, :1], attention_mask, encoder_hidden_states,
                                      allow_is_bidirectional_skip=False)
     return mask if isinstance(mask, torch.Tensor) and mask.dim() == 4 else attention_mask
 
@@ -488,8 +482,7 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     rows = input_ids.size(0)
     live = _LiveRows(model, input_ids, logits_processor, generation_config, model_kwargs)
     prune = prune and live.can_prune(returns_dict=False)  # with it, transformers' loop runs
-    eos = _first(generation_config.eos_token_id)
-    pad = generation_config.pad_token_id if generation_config.pad_token_id is not None else eos
+    pad = _padding(generation_config)
 
     sequences = input_ids.new_full((rows, generation_config.max_length), pad)
     active = torch.arange(rows, device=input_ids.device)  # the rows in the batch, by their index in the input
@@ -531,7 +524,7 @@ class GNMTRanking:
     def __init__(self, generation_config):
         self.alpha = generation_config.length_penalty
         self.num_kept = generation_config.num_return_sequences or 1
-        self.fill = generation_config.pad_token_id if generation_config.pad_token_id is not None else 0
+        self.fill = _padding(generation_config)
 
     def penalty(self, length):
         return gnmt_length_penalty(length, self.alpha)
@@ -560,7 +553,7 @@ class TransformersRanking:
         self.num_kept = generation_config.num_beams
         self.early_stopping = generation_config.early_stopping
         self.longest = longest
-        self.fill = generation_config.pad_token_id or _first(generation_config.eos_token_id)
+        self.fill = generation_config.pad_token_id or _first(generation_config.eos_token_id)  # transformers' own rule
 
     def penalty(self, length):
         return length**self.alpha
