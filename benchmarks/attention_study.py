@@ -56,7 +56,7 @@ LETTERS = string.ascii_lowercase + "ABC"  # one letter per symbol id in SYMBOLS,
 
 def config_for(option: str, **overrides) -> VanillaTransformerConfig:
     """The tiny model for the reversal task with the row's fields changed."""
-    return VanillaTransformerConfig.tiny(vocab_size=VOCAB, dropout=0.0, **OPTIONS[option], **overrides)
+    return VanillaTransformerConfig.from_preset("tiny", vocab_size=VOCAB, dropout=0.0, **OPTIONS[option], **overrides)
 
 
 @torch.no_grad()

@@ -114,7 +114,7 @@ def train_one(row: str, steps: int, seed: int) -> dict:
     """Train one model from the seed's initialisation on the seed's batches; its held-out curve and speed."""
     torch.manual_seed(seed)
     hardness, estimator, _ = ESTIMATORS[row]
-    config = VanillaTransformerConfig.tiny(vocab_size=VOCAB, dropout=0.0, attention_hardness=hardness)
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=VOCAB, dropout=0.0, attention_hardness=hardness)
     reinforce = Reinforce() if estimator else None
     model = VanillaTransformerForConditionalGeneration(config).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.98))

@@ -77,7 +77,7 @@ def train_tiny(tiny_corpus):
 
     def train(steps: int = 60, **overrides):
         torch.manual_seed(0)
-        config = VanillaTransformerConfig.tiny(vocab_size=len(tokenizer), dropout=0.0, **overrides)
+        config = VanillaTransformerConfig.from_preset("tiny", vocab_size=len(tokenizer), dropout=0.0, **overrides)
         model = VanillaTransformerForConditionalGeneration(config).to(torch.float32)
         optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
         # The same model on every machine: fp32 and the paper's explicit attention, whatever the CPU would choose.

@@ -159,7 +159,7 @@ def test_readme_names_the_classes_print_model_shows_by_default_and_plain(tmp_pat
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
     folder = tmp_path / "model"
-    config = VanillaTransformerConfig.tiny(vocab_size=40, encoder_layers=1, decoder_layers=1)
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=40, encoder_layers=1, decoder_layers=1)
     VanillaTransformerForConditionalGeneration(config).save_pretrained(folder)
     monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))  # the folder's copy, not another test's
     default, default_attention = _loaded_in_a_fresh_process(folder, tmp_path)

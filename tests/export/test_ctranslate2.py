@@ -69,7 +69,7 @@ def test_every_setting_gives_our_log_probabilities(overrides, tiny_corpus, verse
     """Random weights, every token of a teacher-forced target scored by both: the mapping of each option."""
     tokenizer, _ = tiny_corpus
     torch.manual_seed(1)
-    config = VanillaTransformerConfig.tiny(vocab_size=len(tokenizer), **overrides)
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=len(tokenizer), **overrides)
     model = VanillaTransformerForConditionalGeneration(config).eval()
     with torch.no_grad():  # biases and LayerNorm gains away from their initial 0 and 1, so that they count
         for name, parameter in model.named_parameters():
@@ -90,7 +90,7 @@ def test_every_setting_gives_our_log_probabilities(overrides, tiny_corpus, verse
 @pytest.mark.parametrize("score", ["general", "additive", "cosine", "location"])
 def test_a_score_function_ctranslate2_cannot_compute_is_refused(score, tiny_corpus, tmp_path):
     tokenizer, _ = tiny_corpus
-    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=len(tokenizer),
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=len(tokenizer),
                                                                                      attention_score=score))
     with pytest.raises(ValueError, match=f"cannot express `attention_score`='{score}'"):
         export_ctranslate2(model, tokenizer, tmp_path / "ct2")
@@ -106,7 +106,7 @@ def test_bad_input_is_refused_and_a_failed_export_leaves_nothing(hub_tiny_model,
     with pytest.raises(ValueError, match="already exists and is not an empty folder"):
         export_ctranslate2(model, tokenizer, tmp_path / "taken")
     assert (tmp_path / "taken" / "file").read_text() == "mine"
-    small = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=500))
+    small = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=500))
     with pytest.raises(ValueError, match="must number the model's 500 embedding rows"):
         export_ctranslate2(small, tokenizer, tmp_path / "b")
     import vanilla_transformer.export.ctranslate2 as module

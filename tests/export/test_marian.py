@@ -92,7 +92,7 @@ def test_mapping_covers_every_parameter():
 
 def test_round_trip_ours_to_marian_to_ours():
     torch.manual_seed(3)
-    config = VanillaTransformerConfig.tiny(vocab_size=VOCAB, d_model=D_MODEL, dropout=0.0)
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=VOCAB, d_model=D_MODEL, dropout=0.0)
     ours = VanillaTransformerForConditionalGeneration(config).eval()
     marian = to_marian(ours)
     assert isinstance(marian, MarianMTModel) and not marian.training
@@ -115,7 +115,7 @@ def test_round_trip_ours_to_marian_to_ours():
     ],
 )
 def test_configurations_marian_cannot_express_raise(override, named):
-    ours = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=VOCAB, **override))
+    ours = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=VOCAB, **override))
     with pytest.raises(ValueError, match=named):
         to_marian(ours)
 

@@ -48,7 +48,7 @@ def make_model(**overrides):
     """The tiny preset with the base model's head size (Dh = 64, what the fused kernels are built for),
     no dropout (two runs see the same numbers) and the training script's label smoothing."""
     torch.manual_seed(0)
-    config = VanillaTransformerConfig.tiny(
+    config = VanillaTransformerConfig.from_preset("tiny", 
         vocab_size=VOCAB, d_model=128, num_heads=2, d_ff=256, dropout=0.0, label_smoothing=0.1, **overrides
     )
     return VanillaTransformerForConditionalGeneration(config).to(DEVICE).train()

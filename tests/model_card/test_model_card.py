@@ -23,7 +23,7 @@ RESULTS = {
 
 @pytest.fixture(scope="module")
 def card():
-    config = VanillaTransformerConfig.base(vocab_size=8000)
+    config = VanillaTransformerConfig.from_preset("base", vocab_size=8000)
     return build_model_card(
         config,
         results=RESULTS,
@@ -70,7 +70,7 @@ def test_body_has_architecture_training_usage_image_and_limitations(card):
 
 
 def test_card_without_results_or_image_says_so():
-    card = build_model_card(VanillaTransformerConfig.tiny(vocab_size=500), source_lang="de", target_lang="en")
+    card = build_model_card(VanillaTransformerConfig.from_preset("tiny", vocab_size=500), source_lang="de", target_lang="en")
     assert card.data.eval_results is None
     assert "No evaluation results were recorded." in card.text
     assert "were not recorded" in card.text and "![" not in card.text
@@ -85,7 +85,7 @@ def test_metrics_are_read_with_their_split():
 
 def test_bad_hyperparameters_are_refused():
     with pytest.raises(TypeError, match="`hyperparameters` must be a dict"):
-        build_model_card(VanillaTransformerConfig.tiny(vocab_size=500), hyperparameters=["lr", 1])
+        build_model_card(VanillaTransformerConfig.from_preset("tiny", vocab_size=500), hyperparameters=["lr", 1])
 
 
 HOSTILE = '"); import os; os.system("echo pwned") # $(touch /tmp/x) `id` \'; <script>alert(1)</script>\n```\nrm -rf ~'
@@ -95,7 +95,7 @@ HOSTILE = '"); import os; os.system("echo pwned") # $(touch /tmp/x) `id` \'; <sc
 def hostile_card():
     """Every text the card takes from the data or the options, written to break out of where it lands."""
     return build_model_card(
-        VanillaTransformerConfig.tiny(vocab_size=500),
+        VanillaTransformerConfig.from_preset("tiny", vocab_size=500),
         results={"split": "test</td><script>x</script>", "bleu": 3.0, "sacrebleu_signature": "`x` <script>s</script>"},
         dataset="bible-<script>alert(1)</script>",
         source_lang="en",
@@ -162,7 +162,7 @@ def test_retarget_points_the_snippets_title_and_model_index_at_the_repository(ca
 
 def test_card_shows_apostrophes_claims_only_the_metrics_it_lists_and_no_sentinel():
     card = build_model_card(
-        VanillaTransformerConfig.tiny(vocab_size=500),
+        VanillaTransformerConfig.from_preset("tiny", vocab_size=500),
         results={"split": "test", "bleu": 3.0, "chrf": 20.0, "validation_perplexity": 40.0},
         dataset="opus-l'Europe", source_lang="fr", target_lang="en",
         hyperparameters={"max_steps": 30, "warmup_steps": 4000, "eval_steps": 1000, "save_steps": 10, "log_steps": 10**9},
@@ -175,7 +175,7 @@ def test_card_shows_apostrophes_claims_only_the_metrics_it_lists_and_no_sentinel
     assert "BLEU and chrF are sacrebleu's, on the detokenized translations against one reference" in body
     assert "perplexity is the exponent of the per-token loss." in body
     assert "| eval_steps | never |" in body and "| log_steps | never |" in body and "| save_steps | 10 |" in body
-    quickstart = build_model_card(VanillaTransformerConfig.tiny(vocab_size=500), results={"validation_perplexity": 9.0},
+    quickstart = build_model_card(VanillaTransformerConfig.from_preset("tiny", vocab_size=500), results={"validation_perplexity": 9.0},
                                   hyperparameters={"time_limit": 5.0, "eval_steps": 10**9, "warmup_steps": 100})
     assert "| eval_steps | never |" in quickstart.text and "1000000000" not in quickstart.text
     assert "Perplexity is the exponent of the per-token loss." in quickstart.text and "sacrebleu's" not in quickstart.text
@@ -183,7 +183,7 @@ def test_card_shows_apostrophes_claims_only_the_metrics_it_lists_and_no_sentinel
 
 def test_the_scores_say_how_many_sentences_of_the_split_they_cover():
     """A score of part of the split says so beside the score, not only in the hyper-parameters."""
-    config = VanillaTransformerConfig.tiny(vocab_size=100)
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=100)
     part = build_model_card(config, results={**RESULTS, "scored_pairs": 200, "split_pairs": 634})
     whole = build_model_card(config, results={**RESULTS, "scored_pairs": 634, "split_pairs": 634})
     evaluation = {name: card.text.split("## Evaluation")[1].split("|")[0].strip() for name, card in

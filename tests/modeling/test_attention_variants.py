@@ -17,7 +17,7 @@ LOCAL = [{"local_attention": "local-m", "attention_window": WINDOW},
 
 def make_model(seed=0, **overrides):
     torch.manual_seed(seed)
-    return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=VOCAB, **overrides)).eval()
+    return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=VOCAB, **overrides)).eval()
 
 
 def batch():
@@ -200,7 +200,7 @@ def test_the_benchmarks_reinforce_term_trains_the_scores_without_changing_the_lo
 ])
 def test_bad_attention_options_are_refused_in_one_line(overrides, message):
     with pytest.raises(ValueError, match=message) as error:
-        VanillaTransformerConfig.tiny(**overrides)
+        VanillaTransformerConfig.from_preset("tiny", **overrides)
     assert "\n" not in str(error.value)
 
 

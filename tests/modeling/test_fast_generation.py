@@ -297,7 +297,7 @@ def test_one_rule_lets_finished_rows_leave_greedy_and_beam_search(monkeypatch):
 
     assert [fast.should_prune(16 - finished, 16) for finished in (0, 1, 16)] == [False, True, True]
     torch.manual_seed(0)
-    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=40, dropout=0.0)).eval()
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=40, dropout=0.0)).eval()
     # Random weights run every sentence to its cap (source length 1 to 16, + 2): one sentence ends per
     # step from the third on.
     input_ids = torch.randint(4, 40, (16, 16), generator=torch.Generator().manual_seed(0))
@@ -518,7 +518,7 @@ def test_generate_times_no_kernel_and_packs_only_where_asked():
         pack_weight = fast_generation.pack_weight
         fast_generation.pack_weight = lambda weight: packed.append(weight.shape) or pack_weight(weight)
         torch.manual_seed(0)
-        model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=40)).eval()
+        model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=40)).eval()
         source = torch.randint(4, 40, (3, 6), generator=torch.Generator().manual_seed(0))
         outputs = [model.generate(source, num_beams=beams, max_new_tokens=5) for beams in (1, 4)]
         print(len(packed))
@@ -536,7 +536,7 @@ def test_fast_paths_false_builds_plain_linear_maps():
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
     for switch in (True, False):
-        model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=40, fast_paths=switch))
+        model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=40, fast_paths=switch))
         linear_types = {type(module) for module in model.modules() if isinstance(module, torch.nn.Linear)}
         expected = fast.PackableLinear if switch and fast.ONEDNN_LINEAR else torch.nn.Linear
         assert linear_types == {expected}

@@ -23,7 +23,7 @@ VOCAB = 40
 
 def make_model(seed=0, **overrides):
     torch.manual_seed(seed)
-    return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=VOCAB, **overrides))
+    return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=VOCAB, **overrides))
 
 
 def batch():
@@ -53,7 +53,7 @@ def test_a_model_is_made_of_the_modeling_files_classes_and_torch_s_and_the_switc
         printed = repr(model)
         assert "Dropout(" in printed and "CPUDropout" not in printed and "SinusoidTable" not in printed
     with pytest.raises(ValueError, match="`fast_paths` must be true or false"):
-        VanillaTransformerConfig.tiny(fast_paths="yes")
+        VanillaTransformerConfig.from_preset("tiny", fast_paths="yes")
 
 
 @pytest.mark.parametrize("block_rows", [None, 1, 5], ids=["one block", "row by row", "blocks of 5 rows"])

@@ -208,7 +208,7 @@ class Pair:
     def __init__(self):
         self.tokenizer = train_tokenizer(SENTENCES * 4, vocab_size=300)
         torch.manual_seed(0)
-        config = VanillaTransformerConfig.tiny(vocab_size=len(self.tokenizer), d_model=32, d_ff=64, dropout=0.0)
+        config = VanillaTransformerConfig.from_preset("tiny", vocab_size=len(self.tokenizer), d_model=32, d_ff=64, dropout=0.0)
         ours = VanillaTransformerForConditionalGeneration(config)
         optimizer = torch.optim.Adam(ours.parameters(), lr=3e-3)
         batch = self.tokenizer(SENTENCES, padding=True, return_tensors="pt")

@@ -46,7 +46,7 @@ def untrained_folder(hub_tiny_model, tmp_path_factory):
 
     _, tokenizer = hub_tiny_model
     torch.manual_seed(0)
-    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=len(tokenizer)))
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=len(tokenizer)))
     return save_for_hub(model, tokenizer, tmp_path_factory.mktemp("untrained") / "untrained")
 
 
@@ -285,7 +285,7 @@ def _tiny(**overrides):
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
     torch.manual_seed(0)
-    return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=50, **overrides)).eval()
+    return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=50, **overrides)).eval()
 
 
 def _inputs(batch, source_length, target_length, seed=0):

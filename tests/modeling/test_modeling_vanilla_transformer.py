@@ -24,7 +24,7 @@ PAD, BOS, EOS = 0, 1, 2
 
 def make_model(seed=0, **overrides):
     torch.manual_seed(seed)
-    config = VanillaTransformerConfig.tiny(vocab_size=VOCAB, **overrides)
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=VOCAB, **overrides)
     return VanillaTransformerForConditionalGeneration(config).eval()
 
 
@@ -59,7 +59,7 @@ def test_shapes_and_outputs():
 
 
 def test_config_resolves_standard_names():
-    config = VanillaTransformerConfig.base()
+    config = VanillaTransformerConfig.from_preset("base")
     assert (config.hidden_size, config.num_attention_heads, config.num_hidden_layers) == (512, 8, 6)
     assert config.head_dim == 64
 
@@ -342,8 +342,8 @@ def test_the_configuration_stands_alone_as_marians_does(tmp_path):
     spec = importlib.util.spec_from_file_location("configuration_alone", alone)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config = module.VanillaTransformerConfig.tiny(vocab_size=40, attention_score="location")
-    assert config.parameter_count() == VanillaTransformerConfig.tiny(vocab_size=40, attention_score="location").parameter_count()
+    config = module.VanillaTransformerConfig.from_preset("tiny", vocab_size=40, attention_score="location")
+    assert config.parameter_count() == VanillaTransformerConfig.from_preset("tiny", vocab_size=40, attention_score="location").parameter_count()
     with pytest.raises(ValueError, match="`attention_score` must be one of"):
         module.VanillaTransformerConfig(attention_score="luong")
     assert not hasattr(config, "check_fits_in_memory")
@@ -379,7 +379,7 @@ def test_bad_config_names_field_and_choices(field, value, allowed):
 def test_bad_config_values_name_the_field_and_what_it_takes(overrides, message):
     # A ValueError naming the field, not an error from deep inside or a bad value stored as is.
     with pytest.raises(ValueError, match=message):
-        VanillaTransformerConfig.tiny(vocab_size=VOCAB, **overrides)
+        VanillaTransformerConfig.from_preset("tiny", vocab_size=VOCAB, **overrides)
 
 
 def test_bad_preset_and_shapes():
@@ -525,7 +525,7 @@ def test_one_length_rule_bounds_the_source_the_target_and_training(position_enco
     from vanilla_transformer.modeling.pipeline_vanilla_transformer import source_length_limit
     from vanilla_transformer.training.setup import _check_max_length
 
-    config = VanillaTransformerConfig.tiny(vocab_size=VOCAB, max_position_embeddings=64, location_max_length=16,
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=VOCAB, max_position_embeddings=64, location_max_length=16,
                                            position_encoding=position_encoding, attention_score=attention_score)
     assert config.sequence_bounds() == bounds
     longest = min(bounds.values(), default=None)

@@ -19,7 +19,7 @@ VOCAB = 40
 
 def make_model(cls=VanillaTransformerForConditionalGeneration, seed=0, **overrides):
     torch.manual_seed(seed)
-    return cls(VanillaTransformerConfig.tiny(vocab_size=VOCAB, dropout=0.0, **overrides)).eval()
+    return cls(VanillaTransformerConfig.from_preset("tiny", vocab_size=VOCAB, dropout=0.0, **overrides)).eval()
 
 
 def batch():
@@ -106,7 +106,7 @@ def test_attention_beyond_the_paper_runs_on_its_own_function_and_refuses_another
     with pytest.raises(ValueError, match=r"`attn_implementation`='sdpa'.*`attention_score`"):
         model.set_attn_implementation("sdpa")
     with pytest.raises(ValueError, match="`attn_implementation`='flex_attention'"):
-        VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(
+        VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", 
             vocab_size=VOCAB, attention_normalization="relu", attn_implementation="flex_attention"))
     assert make_model(attention_score="dot").config._attn_implementation == "sdpa"  # Luong's dot: a scale of 1
     local = make_model(local_attention="local-m")  # a window is a mask: sdpa and flex take it, flash does not

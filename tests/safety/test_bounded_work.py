@@ -288,7 +288,7 @@ def test_a_saved_tokenizer_reads_long_texts_whole_with_tokenizers_alone(tiny_cor
     tokenizer, _ = tiny_corpus
     whole = len(tokenizer(LONG_LINE)["input_ids"])
     tokenizer([LONG_LINE], truncation=True, max_length=16)  # as training tokenises its pairs
-    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=len(tokenizer)))
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=len(tokenizer)))
     save_model_files(model, tokenizer, tmp_path / "model")
     save_tokenizer(tokenizer, tmp_path / "tokenizer")
     for folder in ("model", "tokenizer"):
@@ -362,7 +362,7 @@ def test_the_card_draws_the_attention_of_a_model_trained_in_bf16(overrides, tiny
     from vanilla_transformer.hub import save_for_hub
 
     tokenizer, _ = tiny_corpus
-    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=len(tokenizer), **overrides))
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=len(tokenizer), **overrides))
     accelerator = Accelerator(mixed_precision="bf16", cpu=True)
     model = accelerator.unwrap_model(accelerator.prepare(model))  # as train's final model: its forward autocasts
     model.generation_config.max_new_tokens = 5

@@ -158,7 +158,7 @@ def _run_config(out, model_dir, variant):
 
     root = Path(out) / "checkpoints"
     root.mkdir(exist_ok=True)
-    save_run_config(VanillaTransformerConfig.tiny(vocab_size=300 if variant == "old" else 310), root)
+    save_run_config(VanillaTransformerConfig.from_preset("tiny", vocab_size=300 if variant == "old" else 310), root)
 
 
 def _training_log(out, model_dir, variant):
@@ -176,7 +176,7 @@ def _accelerated():
 
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
-    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=300))
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=300))
     accelerator = Accelerator(cpu=True)
     accelerator.prepare(model, torch.optim.Adam(model.parameters()))  # a checkpoint that verifies has both
     return accelerator
@@ -206,7 +206,7 @@ def _adapter(out, model_dir, variant):
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
     from vanilla_transformer.training.finetuning import save_adapter
 
-    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=300))
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=300))
     lora = LoraConfig(task_type="SEQ_2_SEQ_LM", r=4 if variant == "old" else 8, target_modules=["q_proj", "v_proj"])
     save_adapter(get_peft_model(model, lora), out, None)
 

@@ -181,7 +181,7 @@ def test_saving_tied_embeddings_prints_no_warning_but_other_shared_tensors_still
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
     accelerator = Accelerator(cpu=True)
-    accelerator.prepare(VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=300)))
+    accelerator.prepare(VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=300)))
     with caplog.at_level("WARNING"):
         save_checkpoint(accelerator, tmp_path / "tied", 1, {})
     assert not warnings_naming(caplog, "embed_tokens", "lm_head")  # transformers ties them again on loading: moot
@@ -201,7 +201,7 @@ def test_a_lora_models_tied_embeddings_are_saved_once_without_a_warning(tmp_path
 
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
-    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=300))
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=300))
     model = get_peft_model(model, LoraConfig(task_type="SEQ_2_SEQ_LM", r=4, target_modules=["q_proj", "v_proj"]))
     accelerator = Accelerator(cpu=True)
     accelerator.prepare(model)

@@ -113,7 +113,7 @@ def test_lora_without_peft_installed_is_a_one_line_hint(tmp_path, small_task, sm
 
 
 def test_weight_decay_shrinks_weights_but_not_biases_and_layer_norms():
-    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=50))
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=50))
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     optimizer = make_optimizer(model, weight_decay=0.1)
     for group in optimizer.param_groups:

@@ -48,7 +48,7 @@ def _train_command(data, out, small_run, *extra) -> str:
 
 def _tiny_model_and_tokenizer():
     tokenizer = train_tokenizer(["hello world", "hola mundo"] * 5, vocab_size=270)
-    config = VanillaTransformerConfig.tiny(vocab_size=len(tokenizer), d_model=16, d_ff=32, num_heads=2,
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=len(tokenizer), d_model=16, d_ff=32, num_heads=2,
                                            encoder_layers=1, decoder_layers=1)
     return VanillaTransformerForConditionalGeneration(config), tokenizer
 

@@ -78,7 +78,7 @@ def test_saving_the_adapter_again_keeps_a_file_a_user_put_in_adapter_and_says_so
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
     from vanilla_transformer.training.finetuning import save_adapter
 
-    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=300))
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=300))
     model = get_peft_model(model, LoraConfig(task_type="SEQ_2_SEQ_LM", r=4, target_modules=["q_proj", "v_proj"]))
     folder = save_adapter(model, tmp_path, None)
     assert save_adapter(model, tmp_path, None) == folder  # this run's own adapter is replaced

@@ -260,7 +260,7 @@ def test_the_neuron_view_draws_every_score_function_from_its_score_drawing(chrom
     tokenizer = tiny_corpus[0]
     for score in ATTENTION_SCORES:
         torch.manual_seed(0)
-        config = VanillaTransformerConfig.tiny(vocab_size=len(tokenizer), attention_score=score)
+        config = VanillaTransformerConfig.from_preset("tiny", vocab_size=len(tokenizer), attention_score=score)
         model = VanillaTransformerForConditionalGeneration(config).eval()
         record = explorer_record(model, tokenizer, SENTENCE, num_beams=1, max_new_tokens=6)
         path = save_explorer(record, tmp_path / f"{score}.html")

@@ -19,7 +19,7 @@ from vanilla_transformer.visualize.neuron_view import neuron_tensors, neuron_vie
 
 def make_model(**overrides):
     torch.manual_seed(0)
-    return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=40, **overrides))
+    return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=40, **overrides))
 
 
 def batch():
@@ -148,7 +148,7 @@ def tokenizer(tiny_corpus):
 @pytest.mark.parametrize("overrides", VARIANTS, ids=lambda o: "-".join(map(str, o.values())))
 def test_the_pages_neuron_data_is_the_models_own(overrides, tokenizer):
     torch.manual_seed(0)
-    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.tiny(vocab_size=len(tokenizer), **overrides))
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=len(tokenizer), **overrides))
     record = explorer_record(model.eval(), tokenizer, SENTENCE, num_beams=1, max_new_tokens=8)
     assert len(record.target_ids) >= 4
     data, heads = page_neurons(explorer_html(record))

@@ -3,7 +3,7 @@
 The defaults are the paper's base model (Table 3, row "base"); `big` (Table 3), `small` (the
 quickstart's CPU model) and `tiny` (tests) are named presets, as fairseq names its architectures:
 
-    config = VanillaTransformerConfig.base(vocab_size=37000)
+    config = VanillaTransformerConfig.from_preset("base", vocab_size=37000)
     config = VanillaTransformerConfig.from_preset("big", vocab_size=37000)
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: as MarianConfig, it imports
@@ -303,18 +303,6 @@ class VanillaTransformerConfig(PretrainedConfig):
         """A named architecture (a key of PRESETS) with any field overridden."""
         _check_choice("preset", name, tuple(PRESETS))
         return cls(**{**PRESETS[name], **overrides})
-
-    @classmethod
-    def base(cls, **overrides) -> "VanillaTransformerConfig":
-        return cls.from_preset("base", **overrides)
-
-    @classmethod
-    def big(cls, **overrides) -> "VanillaTransformerConfig":
-        return cls.from_preset("big", **overrides)
-
-    @classmethod
-    def tiny(cls, **overrides) -> "VanillaTransformerConfig":
-        return cls.from_preset("tiny", **overrides)
 
 
 __all__ = ["VanillaTransformerConfig"]

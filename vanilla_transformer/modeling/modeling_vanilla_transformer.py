@@ -139,7 +139,8 @@ class EncoderLayer(GradientCheckpointingLayer):
 
 
 class DecoderLayer(GradientCheckpointingLayer):
-    """§3.1: masked self-attention, attention over the encoder output, feed-forward network."""
+    """§3.1: masked self-attention, attention over the encoder output (§3.2.3's "memory",
+    `encoder_hidden_states` as transformers names it), feed-forward network."""
 
     def __init__(self, config: VanillaTransformerConfig, layer_idx: int):
         super().__init__()
@@ -151,11 +152,12 @@ class DecoderLayer(GradientCheckpointingLayer):
         self.feed_forward = FeedForward(config)
         self.feed_forward_residual = Residual(config)
 
-    def forward(self, x, memory, self_mask, memory_mask, cache=None, output_attentions=False):
+    def forward(self, x, encoder_hidden_states, self_mask, cross_mask, cache=None, output_attentions=False):
         x, self_weights = self.self_attn_residual(x, lambda h: self.self_attn(
             h, attention_mask=self_mask, cache=cache, output_attentions=output_attentions))
         x, cross_weights = self.cross_attn_residual(x, lambda h: self.cross_attn(
-            h, key_value_states=memory, attention_mask=memory_mask, cache=cache, output_attentions=output_attentions))
+            h, key_value_states=encoder_hidden_states, attention_mask=cross_mask, cache=cache,
+            output_attentions=output_attentions))
         x, _ = self.feed_forward_residual(x, lambda h: (self.feed_forward(h), None))
         return x, self_weights, cross_weights
 
@@ -294,13 +296,13 @@ class VanillaTransformerDecoder(Stack):
         one_query = x.size(1) == 1 and attention_mask is None and not getattr(self_cache, "is_compileable", False)
         self_mask = None if one_query and self_window is None else create_causal_mask(
             self.config, x, attention_mask, self_cache, None, None, self_window)
-        memory_mask = create_bidirectional_mask(  # the source's padding hidden (B, 1, T, S)
+        cross_mask = create_bidirectional_mask(  # the source's padding hidden (B, 1, T, S)
             self.config, x, encoder_attention_mask, encoder_hidden_states, and_mask_function=cross_window
         )
         # The first config.decoder_layers (num_hidden_layers): assistant_early_exit lowers it for its draft
         layers = itertools.islice(self.layers, self.config.decoder_layers)  # a ModuleList slice builds a module each step
         x, hidden_states, attentions = self.run_layers(
-            x, layers, encoder_hidden_states, self_mask, memory_mask, cache=cache,
+            x, layers, encoder_hidden_states, self_mask, cross_mask, cache=cache,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states,
         )
         return BaseModelOutputWithPastAndCrossAttentions(
@@ -434,13 +436,14 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
-        memory = encoder_outputs.last_hidden_state  # (B, S, d_model)
+        encoder_last_hidden_state = encoder_outputs.last_hidden_state  # (B, S, d_model)
 
-        check_decoder_inputs(decoder_input_ids, decoder_inputs_embeds, cache, memory.size(0), config.vocab_size)
+        check_decoder_inputs(decoder_input_ids, decoder_inputs_embeds, cache, encoder_last_hidden_state.size(0),
+                             config.vocab_size)
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
         decoder_outputs = self.decoder(
-            decoder_input_ids, memory, attention_mask, decoder_attention_mask, cache, output_attentions,
+            decoder_input_ids, encoder_last_hidden_state, attention_mask, decoder_attention_mask, cache, output_attentions,
             output_hidden_states, decoder_inputs_embeds,
         )
         output = Seq2SeqModelOutput(
@@ -449,7 +452,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
-            encoder_last_hidden_state=memory,
+            encoder_last_hidden_state=encoder_last_hidden_state,
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
         )
