@@ -27,6 +27,7 @@ COVERED_ELSEWHERE = {
     "cli/train_tokenizer.py": ("test_tokenizer.py", "a command is tested with the work it runs"),
     "cli/translate.py": ("cli/test_cli.py", "a command of its own, run end to end"),
     "cli/translators.py": ("cli/test_cli.py", "the engines translate and evaluate decode with"),
+    "corpora/__init__.py": ("corpora/test_loading.py", "re-exports the names its modules define, tested with each"),
     "metrics/bleu_chrf/bleu_chrf.py": ("metrics/test_metrics.py", "the metric script the package's metrics load"),
     "modeling/__init__.py": ("modeling/test_hf_native.py", "its registration writes the auto_map saved folders load by"),
     "modeling/attention.py": ("modeling/test_modeling_vanilla_transformer.py", "the paper's attention, in the model"),
