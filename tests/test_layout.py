@@ -29,6 +29,8 @@ COVERED_ELSEWHERE = {
     "cli/translators.py": ("cli/test_cli.py", "the engines translate and evaluate decode with"),
     "corpora/__init__.py": ("corpora/test_loading.py", "re-exports the names its modules define, tested with each"),
     "metrics/bleu_chrf/bleu_chrf.py": ("metrics/test_metrics.py", "the metric script the package's metrics load"),
+    "model_card/__init__.py": ("model_card/test_card.py", "re-exports the names its modules define, tested with each"),
+    "model_card/retarget.py": ("model_card/test_card.py", "retargets the cards the builder makes"),
     "modeling/__init__.py": ("modeling/test_hf_native.py", "its registration writes the auto_map saved folders load by"),
     "modeling/attention.py": ("modeling/test_modeling_vanilla_transformer.py", "the paper's attention, in the model"),
     "modeling/configuration_vanilla_transformer.py": ("modeling/test_modeling_vanilla_transformer.py",
