@@ -107,7 +107,7 @@ def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: st
     from vanilla_transformer.training.budget import Budget
     from vanilla_transformer.training.compiled import CompiledLoss, compile_timing
     from vanilla_transformer.training.data import PadCollator, PrefetchedBatches
-    from vanilla_transformer.training.kernels import training_attention
+    from vanilla_transformer.training.attention_implementation import training_attention
     from vanilla_transformer.training.run_state import RunState
     from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
     from vanilla_transformer.training.setup import Components, prepare

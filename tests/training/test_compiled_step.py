@@ -24,7 +24,7 @@ from vanilla_transformer.training.arguments import TrainArguments
 from vanilla_transformer.training.compiled import CompiledLoss, compile_timing
 from vanilla_transformer.training.data import IGNORE_INDEX, PadCollator
 from vanilla_transformer.training import criterion
-from vanilla_transformer.training.kernels import BF16_WEIGHTS_VARIABLE, Bf16Weights
+from vanilla_transformer.training.precision import BF16_WEIGHTS_VARIABLE, Bf16Weights
 from vanilla_transformer.training.budget import Budget
 from vanilla_transformer.training.run_state import RunState
 from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
@@ -99,7 +99,7 @@ def test_the_step_compiled_by_inductor_trains_as_the_eager_one_in_fp32():
 
 @pytest.mark.parametrize("bf16_weights", ["0", "1"], ids=["autocast", "bf16-weights"])
 def test_the_compiled_step_trains_as_the_eager_one_in_bf16(monkeypatch, bf16_weights):
-    # Proves: under bf16 autocast, and on kernels.py's bf16 copies of the weights, the compiled forward and its
+    # Proves: under bf16 autocast, and on precision.py's bf16 copies of the weights, the compiled forward and its
     # backward give the eager step's losses and weights within bf16's rounding, over both bucket shapes.
     monkeypatch.setenv(BF16_WEIGHTS_VARIABLE, bf16_weights)
     batches = [batch(SHORT), batch(LONG), batch(SHORT), batch(LONG)]

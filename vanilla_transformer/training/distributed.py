@@ -73,12 +73,12 @@ def launched_world_size() -> int | None:
 def default_mixed_precision() -> str | None:
     """`mixed_precision` when the run does not say: None (Accelerate's choice) under a launcher that set one
     (`accelerate launch`, its config), else bf16 autocast on a GPU that has it, fp16 (with Accelerate's loss
-    scaler) on one that does not, and on a CPU bf16 where it multiplies bf16 in hardware (kernels.py), else none."""
+    scaler) on one that does not, and on a CPU bf16 where it multiplies bf16 in hardware (precision.py), else none."""
     if os.environ.get("ACCELERATE_MIXED_PRECISION"):
         return None
     import torch
 
-    from .kernels import cpu_computes_bf16
+    from .precision import cpu_computes_bf16
 
     if _flag("ACCELERATE_USE_CPU") or not torch.cuda.is_available():
         return "bf16" if cpu_computes_bf16() else None

@@ -33,7 +33,7 @@ from .data import PadCollator, PrefetchedBatches
 from .distributed import default_mixed_precision, on_main, start_accelerator
 from .evaluation import evaluate, full_model, report
 from .finish import finish
-from .kernels import choose_attention, training_attention
+from .attention_implementation import choose_attention, training_attention
 from .lock import RunLock
 from .resume import finished_step
 from .run_folder import explain_disk_full, take_folder

@@ -33,7 +33,8 @@ from .data import TokenBatchSampler, TokenizedSplit
 from .distributed import configure_deepspeed, on_main
 from .strategy import NonFiniteGuard, StepStrategy
 from .finetuning import add_lora, freeze
-from .kernels import Bf16Weights, bf16_weights, set_attention
+from .attention_implementation import set_attention
+from .precision import Bf16Weights, bf16_weights
 from .budget import Budget
 from .logs import Losses, TrainingLog
 from .resume import recorded_options, resume_budget, resume_step, run_options

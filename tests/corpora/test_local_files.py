@@ -1,4 +1,4 @@
-"""The shared translation data-set loader, on the embedded corpora and on small local files."""
+"""Translation pairs from small local files and folders: structured files, split files, plain parallel text."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import datasets
 import pytest
 
 from vanilla_transformer.corpora import (
-    EMBEDDED_CORPORA,
     iter_texts,
     language_keys,
     load_translation_dataset,
     resolve_languages,
     text_pairs,
 )
+
 
 ROWS = [
     {"id": "a", "translation": {"en": "In the beginning, “God” said.", "es": "En el principio crió Dios."}},
@@ -30,29 +30,6 @@ def write_jsonl(path, rows):
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     return path
-
-
-@pytest.mark.parametrize("name, pair", [("bible-en-es", ("en", "es")), ("bible-en-fr", ("en", "fr"))])
-def test_embedded_corpora(name, pair):
-    corpus = EMBEDDED_CORPORA[name]
-    assert (corpus.source_lang, corpus.target_lang) == pair
-    data = load_translation_dataset(name)
-    assert set(data) == {"train", "validation", "test"}
-    assert len(data["train"]) > 28_000 and len(data["validation"]) > 600 and len(data["test"]) > 600
-    assert language_keys(data["train"]) == list(pair)
-    assert resolve_languages(data["validation"]) == pair
-    src, tgt = text_pairs(data["validation"], *pair)
-    assert len(src) == len(tgt) == len(data["validation"])
-    assert all(isinstance(s, str) and s for s in src + tgt)
-
-
-def test_iter_texts_reads_both_sides_of_train_only():
-    data = load_translation_dataset("bible-en-es")
-    texts = list(iter_texts(data))
-    assert len(texts) == 2 * len(data["train"])
-    assert texts[0] == data["train"][0]["translation"]["en"]
-    assert texts[len(data["train"])] == data["train"][0]["translation"]["es"]
-    assert len(list(iter_texts(data, ["es"], splits=("validation",)))) == len(data["validation"])
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".json"])
@@ -101,23 +78,6 @@ def test_folder_of_split_files_and_save_to_disk(tmp_path):
     assert text_pairs(again["train"], "en", "es") == text_pairs(data["train"], "en", "es")
 
 
-def test_missing_path_names_it(tmp_path):
-    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
-        load_translation_dataset(tmp_path / "nope.jsonl")
-    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
-        load_translation_dataset(str(tmp_path / "nope.jsonl"))
-
-
-def test_missing_language_lists_existing_keys():
-    with pytest.raises(ValueError, match=r"target_lang='de'.*\['en', 'es'\]"):
-        load_translation_dataset("bible-en-es", target_lang="de")
-    data = load_translation_dataset("bible-en-fr")
-    with pytest.raises(ValueError, match=r"\['en', 'fr'\]"):
-        text_pairs(data["test"], "en", "es")
-    with pytest.raises(ValueError, match=r"\['en', 'fr'\]"):
-        list(iter_texts(data, ["de"]))
-
-
 def test_empty_and_unreadable_files(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.touch()
@@ -141,13 +101,6 @@ def test_empty_and_unreadable_files(tmp_path):
     header_only.write_text("en,es\n")
     with pytest.raises(ValueError, match="header.csv"):
         load_translation_dataset(header_only)
-
-
-def test_unknown_name_offline_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    with pytest.raises(FileNotFoundError, match="not an embedded corpus"):
-        load_translation_dataset("surely-not-a-dataset-xyz")
 
 
 GOOD = [json.dumps({"translation": {"en": f"verse {i}", "es": f"versículo {i}"}}, ensure_ascii=False).encode() for i in range(30)]
