@@ -78,7 +78,7 @@ def test_quickstart_rejects_a_budget_too_small_for_the_size(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--minutes", "1"], "`minutes` must be more than 1.5 for size 'small'"),
     (["--minutes", "nan", "--size", "tiny"], "`minutes` must be more than"),
-    (["--test-samples", "0", "--size", "tiny"], "`test_samples` must be a positive integer"),
+    (["--test-samples", "0", "--size", "tiny"], "--test-samples must be a positive integer; got 0"),
     (["--size", "tiny"], "holds quickstart.json, which the quickstart's summary would replace"),
 ])
 def test_quickstart_refuses_bad_input_in_one_line_and_writes_nothing(argv, message, tmp_path, capsys):

@@ -102,7 +102,7 @@ def test_push_uploads_the_folder(hub_tiny_folder, tmp_path, monkeypatch, capsys)
     (["translate", "--model", "{folder}", "--input-file", "{empty}"], "--input-file {empty}: Is a directory"),
     (["evaluate", "--model", "{folder}", "--source-file", "{one_line}", "--reference-file", "{empty}"],
      "--reference-file {empty}: Is a directory"),
-    (["translate", "--model", "{folder}", "--batch-size", "0", "x"], "--batch-size must be at least 1"),
+    (["translate", "--model", "{folder}", "--batch-size", "0", "x"], "--batch-size must be a positive integer"),
     (["evaluate", "--model", "{folder}", "--split", "devtest"], "--split 'devtest' is not in"),
     (["evaluate", "--model", "{folder}", "--split", "valid", "--source-file", "{one_line}", "--reference-file",
       "{one_line}"], "--split picks a split of --dataset; --source-file and --reference-file are scored whole"),
@@ -118,7 +118,7 @@ def test_push_uploads_the_folder(hub_tiny_folder, tmp_path, monkeypatch, capsys)
     (["evaluate", "--model", "{damaged}"], "Copy the model folder again, or save the model again."),
     (["push", "--folder", "{damaged}", "--repo-id", "someone/tiny"], "damaged/model.safetensors is damaged"),
     # Data as it comes, and what the inference command line tells.
-    (["translate", "--model", "{folder}", "--nbest", "0", "x"], "--nbest must be between 1 and"),
+    (["translate", "--model", "{folder}", "--nbest", "0", "x"], "--nbest must be a positive integer up to"),
     (["translate", "--model", "{folder}", "--engine", "ctranslate2", "--with-scores", "x"],
      "--nbest and --with-scores are for --engine transformers"),
     (["evaluate", "--model", "{folder}", "--source-file", "{latin1}"], "--source-file and --reference-file go together"),

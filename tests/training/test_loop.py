@@ -239,9 +239,9 @@ def test_bad_input_is_a_clear_usage_error(tmp_path, small_task, small_run, capsy
     "extra, expected",
     [
         # A negative bound would scale every gradient by a negative factor: training would ascend.
-        (["--max-grad-norm", "-1"], "`max_grad_norm` must be a positive number or None; got -1.0."),
-        (["--lr-scale", "nan"], "`lr_scale` must be a positive number; got nan."),
-        (["--time-limit", "nan"], "`time_limit` must be a positive number or None; got nan."),
+        (["--max-grad-norm", "-1"], "--max-grad-norm must be a positive number; got -1.0"),
+        (["--lr-scale", "nan"], "--lr-scale must be a positive number; got nan"),
+        (["--time-limit", "nan"], "--time-limit must be a positive number; got nan"),
         # A NaN would reach results.json as a bare NaN (invalid JSON).
         (["--length-penalty", "nan"], "`length_penalty` must be a finite number (the paper's: 0.6); got nan."),
         # Refused at the start, not after training, when scoring would meet it.

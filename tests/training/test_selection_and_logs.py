@@ -148,7 +148,7 @@ def test_validation_bounds_every_final_split_without_a_test_split(tmp_path, smal
     (["--average-best"], r"`average_best` needs `best_metric`"),
     (["--best-metric", "bleu"], r"`best_metric` bleu needs validation translations"),
     (["--best-metric", "accuracy"], r"--best-metric: invalid choice"),
-    (["--patience", "0"], r"`patience` must be a positive integer"),
+    (["--patience", "0"], r"--patience must be a positive integer; got 0"),
 ], ids=["missing-tracker", "patience", "average-best", "bleu-untranslated", "unknown-metric", "patience-0"])
 def test_selection_and_tracker_mistakes_are_one_line_errors(tmp_path, small_task, small_run, capsys, extra, expected):
     with pytest.raises(SystemExit) as exit_info:

@@ -7,6 +7,7 @@ import sys
 from functools import partial
 
 from .options import (
+    add_bounded_int,
     add_data_options,
     add_decoding_options,
     add_model_option,
@@ -33,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     data.add_argument("--split", help="split to score: train, validation (or valid, dev), test (default: test)")
     data.add_argument("--source-file", help="instead of --dataset: UTF-8 text file of sources, one a line")
     data.add_argument("--reference-file", help="with --source-file: their reference translations, line by line")
-    data.add_argument("--max-samples", type=int, help="score only the first N pairs (a quick look)")
+    add_bounded_int(data, "--max-samples", help="score only the first N pairs (a quick look)")
     files = p.add_argument_group("output files (for the sacrebleu command line)")
     files.add_argument("--hypotheses-out", help="write the translations here, one per line")
     files.add_argument("--references-out", help="write the references here, one per line")
@@ -144,11 +145,9 @@ def _recorded_data(model: str, source_lang: str | None, target_lang: str | None)
 
 
 def _check_evaluation_options(args: argparse.Namespace) -> None:
-    """--max-samples and the output files, before the translating."""
+    """The output files, before the translating."""
     from ..file_checks import check_output_file, check_outputs_apart
 
-    if args.max_samples is not None and args.max_samples < 1:
-        raise ValueError(f"--max-samples must be at least 1; got {args.max_samples}")
     check_output_file("--hypotheses-out", args.hypotheses_out)
     check_output_file("--references-out", args.references_out)
     check_outputs_apart({"--hypotheses-out": args.hypotheses_out, "--references-out": args.references_out},

@@ -9,7 +9,7 @@ import errno
 from typing import NoReturn
 
 from ..choices import ENGINES, TRANSLATION_BATCH_SIZE
-from ..training.arguments import argparse_options
+from ..training.arguments import BoundedOption, argparse_options
 
 
 def refuse(parser: argparse.ArgumentParser, err: Exception) -> NoReturn:
@@ -80,10 +80,11 @@ def add_decoding_options(p: argparse.ArgumentParser, batches: bool = True) -> No
             "folder's defaults (its length penalty and stopping differ slightly: see the folder's README) "
             "(default: %(default)s)",
         )
-        add_bounded_int(decoding, "--batch-size", 1, default=TRANSLATION_BATCH_SIZE,
+        add_bounded_int(decoding, "--batch-size", default=TRANSLATION_BATCH_SIZE,
                         help="texts per batch (default: %(default)s)")
     add_beam_options(decoding)
-    decoding.add_argument("--max-new-tokens", type=int, help="longest translation in tokens (default: input length + 50, §6.1)")
+    add_bounded_int(decoding, "--max-new-tokens", **NEW_TOKENS_BOUND,
+                    help="longest translation in tokens (default: input length + 50, §6.1)")
     add_device_option(decoding)
 
 
@@ -92,25 +93,19 @@ def add_device_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> N
     p.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the GPU when there is one)")
 
 
-class _BoundedInt(argparse.Action):
-    """Stores an integer option's value, or refuses it in one line (exit status 2) outside `low`..`high`;
-    `high` may be a function, called only when the option is given (so that --help imports nothing)."""
-
-    def __init__(self, option_strings, dest, low: int, high=None, why: str = "", **kwargs):
-        super().__init__(option_strings, dest, **kwargs)
-        self.low, self.high, self.why = low, high, why
-
-    def __call__(self, parser, namespace, value, option_string=None):
-        high = self.high() if callable(self.high) else self.high
-        if value < self.low or (high is not None and value > high):
-            within = f"at least {self.low}" if high is None else f"between {self.low} and {high}{self.why}"
-            refuse(parser, ValueError(f"{self.option_strings[0]} must be {within}; got {value}"))
-        setattr(namespace, self.dest, value)
+def add_bounded_int(p, flag: str, bound: str = "positive", high=None, why: str = "", **kwargs) -> None:
+    """An integer option that keeps `bound` (a name in training/arguments.py's BOUNDS) and `high`, checked as the
+    command line is read, in the words of `train`'s options; `why`: what the upper bound is."""
+    p.add_argument(flag, type=int, action=BoundedOption, bound=bound, high=high, why=why, **kwargs)
 
 
-def add_bounded_int(p, flag: str, low: int, high=None, why: str = "", **kwargs) -> None:
-    """An integer option with its bounds, checked as the command line is read; `why`: what the upper bound is."""
-    p.add_argument(flag, type=int, action=_BoundedInt, low=low, high=high, why=why, **kwargs)
+def _max_new_tokens() -> int:
+    from ..modeling.value_checks import MAX_NEW_TOKENS  # here, not above: --help imports no transformers
+
+    return MAX_NEW_TOKENS
+
+
+NEW_TOKENS_BOUND = dict(high=_max_new_tokens, why=" (its cache is allocated up front)")  # what generate accepts
 
 
 def add_beam_options(group: argparse._ArgumentGroup) -> None:

@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "small on a CPU)")
     p.add_argument("--seed", **argparse_options("seed"))
     p.add_argument("--test-samples", **argparse_options("test_samples", help="score only the first N test pairs",
-                                                         shown_default="all 634"))
+                                                         shown_default="all 634", bound="positive"))
     add_threads_option(p)
     p.set_defaults(func=partial(run, p))
 

@@ -7,7 +7,7 @@ import sys
 from functools import partial
 
 from ..choices import SERVE_LIMITS
-from .options import add_device_option, add_model_option, add_threads_option, refuse, apply_threads_option
+from .options import NEW_TOKENS_BOUND, add_bounded_int, add_device_option, add_model_option, add_threads_option, refuse, apply_threads_option
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -27,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_model_option(p)
     p.add_argument("--host", help="address to listen on (default: 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=int, help="port (default: 7860, or the next free one)")
+    add_bounded_int(p, "--port", "port", help="port (default: 7860, or the next free one)")
     add_device_option(p)
     add_threads_option(p)
     limits = p.add_argument_group(
@@ -40,15 +40,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
              "request_timeout": "time a client may take to send a request, headers and body; a slower one is answered "
              "408 and closed"}
     for name, default in SERVE_LIMITS.items():  # the defaults of visualize/app.py's Limits
-        limits.add_argument("--" + name.replace("_", "-"), type=int, metavar="SECONDS" if name == "request_timeout" else "N",
-                            help=f"{helps[name]} ({default})")
+        bound = NEW_TOKENS_BOUND if name == "max_new_tokens" else {}
+        add_bounded_int(limits, "--" + name.replace("_", "-"), **bound,
+                        metavar="SECONDS" if name == "request_timeout" else "N", help=f"{helps[name]} ({default})")
     p.set_defaults(func=partial(run, p))
 
 
 def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
-        if args.port is not None and not 0 < args.port < 65536:
-            raise ValueError(f"--port must be in 1..65535; got {args.port}")
         from ..visualize.app import Limits, serve
 
         limits = Limits.from_environment(**{name: getattr(args, name) for name in SERVE_LIMITS})

@@ -6,7 +6,7 @@ import argparse
 from functools import partial
 
 from ..choices import TOKENIZER_MODELS
-from .options import add_data_options, add_vocab_size, refuse
+from .options import add_bounded_int, add_data_options, add_vocab_size, refuse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -25,8 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="bpe: merges of frequent pairs (the paper's byte-pair encoding, §5.1); unigram: SentencePiece's unigram "
         "language model, over the same bytes (default: %(default)s)",
     )
-    vocabulary.add_argument("--min-frequency", type=int, default=2,
-                            help="least count of a pair to merge, for bpe (default: %(default)s)")
+    add_bounded_int(vocabulary, "--min-frequency", default=2,
+                    help="least count of a pair to merge, for bpe (default: %(default)s)")
     vocabulary.add_argument(
         "--special-tokens", nargs="*", default=[], metavar="TOKEN",
         help="extra special tokens after <pad> <s> </s> <unk>, e.g. language tags",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
+from ..training.arguments import max_num_beams
 from .options import add_bounded_int, add_decoding_options, add_model_option, add_threads_option, decoding_options, refuse, apply_threads_option
 from .streams import batches_as_they_come, batches_of, read_lines
 
@@ -27,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_option(p, engines=True)
     p.add_argument("--input-file", help="UTF-8 text file, one text per line ('-' = standard input)")
     output = p.add_argument_group("output")
-    add_bounded_int(output, "--nbest", 1, high=_max_num_beams, why=" (the beam holds N hypotheses)", default=1,
+    add_bounded_int(output, "--nbest", high=max_num_beams, why=" (the beam holds N hypotheses)", default=1,
                     metavar="N", help="write the N best translations of each text, best first, one a line, each as "
                     "INDEX<TAB>TEXT where INDEX is the text's, from 0 (the beam is widened to N where it is "
                     "narrower) (default: %(default)s)")
@@ -60,12 +61,6 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     for translations in _translated_batches(p, batches, translate):
         print("\n".join(translations), flush=True)
     return 0
-
-
-def _max_num_beams() -> int:
-    from ..modeling.value_checks import MAX_NUM_BEAMS  # here, not above: --help imports no transformers
-
-    return MAX_NUM_BEAMS
 
 
 def _check_nbest_options(args: argparse.Namespace) -> None:

@@ -3,8 +3,9 @@
 Each field carries its help, its group of `train --help` and, where it has them, its choices and the
 bound it must keep (`positive`, `non-negative`, `fraction`), as transformers' `TrainingArguments` carries
 them in `field(metadata=...)`. `train`'s command line is generated from the fields (`add_arguments`), so a
-default, choice or bound is written nowhere else; `validate` checks the bounds and choices from the same
-metadata, and the rules between options by hand. This module imports neither torch nor transformers, so
+default, choice or bound is written nowhere else: the command line refuses a value beyond its bound as it is
+read (`BoundedOption`, the form every command's numeric options share), and `validate` checks the bounds and
+choices from the same metadata, and the rules between options by hand. This module imports neither torch nor transformers, so
 that `vanilla-transformer train --help` stays instant: `validate` imports the model's checks when it runs.
 """
 
@@ -12,6 +13,8 @@ import argparse
 import dataclasses
 import importlib.util
 import inspect
+import math
+import numbers
 import types
 import typing
 from dataclasses import dataclass, field
@@ -89,12 +92,49 @@ BOUNDS = {
     ("cpus", int): (f"a positive integer up to {machine_cpus()} (this machine's CPUs)",
                     lambda value: 1 <= value <= machine_cpus()),
     ("seed", int): ("an integer in [0, 2**32)", lambda value: 0 <= value < 2**32),  # what NumPy's generator takes
+    ("port", int): ("in 1..65535", lambda value: 0 < value < 65536),
 }
+
+
+def max_num_beams() -> int:
+    from ..modeling.value_checks import MAX_NUM_BEAMS  # here, not above: the model's checks bring transformers
+
+    return MAX_NUM_BEAMS
+
+
+def within_bound(bound: str, kind: type, value) -> bool:
+    """Whether `value` is a number of `kind` (a finite one, for a float) that keeps `bound`, a name in BOUNDS."""
+    if kind is float:
+        number = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    else:
+        number = isinstance(value, int) and not isinstance(value, bool)
+    return number and BOUNDS[bound, kind][1](value)
+
+
+class BoundedOption(argparse.Action):
+    """Stores a numeric option's value, or refuses it in one line, exit status 2, as the command line is read:
+    "--option must be <what BOUNDS calls `bound`>; got <value>", the one form of every command's numeric bounds.
+    `high`: an upper bound besides (a function, called only when the option is given, so that --help imports
+    nothing), and `why`, what it is."""
+
+    def __init__(self, option_strings, dest, bound: str, high=None, why: str = "", **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.bound, self.high, self.why = bound, high, why
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        what = BOUNDS[self.bound, self.type][0]
+        high = self.high() if callable(self.high) else self.high
+        if high is not None:
+            what = f"{what} up to {high}{self.why}"
+        if not within_bound(self.bound, self.type, value) or (high is not None and value > high):
+            parser.exit(2, f"{parser.prog}: error: {self.option_strings[0]} must be {what}; got {value!r}\n")
+        setattr(namespace, self.dest, value)
 
 
 def option(default=dataclasses.MISSING, *, group: str, help: str, **metadata):
     """A field of `TrainArguments` with what its command-line option needs: its group, help and any of
-    `choices`, `bound` (a name in BOUNDS: "positive", "non-negative", "fraction", "cpus", "seed") and `metavar`."""
+    `choices`, `bound` (a name in BOUNDS: "positive", "non-negative", "fraction", "cpus", "seed"), an upper bound
+    besides (`high`, a number or a function, and `why`, what it is: BoundedOption's) and `metavar`."""
     return field(default=default, metadata=dict(group=group, help=help, **metadata))
 
 
@@ -181,9 +221,9 @@ class TrainArguments:
         None, group=STEPS_GROUP, bound="positive", metavar="MINUTES",
         help="stop (with a checkpoint) after this long, the minutes of every part of a resumed run counted")
     seed: int = option(0, group=STEPS_GROUP, bound="seed", help="seeds weights, data order and dropout")
-    # Optimisation (§5.3, §5.4); warmup_steps, lr_scale and lr_schedule are checked by schedule.py's check_schedule
+    # Optimisation (§5.3, §5.4); warmup_steps, lr_scale and lr_schedule are checked by schedule.py's check_schedule too
     warmup_steps: int = option(
-        PAPER_WARMUP_STEPS, group=OPTIMISATION_GROUP,
+        PAPER_WARMUP_STEPS, group=OPTIMISATION_GROUP, bound="positive",
         help="linear warm-up steps (the paper's 4000; a short CPU run wants a few hundred)",
     )
     lr: float | None = option(
@@ -191,7 +231,7 @@ class TrainArguments:
         help="peak learning rate, reached at the end of the warm-up; the schedule keeps its shape (default: the "
         "paper's d_model^-0.5 * warmup_steps^-0.5)",
     )
-    lr_scale: float = option(1.0, group=OPTIMISATION_GROUP, help="factor on d_model^-0.5 * min(...); or give --lr")
+    lr_scale: float = option(1.0, group=OPTIMISATION_GROUP, bound="positive", help="factor on d_model^-0.5 * min(...); or give --lr")
     adam_beta1: float = option(0.9, group=OPTIMISATION_GROUP, bound="fraction", help="Adam's beta1 (§5.3)")
     adam_beta2: float = option(0.98, group=OPTIMISATION_GROUP, bound="fraction", help="Adam's beta2 (§5.3)")
     adam_epsilon: float = option(1e-9, group=OPTIMISATION_GROUP, bound="positive", help="Adam's epsilon (§5.3)")
@@ -209,7 +249,7 @@ class TrainArguments:
         help="keep a moving average of the weights (e.g. 0.999); it becomes the final model if its validation "
         "perplexity is lower (not in the paper; default: off)",
     )
-    label_smoothing: float = option(0.1, group=OPTIMISATION_GROUP, help="epsilon_ls (§5.4), in [0, 1)")
+    label_smoothing: float = option(0.1, group=OPTIMISATION_GROUP, bound="fraction", help="epsilon_ls (§5.4), in [0, 1)")
     max_grad_norm: float | None = option(
         None, group=OPTIMISATION_GROUP, bound="positive",
         help="clip the gradient norm (not in the paper; default: off)")
@@ -256,7 +296,7 @@ class TrainArguments:
         help="continue from the newest checkpoint in --output-dir, with the options it records; an option given "
         "other than its default replaces the recorded one, or is refused where it would change the run",
     )
-    # Evaluation; num_beams and length_penalty are checked by the model's check_decoding_options
+    # Evaluation; num_beams's upper bound and length_penalty are checked by the model's check_decoding_options
     eval_steps: int = option(1000, group=EVALUATION_GROUP, bound="positive", help="validate every N steps")
     eval_samples: int | None = option(
         500, group=EVALUATION_GROUP, bound="non-negative",
@@ -268,7 +308,8 @@ class TrainArguments:
         help="test pairs translated for the final BLEU/chrF; 0 skips the test, and the validation split (its "
         "--eval-samples) gives the final scores (default: the whole test split)",
     )
-    num_beams: int = option(4, group=EVALUATION_GROUP, help="beam size (the paper: 4, §6.1)")
+    num_beams: int = option(4, group=EVALUATION_GROUP, bound="positive", high=max_num_beams,
+                            why=" (each beam holds a copy of the search's state)", help="beam size (the paper: 4, §6.1)")
     length_penalty: float = option(0.6, group=EVALUATION_GROUP, help="beam length penalty alpha (the paper: 0.6)")
     # Model selection
     best_metric: str | None = option(
@@ -424,8 +465,6 @@ OPTION_TYPES = {
 
 def _check_field(f: dataclasses.Field, hint, value) -> None:
     """A field's type, choices and bound, from its metadata: "`name` must be <what> [or None]; got <value>."."""
-    from ..modeling.value_checks import is_finite_number
-
     kind, optional = _kind(hint)
     if value is None and optional:
         return
@@ -436,11 +475,8 @@ def _check_field(f: dataclasses.Field, hint, value) -> None:
     if choices is not None and value not in choices:
         raise ValueError(f"`{f.name}` must be one of {', '.join(map(repr, choices))}{' or None' * optional}; "
                          f"got {value!r}.")
-    if bound is not None:
-        what, holds = BOUNDS[bound, kind]
-        number = is_finite_number(value) if kind is float else isinstance(value, int) and not isinstance(value, bool)
-        if not (number and holds(value)):
-            raise ValueError(f"`{f.name}` must be {what}{' or None' * optional}; got {value!r}.")
+    if bound is not None and not within_bound(bound, kind, value):
+        raise ValueError(f"`{f.name}` must be {BOUNDS[bound, kind][0]}{' or None' * optional}; got {value!r}.")
 
 
 def _hint(arguments: type, f: dataclasses.Field):
@@ -482,6 +518,8 @@ def argparse_options(name: str, arguments: type = TrainArguments, **changes) -> 
         options["action"] = "store_true"
     elif kind is not str:
         options["type"] = kind
+    if "bound" in f.metadata:  # refused as the command line is read, in BoundedOption's words
+        options.update(action=BoundedOption, **{key: f.metadata[key] for key in ("bound", "high", "why") if key in f.metadata})
     options.update({key: f.metadata[key] for key in ("choices", "metavar") if key in f.metadata})
     options.update(changes)
     default = options["default"]  # None, False and "": the help says what leaving the option out does
