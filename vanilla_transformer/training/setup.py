@@ -16,6 +16,9 @@ import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import DistributedType, set_seed
+from datasets import DatasetDict
+from torch.optim.lr_scheduler import LambdaLR
+from transformers import PreTrainedTokenizerBase
 
 from ..corpora import recorded_name
 from ..model_folder import check_model_folder, load_checked
@@ -36,11 +39,12 @@ from .finetuning import add_lora, freeze
 from .attention_implementation import set_attention
 from .precision import Bf16Weights, bf16_weights
 from .budget import Budget
+from .lock import RunLock
 from .logs import Losses, TrainingLog
 from .resume import recorded_options, resume_budget, resume_step, run_options
 from .run_folder import CHECKPOINTS, check_new_folder
 from .run_state import RunState
-from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler, peak_scale, schedule_summary
+from .schedule import PAPER_WARMUP_STEPS, BudgetSchedule, make_optimizer, make_scheduler, peak_scale, schedule_summary
 from .task import prepare_data
 
 __all__ = ["Components", "prepare", "set_up"]
@@ -50,42 +54,45 @@ logger = get_logger(__name__)
 
 @dataclass
 class Components:
-    """What a run builds once: the accelerator, the model and what trains it, the data and the tokenizer."""
+    """What a run builds once: the accelerator, the model and what trains it, the options, the data and the tokenizer.
+    Each field is set here, at construction; `finish` alone replaces the model by the unwrapped one (`unwrap_model`)."""
 
     accelerator: Accelerator
     model: torch.nn.Module  # as prepared by Accelerate (DDP-wrapped on several processes)
     optimizer: torch.optim.Optimizer  # Adam, as prepared by Accelerate
-    scheduler: Any  # torch's LambdaLR (Noam) or a BudgetSchedule, which asks the Budget for the steps left
+    scheduler: LambdaLR | BudgetSchedule  # Noam's, or one that asks the Budget for the steps left
     checkpoint_root: Path
+    args: TrainArguments  # the options the run trains with: those given, with the batch plan
     average: WeightAverage | None = None  # `ema_decay`
-    tokenizer: Any = None
-    data: Any = None  # the DatasetDict of raw pairs
+    tokenizer: PreTrainedTokenizerBase | None = None
+    data: DatasetDict | None = None  # the raw pairs
     source_lang: str | None = None
     target_lang: str | None = None
     train_split: TokenizedSplit | None = None
     eval_splits: dict[str, TokenizedSplit] = field(default_factory=dict)
     sampler: TokenBatchSampler | None = None
+    log: TrainingLog | None = None  # the run's training_log.jsonl
+    lock: RunLock | None = None  # the folder's lock, held by the main process
+    compiled: CompiledLoss | None = None  # the step's forward and loss compiled (compiled.py); None: eager
     strategy: StepStrategy = field(init=False)  # what DeepSpeed, FSDP2 and fp16's scaler change in the step
     losses: Losses = field(init=False)  # the step's losses, summed on the device
     guard: NonFiniteGuard = field(init=False)  # what becomes of a step that is not finite
-    weights: Bf16Weights | None = field(init=False)  # bf16 copies the step trains on (kernels.py); None: autocast
-    log: Any = None  # the run's TrainingLog (logs.py)
-    lock: Any = None  # the folder's RunLock (lock.py), held by the main process
-    compiled: CompiledLoss | None = None  # the step's forward and loss compiled (compiled.py); None: eager
-    args: TrainArguments | None = None  # the options the run trains with: those given, with the batch plan
+    weights: Bf16Weights | None = field(init=False)  # bf16 copies the step trains on (precision.py); None: autocast
 
     def __post_init__(self):
         self.strategy = StepStrategy(self.accelerator, self.optimizer)
         self.losses = Losses(self.accelerator, self.checkpoint_root)
         self.guard = NonFiniteGuard(self.strategy, self.optimizer, self.losses)
         self.weights = bf16_weights(self.accelerator, self.accelerator.unwrap_model(self.model))
+        if self.weights is not None:
+            logger.info("bf16 weights: forward and backward on bf16 copies, Adam on the fp32 weights (no autocast)")
 
     def unwrap_model(self) -> None:
         """Keep the unwrapped model alone, so that the DDP wrapper can be freed while its process group exists."""
         self.model = self.accelerator.unwrap_model(self.model)
 
 
-def set_up(args: TrainArguments, accelerator, lock=None) -> tuple[Components, RunState, Budget]:
+def set_up(args: TrainArguments, accelerator, lock: RunLock | None = None) -> tuple[Components, RunState, Budget]:
     """On every process: where to resume from, the data, tokenizer, model, optimiser and schedule, built once (in
     `Components`, with the options the run trains with: those given, with `size_batches`' plan); its state; its budget."""
     if accelerator.distributed_type == DistributedType.FSDP and args.ema_decay is not None:
@@ -128,12 +135,10 @@ def set_up(args: TrainArguments, accelerator, lock=None) -> tuple[Components, Ru
         set_seed(args.seed, device_specific=True)  # different dropout masks on each process
     if accelerator.is_main_process:
         accelerator.init_trackers("train", config={k: v for k, v in asdict(args).items() if not isinstance(v, dict)})
-    components = Components(accelerator, model, prepared_optimizer, scheduler, checkpoint_root, average, tokenizer, data,
-                            source_lang, target_lang, train_split, eval_splits, sampler,
-                            compiled=compiled_loss(args, accelerator, sampler.shapes),
-                            log=_training_log(args, accelerator, state), lock=lock, args=args)
-    if components.weights is not None:
-        logger.info("bf16 weights: forward and backward on bf16 copies, Adam on the fp32 weights (no autocast)")
+    components = Components(accelerator, model, prepared_optimizer, scheduler, checkpoint_root, args, average, tokenizer,
+                            data, source_lang, target_lang, train_split, eval_splits, sampler,
+                            log=_training_log(args, accelerator, state), lock=lock,
+                            compiled=compiled_loss(args, accelerator, sampler.shapes))
     return components, state, budget
 
 
