@@ -110,6 +110,7 @@ def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: st
     from vanilla_transformer.training.attention_implementation import training_attention
     from vanilla_transformer.training.run_state import RunState
     from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
+    from vanilla_transformer.training.arguments import TrainArguments
     from vanilla_transformer.training.setup import Components, prepare
     from vanilla_transformer.training.step import next_rate, train_step
 
@@ -119,9 +120,9 @@ def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: st
     optimizer = make_optimizer(model, accelerator.device)
     scheduler = make_scheduler(optimizer, model.config.d_model, 4000)
     model, optimizer = prepare(accelerator, model, optimizer)
-    components = Components(accelerator, model, optimizer, scheduler, checkpoint_root=Path("unused"))
-    if compile_mode is not None:
-        components.compiled = CompiledLoss(len(shapes), mode=compile_mode)
+    compiled = CompiledLoss(len(shapes), mode=compile_mode) if compile_mode is not None else None
+    components = Components(accelerator, model, optimizer, scheduler, Path("unused"), TrainArguments(output_dir="unused"),
+                            compiled=compiled)
     state = RunState()
     budget = Budget(progress=state)  # no limit: the caller says how many steps
     source = {"batches": None}

@@ -152,6 +152,7 @@ def ours_step(config, batch: dict, device: str, precision: str):
     from vanilla_transformer.training.attention_implementation import training_attention
     from vanilla_transformer.training.run_state import RunState
     from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
+    from vanilla_transformer.training.arguments import TrainArguments
     from vanilla_transformer.training.setup import Components, prepare
     from vanilla_transformer.training.step import next_rate, train_step
 
@@ -163,7 +164,7 @@ def ours_step(config, batch: dict, device: str, precision: str):
     optimizer = make_optimizer(model, accelerator.device)
     scheduler = make_scheduler(optimizer, config.d_model, 4000)
     model, optimizer = prepare(accelerator, model, optimizer)
-    components = Components(accelerator, model, optimizer, scheduler, checkpoint_root=Path("unused"))
+    components = Components(accelerator, model, optimizer, scheduler, Path("unused"), TrainArguments(output_dir="unused"))
     batch = {name: tensor.to(accelerator.device) for name, tensor in batch.items()}
     tokens = int((batch["labels"] != -100).sum())
     state = RunState()

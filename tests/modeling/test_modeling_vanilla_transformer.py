@@ -535,11 +535,11 @@ def test_one_length_rule_bounds_the_source_the_target_and_training(position_enco
     model = SimpleNamespace(config=config)
     assert source_length_limit(model, SimpleNamespace(model_max_length=1000)) == (longest or 1000)
     assert longest_target(config) == (longest or 64)
-    _check_max_length(SimpleNamespace(max_length=longest or 10_000), config)
+    _check_max_length(longest or 10_000, config)
     for name, bound in bounds.items():
         if bound == longest:
             with pytest.raises(ValueError, match=rf"over the model's {name} \({bound}\)"):
-                _check_max_length(SimpleNamespace(max_length=bound + 1), config)
+                _check_max_length(bound + 1, config)
 
 def test_location_model_decodes_within_its_map_whatever_the_source_length():
     """Decoding stops a translation at the source length + 50 new tokens (§6.1), and with `location_max_length`

@@ -62,8 +62,8 @@ def train(batches, mixed_precision: str, compiled: CompiledLoss | None):
     optimizer = make_optimizer(model, accelerator.device)
     scheduler = make_scheduler(optimizer, model.config.d_model, 10)
     model, optimizer = prepare(accelerator, model, optimizer)
-    components = Components(accelerator, model, optimizer, scheduler, checkpoint_root=Path("unused"))
-    components.compiled = compiled
+    components = Components(accelerator, model, optimizer, scheduler, Path("unused"), TrainArguments(output_dir="unused"),
+                            compiled=compiled)
     state = RunState()
     budget = Budget(progress=state)
     losses = []

@@ -57,6 +57,7 @@ def bf16_step_components(monkeypatch, forced: str | None, **overrides):
     """The training loop's Components for a one-process bf16 run on the CPU, with bf16 weights as `forced` says."""
     from accelerate.state import AcceleratorState
 
+    from vanilla_transformer.training.arguments import TrainArguments
     from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
     from vanilla_transformer.training.setup import Components, prepare
 
@@ -69,7 +70,8 @@ def bf16_step_components(monkeypatch, forced: str | None, **overrides):
     net = model(dropout=0.0, label_smoothing=0.1, **overrides)
     optimizer = make_optimizer(net, accelerator.device)
     net, optimizer = prepare(accelerator, net, optimizer)
-    return Components(accelerator, net, optimizer, make_scheduler(optimizer, 32, 4000), checkpoint_root=Path("unused"))
+    return Components(accelerator, net, optimizer, make_scheduler(optimizer, 32, 4000), Path("unused"),
+                      TrainArguments(output_dir="unused"))
 
 
 @pytest.mark.parametrize("forced, on", [(None, False), ("1", True), ("0", False)])

@@ -106,7 +106,8 @@ def make_run(tmp_path, model, mixed_precision="no"):
     scheduler = make_scheduler(optimizer, D_MODEL, WARMUP)
     model, optimizer = prepare(accelerator, model, optimizer)
     state = RunState()
-    components = Components(accelerator, model, optimizer, scheduler, checkpoint_root=tmp_path / "checkpoints")
+    components = Components(accelerator, model, optimizer, scheduler, tmp_path / "checkpoints",
+                            TrainArguments(output_dir=str(tmp_path)))
     return SimpleNamespace(components=components, state=state, budget=Budget(progress=state))
 
 

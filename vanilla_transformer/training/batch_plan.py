@@ -81,20 +81,21 @@ def size_batches(args: TrainArguments, accelerator, model) -> BatchPlan:
     return plan
 
 
-def training_sampler(args: TrainArguments, accelerator, split: TokenizedSplit, epoch: int) -> TokenBatchSampler:
-    """The training batches, padded to `bucket_shapes` shapes (by default GPU_BUCKETS on a GPU or for a compiled
-    step, none elsewhere); one line says the shapes and the padding they waste beside that of batches as long as
-    their longest pair."""
-    count = args.bucket_shapes
+def training_sampler(accelerator, split: TokenizedSplit, epoch: int, max_tokens: int, seed: int, *,
+                     shape_count: int | None, compiled: bool) -> TokenBatchSampler:
+    """The training batches of at most `max_tokens` tokens, shuffled by `seed`, padded to `shape_count` shapes (by
+    default GPU_BUCKETS on a GPU or for a `compiled` step, none elsewhere); one line says the shapes and the padding
+    they waste beside that of batches as long as their longest pair."""
+    count = shape_count
     if count is None:
-        count = GPU_BUCKETS if accelerator.device.type == "cuda" or args.compile_asked() else 0
-    shapes = bucket_shapes(split.lengths, args.max_tokens, count) if count else None
-    shard = dict(seed=args.seed, num_replicas=accelerator.num_processes, rank=accelerator.process_index)
-    sampler = TokenBatchSampler(split.lengths, args.max_tokens, shapes=shapes, **shard)
+        count = GPU_BUCKETS if accelerator.device.type == "cuda" or compiled else 0
+    shapes = bucket_shapes(split.lengths, max_tokens, count) if count else None
+    shard = dict(seed=seed, num_replicas=accelerator.num_processes, rank=accelerator.process_index)
+    sampler = TokenBatchSampler(split.lengths, max_tokens, shapes=shapes, **shard)
     if shapes is None:
         logger.info(f"batches: each as long as its longest pair; {sampler.padding(epoch):.1%} of their slots pad")
     else:
-        plain = TokenBatchSampler(split.lengths, args.max_tokens, **shard).padding(epoch)
+        plain = TokenBatchSampler(split.lengths, max_tokens, **shard).padding(epoch)
         logger.info(f"batches: {len(shapes)} shapes (rows x length: {', '.join(f'{r}x{n}' for r, n in shapes)}); "
                     f"{sampler.padding(epoch):.1%} of their slots pad (as long as their longest pair: {plain:.1%})")
     return sampler

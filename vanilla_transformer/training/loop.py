@@ -35,7 +35,7 @@ from .evaluation import evaluate, full_model, report
 from .finish import finish
 from .attention_implementation import choose_attention, training_attention
 from .lock import RunLock
-from .resume import finished_step
+from .resume import finished_step, recorded_options
 from .run_folder import explain_disk_full, take_folder
 from .run_state import RunState
 from .selection import best_steps, out_of_patience, record_validation
@@ -55,7 +55,7 @@ def train(args: TrainArguments) -> dict:
     lock = RunLock(args.output_dir)  # one run per folder: taken by the main process for all of them
     on_main(accelerator, lambda: take_folder(lock))
     try:
-        if args.resume and on_main(accelerator, lambda: finished_step(args)) is not None:
+        if args.resume and on_main(accelerator, lambda: finished_step(args.output_dir, recorded_options(args))) is not None:
             return read_json(Path(args.output_dir) / RESULTS_FILE)  # the run is done: the folder stays as it is
         try:
             components, state, budget = set_up(args, accelerator, lock)
@@ -79,19 +79,21 @@ def _train_part(components: Components, state: RunState, budget: Budget) -> None
     """This part of the run: its steps, validated and saved as the run's options say, until the budget is spent, patience
     runs out or a stop is requested; then a checkpoint of the last step (validated first under `best_metric`)."""
     args = components.args
-    last_saved = state.step if args.resume else None  # the step of the newest checkpoint
+    saved = state.step if args.resume else None  # the step of the newest checkpoint
 
-    def save() -> int:
-        budget.end_part()  # the checkpoint records the run's time up to it
-        save_run(components, state, args.keep_checkpoints)
-        return state.step
+    def save_if_due(new_best: bool = False, part_over: bool = False) -> None:
+        nonlocal saved
+        if checkpoint_due(state.step, saved, args.save_steps, new_best=new_best, part_over=part_over):
+            budget.end_part()  # the checkpoint records the run's time up to it
+            save_run(components, state, args.keep_checkpoints)
+            saved = state.step
 
-    bar = _progress_bar(args, state, budget, components.accelerator.is_local_main_process)
+    bar = _progress_bar(state, budget, components.accelerator.is_local_main_process)
     with (budget.stop_requests, closing(_steps(components, state, budget, args)) as steps,
           training_attention(components.accelerator.device)):  # the timing of kernels and every evaluation too
         # Fine-tuning: the baseline, before any step.
-        if args.model_name_or_path is not None and not args.resume and _validate(components, state, budget, args):
-            last_saved = save()
+        if args.model_name_or_path is not None and not args.resume:
+            save_if_due(new_best=_validate(components, state, budget, args))
         with bar:  # closed on the way out, so that a failure's one line comes after the bar, not before
             for micro_batches in steps:
                 if first := state.step == budget.start_step:  # the first step of this session
@@ -106,15 +108,14 @@ def _train_part(components: Components, state: RunState, budget: Budget) -> None
                 state.count_step(len(micro_batches), done.tokens)
                 if first:
                     _check_machine(components, clock)
-                _advance(bar, args, budget)
+                _advance(bar, budget)
                 if state.step % args.log_steps == 0:
                     _log(components, state, budget, done.lr, bar)
                 # The last step is validated too, so that the steps since the last validation can be the best.
                 last = args.best_metric is not None and (budget.steps_done(state.step) or budget.out_of_time())
                 best = (state.step % args.eval_steps == 0 or last) and _validate(components, state, budget, args)
-                if best or state.step % args.save_steps == 0:
-                    last_saved = save()
-                if out_of_patience(state, args):
+                save_if_due(new_best=best)
+                if out_of_patience(state, args.patience):
                     logger.info(f"no better validation {args.best_metric} for {args.patience} evaluation(s): "
                                 f"stopping at step {state.step}; the best was step {state.best[0]['step']}")
                     break
@@ -122,9 +123,17 @@ def _train_part(components: Components, state: RunState, budget: Budget) -> None
             logger.info(f"time limit of {args.time_limit} min reached at step {state.step}")
         if args.best_metric is not None and not budget.stop_signal and not _validated(state):  # the last epoch's end
             _validate(components, state, budget, args)
-            last_saved = None  # saved again, with the validation
-        if last_saved != state.step:
-            save()
+            saved = None  # saved again, with the validation
+        save_if_due(part_over=True)
+
+
+def checkpoint_due(step: int, saved: int | None, save_steps: int, *, new_best: bool, part_over: bool) -> bool:
+    """Whether the loop checkpoints the run at `step` (`saved`: the step of its newest checkpoint, or None): at a new
+    best by validation, whose checkpoint model selection keeps; every `save_steps` steps trained; and where this part
+    of the run ends, so that its last step is kept. Never twice for one step."""
+    already_saved = step == saved
+    periodic = step > 0 and step % save_steps == 0  # step 0 (a fine-tuned model's baseline) trained nothing
+    return not already_saved and (new_best or periodic or part_over)
 
 
 def _check_machine(components: Components, clock: CpuClock) -> None:
@@ -164,22 +173,22 @@ def _steps(components: Components, state: RunState, budget: Budget, args: TrainA
         logger.info(f"epoch {state.epoch} finished at step {state.step}")
 
 
-def _progress_bar(args: TrainArguments, state: RunState, budget: Budget, enabled: bool):
+def _progress_bar(state: RunState, budget: Budget, enabled: bool):
     """The run's steps towards `max_steps`; under `time_limit`, the run's minutes towards it, so that the time left
     reads true. The count includes the earlier parts of a resumed run; the bar's own clock is this part's."""
     desc = "training" if len(state.parts) < 2 else f"training (part {len(state.parts)})"
-    if args.time_limit is not None:
-        return tqdm(total=args.time_limit, initial=min(budget.before / 60, args.time_limit), unit="min",
+    if budget.time_limit is not None:
+        return tqdm(total=budget.time_limit, initial=min(budget.before / 60, budget.time_limit), unit="min",
                     disable=not enabled, desc=desc,
                     bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} min [{elapsed}<{remaining}{postfix}]")
-    return tqdm(total=args.max_steps, initial=state.step, disable=not enabled, desc=desc)
+    return tqdm(total=budget.max_steps, initial=state.step, disable=not enabled, desc=desc)
 
 
-def _advance(bar, args: TrainArguments, budget: Budget) -> None:
-    if args.time_limit is None:
+def _advance(bar, budget: Budget) -> None:
+    if budget.time_limit is None:
         bar.update(1)
     else:  # the run's minutes, as the step measured them
-        bar.update(min((budget.before + budget.elapsed) / 60, args.time_limit) - bar.n)
+        bar.update(min((budget.before + budget.elapsed) / 60, budget.time_limit) - bar.n)
 
 
 def _log(components: Components, state: RunState, budget: Budget, lr: float, bar) -> None:
@@ -209,7 +218,8 @@ def _validate(components: Components, state: RunState, budget: Budget, args: Tra
     metrics["seconds"] = round(time.perf_counter() - start, 2)
     budget.add_scoring(metrics["seconds"])
     report(components.accelerator, state.history, state.step, "validation", metrics, components.log)
-    best = record_validation(state, args, metrics)
+    kept = args.average_last if args.average_best else 1
+    best = record_validation(state, metrics, args.best_metric, args.eval_samples, kept)
     if best:
         logger.info(f"step {state.step}: best validation {args.best_metric} so far ({metrics[args.best_metric]:.4f})")
     return state.step in best_steps(state)

@@ -45,38 +45,39 @@ logger = get_logger(__name__)
 BUDGET_OPTIONS = ("max_steps", "num_epochs", "time_limit")  # the run's limits, which a resume may extend
 
 
-def finished_step(args: TrainArguments) -> int | None:
-    """`resume` of a run whose budget is spent and whose final model and results.json are those of its newest
-    checkpoint, with no option but its limits given otherwise: nothing to train, score or save. Says so in one
-    line and returns the step; else None (a run whose final folder is not there yet is finished by `train`)."""
-    checkpoint = latest_checkpoint(Path(args.output_dir) / CHECKPOINTS)
+def finished_step(output_dir: str, given: dict) -> int | None:
+    """`resume` of the run in `output_dir` whose budget is spent and whose final model and results.json are those of
+    its newest checkpoint, with no option but its limits `given` otherwise (the options typed, as checkpoints record
+    them: `recorded_options`): nothing to train, score or save. Says so in one line and returns the step; else None (a
+    run whose final folder is not there yet is finished by `train`)."""
+    checkpoint = latest_checkpoint(Path(output_dir) / CHECKPOINTS)
     try:
         state = RunState.read(checkpoint) if checkpoint is not None else None
-        results = read_json(Path(args.output_dir) / RESULTS_FILE)
+        results = read_json(Path(output_dir) / RESULTS_FILE)
     except (OSError, ValueError, AttributeError):  # damaged or missing: `train` says what, or writes them
         return None
     if state is None or not isinstance(results, dict) or results.get("steps") != state.step:
         return None
     if results.get("not_scored"):  # the final scoring was stopped: `train` scores what is missing
         return None
-    given = recorded_options(args)  # another option given with `resume` is refused, or applied, by `train`
+    # Another option given with `resume` is refused, or applied, by `train`.
     if any(given.get(name) != value for name, value in (state.options or {}).items()
            if name not in BUDGET_OPTIONS and name not in NEVER_RESTORED):
         return None
-    budget = Budget(args.max_steps, args.num_epochs, args.time_limit, progress=state,
+    budget = Budget(**{name: given[name] for name in BUDGET_OPTIONS}, progress=state,
                     before=sum(part["seconds"] for part in state.parts))
-    stopped_early = args.patience is not None and state.evaluations_without_improvement >= args.patience
+    stopped_early = given["patience"] is not None and state.evaluations_without_improvement >= given["patience"]
     if not (budget.spent(state.step) or budget.epochs_done() or stopped_early):
         return None
     done = f"{budget.describe()}{'; stopped early by `patience`' * stopped_early}"
-    logger.info(f"`resume`: the run in {args.output_dir} is done ({done}); its model and "
+    logger.info(f"`resume`: the run in {output_dir} is done ({done}); its model and "
                 f"{RESULTS_FILE} are saved. Nothing to do: give a larger `max_steps`, `time_limit` or `num_epochs` "
                 "to train on")
     return state.step
 
 
-def resume_budget(args: TrainArguments, state: RunState, budget: Budget) -> None:
-    """Say where a resumed run stands against its budget, and which limits typed with `resume` replace the
+def resume_budget(state: RunState, budget: Budget) -> None:
+    """Say where a resumed run stands against its `budget`, and which of its limits, typed with `resume`, replace the
     recorded ones (every option typed with `resume` is recorded in turn: `RunState.record_options`)."""
     earlier = ", ".join(f"steps {p['steps'][0]}-{p['steps'][1]} in {p['seconds'] / 60:.2f} min" for p in state.parts[:-1])
     logger.info(f"part {len(state.parts)} of the run, from step {state.step}{f' (before: {earlier})' if earlier else ''}; "
@@ -85,24 +86,25 @@ def resume_budget(args: TrainArguments, state: RunState, budget: Budget) -> None
     if recorded is None:  # a checkpoint from before runs recorded their options
         return
     for name in BUDGET_OPTIONS:
-        if name in recorded and recorded[name] != getattr(args, name):
-            logger.info(f"`{name}` {getattr(args, name)}, given with `resume`, replaces the run's {recorded[name]}")
+        if name in recorded and recorded[name] != getattr(budget, name):
+            logger.info(f"`{name}` {getattr(budget, name)}, given with `resume`, replaces the run's {recorded[name]}")
 
 
-def resume_step(args: TrainArguments, checkpoint_root: Path) -> int:
-    """The step of the checkpoint `resume` continues from: the newest that reads back whole, of the same run."""
+def resume_step(checkpoint_root: Path, output_dir: str, run: dict, given: dict) -> int:
+    """The step of the checkpoint `resume` continues from: the newest that reads back whole, of the same run (`run`:
+    the options that define it, `run_options`; `given`: every option typed, `recorded_options`)."""
     if not list_checkpoints(checkpoint_root):
         raise FileNotFoundError(f"`resume`: no complete checkpoint in {checkpoint_root} to resume from")
     checkpoint, problems = newest_sound_checkpoint(checkpoint_root)
     for problem in problems:
         logger.warning(f"`resume`: {problem}")
     state = RunState.read(checkpoint)
-    check_same_run(args, state.run_options)
+    check_same_run(run, state.run_options, output_dir)
     if problems:
         logger.warning(f"`resume`: continuing from {checkpoint.name}, the newest checkpoint that reads back whole; "
                        f"the steps after {state.step} are trained again")
     check_run_config(checkpoint_root / "config.json", checkpoint)  # the run's architecture, built by every process next
-    _log_options(args, state.options or {}, checkpoint / STATE_FILE)
+    _log_options(given, state.options or {}, checkpoint / STATE_FILE, output_dir)
     return state.step
 
 
@@ -165,39 +167,39 @@ def restore_options(output_dir: str, given: dict) -> dict:
     return {**restored, **given}
 
 
-def _log_options(args: TrainArguments, recorded: dict, source: Path) -> None:
-    """The options of the resumed run in one block, as fairseq prints its namespace: those `source` records, those
-    typed in their place, and those it records that are never restored (NEVER_RESTORED)."""
-    options = recorded_options(args)
+def _log_options(options: dict, recorded: dict, source: Path, output_dir: str) -> None:
+    """The options of the resumed run in `output_dir` in one block, as fairseq prints its namespace: those `source`
+    records, those typed in their place (`options`, as recorded), and those it records that are never restored
+    (NEVER_RESTORED)."""
     changed = [f"{name} {recorded[name]!r} -> {value!r}" for name, value in options.items()
                if name in recorded and recorded[name] != value and name not in NEVER_RESTORED]
     left_out = [f"{name}={recorded[name]!r}" for name in NEVER_RESTORED
-                if recorded.get(name) is not None and recorded[name] != getattr(args, name)]
+                if recorded.get(name) is not None and recorded[name] != options.get(name)]
     lines = [f"resume: the options of the run, from {source}:",
              "  " + ", ".join(f"{name}={value!r}" for name, value in sorted(options.items()))]
     if changed:
         lines.append(f"  typed in place of the recorded ones, and recorded for the next resume: {'; '.join(changed)}")
-    if args.report_to is not None and recorded.get("report_to") == args.report_to:
-        lines.append(f"  report_to={args.report_to!r} as recorded: the tracker goes on logging under "
-                     f"{Path(args.output_dir) / 'runs'}")
+    report_to = options["report_to"]
+    if report_to is not None and recorded.get("report_to") == report_to:
+        lines.append(f"  report_to={report_to!r} as recorded: the tracker goes on logging under "
+                     f"{Path(output_dir) / 'runs'}")
     if left_out:
         lines.append(f"  recorded but not restored (they act outside the run's folder; give them on the command line): "
                      f"{', '.join(left_out)}")
     logger.info("\n".join(lines))
 
 
-def check_same_run(args: TrainArguments, started_with: dict | None) -> None:
-    """`resume` continues the run in `output_dir` as it was started: other data, tokenizer, model or batches
-    would silently be ignored or change what was being trained. (Checkpoints from before runs recorded
-    their options have nothing to compare with.)"""
+def check_same_run(now: dict, started_with: dict | None, output_dir: str) -> None:
+    """`resume` continues the run in `output_dir` as it was started: its options `now` (`run_options`) against those
+    it `started_with`, for other data, tokenizer, model or batches would silently be ignored or change what was being
+    trained. (Checkpoints from before runs recorded their options have nothing to compare with.)"""
     if started_with is None:
         return
-    now = run_options(args)
     defaults = TrainArguments(output_dir="")  # options newer than the checkpoint had their default
     before = {name: started_with.get(name, getattr(defaults, name)) for name in RUN_OPTIONS}
     changed = [f"{name} {before[name]!r} -> {now[name]!r}" for name in RUN_OPTIONS if before[name] != now[name]]
     if changed:
         raise ValueError(
-            f"`resume`: the run in {args.output_dir} was started with other options: {'; '.join(changed)}. "
+            f"`resume`: the run in {output_dir} was started with other options: {'; '.join(changed)}. "
             "Resume it with the options it was started with, or train into a new `output_dir`."
         )

@@ -16,7 +16,6 @@ from pathlib import Path
 from ..file_checks import read_json
 from ..hub import DESCRIPTION_FILES
 from ..staging import DiskFull, sweep_staging
-from .arguments import TrainArguments
 from .checkpoints import checkpoint_name, latest_checkpoint, list_checkpoints, read_state
 from .lock import RunLock
 
@@ -38,28 +37,28 @@ def take_folder(lock: RunLock) -> None:
         sweep_staging(folder)
 
 
-def check_new_folder(args: TrainArguments, checkpoint_root: Path) -> None:
-    """Without `resume`: refuse a folder that holds an earlier run, a finished model, a card or a file the run would
-    write over."""
+def check_new_folder(output_dir: str, checkpoint_root: Path, lora_rank: int | None) -> None:
+    """Without `resume`: refuse an `output_dir` that holds an earlier run, a finished model, a card or a file the run
+    would write over (a LoRA run, of `lora_rank`, writes its adapter too)."""
     if list_checkpoints(checkpoint_root):
         raise ValueError(
-            f"{args.output_dir} holds checkpoints of an earlier run; pass `resume` to continue it, or pick a new `output_dir`"
+            f"{output_dir} holds checkpoints of an earlier run; pass `resume` to continue it, or pick a new `output_dir`"
         )
-    model_files = [name for name in MODEL_FILES if (Path(args.output_dir) / name).exists()]
+    model_files = [name for name in MODEL_FILES if (Path(output_dir) / name).exists()]
     if model_files:  # a finished model (from the Hub, or a run whose checkpoints were removed): never replaced
         raise ValueError(
-            f"{args.output_dir} holds a model ({', '.join(model_files)}) that a new run would replace; pass `resume` "
-            f"to continue its run (it needs its {CHECKPOINTS}/ folder), `model_name_or_path {args.output_dir}` "
+            f"{output_dir} holds a model ({', '.join(model_files)}) that a new run would replace; pass `resume` "
+            f"to continue its run (it needs its {CHECKPOINTS}/ folder), `model_name_or_path {output_dir}` "
             "to fine-tune it into another `output_dir`, or pick another `output_dir`"
         )
-    cards = [name for name in DESCRIPTION_FILES if (Path(args.output_dir) / name).exists()]
+    cards = [name for name in DESCRIPTION_FILES if (Path(output_dir) / name).exists()]
     if cards:  # not this run's: the finished model's card and scores would replace them
-        raise ValueError(f"{args.output_dir} holds {', '.join(cards)}, which the finished model's card and scores would "
+        raise ValueError(f"{output_dir} holds {', '.join(cards)}, which the finished model's card and scores would "
                          "replace; pick another `output_dir`, or move them")
-    check_nothing_to_replace(args)
+    check_nothing_to_replace(Path(output_dir), lora_rank)
 
 
-def check_nothing_to_replace(args: TrainArguments) -> None:
+def check_nothing_to_replace(folder: Path, lora_rank: int | None) -> None:
     """A new run refuses a folder holding a path it would write over or delete: the model's code and settings, its
     log, the weights of another layout, a LoRA run's `adapter/`, a tokenizer's settings without its tokenizer.json,
     in `checkpoints/` a checkpoint's name or records other than those of a run that stopped before its first
@@ -68,10 +67,9 @@ def check_nothing_to_replace(args: TrainArguments) -> None:
     from ..modeling.saving import CODE_FILES
     from .logs import LOG_FILE
 
-    folder = Path(args.output_dir)
     started = _run_record(folder / CHECKPOINTS / "config.json")  # a run of this folder got as far as its model
     written = [*CODE_FILES, "generation_config.json", *([] if started else [LOG_FILE]),
-               *([ADAPTER_DIR] if args.lora_rank is not None else []),
+               *([ADAPTER_DIR] if lora_rank is not None else []),
                *([] if (folder / "tokenizer.json").is_file() else ["tokenizer_config.json", "special_tokens_map.json"])]
     found = [name for name in written if (folder / name).exists() or (folder / name).is_symlink()]
     found += sorted(entry.name for entry in folder.iterdir() if STALE_WEIGHTS.match(entry.name))

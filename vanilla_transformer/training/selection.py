@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from accelerate.logging import get_logger
 
-from .arguments import BEST_METRICS, TrainArguments
+from .arguments import BEST_METRICS
 from .run_state import RunState
 
 logger = get_logger(__name__)
@@ -20,30 +20,31 @@ logger = get_logger(__name__)
 __all__ = ["best_steps", "out_of_patience", "record_validation"]
 
 
-def record_validation(state: RunState, args: TrainArguments, metrics: dict) -> bool:
-    """Compare the validation `metrics` of `state.step` with the best so far; whether they are a new best."""
-    if args.best_metric is None:
+def record_validation(state: RunState, metrics: dict, best_metric: str | None, eval_samples: int | None,
+                      kept: int) -> bool:
+    """Compare the validation `metrics` of `state.step` (on `eval_samples` sentences) with the best so far by
+    `best_metric`, keeping the `kept` best; whether they are a new best."""
+    if best_metric is None:
         return False
-    value, better = metrics[args.best_metric], BEST_METRICS[args.best_metric]
-    _start_anew_on_other_samples(state, args)
+    value, better = metrics[best_metric], BEST_METRICS[best_metric]
+    _start_anew_on_other_samples(state, best_metric, eval_samples)
     improved = not state.best or (value != state.best[0]["value"] and better(value, state.best[0]["value"]) == value)
-    kept = args.average_last if args.average_best else 1
     # Sorted best first; an earlier step wins a tie (it was there first).
-    candidates = state.best + [{"step": state.step, "metric": args.best_metric, "value": value,
-                                "eval_samples": args.eval_samples}]
+    candidates = state.best + [{"step": state.step, "metric": best_metric, "value": value,
+                                "eval_samples": eval_samples}]
     state.record_selection(sorted(candidates, key=lambda r: r["value"], reverse=better is max)[:kept],
                            0 if improved else state.evaluations_without_improvement + 1)
     return improved
 
 
-def _start_anew_on_other_samples(state: RunState, args: TrainArguments) -> None:
+def _start_anew_on_other_samples(state: RunState, best_metric: str, eval_samples: int | None) -> None:
     """BLEU or chrF on another number of validation sentences is another measure: the best so far are forgotten
     (the loss is on the whole split, whatever `eval_samples` is). Records from before the count was kept compare."""
-    if args.best_metric == "loss" or not state.best:
+    if best_metric == "loss" or not state.best:
         return
-    before = state.best[0].get("eval_samples", args.eval_samples)
-    if before != args.eval_samples:
-        logger.info(f"`eval_samples` is {args.eval_samples}, the best validation {args.best_metric} so far (step "
+    before = state.best[0].get("eval_samples", eval_samples)
+    if before != eval_samples:
+        logger.info(f"`eval_samples` is {eval_samples}, the best validation {best_metric} so far (step "
                     f"{state.best[0]['step']}) was on {before}: model selection starts a new comparison at step {state.step}")
         state.record_selection([], 0)
 
@@ -53,5 +54,5 @@ def best_steps(state: RunState) -> list[int]:
     return [record["step"] for record in state.best]
 
 
-def out_of_patience(state: RunState, args: TrainArguments) -> bool:
-    return args.patience is not None and state.evaluations_without_improvement >= args.patience
+def out_of_patience(state: RunState, patience: int | None) -> bool:
+    return patience is not None and state.evaluations_without_improvement >= patience

@@ -16,6 +16,9 @@ import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import DistributedType, set_seed
+from datasets import DatasetDict
+from torch.optim.lr_scheduler import LambdaLR
+from transformers import PreTrainedTokenizerBase
 
 from ..corpora import recorded_name
 from ..model_folder import check_model_folder, load_checked
@@ -36,11 +39,12 @@ from .finetuning import add_lora, freeze
 from .attention_implementation import set_attention
 from .precision import Bf16Weights, bf16_weights
 from .budget import Budget
+from .lock import RunLock
 from .logs import Losses, TrainingLog
 from .resume import recorded_options, resume_budget, resume_step, run_options
 from .run_folder import CHECKPOINTS, check_new_folder
 from .run_state import RunState
-from .schedule import PAPER_WARMUP_STEPS, make_optimizer, make_scheduler, peak_scale, schedule_summary
+from .schedule import PAPER_WARMUP_STEPS, BudgetSchedule, make_optimizer, make_scheduler, peak_scale, schedule_summary
 from .task import prepare_data
 
 __all__ = ["Components", "prepare", "set_up"]
@@ -50,42 +54,45 @@ logger = get_logger(__name__)
 
 @dataclass
 class Components:
-    """What a run builds once: the accelerator, the model and what trains it, the data and the tokenizer."""
+    """What a run builds once: the accelerator, the model and what trains it, the options, the data and the tokenizer.
+    Each field is set here, at construction; `finish` alone replaces the model by the unwrapped one (`unwrap_model`)."""
 
     accelerator: Accelerator
     model: torch.nn.Module  # as prepared by Accelerate (DDP-wrapped on several processes)
     optimizer: torch.optim.Optimizer  # Adam, as prepared by Accelerate
-    scheduler: Any  # torch's LambdaLR (Noam) or a BudgetSchedule, which asks the Budget for the steps left
+    scheduler: LambdaLR | BudgetSchedule  # Noam's, or one that asks the Budget for the steps left
     checkpoint_root: Path
+    args: TrainArguments  # the options the run trains with: those given, with the batch plan
     average: WeightAverage | None = None  # `ema_decay`
-    tokenizer: Any = None
-    data: Any = None  # the DatasetDict of raw pairs
+    tokenizer: PreTrainedTokenizerBase | None = None
+    data: DatasetDict | None = None  # the raw pairs
     source_lang: str | None = None
     target_lang: str | None = None
     train_split: TokenizedSplit | None = None
     eval_splits: dict[str, TokenizedSplit] = field(default_factory=dict)
     sampler: TokenBatchSampler | None = None
+    log: TrainingLog | None = None  # the run's training_log.jsonl
+    lock: RunLock | None = None  # the folder's lock, held by the main process
+    compiled: CompiledLoss | None = None  # the step's forward and loss compiled (compiled.py); None: eager
     strategy: StepStrategy = field(init=False)  # what DeepSpeed, FSDP2 and fp16's scaler change in the step
     losses: Losses = field(init=False)  # the step's losses, summed on the device
     guard: NonFiniteGuard = field(init=False)  # what becomes of a step that is not finite
-    weights: Bf16Weights | None = field(init=False)  # bf16 copies the step trains on (kernels.py); None: autocast
-    log: Any = None  # the run's TrainingLog (logs.py)
-    lock: Any = None  # the folder's RunLock (lock.py), held by the main process
-    compiled: CompiledLoss | None = None  # the step's forward and loss compiled (compiled.py); None: eager
-    args: TrainArguments | None = None  # the options the run trains with: those given, with the batch plan
+    weights: Bf16Weights | None = field(init=False)  # bf16 copies the step trains on (precision.py); None: autocast
 
     def __post_init__(self):
         self.strategy = StepStrategy(self.accelerator, self.optimizer)
         self.losses = Losses(self.accelerator, self.checkpoint_root)
         self.guard = NonFiniteGuard(self.strategy, self.optimizer, self.losses)
         self.weights = bf16_weights(self.accelerator, self.accelerator.unwrap_model(self.model))
+        if self.weights is not None:
+            logger.info("bf16 weights: forward and backward on bf16 copies, Adam on the fp32 weights (no autocast)")
 
     def unwrap_model(self) -> None:
         """Keep the unwrapped model alone, so that the DDP wrapper can be freed while its process group exists."""
         self.model = self.accelerator.unwrap_model(self.model)
 
 
-def set_up(args: TrainArguments, accelerator, lock=None) -> tuple[Components, RunState, Budget]:
+def set_up(args: TrainArguments, accelerator, lock: RunLock | None = None) -> tuple[Components, RunState, Budget]:
     """On every process: where to resume from, the data, tokenizer, model, optimiser and schedule, built once (in
     `Components`, with the options the run trains with: those given, with `size_batches`' plan); its state; its budget."""
     if accelerator.distributed_type == DistributedType.FSDP and args.ema_decay is not None:
@@ -106,41 +113,42 @@ def set_up(args: TrainArguments, accelerator, lock=None) -> tuple[Components, Ru
     model, prepared_optimizer = prepare(accelerator, model, optimizer)
     state = (RunState(run_options=run_options(args), options=recorded_options(args)) if resume_from is None
              else RunState.read(resume_from))
-    sampler = training_sampler(args, accelerator, train_split, state.epoch)
-    budget = _budget(args, state, len(sampler.local_batches(state.epoch)))
+    sampler = training_sampler(accelerator, train_split, state.epoch, args.max_tokens, args.seed,
+                               shape_count=args.bucket_shapes, compiled=args.compile_asked())
+    budget = Budget(args.max_steps, args.num_epochs, args.time_limit, args.gradient_accumulation_steps,
+                    epoch_batches=len(sampler.local_batches(state.epoch)), progress=state, start_step=state.step,
+                    before=state.begin_part())  # the run's new part begins here
     # The scheduler is not prepared: Accelerate would step it once per process, and the Noam schedule counts
     # optimiser steps. It is registered so that save_state/load_state keep it.
     scale = args.lr_scale if args.lr is None else peak_scale(args.lr, d_model, args.warmup_steps)
     scheduler = make_scheduler(optimizer, d_model, args.warmup_steps, scale, args.lr_schedule,
                                remaining_steps=budget.remaining_steps)
     accelerator.register_for_checkpointing(scheduler)
-    average = None
-    if args.ema_decay is not None:
-        average = WeightAverage(accelerator.unwrap_model(model), args.ema_decay)
-        accelerator.register_for_checkpointing(average)
+    average = _weight_average(accelerator, model, args.ema_decay)
     _log_recipe(args, accelerator, d_model, scale)
     if resume_from is not None:
         accelerator.load_state(str(resume_from))  # weights, optimiser, scheduler, RNG states
         logger.info(f"resumed from {resume_from} (step {state.step})")
-        resume_budget(args, state, budget)
+        resume_budget(state, budget)
         state.record_options(recorded_options(args))  # those typed with `resume`, for the next one
     else:
         set_seed(args.seed, device_specific=True)  # different dropout masks on each process
     if accelerator.is_main_process:
         accelerator.init_trackers("train", config={k: v for k, v in asdict(args).items() if not isinstance(v, dict)})
-    components = Components(accelerator, model, prepared_optimizer, scheduler, checkpoint_root, average, tokenizer, data,
-                            source_lang, target_lang, train_split, eval_splits, sampler,
-                            compiled=compiled_loss(args, accelerator, sampler.shapes),
-                            log=_training_log(args, accelerator, state), lock=lock, args=args)
-    if components.weights is not None:
-        logger.info("bf16 weights: forward and backward on bf16 copies, Adam on the fp32 weights (no autocast)")
+    components = Components(accelerator, model, prepared_optimizer, scheduler, checkpoint_root, args, average, tokenizer,
+                            data, source_lang, target_lang, train_split, eval_splits, sampler,
+                            log=_training_log(args, accelerator, state), lock=lock,
+                            compiled=compiled_loss(args, accelerator, sampler.shapes))
     return components, state, budget
 
 
-def _budget(args: TrainArguments, state: RunState, epoch_batches: int) -> Budget:
-    """The run's limits, as of `state`, whose new part begins here; `epoch_batches`: the batches of an epoch."""
-    return Budget(args.max_steps, args.num_epochs, args.time_limit, args.gradient_accumulation_steps,
-                  epoch_batches=epoch_batches, progress=state, start_step=state.step, before=state.begin_part())
+def _weight_average(accelerator, model, ema_decay: float | None) -> WeightAverage | None:
+    """The moving average of the weights that `ema_decay` asks for, registered so that checkpoints keep it."""
+    if ema_decay is None:
+        return None
+    average = WeightAverage(accelerator.unwrap_model(model), ema_decay)
+    accelerator.register_for_checkpointing(average)
+    return average
 
 
 def _training_log(args: TrainArguments, accelerator, state: RunState) -> TrainingLog:
@@ -151,8 +159,11 @@ def _training_log(args: TrainArguments, accelerator, state: RunState) -> Trainin
 def _starting_point(args: TrainArguments, accelerator, checkpoint_root: Path) -> tuple[Path | None, Any]:
     """The checkpoint the run resumes from, or None; and the config of the model folder it fine-tunes, or None: the
     gate checks that folder first, before its tokenizer or any data is read, and once."""
-    step = on_main(accelerator, lambda: resume_step(args, checkpoint_root) if args.resume
-                   else check_new_folder(args, checkpoint_root))  # a new run: None, once its folder is checked
+    if args.resume:
+        step = on_main(accelerator, lambda: resume_step(checkpoint_root, args.output_dir, run_options(args),
+                                                        recorded_options(args)))
+    else:  # a new run: None, once its folder is checked
+        step = on_main(accelerator, lambda: check_new_folder(args.output_dir, checkpoint_root, args.lora_rank))
     if step is not None:
         return checkpoint_path(checkpoint_root, step), None
     if args.model_name_or_path is None:
@@ -173,7 +184,7 @@ def _build_model(args: TrainArguments, accelerator, tokenizer, resume_from: Path
     model.config.label_smoothing = args.label_smoothing  # the model's own loss is the run's objective (§5.4)
     if args.attn_implementation:  # refused before the first step (a missing kernel package, for one)
         set_attention(model, args.attn_implementation)
-    _check_max_length(args, model.config)
+    _check_max_length(args.max_length, model.config)
     _record_language_pair(model.config, *langs, args.dataset)
     model.config.update({"dataset_config": args.dataset_config, "dataset_columns": args.columns})  # to read it again
     checkpoint_root = Path(args.output_dir) / CHECKPOINTS
@@ -210,11 +221,11 @@ def _load_model(args: TrainArguments, tokenizer, resume_from: Path | None, base)
     return VanillaTransformerForConditionalGeneration(config)
 
 
-def _check_max_length(args: TrainArguments, config) -> None:
+def _check_max_length(max_length: int, config) -> None:
     """`max_length` within every length the model reads: a longer pair would fail at its batch, on every resume."""
     for name, bound in config.sequence_bounds().items():
-        if args.max_length > bound:
-            raise ValueError(f"`max_length` ({args.max_length}) is over the model's {name} ({bound}), the longest "
+        if max_length > bound:
+            raise ValueError(f"`max_length` ({max_length}) is over the model's {name} ({bound}), the longest "
                              f"sequence it reads: give a `max_length` of at most {bound}.")
 
 
@@ -227,6 +238,7 @@ def _record_language_pair(config, source_lang: str, target_lang: str, dataset: s
 
 
 def _log_recipe(args: TrainArguments, accelerator, d_model: int, scale: float) -> None:
+    """The optimiser, schedule, objective and batches the run trains with: most of its options, in one line."""
     peak = d_model**-0.5 * args.warmup_steps**-0.5 * scale
     if args.lr_schedule == "noam":
         schedule = f"lr = {scale:.4g} * {d_model}^-0.5 * min(step^-0.5, step * {args.warmup_steps}^-1.5)"

@@ -41,13 +41,13 @@ def train_step(components: Components, micro_batches: list[tuple[dict, int]], st
                max_grad_norm: float | None = None) -> StepDone:
     """Optimiser step `step + 1` on `micro_batches` (each batch with its target-token count), its losses summed into
     `components.losses`; `budget` is read, never written. The rate of the next step is `next_rate`'s, once the loop
-    has given the budget this step's clock. Call it under kernels.py's `training_attention`, as the training loop
-    does for the whole run."""
+    has given the budget this step's clock. Call it under `attention_implementation.training_attention`, as the
+    training loop does for the whole run."""
     accelerator, model, strategy, guard = components.accelerator, components.model, components.strategy, components.guard
     model.train()
     counts = StepCounts(accelerator, sum(n for _, n in micro_batches), budget)  # over every process, not waited for
     step_loss, step_nll = (torch.zeros((), dtype=torch.float64, device=accelerator.device) for _ in range(2))
-    # bf16 copies of the weights (kernels.Bf16Weights), or autocast casting them at every use
+    # bf16 copies of the weights (precision.Bf16Weights), or autocast casting them at every use
     copies = components.weights.swapped if components.weights is not None else nullcontext
     autocast = nullcontext if components.weights is not None else accelerator.autocast
     batch_loss = components.compiled or criterion.batch_loss  # compiled.py's graphs, one per batch shape, or eager

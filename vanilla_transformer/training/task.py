@@ -83,7 +83,7 @@ def prepare_tokenizer(args: TrainArguments, data, source_lang: str, target_lang:
             raise FileNotFoundError(f"`tokenizer`: no tokenizer folder at {args.tokenizer}")
         return _checked_tokenizer(args.tokenizer, f"`tokenizer` {args.tokenizer}")
     options = _tokenizer_options(args, source_lang, target_lang)
-    if (output_dir / "tokenizer.json").is_file() and _keep_own_tokenizer(args, options):
+    if (output_dir / "tokenizer.json").is_file() and _keep_own_tokenizer(args.output_dir, args.resume, options):
         return _checked_tokenizer(output_dir, f"the tokenizer in {output_dir}")
     if args.model_name_or_path is not None and (Path(args.model_name_or_path) / "tokenizer.json").is_file():
         return _checked_tokenizer(args.model_name_or_path, f"`model_name_or_path` {args.model_name_or_path}'s tokenizer")
@@ -115,26 +115,26 @@ def _tokenizer_options(args: TrainArguments, source_lang: str, target_lang: str)
             "target_lang": target_lang, "vocab_size": args.vocab_size, "tokenizer_model": args.tokenizer_model}
 
 
-def _keep_own_tokenizer(args: TrainArguments, options: dict) -> bool:
-    """Whether the tokenizer already in output_dir is the one these options would train. A run interrupted
+def _keep_own_tokenizer(output_dir: str, resuming: bool, options: dict) -> bool:
+    """Whether the tokenizer already in `output_dir` is the one these options would train. A run interrupted
     before its first checkpoint and started again with other data or `vocab_size` trains a new one (a
     resumed run refuses instead); a tokenizer whose options were never recorded is used, with a warning."""
-    record = Path(args.output_dir) / CHECKPOINTS / TOKENIZER_OPTIONS
+    record = Path(output_dir) / CHECKPOINTS / TOKENIZER_OPTIONS
     if not record.is_file():
-        if args.resume:  # a run from before tokenizers were recorded: its checkpoints hold its options
+        if resuming:  # a run from before tokenizers were recorded: its checkpoints hold its options
             return True
-        logger.warning(f"using the tokenizer already in {args.output_dir} (what it was trained from is not recorded); "
+        logger.warning(f"using the tokenizer already in {output_dir} (what it was trained from is not recorded); "
                        "delete its tokenizer.json to train a new one, or pass `tokenizer`")
         return True
     before = {"tokenizer_model": "bpe", **read_json(record)}  # records from before the unigram choice
     changed = [f"{name} {before.get(name)!r} -> {value!r}" for name, value in options.items() if before.get(name) != value]
     if not changed:
         return True
-    if args.resume:
+    if resuming:
         raise ValueError(
-            f"`resume`: the tokenizer of the run in {args.output_dir} was trained with other options: "
+            f"`resume`: the tokenizer of the run in {output_dir} was trained with other options: "
             f"{'; '.join(changed)}. Resume it with the options it was started with, or train into a new `output_dir`."
         )
-    logger.warning(f"the tokenizer in {args.output_dir} was trained with other options ({'; '.join(changed)}) by a "
+    logger.warning(f"the tokenizer in {output_dir} was trained with other options ({'; '.join(changed)}) by a "
                    "run that saved no checkpoint: training a new one")
     return False
