@@ -386,3 +386,18 @@ def test_a_stored_max_new_tokens_is_a_ceiling_on_the_cap_and_a_stored_max_length
     model.generation_config.max_new_tokens, model.generation_config.max_length = None, 1 + 3
     out = model.generate(input_ids, attention_mask=mask, max_length_offset=2)
     assert [row.tolist().index(EOS) for row in out[:, 1:]] == [4 - 1, 8 - 1]  # 2 + 2, 6 + 2
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_a_source_given_as_the_encoders_output_is_capped_as_its_tokens_are(num_beams):
+    # §6.1's cap counts the source's tokens in whatever form the call brings it (the encoder run beforehand too).
+    torch.manual_seed(0)
+    model = VanillaTransformerForConditionalGeneration(
+        VanillaTransformerConfig.from_preset("tiny", vocab_size=40, dropout=0.0)).eval()
+    input_ids = torch.randint(4, 40, (2, 30), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(input_ids)
+    mask[1, 25:] = 0
+    by_ids = model.generate(input_ids=input_ids, attention_mask=mask, num_beams=num_beams)
+    by_output = model.generate(encoder_outputs=model.get_encoder()(input_ids, mask), attention_mask=mask,
+                               num_beams=num_beams)
+    assert by_ids.size(1) > 21 and torch.equal(by_output, by_ids)  # a random model runs to its cap, 30 + 50

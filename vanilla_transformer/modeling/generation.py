@@ -176,7 +176,7 @@ def paper_generate(model, base_generate, inputs=None, generation_config=None, lo
     _check_options(resolved)
     for name in OUR_OPTIONS:  # not model inputs
         kwargs.pop(name, None)
-    source = next((x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None), None)
+    source = _source(inputs, kwargs)
     _check_source_fits(model, source)
 
     if source is not None and not _sets_length(kwargs, generation_config):
@@ -206,6 +206,14 @@ def _check_options(config: GenerationConfig) -> None:
                            max_new_tokens=config.max_new_tokens)
 
 
+def _source(inputs, kwargs) -> torch.Tensor | None:
+    """What the call translates: its token ids, their embeddings or, where the encoder has run, its output (B, S,
+    d_model); §6.1's cap counts the source's tokens in any of them."""
+    encoded = kwargs.get("encoder_outputs")
+    given = (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds"), encoded[0] if encoded is not None else None)
+    return next((x for x in given if x is not None), None)
+
+
 def _check_source_fits(model, source) -> None:
     """Refuse an empty input, and one longer than a learned position table (the pipeline's `source_length_limit`;
     location-based scores refuse a source longer than their map themselves, naming it)."""
@@ -229,7 +237,7 @@ def _source_length_cap(model, source, kwargs, config: GenerationConfig) -> Sourc
     mask = kwargs.get("attention_mask")
     if mask is not None:
         lengths = mask.sum(1)
-    elif source.dim() == 3:  # inputs_embeds (B, S, d_model)
+    elif source.dim() == 3:  # inputs_embeds or the encoder's output (B, S, d_model)
         lengths = torch.full((source.size(0),), source.size(1), device=source.device)
     else:
         lengths = (source != model.config.pad_token_id).sum(1)
