@@ -8,10 +8,16 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
+from accelerate import PartialState
 
+from vanilla_transformer.training.arguments import TrainArguments
+from vanilla_transformer.training.checkpoints import STATE_FILE, checkpoint_path
+from vanilla_transformer.training.finish import _chosen_checkpoints
 from vanilla_transformer.training.logs import LOG_FILE, read_log
+from vanilla_transformer.training.run_state import RunState
 
 CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -19,6 +25,22 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DAT
 
 def _train(*args) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, "train", *map(str, args)], capture_output=True, text=True, env=ENV, timeout=300)
+
+
+@pytest.mark.parametrize("saved, average_last, averaged", [
+    ((0, 2, 4), 5, (2, 4)),  # a fine-tuning's baseline is not averaged into what it was fine-tuned to
+    ((0, 2, 4), 2, (2, 4)),
+    ((2, 4, 6), 2, (4, 6)),
+    ((0,), 3, (0,)),  # nothing trained was saved: the baseline is all there is
+])
+def test_the_last_checkpoints_averaged_are_trained_ones(tmp_path, saved, average_last, averaged):
+    PartialState()  # the run's logger (accelerate's) warns when fewer than `average_last` are there
+    for step in saved:
+        checkpoint_path(tmp_path, step).mkdir()
+        (checkpoint_path(tmp_path, step) / STATE_FILE).write_text("{}")
+    args = TrainArguments(output_dir=str(tmp_path), average_last=average_last)
+    chosen = _chosen_checkpoints(SimpleNamespace(checkpoint_root=tmp_path), RunState(), args)
+    assert chosen == [checkpoint_path(tmp_path, step) for step in averaged]
 
 
 @pytest.mark.slow
