@@ -52,12 +52,12 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..modeling.pipeline_vanilla_transformer import language_pair_mismatch
 
     try:
-        decoding_options(args)  # bad options fail before the data set is read
+        options = decoding_options(args)  # bad options fail before the data set is read
         _check_evaluation_options(args)
         apply_threads_option(args)
         what, source_lang, target_lang, pairs = _evaluation_pairs(args)
         sources, references = _complete_pairs(args, pairs, what)
-        translate, config = translator(args.model, args.engine, args.device, args.threads, decoding_options(args))
+        translate, config = translator(args.model, args.engine, args.device, args.threads, options)
         mismatch = config is not None and source_lang and language_pair_mismatch(config, source_lang, target_lang)
         if mismatch:
             print(f"warning: {mismatch}; scoring {what} ({source_lang}->{target_lang}) anyway", file=sys.stderr)

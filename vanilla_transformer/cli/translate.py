@@ -44,13 +44,13 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         if args.texts and args.input_file:
             raise ValueError("give texts as arguments or --input-file, not both")
-        decoding_options(args)  # bad options fail before reading the input
+        options = decoding_options(args)  # bad options fail before reading the input
         _check_nbest_options(args)
         apply_threads_option(args)
         texts = args.texts or read_lines(args.input_file or "-", "--input-file")
         from .translators import translator
 
-        translate = translator(args.model, args.engine, args.device, args.threads, decoding_options(args),
+        translate = translator(args.model, args.engine, args.device, args.threads, options,
                                nbest=args.nbest, with_scores=args.with_scores)[0]
     except (OSError, ValueError, TypeError, ImportError) as err:
         refuse(p, err)
