@@ -17,7 +17,6 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .input_checks import additive_mask
-from .fast_modeling import linear_class, fused_linear
 
 # --------------------------------------------------------------------------------------
 # §3.2.1: scaled dot-product attention. Queries (B, H, T, Dh) against keys and values (B, H, S, Dh).
@@ -51,7 +50,8 @@ class MultiHeadAttention(nn.Module):
     output. The attention function is the model's `attn_implementation`: "eager" (the function above),
     "sdpa", "flex_attention" or "flash_attention_2" (transformers' kernels of the same)."""
 
-    def __init__(self, config, layer_idx: int | None = None, is_cross_attention=False, is_causal=False):
+    def __init__(self, config, layer_idx: int | None = None, is_cross_attention=False, is_causal=False,
+                 linear=nn.Linear):
         super().__init__()
         self.config = config  # a VanillaTransformerConfig; `attn_implementation` is read from it
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
@@ -59,7 +59,7 @@ class MultiHeadAttention(nn.Module):
         self.is_causal = is_causal  # §3.2.3's look-ahead mask; transformers' fused kernels read it
         self.scaling = 1.0 if config.attention_score == "dot" else self.head_dim**-0.5  # Luong's dot: unscaled
         self.dropout = config.attention_dropout
-        d_model, linear = config.d_model, linear_class(config)
+        d_model = config.d_model  # `linear`: the class of the projections, which the model file chooses
         self.q_proj = linear(d_model, d_model)  # W^Q of all heads
         self.k_proj = linear(d_model, d_model)  # W^K
         self.v_proj = linear(d_model, d_model)  # W^V
@@ -113,19 +113,4 @@ class MultiHeadAttention(nn.Module):
         return attention(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling)
 
 
-class FusedMultiHeadAttention(MultiHeadAttention):
-    """MultiHeadAttention (the same parameters, names and numbers) whose projections of one input are one product
-    while gradients are on (fast_modeling's `fused_linear`): W^Q, W^K and W^V of self-attention, W^K and W^V of
-    attention over the encoder output. Fewer, larger products and casts per training step; decoding keeps one
-    product per projection, which it can run on packed weights (fast_generation). Chosen when a layer is built,
-    with `config.fast_paths`."""
-
-    def projections(self, hidden_states, source):
-        if source is None or not torch.is_grad_enabled():
-            return super().projections(hidden_states, source)
-        if source is hidden_states:
-            return tuple(map(self._split_heads, fused_linear(hidden_states, (self.q_proj, self.k_proj, self.v_proj))))
-        return self._heads(self.q_proj, hidden_states), *map(self._split_heads, fused_linear(source, (self.k_proj, self.v_proj)))
-
-
-__all__ = ["MultiHeadAttention", "FusedMultiHeadAttention", "scaled_dot_product_attention"]
+__all__ = ["MultiHeadAttention", "scaled_dot_product_attention"]
