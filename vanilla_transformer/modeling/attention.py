@@ -5,8 +5,8 @@ Shapes: B batch, T queries, S keys, H heads, Dh = d_model / H.
 Attention beyond the paper (attention_variants.py) is MultiHeadAttention with its own
 `attend`: it builds on this file, and the model file chooses between the two when a layer is built.
 
-This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only torch,
-the public API of transformers and the files beside it.
+This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only torch
+and the public API of transformers.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-from .input_checks import additive_mask
 
 # --------------------------------------------------------------------------------------
 # §3.2.1: scaled dot-product attention. Queries (B, H, T, Dh) against keys and values (B, H, S, Dh).
@@ -34,6 +32,20 @@ def scaled_dot_product_attention(module, query, key, value, attention_mask, scal
     weights = scores.softmax(dim=-1, dtype=torch.float32).to(value.dtype)  # in fp32, as fp16's exp overflows
     out = F.dropout(weights, p=dropout, training=module.training) @ value  # (B, H, T, Dh)
     return out.transpose(1, 2), weights
+
+
+def additive_mask(mask, module, query, key):
+    """The additive mask of the explicit attention function (0 where allowed, the dtype's minimum where not)
+    from one built for torch's fused kernel: a boolean one (True where allowed), or None where the kernel
+    applies §3.2.3's causality itself. An additive mask is returned as it is."""
+    if mask is not None and mask.dtype != torch.bool:
+        return mask
+    if mask is None:
+        queries, keys = query.size(-2), key.size(-2)
+        if not (module.is_causal and queries > 1):
+            return None
+        mask = torch.ones(1, 1, queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
+    return torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, torch.finfo(query.dtype).min)
 
 
 # --------------------------------------------------------------------------------------
@@ -113,4 +125,4 @@ class MultiHeadAttention(nn.Module):
         return attention(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling)
 
 
-__all__ = ["MultiHeadAttention", "scaled_dot_product_attention"]
+__all__ = ["MultiHeadAttention", "additive_mask", "scaled_dot_product_attention"]

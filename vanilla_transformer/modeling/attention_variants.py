@@ -25,8 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .input_checks import additive_mask
-from .attention import MultiHeadAttention
+from .attention import MultiHeadAttention, additive_mask
 
 
 # --------------------------------------------------------------------------------------
