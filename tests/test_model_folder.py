@@ -112,3 +112,23 @@ def test_a_settings_file_past_its_bound_is_refused_before_it_is_parsed(tmp_path,
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} is 2,000,037 bytes, more than such a file holds "
                                          r"\(at most 1,048,576\); it is not read$"):
         read_json(path, 1 << 20)
+
+
+# --- loading: `load_model` (model and tokenizer), `load_pretrained` (the model, past the gate) ---
+
+
+def test_load_pretrained_runs_the_gate_unless_told_it_ran(tmp_path, monkeypatch):
+    from vanilla_transformer import model_folder
+
+    VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=64)).save_pretrained(tmp_path)
+    checked = model_folder.check_model_folder(tmp_path, needs_tokenizer=False)
+
+    def gate(folder, **kwargs):
+        raise ValueError(f"gate ran on {folder}")
+
+    monkeypatch.setattr(model_folder, "check_model_folder", gate)
+    with pytest.raises(ValueError, match="gate ran"):
+        model_folder.load_pretrained(tmp_path)
+    model = model_folder.load_pretrained(tmp_path, checked=checked, dropout=0.25)  # overrides still reach the config
+    assert model.config.dropout == 0.25 and not hasattr(model.config, "checked")
+    assert not hasattr(model_folder, "load_checked")  # two loaders: load_model and load_pretrained

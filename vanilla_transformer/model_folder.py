@@ -40,7 +40,7 @@ from .folder_fields import (
 
 __all__ = ["MAX_INDEX_BYTES", "TOKENIZER_FILES", "WEIGHT_FILES", "check_config_file", "check_config_fits_weights",
            "check_config_sizes", "check_export_folder", "check_generation_file", "check_model_files",
-           "check_model_folder", "check_tokenizer_files", "check_tokenizer_fits", "default_device", "load_checked", "load_model",
+           "check_model_folder", "check_tokenizer_files", "check_tokenizer_fits", "default_device", "load_model",
            "load_pretrained", "load_tokenizer", "local_folder", "max_tokenizer_bytes", "weight_shapes"]
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -229,17 +229,16 @@ def check_tokenizer_fits(tokenizer, config, name_or_path) -> None:
                          "Put the tokenizer.json the model was trained with beside it")
 
 
-def load_pretrained(name_or_path: str | os.PathLike, **kwargs):
+def load_pretrained(name_or_path: str | os.PathLike, checked=None, **kwargs):
     """`AutoModelForSeq2SeqLM.from_pretrained` with this package's classes, the folder (or a Hub id's, as
     `local_folder` gives it) through the gate first (`check_model_folder`; its tokenizer may be missing), refusing
-    weights that do not fit the classes (transformers only warns and leaves such weights random)."""
-    folder = local_folder(name_or_path)
-    return load_checked(folder, check_model_folder(folder, needs_tokenizer=False), **kwargs)
-
-
-def load_checked(folder: str | os.PathLike, config, **kwargs):
-    """`load_pretrained` of a folder that has passed the gate (`config`: what `check_model_folder` returned)."""
-    return _load_weights(folder, _check_adapter(Path(folder), config), **kwargs)
+    weights that do not fit the classes (transformers only warns and leaves such weights random). `checked`: what
+    `check_model_folder` returned for this folder where the caller has run the gate already; `kwargs` go to
+    `from_pretrained` (config overrides among them)."""
+    if checked is None:
+        name_or_path = local_folder(name_or_path)
+        checked = check_model_folder(name_or_path, needs_tokenizer=False)
+    return _load_weights(name_or_path, _check_adapter(Path(name_or_path), checked), **kwargs)
 
 
 def _check_adapter(folder: Path, config) -> bool:

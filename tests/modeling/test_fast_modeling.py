@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling import fast_modeling as fast
-from vanilla_transformer.modeling.attention import MultiHeadAttention, FusedMultiHeadAttention
+from vanilla_transformer.modeling.attention import MultiHeadAttention
+from vanilla_transformer.modeling.fast_modeling import FusedMultiHeadAttention
 from vanilla_transformer.modeling.modeling_vanilla_transformer import LabelSmoothedCrossEntropy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ is not an installed package
@@ -254,3 +255,12 @@ def test_packing_swaps_the_packed_forward_in_for_the_calls_that_pack_and_gives_n
     assert "forward" not in vars(linear) and not fast._PACKING
     with torch.no_grad():
         assert torch.equal(linear(x), expected)
+
+
+def test_the_papers_attention_file_holds_no_speed_up():
+    """The fused twin lives in fast_modeling.py; attention.py, the paper's §3.2, imports no fast_* file."""
+    import vanilla_transformer.modeling.attention as attention
+
+    source = Path(attention.__file__).read_text()
+    assert FusedMultiHeadAttention.__module__ == fast.__name__
+    assert "FusedMultiHeadAttention" not in vars(attention) and "fast_" not in source.split('"""', 2)[2]

@@ -10,8 +10,8 @@ from vanilla_transformer import (
 )
 from vanilla_transformer.modeling.input_checks import CACHE_NAME
 from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES, PRESETS
-from vanilla_transformer.modeling.input_checks import additive_mask
-from vanilla_transformer.modeling.attention import scaled_dot_product_attention
+from vanilla_transformer.modeling import input_checks
+from vanilla_transformer.modeling.attention import additive_mask, scaled_dot_product_attention
 from vanilla_transformer.modeling.modeling_vanilla_transformer import (
     shift_tokens_right,
     sinusoidal_encoding,
@@ -129,6 +129,12 @@ def test_attention_rows_sum_to_one_and_masked_positions_are_zero():
         assert torch.all(weights[1, :, :, 6:] == 0)  # padded source keys
     for weights in out.decoder_attentions:
         assert torch.all(weights.triu(diagonal=1) == 0)  # future target positions
+
+
+def test_the_attention_mask_is_made_with_the_attention_functions():
+    """additive_mask is attention math: it sits in attention.py, and input_checks.py holds only checks."""
+    assert additive_mask.__module__ == scaled_dot_product_attention.__module__
+    assert not hasattr(input_checks, "additive_mask")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -5,8 +5,8 @@ Shapes: B batch, T queries, S keys, H heads, Dh = d_model / H.
 Attention beyond the paper (attention_variants.py) is MultiHeadAttention with its own
 `attend`: it builds on this file, and the model file chooses between the two when a layer is built.
 
-This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only torch,
-the public API of transformers and the files beside it.
+This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only torch
+and the public API of transformers.
 """
 
 from __future__ import annotations
@@ -15,9 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-from .input_checks import additive_mask
-from .fast_modeling import linear_class, fused_linear
 
 # --------------------------------------------------------------------------------------
 # §3.2.1: scaled dot-product attention. Queries (B, H, T, Dh) against keys and values (B, H, S, Dh).
@@ -37,6 +34,20 @@ def scaled_dot_product_attention(module, query, key, value, attention_mask, scal
     return out.transpose(1, 2), weights
 
 
+def additive_mask(mask, module, query, key):
+    """The additive mask of the explicit attention function (0 where allowed, the dtype's minimum where not)
+    from one built for torch's fused kernel: a boolean one (True where allowed), or None where the kernel
+    applies §3.2.3's causality itself. An additive mask is returned as it is."""
+    if mask is not None and mask.dtype != torch.bool:
+        return mask
+    if mask is None:
+        queries, keys = query.size(-2), key.size(-2)
+        if not (module.is_causal and queries > 1):
+            return None
+        mask = torch.ones(1, 1, queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
+    return torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, torch.finfo(query.dtype).min)
+
+
 # --------------------------------------------------------------------------------------
 # §3.2.2: multi-head attention
 # --------------------------------------------------------------------------------------
@@ -51,7 +62,8 @@ class MultiHeadAttention(nn.Module):
     output. The attention function is the model's `attn_implementation`: "eager" (the function above),
     "sdpa", "flex_attention" or "flash_attention_2" (transformers' kernels of the same)."""
 
-    def __init__(self, config, layer_idx: int | None = None, is_cross_attention=False, is_causal=False):
+    def __init__(self, config, layer_idx: int | None = None, is_cross_attention=False, is_causal=False,
+                 linear=nn.Linear):
         super().__init__()
         self.config = config  # a VanillaTransformerConfig; `attn_implementation` is read from it
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
@@ -59,7 +71,7 @@ class MultiHeadAttention(nn.Module):
         self.is_causal = is_causal  # §3.2.3's look-ahead mask; transformers' fused kernels read it
         self.scaling = 1.0 if config.attention_score == "dot" else self.head_dim**-0.5  # Luong's dot: unscaled
         self.dropout = config.attention_dropout
-        d_model, linear = config.d_model, linear_class(config)
+        d_model = config.d_model  # `linear`: the class of the projections, which the model file chooses
         self.q_proj = linear(d_model, d_model)  # W^Q of all heads
         self.k_proj = linear(d_model, d_model)  # W^K
         self.v_proj = linear(d_model, d_model)  # W^V
@@ -113,19 +125,4 @@ class MultiHeadAttention(nn.Module):
         return attention(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling)
 
 
-class FusedMultiHeadAttention(MultiHeadAttention):
-    """MultiHeadAttention (the same parameters, names and numbers) whose projections of one input are one product
-    while gradients are on (fast_modeling's `fused_linear`): W^Q, W^K and W^V of self-attention, W^K and W^V of
-    attention over the encoder output. Fewer, larger products and casts per training step; decoding keeps one
-    product per projection, which it can run on packed weights (fast_generation). Chosen when a layer is built,
-    with `config.fast_paths`."""
-
-    def projections(self, hidden_states, source):
-        if source is None or not torch.is_grad_enabled():
-            return super().projections(hidden_states, source)
-        if source is hidden_states:
-            return tuple(map(self._split_heads, fused_linear(hidden_states, (self.q_proj, self.k_proj, self.v_proj))))
-        return self._heads(self.q_proj, hidden_states), *map(self._split_heads, fused_linear(source, (self.k_proj, self.v_proj)))
-
-
-__all__ = ["MultiHeadAttention", "FusedMultiHeadAttention", "scaled_dot_product_attention"]
+__all__ = ["MultiHeadAttention", "additive_mask", "scaled_dot_product_attention"]

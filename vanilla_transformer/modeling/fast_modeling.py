@@ -4,14 +4,14 @@
   `LabelSmoothedCrossEntropy` (modeling_vanilla_transformer.py) with less memory and time;
 - the linear maps as `PackableLinear` (`linear_class`): nn.Linear, whose weights decoding can pack for
   oneDNN's kernels (fast_generation.py says when), its `packed_forward` swapped in for that call alone;
-- attention's projections of one input as one product while training (`fused_linear`, for
-  attention.py's `FusedMultiHeadAttention`).
+- attention's projections of one input as one product while training (`FusedMultiHeadAttention`, attention.py's
+  `MultiHeadAttention` with `fused_linear`).
 
 tests/modeling/test_fast_modeling.py and test_fast_generation.py compare them with the plain path, and
 benchmarks/ says what they save.
 
 This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only the standard
-library and torch (and looks up two of torch's own oneDNN ops by name, see below).
+library, torch and attention.py beside it (and looks up two of torch's own oneDNN ops by name, see below).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import types
 
 import torch
 from torch import nn
+
+from .attention import MultiHeadAttention
 
 # Rows of logits turned into fp32 log-probabilities at a time, on a CPU: a few MiB, which the allocator reuses from
 # one block of rows to the next and the cache holds, where the whole (N, V) fp32 tensor is fresh memory at every step.
@@ -215,9 +217,25 @@ def linear_class(config):
     return PackableLinear if config.fast_paths and ONEDNN_LINEAR else nn.Linear
 
 
+class FusedMultiHeadAttention(MultiHeadAttention):
+    """MultiHeadAttention (the same parameters, names and numbers) whose projections of one input are one product
+    while gradients are on (`fused_linear`): W^Q, W^K and W^V of self-attention, W^K and W^V of
+    attention over the encoder output. Fewer, larger products and casts per training step; decoding keeps one
+    product per projection, which it can run on packed weights (fast_generation). Chosen when a layer is built,
+    with `config.fast_paths`."""
+
+    def projections(self, hidden_states, source):
+        if source is None or not torch.is_grad_enabled():
+            return super().projections(hidden_states, source)
+        if source is hidden_states:
+            return tuple(map(self._split_heads, fused_linear(hidden_states, (self.q_proj, self.k_proj, self.v_proj))))
+        return self._heads(self.q_proj, hidden_states), *map(self._split_heads, fused_linear(source, (self.k_proj, self.v_proj)))
+
+
 __all__ = [
     "ONEDNN_LINEAR",
     "ClosedFormCrossEntropy",
+    "FusedMultiHeadAttention",
     "PackableLinear",
     "current_packed_weights",
     "linear_class",

@@ -56,20 +56,6 @@ def use_return_dict(return_dict, config) -> bool:
     return config.return_dict if return_dict is None else return_dict
 
 
-def additive_mask(mask, module, query, key):
-    """The additive mask of the explicit attention function (0 where allowed, the dtype's minimum where not)
-    from one built for torch's fused kernel: a boolean one (True where allowed), or None where the kernel
-    applies §3.2.3's causality itself. An additive mask is returned as it is."""
-    if mask is not None and mask.dtype != torch.bool:
-        return mask
-    if mask is None:
-        queries, keys = query.size(-2), key.size(-2)
-        if not (module.is_causal and queries > 1):
-            return None
-        mask = torch.ones(1, 1, queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
-    return torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, torch.finfo(query.dtype).min)
-
-
 def check_learned_positions(length, past_length, table_size: int) -> None:
     if not torch.compiler.is_compiling() and past_length + length > table_size:
         raise ValueError(

@@ -55,7 +55,7 @@ from .input_checks import (
     resolve_cache_argument,
     use_return_dict,
 )
-from .attention import MultiHeadAttention, FusedMultiHeadAttention  # §3.2
+from .attention import MultiHeadAttention  # §3.2
 from .attention_variants import (
     LocalAttentionMasks,
     check_attn_implementation,
@@ -63,7 +63,7 @@ from .attention_variants import (
     variant_attention_class,
 )
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .fast_modeling import ClosedFormCrossEntropy, linear_class  # speed-ups (`fast_paths`)
+from .fast_modeling import ClosedFormCrossEntropy, FusedMultiHeadAttention, linear_class  # speed-ups (`fast_paths`)
 from .generation import paper_generate  # decoding (§6.1)
 from .saving import CustomCodeMixin
 
@@ -126,7 +126,7 @@ class EncoderLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__()
-        self.self_attn = attention_class(config)(config)
+        self.self_attn = attention_class(config)(config, linear=linear_class(config))
         self.self_attn_residual = Residual(config)
         self.feed_forward = FeedForward(config)
         self.feed_forward_residual = Residual(config)
@@ -144,10 +144,10 @@ class DecoderLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: VanillaTransformerConfig, layer_idx: int):
         super().__init__()
-        attention = attention_class(config)
-        self.self_attn = attention(config, layer_idx=layer_idx, is_causal=True)
+        attention, linear = attention_class(config), linear_class(config)
+        self.self_attn = attention(config, layer_idx=layer_idx, is_causal=True, linear=linear)
         self.self_attn_residual = Residual(config)
-        self.cross_attn = attention(config, layer_idx=layer_idx, is_cross_attention=True)
+        self.cross_attn = attention(config, layer_idx=layer_idx, is_cross_attention=True, linear=linear)
         self.cross_attn_residual = Residual(config)
         self.feed_forward = FeedForward(config)
         self.feed_forward_residual = Residual(config)

@@ -102,19 +102,19 @@ def _train_part(components: Components, state: RunState, budget: Budget) -> None
                                                             args.attn_implementation or state.attn_implementation,
                                                             micro_batches[0][0], budget))
                 with compile_timing(components.compiled, micro_batches, components.accelerator.device):
-                    done = train_step(components, micro_batches, state.step, budget, args.max_grad_norm)
-                budget.add_step(done.tokens, done.elapsed, done.stop_signal)
-                next_rate(components, done)  # after the budget has the step's clock, before the step is counted
-                state.count_step(len(micro_batches), done.tokens)
+                    step_done = train_step(components, micro_batches, state.step, budget, args.max_grad_norm)
+                budget.add_step(step_done.tokens, step_done.elapsed, step_done.stop_signal)
+                next_rate(components, step_done)  # after the budget has the step's clock, before the step is counted
+                state.count_step(len(micro_batches), step_done.tokens)
                 if first:
                     _check_machine(components, clock)
                 _advance(bar, budget)
                 if state.step % args.log_steps == 0:
-                    _log(components, state, budget, done.lr, bar)
+                    _log(components, state, budget, step_done.lr, bar)
                 # The last step is validated too, so that the steps since the last validation can be the best.
                 last = args.best_metric is not None and (budget.steps_done(state.step) or budget.out_of_time())
-                best = (state.step % args.eval_steps == 0 or last) and _validate(components, state, budget, args)
-                save_if_due(new_best=best)
+                new_best = (state.step % args.eval_steps == 0 or last) and _validate(components, state, budget, args)
+                save_if_due(new_best=new_best)
                 if out_of_patience(state, args.patience):
                     logger.info(f"no better validation {args.best_metric} for {args.patience} evaluation(s): "
                                 f"stopping at step {state.step}; the best was step {state.best[0]['step']}")
@@ -219,8 +219,8 @@ def _validate(components: Components, state: RunState, budget: Budget, args: Tra
     budget.add_scoring(metrics["seconds"])
     report(components.accelerator, state.history, state.step, "validation", metrics, components.log)
     kept = args.average_last if args.average_best else 1
-    best = record_validation(state, metrics, args.best_metric, args.eval_samples, kept)
-    if best:
+    improved = record_validation(state, metrics, args.best_metric, args.eval_samples, kept)
+    if improved:
         logger.info(f"step {state.step}: best validation {args.best_metric} so far ({metrics[args.best_metric]:.4f})")
     return state.step in best_steps(state)
 

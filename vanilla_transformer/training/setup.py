@@ -21,7 +21,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedTokenizerBase
 
 from ..corpora import recorded_name
-from ..model_folder import check_model_folder, load_checked
+from ..model_folder import check_model_folder, load_pretrained
 from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 from ..modeling.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
@@ -203,7 +203,7 @@ def _load_model(args: TrainArguments, tokenizer, resume_from: Path | None, base)
     if resume_from is not None:  # the architecture of the run being resumed; its weights come with load_state
         return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_json_file(config_file))
     if args.model_name_or_path is not None:
-        model = load_checked(args.model_name_or_path, base, **args.config_overrides)
+        model = load_pretrained(args.model_name_or_path, checked=base, **args.config_overrides)
         if len(tokenizer) > model.config.vocab_size:
             raise ValueError(
                 f"the tokenizer has {len(tokenizer)} tokens but the model {args.model_name_or_path} only "

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..modeling.attention_variants import predicted_position
-from ..modeling.input_checks import additive_mask
+from ..modeling.attention import additive_mask
 from .score_drawings import SCORE_DRAWINGS
 
 ATTENTION_OUTPUTS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
