@@ -98,7 +98,7 @@ def local_folder(name_or_path: str | os.PathLike) -> Path:
     if Path(name_or_path).is_dir():
         return Path(name_or_path)
     if not REPO_ID.match(str(name_or_path)):
-        raise FileNotFoundError(f"`model` is neither a folder nor a Hub id (user/name): {name_or_path}")
+        raise FileNotFoundError(f"{name_or_path}: neither a folder nor a Hub id (user/name)")
     try:
         return Path(snapshot_download(str(name_or_path), allow_patterns=HUB_FILES))
     except OSError as err:
