@@ -164,6 +164,39 @@ def test_sdpa_path_equals_explicit_path():
         torch.testing.assert_close(fast, explicit, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("implementation", ["sdpa", "flex_attention"])
+def test_a_fused_kernel_asked_for_attention_weights_gives_the_explicit_functions(implementation):
+    # The weights the visualisations draw, whichever kernel the model runs; padding and causality kept.
+    model = make_model()
+    input_ids, attention_mask, decoder_input_ids = batch()
+    attention_mask[1, -2:] = 0
+    with torch.no_grad():
+        explicit = model(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                         output_attentions=True)
+        model.set_attn_implementation(implementation)
+        fused = model(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                      output_attentions=True)
+    for name in ("encoder_attentions", "decoder_attentions", "cross_attentions"):
+        for theirs, ours in zip(getattr(fused, name), getattr(explicit, name), strict=True):
+            torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-6)
+    torch.testing.assert_close(fused.logits, explicit.logits, rtol=0, atol=1e-5)
+
+
+def test_a_kernel_that_returns_no_weights_is_refused_when_they_are_asked_for():
+    from transformers import AttentionInterface
+
+    def weightless(module, query, key, value, attention_mask, **kwargs):
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value).transpose(1, 2), None
+
+    AttentionInterface.register("weightless", weightless)
+    model = make_model()
+    model.set_attn_implementation("weightless")
+    input_ids, attention_mask, decoder_input_ids = batch()
+    model(input_ids, decoder_input_ids=decoder_input_ids)  # runs; only the weights are missing
+    with pytest.raises(ValueError, match="`output_attentions`: the weightless kernel returns no attention weights"):
+        model(input_ids, decoder_input_ids=decoder_input_ids, output_attentions=True)
+
+
 @pytest.mark.parametrize("score", ["scaled_dot", "location"])
 def test_incremental_decoding_equals_full_recomputation(score):
     model = make_model(attention_score=score)

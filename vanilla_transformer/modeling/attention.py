@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, create_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 # --------------------------------------------------------------------------------------
@@ -36,8 +37,11 @@ def scaled_dot_product_attention(module, query, key, value, attention_mask, scal
 
 def additive_mask(mask, module, query, key):
     """The additive mask of the explicit attention function (0 where allowed, the dtype's minimum where not)
-    from one built for torch's fused kernel: a boolean one (True where allowed), or None where the kernel
-    applies §3.2.3's causality itself. An additive mask is returned as it is."""
+    from one built for torch's fused kernels: a boolean one (True where allowed), flex attention's block mask
+    (its rule evaluated at every query and key), or None where the kernel applies §3.2.3's causality itself.
+    An additive mask is returned as it is."""
+    if isinstance(mask, BlockMask):
+        mask = create_mask(mask.mask_mod, *mask.shape, device=query.device)
     if mask is not None and mask.dtype != torch.bool:
         return mask
     if mask is None:
@@ -118,9 +122,12 @@ class MultiHeadAttention(nn.Module):
     def attend(self, q, k, v, attention_mask, output_attentions=False):
         implementation = self.config._attn_implementation
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, scaled_dot_product_attention)
-        if output_attentions and implementation == "sdpa":
-            # torch's fused kernel returns no weights: the explicit function computes the same numbers.
+        if output_attentions and implementation in ("sdpa", "flex_attention"):
+            # torch's fused kernels return no weights: the explicit function computes the same numbers.
             attention, attention_mask = scaled_dot_product_attention, additive_mask(attention_mask, self, q, k)
+        elif output_attentions and attention is not scaled_dot_product_attention:
+            raise ValueError(f"`output_attentions`: the {implementation} kernel returns no attention weights; load the "
+                             "model with attn_implementation='eager' or 'sdpa' to see them")
         dropout = self.dropout if self.training else 0.0
         return attention(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling)
 
