@@ -38,7 +38,7 @@ from .folder_fields import (
     field_problems,
 )
 
-__all__ = ["MAX_INDEX_BYTES", "TOKENIZER_FILES", "WEIGHT_FILES", "check_config_file", "check_config_fits_weights",
+__all__ = ["MAX_INDEX_BYTES", "TOKENIZER_FILES", "WEIGHT_FILES", "check_config_fits_weights",
            "check_config_sizes", "check_export_folder", "check_generation_file", "check_model_files",
            "check_model_folder", "check_tokenizer_files", "check_tokenizer_fits", "default_device", "load_model",
            "load_pretrained", "load_tokenizer", "local_folder", "max_tokenizer_bytes", "weight_shapes"]
@@ -269,14 +269,6 @@ def _load_weights(name_or_path: str | os.PathLike, adapter: bool = False, **kwar
         found = "; ".join(f"{kind}: {', '.join(keys[:4])}" + (" ..." if len(keys) > 4 else "") for kind, keys in wrong.items())
         raise ValueError(f"the weights in {name_or_path} do not fit this version's model: {found}")
     return model
-
-
-def check_config_file(path: Path) -> dict:
-    """The config.json at `path`, or a ValueError naming it unless it is a JSON object of at most `MAX_JSON_BYTES`
-    with a `model_type`."""
-    config = read_json(path, MAX_JSON_BYTES)
-    _check_model_type(path, config)
-    return config
 
 
 def _check_model_type(path: Path, config) -> None:

@@ -98,6 +98,9 @@ def test_push_uploads_the_folder(hub_tiny_folder, tmp_path, monkeypatch, capsys)
     (["translate", "--model", "{empty}", "x"], "lacks config.json, weights"),
     (["translate", "--model", "{no_tokenizer}", "x"], "lacks tokenizer"),
     (["translate", "--model", "./no/such/folder", "x"], "neither a folder nor a Hub id"),
+    # evaluate reads the data set the folder records: through the gate first, as every command
+    (["evaluate", "--model", "{empty}"], "lacks config.json, weights"),
+    (["evaluate", "--model", "{no_tokenizer}"], "lacks tokenizer"),
     (["translate", "--model", "{folder}", "--input-file", "{empty}/none.txt"], "--input-file {empty}/none.txt: No such file"),
     (["translate", "--model", "{folder}", "--input-file", "{empty}"], "--input-file {empty}: Is a directory"),
     (["evaluate", "--model", "{folder}", "--source-file", "{one_line}", "--reference-file", "{empty}"],

@@ -121,17 +121,11 @@ def _recorded_data(model: str, source_lang: str | None, target_lang: str | None)
     `dataset_config` and `dataset_columns` (each a string or None)."""
     import glob
     import os
-    from pathlib import Path
 
-    from ..model_folder import check_config_file
+    from ..model_folder import check_model_folder, local_folder
 
-    path = Path(model) / "config.json"
-    if path.is_file():
-        config = check_config_file(path)
-    else:  # a Hub id: its config, or an OSError saying why not
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(model, trust_remote_code=False).to_dict()  # never a question
+    # through the gate, as every model folder: a damaged or hostile one is refused before its records are read
+    config = check_model_folder(local_folder(model)).to_dict()
     if not config.get("dataset_name"):
         raise ValueError(f"--dataset: {model} records no data set (its config.json has no dataset_name); name one with "
                          "--dataset, or give --source-file and --reference-file")
