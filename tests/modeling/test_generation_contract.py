@@ -212,3 +212,19 @@ def test_an_input_past_the_learned_position_table_is_refused_in_one_line(positio
             model.generate(source(length=17), max_new_tokens=3)
     else:  # sinusoids extend past the table's nominal length
         assert model.generate(source(length=17), max_new_tokens=3).shape == (2, 4)
+
+
+@pytest.mark.parametrize("num_return_sequences", [1, 2])
+def test_a_beam_search_in_which_every_token_is_ruled_out_returns_transformers_rows(model, num_return_sequences):
+    """Every token banned, </s> suppressed: no hypothesis is ever finished, and each sentence still has its rows."""
+    input_ids, eos = source(), model.config.eos_token_id
+    options = dict(num_beams=2, num_return_sequences=num_return_sequences, max_new_tokens=5, suppress_tokens=[eos],
+                   bad_words_ids=[[token] for token in range(40) if token != eos], return_dict_in_generate=True,
+                   output_scores=True)
+    ours = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), length_penalty_style="transformers",
+                          **options)
+    theirs = transformers_loop(model, input_ids, **options)
+    assert torch.equal(ours.sequences, theirs.sequences)
+    torch.testing.assert_close(ours.sequences_scores, theirs.sequences_scores)
+    gnmt = model.generate(input_ids, length_penalty_style="gnmt", **options)
+    assert torch.equal(gnmt.sequences, theirs.sequences) and (gnmt.sequences_scores == float("-inf")).all()

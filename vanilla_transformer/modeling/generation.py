@@ -603,6 +603,7 @@ class _Hypotheses:
         batch, device = rows // beams, input_ids.device
         self.beams, self.ranking = beams, ranking
         self.tokens = input_ids  # (rows, t)
+        self.prompts = input_ids[::beams]  # (batch, t): each sentence's, its beams' alike
         self.origins = input_ids.new_zeros(rows, 0)  # the row each token was generated from (transformers' beam_indices)
         self.scores = torch.full((batch, beams), ranking.dead, device=device)
         self.scores[:, 0] = 0.0  # all beams start identical: expand only the first
@@ -684,14 +685,16 @@ class _Hypotheses:
         self.active = self.active[staying]
 
     def best(self, n: int) -> list[_Finished]:
-        """Each sentence's `n` best finished hypotheses, sentence by sentence."""
+        """Each sentence's `n` best finished hypotheses, sentence by sentence. A place no hypothesis reached (every
+        token was ruled out) holds the prompt alone, scored as the ranking scores a dead beam (transformers: -1e9):
+        each sentence keeps its `n` rows in the output."""
         scores, lengths = self.kept_scores[:, :n].tolist(), self.kept_lengths[:, :n].tolist()
         return [
             _Finished(score, self.kept_tokens[sentence, rank, :length],
-                     self.kept_origins[sentence, rank, : length - self.prompt_length])
+                     self.kept_origins[sentence, rank, : length - self.prompt_length]) if score > float("-inf")
+            else _Finished(self.ranking.dead, self.prompts[sentence], self.kept_origins.new_empty(0))
             for sentence, (sentence_scores, sentence_lengths) in enumerate(zip(scores, lengths))
             for rank, (score, length) in enumerate(zip(sentence_scores, sentence_lengths))
-            if score > float("-inf")
         ]
 
 
