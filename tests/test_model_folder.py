@@ -114,14 +114,16 @@ def test_a_settings_file_past_its_bound_is_refused_before_it_is_parsed(tmp_path,
         read_json(path, 1 << 20)
 
 
-# --- loading: `load_model` (model and tokenizer), `load_pretrained` (the model, past the gate) ---
+# --- loading: a model is built from a folder past the gate (`CheckedFolder.load`); `load_model` adds the tokenizer ---
 
 
-def test_load_pretrained_runs_the_gate_unless_told_it_ran(tmp_path, monkeypatch):
+def test_a_model_is_built_only_from_a_folder_past_the_gate(tmp_path, monkeypatch):
     from vanilla_transformer import model_folder
 
     VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=64)).save_pretrained(tmp_path)
     checked = model_folder.check_model_folder(tmp_path, needs_tokenizer=False)
+    assert isinstance(checked, model_folder.CheckedFolder)
+    assert checked.folder == tmp_path and checked.config.d_model == 64 and not checked.adapter
 
     def gate(folder, **kwargs):
         raise ValueError(f"gate ran on {folder}")
@@ -129,6 +131,8 @@ def test_load_pretrained_runs_the_gate_unless_told_it_ran(tmp_path, monkeypatch)
     monkeypatch.setattr(model_folder, "check_model_folder", gate)
     with pytest.raises(ValueError, match="gate ran"):
         model_folder.load_pretrained(tmp_path)
-    model = model_folder.load_pretrained(tmp_path, checked=checked, dropout=0.25)  # overrides still reach the config
-    assert model.config.dropout == 0.25 and not hasattr(model.config, "checked")
-    assert not hasattr(model_folder, "load_checked")  # two loaders: load_model and load_pretrained
+    with pytest.raises(ValueError, match="gate ran"):
+        model_folder.load_model(tmp_path)
+    model = checked.load(dropout=0.25)  # overrides still reach the config
+    assert model.config.dropout == 0.25
+    assert not hasattr(model_folder, "load_checked") and not hasattr(model_folder, "_load_weights")

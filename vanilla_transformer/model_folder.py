@@ -1,7 +1,8 @@
 """The gate of a model folder: everything a folder must pass before anything is built from it.
 
-    check_model_folder("runs/en-es")                 # a ValueError naming the file and the bound, or nothing
-    model, tokenizer = load_model("runs/en-es")      # checked, then loaded with the package's own classes
+    checked = check_model_folder("runs/en-es")       # a ValueError naming the file and the bound, or a CheckedFolder
+    model = checked.load()                           # the model, built only from a folder that passed
+    model, tokenizer = load_model("runs/en-es")      # both, checked then loaded with the package's own classes
     check_export_folder("runs/en-es-ct2")            # a CTranslate2 export's files
 
 translate, evaluate, attention, export, serve and `train --model-name-or-path` load a folder through here, so
@@ -9,8 +10,9 @@ each refuses a hostile one with the same line. What is checked, in order: the fi
 none is a link out of it; each settings file is small enough to read (`MAX_JSON_BYTES`) and every field it holds
 that the package reads is of its kind and within its bound (`folder_fields.FIELDS`, the table of
 docs/folder-fields.md); the tokenizer files fit the vocabulary and hold no pattern that backtracks without end;
-the weights files are whole, a pickled one holds tensors alone, and their headers fit the config. Only then do
-transformers' loaders read the folder, with no code from it.
+the weights files are whole, a pickled one holds tensors alone, and their headers fit the config; a LoRA adapter
+saved with the model fits it. Only then do transformers' loaders read the folder (`CheckedFolder.load`), with no
+code from it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import re
 import warnings
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 
@@ -38,7 +41,7 @@ from .folder_fields import (
     field_problems,
 )
 
-__all__ = ["MAX_INDEX_BYTES", "TOKENIZER_FILES", "WEIGHT_FILES", "check_config_fits_weights",
+__all__ = ["MAX_INDEX_BYTES", "TOKENIZER_FILES", "WEIGHT_FILES", "CheckedFolder", "check_config_fits_weights",
            "check_config_sizes", "check_export_folder", "check_generation_file", "check_model_files",
            "check_model_folder", "check_tokenizer_files", "check_tokenizer_fits", "default_device", "load_model",
            "load_pretrained", "load_tokenizer", "local_folder", "max_tokenizer_bytes", "weight_shapes"]
@@ -77,11 +80,10 @@ def load_model(name_or_path: str | os.PathLike, device: str | None = None):
     (`check_model_folder`), so that a missing piece or a field out of bounds gets one clear line instead of a stack
     trace, a hang or a translation that never ends.
     """
-    folder = local_folder(name_or_path)
-    adapter = _check_adapter(folder, check_model_folder(folder))
+    checked = check_model_folder(local_folder(name_or_path))
     try:
-        tokenizer = load_tokenizer(folder)
-        model = _load_weights(folder, adapter)  # the package's own classes: no remote code
+        tokenizer = load_tokenizer(checked.folder)
+        model = checked.load()  # the package's own classes: no remote code
     except OSError as err:
         raise ValueError(f"cannot load the model {name_or_path!r}: {err}") from err
     check_tokenizer_fits(tokenizer, model.config, name_or_path)
@@ -106,11 +108,39 @@ def local_folder(name_or_path: str | os.PathLike) -> Path:
                          f"({' '.join(str(err).split())[:300]})") from err
 
 
-def check_model_folder(folder: str | os.PathLike, needs_tokenizer: bool = True):
-    """The folder's config (transformers' class for it), or a ValueError naming the file and what it must be unless
-    the model folder passes every check of this module (in the order the top says); nothing is built, no file is
-    read past its bound, and each settings file is read once. `needs_tokenizer`: a folder without tokenizer.json is
-    refused (fine-tuning may take the tokenizer from elsewhere)."""
+class CheckedFolder(NamedTuple):
+    """A model folder that passed the gate (`check_model_folder`): the only thing a model is built from here."""
+
+    folder: Path
+    config: Any  # transformers' config of the folder's architecture, read by its own classes
+    adapter: bool  # a LoRA adapter saved with the model, checked against it, to merge as it loads
+
+    def load(self, **kwargs):
+        """`AutoModelForSeq2SeqLM.from_pretrained` with this package's classes (no code from the folder), refusing
+        weights that do not fit them (transformers only warns and leaves such weights random); an adapter is
+        merged into the weights. `kwargs` go to `from_pretrained` (config overrides among them)."""
+        from transformers import AutoModelForSeq2SeqLM
+
+        if self.adapter:
+            warnings.warn(f"applying the LoRA adapter saved in {self.folder} ({ADAPTER_CONFIG}), merged into the "
+                          "weights", stacklevel=2)
+        kwargs.setdefault("trust_remote_code", False)
+        model, info = AutoModelForSeq2SeqLM.from_pretrained(self.folder, output_loading_info=True, **kwargs)
+        if self.adapter:
+            return merge_adapter(model)  # the base weights were checked against the config by the gate
+        kinds = ("missing_keys", "unexpected_keys", "mismatched_keys")
+        wrong = {kind.replace("_", " "): sorted(map(str, info.get(kind) or ())) for kind in kinds if info.get(kind)}
+        if wrong:
+            found = "; ".join(f"{kind}: {', '.join(keys[:4])}" + (" ..." if len(keys) > 4 else "") for kind, keys in wrong.items())
+            raise ValueError(f"the weights in {self.folder} do not fit this version's model: {found}")
+        return model
+
+
+def check_model_folder(folder: str | os.PathLike, needs_tokenizer: bool = True) -> CheckedFolder:
+    """The folder, passed (a `CheckedFolder`, which loads it), or a ValueError naming the file and what it must be
+    unless the model folder passes every check of this module (in the order the top says); nothing is built, no file
+    is read past its bound, and each settings file is read once. `needs_tokenizer`: a folder without tokenizer.json
+    is refused (fine-tuning may take the tokenizer from elsewhere)."""
     folder = Path(folder)
     _check_complete(folder, needs_tokenizer)
     settings = _read_settings(folder)
@@ -125,7 +155,7 @@ def check_model_folder(folder: str | os.PathLike, needs_tokenizer: bool = True):
         check_generation_file(folder / GENERATION_FILE, generation, context)
     check_model_files(folder)
     check_config_fits_weights(folder, config)
-    return config
+    return CheckedFolder(folder, config, _check_adapter(folder, config))
 
 
 def _read_settings(folder: Path) -> dict:
@@ -229,16 +259,10 @@ def check_tokenizer_fits(tokenizer, config, name_or_path) -> None:
                          "Put the tokenizer.json the model was trained with beside it")
 
 
-def load_pretrained(name_or_path: str | os.PathLike, checked=None, **kwargs):
-    """`AutoModelForSeq2SeqLM.from_pretrained` with this package's classes, the folder (or a Hub id's, as
-    `local_folder` gives it) through the gate first (`check_model_folder`; its tokenizer may be missing), refusing
-    weights that do not fit the classes (transformers only warns and leaves such weights random). `checked`: what
-    `check_model_folder` returned for this folder where the caller has run the gate already; `kwargs` go to
-    `from_pretrained` (config overrides among them)."""
-    if checked is None:
-        name_or_path = local_folder(name_or_path)
-        checked = check_model_folder(name_or_path, needs_tokenizer=False)
-    return _load_weights(name_or_path, _check_adapter(Path(name_or_path), checked), **kwargs)
+def load_pretrained(name_or_path: str | os.PathLike, **kwargs):
+    """The model of a folder (or a Hub id's, as `local_folder` gives it) through the gate (its tokenizer may be
+    missing): `check_model_folder(...).load(**kwargs)`."""
+    return check_model_folder(local_folder(name_or_path), needs_tokenizer=False).load(**kwargs)
 
 
 def _check_adapter(folder: Path, config) -> bool:
@@ -251,24 +275,7 @@ def _check_adapter(folder: Path, config) -> bool:
     if importlib.util.find_spec("peft") is None:
         raise ValueError(f"{folder / ADAPTER_CONFIG} is a LoRA adapter saved with the model, which needs the peft "
                          "package: pip install 'vanilla-transformer[peft]'")
-    warnings.warn(f"applying the LoRA adapter saved in {folder} ({ADAPTER_CONFIG}), merged into the weights", stacklevel=3)
     return True
-
-
-def _load_weights(name_or_path: str | os.PathLike, adapter: bool = False, **kwargs):
-    """`load_pretrained` past the gate; an adapter the gate let through is merged into the weights."""
-    from transformers import AutoModelForSeq2SeqLM
-
-    kwargs.setdefault("trust_remote_code", False)  # the package's classes: no question, no code from the folder
-    model, info = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
-    if adapter:
-        return merge_adapter(model)  # the base weights were checked against the config by the gate
-    kinds = ("missing_keys", "unexpected_keys", "mismatched_keys")
-    wrong = {kind.replace("_", " "): sorted(map(str, info.get(kind) or ())) for kind in kinds if info.get(kind)}
-    if wrong:
-        found = "; ".join(f"{kind}: {', '.join(keys[:4])}" + (" ..." if len(keys) > 4 else "") for kind, keys in wrong.items())
-        raise ValueError(f"the weights in {name_or_path} do not fit this version's model: {found}")
-    return model
 
 
 def _check_model_type(path: Path, config) -> None:

@@ -125,7 +125,7 @@ def _recorded_data(model: str, source_lang: str | None, target_lang: str | None)
     from ..model_folder import check_model_folder, local_folder
 
     # through the gate, as every model folder: a damaged or hostile one is refused before its records are read
-    config = check_model_folder(local_folder(model)).to_dict()
+    config = check_model_folder(local_folder(model)).config.to_dict()
     if not config.get("dataset_name"):
         raise ValueError(f"--dataset: {model} records no data set (its config.json has no dataset_name); name one with "
                          "--dataset, or give --source-file and --reference-file")

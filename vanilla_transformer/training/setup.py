@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -21,7 +20,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedTokenizerBase
 
 from ..corpora import recorded_name
-from ..model_folder import check_model_folder, load_pretrained
+from ..model_folder import CheckedFolder, check_model_folder
 from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 from ..modeling.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
@@ -156,8 +155,8 @@ def _training_log(args: TrainArguments, accelerator, state: RunState) -> Trainin
     return TrainingLog(args.output_dir, state.step if args.resume else None, accelerator.is_main_process)
 
 
-def _starting_point(args: TrainArguments, accelerator, checkpoint_root: Path) -> tuple[Path | None, Any]:
-    """The checkpoint the run resumes from, or None; and the config of the model folder it fine-tunes, or None: the
+def _starting_point(args: TrainArguments, accelerator, checkpoint_root: Path) -> tuple[Path | None, CheckedFolder | None]:
+    """The checkpoint the run resumes from, or None; and the model folder it fine-tunes, past the gate, or None: the
     gate checks that folder first, before its tokenizer or any data is read, and once."""
     if args.resume:
         step = on_main(accelerator, lambda: resume_step(checkpoint_root, args.output_dir, run_options(args),
@@ -179,7 +178,7 @@ def _starting_point(args: TrainArguments, accelerator, checkpoint_root: Path) ->
 
 def _build_model(args: TrainArguments, accelerator, tokenizer, resume_from: Path | None, base, langs: tuple[str, str]):
     """The model to train, its objective and attention set, its language pair recorded, its config saved. `base`:
-    the config of the checked model folder it fine-tunes (`_starting_point`), or None."""
+    the model folder it fine-tunes, past the gate (`_starting_point`), or None."""
     model = _load_model(args, tokenizer, resume_from, base)
     model.config.label_smoothing = args.label_smoothing  # the model's own loss is the run's objective (§5.4)
     if args.attn_implementation:  # refused before the first step (a missing kernel package, for one)
@@ -198,12 +197,12 @@ def _build_model(args: TrainArguments, accelerator, tokenizer, resume_from: Path
     return model
 
 
-def _load_model(args: TrainArguments, tokenizer, resume_from: Path | None, base):
+def _load_model(args: TrainArguments, tokenizer, resume_from: Path | None, base: CheckedFolder | None):
     config_file = Path(args.output_dir) / CHECKPOINTS / "config.json"
     if resume_from is not None:  # the architecture of the run being resumed; its weights come with load_state
         return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_json_file(config_file))
-    if args.model_name_or_path is not None:
-        model = load_pretrained(args.model_name_or_path, checked=base, **args.config_overrides)
+    if base is not None:
+        model = base.load(**args.config_overrides)
         if len(tokenizer) > model.config.vocab_size:
             raise ValueError(
                 f"the tokenizer has {len(tokenizer)} tokens but the model {args.model_name_or_path} only "
