@@ -77,8 +77,9 @@ def save_for_hub(
     `target_lang`, `hyperparameters` (the training settings to list), `example` (a source sentence whose
     attention heat map goes into the card) and `repo_id` (used in the card's snippets) describe the model.
 
-    The model comes first (`save_model_files`): it is staged and renamed into place, so `output_dir`
-    never holds half a model. results.json follows, then the card and its heat map (`write_model_card`),
+    A model never told how to decode is given the paper's (§6.1: beam 4, GNMT length penalty 0.6), as
+    training gives its own. The model comes first (`save_model_files`): it is staged and renamed into
+    place, so `output_dir` never holds half a model. results.json follows, then the card and its heat map (`write_model_card`),
     which may fail with a warning but never take the model with them. If `output_dir` already holds
     files (say, training checkpoints), the new files replace their namesakes, stale weight files and the
     card, heat map and results of an earlier model are removed, and everything else is kept.
@@ -91,6 +92,7 @@ def save_for_hub(
 
         model.config.update({"source_lang": source_lang, "target_lang": target_lang,
                              "dataset_name": dataset and recorded_name(dataset)})
+    _write_generation_defaults(model)
     save_model_files(model, tokenizer, output_dir)
     write_results(output_dir, results or {})
     write_model_card(
@@ -120,7 +122,6 @@ def save_model_files(model, tokenizer, output_dir: str | os.PathLike) -> Path:
     output_dir = Path(output_dir)
     sweep_staging(output_dir)
     with staged_files(output_dir, "model", last=["config.json"]) as staging:  # a model once config.json lands
-        _write_generation_defaults(model)
         model.save_pretrained(staging)
         save_tokenizer_files(tokenizer, staging)
         _drop_absent_code(staging)
