@@ -21,6 +21,7 @@ from vanilla_transformer.training.arguments import (
     DATA_GROUP,
     GROUPS,
     PRESET_NAMES,
+    RUN_OPTIONS,
     TRACKERS,
     TrainArguments,
     add_arguments,
@@ -207,3 +208,15 @@ def test_a_vocabulary_too_small_is_refused_before_any_data_is_read_or_folder_mad
     assert done.stderr.splitlines()[-1] == ("vanilla-transformer train: error: `vocab_size` must be at least 260 (the 256 "
                                             "bytes every vocabulary starts with, and the special tokens); got 200.")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_two_records_of_a_runs_options(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pairs.tsv").write_text("a\tb\n")
+    args = TrainArguments(output_dir="out", dataset="pairs.tsv", resume=True, max_steps=3)
+    defining = args.run_options()
+    assert defining["dataset"] == str(tmp_path / "pairs.tsv")  # a local path, made absolute: the same data from anywhere
+    assert set(defining) == set(RUN_OPTIONS) and "max_steps" not in defining  # a resume may extend its limits
+    recorded = args.recorded_options()
+    assert recorded["dataset"] == "pairs.tsv" and recorded["max_steps"] == 3  # as typed, for `resume` to restore
+    assert "output_dir" not in recorded and "resume" not in recorded

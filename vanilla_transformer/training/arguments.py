@@ -18,6 +18,7 @@ import numbers
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..choices import DEFAULT_VOCAB_SIZE, PAPER_WARMUP_STEPS, PRESET_NAMES, PRESET_SHAPES, TOKENIZER_MODELS
 from ..file_checks import check_repo_id
@@ -391,6 +392,20 @@ class TrainArguments:
         if not all(name.strip() for name in self.lora_target_modules.split(",")):
             raise ValueError(f"`lora_target_modules` must be layer names separated by commas, e.g. {LORA_TARGETS}; "
                              f"got {self.lora_target_modules!r}.")
+
+    def run_options(self) -> dict:
+        """The options that define the run (RUN_OPTIONS), local paths made absolute, as its checkpoints record them: a
+        `resume` that changes one is refused (`check_same_run`)."""
+        options = {name: getattr(self, name) for name in RUN_OPTIONS}
+        for name in ("dataset", "tokenizer", "model_name_or_path"):
+            if options[name] is not None and Path(options[name]).expanduser().exists():
+                options[name] = str(Path(options[name]).expanduser().resolve())
+        return options
+
+    def recorded_options(self) -> dict:
+        """Every option of the run (all but `output_dir` and `resume`) as its checkpoints record them, for `resume`
+        alone to restore (`restore_options`)."""
+        return {name: value for name, value in dataclasses.asdict(self).items() if name not in ("output_dir", "resume")}
 
     def compile_asked(self) -> bool:
         """Whether the step is to be compiled: `torch_compile`, or left out and implied by a backend or mode."""

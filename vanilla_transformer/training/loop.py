@@ -35,7 +35,7 @@ from .evaluation import evaluate, full_model, report
 from .finish import finish
 from .attention_implementation import choose_attention, training_attention
 from .lock import RunLock
-from .resume import finished_step, recorded_options
+from .resume import finished_step
 from .run_folder import explain_disk_full, take_folder
 from .run_state import RunState
 from .selection import best_steps, out_of_patience, record_validation
@@ -55,7 +55,7 @@ def train(args: TrainArguments) -> dict:
     lock = RunLock(args.output_dir)  # one run per folder: taken by the main process for all of them
     on_main(accelerator, lambda: take_folder(lock))
     try:
-        if args.resume and on_main(accelerator, lambda: finished_step(args.output_dir, recorded_options(args))) is not None:
+        if args.resume and on_main(accelerator, lambda: finished_step(args)) is not None:
             return read_json(Path(args.output_dir) / RESULTS_FILE)  # the run is done: the folder stays as it is
         try:
             components, state, budget = set_up(args, accelerator, lock)

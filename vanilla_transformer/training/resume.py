@@ -8,7 +8,7 @@ A checkpoint's records are data, checked before they are used (`RunState.read`, 
 
 from __future__ import annotations
 
-from dataclasses import asdict, fields
+from dataclasses import fields
 from pathlib import Path
 
 from accelerate.logging import get_logger
@@ -36,7 +36,7 @@ from .run_folder import CHECKPOINTS
 from .run_state import RunState
 
 __all__ = [
-    "BUDGET_OPTIONS", "check_run_config", "check_same_run", "finished_step", "recorded_options", "restore_options", "resume_budget", "resume_step", "run_options",
+    "BUDGET_OPTIONS", "check_run_config", "check_same_run", "finished_step", "restore_options", "resume_budget", "resume_step",
 ]
 
 logger = get_logger(__name__)
@@ -45,11 +45,11 @@ logger = get_logger(__name__)
 BUDGET_OPTIONS = ("max_steps", "num_epochs", "time_limit")  # the run's limits, which a resume may extend
 
 
-def finished_step(output_dir: str, given: dict) -> int | None:
-    """`resume` of the run in `output_dir` whose budget is spent and whose final model and results.json are those of
-    its newest checkpoint, with no option but its limits `given` otherwise (the options typed, as checkpoints record
-    them: `recorded_options`): nothing to train, score or save. Says so in one line and returns the step; else None (a
-    run whose final folder is not there yet is finished by `train`)."""
+def finished_step(args: TrainArguments) -> int | None:
+    """`resume` of the run in `args.output_dir` whose budget is spent and whose final model and results.json are those
+    of its newest checkpoint, with no option but its limits given otherwise: nothing to train, score or save. Says so
+    in one line and returns the step; else None (a run whose final folder is not there yet is finished by `train`)."""
+    output_dir, given = args.output_dir, args.recorded_options()
     checkpoint = latest_checkpoint(Path(output_dir) / CHECKPOINTS)
     try:
         state = RunState.read(checkpoint) if checkpoint is not None else None
@@ -90,21 +90,22 @@ def resume_budget(state: RunState, budget: Budget) -> None:
             logger.info(f"`{name}` {getattr(budget, name)}, given with `resume`, replaces the run's {recorded[name]}")
 
 
-def resume_step(checkpoint_root: Path, output_dir: str, run: dict, given: dict) -> int:
-    """The step of the checkpoint `resume` continues from: the newest that reads back whole, of the same run (`run`:
-    the options that define it, `run_options`; `given`: every option typed, `recorded_options`)."""
+def resume_step(checkpoint_root: Path, args: TrainArguments) -> int:
+    """The step of the checkpoint `resume` continues from: the newest that reads back whole, of the same run (the
+    options that define it, `TrainArguments.run_options`, unchanged)."""
+    output_dir = args.output_dir
     if not list_checkpoints(checkpoint_root):
         raise FileNotFoundError(f"`resume`: no complete checkpoint in {checkpoint_root} to resume from")
     checkpoint, problems = newest_sound_checkpoint(checkpoint_root)
     for problem in problems:
         logger.warning(f"`resume`: {problem}")
     state = RunState.read(checkpoint)
-    check_same_run(run, state.run_options, output_dir)
+    check_same_run(args.run_options(), state.run_options, output_dir)
     if problems:
         logger.warning(f"`resume`: continuing from {checkpoint.name}, the newest checkpoint that reads back whole; "
                        f"the steps after {state.step} are trained again")
     check_run_config(checkpoint_root / "config.json", checkpoint)  # the run's architecture, built by every process next
-    _log_options(given, state.options or {}, checkpoint / STATE_FILE, output_dir)
+    _log_options(args.recorded_options(), state.options or {}, checkpoint / STATE_FILE, output_dir)
     return state.step
 
 
@@ -123,20 +124,6 @@ def check_run_config(config_file: Path, checkpoint: Path) -> None:
         raise ValueError(f"{config_file} does not describe a model: {err}") from None
     if checkpoint_layout(checkpoint) == "DDP":  # the other layouts are pickles, read by their engines' own checks
         check_config_sizes(config, config_file, weight_shapes([checkpoint / WEIGHTS_FILE]), checkpoint)
-
-
-def run_options(args: TrainArguments) -> dict:
-    """The options that define a run (RUN_OPTIONS), local paths made absolute, as its checkpoints record them."""
-    options = {name: getattr(args, name) for name in RUN_OPTIONS}
-    for name in ("dataset", "tokenizer", "model_name_or_path"):
-        if options[name] is not None and Path(options[name]).expanduser().exists():
-            options[name] = str(Path(options[name]).expanduser().resolve())
-    return options
-
-
-def recorded_options(args: TrainArguments) -> dict:
-    """Every option of the run as its checkpoints record them, for `resume` alone to restore (`restore_options`)."""
-    return {name: value for name, value in asdict(args).items() if name not in ("output_dir", "resume")}
 
 
 def restore_options(output_dir: str, given: dict) -> dict:
@@ -190,9 +177,9 @@ def _log_options(options: dict, recorded: dict, source: Path, output_dir: str) -
 
 
 def check_same_run(now: dict, started_with: dict | None, output_dir: str) -> None:
-    """`resume` continues the run in `output_dir` as it was started: its options `now` (`run_options`) against those
-    it `started_with`, for other data, tokenizer, model or batches would silently be ignored or change what was being
-    trained. (Checkpoints from before runs recorded their options have nothing to compare with.)"""
+    """`resume` continues the run in `output_dir` as it was started: its options `now` (`TrainArguments.run_options`)
+    against those it `started_with`, for other data, tokenizer, model or batches would silently be ignored or change
+    what was being trained. (Checkpoints from before runs recorded their options have nothing to compare with.)"""
     if started_with is None:
         return
     defaults = TrainArguments(output_dir="")  # options newer than the checkpoint had their default

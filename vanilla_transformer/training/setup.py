@@ -40,7 +40,7 @@ from .precision import Bf16Weights, bf16_weights
 from .budget import Budget
 from .lock import RunLock
 from .logs import Losses, TrainingLog
-from .resume import recorded_options, resume_budget, resume_step, run_options
+from .resume import resume_budget, resume_step
 from .run_folder import CHECKPOINTS, check_new_folder
 from .run_state import RunState
 from .schedule import PAPER_WARMUP_STEPS, BudgetSchedule, make_optimizer, make_scheduler, peak_scale, schedule_summary
@@ -110,7 +110,7 @@ def set_up(args: TrainArguments, accelerator, lock: RunLock | None = None) -> tu
                                args.weight_decay)
     configure_deepspeed(accelerator, args)  # the batch sizes DeepSpeed asks for; nothing without DeepSpeed
     model, prepared_optimizer = prepare(accelerator, model, optimizer)
-    state = (RunState(run_options=run_options(args), options=recorded_options(args)) if resume_from is None
+    state = (RunState(run_options=args.run_options(), options=args.recorded_options()) if resume_from is None
              else RunState.read(resume_from))
     sampler = training_sampler(accelerator, train_split, state.epoch, args.max_tokens, args.seed,
                                shape_count=args.bucket_shapes, compiled=args.compile_asked())
@@ -129,7 +129,7 @@ def set_up(args: TrainArguments, accelerator, lock: RunLock | None = None) -> tu
         accelerator.load_state(str(resume_from))  # weights, optimiser, scheduler, RNG states
         logger.info(f"resumed from {resume_from} (step {state.step})")
         resume_budget(state, budget)
-        state.record_options(recorded_options(args))  # those typed with `resume`, for the next one
+        state.record_options(args.recorded_options())  # those typed with `resume`, for the next one
     else:
         set_seed(args.seed, device_specific=True)  # different dropout masks on each process
     if accelerator.is_main_process:
@@ -159,8 +159,7 @@ def _starting_point(args: TrainArguments, accelerator, checkpoint_root: Path) ->
     """The checkpoint the run resumes from, or None; and the model folder it fine-tunes, past the gate, or None: the
     gate checks that folder first, before its tokenizer or any data is read, and once."""
     if args.resume:
-        step = on_main(accelerator, lambda: resume_step(checkpoint_root, args.output_dir, run_options(args),
-                                                        recorded_options(args)))
+        step = on_main(accelerator, lambda: resume_step(checkpoint_root, args))
     else:  # a new run: None, once its folder is checked
         step = on_main(accelerator, lambda: check_new_folder(args.output_dir, checkpoint_root, args.lora_rank))
     if step is not None:

@@ -20,7 +20,6 @@ from ..staging import write_file_whole
 from ..tokenizer import check_appends_eos, train_tokenizer
 from .arguments import TrainArguments
 from .data import tokenize_pairs
-from .resume import run_options
 from .run_folder import CHECKPOINTS, TOKENIZER_OPTIONS
 
 __all__ = ["load_splits", "prepare_data", "prepare_tokenizer"]
@@ -110,8 +109,7 @@ def _checked_tokenizer(folder, name: str):
 
 def _tokenizer_options(args: TrainArguments, source_lang: str, target_lang: str) -> dict:
     """What a tokenizer trained by this run is learnt from (recorded in checkpoints/tokenizer_options.json)."""
-    options = run_options(args)
-    return {"dataset": options["dataset"], "dataset_config": args.dataset_config, "source_lang": source_lang,
+    return {"dataset": args.run_options()["dataset"], "dataset_config": args.dataset_config, "source_lang": source_lang,
             "target_lang": target_lang, "vocab_size": args.vocab_size, "tokenizer_model": args.tokenizer_model}
 
 
