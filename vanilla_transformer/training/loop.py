@@ -80,20 +80,12 @@ def _train_part(components: Components, state: RunState, budget: Budget) -> None
     runs out or a stop is requested; then a checkpoint of the last step (validated first under `best_metric`)."""
     args = components.args
     saved = state.step if args.resume else None  # the step of the newest checkpoint
-
-    def save_if_due(new_best: bool = False, part_over: bool = False) -> None:
-        nonlocal saved
-        if checkpoint_due(state.step, saved, args.save_steps, new_best=new_best, part_over=part_over):
-            budget.end_part()  # the checkpoint records the run's time up to it
-            save_run(components, state, args.keep_checkpoints)
-            saved = state.step
-
     bar = _progress_bar(state, budget, components.accelerator.is_local_main_process)
     with (budget.stop_requests, closing(_steps(components, state, budget, args)) as steps,
           training_attention(components.accelerator.device)):  # the timing of kernels and every evaluation too
         # Fine-tuning: the baseline, before any step.
         if args.model_name_or_path is not None and not args.resume:
-            save_if_due(new_best=_validate(components, state, budget, args))
+            saved = save_if_due(components, state, budget, saved, new_best=_validate(components, state, budget, args))
         with bar:  # closed on the way out, so that a failure's one line comes after the bar, not before
             for micro_batches in steps:
                 if first := state.step == budget.start_step:  # the first step of this session
@@ -114,7 +106,7 @@ def _train_part(components: Components, state: RunState, budget: Budget) -> None
                 # The last step is validated too, so that the steps since the last validation can be the best.
                 last = args.best_metric is not None and (budget.steps_done(state.step) or budget.out_of_time())
                 new_best = (state.step % args.eval_steps == 0 or last) and _validate(components, state, budget, args)
-                save_if_due(new_best=new_best)
+                saved = save_if_due(components, state, budget, saved, new_best=new_best)
                 if out_of_patience(state, args.patience):
                     logger.info(f"no better validation {args.best_metric} for {args.patience} evaluation(s): "
                                 f"stopping at step {state.step}; the best was step {state.best[0]['step']}")
@@ -124,7 +116,18 @@ def _train_part(components: Components, state: RunState, budget: Budget) -> None
         if args.best_metric is not None and not budget.stop_signal and not _validated(state):  # the last epoch's end
             _validate(components, state, budget, args)
             saved = None  # saved again, with the validation
-        save_if_due(part_over=True)
+        save_if_due(components, state, budget, saved, part_over=True)
+
+
+def save_if_due(components: Components, state: RunState, budget: Budget, saved: int | None, *, new_best: bool = False,
+                part_over: bool = False) -> int | None:
+    """Checkpoint the run where `checkpoint_due` says (`saved`: the step of its newest checkpoint, or None); returns
+    the step of its newest checkpoint then."""
+    if not checkpoint_due(state.step, saved, components.args.save_steps, new_best=new_best, part_over=part_over):
+        return saved
+    budget.end_part()  # the checkpoint records the run's time up to it
+    save_run(components, state, components.args.keep_checkpoints)
+    return state.step
 
 
 def checkpoint_due(step: int, saved: int | None, save_steps: int, *, new_best: bool, part_over: bool) -> bool:
