@@ -98,3 +98,15 @@ def test_a_run_whose_lock_is_removed_stops_before_its_next_checkpoint(tmp_path, 
     after = sorted(path.name for path in (out / "checkpoints").glob("checkpoint-*"))
     assert before and after[:len(before)] == before and len(after) <= len(before) + 1  # one being saved at most
     assert not (out / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '"x"', '{"pid": ', "\u00ff", " " * ((1 << 20) + 1) + "{}"])
+def test_a_lock_file_holding_no_record_is_taken_over_as_one_with_no_holder(tmp_path, content):
+    from vanilla_transformer.training.lock import LOCK_FILE, RunLock
+
+    (tmp_path / LOCK_FILE).write_text(content, encoding="latin-1")  # left by no run of ours, or damaged: unlocked
+    lock = RunLock(tmp_path)
+    lock.acquire()  # not an AttributeError from a record that is a list, or a read of any size
+    record = json.loads((tmp_path / LOCK_FILE).read_text())
+    assert record["pid"] == os.getpid() and record["host"] == socket.gethostname()
+    lock.release()

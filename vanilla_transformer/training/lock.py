@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..file_checks import read_json
+
 try:
     import fcntl
 except ImportError:  # Windows
@@ -33,6 +35,8 @@ except ImportError:  # Windows
 __all__ = ["LOCK_FILE", "LockLost", "RunLock"]
 
 LOCK_FILE = ".train.lock"
+# A holder's record: its PID, host, start time and command line, which the system bounds far below this.
+MAX_RECORD_BYTES = 1 << 20
 logger = logging.getLogger(__name__)
 
 
@@ -123,10 +127,12 @@ class RunLock:
 
 
 def _read(path: Path) -> dict:
+    """The holder's record in a lock file, or {} where the file is gone, being written, or holds no lock's record."""
     try:
-        return json.loads(path.read_text(encoding="utf-8") or "{}")
-    except (OSError, ValueError, RecursionError):  # gone, being written, or not a lock's record
+        record = read_json(path, MAX_RECORD_BYTES)
+    except (OSError, ValueError, RecursionError):
         return {}
+    return record if isinstance(record, dict) else {}
 
 
 def _gone(holder: dict) -> bool:
