@@ -428,6 +428,15 @@ def test_bad_preset_and_shapes():
         VanillaTransformerConfig(d_model=100, num_heads=8)
 
 
+def test_an_odd_width_is_refused_for_sinusoidal_positions_and_trains_with_learned_ones():
+    # §3.5 interleaves sin and cos of d_model / 2 frequencies: an odd width has no encoding of its size.
+    with pytest.raises(ValueError, match=r"`d_model` must be even for sinusoidal positions .*; got 33"):
+        VanillaTransformerConfig.from_preset("tiny", vocab_size=VOCAB, d_model=33, num_heads=1)
+    model = make_model(d_model=33, num_heads=1, position_encoding="learned")
+    input_ids, attention_mask, decoder_input_ids = batch()
+    assert model(input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits.shape[-1] == VOCAB
+
+
 @pytest.mark.parametrize("score", ["general", "location"])  # learned score parameters are saved and loaded
 def test_save_load_round_trip_is_bit_identical(tmp_path, score):
     model = make_model(attention_score=score, tie_word_embeddings=False)

@@ -247,6 +247,9 @@ class VanillaTransformerConfig(PretrainedConfig):
                 raise ValueError(f"`{name}` must be at most {MAX_SIZE}; got {value!r}.")
         if self.d_model % self.num_heads:
             raise ValueError(f"`d_model` ({self.d_model}) must be divisible by `num_heads` ({self.num_heads}).")
+        if self.position_encoding == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"`d_model` must be even for sinusoidal positions (§3.5 pairs a sine and a cosine of "
+                             f"each frequency); got {self.d_model}.")
         for name in PROBABILITIES:
             check_probability(name, getattr(self, name))
         if not is_finite_number(self.layer_norm_eps) or self.layer_norm_eps <= 0:
