@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from vanilla_transformer.training.checkpoints import latest_checkpoint, read_state
 from vanilla_transformer.training.logs import LOG_FILE, read_log
 
 CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
@@ -75,3 +76,30 @@ def test_a_bare_resume_of_a_finished_run_is_one_line_and_leaves_the_folder_byte_
     assert len(lines) == 1 and "Nothing to do" in lines[0], result.stderr[-3000:]
     assert ("stopped early by `patience`" in lines[0]) == (how == "patience")
     assert _hashes(out) == before
+
+
+# A user's own script: the Python API, where options left out are None rather than restored from the record.
+API_RESUME = """
+import json, sys
+from dataclasses import replace
+from vanilla_transformer.training.arguments import TrainArguments
+from vanilla_transformer.training.loop import train
+args = TrainArguments(output_dir=sys.argv[1], dataset=sys.argv[2], vocab_size=300, preset="tiny",
+                      config_overrides=dict(d_model=32, d_ff=64, num_heads=2, encoder_layers=1, decoder_layers=1),
+                      warmup_steps=10, eval_steps=1000, eval_samples=0, num_beams=1, mixed_precision="no",
+                      attn_implementation="eager", max_steps=2)
+train(replace(args, max_tokens=256))
+print(json.dumps(train(replace(args, resume=True, max_steps=4))))
+"""
+
+
+@pytest.mark.slow
+def test_a_resume_through_the_python_api_goes_on_with_the_batches_the_run_started_with(small_task, tmp_path):
+    run = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-c", API_RESUME, str(run), str(small_task)], capture_output=True,
+                            text=True, env=ENV, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]  # not "started with other options: max_tokens 256 -> None"
+    assert json.loads(result.stdout.strip().splitlines()[-1])["steps"] == 4
+    state = read_state(latest_checkpoint(run / "checkpoints"))
+    assert latest_checkpoint(run / "checkpoints").name.endswith("4")
+    assert state["run_options"]["max_tokens"] == state["options"]["max_tokens"] == 256  # not the CPU's default plan

@@ -25,7 +25,7 @@ from ..file_checks import check_repo_id
 from ..threads import machine_cpus
 from .schedule import SCHEDULES, check_schedule, schedule_summary
 
-__all__ = ["ATTENTION_IMPLEMENTATIONS", "CPU_MAX_TOKENS", "DEFAULT_DDP_TIMEOUT", "DEFAULT_VOCAB_SIZE", "FOLDER_TRACKERS",
+__all__ = ["ATTENTION_IMPLEMENTATIONS", "BATCH_PLAN_OPTIONS", "CPU_MAX_TOKENS", "DEFAULT_DDP_TIMEOUT", "DEFAULT_VOCAB_SIZE", "FOLDER_TRACKERS",
            "NEVER_RESTORED",
            "PAPER_WARMUP_STEPS", "SCHEDULES", "TrainArguments", "add_arguments", "argparse_options", "check_option"]
 
@@ -52,6 +52,8 @@ RUN_OPTIONS = ("dataset", "dataset_config", "columns", "source_lang", "target_la
                # ... and these: the parameters the optimiser holds, and how they are grouped
                "weight_decay", "freeze_encoder", "freeze_embeddings", "lora_rank", "lora_alpha", "lora_dropout",
                "lora_target_modules")
+# Left unset (None), these are chosen by the batch plan (batch_plan.size_batches), and a resumed run keeps its own.
+BATCH_PLAN_OPTIONS = ("max_tokens", "gradient_accumulation_steps")
 # What acts outside the run's folder (an upload, a tracker) or names it: `resume` takes these from the command line
 # alone, never from a record in the folder, which anyone who can write there could have edited.
 NEVER_RESTORED = ("output_dir", "resume", "push_to_hub", "report_to")

@@ -8,7 +8,7 @@ A checkpoint's records are data, checked before they are used (`RunState.read`, 
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from accelerate.logging import get_logger
@@ -16,6 +16,7 @@ from accelerate.logging import get_logger
 from ..file_checks import read_json
 from ..hub import RESULTS_FILE
 from .arguments import (
+    BATCH_PLAN_OPTIONS,
     FOLDER_TRACKERS,
     NEVER_RESTORED,
     RUN_OPTIONS,
@@ -37,6 +38,7 @@ from .run_state import RunState
 
 __all__ = [
     "BUDGET_OPTIONS", "check_run_config", "check_same_run", "finished_step", "restore_options", "resume_budget", "resume_step",
+    "resumed_plan",
 ]
 
 logger = get_logger(__name__)
@@ -126,6 +128,21 @@ def check_run_config(config_file: Path, checkpoint: Path) -> None:
         check_config_sizes(config, config_file, weight_shapes([checkpoint / WEIGHTS_FILE]), checkpoint)
 
 
+def resumed_plan(args: TrainArguments, started_with: dict | None) -> TrainArguments:
+    """`args` with the batch plan the resumed run was started with (`started_with`: its `run_options`) where they leave
+    it unset (BATCH_PLAN_OPTIONS), as the command line restores it: the steps go on with the same batches on any
+    machine. A record is data: each value is checked as a typed one is."""
+    recorded = started_with or {}
+    plan = {name: recorded[name] for name in BATCH_PLAN_OPTIONS
+            if getattr(args, name) is None and recorded.get(name) is not None}
+    for name, value in plan.items():
+        try:
+            check_option(name, value)
+        except ValueError as err:
+            raise ValueError(f"`resume`: the run's checkpoint records an option that is refused: {err}") from None
+    return replace(args, **plan)
+
+
 def restore_options(output_dir: str, given: dict) -> dict:
     """`resume` without the options: those the newest checkpoint of the run in `output_dir` records, the `given`
     ones (typed on the command line) over them; `check_same_run` then refuses a changed one that defines the run.
@@ -184,6 +201,7 @@ def check_same_run(now: dict, started_with: dict | None, output_dir: str) -> Non
         return
     defaults = TrainArguments(output_dir="")  # options newer than the checkpoint had their default
     before = {name: started_with.get(name, getattr(defaults, name)) for name in RUN_OPTIONS}
+    now = {**now, **{name: before[name] for name in BATCH_PLAN_OPTIONS if now[name] is None}}  # the run's plan goes on
     changed = [f"{name} {before[name]!r} -> {now[name]!r}" for name in RUN_OPTIONS if before[name] != now[name]]
     if changed:
         raise ValueError(
