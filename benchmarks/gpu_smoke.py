@@ -107,7 +107,7 @@ def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: st
     from vanilla_transformer.training.budget import Budget
     from vanilla_transformer.training.compiled import CompiledLoss, compile_timing
     from vanilla_transformer.training.data import PadCollator, PrefetchedBatches
-    from vanilla_transformer.training.attention_implementation import training_attention
+    from vanilla_transformer.training.attention_implementation import training_sdpa_backends
     from vanilla_transformer.training.run_state import RunState
     from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
     from vanilla_transformer.training.arguments import TrainArguments
@@ -132,7 +132,8 @@ def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: st
         if batch is None:
             source["batches"] = PrefetchedBatches(split, batches, PadCollator(pad_token_id, shapes), accelerator.device)
             batch = next(source["batches"])
-        with training_attention(accelerator.device), compile_timing(components.compiled, [batch], accelerator.device):
+        with (training_sdpa_backends(accelerator.device),
+              compile_timing(components.compiled, [batch], accelerator.device)):
             done = train_step(components, [batch], state.step, budget)  # as the training loop runs every step
         next_rate(components, done)
         state.count_step(1, done.tokens)

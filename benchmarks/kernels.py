@@ -149,7 +149,7 @@ def ours_step(config, batch: dict, device: str, precision: str):
 
     from vanilla_transformer import VanillaTransformerForConditionalGeneration
     from vanilla_transformer.training.budget import Budget
-    from vanilla_transformer.training.attention_implementation import training_attention
+    from vanilla_transformer.training.attention_implementation import training_sdpa_backends
     from vanilla_transformer.training.run_state import RunState
     from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
     from vanilla_transformer.training.arguments import TrainArguments
@@ -171,7 +171,7 @@ def ours_step(config, batch: dict, device: str, precision: str):
     budget = Budget(progress=state)
 
     def step():
-        with training_attention(accelerator.device):  # as the training loop runs every step
+        with training_sdpa_backends(accelerator.device):  # as the training loop runs every step
             next_rate(components, train_step(components, [(batch, tokens)], state.step, budget))
         state.count_step(1, tokens)
 

@@ -8,8 +8,8 @@ alternate (ABBA...) so that a change in machine load hits both.
 
 Precision as the training loop takes it (vanilla_transformer/training/precision.py): on a CPU every size runs in
 fp32 and, where the CPU multiplies bf16 in hardware, again under bf16 autocast, both contenders alike; on a
-GPU, bf16 autocast. Ours runs on the attention implementation the training loop chooses (`fastest_attention`:
-the fastest on this batch here, forward and backward; on a GPU, sdpa kept off cuDNN as `training_attention`
+GPU, bf16 autocast. Ours runs on the attention implementation the training loop chooses (`fastest_attn_implementation`:
+the fastest on this batch here, forward and backward; on a GPU, sdpa kept off cuDNN as `training_sdpa_backends`
 keeps it), Marian on its own default. Beside each step: the rate the
 device reaches on the step's own matrix products in the same precision (mfu.model_matmul_rate) and the step's
 share of it; on a CPU, a profile of ours by operator (self CPU time as shares of the step). On a GPU:
@@ -29,7 +29,7 @@ import tempfile
 
 import torch
 
-from vanilla_transformer.training.attention_implementation import training_attention
+from vanilla_transformer.training.attention_implementation import training_sdpa_backends
 
 from .common import (Timer, attention_kernels, by_length, model_config, operator_profile, pairs, peak_rss_mb,
                      reset_peak_rss, summary, token_batch)
@@ -82,7 +82,7 @@ def worker(spec: dict) -> dict:
     optimizer = torch.optim.Adam(parameters, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     bf16 = spec["precision"] == "bf16"
     # Ours as the training loop runs it (on a GPU, sdpa kept off cuDNN); Marian as transformers runs it.
-    kernels = (lambda: training_attention(device)) if spec["contender"] == "ours" else contextlib.nullcontext
+    kernels = (lambda: training_sdpa_backends(device)) if spec["contender"] == "ours" else contextlib.nullcontext
     with kernels():
         attention_seconds = _choose_attention(model, batch, spec["device"], bf16) if spec.get("loop_attention") else {}
     if cuda:
@@ -131,10 +131,10 @@ def worker(spec: dict) -> dict:
 def _choose_attention(model, batch: dict, device: str, bf16: bool) -> dict[str, float]:
     from accelerate import Accelerator
 
-    from vanilla_transformer.training.attention_implementation import fastest_attention
+    from vanilla_transformer.training.attention_implementation import fastest_attn_implementation
 
     accelerator = Accelerator(cpu=torch.device(device).type == "cpu", mixed_precision="bf16" if bf16 else "no")
-    return fastest_attention(accelerator, model, batch, lambda m, b: m(**b).loss)
+    return fastest_attn_implementation(accelerator, model, batch, lambda m, b: m(**b).loss)
 
 
 def _spawn(spec: dict) -> dict:

@@ -157,14 +157,15 @@ def test_causal_self_attention_runs_on_a_fused_kernel_in_bf16_training():
 
 
 def test_training_attention_keeps_sdpa_off_cudnn_in_bf16_training():
-    # Proves: under `training_attention` (the training loop runs under it, its steps included), bf16 forward and backward
+    # Proves: under `training_sdpa_backends` (the training loop runs under it, its steps included), bf16 forward and backward
     # passes on batches of two shapes run sdpa on flash or memory-efficient kernels, never cuDNN's, whose plan for
     # each new shape costs milliseconds of host time per call (docs/design.md).
-    from vanilla_transformer.training.attention_implementation import training_attention
+    from vanilla_transformer.training.attention_implementation import training_sdpa_backends
 
     model, kernels = make_model(), set()
     for batch in (make_batch(), {name: tensor[:, :-3] for name, tensor in make_batch().items()}):
-        with profile(activities=[ProfilerActivity.CPU]) as prof, autocast(torch.bfloat16), training_attention(DEVICE):
+        with (profile(activities=[ProfilerActivity.CPU]) as prof, autocast(torch.bfloat16),
+              training_sdpa_backends(DEVICE)):
             model(**on_device(batch)).loss.backward()
         kernels |= {SDPA_KERNELS[event.name] for event in prof.events() if event.name in SDPA_KERNELS}
     if DEVICE_TYPE != "cuda":

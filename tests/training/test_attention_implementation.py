@@ -12,13 +12,17 @@ import torch
 from accelerate import Accelerator
 
 from vanilla_transformer.training import attention_implementation
-from vanilla_transformer.training.attention_implementation import attention_choice, fastest_attention
+from vanilla_transformer.training.attention_implementation import (
+    attn_implementation_choice,
+    fastest_attn_implementation,
+)
 
 from tiny_step import batch, loss, model
 
 
 def clocked_loss(monkeypatch, seconds: dict):
-    """A loss whose implementations take `seconds` each on the clock `fastest_attention` reads (no real timing)."""
+    """A loss whose implementations take `seconds` each on the clock `fastest_attn_implementation` reads (no real
+    timing)."""
     clock = [0.0]
     monkeypatch.setattr(attention_implementation.time, "perf_counter", lambda: clock[0])
 
@@ -37,7 +41,7 @@ def test_the_attention_that_runs_the_first_batch_fastest_is_kept_and_the_run_goe
     torch.manual_seed(7)
     expected_draw = torch.rand(3)
     torch.manual_seed(7)
-    seconds = fastest_attention(Accelerator(cpu=True), net, first, timed_loss)
+    seconds = fastest_attn_implementation(Accelerator(cpu=True), net, first, timed_loss)
     assert seconds == pytest.approx({"sdpa": 0.1, "eager": 0.1, slow: 0.2})
     assert net.config._attn_implementation != slow
     assert all(p.grad is None for p in net.parameters())  # nothing left for the first step to add to
@@ -48,7 +52,7 @@ def test_a_near_tie_keeps_the_configured_attention(monkeypatch):
     # Proves: a difference within the first batch's noise changes nothing (sdpa, the default, a little slower here).
     net = model().train()
     timed_loss = clocked_loss(monkeypatch, {"sdpa": 0.102, "eager": 0.1})
-    seconds = fastest_attention(Accelerator(cpu=True), net, batch(), timed_loss)
+    seconds = fastest_attn_implementation(Accelerator(cpu=True), net, batch(), timed_loss)
     assert seconds["sdpa"] > seconds["eager"] and net.config._attn_implementation == "sdpa"
 
 
@@ -59,8 +63,8 @@ def test_the_words_for_the_attention_kept_agree_with_its_timings(monkeypatch):
                            ({"sdpa": 1.527, "eager": 1.2}, "attention: eager, the fastest here on the first batch, "
                             "forward and backward (sdpa 1527 ms, eager 1200 ms)")):
         net = model().train()
-        timed = fastest_attention(Accelerator(cpu=True), net, batch(), clocked_loss(monkeypatch, seconds))
-        assert attention_choice(net.config._attn_implementation, timed) == words
+        timed = fastest_attn_implementation(Accelerator(cpu=True), net, batch(), clocked_loss(monkeypatch, seconds))
+        assert attn_implementation_choice(net.config._attn_implementation, timed) == words
 
 
 @pytest.mark.parametrize("allowed, runs, chosen", [(3.0, 1, "sdpa"), (4.0, 4, "eager"), (None, 6, "eager")],
@@ -80,7 +84,8 @@ def test_the_timing_stops_before_it_would_pass_its_allowance(monkeypatch, allowe
         asked.append(per_run)
         return allowed
 
-    seconds = fastest_attention(Accelerator(cpu=True), net, batch(), counted, allowance=None if allowed is None else allowance)
+    seconds = fastest_attn_implementation(Accelerator(cpu=True), net, batch(), counted,
+                                          allowance=None if allowed is None else allowance)
     assert len(calls) == runs and net.config._attn_implementation == chosen
     assert seconds == ({} if runs < 4 else pytest.approx({"sdpa": 1.0, "eager": 0.5}))
     assert set(asked) <= {1.0}  # the slowest implementation's fastest run so far
@@ -89,7 +94,7 @@ def test_the_timing_stops_before_it_would_pass_its_allowance(monkeypatch, allowe
 
 def test_a_model_with_one_attention_implementation_is_left_on_it():
     net = model(attention_score="general")  # explicit variants run eager only
-    assert fastest_attention(Accelerator(cpu=True), net, batch(), loss) == {}
+    assert fastest_attn_implementation(Accelerator(cpu=True), net, batch(), loss) == {}
     assert net.config._attn_implementation == "eager"
 
 
@@ -121,7 +126,7 @@ def test_the_candidates_train_to_the_same_loss_and_gradients_in_fp32_and_in_bf16
 
 
 def test_a_training_run_on_a_gpu_keeps_sdpa_off_cudnn_and_a_cpu_run_is_left_alone():
-    # Proves: training_attention turns torch's cuDNN attention off (flash, memory-efficient and math stay on) while it
+    # Proves: training_sdpa_backends turns torch's cuDNN attention off (flash, memory-efficient and math stay on) while it
     # lasts on a CUDA device, and puts torch's switches back as they were; on a CPU it changes none. torch's switches
     # can be set without a GPU, so this runs anywhere; tests/gpu/test_gpu.py reads the kernels a GPU step then runs.
     switches = ("cudnn_sdp_enabled", "flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled")
@@ -131,11 +136,11 @@ def test_a_training_run_on_a_gpu_keeps_sdpa_off_cudnn_and_a_cpu_run_is_left_alon
 
     before = state()
     assert before["cudnn_sdp_enabled"]  # torch's default: the premise
-    with attention_implementation.training_attention(torch.device("cuda", 0)):
+    with attention_implementation.training_sdpa_backends(torch.device("cuda", 0)):
         assert state() == {"cudnn_sdp_enabled": False, "flash_sdp_enabled": True, "mem_efficient_sdp_enabled": True,
                            "math_sdp_enabled": True}
     assert state() == before
-    with attention_implementation.training_attention("cpu"):
+    with attention_implementation.training_sdpa_backends("cpu"):
         assert state() == before
 
 

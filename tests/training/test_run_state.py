@@ -53,7 +53,7 @@ def test_counting_a_step_moves_the_step_the_batches_and_the_tokens():
 def test_an_epoch_ends_and_the_kernel_and_the_options_typed_at_a_resume_are_recorded_by_the_state_itself():
     state = RunState(epoch=1, batches_done=7, options={"max_steps": 4, "eval_samples": 2})
     state.end_epoch()
-    state.record_attention("sdpa")
+    state.record_attn_implementation("sdpa")
     state.record_options({"max_steps": 8})
     state.record_selection([{"step": 4, "value": 1.5}], 2)
     assert (state.epoch, state.batches_done, state.attn_implementation) == (2, 0, "sdpa")

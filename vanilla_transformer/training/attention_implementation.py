@@ -2,13 +2,13 @@
 
 transformers' attention implementations compute the same function (tested) at very
 different speeds from one machine and precision to another (on some CPUs the fused "sdpa" kernel's
-bf16 backward is slower than the plain "eager" one). `fastest_attention` times each on the run's own
+bf16 backward is slower than the plain "eager" one). `fastest_attn_implementation` times each on the run's own
 first batch, forward and backward, and keeps the fastest. After its first run it goes on only while
 the runs to the end of its next round fit in `TIMING_SHARE` of what is left of the run: a short run (a
 learner's few minutes) keeps the configured implementation, untimed, rather than spend a sixth of its
 budget choosing. On a GPU, transformers' "sdpa" leaves torch
 to pick the fused kernel, and torch may pick cuDNN's, which builds an execution plan on the host for
-every new shape of batch: training's token batches come in many shapes, so `training_attention` keeps
+every new shape of batch: training's token batches come in many shapes, so `training_sdpa_backends` keeps
 a run on flash and memory-efficient attention, which need no plan.
 """
 
@@ -24,8 +24,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import criterion
 
-__all__ = ["TIMING_SHARE", "TRAINING_SDPA_BACKENDS", "attention_choice", "choose_attention", "fastest_attention",
-           "set_attention", "training_attention"]
+__all__ = ["TIMING_SHARE", "TRAINING_SDPA_BACKENDS", "attn_implementation_choice", "choose_attn_implementation",
+           "fastest_attn_implementation",
+           "set_attn_implementation", "training_sdpa_backends"]
 
 ATTENTION_CANDIDATES = ("sdpa", "eager")  # timed: the others are slower where they run at all (flex on a CPU)
 MARGIN = 0.05  # another implementation replaces the configured one only when it is at least this much faster
@@ -38,13 +39,14 @@ TRAINING_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTEN
 logger = get_logger(__name__)  # logs on the main process only
 
 
-def training_attention(device):
+def training_sdpa_backends(device):
     """While it lasts, sdpa on a CUDA `device` runs on TRAINING_SDPA_BACKENDS alone; elsewhere it changes nothing.
     torch's switches are the process's, so it belongs around a training run or step, not a server's requests."""
     return sdpa_kernel(TRAINING_SDPA_BACKENDS) if torch.device(device).type == "cuda" else nullcontext()
 
 
-def fastest_attention(accelerator, model, batch: dict, loss, rounds: int = 3, allowance=None) -> dict[str, float]:
+def fastest_attn_implementation(accelerator, model, batch: dict, loss, rounds: int = 3,
+                                allowance=None) -> dict[str, float]:
     """Leave `model` on the attention implementation that runs forward and backward on `batch` fastest.
 
     `loss(model, batch)` returns the batch's loss. Each implementation the model accepts runs `rounds` times,
@@ -116,22 +118,22 @@ def _past(accelerator, seconds: dict[str, list[float]], allowance, start: float)
     return accelerator.reduce(torch.tensor([float(past)], device=accelerator.device), "sum").item() > 0
 
 
-def choose_attention(accelerator, model, chosen: str | None, batch: dict, budget) -> str:
+def choose_attn_implementation(accelerator, model, chosen: str | None, batch: dict, budget) -> str:
     """Put the model (as prepared) on `chosen` (`attn_implementation`, or the one the resumed run chose), or on the
-    one that trains the first `batch` fastest here (`fastest_attention`), timed within TIMING_SHARE of what is left
-    of the `budget`; returns it, for checkpoints to record, so that a resumed run computes as it did."""
+    one that trains the first `batch` fastest here (`fastest_attn_implementation`), timed within TIMING_SHARE of what
+    is left of the `budget`; returns it, for checkpoints to record, so that a resumed run computes as it did."""
     unwrapped = accelerator.unwrap_model(model)
     started = time.perf_counter()
     if chosen:
-        set_attention(unwrapped, chosen)
-    elif seconds := fastest_attention(accelerator, model, batch, lambda m, b: criterion.batch_loss(m, b)[0],
+        set_attn_implementation(unwrapped, chosen)
+    elif seconds := fastest_attn_implementation(accelerator, model, batch, lambda m, b: criterion.batch_loss(m, b)[0],
                                       allowance=lambda step_seconds: TIMING_SHARE * budget.seconds_left(step_seconds)):
-        logger.info(f"{attention_choice(unwrapped.config._attn_implementation, seconds)}; "
+        logger.info(f"{attn_implementation_choice(unwrapped.config._attn_implementation, seconds)}; "
                     f"timed in {time.perf_counter() - started:.1f} s")
     return unwrapped.config._attn_implementation
 
 
-def set_attention(model, implementation: str) -> None:
+def set_attn_implementation(model, implementation: str) -> None:
     """`model.set_attn_implementation`, its refusal (a missing kernel package, for one) as one ValueError naming the
     option."""
     try:
@@ -140,8 +142,8 @@ def set_attention(model, implementation: str) -> None:
         raise ValueError(f"`attn_implementation` {implementation!r} cannot run this model: {err}") from None
 
 
-def attention_choice(chosen: str, seconds: dict[str, float]) -> str:
-    """What `fastest_attention` chose, in words that agree with its `seconds`: the fastest, or the configured
+def attn_implementation_choice(chosen: str, seconds: dict[str, float]) -> str:
+    """What `fastest_attn_implementation` chose, in words that agree with its `seconds`: the fastest, or the configured
     one kept because the fastest was not `MARGIN` faster."""
     timings = ", ".join(f"{name} {1000 * s:.0f} ms" for name, s in seconds.items())
     fastest = min(seconds, key=seconds.get)

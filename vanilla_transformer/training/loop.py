@@ -33,7 +33,7 @@ from .data import PadCollator, PrefetchedBatches
 from .distributed import default_mixed_precision, on_main, start_accelerator
 from .evaluation import evaluate, full_model, report
 from .finish import finish
-from .attention_implementation import choose_attention, training_attention
+from .attention_implementation import choose_attn_implementation, training_sdpa_backends
 from .lock import RunLock
 from .resume import finished_step
 from .run_folder import explain_disk_full, take_folder
@@ -82,7 +82,7 @@ def _train_part(components: Components, state: RunState, budget: Budget) -> None
     saved = state.step if args.resume else None  # the step of the newest checkpoint
     bar = _progress_bar(state, budget, components.accelerator.is_local_main_process)
     with (budget.stop_requests, closing(_steps(components, state, budget, args)) as steps,
-          training_attention(components.accelerator.device)):  # the timing of kernels and every evaluation too
+          training_sdpa_backends(components.accelerator.device)):  # the timing of kernels and every evaluation too
         # Fine-tuning: the baseline, before any step.
         if args.model_name_or_path is not None and not args.resume:
             saved = save_if_due(components, state, budget, saved, new_best=_validate(components, state, budget, args))
@@ -90,9 +90,9 @@ def _train_part(components: Components, state: RunState, budget: Budget) -> None
             for micro_batches in steps:
                 if first := state.step == budget.start_step:  # the first step of this session
                     clock = CpuClock()
-                    state.record_attention(choose_attention(components.accelerator, components.model,
-                                                            args.attn_implementation or state.attn_implementation,
-                                                            micro_batches[0][0], budget))
+                    state.record_attn_implementation(choose_attn_implementation(
+                        components.accelerator, components.model, args.attn_implementation or state.attn_implementation,
+                        micro_batches[0][0], budget))
                 with compile_timing(components.compiled, micro_batches, components.accelerator.device):
                     step_done = train_step(components, micro_batches, state.step, budget, args.max_grad_norm)
                 budget.add_step(step_done.tokens, step_done.elapsed, step_done.stop_signal)

@@ -45,7 +45,7 @@ class RunState:
         self.epoch += 1
         self.batches_done = 0
 
-    def record_attention(self, implementation: str) -> None:
+    def record_attn_implementation(self, implementation: str) -> None:
         """The attention implementation the first batch was trained with, which a resumed run computes with too."""
         self.attn_implementation = implementation
 

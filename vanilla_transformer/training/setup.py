@@ -35,7 +35,7 @@ from .data import TokenBatchSampler, TokenizedSplit
 from .distributed import configure_deepspeed, on_main
 from .strategy import NonFiniteGuard, StepStrategy
 from .finetuning import add_lora, freeze
-from .attention_implementation import set_attention
+from .attention_implementation import set_attn_implementation
 from .precision import Bf16Weights, bf16_weights
 from .budget import Budget
 from .lock import RunLock
@@ -182,7 +182,7 @@ def _build_model(args: TrainArguments, accelerator, tokenizer, resume_from: Path
     model = _load_model(args, tokenizer, resume_from, base)
     model.config.label_smoothing = args.label_smoothing  # the model's own loss is the run's objective (§5.4)
     if args.attn_implementation:  # refused before the first step (a missing kernel package, for one)
-        set_attention(model, args.attn_implementation)
+        set_attn_implementation(model, args.attn_implementation)
     _check_max_length(args.max_length, model.config)
     _record_language_pair(model.config, *langs, args.dataset)
     model.config.update({"dataset_config": args.dataset_config, "dataset_columns": args.columns})  # to read it again

@@ -41,7 +41,7 @@ def train_step(components: Components, micro_batches: list[tuple[dict, int]], st
                max_grad_norm: float | None = None) -> StepDone:
     """Optimiser step `step + 1` on `micro_batches` (each batch with its target-token count), its losses summed into
     `components.losses`; `budget` is read, never written. The rate of the next step is `next_rate`'s, once the loop
-    has given the budget this step's clock. Call it under `attention_implementation.training_attention`, as the
+    has given the budget this step's clock. Call it under `attention_implementation.training_sdpa_backends`, as the
     training loop does for the whole run."""
     accelerator, model, strategy, guard = components.accelerator, components.model, components.strategy, components.guard
     model.train()
