@@ -44,7 +44,7 @@ from .folder_fields import (
 __all__ = ["MAX_INDEX_BYTES", "TOKENIZER_FILES", "WEIGHT_FILES", "CheckedFolder", "check_config_fits_weights",
            "check_config_sizes", "check_export_folder", "check_generation_file", "check_model_files",
            "check_model_folder", "check_tokenizer_files", "check_tokenizer_fits", "default_device", "load_model",
-           "load_pretrained", "load_tokenizer", "local_folder", "max_tokenizer_bytes", "weight_shapes"]
+           "load_tokenizer", "local_folder", "max_tokenizer_bytes", "weight_shapes"]
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 # A shard index names every tensor once, in tens of bytes each: far past any model's, far below a slow parse.
@@ -257,12 +257,6 @@ def check_tokenizer_fits(tokenizer, config, name_or_path) -> None:
     if problems:
         raise ValueError(f"the tokenizer in {name_or_path} is not the model's: {'; '.join(problems)}. "
                          "Put the tokenizer.json the model was trained with beside it")
-
-
-def load_pretrained(name_or_path: str | os.PathLike, **kwargs):
-    """The model of a folder (or a Hub id's, as `local_folder` gives it) through the gate (its tokenizer may be
-    missing): `check_model_folder(...).load(**kwargs)`."""
-    return check_model_folder(local_folder(name_or_path), needs_tokenizer=False).load(**kwargs)
 
 
 def _check_adapter(folder: Path, config) -> bool:

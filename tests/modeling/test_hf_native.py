@@ -466,7 +466,7 @@ def test_weights_that_do_not_fit_are_refused_not_left_random(hub_tiny_model, tmp
     them, naming the tensors they lack, instead of transformers' warning and randomly initialised k_proj / v_proj."""
     from safetensors.torch import load_file, save_file
 
-    from vanilla_transformer.model_folder import load_pretrained
+    from vanilla_transformer.model_folder import check_model_folder
 
     model, _ = hub_tiny_model
     model.save_pretrained(tmp_path)
@@ -476,4 +476,4 @@ def test_weights_that_do_not_fit_are_refused_not_left_random(hub_tiny_model, tmp
         weights[name.replace("k_proj", "kv_proj")] = fused
     save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"are not those config.json describes: they lack model\.\S+\.k_proj\.weight"):
-        load_pretrained(tmp_path)
+        check_model_folder(tmp_path, needs_tokenizer=False).load()

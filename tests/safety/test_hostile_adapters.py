@@ -62,11 +62,11 @@ def _hostile(adapted, tmp_path, **changes):
 @pytest.mark.slow
 def test_an_adapter_saved_with_the_folder_is_merged_and_exports(adapted, tmp_path):
     # transformers applied it unmerged: `export` ended in KeyError 'model.encoder.layers.0.self_attn.q_proj.weight'.
-    from vanilla_transformer.model_folder import load_pretrained
+    from vanilla_transformer.model_folder import check_model_folder
 
     folder, merged = adapted
     with pytest.warns(UserWarning, match="applying the LoRA adapter saved in"):
-        loaded = load_pretrained(folder).eval()
+        loaded = check_model_folder(folder).load().eval()
     ids = torch.tensor([[5, 6, 7, 2]])
     assert torch.equal(loaded(input_ids=ids, decoder_input_ids=ids).logits, merged(input_ids=ids, decoder_input_ids=ids).logits)
     assert not any("lora" in name for name, _ in loaded.named_modules())  # plain layers, as saved models hold
