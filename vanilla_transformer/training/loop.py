@@ -31,7 +31,7 @@ from .checkpoints import save_checkpoint
 from .compiled import compile_timing
 from .data import PadCollator, PrefetchedBatches
 from .distributed import default_mixed_precision, on_main, start_accelerator
-from .evaluation import evaluate, full_model, report
+from .evaluation import evaluate, report
 from .finish import finish
 from .attention_implementation import choose_attn_implementation, training_sdpa_backends
 from .lock import RunLock
@@ -39,11 +39,11 @@ from .resume import finished_step
 from .run_folder import explain_disk_full, take_folder
 from .run_state import RunState
 from .selection import best_steps, out_of_patience, record_validation
-from .setup import Components, prepare, set_up
+from .setup import Components, set_up
 from .signals import TrainingInterrupted
 from .step import next_rate, train_step
 
-__all__ = ["TrainArguments", "TrainingInterrupted", "evaluate", "full_model", "prepare", "train"]
+__all__ = ["checkpoint_due", "save_if_due", "save_run", "train"]
 
 logger = get_logger(__name__)  # logs on the main process only
 
