@@ -90,6 +90,7 @@ args = TrainArguments(output_dir=sys.argv[1], dataset=sys.argv[2], vocab_size=30
                       attn_implementation="eager", max_steps=2)
 train(replace(args, max_tokens=256))
 print(json.dumps(train(replace(args, resume=True, max_steps=4))))
+train(replace(args, resume=True, max_steps=4))  # done: nothing to train, score or save
 """
 
 
@@ -100,6 +101,7 @@ def test_a_resume_through_the_python_api_goes_on_with_the_batches_the_run_starte
                             text=True, env=ENV, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]  # not "started with other options: max_tokens 256 -> None"
     assert json.loads(result.stdout.strip().splitlines()[-1])["steps"] == 4
+    assert result.stderr.count("is done") == 1 and "Nothing to do" in result.stderr
     state = read_state(latest_checkpoint(run / "checkpoints"))
     assert latest_checkpoint(run / "checkpoints").name.endswith("4")
     assert state["run_options"]["max_tokens"] == state["options"]["max_tokens"] == 256  # not the CPU's default plan

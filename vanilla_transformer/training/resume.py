@@ -63,8 +63,9 @@ def finished_step(args: TrainArguments) -> int | None:
     if results.get("not_scored"):  # the final scoring was stopped: `train` scores what is missing
         return None
     # Another option given with `resume` is refused, or applied, by `train`.
+    left_to_plan = {name for name in BATCH_PLAN_OPTIONS if given.get(name) is None}  # the run's plan goes on
     if any(given.get(name) != value for name, value in (state.options or {}).items()
-           if name not in BUDGET_OPTIONS and name not in NEVER_RESTORED):
+           if name not in BUDGET_OPTIONS and name not in NEVER_RESTORED and name not in left_to_plan):
         return None
     budget = Budget(**{name: given[name] for name in BUDGET_OPTIONS}, progress=state,
                     before=sum(part["seconds"] for part in state.parts))
