@@ -141,6 +141,21 @@ def test_a_decoder_prompt_is_read_whole_as_in_transformers_loop(model, num_beams
     assert torch.equal(ours, transformers_loop(model, input_ids, **options))
 
 
+@pytest.mark.parametrize("options", [dict(num_beams=3), dict(num_beams=3, length_penalty_style="gnmt"),
+                                     dict(do_sample=True), dict(return_dict_in_generate=True)])
+@pytest.mark.parametrize("in_config", [False, True])
+def test_chunked_prefill_is_ignored_in_every_loop(model, options, in_config):
+    """`prefill_chunk_size`: transformers' loop would pass `position_ids`, which our forward does not take; the
+    decoder's prompt is read whole in every loop (ours and transformers'), as without it."""
+    input_ids = source()
+    torch.manual_seed(0)
+    plain = model.generate(input_ids, max_new_tokens=4, **options)
+    torch.manual_seed(0)
+    chunking = dict(generation_config=GenerationConfig(prefill_chunk_size=1)) if in_config else dict(prefill_chunk_size=1)
+    chunked = model.generate(input_ids, max_new_tokens=4, **chunking, **options)
+    assert torch.equal(getattr(chunked, "sequences", chunked), getattr(plain, "sequences", plain))
+
+
 @pytest.mark.parametrize("assistance", [dict(assistant_model="self"), dict(prompt_lookup_num_tokens=3),
                                         dict(assistant_early_exit=1)])
 def test_assisted_greedy_search_gives_the_unassisted_tokens(model, assistance):

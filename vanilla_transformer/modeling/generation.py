@@ -183,6 +183,8 @@ def paper_generate(model, base_generate, inputs=None, generation_config=None, lo
         cap = _source_length_cap(model, source, kwargs, resolved)
         logits_processor = LogitsProcessorList([*(logits_processor or []), cap])
         generation_config = _with_longest_output(model, cap, kwargs, generation_config)
+    if resolved.prefill_chunk_size is not None:  # see _with_option
+        generation_config = _with_option(kwargs, generation_config, "prefill_chunk_size", None)
 
     search, reason = choose_search(model, kwargs, resolved)
     if search is not None:
@@ -262,9 +264,15 @@ def _with_longest_output(model, cap: SourceLengthCap, kwargs, generation_config)
     longest = int(cap.max_new_tokens.max())
     # Named as the stored config names it, or transformers warns that both are set.
     if model.generation_config.max_new_tokens:
-        name, value = "max_new_tokens", longest
-    else:
-        name, value = "max_length", cap.prompt_length + longest
+        return _with_option(kwargs, generation_config, "max_new_tokens", longest)
+    return _with_option(kwargs, generation_config, "max_length", cap.prompt_length + longest)
+
+
+def _with_option(kwargs, generation_config, name: str, value):
+    """`name` set to `value` for the call: in its arguments, or on a copy of its config (transformers warns about a
+    config and generation kwargs together). The call's config is returned. Set so: the longest output, and no
+    chunked prefill (`prefill_chunk_size`), which transformers' loop runs with `position_ids` our forward does not
+    take; the decoder's prompt is read whole, as our loops read it."""
     if generation_config is None:
         kwargs[name] = value
         return None
