@@ -60,7 +60,7 @@ ABLATIONS = {
     },
     "beam4": {
         "ours-gnmt, rows stay": dict(GNMT, custom_generate=ROWS_STAY["beam4"]),
-        "ours-gnmt, rows stay, plain products": dict(GNMT, PLAIN, custom_generate=ROWS_STAY["beam4"]),
+        "ours-gnmt, rows stay, plain products": dict(GNMT, **PLAIN, custom_generate=ROWS_STAY["beam4"]),
     },
 }
 # Greedy search with transformers' static cache runs in transformers' loop, which compiles the decoder step
