@@ -12,6 +12,9 @@ translator would, each sentence capped at its source length + 50 new tokens (§6
     beam 4, GNMT α 0.6     log P / ((5 + len) / 6)^0.6, the paper's (generation.py)
     beam 4, GNMT α 1.0
 
+The transformers rows run transformers' own beam search loop (which `generate` hands that ranking to);
+greedy and the GNMT rows run ours.
+
 BLEU and chrF are sacrebleu's (corpus level, default tokenisation); length ratio is hypothesis
 tokens / reference tokens as BLEU counts them (its brevity penalty is exp(1 - 1/ratio) below 1).
 Speed is sentences and generated tokens (</s> included) per second of wall time, with the

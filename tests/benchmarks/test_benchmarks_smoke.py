@@ -86,7 +86,8 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path, hub_tiny_folder):
                 assert 0 < result["contenders"][name]["peak_memory_mb"] < 2_000
             # Each decoding change undone, and the compiled static-cache step, decode the same tokens.
             ablations = {name: c for name, c in result["contenders"].items() if name.startswith("ours") and "," in name}
-            assert len(ablations) == {"greedy": 4, "beam4": 4}[mode]
+            # beam4: our loop is the GNMT one (transformers' ranking, "ours", runs in transformers' loop)
+            assert len(ablations) == {"greedy": 4, "beam4": 2}[mode]
             gnmt = result["contenders"]["ours-gnmt"]["agrees_with_ours"] if mode == "beam4" else 1.0
             for name, c in ablations.items():
                 assert c["agrees_with_ours"] == (gnmt if name.startswith("ours-gnmt") else 1.0), name

@@ -6,6 +6,7 @@ import contextlib
 import functools
 import inspect
 import json
+import logging
 import subprocess
 import sys
 import textwrap
@@ -23,7 +24,6 @@ from vanilla_transformer.modeling import fast_modeling
 from vanilla_transformer.modeling import generation
 from vanilla_transformer.modeling.generation import (
     CACHE_NAME,
-    beam_search,
     gnmt_beam_search,
     greedy_search,
 )
@@ -46,6 +46,16 @@ SENTENCES = [
 def model_and_batch(hub_tiny_model):
     model, tokenizer = hub_tiny_model
     return model, tokenizer(SENTENCES, return_tensors="pt", padding=True)
+
+
+# α = 0: both rankings are log P alone, so our (GNMT) beam search and transformers' loop keep the same beams.
+LOG_P_RANKING = dict(length_penalty_style="gnmt", length_penalty=0.0)
+
+
+def _ended(sequences: torch.Tensor, eos: int) -> torch.Tensor:
+    """`sequences` with everything after a row's first </s> set to -1: the two loops pad differently."""
+    after = (sequences == eos).long().cumsum(1) - (sequences == eos).long() > 0
+    return sequences.masked_fill(after, -1)
 
 
 def _generate(model, batch, seed=0, **options):
@@ -82,7 +92,7 @@ def test_generate_s_default_cache_is_transformers_own(model_and_batch, mode, mon
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(model.model.decoder, "forward", spy)
-    _generate(model, batch, **MODES[mode])  # plain: our loops, except sampling
+    _generate(model, batch, **MODES[mode])  # plain: our loops, except sampling and transformers' ranking
     assert caches and all(_is_transformers_cache(cache) for cache in caches), {type(c).__name__ for c in caches}
     returned = _generate(model, batch, return_dict_in_generate=True, **MODES[mode])[CACHE_NAME]
     assert _is_transformers_cache(returned)
@@ -102,7 +112,7 @@ def test_our_loops_build_the_source_mask_once_and_no_look_ahead_mask(model_and_b
     monkeypatch.setitem(ALL_MASK_ATTENTION_FUNCTIONS, attn_implementation,
                         lambda *args, **kwargs: built.append(kwargs["q_length"]) or mask_function(*args, **kwargs))
     loop = GenerationMixin._sample if beams == 1 else GenerationMixin._beam_search
-    options = dict(num_beams=beams, length_penalty_style="transformers", max_new_tokens=8)
+    options = dict(num_beams=beams, max_new_tokens=8, **LOG_P_RANKING)
     model.set_attn_implementation(attn_implementation)
     try:
         theirs = model.generate(**batch, custom_generate=loop, **options)
@@ -112,7 +122,7 @@ def test_our_loops_build_the_source_mask_once_and_no_look_ahead_mask(model_and_b
     finally:
         model.set_attn_implementation("sdpa")
     assert built == [batch["input_ids"].size(1), 1]  # the encoder's, then the source's for every decoding step
-    assert torch.equal(ours, theirs)
+    assert torch.equal(_ended(ours, model.config.eos_token_id), _ended(theirs, model.config.eos_token_id))
 
 
 @pytest.mark.parametrize("start", ["given", "prepended by transformers"])
@@ -141,9 +151,11 @@ def test_a_returned_cache_continues_the_generation(model_and_batch, start):
 def test_beam_search_returns_the_cache_transformers_beam_search_returns(model_and_batch):
     """Our beam search hands back what transformers' `_beam_search` does: its cache class holding every
     row (batch x beams) as the beams stood at the last step, so that it continues as theirs would. (A beam
-    cache holds the live beams, not the returned hypotheses: token-exact continuation is greedy's.)"""
+    cache holds the live beams, not the returned hypotheses: token-exact continuation is greedy's.) No sentence
+    ends early, so both loops run every step."""
     model, batch = model_and_batch
-    options = dict(num_beams=4, return_dict_in_generate=True, length_penalty_style="transformers", max_new_tokens=9)
+    options = dict(num_beams=4, return_dict_in_generate=True, max_new_tokens=9,
+                   suppress_tokens=[model.config.eos_token_id], **LOG_P_RANKING)
     ours = model.generate(**batch, **options)[CACHE_NAME]
     theirs = model.generate(**batch, custom_generate=GenerationMixin._beam_search, **options)[CACHE_NAME]
     assert _is_transformers_cache(ours)
@@ -164,10 +176,10 @@ def test_finished_sentences_leaving_the_batch_changes_nothing(model_and_batch, e
         lengths = pruned[:, 1:].ne(model.config.pad_token_id).sum(1)
         assert lengths.min() < lengths.max()  # sentences did end at different steps
 
-    for search in (gnmt_beam_search, beam_search):
-        pruned = model.generate(**batch, num_beams=4, custom_generate=search, **extra)
-        whole = model.generate(**batch, num_beams=4, custom_generate=functools.partial(search, prune=False), **extra)
-        assert torch.equal(pruned, whole)
+    pruned = model.generate(**batch, num_beams=4, custom_generate=gnmt_beam_search, **extra)
+    whole = model.generate(**batch, num_beams=4, custom_generate=functools.partial(gnmt_beam_search, prune=False),
+                           **extra)
+    assert torch.equal(pruned, whole)
 
 
 class _HostWaits(TorchDispatchMode):
@@ -218,7 +230,7 @@ class _HostWaits(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("search", [greedy_search, beam_search, gnmt_beam_search], ids=["greedy", "beam", "GNMT beam"])
+@pytest.mark.parametrize("search", [greedy_search, gnmt_beam_search], ids=["greedy", "GNMT beam"])
 def test_our_loops_wait_for_the_device_at_most_once_a_step(model_and_batch, search, monkeypatch):
     """At most one host-device synchronisation per decoding step in our loops (where rows leave: the count of
     those going on), against the length cap's check, `nonzero().tolist()`, `.item()` per finished hypothesis
@@ -251,43 +263,40 @@ TRANSFORMERS_RULES = {
 
 
 @pytest.mark.parametrize("rules", TRANSFORMERS_RULES)
-def test_beam_search_in_our_loop_is_transformers_beam_search(model_and_batch, rules):
-    """Our loop with transformers' ranking (what `generate` runs for plain beam search) gives the tokens,
-    scores, beam indices and cache of transformers' own `_beam_search`; a plain call (rows leave the batch)
-    its tokens."""
+def test_a_beam_search_with_transformers_ranking_runs_in_transformers_loop(model_and_batch, rules, monkeypatch,
+                                                                            caplog):
+    """transformers' ranking and stopping rules are transformers' own: such a beam request goes to its loop, the
+    reason logged, none of our loops run, and gives the tokens, scores and beam indices of transformers' own
+    `_beam_search` (with our source-length cap) or, where the call sets a length, of `GenerationMixin.generate`."""
     model, batch = model_and_batch
     # The style named: the session's shared model may carry a generation config set to "gnmt" by now.
-    options = dict(num_beams=4, return_dict_in_generate=True, length_penalty_style="transformers",
+    options = dict(num_beams=4, return_dict_in_generate=True, output_scores=True, length_penalty_style="transformers",
                    **TRANSFORMERS_RULES[rules])
-    theirs = model.generate(**batch, custom_generate=GenerationMixin._beam_search, output_scores=True, **options)
-    ours = model.generate(**batch, **options)
-    stepwise = model.generate(**batch, output_scores=True, **options)
-    for out in (ours, stepwise):
-        assert torch.equal(out.sequences, theirs.sequences)
-        assert torch.equal(out.beam_indices, theirs.beam_indices)
-    assert torch.equal(model.generate(**batch, **dict(options, return_dict_in_generate=False)), theirs.sequences)
-    # sequences_scores come with output_scores, as in transformers
-    assert ours.sequences_scores is None
-    assert torch.allclose(stepwise.sequences_scores, theirs.sequences_scores, atol=1e-6, rtol=0)
-    assert len(stepwise.scores) == len(theirs.scores)
-    assert all(torch.equal(a, b) for a, b in zip(stepwise.scores, theirs.scores))
-    ends = theirs.sequences[:, 1:].eq(model.config.eos_token_id)
-    ended = torch.where(ends.any(1), ends.float().argmax(1), ends.size(1))  # a hypothesis cut at the cap: its length
-    assert ended.min() < ended.max()  # hypotheses of different lengths: the rules were exercised
+    theirs = model.generate(**batch, custom_generate=GenerationMixin._beam_search, **options)
+    if "max_new_tokens" in options:
+        plain = {name: value for name, value in options.items() if name != "length_penalty_style"}  # ours
+        assert torch.equal(GenerationMixin.generate(model, **batch, **plain).sequences, theirs.sequences)
+    monkeypatch.setattr(generation, "_LiveRows", None)  # every loop of ours starts with it
+    with caplog.at_level(logging.DEBUG, logger="vanilla_transformer.modeling.generation"):
+        ours = model.generate(**batch, **options)
+    assert "transformers' own generation loop serves this call: transformers' length penalty" in caplog.text
+    assert torch.equal(ours.sequences, theirs.sequences)
+    assert torch.equal(ours.beam_indices, theirs.beam_indices)
+    assert torch.equal(ours.sequences_scores, theirs.sequences_scores)
+    assert all(torch.equal(a, b) for a, b in zip(ours.scores, theirs.scores, strict=True))
 
 
 def test_the_pruning_searches_are_what_generate_runs(model_and_batch, monkeypatch):
-    """Plain greedy and beam calls (either ranking) go through the pruning searches, and rows do leave."""
+    """Plain greedy and GNMT beam calls go through the pruning searches, and rows do leave."""
     model, batch = model_and_batch
     batch_sizes = []
     forward = model.model.decoder.forward  # our loops run the decoder and project the last position themselves
     monkeypatch.setattr(model.model.decoder, "forward", lambda *a, **k: batch_sizes.append(a[0].size(0)) or forward(*a, **k))
     model.generate(**batch, num_beams=1)
     assert batch_sizes[0] == len(SENTENCES) and batch_sizes[-1] < len(SENTENCES)
-    for style in ("gnmt", "transformers"):
-        batch_sizes.clear()
-        model.generate(**batch, num_beams=4, length_penalty_style=style)
-        assert batch_sizes[0] == 4 * len(SENTENCES) and batch_sizes[-1] < 4 * len(SENTENCES), style
+    batch_sizes.clear()
+    model.generate(**batch, num_beams=4, length_penalty_style="gnmt")
+    assert batch_sizes[0] == 4 * len(SENTENCES) and batch_sizes[-1] < 4 * len(SENTENCES)
 
 
 def test_one_rule_lets_finished_rows_leave_greedy_and_beam_search(monkeypatch):
@@ -306,7 +315,7 @@ def test_one_rule_lets_finished_rows_leave_greedy_and_beam_search(monkeypatch):
     batch_sizes = []
     forward = model.model.decoder.forward  # our loops run the decoder and project the last position themselves
     monkeypatch.setattr(model.model.decoder, "forward", lambda *a, **k: batch_sizes.append(a[0].size(0)) or forward(*a, **k))
-    for search, beams in ((greedy_search, 1), (beam_search, 2), (gnmt_beam_search, 2)):
+    for search, beams in ((greedy_search, 1), (gnmt_beam_search, 2)):
         batch_sizes.clear()
         pruned = model.generate(**batch, num_beams=beams, custom_generate=search)
         assert batch_sizes == [16 * beams] * 3 + [sentences * beams for sentences in range(15, 0, -1)], search
@@ -323,7 +332,9 @@ def test_output_attentions_and_the_pipeline_still_work(model_and_batch, hub_tiny
     from vanilla_transformer import TranslationPipeline
 
     model, batch = model_and_batch
-    options = dict(num_beams=3, output_attentions=True, return_dict_in_generate=True, length_penalty_style="transformers")
+    # No sentence ends early: both loops run the same steps.
+    options = dict(num_beams=3, output_attentions=True, return_dict_in_generate=True, max_new_tokens=6,
+                   suppress_tokens=[model.config.eos_token_id], **LOG_P_RANKING)
     out = model.generate(**batch, **options)
     reference = model.generate(**batch, custom_generate=GenerationMixin._beam_search, **options)
     assert len(out.cross_attentions) == len(reference.cross_attentions)
@@ -498,7 +509,7 @@ def test_what_is_worth_packing(model_and_batch, monkeypatch, packed_counts, oned
         assert not fast.worth_packing(model, lm_head, rows=2)
     one = {name: value[:1] for name, value in batch.items()}
     model.generate(**one, num_beams=1)
-    model.generate(**one, num_beams=2, length_penalty_style="transformers")  # two rows: packed
+    model.generate(**one, num_beams=2, length_penalty_style="gnmt")  # two rows: packed
     assert packed_counts[0] == 0 and packed_counts[1] > 0
 
 

@@ -10,7 +10,6 @@ from transformers import GenerationConfig, GenerationMixin, StoppingCriteriaList
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling.generation import (
-    beam_search,
     paper_generation_config,
     choose_search,
     gnmt_beam_search,
@@ -32,6 +31,10 @@ def transformers_loop(model, input_ids, **options):
 
 def source(rows=2, length=6, seed=0):
     return torch.randint(4, 40, (rows, length), generator=torch.Generator().manual_seed(seed))
+
+
+# Both rankings are log P alone at α = 0: our (GNMT) beam search then keeps the beams transformers' loop keeps.
+SAME_BEAMS = {"transformers": {}, "gnmt": dict(length_penalty=0.0)}
 
 
 def chosen(model, options, style="transformers"):
@@ -61,6 +64,7 @@ def chosen(model, options, style="transformers"):
     (dict(num_beams=2, output_logits=True, return_dict_in_generate=True), "output_logits"),
     (dict(return_dict_in_generate=True), "return_dict_in_generate"),
     (dict(custom_generate=greedy_search), "custom_generate given"),
+    (dict(num_beams=3), "transformers' length penalty"),
 ])
 def test_each_request_our_loops_cannot_serve_goes_to_transformers_loop_by_name(model, options, reason):
     assert chosen(model, options) == (None, reason)
@@ -69,14 +73,15 @@ def test_each_request_our_loops_cannot_serve_goes_to_transformers_loop_by_name(m
 @pytest.mark.parametrize("options", [dict(assistant_model=object()), dict(prompt_lookup_num_tokens=3),
                                      dict(dola_layers="low")])
 def test_options_transformers_ignores_with_beams_run_our_beam_search(model, options):
-    assert chosen(model, dict(options, num_beams=3)) == (beam_search, None)
+    assert chosen(model, dict(options, num_beams=3), style="gnmt") == (gnmt_beam_search, None)
 
 
 def test_plain_requests_run_our_loops(model):
-    assert chosen(model, {}) == (greedy_search, None)
-    assert chosen(model, dict(num_beams=3)) == (beam_search, None)
+    assert chosen(model, {}) == (greedy_search, None)  # greedy, whichever the style
+    assert chosen(model, {}, style="gnmt") == (greedy_search, None)
     assert chosen(model, dict(num_beams=3), style="gnmt") == (gnmt_beam_search, None)
-    assert chosen(model, dict(num_beams=3, return_dict_in_generate=True, output_scores=True)) == (beam_search, None)
+    assert chosen(model, dict(num_beams=3, return_dict_in_generate=True, output_scores=True), style="gnmt") == (
+        gnmt_beam_search, None)
 
 
 def test_generate_logs_why_transformers_loop_serves_a_call(model, caplog):
@@ -106,33 +111,49 @@ def test_a_cache_passed_in_and_peft_go_to_transformers_loop(model):
 
 @pytest.mark.parametrize("options", [dict(min_new_tokens=80), dict(suppress_tokens=[2])])
 @pytest.mark.parametrize("num_beams", [1, 3])
-def test_no_hypothesis_can_end_in_time_gives_transformers_output(model, options, num_beams):
+@pytest.mark.parametrize("style", SAME_BEAMS)
+def test_no_hypothesis_can_end_in_time_gives_transformers_output(model, options, num_beams, style):
     """</s> ruled out up to the length limit: the best live beams at the limit, as transformers returns them."""
     input_ids = source()
-    options = dict(options, num_beams=num_beams, max_new_tokens=7)
-    ours = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), length_penalty_style="transformers",
-                          **options)
+    options = dict(options, num_beams=num_beams, max_new_tokens=7, **SAME_BEAMS[style])
+    ours = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), length_penalty_style=style, **options)
     assert torch.equal(ours, transformers_loop(model, input_ids, **options))
 
 
 @pytest.mark.parametrize("num_beams", [1, 3])
-def test_no_hypothesis_can_end_inside_the_source_length_cap(model, num_beams):
+@pytest.mark.parametrize("style", SAME_BEAMS)
+def test_no_hypothesis_can_end_inside_the_source_length_cap(model, num_beams, style):
     """Under the cap (source + max_length_offset) a sentence that cannot end stops at its cap unfinished."""
     input_ids = source()
     out = model.generate(input_ids, num_beams=num_beams, min_new_tokens=80, max_length_offset=5,
-                         length_penalty_style="transformers")
+                         length_penalty_style=style)
     assert out.shape == (2, 1 + 6 + 5) and not (out[:, 1:] == model.config.eos_token_id).any()
 
 
 @pytest.mark.parametrize("num_beams", [1, 3])
-def test_a_decoder_prompt_is_read_whole_as_in_transformers_loop(model, num_beams):
+@pytest.mark.parametrize("style", SAME_BEAMS)
+def test_a_decoder_prompt_is_read_whole_as_in_transformers_loop(model, num_beams, style):
     """`decoder_input_ids` longer than the start token: the first step reads all of it (beam search once
     fed only its last token to an empty cache)."""
     input_ids, prompt = source(), torch.tensor([[0, 7], [0, 9]])
-    options = dict(num_beams=num_beams, max_new_tokens=6, decoder_input_ids=prompt)
-    ours = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), length_penalty_style="transformers",
-                          **options)
+    options = dict(num_beams=num_beams, max_new_tokens=6, decoder_input_ids=prompt, **SAME_BEAMS[style])
+    ours = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), length_penalty_style=style, **options)
     assert torch.equal(ours, transformers_loop(model, input_ids, **options))
+
+
+@pytest.mark.parametrize("options", [dict(num_beams=3), dict(num_beams=3, length_penalty_style="gnmt"),
+                                     dict(do_sample=True), dict(return_dict_in_generate=True)])
+@pytest.mark.parametrize("in_config", [False, True])
+def test_chunked_prefill_is_ignored_in_every_loop(model, options, in_config):
+    """`prefill_chunk_size`: transformers' loop would pass `position_ids`, which our forward does not take; the
+    decoder's prompt is read whole in every loop (ours and transformers'), as without it."""
+    input_ids = source()
+    torch.manual_seed(0)
+    plain = model.generate(input_ids, max_new_tokens=4, **options)
+    torch.manual_seed(0)
+    chunking = dict(generation_config=GenerationConfig(prefill_chunk_size=1)) if in_config else dict(prefill_chunk_size=1)
+    chunked = model.generate(input_ids, max_new_tokens=4, **chunking, **options)
+    assert torch.equal(getattr(chunked, "sequences", chunked), getattr(plain, "sequences", plain))
 
 
 @pytest.mark.parametrize("assistance", [dict(assistant_model="self"), dict(prompt_lookup_num_tokens=3),

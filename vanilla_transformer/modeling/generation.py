@@ -6,15 +6,14 @@ is ranked by
     score(Y) = log P(Y | X) / lp(Y),    lp(Y) = ((5 + |Y|) / 6) ** α
 
 where |Y| counts the generated tokens including </s>. transformers' beam search divides by |Y| ** α
-instead, a different function of length; both are available.
+instead, a different function of length; both are available (transformers' in its own loop).
 
 Two generation-config attributes select the paper's behaviour (GenerationConfig keeps unknown
 attributes and saves them in generation_config.json; they can also be passed to `generate`):
 
     length_penalty_style: "gnmt" runs `gnmt_beam_search` below for beam search; "transformers" (the
-        default when unset) keeps transformers' ranking and stopping rules, run by `beam_search` below
-        (the same tokens and scores as transformers' loop, with finished sentences leaving the batch).
-        Greedy search and sampling are unaffected by a length penalty. Set both attributes with
+        default when unset) hands beam search to transformers' own loop, with its ranking and stopping
+        rules. Greedy search and sampling are unaffected by a length penalty. Set both attributes with
         `paper_generation_config`: set on a generation config derived from the model config
         (`_from_model_config`), transformers drops them when it loads the saved folder.
     max_length_offset: when the call sets neither `max_new_tokens` nor `max_length` (as arguments or
@@ -35,21 +34,22 @@ Which loop serves a request (`choose_search`): transformers decides its mode, fr
 resolved with GenerationConfig's public methods (`resolved_generation_config`, then its
 `get_generation_mode`); our loops serve greedy and beam search, and every other mode (sampling, beam
 groups, constraints, contrastive search, assisted generation, DoLa, ...) goes to transformers' own loop,
-named. Two tables name what our loops cannot do within their modes: `HAND_OVERS` (streamers, a cache
-passed in, output_logits and the like) and, for greedy search only, `GREEDY_HAND_OVERS` (a static cache,
-return_dict_in_generate). transformers' loop ranks beams by |Y|^α: a beam call with length_penalty_style="gnmt"
-handed to it says so in a warning, once per reason. A sentence that cannot end in time (</s> suppressed,
-or `min_new_tokens` past its cap) stops at its cap unfinished, as transformers' loop does at max_length.
+named. Tables name what our loops cannot do within their modes: `HAND_OVERS` (streamers, a cache
+passed in, output_logits and the like), for greedy search only `GREEDY_HAND_OVERS` (a static cache,
+return_dict_in_generate), and for beam search only `BEAM_HAND_OVERS` (transformers' length penalty, whose
+rules are transformers' to keep). transformers' loop ranks beams by |Y|^α: a beam call with
+length_penalty_style="gnmt" handed to it says so in a warning, once per reason. A sentence that cannot end in
+time (</s> suppressed, or `min_new_tokens` past its cap) stops at its cap unfinished, as transformers' loop
+does at max_length.
 An input longer than a learned position table (`max_position_embeddings`) is refused in one line.
 
 The search runs inside transformers' `generate` as a `custom_generate` callable (a documented
 argument of `generate`: "perform the usual input preparation steps, then call the provided callable
 to run the decoding loop"), so input preparation (encoder run once, beam expansion, cache, logits
 processors such as no_repeat_ngram_size, stopping criteria) stays transformers' own and only the
-loop below is ours. The model's `generate` passes the search (`greedy_search`, `beam_search` or
-`gnmt_beam_search`); anyone can pass one explicitly: `model.generate(..., num_beams=4,
-custom_generate=gnmt_beam_search)`. The other form of
-`custom_generate`, a `custom_generate/generate.py` folder in a Hub repository, is not used: it
+loop below is ours. The model's `generate` passes the search (`greedy_search` or `gnmt_beam_search`);
+anyone can pass one explicitly: `model.generate(..., num_beams=4, custom_generate=gnmt_beam_search)`. The
+other form of `custom_generate`, a `custom_generate/generate.py` folder in a Hub repository, is not used: it
 replaces `generate` wholesale (greedy and sampling would have to be re-implemented), needs
 `trust_remote_code` at every call and is not written by `save_pretrained`.
 
@@ -183,6 +183,8 @@ def paper_generate(model, base_generate, inputs=None, generation_config=None, lo
         cap = _source_length_cap(model, source, kwargs, resolved)
         logits_processor = LogitsProcessorList([*(logits_processor or []), cap])
         generation_config = _with_longest_output(model, cap, kwargs, generation_config)
+    if resolved.prefill_chunk_size is not None:  # see _with_option
+        generation_config = _with_option(kwargs, generation_config, "prefill_chunk_size", None)
 
     search, reason = choose_search(model, kwargs, resolved)
     if search is not None:
@@ -262,9 +264,15 @@ def _with_longest_output(model, cap: SourceLengthCap, kwargs, generation_config)
     longest = int(cap.max_new_tokens.max())
     # Named as the stored config names it, or transformers warns that both are set.
     if model.generation_config.max_new_tokens:
-        name, value = "max_new_tokens", longest
-    else:
-        name, value = "max_length", cap.prompt_length + longest
+        return _with_option(kwargs, generation_config, "max_new_tokens", longest)
+    return _with_option(kwargs, generation_config, "max_length", cap.prompt_length + longest)
+
+
+def _with_option(kwargs, generation_config, name: str, value):
+    """`name` set to `value` for the call: in its arguments, or on a copy of its config (transformers warns about a
+    config and generation kwargs together). The call's config is returned. Set so: the longest output, and no
+    chunked prefill (`prefill_chunk_size`), which transformers' loop runs with `position_ids` our forward does not
+    take; the decoder's prompt is read whole, as our loops read it."""
     if generation_config is None:
         kwargs[name] = value
         return None
@@ -316,25 +324,25 @@ GREEDY_HAND_OVERS = (
     ("static cache", lambda model, kwargs, config: config.cache_implementation in ALL_STATIC_CACHE_IMPLEMENTATIONS),
     ("return_dict_in_generate", lambda model, kwargs, config: bool(config.return_dict_in_generate)),
 )
-OUR_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.BEAM_SEARCH)
+# Beam search only: transformers' ranking and stopping rules are transformers' own, run by its loop.
+BEAM_HAND_OVERS = (
+    ("transformers' length penalty", lambda model, kwargs, config: config.length_penalty_style != "gnmt"),
+)
+OUR_MODES = {GenerationMode.GREEDY_SEARCH: GREEDY_HAND_OVERS, GenerationMode.BEAM_SEARCH: BEAM_HAND_OVERS}
 
 
 def choose_search(model, kwargs, config: GenerationConfig):
     """The loop that serves a `generate` request: (our search, None), or (None, the reason it goes to
     transformers' own loop: the mode's name, or the rule's). `config`: the call's options, resolved
-    (`resolved_generation_config`); its `length_penalty_style` picks the beam search's ranking."""
+    (`resolved_generation_config`); our beam search serves the paper's ranking (`length_penalty_style="gnmt"`)."""
     mode = config.get_generation_mode(kwargs.get("assistant_model"))
     if mode not in OUR_MODES:
         return None, mode.value
-    greedy = mode == GenerationMode.GREEDY_SEARCH
-    for reason, applies in HAND_OVERS + (GREEDY_HAND_OVERS if greedy else ()):
+    for reason, applies in HAND_OVERS + OUR_MODES[mode]:
         if applies(model, kwargs, config):
             return None, reason
-    if greedy:
-        return greedy_search, None  # finished sentences leave the batch
-    if config.length_penalty_style == "gnmt":
-        return gnmt_beam_search, None
-    return beam_search, None  # transformers' rules; finished sentences leave the batch
+    # finished sentences leave the batch in both
+    return (greedy_search if mode == GenerationMode.GREEDY_SEARCH else gnmt_beam_search), None
 
 
 # Logits processors that treat every row on its own, from its tokens, and our length cap, which selects
@@ -481,7 +489,7 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
 
     Returns what transformers' greedy search returns, token for token: each row its argmax tokens,
     padded after it ends, up to the step the last row ended. Rows stay in place (as in transformers,
-    fed padding once finished) under the conditions of `_beam_search`. As there, the host waits for the
+    fed padding once finished) under the conditions of `gnmt_beam_search`. As there, the host waits for the
     device once a step (how many rows go on); the decoder's products run on packed weights where that is
     faster (`packed_products`). Our `generate` uses it for
     plain greedy decoding without per-step outputs or a static cache (with one, transformers' loop
@@ -527,12 +535,9 @@ class GNMTRanking:
     reaches: it is done.
     """
 
-    dead = float("-inf")  # the score of a beam that may not be extended
-
     def __init__(self, generation_config):
         self.alpha = generation_config.length_penalty
         self.num_kept = generation_config.num_return_sequences or 1
-        self.fill = _padding(generation_config)
 
     def penalty(self, length):
         return gnmt_length_penalty(length, self.alpha)
@@ -542,36 +547,6 @@ class GNMTRanking:
         `max_new`) beat the worst of those kept (`worst_kept`, -inf until `num_kept` are)?"""
         bound = torch.maximum(best_live / self.penalty(length + 1), best_live / self.penalty(max_new.float()))
         return worst_kept >= bound
-
-
-class TransformersRanking:
-    """transformers' beam search, rule for rule: log P / |Y|^α, `num_beams` finished hypotheses kept per
-    sentence, and its `early_stopping`: True stops a sentence once it has them; False once the best live
-    hypothesis, scored at its current length, cannot beat the worst kept (a heuristic); "never" scores
-    it at the longest length instead when α > 0. Beams it rules out score -1e9 (and still extend), as in
-    transformers, and its outputs are padded as transformers pads them (with </s> when the padding id is 0).
-    `longest`: transformers' longest output (max_length less the prompt), for all sentences; the sentences'
-    own caps (`is_done`'s `max_new`) are not in its rule.
-    """
-
-    dead = -1e9
-
-    def __init__(self, generation_config, longest: int):
-        self.alpha = generation_config.length_penalty
-        self.num_kept = generation_config.num_beams
-        self.early_stopping = generation_config.early_stopping
-        self.longest = longest
-        self.fill = generation_config.pad_token_id or _first(generation_config.eos_token_id)  # transformers' own rule
-
-    def penalty(self, length):
-        return length**self.alpha
-
-    def is_done(self, best_live, length: int, max_new, worst_kept):
-        full = worst_kept > float("-inf")  # `num_kept` are kept
-        horizon = self.longest if self.early_stopping == "never" and self.alpha > 0 else length
-        # Until `num_kept` are kept, the worst counts as -1e9 (transformers' empty slots).
-        can_improve = best_live / self.penalty(horizon) > torch.where(full, worst_kept, self.dead)
-        return ~can_improve | (full & (self.early_stopping is True))
 
 
 class _Candidates(NamedTuple):
@@ -594,25 +569,28 @@ class _Finished(NamedTuple):
 
 class _Hypotheses:
     """Beam search's hypotheses: per row of the batch a live one (tokens, origins, log P), per sentence
-    its `ranking.num_kept` best finished ones and whether it is done; `active`: the sentences in the batch.
-    Finished hypotheses are kept on the device, in tables of the longest output (`max_length` tokens),
-    so that a step never waits for the device to tell which ended."""
+    its `ranking.num_kept` best finished ones (`GNMTRanking`) and whether it is done; `active`: the sentences
+    in the batch. Finished hypotheses are kept on the device, in tables of the longest output (`max_length`
+    tokens), padded with `fill`, so that a step never waits for the device to tell which ended. A beam that may
+    not be extended scores -inf."""
 
-    def __init__(self, input_ids, beams: int, ranking, max_length: int):
+    def __init__(self, input_ids, generation_config):
         rows, self.prompt_length = input_ids.shape
+        beams, max_length = generation_config.num_beams, generation_config.max_length
         batch, device = rows // beams, input_ids.device
-        self.beams, self.ranking = beams, ranking
+        self.beams, self.ranking, self.fill = beams, GNMTRanking(generation_config), _padding(generation_config)
+        kept = self.ranking.num_kept
         self.tokens = input_ids  # (rows, t)
         self.prompts = input_ids[::beams]  # (batch, t): each sentence's, its beams' alike
         self.origins = input_ids.new_zeros(rows, 0)  # the row each token was generated from (transformers' beam_indices)
-        self.scores = torch.full((batch, beams), ranking.dead, device=device)
+        self.scores = torch.full((batch, beams), float("-inf"), device=device)
         self.scores[:, 0] = 0.0  # all beams start identical: expand only the first
         self.active = torch.arange(batch, device=device)  # by their index in the input
         # Per sentence, its kept finished hypotheses, best first; an empty place scores -inf.
-        self.kept_scores = torch.full((batch, ranking.num_kept), float("-inf"), device=device)
-        self.kept_tokens = input_ids.new_full((batch, ranking.num_kept, max_length), ranking.fill)
-        self.kept_origins = input_ids.new_full((batch, ranking.num_kept, max_length - self.prompt_length), -1)
-        self.kept_lengths = input_ids.new_zeros(batch, ranking.num_kept)
+        self.kept_scores = torch.full((batch, kept), float("-inf"), device=device)
+        self.kept_tokens = input_ids.new_full((batch, kept, max_length), self.fill)
+        self.kept_origins = input_ids.new_full((batch, kept, max_length - self.prompt_length), -1)
+        self.kept_lengths = input_ids.new_zeros(batch, kept)
         self.completed = torch.zeros(batch, dtype=torch.bool, device=device)  # per sentence: no more to search
 
     def candidates(self, log_probs: torch.Tensor, stopping_criteria, last_step: torch.Tensor) -> _Candidates:
@@ -644,7 +622,7 @@ class _Hypotheses:
         order = order[:, : self.ranking.num_kept]
         self.kept_scores[active] = scores[:, : self.ranking.num_kept]
 
-        self.kept_tokens[active] = self._merged(self.kept_tokens, candidates.tokens, order, self.ranking.fill)
+        self.kept_tokens[active] = self._merged(self.kept_tokens, candidates.tokens, order, self.fill)
         self.kept_origins[active] = self._merged(self.kept_origins, candidates.origins, order, -1)
         new_lengths = self.kept_lengths.new_full((active.numel(), beams), length)
         self.kept_lengths[active] = torch.cat((self.kept_lengths[active], new_lengths), dim=1).gather(1, order)
@@ -658,10 +636,9 @@ class _Hypotheses:
         return both.gather(1, order[:, :, None].expand(-1, -1, both.size(-1)))
 
     def live_on(self, candidates: _Candidates) -> torch.Tensor:
-        """The K best candidates that did not stop are the live hypotheses (those that stopped score
-        `ranking.dead`, as in transformers, and live on only if fewer than K did not); returns the rows
-        they extend."""
-        ranked = torch.where(candidates.stops, candidates.scores + self.ranking.dead, candidates.scores)
+        """The K best candidates that did not stop are the live hypotheses (those that stopped score -inf,
+        and live on only if fewer than K did not); returns the rows they extend."""
+        ranked = candidates.scores.masked_fill(candidates.stops, float("-inf"))
         self.scores, live = ranked.topk(self.beams, dim=1)
         position = torch.arange(live.size(0), device=live.device)[:, None]
         selected = (live + position * 2 * self.beams).view(-1)
@@ -686,13 +663,13 @@ class _Hypotheses:
 
     def best(self, n: int) -> list[_Finished]:
         """Each sentence's `n` best finished hypotheses, sentence by sentence. A place no hypothesis reached (every
-        token was ruled out) holds the prompt alone, scored as the ranking scores a dead beam (transformers: -1e9):
-        each sentence keeps its `n` rows in the output."""
+        token was ruled out) holds the prompt alone, scored -inf as a dead beam: each sentence keeps its `n` rows in
+        the output, as in transformers' loop."""
         scores, lengths = self.kept_scores[:, :n].tolist(), self.kept_lengths[:, :n].tolist()
         return [
             _Finished(score, self.kept_tokens[sentence, rank, :length],
                      self.kept_origins[sentence, rank, : length - self.prompt_length]) if score > float("-inf")
-            else _Finished(self.ranking.dead, self.prompts[sentence], self.kept_origins.new_empty(0))
+            else _Finished(float("-inf"), self.prompts[sentence], self.kept_origins.new_empty(0))
             for sentence, (sentence_scores, sentence_lengths) in enumerate(zip(scores, lengths))
             for rank, (score, length) in enumerate(zip(sentence_scores, sentence_lengths))
         ]
@@ -740,22 +717,7 @@ class _StepOutputs:
 
 def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True,
                      **model_kwargs):
-    """Beam search ranked as the paper does (`GNMTRanking`); a `custom_generate` callable for `generate`."""
-    return _beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config,
-                        GNMTRanking(generation_config), prune, **model_kwargs)
-
-
-def beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True, **model_kwargs):
-    """transformers' beam search (`TransformersRanking`) in our loop, where finished sentences leave the
-    batch: the tokens and scores of transformers' own loop, with less work. A `custom_generate` callable."""
-    longest = generation_config.max_length - input_ids.size(1)
-    return _beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config,
-                        TransformersRanking(generation_config, longest), prune, **model_kwargs)
-
-
-def _beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, ranking, prune=True,
-                 **model_kwargs):
-    """Beam search with the ranking and stopping rule of `ranking` (a `GNMTRanking` or `TransformersRanking`).
+    """Beam search ranked as the paper does (`GNMTRanking`); a `custom_generate` callable for `generate`.
 
     `generate` has already run the encoder once and repeated each sentence `num_beams` times, so
     `input_ids` is (batch * beams, 1), the decoder start token.
@@ -776,7 +738,7 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
     own, or with `prune=False`.
     """
     beams, prompt_length = generation_config.num_beams, input_ids.size(1)
-    hypotheses = _Hypotheses(input_ids, beams, ranking, generation_config.max_length)
+    hypotheses = _Hypotheses(input_ids, generation_config)
     live = _LiveRows(model, input_ids, logits_processor, generation_config, model_kwargs, rows_per_sentence=beams,
                      output_attentions=bool(generation_config.output_attentions),
                      output_hidden_states=bool(generation_config.output_hidden_states))
@@ -797,7 +759,7 @@ def _beam_search(model, input_ids, logits_processor, stopping_criteria, generati
                 live.reorder(parents)
 
     n_return = generation_config.num_return_sequences or 1
-    return steps.beam_output(hypotheses.best(n_return), hypotheses.ranking.fill, model_kwargs["encoder_outputs"],
+    return steps.beam_output(hypotheses.best(n_return), hypotheses.fill, model_kwargs["encoder_outputs"],
                              live.cache, input_ids.device)
 
 
@@ -816,8 +778,6 @@ def _beam_step(live: _LiveRows, hypotheses: _Hypotheses, steps: _StepOutputs, st
 __all__ = [
     "GNMTRanking",
     "SourceLengthCap",
-    "TransformersRanking",
-    "beam_search",
     "choose_search",
     "gnmt_beam_search",
     "gnmt_length_penalty",
