@@ -93,6 +93,8 @@ def test_generate_logs_why_transformers_loop_serves_a_call(model, caplog):
 def test_a_gnmt_beam_call_handed_to_transformers_loop_says_that_its_ranking_is_not_kept(model, caplog):
     with caplog.at_level(logging.WARNING, logger="vanilla_transformer.modeling.generation"):
         model.generate(source(), num_beams=4, length_penalty_style="gnmt", max_new_tokens=3)  # our loop: silent
+        model.generate(source(), num_beams=4, length_penalty_style="gnmt", max_new_tokens=3,
+                       custom_generate=gnmt_beam_search)  # the caller's own search, not transformers' ranking: silent
         assert caplog.text == ""
         model.generate(source(), num_beams=4, length_penalty_style="gnmt", max_new_tokens=3, output_logits=True,
                        return_dict_in_generate=True)

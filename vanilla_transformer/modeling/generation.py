@@ -189,7 +189,8 @@ def paper_generate(model, base_generate, inputs=None, generation_config=None, lo
     search, reason = choose_search(model, kwargs, resolved)
     if search is not None:
         kwargs["custom_generate"] = search
-    elif resolved.length_penalty_style == "gnmt" and (resolved.num_beams or 1) > 1:  # else scores would change unsaid
+    elif (resolved.length_penalty_style == "gnmt" and (resolved.num_beams or 1) > 1
+          and kwargs.get("custom_generate") is None):  # else scores would change unsaid; a caller's search runs as is
         logger.warning_once(f"transformers' own generation loop serves this call ({reason}): it ranks finished beams "
                             "by |Y|^α, not by the GNMT length penalty that length_penalty_style='gnmt' asks for")
     else:
