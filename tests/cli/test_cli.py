@@ -429,3 +429,26 @@ def test_translate_writes_what_the_folders_pipeline_writes(hub_tiny_folder, tmp_
     translate = pipeline("translation", model=str(hub_tiny_folder), trust_remote_code=True, device="cpu")
     expected = [" ".join(r["translation_text"].splitlines()) for r in translate(lines, batch_size=8, num_beams=1)]
     assert result.stdout.splitlines() == expected
+
+
+def _deliberate_bug(*args, **kwargs):
+    raise TypeError("a deliberate bug")
+
+
+@pytest.mark.parametrize("argv, function", [
+    (["translate", "--model", "{folder}", "Jesus wept."], "vanilla_transformer.cli.translators.translator"),
+    (["translate", "--model", "{folder}", "Jesus wept."], "vanilla_transformer.inference.translate_texts"),
+    (["translate", "--model", "{folder}", "--device", "cpu", "Jesus wept."], "torch.device"),
+    (["evaluate", "--model", "{folder}", "--source-file", "{lines}", "--reference-file", "{lines}"],
+     "vanilla_transformer.cli.translators.translator"),
+    (["attention", "--model", "{folder}", "Jesus wept.", "--output-dir", "{maps}"],
+     "vanilla_transformer.model_folder.load_model"),
+])
+def test_a_type_error_in_the_code_is_a_traceback_not_a_refused_input(argv, function, hub_tiny_folder, tmp_path,
+                                                                      monkeypatch):
+    # A TypeError is a bug in the code, not in what the user typed: it must not be shown as a one-line refusal.
+    (tmp_path / "lines.txt").write_text("Jesus wept.\n")
+    paths = {"folder": hub_tiny_folder, "lines": tmp_path / "lines.txt", "maps": tmp_path / "maps"}
+    monkeypatch.setattr(function, _deliberate_bug)
+    with pytest.raises(TypeError, match="a deliberate bug"):
+        main([arg.format(**paths) for arg in argv])
