@@ -219,6 +219,30 @@ def test_a_byte_order_mark_does_not_change_the_first_lines_translation(hub_tiny_
     assert list(read_text_files([marked])) == seen[0]  # train-tokenizer --text-files
 
 
+_FULL_DISK_AT = """
+import errno, os, sys
+from vanilla_transformer.cli import main, train_tokenizer
+
+def fill_the_disk(parser, args):  # what a write to a full disk raises, naming its file as os.open does
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(args.output_dir, "tokenizer.json"))
+
+train_tokenizer.run = fill_the_disk
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_full_disk_names_the_file_that_could_not_be_written(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _FULL_DISK_AT, "train-tokenizer", "--output-dir", str(tmp_path / "tok")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (f"vanilla-transformer train-tokenizer: error: cannot write "
+                                                      f"{tmp_path / 'tok' / 'tokenizer.json'}: No space left on device")
+
+
 _NO_NETWORK = """
 import socket, sys
 attempts = []
