@@ -51,7 +51,6 @@ from ..staging import STAGING_PREFIX, disk_full_error, publish_files, publish_fo
 __all__ = [
     "STATE_FILE",
     "average_checkpoints",
-    "check_plain_pickle",
     "checkpoint_layout",
     "checkpoint_name",
     "checkpoint_path",
