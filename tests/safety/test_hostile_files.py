@@ -4,10 +4,7 @@ to trust the file; a checkpoint that fails is set aside and a resumed run falls 
 Each crafted pickle would open a marker file if it were unpickled: the marker must never appear.
 """
 
-import os
 import shutil
-import subprocess
-import sys
 import zipfile
 
 import pytest
@@ -15,6 +12,7 @@ import torch
 from accelerate import Accelerator
 from safetensors.torch import load_file
 
+from commands import run_cli
 from crafted import Payload
 from vanilla_transformer.training.checkpoints import (
     newest_sound_checkpoint,
@@ -23,8 +21,6 @@ from vanilla_transformer.training.checkpoints import (
 )
 from vanilla_transformer.training.schedule import make_scheduler
 
-CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 TRUST_ADVICE = "weights_only"  # torch's refusal ends in advice to load with weights_only=False
 
 
@@ -107,8 +103,7 @@ def crafted_folder(hub_tiny_folder, tmp_path):
 @pytest.mark.parametrize("command", ["translate", "export"])
 def test_a_model_folder_with_crafted_pickled_weights_is_refused_in_one_line(command, crafted_folder, tmp_path):
     arguments = ["Jesus wept."] if command == "translate" else ["--format", "ctranslate2", "--output-dir", tmp_path / "out"]
-    result = subprocess.run([*CLI, command, "--model", crafted_folder, *map(str, arguments)], check=False,
-                            capture_output=True, text=True, env=ENV, timeout=600)
+    result = run_cli(command, "--model", crafted_folder, *arguments, timeout=600)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert "pytorch_model.bin holds more than tensors and plain values" in result.stderr

@@ -5,31 +5,24 @@ Each refusal is one line naming the file, before anything of the file's size is 
 
 import json
 import os
-import resource
 import shutil
-import subprocess
-import sys
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 import pytest
 from safetensors import safe_open
-import serving
 
-CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+import commands
+import serving
+from commands import ENV
+
 served = serving.served  # the fixture: a real `serve` process, on a free port
 MEMORY_CAP = 3 * 1024**3  # bytes of address space: the tiny model's run needs about 1.5 GB of it
 
 
-def _capped():
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
-
-
-def run_cli(*args, timeout=120, env_vars=None, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=env_vars or ENV, timeout=timeout,
-                          preexec_fn=_capped, **kwargs)
+run_cli = partial(commands.run_cli, timeout=120, memory=MEMORY_CAP)
 
 
 def _edit_json(path, **changes):
@@ -130,12 +123,12 @@ def test_a_hub_id_is_read_from_its_snapshot_through_the_gate(hub_tiny_folder, tm
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(revision)
     env = {**ENV, "HF_HUB_CACHE": str(tmp_path / "hub")}
-    result = run_cli("translate", "--model", "someone/tiny", "Jesus wept.", env_vars=env)
+    result = run_cli("translate", "--model", "someone/tiny", "Jesus wept.", env=env)
     assert result.returncode == 0 and result.stdout.strip(), result.stderr
     _edit_json(snapshot / "config.json", max_position_embeddings=2**31 - 1)
-    result = run_cli("translate", "--model", "someone/tiny", "Jesus wept.", env_vars=env)
+    result = run_cli("translate", "--model", "someone/tiny", "Jesus wept.", env=env)
     _refused_in_one_line(result, f"{snapshot / 'config.json'}: `max_position_embeddings` must be an integer in 1..65536")
-    result = run_cli("translate", "--model", "someone/elsewhere", "Jesus wept.", env_vars=env)
+    result = run_cli("translate", "--model", "someone/elsewhere", "Jesus wept.", env=env)
     _refused_in_one_line(result, "cannot load the model 'someone/elsewhere': not a model folder, and not reachable on the Hub")
 
 
