@@ -1,17 +1,14 @@
 """A real `serve` process for the tests that talk to it over HTTP, and a client's POST."""
 
 import json
-import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 
 import pytest
 
-CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+from commands import CLI, UNBUFFERED as ENV
 
 
 class Served(tuple):

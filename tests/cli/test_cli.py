@@ -429,3 +429,117 @@ def test_translate_writes_what_the_folders_pipeline_writes(hub_tiny_folder, tmp_
     translate = pipeline("translation", model=str(hub_tiny_folder), trust_remote_code=True, device="cpu")
     expected = [" ".join(r["translation_text"].splitlines()) for r in translate(lines, batch_size=8, num_beams=1)]
     assert result.stdout.splitlines() == expected
+
+
+def _deliberate_bug(*args, **kwargs):
+    raise TypeError("a deliberate bug")
+
+
+@pytest.mark.parametrize("argv, function", [
+    (["translate", "--model", "{folder}", "Jesus wept."], "vanilla_transformer.cli.translators.translator"),
+    (["translate", "--model", "{folder}", "Jesus wept."], "vanilla_transformer.inference.translate_texts"),
+    (["translate", "--model", "{folder}", "--device", "cpu", "Jesus wept."], "torch.device"),
+    (["evaluate", "--model", "{folder}", "--source-file", "{lines}", "--reference-file", "{lines}"],
+     "vanilla_transformer.cli.translators.translator"),
+    (["attention", "--model", "{folder}", "Jesus wept.", "--output-dir", "{maps}"],
+     "vanilla_transformer.model_folder.load_model"),
+])
+def test_a_type_error_in_the_code_is_a_traceback_not_a_refused_input(argv, function, hub_tiny_folder, tmp_path,
+                                                                      monkeypatch):
+    # A TypeError is a bug in the code, not in what the user typed: it must not be shown as a one-line refusal.
+    (tmp_path / "lines.txt").write_text("Jesus wept.\n")
+    paths = {"folder": hub_tiny_folder, "lines": tmp_path / "lines.txt", "maps": tmp_path / "maps"}
+    monkeypatch.setattr(function, _deliberate_bug)
+    with pytest.raises(TypeError, match="a deliberate bug"):
+        main([arg.format(**paths) for arg in argv])
+
+
+def _translate_process(folder, stdin, stdout, *extra):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", "translate", "--model", str(folder),
+                           "--device", "cpu", "--num-beams", "1", "--max-new-tokens", "8", *extra],
+                          stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+@pytest.mark.slow
+def test_closed_stdin_full_disk_and_broken_pipe_end_in_one_line(hub_tiny_folder, tmp_path):
+    import subprocess
+    import sys
+
+    closed = subprocess.run(  # standard input closed by the shell
+        ["bash", "-c", f"{sys.executable} -m vanilla_transformer.cli translate --model {hub_tiny_folder} --device cpu <&-"],
+        capture_output=True, text=True, timeout=300)
+    assert closed.returncode == 2 and "Traceback" not in closed.stderr
+    assert closed.stderr.strip().splitlines()[-1] == ("vanilla-transformer translate: error: standard input is closed; "
+                                                      "give the texts as arguments or with --input-file")
+    with open("/dev/full", "w") as full:
+        result = _translate_process(hub_tiny_folder, subprocess.DEVNULL, full, "In the beginning.")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == ("vanilla-transformer translate: error: cannot write the output: "
+                                                      "No space left on device")
+    lines = tmp_path / "many.txt"
+    lines.write_text("In the beginning.\n" * 20)
+    # The reader has left before the first write (as `| head` does after its lines): the pipe is broken for
+    # certain, not only once the pipe's buffer fills.
+    reader = subprocess.Popen(["true"], stdin=subprocess.PIPE)
+    reader.wait()
+    result = _translate_process(hub_tiny_folder, subprocess.DEVNULL, reader.stdin, "--input-file", str(lines))
+    reader.stdin.close()
+    assert result.returncode == 141 and "Traceback" not in result.stderr and "Exception ignored" not in result.stderr
+
+
+@pytest.mark.slow
+def test_a_byte_order_mark_does_not_change_the_first_lines_translation(hub_tiny_folder, tmp_path, capsys, monkeypatch):
+    import codecs
+
+    from vanilla_transformer import inference
+    from vanilla_transformer.cli import main
+    from vanilla_transformer.tokenizer import read_text_files
+
+    seen = []  # what reaches the model: the BOM's three bytes would be three more source tokens
+
+    def translate_texts(model, tokenizer, texts, **options):
+        seen.append(list(texts))
+        return translate(model, tokenizer, texts, **options)
+
+    translate = inference.translate_texts
+    monkeypatch.setattr(inference, "translate_texts", translate_texts)
+    text = "In the beginning God created the heavens.\nJesus wept.\n"
+    plain, marked = tmp_path / "plain.txt", tmp_path / "marked.txt"
+    plain.write_text(text, encoding="utf-8")
+    marked.write_bytes(codecs.BOM_UTF8 + text.encode())  # as Notepad saves "UTF-8 with BOM"
+    outputs = []
+    for path in (plain, marked):
+        main(["translate", "--model", str(hub_tiny_folder), "--device", "cpu", "--num-beams", "1", "--input-file", str(path)])
+        outputs.append(capsys.readouterr().out)
+    assert seen[0] == seen[1] == ["In the beginning God created the heavens.", "Jesus wept."]
+    assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 2
+    assert list(read_text_files([marked])) == seen[0]  # train-tokenizer --text-files
+
+
+_FULL_DISK_AT = """
+import errno, os, sys
+from vanilla_transformer.cli import main, train_tokenizer
+
+def fill_the_disk(parser, args):  # what a write to a full disk raises, naming its file as os.open does
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(args.output_dir, "tokenizer.json"))
+
+train_tokenizer.run = fill_the_disk
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_full_disk_names_the_file_that_could_not_be_written(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _FULL_DISK_AT, "train-tokenizer", "--output-dir", str(tmp_path / "tok")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (f"vanilla-transformer train-tokenizer: error: cannot write "
+                                                      f"{tmp_path / 'tok' / 'tokenizer.json'}: No space left on device")

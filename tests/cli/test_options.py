@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from vanilla_transformer import cli
 from vanilla_transformer.training.arguments import BoundedOption
@@ -106,3 +107,26 @@ def test_every_bounded_option_refuses_a_value_beyond_it_in_one_line_of_one_shape
     shape = rf"vanilla-transformer {command}: error: {action.option_strings[0]} must be (a|an|in) [^;]+; got {shown}\n"
     assert re.fullmatch(shape, result.stderr), result.stderr
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--device", "banana"], "--device 'banana' is not a device; expected cpu, cuda, cuda:N or mps"),
+    (["--max-new-tokens", "1000000000"], "--max-new-tokens must be a positive integer up to 4096"),
+    (["--length-penalty", "1e308"], "--length-penalty must be between -10.0 and 10.0"),
+])
+def test_decoding_options_beyond_what_can_run_are_refused_in_one_line(tmp_path, options, message, capsys):
+    from vanilla_transformer.cli import main
+
+    with pytest.raises(SystemExit) as stop:  # refused before any model is read
+        main(["translate", "--model", str(tmp_path), *options, "In the beginning."])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.startswith(f"vanilla-transformer translate: error: {message}")
+
+
+def test_cuda_without_cuda_is_refused(monkeypatch):
+    from vanilla_transformer.cli.options import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="--device cuda:1: this machine has no CUDA device; use --device cpu"):
+        check_device("cuda:1")
+    check_device("cpu")

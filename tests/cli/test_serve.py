@@ -1,6 +1,6 @@
 """`serve` under load and bad clients: the real server process over HTTP, concurrent clients on
-every route, a chunked body past the limit, a client that stalls; and the neuron view's capture from
-threads sharing one model.
+every route, a chunked body past the limit, a client that stalls; the app's limits on a request, and where they come from;
+and the neuron view's capture from threads sharing one model.
 """
 
 import json
@@ -10,6 +10,7 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -278,3 +279,67 @@ def test_the_page_has_one_route_per_call(served):
     with urllib.request.urlopen(f"http://{host}:{port}/gradio_api/info", timeout=30) as response:
         routes = json.load(response)["named_endpoints"]
     assert "/translate" in routes and "/translate_1" not in routes, sorted(routes)
+
+
+def test_the_app_refuses_a_request_beyond_its_limits_naming_the_limit(hub_tiny_model, tmp_path):
+    import re
+
+    gr = pytest.importorskip("gradio")
+    from vanilla_transformer.inference import translate_texts
+    from vanilla_transformer.visualize.app import Limits, make_translate
+
+    model, tokenizer = hub_tiny_model
+    translate = make_translate(model, tokenizer, Limits(max_input_tokens=12, max_new_tokens=5, max_beams=2), tmp_path)
+    for request, message in (
+        (("In the beginning God created the heavens and the earth.", 1, 0.6, 0),
+         r"The sentence is \d+ tokens long; this app translates at most 12 \(max_input_tokens\)"),
+        (("Jesus wept.", 3, 0.6, 0), r"Beam size 3 is over this app's limit of 2 \(max_beams\)"),
+        (("Jesus wept.", 1, 0.6, 6), r"The longest output asked for, 6 tokens, is over this app's limit of 5 \(max_new_tokens\)"),
+        (("Jesus wept.", 1, 1e308, 0), r"The length penalty must be between -10.0 and 10.0"),
+    ):
+        with pytest.raises(gr.Error) as refused:  # refused, not clipped
+            translate(*request)
+        assert re.match(message, refused.value.message), refused.value.message
+    # Within the limits; asking for no length gives the model's default, here capped at max_new_tokens.
+    translation, frame, page = translate("Jesus wept.", 2, 0.6, 0)
+    assert translation == translate_texts(model, tokenizer, ["Jesus wept."], num_beams=2, max_new_tokens=5)[0]
+    assert translate("Jesus wept.", 1, 0.6, 3)[0] == translate_texts(model, tokenizer, ["Jesus wept."], num_beams=1,
+                                                                      max_new_tokens=3)[0]
+
+
+def test_the_app_serves_its_limits(hub_tiny_folder):
+    import gc
+
+    gr = pytest.importorskip("gradio")
+    from vanilla_transformer.visualize.app import Limits, build_app
+
+    demo = build_app(hub_tiny_folder, "cpu", Limits(max_beams=2, max_concurrent=2, max_queued=3))
+    gc.collect()  # the explorer pages' folder lives as long as the app
+    (translate,) = {block.fn for block in demo.fns.values() if block.fn.__name__ == "translate"}  # click and submit
+    with pytest.raises(gr.Error, match="over this app's limit of 2"):
+        translate("Jesus wept.", 3, 0.6, 0)
+    assert Path(translate("Jesus wept.", 2, 0.6, 0)[2]).is_file()
+
+
+def test_the_apps_limits_come_from_serves_options_then_the_environment_then_the_defaults(monkeypatch, capsys):
+    pytest.importorskip("gradio")
+    from vanilla_transformer.cli import main
+    from vanilla_transformer.visualize import app
+
+    assert app.Limits() == app.Limits(max_input_tokens=128, max_new_tokens=256, max_beams=8, max_concurrent=1, max_queued=8)
+    served = []
+    monkeypatch.setattr(app, "serve", lambda model, host, port, device, limits: served.append(limits))
+    monkeypatch.setenv("VANILLA_TRANSFORMER_MAX_NEW_TOKENS", "64")  # as a Space's variable sets it
+    monkeypatch.setenv("VANILLA_TRANSFORMER_MAX_BEAMS", "4")
+    assert main(["serve", "--model", "m", "--max-beams", "2", "--max-concurrent", "3", "--max-input-tokens", "32"]) == 0
+    assert capsys.readouterr().err == "threads: 1 (OMP_NUM_THREADS; --threads N to change)\n"  # the suite's, as serve starts
+    assert served == [app.Limits(max_input_tokens=32, max_new_tokens=64, max_beams=2, max_concurrent=3, max_queued=8)]
+    for argv, message in ((["--max-queued", "0"], "--max-queued must be a positive integer; got 0"),
+                          ([], "--max-beams (VANILLA_TRANSFORMER_MAX_BEAMS) must be a whole number of at least 1; got 'many'"),
+                          (["--max-new-tokens", "100000"], "--max-new-tokens must be a positive integer up to 4096 (its "
+                                                           "cache is allocated up front); got 100000")):
+        monkeypatch.setenv("VANILLA_TRANSFORMER_MAX_BEAMS", "many" if not argv else "4")
+        with pytest.raises(SystemExit) as stop:
+            main(["serve", "--model", "m", *argv])
+        assert stop.value.code == 2
+        assert capsys.readouterr().err == f"vanilla-transformer serve: error: {message}\n"

@@ -1,4 +1,5 @@
-"""Translation pairs from small local files and folders: structured files, split files, plain parallel text."""
+"""Translation pairs from small local files and folders: structured files, split files, plain parallel text; read
+without a request to the network."""
 
 from __future__ import annotations
 
@@ -241,3 +242,39 @@ def test_a_table_without_a_header_row_is_refused_before_it_is_read(tmp_path, fr_
         load_translation_dataset(path)
     path.write_text(f"fr{separator}en\n" + path.read_text(encoding="utf-8"), encoding="utf-8")
     assert resolve_languages(load_translation_dataset(path)["train"]) == ("fr", "en")
+
+
+_NO_NETWORK = """
+import socket, sys
+attempts = []
+def refuse(*args, **kwargs):
+    attempts.append(repr(args[:2]))
+    raise OSError("no network in this test")
+socket.getaddrinfo = socket.create_connection = socket.socket.connect = refuse
+from vanilla_transformer.cli import main
+
+try:
+    code = main(sys.argv[1:])
+except SystemExit as stop:
+    code = stop.code
+print("exit", code, "network", attempts)
+"""
+
+
+@pytest.mark.slow
+def test_scoring_local_data_sends_no_request_when_not_offline(hub_tiny_folder, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"en": f"In the beginning {i}.", "es": f"En el principio {i}."}) + "\n" for i in range(3)))
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_UPDATE_DOWNLOAD_COUNTS")}
+    # datasets counted a download of its "json" builder with a request to S3 for every local file read.
+    result = subprocess.run(
+        [sys.executable, "-c", _NO_NETWORK, "evaluate", "--model", str(hub_tiny_folder), "--dataset", str(data),
+         "--split", "train", "--device", "cpu", "--num-beams", "1", "--max-new-tokens", "4"],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert result.stdout.strip().splitlines()[-1] == "exit 0 network []", result.stderr[-2000:]

@@ -5,28 +5,17 @@ line, in bounded memory, instead of a MemoryError traceback (and a main thread l
 Each command runs as a real process under an address-space cap where memory is the point.
 """
 
-import os
-import resource
 import subprocess
-import sys
 
 import pytest
 
-CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+from commands import run_cli
+
 MEMORY_CAP = 3 << 30  # the model's own run takes well under 1 GB; an unbounded line read fills any cap
 
 
-def _capped():
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
-
-
 def run_capped(*args, stdin=subprocess.DEVNULL, timeout=120) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run([*CLI, *map(str, args)], stdin=stdin, capture_output=True, text=True, env=ENV,
-                              timeout=timeout, preexec_fn=_capped)
-    except subprocess.TimeoutExpired as err:
-        pytest.fail(f"still running after {timeout} s: {(err.stderr or b'')[-2000:]!r}")
+    return run_cli(*args, stdin=stdin, timeout=timeout, memory=MEMORY_CAP)
 
 
 def _refused_in_one_line(result, command: str, message: str) -> None:

@@ -9,19 +9,18 @@ import select
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+import commands
+from commands import CLI, UNBUFFERED as ENV
 from vanilla_transformer.staging import STAGING_PREFIX
 
-CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 LONG_LINE = " ".join(["And the men of the city said unto him, Bring forth the man."] * 6)
 
-
-def run_cli(*args, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=ENV, timeout=600, **kwargs)
+run_cli = partial(commands.run_cli, timeout=600, env=ENV)
 
 
 @pytest.fixture(scope="module")

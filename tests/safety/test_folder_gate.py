@@ -7,23 +7,16 @@ CTranslate2 export whose options ask for a beam of 100,000 or outputs of a billi
 """
 
 import json
-import os
-import resource
 import shutil
 import socket
 import subprocess
-import sys
 
 import pytest
 
-CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+from commands import run_cli
+
 MEMORY_CAP = 3 << 30  # bytes of address space: the tiny model's commands need about 1.5 GB of it
 TIMEOUT = 120
-
-
-def _capped():
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
 
 
 def _edit_json(path, **changes):
@@ -130,11 +123,7 @@ COMMANDS = {
 
 
 def run_command(args) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=ENV, timeout=TIMEOUT,
-                              preexec_fn=_capped, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{args[0]} still running after {TIMEOUT} s")
+    return run_cli(*args, timeout=TIMEOUT, memory=MEMORY_CAP)
 
 
 def refusal(result, command: str) -> str:

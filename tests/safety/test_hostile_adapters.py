@@ -6,17 +6,14 @@ translate, export, serve and `train --model-name-or-path` alike.
 """
 
 import json
-import os
-import resource
 import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
 
-CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+from commands import run_cli
+
 MEMORY_CAP = 3 * 1024**3  # bytes of address space: a rank of 300,000 took about 4 GB
 COMMANDS = {
     "translate": ["translate", "--model", "{folder}", "--num-beams", "1", "a b"],
@@ -26,13 +23,8 @@ COMMANDS = {
 }
 
 
-def _capped():
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
-
-
-def run_cli(command: str, folder) -> subprocess.CompletedProcess:
-    argv = [arg.format(folder=folder) for arg in COMMANDS[command]]
-    return subprocess.run([*CLI, *argv], capture_output=True, text=True, env=ENV, timeout=120, preexec_fn=_capped)
+def run_command(command: str, folder) -> subprocess.CompletedProcess:
+    return run_cli(*(arg.format(folder=folder) for arg in COMMANDS[command]), timeout=120, memory=MEMORY_CAP)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +62,7 @@ def test_an_adapter_saved_with_the_folder_is_merged_and_exports(adapted, tmp_pat
     ids = torch.tensor([[5, 6, 7, 2]])
     assert torch.equal(loaded(input_ids=ids, decoder_input_ids=ids).logits, merged(input_ids=ids, decoder_input_ids=ids).logits)
     assert not any("lora" in name for name, _ in loaded.named_modules())  # plain layers, as saved models hold
-    result = run_cli("export", folder)
+    result = run_command("export", folder)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "applying the LoRA adapter saved in" in result.stderr
 
@@ -97,7 +89,7 @@ def test_a_hostile_adapter_is_refused_in_one_line_by_every_command(adapted, tmp_
     # elsewhere was ignored.
     changes, expected = HOSTILE[case]
     folder = _hostile(adapted, tmp_path, **changes)
-    result = run_cli(command, folder)
+    result = run_command(command, folder)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert result.stderr.splitlines()[-1].startswith(f"vanilla-transformer {command}: error: {folder}/{expected}"), \
@@ -110,7 +102,7 @@ def test_adapter_weights_linked_from_outside_the_folder_are_not_read(adapted, tm
     outside = tmp_path / "elsewhere.safetensors"
     shutil.move(folder / "adapter_model.safetensors", outside)
     (folder / "adapter_model.safetensors").symlink_to(outside)
-    result = run_cli("translate", folder)
+    result = run_command("translate", folder)
     # Read with no word: the rule that a folder's links stay inside it was bypassed.
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.splitlines()[-1] == (f"vanilla-transformer translate: error: {folder}/adapter_model.safetensors "

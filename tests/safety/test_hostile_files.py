@@ -4,10 +4,7 @@ to trust the file; a checkpoint that fails is set aside and a resumed run falls 
 Each crafted pickle would open a marker file if it were unpickled: the marker must never appear.
 """
 
-import os
 import shutil
-import subprocess
-import sys
 import zipfile
 
 import pytest
@@ -15,15 +12,15 @@ import torch
 from accelerate import Accelerator
 from safetensors.torch import load_file
 
+from commands import run_cli
 from crafted import Payload
 from vanilla_transformer.training.checkpoints import (
     newest_sound_checkpoint,
     save_checkpoint,
     verify_checkpoint,
 )
+from vanilla_transformer.training.schedule import make_scheduler
 
-CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 TRUST_ADVICE = "weights_only"  # torch's refusal ends in advice to load with weights_only=False
 
 
@@ -106,8 +103,7 @@ def crafted_folder(hub_tiny_folder, tmp_path):
 @pytest.mark.parametrize("command", ["translate", "export"])
 def test_a_model_folder_with_crafted_pickled_weights_is_refused_in_one_line(command, crafted_folder, tmp_path):
     arguments = ["Jesus wept."] if command == "translate" else ["--format", "ctranslate2", "--output-dir", tmp_path / "out"]
-    result = subprocess.run([*CLI, command, "--model", crafted_folder, *map(str, arguments)], check=False,
-                            capture_output=True, text=True, env=ENV, timeout=600)
+    result = run_cli(command, "--model", crafted_folder, *arguments, timeout=600)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert "pytorch_model.bin holds more than tensors and plain values" in result.stderr
@@ -121,3 +117,42 @@ def test_train_from_a_model_folder_with_crafted_pickled_weights_is_refused_by_th
         check_model_folder(crafted_folder, needs_tokenizer=False).load()
     assert TRUST_ADVICE not in str(refused.value) and "\n" not in str(refused.value)
     assert not (tmp_path / "ran").exists()
+
+
+@pytest.fixture
+def checkpointed(tmp_path):
+    """A real checkpoint with a registered schedule, as `train` writes it (custom_checkpoint_0.pkl)."""
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    scheduler = make_scheduler(optimizer, 8, 4, 1.0, "noam", remaining_steps=lambda step: 10)
+    accelerator.register_for_checkpointing(scheduler)
+    root = tmp_path / "checkpoints"
+    return accelerator, root, save_checkpoint(accelerator, root, 3, {"epoch": 0})
+
+
+def test_a_crafted_custom_checkpoint_is_refused_and_never_run(tmp_path, checkpointed):
+    accelerator, root, checkpoint = checkpointed
+    custom = checkpoint / "custom_checkpoint_0.pkl"
+    verify_checkpoint(checkpoint)  # the genuine file: tensors and plain values
+    accelerator.load_state(str(checkpoint))
+    marker = tmp_path / "ran"
+    torch.save(Payload(marker), custom)  # a valid zip archive with correct CRCs: only its content is hostile
+    with pytest.raises(ValueError, match=r"custom_checkpoint_0.pkl holds more than tensors and plain values"):
+        verify_checkpoint(checkpoint)
+    assert not marker.exists()
+    # `train --resume` reads only a checkpoint that verifies: with no other one, it stops before loading.
+    with pytest.raises(ValueError, match="no checkpoint in .* can be read: .*custom_checkpoint_0.pkl holds more"):
+        newest_sound_checkpoint(root)
+    assert not marker.exists()
+
+
+def test_resume_falls_back_past_a_crafted_checkpoint(tmp_path, checkpointed):
+    accelerator, root, older = checkpointed
+    newer = save_checkpoint(accelerator, root, 4, {"epoch": 0})
+    marker = tmp_path / "ran"
+    torch.save(Payload(marker), newer / "custom_checkpoint_0.pkl")
+    chosen, problems = newest_sound_checkpoint(root)
+    assert chosen == older and len(problems) == 1 and "custom_checkpoint_0.pkl holds more" in problems[0]
+    assert not marker.exists() and (root / "damaged-checkpoint-00000004").is_dir()

@@ -5,31 +5,24 @@ Each refusal is one line naming the file, before anything of the file's size is 
 
 import json
 import os
-import resource
 import shutil
-import subprocess
-import sys
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 import pytest
 from safetensors import safe_open
-import serving
 
-CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+import commands
+import serving
+from commands import ENV
+
 served = serving.served  # the fixture: a real `serve` process, on a free port
 MEMORY_CAP = 3 * 1024**3  # bytes of address space: the tiny model's run needs about 1.5 GB of it
 
 
-def _capped():
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
-
-
-def run_cli(*args, timeout=120, env_vars=None, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=env_vars or ENV, timeout=timeout,
-                          preexec_fn=_capped, **kwargs)
+run_cli = partial(commands.run_cli, timeout=120, memory=MEMORY_CAP)
 
 
 def _edit_json(path, **changes):
@@ -130,12 +123,12 @@ def test_a_hub_id_is_read_from_its_snapshot_through_the_gate(hub_tiny_folder, tm
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(revision)
     env = {**ENV, "HF_HUB_CACHE": str(tmp_path / "hub")}
-    result = run_cli("translate", "--model", "someone/tiny", "Jesus wept.", env_vars=env)
+    result = run_cli("translate", "--model", "someone/tiny", "Jesus wept.", env=env)
     assert result.returncode == 0 and result.stdout.strip(), result.stderr
     _edit_json(snapshot / "config.json", max_position_embeddings=2**31 - 1)
-    result = run_cli("translate", "--model", "someone/tiny", "Jesus wept.", env_vars=env)
+    result = run_cli("translate", "--model", "someone/tiny", "Jesus wept.", env=env)
     _refused_in_one_line(result, f"{snapshot / 'config.json'}: `max_position_embeddings` must be an integer in 1..65536")
-    result = run_cli("translate", "--model", "someone/elsewhere", "Jesus wept.", env_vars=env)
+    result = run_cli("translate", "--model", "someone/elsewhere", "Jesus wept.", env=env)
     _refused_in_one_line(result, "cannot load the model 'someone/elsewhere': not a model folder, and not reachable on the Hub")
 
 
@@ -153,3 +146,82 @@ def test_the_app_answers_a_call_with_the_wrong_number_of_inputs_with_a_message(d
     assert json.loads(lines[1].removeprefix("data: "))["error"] == (
         "This call takes 4 inputs (Sentence, Beam size (1: greedy), Length penalty (beam search), Longest output in "
         f"tokens (0: source length + 50, at most 256)); it was given {len(data)}.")
+
+
+@pytest.mark.slow
+def test_a_model_folder_with_another_tokenizer_is_refused_in_one_line(hub_tiny_folder, tiny_corpus, tmp_path, capsys):
+    import shutil
+
+    from vanilla_transformer.cli import main
+    from vanilla_transformer.model_folder import load_model
+    from vanilla_transformer.tokenizer import train_tokenizer
+
+    load_model(hub_tiny_folder, "cpu")  # its own tokenizer fits
+    folder = tmp_path / "mixed"
+    shutil.copytree(hub_tiny_folder, folder)
+    _, pairs = tiny_corpus
+    other = train_tokenizer([text for pair in pairs[:500] for text in pair], vocab_size=300)
+    other.save_pretrained(tmp_path / "other")
+    shutil.copy(tmp_path / "other" / "tokenizer.json", folder / "tokenizer.json")
+    rows = load_model(hub_tiny_folder, "cpu")[0].config.vocab_size
+    with pytest.raises(ValueError, match=rf"the tokenizer in {folder} is not the model's: its tokenizer has "
+                                         rf"{len(other)} tokens and the model {rows} embedding rows"):
+        load_model(folder, "cpu")
+    with pytest.raises(SystemExit) as stop:
+        main(["translate", "--model", str(folder), "--device", "cpu", "In the beginning."])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err
+    assert "Traceback" not in error
+    assert error.strip().splitlines()[-1].startswith(f"vanilla-transformer translate: error: the tokenizer in {folder} is not")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [
+    ["translate", "In the beginning."],
+    ["evaluate", "--max-samples", "2"],
+    ["attention", "In the beginning."],
+    ["export", "--format", "ctranslate2"],
+])
+def test_a_config_of_another_shape_or_a_tokenizer_without_its_keys_is_named_in_one_line(
+        hub_tiny_folder, tmp_path, command, capsys):
+    import json
+    import shutil
+
+    from vanilla_transformer.cli import main
+
+    def edited(name, file, edit):
+        folder = tmp_path / name
+        shutil.copytree(hub_tiny_folder, folder)
+        content = json.loads((folder / file).read_text())
+        edit(content)
+        (folder / file).write_text(json.dumps(content))
+        return folder
+
+    shape = edited("shape", "config.json", lambda config: config.update(d_model=2 * config["d_model"]))
+    layers = edited("layers", "config.json", lambda config: config.update(encoder_layers=config["encoder_layers"] + 1))
+    keyless = edited("keyless", "tokenizer.json", lambda tokenizer: tokenizer.pop("model"))
+    # Another model_type made transformers ask whether to run the folder's code, on the terminal.
+    other = edited("other", "config.json", lambda config: config.update(model_type="bert"))
+    typeless = edited("typeless", "config.json", lambda config: config.pop("model_type"))
+    listed = edited("listed", "config.json", lambda config: None)
+    (listed / "config.json").write_text("[1, 2]")  # once blamed on the tokenizer
+    damaged = edited("damaged", "generation_config.json", lambda generation: None)
+    (damaged / "generation_config.json").write_text("{")  # transformers ignored it: the model's decoding defaults were lost
+    for folder, message in ((other, f"{other / 'config.json'} describes a 'bert' model, which is not a translation"),
+                            (typeless, f"{typeless / 'config.json'} does not describe a model: it names no `model_type`"),
+                            (listed, f"{listed / 'config.json'} does not describe a model: it names no `model_type`"),
+                            (damaged, f"{damaged / 'generation_config.json'} is damaged: not valid JSON"),
+                            (shape, f"{shape / 'config.json'} does not fit the weights in {shape}: model.shared.weight "
+                                    "is [600, 64] in model.safetensors and [600, 128] by the config"),
+                            (layers, f"{layers / 'config.json'} does not fit the weights in {layers}: the config has "
+                                     "model.encoder.layers.2."),
+                            (keyless, f"{keyless / 'tokenizer.json'} is not a tokenizer file this version can read: "
+                                      "Model missing")):
+        extra = ["--output-dir", str(tmp_path / "out")] if command[0] in ("export", "attention") else []
+        with pytest.raises(SystemExit) as stop:
+            main([command[0], "--model", str(folder), *command[1:], *extra])
+        assert stop.value.code == 2
+        out, error = capsys.readouterr()
+        assert error.startswith(f"vanilla-transformer {command[0]}: error: {message}") and "Traceback" not in error
+        assert "custom code" not in out + error  # transformers' question whether to run the folder's code
+        assert not (tmp_path / "out").exists()

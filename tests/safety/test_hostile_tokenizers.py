@@ -3,29 +3,18 @@ is refused before it is parsed, and a pattern that makes the tokenizers library 
 told in one line naming the file, instead of a Rust traceback of hundreds of lines."""
 
 import json
-import os
-import resource
 import shutil
 import subprocess
-import sys
 
 import pytest
 
-CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+from commands import run_cli
+
 MEMORY_CAP = 3 << 30
 
 
-def _capped():
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
-
-
 def _translate(folder, text: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run([*CLI, "translate", "--model", str(folder), "--num-beams", "1", text], capture_output=True,
-                              text=True, env=ENV, timeout=timeout, preexec_fn=_capped, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"still running after {timeout} s")
+    return run_cli("translate", "--model", folder, "--num-beams", 1, text, timeout=timeout, memory=MEMORY_CAP)
 
 
 def _with_tokenizer(hub_tiny_folder, tmp_path, edit):

@@ -1,18 +1,13 @@
 """Training within every length the model reads: `--max-length` checked when `train` starts, and the
 final scoring of a model with a bounded length decoding within it."""
 
-import os
-import subprocess
-import sys
+from functools import partial
 
 import pytest
 
-CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+import commands
 
-
-def run_cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=ENV, timeout=600)
+run_cli = partial(commands.run_cli, timeout=600)
 
 
 def test_train_with_location_scores_ends_with_its_scores_and_card(small_task, small_run, tmp_path):

@@ -30,7 +30,7 @@ def accelerated():
 def test_save_keeps_the_last_k_and_finds_the_newest_complete_one(tmp_path, accelerated):
     accelerator, model = accelerated
     for step in (1, 2, 3):
-        path = save_checkpoint(accelerator, tmp_path, step, {"epoch": 0, "note": step}, keep=2)
+        path = save_checkpoint(accelerator, tmp_path, step, {"epoch": 0, "note": step}, keep_checkpoints=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-00000002", "checkpoint-00000003"]
     assert latest_checkpoint(tmp_path) == path and read_state(path) == {"epoch": 0, "note": 3, "step": 3}
     assert not list(tmp_path.glob(".vanilla-transformer-staging-*"))

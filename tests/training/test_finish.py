@@ -3,7 +3,6 @@ and validation is timed beside them, `--test-samples 0` skips the test, the fina
 never scores the same weights twice, and SIGINT during the final scoring stops it with the model saved."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,18 +12,16 @@ from types import SimpleNamespace
 import pytest
 from accelerate import PartialState
 
+from commands import ENV, run_cli
 from vanilla_transformer.training.arguments import TrainArguments
 from vanilla_transformer.training.checkpoints import STATE_FILE, checkpoint_path
 from vanilla_transformer.training.finish import _chosen_checkpoints
 from vanilla_transformer.training.logs import LOG_FILE, read_log
 from vanilla_transformer.training.run_state import RunState
 
-CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-
 
 def _train(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, "train", *map(str, args)], capture_output=True, text=True, env=ENV, timeout=300)
+    return run_cli("train", *args, timeout=300)
 
 
 @pytest.mark.parametrize("saved, average_last, averaged", [

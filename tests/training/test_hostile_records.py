@@ -6,27 +6,17 @@ linked in from elsewhere is never followed to delete. Each drives the real comma
 
 import json
 import os
-import resource
 import shutil
-import subprocess
-import sys
+from functools import partial
 
 import pytest
 
+import commands
 from conftest import SMALL_RUN
 
-CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 MEMORY_CAP = 3 * 1024**3  # bytes of address space: the small run needs about 1.6 GB of it
 
-
-def _capped():
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
-
-
-def run_cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=ENV, timeout=300,
-                          preexec_fn=_capped)
+run_cli = partial(commands.run_cli, timeout=300, memory=MEMORY_CAP)
 
 
 @pytest.fixture(scope="module")

@@ -173,8 +173,8 @@ def test_a_budget_schedule_with_a_weight_average_resumes_to_the_same_run(tmp_pat
     whole = _run(tmp_path, "whole", small_task, small_run, *budget)
     real_save = loop.save_run
 
-    def save_then_die(components, state, keep):
-        real_save(components, state, keep)
+    def save_then_die(components, state, keep_checkpoints):
+        real_save(components, state, keep_checkpoints)
         if state.step == 4:
             raise _Died
 

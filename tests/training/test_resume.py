@@ -3,22 +3,19 @@ finished run that it leaves alone."""
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from commands import ENV, run_cli
 from vanilla_transformer.training.checkpoints import latest_checkpoint, read_state
 from vanilla_transformer.training.logs import LOG_FILE, read_log
 
-CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-
 
 def _train_cli(*args) -> subprocess.CompletedProcess:
-    result = subprocess.run([*CLI, "train", *map(str, args)], capture_output=True, text=True, env=ENV, timeout=300)
+    result = run_cli("train", *args, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 

@@ -2,24 +2,20 @@
 writes in its output folder (a plain run and a LoRA fine-tune), `train` refuses in one line, or leaves the file as
 it was. Each case drives the real command in a process of its own."""
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from commands import run_cli
 from conftest import SMALL_RUN
 
-CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 NOTES = "the user's notes\n"
 
 
 def _train(data, out, *options) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, "train", "--dataset", str(data), "--output-dir", str(out), *SMALL_RUN,
-                           "--max-steps", "2", "--save-steps", "1", *options], capture_output=True, text=True, env=ENV,
-                          timeout=600)
+    return run_cli("train", "--dataset", data, "--output-dir", out, *SMALL_RUN, "--max-steps", 2, "--save-steps", 1,
+                   *options, timeout=600)
 
 
 def _written(folder: Path) -> list[str]:

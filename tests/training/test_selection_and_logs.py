@@ -174,7 +174,8 @@ def test_the_best_checkpoints_outlive_pruning_and_average_best_keeps_as_many_as_
     for step, bleu in [(1, 10.0), (2, 30.0), (3, 20.0), (4, 20.0), (5, 5.0)]:
         state.step = step
         record_validation(state, {"bleu": bleu}, args.best_metric, args.eval_samples, kept=args.average_last)
-        save_checkpoint(accelerator, tmp_path / "checkpoints", step, state.to_dict(), keep=1, protect=best_steps(state))
+        save_checkpoint(accelerator, tmp_path / "checkpoints", step, state.to_dict(), keep_checkpoints=1,
+                        protect=best_steps(state))
     assert best_steps(state) == [2, 3]  # the best two, best first; step 4 ties step 3 and comes later
     assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == [
         "checkpoint-00000002", "checkpoint-00000003", "checkpoint-00000005"]

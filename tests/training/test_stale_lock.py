@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-CLI = [sys.executable, "-m", "vanilla_transformer.cli"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+from commands import CLI, ENV, run_cli
+
 # A run as `train` takes its folder, that forks a worker (a data loader's, a pool's) which inherits the lock's file.
 HOLDER = """
 import os, sys, time
@@ -35,12 +35,12 @@ def test_a_killed_runs_lock_still_held_by_its_fork_is_taken_over_and_a_live_run_
                            start_new_session=True)
     try:
         assert run.stdout.readline() == "ready\n"
-        train = [*CLI, "train", "--dataset", str(small_task), "--output-dir", str(out), *small_run, "--max-steps", "1"]
-        refused = subprocess.run(train, capture_output=True, text=True, env=ENV, timeout=300)
+        train = ["train", "--dataset", small_task, "--output-dir", out, *small_run, "--max-steps", 1]
+        refused = run_cli(*train, timeout=300)
         assert refused.returncode == 2 and f"is in use by another training run (PID {run.pid} " in refused.stderr
         run.kill()  # kill -9 of the run alone: its fork lives on, holding the lock's file
         run.wait()
-        result = subprocess.run(train, capture_output=True, text=True, env=ENV, timeout=300)
+        result = run_cli(*train, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
         taken = [line for line in result.stderr.splitlines() if "taking over" in line]
         assert len(taken) == 1 and f"the run that left it (PID {run.pid} on host" in taken[0], result.stderr[-3000:]
@@ -63,8 +63,7 @@ def test_a_lock_naming_a_live_process_that_holds_nothing_is_taken_over_saying_wh
     out.mkdir()
     (out / ".train.lock").write_text(json.dumps({"pid": 1, "host": socket.gethostname(), "started": "earlier",
                                                  "command": "written by hand"}))
-    train = [*CLI, "train", "--dataset", str(small_task), "--output-dir", str(out), *small_run, "--max-steps", "1"]
-    result = subprocess.run(train, capture_output=True, text=True, env=ENV, timeout=300)
+    result = run_cli("train", "--dataset", small_task, "--output-dir", out, *small_run, "--max-steps", 1, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     taken = [line for line in result.stderr.splitlines() if "taking over" in line]
     assert len(taken) == 1 and "no longer running" not in taken[0], result.stderr[-3000:]

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         if sys.stdout is None or err.errno not in (errno.ENOSPC, errno.EBADF, errno.EIO):
             raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        print(f"vanilla-transformer {args.command}: error: cannot write the output: {err.strerror}", file=sys.stderr)
+        what = "the output" if err.filename is None else os.fsdecode(err.filename)  # a file, when the error names one
+        print(f"vanilla-transformer {args.command}: error: cannot write {what}: {err.strerror}", file=sys.stderr)
         return 1
     except BaseException as err:
         if type(err).__name__ != "PanicException":  # the tokenizers library's panic: a BaseException from Rust

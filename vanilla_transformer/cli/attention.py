@@ -51,7 +51,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             written.append(save_explorer(record, args.html))
         if args.output_dir or not args.html:
             written += save_attention_maps(record, args.output_dir or "attention")
-    except (OSError, ValueError, TypeError) as err:
+    except (OSError, ValueError) as err:
         refuse(p, err)
     print(f"{record.source}\n-> {record.translation}")
     print(f"{len(written)} files written:", " ".join(str(path) for path in written))

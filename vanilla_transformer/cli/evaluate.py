@@ -68,7 +68,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         for path, lines in ((args.hypotheses_out, hypotheses), (args.references_out, references)):
             if path:  # a temporary file renamed into place: a full disk leaves no partial file
                 write_text_file(path, "".join(line + "\n" for line in lines))
-    except (OSError, ValueError, TypeError, ImportError) as err:
+    except (OSError, ValueError, ImportError) as err:
         refuse(p, err)
     pair = f" {source_lang}->{target_lang}" if source_lang else ""
     threads = f"{args.threads} CPU thread{'s' * (args.threads != 1)}"

@@ -133,7 +133,7 @@ def check_device(device: str) -> None:
 
     try:
         kind = torch.device(device).type
-    except (RuntimeError, TypeError):
+    except RuntimeError:
         raise ValueError(f"--device {device!r} is not a device; expected cpu, cuda, cuda:N or mps") from None
     available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
     if not available.get(kind, True):

@@ -52,7 +52,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
         translate = translator(args.model, args.engine, args.device, args.threads, options,
                                nbest=args.nbest, with_scores=args.with_scores)[0]
-    except (OSError, ValueError, TypeError, ImportError) as err:
+    except (OSError, ValueError, ImportError) as err:
         refuse(p, err)
     stdin = not args.texts and args.input_file in (None, "-")
     # A file is read LENGTH_WINDOW batches at a time, which are sorted by length: little padding in each batch.
@@ -77,6 +77,6 @@ def _translated_batches(p: argparse.ArgumentParser, batches, translate):
             translations = translate(batch, first_line=first_line)
         except StopIteration:
             return
-        except (OSError, ValueError, TypeError, ImportError) as err:
+        except (OSError, ValueError, ImportError) as err:
             refuse(p, err)
         yield translations

@@ -51,7 +51,6 @@ from ..staging import STAGING_PREFIX, disk_full_error, publish_files, publish_fo
 __all__ = [
     "STATE_FILE",
     "average_checkpoints",
-    "check_plain_pickle",
     "checkpoint_layout",
     "checkpoint_name",
     "checkpoint_path",
@@ -241,10 +240,10 @@ def save_run_config(config, root: str | os.PathLike) -> None:
     write_file_whole(Path(root) / RUN_CONFIG, config.to_json_string())
 
 
-def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict, keep: int | None = None,
-                    protect=()) -> Path:
-    """Save the full training state of every process as `root/checkpoint-<step>`, then keep the newest `keep`
-    and those of the steps in `protect`.
+def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict,
+                    keep_checkpoints: int | None = None, protect=()) -> Path:
+    """Save the full training state of every process as `root/checkpoint-<step>`, then keep the newest
+    `keep_checkpoints` and those of the steps in `protect`.
 
     Call on every process (each saves its own RNG state); the main process renames and prunes.
     """
@@ -265,9 +264,9 @@ def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict
             publish_files(staging)
             # by one rename: the checkpoint appears complete or not at all (the same step saved before goes first)
             publish_folder(staging, final)
-            if keep is not None:
+            if keep_checkpoints is not None:
                 kept = {checkpoint_path(root, s) for s in protect}
-                for old in list_checkpoints(root)[:-keep]:
+                for old in list_checkpoints(root)[:-keep_checkpoints]:
                     if old.is_symlink():  # a copy elsewhere, linked in: not this run's to delete
                         logger.warning(f"{old} is a link to {old.resolve()}: not pruned, left alone")
                     elif old not in kept:

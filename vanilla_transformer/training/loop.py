@@ -148,15 +148,15 @@ def _check_machine(components: Components, clock: CpuClock) -> None:
             logger.info(line)
 
 
-def save_run(components: Components, state: RunState, keep: int | None) -> None:
+def save_run(components: Components, state: RunState, keep_checkpoints: int | None) -> None:
     """Checkpoint the run as of `state.step`, on every process; never after a step that was not finite.
-    The best checkpoints of model selection outlive the newest `keep`."""
+    The best checkpoints of model selection outlive the newest `keep_checkpoints`."""
     components.losses.check_finite(state.step)
     if components.lock is not None:  # a run that lost the folder to another writes nothing more there
         on_main(components.accelerator, components.lock.check)
     protected = [record["step"] for record in state.best]
-    save_checkpoint(components.accelerator, components.checkpoint_root, state.step, state.to_dict(), keep=keep,
-                    protect=protected)
+    save_checkpoint(components.accelerator, components.checkpoint_root, state.step, state.to_dict(),
+                    keep_checkpoints=keep_checkpoints, protect=protected)
 
 
 def _steps(components: Components, state: RunState, budget: Budget, args: TrainArguments):
