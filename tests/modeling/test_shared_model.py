@@ -192,7 +192,7 @@ def test_an_empty_source_is_refused_in_one_line(hub_tiny_model, shape):
 
 OVERSIZED = {
     "vocab_size": dict(vocab_size=2**31 - 1),  # 2**31 - 1 rows of the embedding: 550 GB in float32
-    "d_model": dict(d_model=2**31 - 1, num_heads=1),  # each field within its bound, d_model² past any memory
+    "d_model": dict(d_model=2**31 - 2, num_heads=1),  # each field within its bound (even, for §3.5), d_model² past any memory
 }
 
 
@@ -214,7 +214,7 @@ def test_a_config_too_large_for_this_machine_is_refused_before_anything_is_built
                   lambda: VanillaTransformerForConditionalGeneration.from_pretrained(folder)):
         with pytest.raises(ValueError, match=message) as refused:
             build()
-        assert f"{fields}={2**31 - 1}" in str(refused.value) and "\n" not in str(refused.value)
+        assert f"{fields}={OVERSIZED[fields][fields]}" in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_translate_refuses_a_config_too_large_for_its_weights_and_this_machine_in_one_line(hub_tiny_folder, tmp_path):
@@ -225,5 +225,5 @@ def test_translate_refuses_a_config_too_large_for_its_weights_and_this_machine_i
                              "Jesus wept."], capture_output=True, text=True, env=env, timeout=600, check=False)
     assert result.returncode != 0 and not result.stdout
     assert result.stderr.count("\n") == 1, result.stderr
-    assert f"config.json does not fit the weights in {folder}" in result.stderr and f"{2**31 - 1}]" in result.stderr
+    assert f"config.json does not fit the weights in {folder}" in result.stderr and f"{2**31 - 2}]" in result.stderr
     assert "Traceback" not in result.stderr
