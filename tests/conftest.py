@@ -101,8 +101,13 @@ def train_tiny(tiny_corpus):
 
 @pytest.fixture(scope="session")
 def hub_tiny_model(train_tiny):
-    """The tiny model of `train_tiny` with the paper's settings (post-norm, sinusoidal positions)."""
-    return train_tiny()
+    """The tiny model of `train_tiny` with the paper's settings (post-norm, sinusoidal positions) and decoding (§6.1,
+    as training saves it): the same whether or not a test saved it before (`save_for_hub` gives it those)."""
+    from vanilla_transformer.modeling.generation import paper_generation_config
+
+    model, tokenizer = train_tiny()
+    model.generation_config = paper_generation_config(model.config)
+    return model, tokenizer
 
 
 @pytest.fixture(scope="session")
