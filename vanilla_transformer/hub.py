@@ -30,7 +30,7 @@ from .file_checks import check_repo_id, read_json
 from .folder_fields import MAX_JSON_BYTES
 from .model_folder import WEIGHT_FILES, check_model_files
 from .staging import staged_files, sweep_staging, write_file_whole
-from .modeling.pipeline_vanilla_transformer import source_length_limit
+from .modeling.pipeline_vanilla_transformer import longest_source
 from .tokenizer import save_tokenizer_files
 
 __all__ = [
@@ -155,7 +155,7 @@ def write_model_card(
             image=image,
             num_parameters=model.num_parameters(),
             example=example,
-            max_length=source_length_limit(model, tokenizer),
+            max_length=longest_source(model, tokenizer),
             **descriptions,
         )
         write_file_whole(output_dir / "README.md", card.save)

@@ -19,7 +19,7 @@ import torch
 from .choices import TRANSLATION_BATCH_SIZE
 from .modeling.pipeline_vanilla_transformer import (
     TranslationPipeline,
-    source_length_limit,
+    longest_source,
 )
 
 __all__ = ["bounded_texts", "cut_texts", "longest_token", "score_translations", "translate_nbest", "translate_texts"]
@@ -74,7 +74,7 @@ _LONGEST_TOKENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # toke
 
 def bounded_texts(model, tokenizer, texts: list[str], first_line: int = 1) -> list[str]:
     """`texts`, each cut before tokenising where it is longer than the model reads (with a warning naming its line)."""
-    return cut_texts(texts, source_length_limit(model, tokenizer), longest_token(tokenizer), first_line)
+    return cut_texts(texts, longest_source(model, tokenizer), longest_token(tokenizer), first_line)
 
 
 def cut_texts(texts: list[str], max_tokens: int, token_characters: int, first_line: int = 1) -> list[str]:
@@ -125,7 +125,7 @@ def translate_nbest(
     options = {"num_beams": beams, "num_return_sequences": nbest, "length_penalty": length_penalty,
                "max_new_tokens": max_new_tokens, "output_scores": True, "return_dict_in_generate": True}
     options = {key: value for key, value in options.items() if value is not None}
-    limit = source_length_limit(model, tokenizer)
+    limit = longest_source(model, tokenizer)
     texts = bounded_texts(model, tokenizer, texts)
     order = sorted((i for i, text in enumerate(texts) if text.strip()), key=lambda i: -len(texts[i]))
     results = [[("", 0.0)] * nbest for _ in texts]

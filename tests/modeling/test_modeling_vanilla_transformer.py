@@ -570,7 +570,7 @@ def test_one_length_rule_bounds_the_source_the_target_and_training(position_enco
     from types import SimpleNamespace
 
     from vanilla_transformer.modeling.generation import longest_target
-    from vanilla_transformer.modeling.pipeline_vanilla_transformer import source_length_limit
+    from vanilla_transformer.modeling.pipeline_vanilla_transformer import longest_source
     from vanilla_transformer.training.setup import _check_max_length
 
     config = VanillaTransformerConfig.from_preset("tiny", vocab_size=VOCAB, max_position_embeddings=64, location_max_length=16,
@@ -581,7 +581,7 @@ def test_one_length_rule_bounds_the_source_the_target_and_training(position_enco
     # The places that bound a length ask the config, each with what it adds: the tokenizer's own limit for a
     # source, the table's nominal length for a target of sinusoids; training refuses a longer max_length.
     model = SimpleNamespace(config=config)
-    assert source_length_limit(model, SimpleNamespace(model_max_length=1000)) == (longest or 1000)
+    assert longest_source(model, SimpleNamespace(model_max_length=1000)) == (longest or 1000)
     assert longest_target(config) == (longest or 64)
     _check_max_length(longest or 10_000, config)
     for name, bound in bounds.items():

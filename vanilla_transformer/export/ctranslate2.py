@@ -53,7 +53,7 @@ from ..choices import QUANTIZATIONS, TRANSLATION_BATCH_SIZE
 from ..folder_fields import OPTIONS_FILE
 from ..inference import cut_texts
 from ..model_folder import check_export_folder
-from ..modeling.pipeline_vanilla_transformer import source_length_limit
+from ..modeling.pipeline_vanilla_transformer import longest_source
 from ..staging import staged_files, sweep_staging
 
 __all__ = ["CTranslate2Translator", "QUANTIZATIONS", "export_ctranslate2", "import_ctranslate2"]
@@ -198,7 +198,7 @@ def translation_options(model, tokenizer) -> dict:
         "beam_size": generation.num_beams or 1,
         "length_penalty": generation.length_penalty if generation.length_penalty is not None else 1.0,
         "min_decoding_length": 0,  # as generate: </s> may come first
-        "max_input_length": min(source_length_limit(model, tokenizer), config.max_position_embeddings),
+        "max_input_length": min(longest_source(model, tokenizer), config.max_position_embeddings),
         "max_decoding_length": min(generation.max_new_tokens or math.inf, config.max_position_embeddings - 1,
                                    MAX_NEW_TOKENS),
         "max_length_offset": getattr(generation, "max_length_offset", None) or DEFAULT_MAX_LENGTH_OFFSET,

@@ -218,7 +218,7 @@ def _source(inputs, kwargs) -> torch.Tensor | None:
 
 
 def _check_source_fits(model, source) -> None:
-    """Refuse an empty input, and one longer than a learned position table (the pipeline's `source_length_limit`;
+    """Refuse an empty input, and one longer than a learned position table (the pipeline's `longest_source`;
     location-based scores refuse a source longer than their map themselves, naming it)."""
     if source is not None:
         check_source_not_empty(source.shape)
@@ -249,7 +249,7 @@ def _source_length_cap(model, source, kwargs, config: GenerationConfig) -> Sourc
     # and the longest output any option may ask for: a sinusoidal model's positions alone bound nothing.
     ceiling = min(model.generation_config.max_new_tokens or math.inf, longest_target(model.config) - prompt,
                   MAX_NEW_TOKENS)
-    return SourceLengthCap((lengths + config.max_length_offset).clamp(max=ceiling), _first(config.eos_token_id), prompt)
+    return SourceLengthCap((lengths + config.max_length_offset).clamp(max=ceiling), first_token_id(config.eos_token_id), prompt)
 
 
 def longest_target(config) -> int:
@@ -376,15 +376,16 @@ def _with_one_length_cap(logits_processor, sentences: int, eos: int, prompt_leng
     return LogitsProcessorList([*others, SourceLengthCap(limit, eos, prompt_length, shortest)])
 
 
-def _first(eos_token_id) -> int:
-    """The </s> our searches and the cap force: the first where several are given."""
-    return eos_token_id[0] if isinstance(eos_token_id, (list, tuple)) else eos_token_id
+def first_token_id(token_id) -> int:
+    """One id from a setting that may hold several (`eos_token_id` can be a list): the first. The </s> our searches
+    and the cap force, and the pipeline's."""
+    return token_id[0] if isinstance(token_id, (list, tuple)) else token_id
 
 
 def _padding(generation_config) -> int:
     """What our searches put after a sentence's end: the padding token, or </s> where the model has none."""
     pad = generation_config.pad_token_id
-    return pad if pad is not None else _first(generation_config.eos_token_id)
+    return pad if pad is not None else first_token_id(generation_config.eos_token_id)
 
 
 class _LiveRows:
@@ -401,7 +402,7 @@ class _LiveRows:
         self.encoder_hidden_states = model_kwargs["encoder_outputs"].last_hidden_state  # (B, S, d_model)
         self.attention_mask = _source_mask(model, self.encoder_hidden_states, model_kwargs.get("attention_mask"))
         self.output_attentions, self.output_hidden_states = output_attentions, output_hidden_states
-        eos = _first(generation_config.eos_token_id)
+        eos = first_token_id(generation_config.eos_token_id)
         self.processors = _with_one_length_cap(logits_processor, rows // rows_per_sentence, eos, prompt_length,
                                                input_ids.device)
         self.project = model.get_output_embeddings()  # §3.4's lm_head, looked up once (packed_products may pack it)
@@ -780,6 +781,7 @@ __all__ = [
     "GNMTRanking",
     "SourceLengthCap",
     "choose_search",
+    "first_token_id",
     "gnmt_beam_search",
     "gnmt_length_penalty",
     "greedy_search",

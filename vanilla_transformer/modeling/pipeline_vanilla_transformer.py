@@ -47,7 +47,7 @@ from torch.utils.data import Dataset
 from transformers import Pipeline
 
 from .value_checks import check_decoding_options
-from .generation import longest_target
+from .generation import first_token_id, longest_target
 
 # What config.json names under `custom_pipelines` (the model's `save_pretrained` writes it), read by
 # transformers' `pipeline()`: "impl" is "<module file>.<class>" inside the model folder, "pt" the Auto
@@ -74,9 +74,10 @@ def language_pair_mismatch(config, source_lang: str | None, target_lang: str | N
             f"not {asked[0]}->{asked[1]}: its output will not be in the language asked for")
 
 
-def source_length_limit(model, tokenizer) -> int:
+def longest_source(model, tokenizer) -> int:
     """The longest source, in tokens, that the model reads: the tokenizer's `model_max_length`, and the
-    config's `longest_sequence` (learned positions, location-based scores)."""
+    config's `longest_sequence` (learned positions, location-based scores). Its twin for the decoder's side is
+    generation.py's `longest_target`."""
     longest = _longest_sequence(model.config)
     return tokenizer.model_max_length if longest is None else min(tokenizer.model_max_length, longest)
 
@@ -165,11 +166,6 @@ def _strip_padding(ids: torch.Tensor, pad: int) -> torch.Tensor:
     return ids[: int(real[-1]) + 2] if real.numel() else ids[:1]
 
 
-def _first(token_id):
-    """One id from a setting that may hold several (`eos_token_id` can be a list)."""
-    return token_id[0] if isinstance(token_id, (list, tuple)) else token_id
-
-
 def _positive_int(name: str, value) -> int:
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
         raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
@@ -238,7 +234,9 @@ class TranslationPipeline(Pipeline):
         if "num_return_sequences" in generate_kwargs:
             _positive_int("num_return_sequences", generate_kwargs["num_return_sequences"])
         check_decoding_options(**{name: generate_kwargs.get(name) for name in ("num_beams", "length_penalty", "max_new_tokens")})
-        longest = _longest_output(self.model.config)
+        # the most tokens a model with a bounded target length writes after the decoder start token
+        bounded = _longest_sequence(self.model.config) is not None
+        longest = longest_target(self.model.config) - 1 if bounded else None
         if longest is not None and isinstance(generate_kwargs.get("max_new_tokens"), numbers.Integral) \
                 and generate_kwargs["max_new_tokens"] > longest:
             warnings.warn(f"`max_new_tokens`={generate_kwargs['max_new_tokens']} is more than this model writes; "
@@ -293,7 +291,7 @@ class TranslationPipeline(Pipeline):
             # One blank line in a file should not cost the rest of its batch: it is not translated at all.
             warnings.warn("An empty or blank text translates to the empty string.", stacklevel=2)
             text = ""
-        limit = source_length_limit(self.model, self.tokenizer)
+        limit = longest_source(self.model, self.tokenizer)
         encoded = self.tokenizer(text, return_tensors="pt", truncation=False)
         length = encoded["input_ids"].size(1)
         if length > limit:
@@ -314,8 +312,9 @@ class TranslationPipeline(Pipeline):
         generate_kwargs = generate_kwargs or {}
         stored = generate_kwargs.get("generation_config") or self.model.generation_config
         sequences = _positive_int("num_return_sequences", generate_kwargs.get("num_return_sequences") or stored.num_return_sequences or 1)
-        start = _first(stored.decoder_start_token_id if stored.decoder_start_token_id is not None else self.model.config.decoder_start_token_id)
-        eos = _first(generate_kwargs.get("eos_token_id", stored.eos_token_id))
+        start = first_token_id(stored.decoder_start_token_id if stored.decoder_start_token_id is not None
+                               else self.model.config.decoder_start_token_id)
+        eos = first_token_id(generate_kwargs.get("eos_token_id", stored.eos_token_id))
         pad = self.model.config.pad_token_id
         # Blank texts leave the batch: the others are generated exactly as they would be without them.
         blank = model_inputs["blank"]
@@ -372,14 +371,6 @@ class TranslationPipeline(Pipeline):
             weights[f"{side}_tokens"] = self.tokenizer.convert_ids_to_tokens(ids)  # raw, as bertviz takes them
             weights[f"{side}_pieces"] = readable_pieces(self.tokenizer, ids)  # the text each token stands for
         return weights
-
-
-def _longest_output(config) -> int | None:
-    """The most tokens a model with a bounded target length (learned positions, location-based scores) writes
-    after the decoder start token; None for a model without one."""
-    if _longest_sequence(config) is not None:
-        return longest_target(config) - 1
-    return None
 
 
 def _truncates(truncation) -> bool:

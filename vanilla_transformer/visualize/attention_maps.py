@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from ..modeling.generation import DEFAULT_MAX_LENGTH_OFFSET
-from ..modeling.pipeline_vanilla_transformer import readable_pieces, source_length_limit, teacher_forced_attentions
+from ..modeling.pipeline_vanilla_transformer import longest_source, readable_pieces, teacher_forced_attentions
 from ..staging import staged_files, sweep_staging
 from .neuron_view import Neurons
 
@@ -177,7 +177,7 @@ def collect_attentions(
     model.eval()
     device = next(model.parameters()).device
     input_ids = tokenizer(text, return_tensors="pt")["input_ids"].to(device)
-    limit = source_length_limit(model, tokenizer)
+    limit = longest_source(model, tokenizer)
     if input_ids.size(1) > limit:
         raise ValueError(f"`text` is {input_ids.size(1)} tokens long; the model reads at most {limit}. Give one sentence.")
     check_attention_support(model)
