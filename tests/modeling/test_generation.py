@@ -196,6 +196,35 @@ def test_the_two_penalties_differ_exactly_where_the_arithmetic_says():
         assert torch.equal(ours, theirs) == same, alpha
 
 
+# The stopping rule's two terms, each the one that decides at one sign of alpha. Sentence BOS, up to 5 tokens:
+# "</s>" ends at step 1 and "B" lives on. A search that stops there keeps "</s>"; the better, longer one it
+# would miss is the exhaustive best.
+#   alpha = 1 (lp grows with length): "</s>" scores log 0.5 / lp(1) = -0.69315; "B" (log P -0.91629) can reach
+#     -0.91629 / lp(5) = -0.54977 at the cap, but only -0.91629 / lp(2) = -0.78539 at the next step: a bound
+#     without the L_max term stops. "B C A </s>" scores (log 0.4 + 3 log 0.99) / lp(4) = -0.63096.
+#   alpha = -1 (lp shrinks with length): "</s>" scores log 0.4 / lp(1) = -0.91629; "B" (log P -0.59784) can reach
+#     -0.59784 / lp(2) = -0.69748 at the next step, only -0.99640 at the cap: a bound without the L + 1 term
+#     stops. "B </s>" scores (log 0.55 + log 0.95) / lp(2) = -0.75733.
+STOPPING = {
+    1.0: ({(): {EOS: 0.5, B: 0.4}, (B,): {C: 0.99}, (B, C): {A: 0.99}, (B, C, A): {EOS: 0.99}},
+          [B, C, A, EOS], (math.log(0.4) + 3 * math.log(0.99)) / 1.5),
+    -1.0: ({(): {EOS: 0.4, B: 0.55}, (B,): {EOS: 0.95}}, [B, EOS], (math.log(0.55) + math.log(0.95)) * 7 / 6),
+}
+
+
+@pytest.mark.parametrize("alpha", list(STOPPING))
+def test_beam_search_stops_only_when_no_live_hypothesis_can_win_at_any_length(alpha, monkeypatch):
+    """`GNMTRanking.is_done` bounds a live hypothesis by its best score at the next step and at the cap: at
+    each sign of alpha one of the two is the bound, and a search that stops on the other misses the best."""
+    table, tokens, score = STOPPING[alpha]
+    for prefix, probabilities in table.items():
+        monkeypatch.setitem(TABLE, (BOS, prefix), probabilities)
+    out = scripted_generate(ScriptedModel().eval(), [[BOS, EOS]], "gnmt", alpha)
+    assert out.sequences[0].tolist() == [PAD, *tokens]
+    assert out.sequences_scores[0].item() == pytest.approx(score, abs=1e-6)
+    assert exhaustive_best(BOS, gnmt, alpha, 5) == (pytest.approx(score, abs=1e-6), tokens)
+
+
 def test_sequence_scores_are_sums_of_the_transition_scores_over_lp():
     model = ScriptedModel().eval()
     out = scripted_generate(model, [[A, EOS, PAD], [B, A, EOS]], "gnmt", 0.6, num_beams=3, num_return_sequences=2)

@@ -176,3 +176,32 @@ def test_the_id_check_reads_values_only_from_cpu_tensors():
 
 
 # A cache that `generate` returns continues a generation: tests/modeling/test_fast_generation.py.
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("size", [VOCAB + 20, VOCAB - 10])
+@pytest.mark.parametrize("cls", [VanillaTransformerModel, VanillaTransformerForConditionalGeneration])
+def test_resized_token_embeddings_are_every_matrix_of_the_new_vocabulary(cls, size, tied):
+    """`resize_token_embeddings` resizes the encoder's and the decoder's embeddings and the output projection,
+    tied or not (untied, the decoder's is a matrix of its own, as Marian's): the ids of the new vocabulary run
+    through `forward` and `generate`."""
+    model = make_model(cls, tie_word_embeddings=tied)
+    model.resize_token_embeddings(size, mean_resizing=False)
+    matrices = [model.get_input_embeddings(), model.get_decoder().get_input_embeddings()]
+    if cls is VanillaTransformerForConditionalGeneration:
+        matrices.append(model.get_output_embeddings())
+    assert model.config.vocab_size == size
+    assert [matrix.weight.shape[0] for matrix in matrices] == [size] * len(matrices)
+    assert len({id(matrix.weight) for matrix in matrices}) == (1 if tied else len(matrices))
+    if tied:  # one matrix: the decoder's alone cannot be set
+        with pytest.raises(ValueError, match="set both with `set_input_embeddings`"):
+            model.base_model.set_decoder_input_embeddings(matrices[0])
+    last = size - 1  # beyond the old vocabulary when it grew, its last id kept when it shrank
+    input_ids, decoder_input_ids = torch.tensor([[5, last, 2]]), torch.tensor([[0, last, 7]])
+    if cls is VanillaTransformerModel:
+        assert model(input_ids, decoder_input_ids=decoder_input_ids).last_hidden_state.shape[1] == 3
+        return
+    out = model(input_ids, labels=torch.tensor([[last, 7, 2]]))
+    assert out.logits.shape == (1, 3, size) and torch.isfinite(out.loss)
+    generated = model.generate(input_ids, decoder_input_ids=decoder_input_ids, max_new_tokens=3, num_beams=2)
+    assert generated[0, :3].tolist() == [0, last, 7] and int(generated.max()) < size

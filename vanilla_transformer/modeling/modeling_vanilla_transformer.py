@@ -366,6 +366,18 @@ class VanillaTransformerPreTrainedModel(CustomCodeMixin, PreTrainedModel):  # sa
         check_fits_in_memory(config)  # before any tensor: each path that builds a model from a config passes here
         super().__init__(config, *args, **kwargs)
 
+    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
+        """transformers resizes the encoder's embeddings and the output projection; untied, the decoder's
+        embeddings are a third matrix over the same vocabulary, resized alike so that every one keeps
+        `config.vocab_size` rows."""
+        embeddings = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        if not self.config.tie_word_embeddings:
+            old = self.base_model.get_decoder_input_embeddings()
+            new = self._get_resized_embeddings(old, embeddings.num_embeddings, mean_resizing=mean_resizing)
+            new.requires_grad_(old.weight.requires_grad)
+            self.base_model.set_decoder_input_embeddings(new)
+        return embeddings
+
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         check_attn_implementation(self.config, requested_attention)
         if explicit_attention(self.config):
@@ -413,6 +425,16 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             self.shared = value
             self.decoder.set_input_embeddings(value)
         self.encoder.set_input_embeddings(value)
+
+    def get_decoder_input_embeddings(self):
+        return self.decoder.get_input_embeddings()
+
+    def set_decoder_input_embeddings(self, value):
+        """The decoder's own embeddings (untied, as Marian's without `share_encoder_decoder_embeddings`); tied,
+        one matrix is set for all with `set_input_embeddings`."""
+        if self.config.tie_word_embeddings:
+            raise ValueError("the decoder's embeddings are tied to the encoder's: set both with `set_input_embeddings`")
+        self.decoder.set_input_embeddings(value)
 
     def forward(
         self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
