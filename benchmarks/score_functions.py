@@ -7,7 +7,7 @@
         --score-functions scaled_dot --variants hard,local-m,local-p,relu,sparsemax \
         --figure docs/score-functions-variants.png     # more rows in an existing report, its settings reused
 
-The quickstart's small model (quickstart.SIZES["small"], or the `--preset` named: each report records the shape it trained)
+The quickstart's small model (quickstart.PRESET_SETTINGS["small"], or the `--preset` named: each report records the shape it trained)
 is trained once per score function (`attention_score`, which applies in every attention block) with the
 training script on the embedded English–Spanish Bible: one tokenizer, and the same data order, seed,
 schedule (250 warm-up steps, batches of 2,048 tokens) and number of steps for every model,
@@ -55,7 +55,7 @@ from transformers import AutoTokenizer
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.visualize.attention_maps import AttentionRecord, collect_attentions, plot_models
 from vanilla_transformer.modeling.configuration_vanilla_transformer import ATTENTION_SCORES, PRESETS
-from vanilla_transformer.quickstart import SIZES, training_arguments
+from vanilla_transformer.quickstart import PRESET_SETTINGS, training_arguments
 from vanilla_transformer.tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
 from vanilla_transformer.training.loop import train
 
@@ -211,7 +211,7 @@ def new_settings(args, command: str) -> dict:
     """The settings every row of a new report shares."""
     steps = args.steps or DEFAULT_STEPS
     timing_steps = args.timing_steps or TIMING_STEPS
-    size = SIZES[args.preset or "small"]
+    size = PRESET_SETTINGS[args.preset or "small"]
     return {
         "command": command,
         "score_functions": args.score_functions,
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help=f"timed training steps on the fixed batch (default: {TIMING_STEPS})")
     parser.add_argument("--threads", type=_positive, default=os.cpu_count(), help="torch threads (default: all cores)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for the JSON and Markdown")
-    parser.add_argument("--preset", choices=list(SIZES),
+    parser.add_argument("--preset", choices=list(PRESET_SETTINGS),
                         help="the quickstart's model size and schedule every row trains (default: small)")
     parser.add_argument("--figure", type=Path, help="the figure's path (default: beside the report, REPORT.png)")
     parser.add_argument("--work-dir", type=Path,

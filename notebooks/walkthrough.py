@@ -40,7 +40,7 @@ from IPython.display import Image, Markdown, display
 
 from benchmarks import attention_study
 from vanilla_transformer.modeling import modeling_vanilla_transformer as paper  # registers the checkout's classes
-from vanilla_transformer.quickstart import SIZES
+from vanilla_transformer.quickstart import PRESET_SETTINGS
 from vanilla_transformer.training.schedule import PAPER_WARMUP_STEPS, make_scheduler, noam_rate
 from vanilla_transformer.visualize.attention_maps import AXIS_LABELS, DECODER_ROWS
 
@@ -271,7 +271,7 @@ plt.show()
 # the same way (250 steps, scaled) and then falls linearly to zero where its budget ends.
 
 # %%
-quick = SIZES["small"]
+quick = PRESET_SETTINGS["small"]
 quick_model = paper.VanillaTransformerConfig.from_preset(quick["preset"]).d_model
 budget = 2000  # steps a quickstart run may make in its minutes, for the picture
 optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)

@@ -88,7 +88,7 @@ def test_the_presets_are_read_from_the_configuration():
 
 @pytest.mark.slow
 def test_a_preset_added_to_the_configuration_alone_is_offered_everywhere(tmp_path):
-    """One entry in the configuration's PRESETS: `train --preset` and `quickstart --size` offer it and say its
+    """One entry in the configuration's PRESETS: `train --preset` and `quickstart --preset` offer it and say its
     shape, the configuration builds it and the quickstart has a schedule for it."""
     shutil.copytree(PACKAGE, tmp_path / PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__"))
     config_file = tmp_path / PACKAGE.name / "modeling" / "configuration_vanilla_transformer.py"
@@ -97,13 +97,13 @@ def test_a_preset_added_to_the_configuration_alone_is_offered_everywhere(tmp_pat
     config_file.write_text(source.replace("PRESETS = {\n", "PRESETS = {\n" + mini, 1), encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     shape = "mini (d_model 128, 3 encoder and 3 decoder layers, d_ff 512)"
-    for command, option in (("train", "--preset {tiny,mini,small,base,big}"), ("quickstart", "--size {tiny,mini,small,base,big}")):
+    for command, option in (("train", "--preset {tiny,mini,small,base,big}"), ("quickstart", "--preset {tiny,mini,small,base,big}")):
         shown = subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", command, "--help"], capture_output=True,
                                text=True, env={**env, "COLUMNS": "1000"}, cwd=tmp_path, timeout=120, check=True)
         assert option in shown.stdout and shape in shown.stdout, shown.stdout
     built = subprocess.run(
         [sys.executable, "-c", "from vanilla_transformer import VanillaTransformerConfig\n"
-         "from vanilla_transformer.quickstart import SIZES\n"
-         "print(VanillaTransformerConfig.from_preset('mini', vocab_size=100).encoder_layers, SIZES['mini']['preset'])"],
+         "from vanilla_transformer.quickstart import PRESET_SETTINGS\n"
+         "print(VanillaTransformerConfig.from_preset('mini', vocab_size=100).encoder_layers, PRESET_SETTINGS['mini']['preset'])"],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300, check=True)
     assert built.stdout.split() == ["3", "mini"], built.stderr

@@ -14,7 +14,7 @@ from vanilla_transformer.training.precision import cpu_computes_bf16
 @pytest.fixture(scope="module")
 def quickstart_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("quickstart") / "model"
-    assert main(["quickstart", "--output-dir", str(folder), "--minutes", "0.5", "--size", "tiny",
+    assert main(["quickstart", "--output-dir", str(folder), "--minutes", "0.5", "--preset", "tiny",
                  "--test-samples", "8"]) == 0
     return folder
 
@@ -60,26 +60,26 @@ def test_quickstart_folder_translates_in_a_process_without_the_package(quickstar
     assert out.strip() == "ok"
 
 
-def test_every_quickstart_size_decays_its_learning_rate_to_zero_at_the_end_of_its_budget(tmp_path):
-    for size in ("base", "small", "tiny"):
-        args = training_arguments(tmp_path, 15.0, size)
+def test_every_quickstart_preset_decays_its_learning_rate_to_zero_at_the_end_of_its_budget(tmp_path):
+    for preset in ("base", "small", "tiny"):
+        args = training_arguments(tmp_path, 15.0, preset)
         assert args.lr_schedule == "linear" and args.time_limit is not None and args.max_steps is None
 
 
-def test_quickstart_rejects_a_budget_too_small_for_the_size(tmp_path):
-    with pytest.raises(ValueError, match="`minutes` must be more than 1.5 for size 'small'"):
+def test_quickstart_rejects_a_budget_too_small_for_the_preset(tmp_path):
+    with pytest.raises(ValueError, match="`minutes` must be more than 1.5 for preset 'small'"):
         training_arguments(tmp_path, 1.5, "small")
-    with pytest.raises(ValueError, match="`size` must be one of 'tiny', 'small', 'base', 'big'; got 'huge'"):
+    with pytest.raises(ValueError, match="`preset` must be one of 'tiny', 'small', 'base', 'big'; got 'huge'"):
         training_arguments(tmp_path, 10.0, "huge")
-    with pytest.raises(ValueError, match="`minutes` must be more than 1.5 for size 'small'"):
+    with pytest.raises(ValueError, match="`minutes` must be more than 1.5 for preset 'small'"):
         training_arguments(tmp_path, float("nan"), "small")
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--minutes", "1"], "`minutes` must be more than 1.5 for size 'small'"),
-    (["--minutes", "nan", "--size", "tiny"], "`minutes` must be more than"),
-    (["--test-samples", "0", "--size", "tiny"], "--test-samples must be a positive integer; got 0"),
-    (["--size", "tiny"], "holds quickstart.json, which the quickstart's summary would replace"),
+    (["--minutes", "1"], "`minutes` must be more than 1.5 for preset 'small'"),
+    (["--minutes", "nan", "--preset", "tiny"], "`minutes` must be more than"),
+    (["--test-samples", "0", "--preset", "tiny"], "--test-samples must be a positive integer; got 0"),
+    (["--preset", "tiny"], "holds quickstart.json, which the quickstart's summary would replace"),
 ])
 def test_quickstart_refuses_bad_input_in_one_line_and_writes_nothing(argv, message, tmp_path, capsys):
     folder = tmp_path / "q"

@@ -44,7 +44,7 @@ def test_the_default_is_the_cpus_this_process_may_use_and_the_timing_names_it(hu
     ["translate", "--model", "{folder}", "x"], ["evaluate", "--model", "{folder}", "--max-samples", "1"],
     ["attention", "--model", "{folder}", "x"], ["export", "--model", "{folder}", "--format", "ctranslate2",
                                                 "--output-dir", "{folder}-ct2"],
-    ["serve", "--model", "{folder}"], ["quickstart", "--output-dir", "{folder}-quick", "--size", "tiny"],
+    ["serve", "--model", "{folder}"], ["quickstart", "--output-dir", "{folder}-quick", "--preset", "tiny"],
     ["train", "--output-dir", "{folder}-run"],
 ])
 def test_every_command_that_computes_refuses_a_thread_count_below_one_in_one_line(command, tmp_path, capsys):

@@ -32,7 +32,7 @@ def _config_presets() -> dict:
 
 PRESETS = _config_presets()
 PRESET_NAMES = tuple(sorted(PRESETS, key=lambda name: PRESETS[name]["d_model"]))  # the narrowest first
-# What `train --preset` and `quickstart --size` say of each.
+# What `train --preset` and `quickstart --preset` say of each.
 PRESET_SHAPES = ", ".join(
     "{name} (d_model {d_model}, {encoder_layers} encoder and {decoder_layers} decoder layers, d_ff {d_ff})".format(
         name=name, **PRESETS[name]) for name in PRESET_NAMES)

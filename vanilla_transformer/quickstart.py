@@ -48,20 +48,20 @@ RECIPES = {
     # For tests: it learns little, but every step of the job runs.
     "tiny": dict(max_tokens=2048, warmup_steps=100, reserve_minutes=0.4),
 }
-# The model sizes: every preset of the configuration.
-SIZES = {name: dict(preset=name, **RECIPES.get(name, RECIPES["base"])) for name in PRESET_NAMES}
+# What the quickstart trains for each preset of the configuration: the preset and its recipe.
+PRESET_SETTINGS = {name: dict(preset=name, **RECIPES.get(name, RECIPES["base"])) for name in PRESET_NAMES}
 
 
 def training_arguments(
-    output_dir, minutes: float, size: str, seed: int = 0, test_samples: int | None = None, threads: int | None = None,
+    output_dir, minutes: float, preset: str, seed: int = 0, test_samples: int | None = None, threads: int | None = None,
 ) -> TrainArguments:
-    """What the quickstart trains: the model and schedule of `size` for a budget of `minutes`."""
-    if size not in SIZES:
-        raise ValueError(f"`size` must be one of {', '.join(map(repr, SIZES))}; got {size!r}.")
-    settings = dict(SIZES[size])
+    """What the quickstart trains: the model and schedule of `preset` for a budget of `minutes`."""
+    if preset not in PRESET_SETTINGS:
+        raise ValueError(f"`preset` must be one of {', '.join(map(repr, PRESET_SETTINGS))}; got {preset!r}.")
+    settings = dict(PRESET_SETTINGS[preset])
     reserve = settings.pop("reserve_minutes")
     if not minutes > reserve:  # NaN too
-        raise ValueError(f"`minutes` must be more than {reserve} for size {size!r} (the time scoring and saving "
+        raise ValueError(f"`minutes` must be more than {reserve} for preset {preset!r} (the time scoring and saving "
                          f"take); got {minutes}.")
     if test_samples is not None and not test_samples >= 1:  # the summary reports the test split's scores
         raise ValueError(f"`test_samples` must be a positive integer or None; got {test_samples!r}.")
@@ -113,12 +113,12 @@ def _draw_attention(output_dir: Path) -> tuple[Path, int]:
 
 
 def quickstart(
-    output_dir="runs/quickstart", minutes: float = 15.0, size: str | None = None, seed: int = 0,
+    output_dir="runs/quickstart", minutes: float = 15.0, preset: str | None = None, seed: int = 0,
     test_samples: int | None = None, threads: int | None = None,
 ) -> dict:
     """Run the main job; returns the summary it prints (also written to output_dir/quickstart.json).
 
-    `size` defaults to "base" on a GPU and "small" on a CPU. `test_samples` scores only the first
+    `preset` defaults to "base" on a GPU and "small" on a CPU. `test_samples` scores only the first
     N test pairs (the default is the whole split); `threads`, torch's CPU threads (default: the CPUs this
     process may use, threads.py).
     """
@@ -128,7 +128,7 @@ def quickstart(
         raise ValueError(f"{output_dir} holds {SUMMARY_FILE}, which the quickstart's summary would replace; give "
                          "another output folder")
     on_gpu = torch.cuda.is_available()
-    args = training_arguments(output_dir, minutes, size or ("base" if on_gpu else "small"), seed, test_samples, threads)
+    args = training_arguments(output_dir, minutes, preset or ("base" if on_gpu else "small"), seed, test_samples, threads)
     results = train(args)
     examples = _translate_examples(output_dir)
     attention, parameters = _draw_attention(output_dir)

@@ -15,7 +15,7 @@ import matplotlib.image
 import pytest
 
 from vanilla_transformer.modeling.configuration_vanilla_transformer import PRESETS
-from vanilla_transformer.quickstart import SIZES
+from vanilla_transformer.quickstart import PRESET_SETTINGS
 from vanilla_transformer.training.attention_implementation import MARGIN
 from vanilla_transformer.training.precision import cpu_computes_bf16
 
@@ -195,7 +195,7 @@ def test_score_function_study_writes_its_table_and_figure(tmp_path, capsys):
         assert r["figure_translation"] is not None
     # Location adds W_a (heads x d_k x 256 positions, i.e. d_model x 256) and drops W^K (d_model x d_model
     # + d_model) in each attention block: self-attention in every layer, cross-attention in the decoder's.
-    shape = PRESETS[SIZES["small"]["preset"]]
+    shape = PRESETS[PRESET_SETTINGS["small"]["preset"]]
     blocks = shape["encoder_layers"] + 2 * shape["decoder_layers"]
     d = shape["d_model"]
     assert row["parameters_added"] == blocks * (d * 256 - (d * d + d))
@@ -318,7 +318,7 @@ def test_score_function_study_trains_the_preset_named(tmp_path, capsys):
                               test_samples=None, decode_sentences=None)
     settings = new_settings(args, "python -m benchmarks.score_functions --preset tiny")
     assert settings["model"] == {"preset": "tiny", **PRESETS["tiny"]}
-    assert (settings["warmup_steps"], settings["lr_scale"]) == (SIZES["tiny"]["warmup_steps"], 1.0)
+    assert (settings["warmup_steps"], settings["lr_scale"]) == (PRESET_SETTINGS["tiny"]["warmup_steps"], 1.0)
     assert new_settings(argparse.Namespace(**{**vars(args), "preset": None}), "")["model"]["preset"] == "small"
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"environment": {"device": "cpu"}, "settings": {}, "results": {}}))

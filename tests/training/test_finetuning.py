@@ -20,7 +20,7 @@ from vanilla_transformer.modeling.configuration_vanilla_transformer import (
 from vanilla_transformer.modeling.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
 )
-from vanilla_transformer.quickstart import SIZES, training_arguments
+from vanilla_transformer.quickstart import PRESET_SETTINGS, training_arguments
 from vanilla_transformer.tokenizer import save_tokenizer_files, train_tokenizer
 from vanilla_transformer.training.checkpoints import latest_checkpoint
 from vanilla_transformer.training.schedule import make_optimizer
@@ -200,7 +200,7 @@ def test_lora_trains_and_saves_a_plain_model_that_loads_in_a_fresh_process(tmp_p
 
 
 def test_small_preset_is_the_quickstarts_model(tmp_path, small_task, small_run):
-    assert training_arguments(tmp_path, 10, "small").preset == "small" and "config_overrides" not in SIZES["small"]
+    assert training_arguments(tmp_path, 10, "small").preset == "small" and "config_overrides" not in PRESET_SETTINGS["small"]
     small_run[small_run.index("--config-overrides") + 1] = ""
     small_run[small_run.index("--preset") + 1] = "small"
     out = _train(small_task, tmp_path / "small", small_run, "--max-steps", "1")

@@ -21,9 +21,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output-dir", default="runs/quickstart", help="where the model folder goes (default: %(default)s)")
     p.add_argument("--minutes", type=float, default=15.0,
                    help="time budget for the whole job; training gets all but what scoring and saving need (default: %(default)s)")
-    p.add_argument("--size", choices=PRESET_NAMES,
-                   help=f"model size, a preset of the model's configuration: {PRESET_SHAPES} (default: base on a GPU, "
-                   "small on a CPU)")
+    p.add_argument("--preset", choices=PRESET_NAMES,
+                   help=f"the model's size, a preset of its configuration, as train's --preset: {PRESET_SHAPES} "
+                   "(default: base on a GPU, small on a CPU)")
     p.add_argument("--seed", **argparse_options("seed"))
     p.add_argument("--test-samples", **argparse_options("test_samples", help="score only the first N test pairs",
                                                          shown_default="all 634", bound="positive"))
@@ -35,7 +35,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..quickstart import quickstart
 
     try:  # bad input is a usage error: one clear line, exit status 2
-        quickstart(args.output_dir, args.minutes, args.size, args.seed, args.test_samples, args.threads)
+        quickstart(args.output_dir, args.minutes, args.preset, args.seed, args.test_samples, args.threads)
     except (OSError, ValueError) as err:
         refuse(p, err)
     return 0

@@ -27,7 +27,7 @@ ACTIVATIONS = ("relu", "gelu")
 
 # Table 3 of the paper. N = layers, d_model, d_ff, h = heads, P_drop = dropout.
 # "big" uses P_drop 0.3 as for EN-DE (§6.1; the EN-FR big model used 0.1).
-# The one place a preset is named: the command line (`train --preset`, `quickstart --size`) reads its names and
+# The one place a preset is named: the command line (`train --preset`, `quickstart --preset`) reads its names and
 # shapes from this file's source (choices.py), so each entry is a literal.
 PRESETS = {
     "base": {"d_model": 512, "encoder_layers": 6, "decoder_layers": 6, "num_heads": 8, "d_ff": 2048, "dropout": 0.1},
