@@ -15,6 +15,7 @@ next run or save in that folder removes it and touches nothing without the prefi
     export.ctranslate2.export_ctranslate2    model.bin, config.json, ...              export --format ctranslate2
     file_checks.write_text_file              --hypotheses-out, --references-out       evaluate
     visualize.explorer.save_explorer         explorer.html                            attention --html
+    visualize.app.make_translate             explorer-<hash>.html (a served page)     serve
     visualize.attention_maps.save_attention_maps  <kind>_layer<N>.png, overview.png, bertviz.pt   attention
     training.task.prepare_tokenizer          checkpoints/tokenizer_options.json       train
     training.checkpoints.save_run_config     checkpoints/config.json                  train
@@ -129,6 +130,13 @@ def _explorer(out, model_dir, variant):
     save_explorer(_record(model_dir, variant), Path(out) / "explorer.html")
 
 
+def _served_page(out, model_dir, variant):
+    from vanilla_transformer.visualize import app
+
+    translate = app.make_translate(*_model(model_dir), app.Limits(max_new_tokens=5), out)
+    translate("Jesus wept." if variant == "old" else "Love is patient.", 1, 0.6, 0)
+
+
 def _attention_maps(out, model_dir, variant):
     from vanilla_transformer.visualize.attention_maps import save_attention_maps
 
@@ -240,6 +248,7 @@ WRITERS = {
     "ctranslate2": Writer(_export, "ct2/*", "*"),
     "hypotheses": Writer(_hypotheses, "hypotheses.txt", "hypotheses.txt"),
     "explorer": Writer(_explorer, "explorer.html", "explorer.html"),
+    "served page": Writer(_served_page, "explorer-*.html", "explorer-*.html"),
     "attention maps": Writer(_attention_maps, "maps/*", "*"),
     "tokenizer record": Writer(_tokenizer_record, "checkpoints/*", "tokenizer_options.json", _next_run),
     "run config": Writer(_run_config, "checkpoints/config.json", "config.json", _next_run),

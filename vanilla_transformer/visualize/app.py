@@ -53,6 +53,7 @@ from vanilla_transformer.inference import longest_token
 from vanilla_transformer.model_folder import load_model
 from vanilla_transformer.modeling.value_checks import MAX_NEW_TOKENS, check_decoding_options
 from vanilla_transformer.modeling.generation import DEFAULT_MAX_LENGTH_OFFSET
+from vanilla_transformer.staging import write_file_whole
 
 __all__ = ["Limits", "RequestDeadline", "build_app", "make_translate", "serve"]
 
@@ -149,7 +150,7 @@ def make_translate(model, tokenizer, limits: Limits, pages: str | os.PathLike | 
         # `pages` itself, not its name: a TemporaryDirectory lives as long as this function refers to it
         folder = pages.name if isinstance(pages, tempfile.TemporaryDirectory) else pages
         path = Path(folder) / f"explorer-{hashlib.sha1(page.encode()).hexdigest()[:12]}.html"
-        path.write_text(page, encoding="utf-8")
+        write_file_whole(path, page)  # whole or not at all: the page is served from there
         _keep_newest(Path(folder), KEPT_PAGES)
         frame = (f'<iframe title="Attention explorer" sandbox="allow-scripts" srcdoc="{html.escape(page)}" '
                  'style="width: 100%; height: 1000px; border: 0"></iframe>')
