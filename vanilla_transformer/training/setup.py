@@ -161,10 +161,8 @@ def _starting_point(args: TrainArguments, accelerator, checkpoint_root: Path) ->
     gate checks that folder first, before its tokenizer or any data is read, and once."""
     if args.resume:
         step = on_main(accelerator, lambda: resume_step(checkpoint_root, args))
-    else:  # a new run: None, once its folder is checked
-        step = on_main(accelerator, lambda: check_new_folder(args.output_dir, checkpoint_root, args.lora_rank))
-    if step is not None:
         return checkpoint_path(checkpoint_root, step), None
+    on_main(accelerator, lambda: check_new_folder(args.output_dir, checkpoint_root, args.lora_rank))  # a new run
     if args.model_name_or_path is None:
         return None, None
     folder = Path(args.model_name_or_path)
