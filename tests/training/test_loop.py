@@ -33,31 +33,31 @@ def weights(checkpoint) -> dict:
 
 
 def test_a_new_best_is_saved_between_the_periodic_checkpoints():
-    assert loop.checkpoint_due(7, saved=5, save_steps=5, new_best=True, part_over=False)
-    assert not loop.checkpoint_due(7, saved=5, save_steps=5, new_best=False, part_over=False)
+    assert loop.checkpoint_due(7, saved_step=5, save_steps=5, new_best=True, part_over=False)
+    assert not loop.checkpoint_due(7, saved_step=5, save_steps=5, new_best=False, part_over=False)
 
 
 def test_every_save_steps_steps_trained_is_saved():
-    assert loop.checkpoint_due(10, saved=5, save_steps=5, new_best=False, part_over=False)
-    assert not loop.checkpoint_due(9, saved=5, save_steps=5, new_best=False, part_over=False)
+    assert loop.checkpoint_due(10, saved_step=5, save_steps=5, new_best=False, part_over=False)
+    assert not loop.checkpoint_due(9, saved_step=5, save_steps=5, new_best=False, part_over=False)
 
 
 def test_step_zero_trained_nothing_and_is_saved_only_as_a_best():
     """A fine-tuned model's baseline, validated before the first step."""
-    assert not loop.checkpoint_due(0, saved=None, save_steps=5, new_best=False, part_over=False)
-    assert loop.checkpoint_due(0, saved=None, save_steps=5, new_best=True, part_over=False)
+    assert not loop.checkpoint_due(0, saved_step=None, save_steps=5, new_best=False, part_over=False)
+    assert loop.checkpoint_due(0, saved_step=None, save_steps=5, new_best=True, part_over=False)
 
 
 def test_the_end_of_a_part_saves_its_last_step():
-    assert loop.checkpoint_due(7, saved=5, save_steps=5, new_best=False, part_over=True)
-    assert loop.checkpoint_due(3, saved=None, save_steps=5, new_best=False, part_over=True)
+    assert loop.checkpoint_due(7, saved_step=5, save_steps=5, new_best=False, part_over=True)
+    assert loop.checkpoint_due(3, saved_step=None, save_steps=5, new_best=False, part_over=True)
 
 
 def test_a_step_already_saved_is_not_saved_again():
-    assert not loop.checkpoint_due(10, saved=10, save_steps=5, new_best=False, part_over=True)
-    assert not loop.checkpoint_due(10, saved=10, save_steps=5, new_best=True, part_over=True)
+    assert not loop.checkpoint_due(10, saved_step=10, save_steps=5, new_best=False, part_over=True)
+    assert not loop.checkpoint_due(10, saved_step=10, save_steps=5, new_best=True, part_over=True)
     # a resumed run that ends where it resumed: its checkpoint is there
-    assert not loop.checkpoint_due(8, saved=8, save_steps=5, new_best=False, part_over=True)
+    assert not loop.checkpoint_due(8, saved_step=8, save_steps=5, new_best=False, part_over=True)
 
 
 @pytest.mark.slow

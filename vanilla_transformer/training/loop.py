@@ -79,13 +79,14 @@ def _train_part(components: Components, state: RunState, budget: Budget) -> None
     """This part of the run: its steps, validated and saved as the run's options say, until the budget is spent, patience
     runs out or a stop is requested; then a checkpoint of the last step (validated first under `best_metric`)."""
     args = components.args
-    saved = state.step if args.resume else None  # the step of the newest checkpoint
+    saved_step = state.step if args.resume else None  # the step of the newest checkpoint
     bar = _progress_bar(state, budget, components.accelerator.is_local_main_process)
     with (budget.stop_requests, closing(_steps(components, state, budget, args)) as steps,
           training_sdpa_backends(components.accelerator.device)):  # the timing of kernels and every evaluation too
         # Fine-tuning: the baseline, before any step.
         if args.model_name_or_path is not None and not args.resume:
-            saved = save_if_due(components, state, budget, saved, new_best=_validate(components, state, budget, args))
+            new_best = _validate(components, state, budget, args)
+            saved_step = save_if_due(components, state, budget, saved_step, new_best=new_best)
         with bar:  # closed on the way out, so that a failure's one line comes after the bar, not before
             for micro_batches in steps:
                 if first := state.step == budget.start_step:  # the first step of this session
@@ -106,7 +107,7 @@ def _train_part(components: Components, state: RunState, budget: Budget) -> None
                 # The last step is validated too, so that the steps since the last validation can be the best.
                 last = args.best_metric is not None and (budget.steps_done(state.step) or budget.out_of_time())
                 new_best = (state.step % args.eval_steps == 0 or last) and _validate(components, state, budget, args)
-                saved = save_if_due(components, state, budget, saved, new_best=new_best)
+                saved_step = save_if_due(components, state, budget, saved_step, new_best=new_best)
                 if out_of_patience(state, args.patience):
                     logger.info(f"no better validation {args.best_metric} for {args.patience} evaluation(s): "
                                 f"stopping at step {state.step}; the best was step {state.best[0]['step']}")
@@ -115,26 +116,26 @@ def _train_part(components: Components, state: RunState, budget: Budget) -> None
             logger.info(f"time limit of {args.time_limit} min reached at step {state.step}")
         if args.best_metric is not None and not budget.stop_signal and not _validated(state):  # the last epoch's end
             _validate(components, state, budget, args)
-            saved = None  # saved again, with the validation
-        save_if_due(components, state, budget, saved, part_over=True)
+            saved_step = None  # saved again, with the validation
+        save_if_due(components, state, budget, saved_step, part_over=True)
 
 
-def save_if_due(components: Components, state: RunState, budget: Budget, saved: int | None, *, new_best: bool = False,
-                part_over: bool = False) -> int | None:
-    """Checkpoint the run where `checkpoint_due` says (`saved`: the step of its newest checkpoint, or None); returns
-    the step of its newest checkpoint then."""
-    if not checkpoint_due(state.step, saved, components.args.save_steps, new_best=new_best, part_over=part_over):
-        return saved
+def save_if_due(components: Components, state: RunState, budget: Budget, saved_step: int | None, *,
+                new_best: bool = False, part_over: bool = False) -> int | None:
+    """Checkpoint the run where `checkpoint_due` says (`saved_step`: the step of its newest checkpoint, or None);
+    returns the step of its newest checkpoint then."""
+    if not checkpoint_due(state.step, saved_step, components.args.save_steps, new_best=new_best, part_over=part_over):
+        return saved_step
     budget.end_part()  # the checkpoint records the run's time up to it
     save_run(components, state, components.args.keep_checkpoints)
     return state.step
 
 
-def checkpoint_due(step: int, saved: int | None, save_steps: int, *, new_best: bool, part_over: bool) -> bool:
-    """Whether the loop checkpoints the run at `step` (`saved`: the step of its newest checkpoint, or None): at a new
-    best by validation, whose checkpoint model selection keeps; every `save_steps` steps trained; and where this part
-    of the run ends, so that its last step is kept. Never twice for one step."""
-    already_saved = step == saved
+def checkpoint_due(step: int, saved_step: int | None, save_steps: int, *, new_best: bool, part_over: bool) -> bool:
+    """Whether the loop checkpoints the run at `step` (`saved_step`: the step of its newest checkpoint, or None): at a
+    new best by validation, whose checkpoint model selection keeps; every `save_steps` steps trained; and where this
+    part of the run ends, so that its last step is kept. Never twice for one step."""
+    already_saved = step == saved_step
     periodic = step > 0 and step % save_steps == 0  # step 0 (a fine-tuned model's baseline) trained nothing
     return not already_saved and (new_best or periodic or part_over)
 

@@ -135,10 +135,11 @@ def set_up(args: TrainArguments, accelerator, lock: RunLock | None = None) -> tu
         set_seed(args.seed, device_specific=True)  # different dropout masks on each process
     if accelerator.is_main_process:
         accelerator.init_trackers("train", config={k: v for k, v in asdict(args).items() if not isinstance(v, dict)})
-    components = Components(accelerator, model, prepared_optimizer, scheduler, checkpoint_root, args, average, tokenizer,
-                            data, source_lang, target_lang, train_split, eval_splits, sampler,
-                            log=_training_log(args, accelerator, state), lock=lock,
-                            compiled=compiled_loss(args, accelerator, sampler.shapes))
+    components = Components(accelerator=accelerator, model=model, optimizer=prepared_optimizer, scheduler=scheduler,
+                            checkpoint_root=checkpoint_root, args=args, average=average, tokenizer=tokenizer, data=data,
+                            source_lang=source_lang, target_lang=target_lang, train_split=train_split,
+                            eval_splits=eval_splits, sampler=sampler, log=_training_log(args, accelerator, state),
+                            lock=lock, compiled=compiled_loss(args, accelerator, sampler.shapes))
     return components, state, budget
 
 
