@@ -3,6 +3,7 @@
 import json
 import re
 import shutil
+from pathlib import Path
 
 import huggingface_hub
 import pytest
@@ -76,6 +77,32 @@ def test_existing_folder_keeps_other_files_and_loses_stale_weights(hub_tiny_mode
     assert (EXPECTED_FILES - {"attention.png"}) <= names  # no example sentence: no image
     assert (folder / "README.md").read_text() != "old card"
     assert [p.name for p in tmp_path.iterdir()] == ["run"]
+
+
+def test_a_save_that_fails_before_its_config_lands_leaves_the_old_models_weights(hub_tiny_model, tmp_path,
+                                                                                  monkeypatch):
+    from vanilla_transformer import staging
+    from vanilla_transformer.hub import save_model_files
+
+    model, tokenizer = hub_tiny_model
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model-00001-of-00002.safetensors").write_bytes(b"old shard")  # the old model, sharded
+    real_move = staging._move
+
+    def fail_at_config(source, destination):
+        if Path(destination).name == "config.json":
+            raise OSError("the disk went away")
+        real_move(source, destination)
+
+    monkeypatch.setattr(staging, "_move", fail_at_config)
+    with pytest.raises(OSError, match="the disk went away"):
+        save_model_files(model, tokenizer, folder)
+    assert (folder / "model-00001-of-00002.safetensors").read_bytes() == b"old shard"  # removed only after the config
+    monkeypatch.setattr(staging, "_move", real_move)
+    save_model_files(model, tokenizer, folder)
+    assert not (folder / "model-00001-of-00002.safetensors").exists()
 
 
 def test_save_refuses_bad_arguments_and_writes_nothing(hub_tiny_model, tmp_path):

@@ -125,7 +125,9 @@ def save_model_files(model, tokenizer, output_dir: str | os.PathLike) -> Path:
         model.save_pretrained(staging)
         save_tokenizer_files(tokenizer, staging)
         _drop_absent_code(staging)
-        _drop_stale_files(staging, output_dir)
+        stale = _stale_files(staging, output_dir)
+    for path in stale:  # only once the new model is in place: a save that fails before leaves the old one whole
+        path.unlink(missing_ok=True)
     return output_dir
 
 
@@ -231,11 +233,12 @@ def _drop_absent_code(folder: Path) -> None:
             path.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def _drop_stale_files(staging: Path, output_dir: Path) -> None:
+def _stale_files(staging: Path, output_dir: Path) -> list[Path]:
+    """What the new model in `staging` leaves over in `output_dir`: weights of another shape (say, sharded), the old
+    model's card and scores."""
     new_names = {entry.name for entry in staging.iterdir()}
-    for entry in output_dir.iterdir():  # weights of another shape (say, sharded), the old model's card and scores
-        if entry.name not in new_names and (STALE_WEIGHTS.match(entry.name) or entry.name in DESCRIPTION_FILES):
-            entry.unlink()
+    return [entry for entry in output_dir.iterdir()
+            if entry.name not in new_names and (STALE_WEIGHTS.match(entry.name) or entry.name in DESCRIPTION_FILES)]
 
 
 # ----------------------------------------------------------------------------------------------
