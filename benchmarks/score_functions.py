@@ -110,7 +110,7 @@ def study_arguments(output_dir: Path, overrides: dict, settings: dict, tokenizer
     """The quickstart's schedule with the study's model (`settings["model"]`, the attention `overrides` on top),
     learning rate, batches, seed and a step count instead of minutes."""
     test_samples = None if settings["test_samples"] == "all" else settings["test_samples"]
-    args = training_arguments(output_dir, minutes=15.0, size="small", seed=settings["seed"], test_samples=test_samples)
+    args = training_arguments(output_dir, minutes=15.0, preset="small", seed=settings["seed"], test_samples=test_samples)
     model = dict(settings["model"])
     steps = settings["steps"]
     return dataclasses.replace(
