@@ -50,15 +50,19 @@ def test_counting_a_step_moves_the_step_the_batches_and_the_tokens():
     assert (state.step, state.batches_done, state.train_tokens) == (4, 8, 150)
 
 
-def test_an_epoch_ends_and_the_kernel_and_the_options_typed_at_a_resume_are_recorded_by_the_state_itself():
+def test_an_epoch_ends_and_the_kernel_the_options_typed_at_a_resume_and_the_best_are_recorded_by_the_state_itself():
     state = RunState(epoch=1, batches_done=7, options={"max_steps": 4, "eval_samples": 2})
     state.end_epoch()
     state.record_attn_implementation("sdpa")
     state.record_options({"max_steps": 8})
-    state.record_selection([{"step": 4, "value": 1.5}], 2)
+    state.step = 4
+    assert state.record_validation({"loss": 1.5}, "loss", None, kept=1)
+    state.step = 5
+    assert not state.record_validation({"loss": 1.6}, "loss", None, kept=1)
     assert (state.epoch, state.batches_done, state.attn_implementation) == (2, 0, "sdpa")
     assert state.options == {"max_steps": 8, "eval_samples": 2}
-    assert (state.best, state.evaluations_without_improvement) == ([{"step": 4, "value": 1.5}], 2)
+    assert state.best == [{"step": 4, "metric": "loss", "value": 1.5, "eval_samples": None}]
+    assert (state.best_steps(), state.evaluations_without_improvement, state.out_of_patience(1)) == ([4], 1, True)
     older = RunState()  # a checkpoint from before runs recorded their options: nothing to add to
     older.record_options({"max_steps": 8})
     assert older.options is None

@@ -164,7 +164,6 @@ def test_the_best_checkpoints_outlive_pruning_and_average_best_keeps_as_many_as_
     from vanilla_transformer.training.arguments import TrainArguments
     from vanilla_transformer.training.checkpoints import save_checkpoint
     from vanilla_transformer.training.run_state import RunState
-    from vanilla_transformer.training.selection import best_steps, out_of_patience, record_validation
 
     model = torch.nn.Linear(3, 2)
     accelerator = Accelerator(cpu=True)
@@ -173,13 +172,13 @@ def test_the_best_checkpoints_outlive_pruning_and_average_best_keeps_as_many_as_
     state = RunState()
     for step, bleu in [(1, 10.0), (2, 30.0), (3, 20.0), (4, 20.0), (5, 5.0)]:
         state.step = step
-        record_validation(state, {"bleu": bleu}, args.best_metric, args.eval_samples, kept=args.average_last)
+        state.record_validation({"bleu": bleu}, args.best_metric, args.eval_samples, kept=args.average_last)
         save_checkpoint(accelerator, tmp_path / "checkpoints", step, state.to_dict(), keep_checkpoints=1,
-                        protect=best_steps(state))
-    assert best_steps(state) == [2, 3]  # the best two, best first; step 4 ties step 3 and comes later
+                        protect=state.best_steps())
+    assert state.best_steps() == [2, 3]  # the best two, best first; step 4 ties step 3 and comes later
     assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == [
         "checkpoint-00000002", "checkpoint-00000003", "checkpoint-00000005"]
-    assert state.evaluations_without_improvement == 3 and out_of_patience(state, args.patience)
+    assert state.evaluations_without_improvement == 3 and state.out_of_patience(args.patience)
     # Resumed from a checkpoint, the run knows its best and its count.
     resumed = RunState.from_dict(json.loads((tmp_path / "checkpoints" / "checkpoint-00000005" / "trainer_state.json").read_text()))
-    assert best_steps(resumed) == [2, 3] and resumed.evaluations_without_improvement == 3
+    assert resumed.best_steps() == [2, 3] and resumed.evaluations_without_improvement == 3

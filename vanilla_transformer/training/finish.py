@@ -25,7 +25,6 @@ from .evaluation import evaluate, full_model, load_weights, report
 from .budget import Budget
 from .run_state import RunState
 from .signals import ScoringInterrupted, StopScoring
-from .selection import best_steps
 from .finetuning import save_adapter
 from .setup import Components
 
@@ -136,7 +135,7 @@ def _final_weights_named(state: RunState, chosen: list, compared: dict | None) -
 def _chosen_checkpoints(components: Components, state: RunState, args: TrainArguments) -> list:
     """The checkpoints the final weights are (the average of): the best by validation, or the last `average_last`."""
     if state.best and (args.average_best or args.average_last == 1):
-        return sorted(checkpoint_path(components.checkpoint_root, step) for step in best_steps(state))
+        return sorted(checkpoint_path(components.checkpoint_root, step) for step in state.best_steps())
     if args.best_metric is not None and not state.best:
         logger.warning(f"`best_metric` is {args.best_metric}, but no validation ran (`eval_steps` {args.eval_steps}): "
                        "the final weights are the last checkpoints'")

@@ -38,7 +38,6 @@ from .lock import RunLock
 from .resume import finished_step
 from .run_folder import explain_disk_full, take_folder
 from .run_state import RunState
-from .selection import best_steps, out_of_patience, record_validation
 from .setup import Components, set_up
 from .signals import TrainingInterrupted
 from .step import next_rate, train_step
@@ -108,7 +107,7 @@ def _train_part(components: Components, state: RunState, budget: Budget) -> None
                 last = args.best_metric is not None and (budget.steps_done(state.step) or budget.out_of_time())
                 new_best = (state.step % args.eval_steps == 0 or last) and _validate(components, state, budget, args)
                 saved_step = save_if_due(components, state, budget, saved_step, new_best=new_best)
-                if out_of_patience(state, args.patience):
+                if state.out_of_patience(args.patience):
                     logger.info(f"no better validation {args.best_metric} for {args.patience} evaluation(s): "
                                 f"stopping at step {state.step}; the best was step {state.best[0]['step']}")
                     break
@@ -155,9 +154,8 @@ def save_run(components: Components, state: RunState, keep_checkpoints: int | No
     components.losses.check_finite(state.step)
     if components.lock is not None:  # a run that lost the folder to another writes nothing more there
         on_main(components.accelerator, components.lock.check)
-    protected = [record["step"] for record in state.best]
     save_checkpoint(components.accelerator, components.checkpoint_root, state.step, state.to_dict(),
-                    keep_checkpoints=keep_checkpoints, protect=protected)
+                    keep_checkpoints=keep_checkpoints, protect=state.best_steps())
 
 
 def _steps(components: Components, state: RunState, budget: Budget, args: TrainArguments):
@@ -223,10 +221,10 @@ def _validate(components: Components, state: RunState, budget: Budget, args: Tra
     budget.add_scoring(metrics["seconds"])
     report(components.accelerator, state.history, state.step, "validation", metrics, components.log)
     kept = args.average_last if args.average_best else 1
-    improved = record_validation(state, metrics, args.best_metric, args.eval_samples, kept)
+    improved = state.record_validation(metrics, args.best_metric, args.eval_samples, kept)
     if improved:
         logger.info(f"step {state.step}: best validation {args.best_metric} so far ({metrics[args.best_metric]:.4f})")
-    return state.step in best_steps(state)
+    return state.step in state.best_steps()
 
 
 def _validated(state: RunState) -> bool:

@@ -2,6 +2,14 @@
 
 A checkpoint's trainer_state.json is data: `RunState.read` checks it (`check_state`) before anything uses it, so
 that an edited record is refused in one line naming the file.
+
+Model selection by validation lives in the record it changes (fairseq's checkpoint_best, --patience). Not in the
+paper, which averages the last checkpoints (§6.1). With `best_metric`, each validation's score is compared with the
+best so far (`record_validation`): `best` lists the best evaluations, best first (one, or `average_last` with
+`average_best`), whose checkpoints pruning never deletes (`best_steps`), and `evaluations_without_improvement`
+counts towards `patience` (`out_of_patience`). Both are checkpointed, so a resumed run keeps knowing its best and
+its count. BLEU and chrF compare only on as many validation sentences (`eval_samples`): a resume that changes their
+number starts a new comparison.
 """
 
 from __future__ import annotations
@@ -10,10 +18,14 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from .arguments import ATTENTION_IMPLEMENTATIONS
+from accelerate.logging import get_logger
+
+from .arguments import ATTENTION_IMPLEMENTATIONS, BEST_METRICS
 from .checkpoints import STATE_FILE, read_state
 
 __all__ = ["MAX_PART_SECONDS", "RunState", "check_state", "part_problem"]
+
+logger = get_logger(__name__)
 
 
 @dataclass
@@ -28,7 +40,7 @@ class RunState:
     attn_implementation: str | None = None  # the kernel chosen on the first batch: a resumed run computes alike
     run_options: dict | None = None  # the options that define the run (`check_same_run`)
     options: dict | None = None  # every option the run was started with: `resume` alone restores them
-    best: list = field(default_factory=list)  # model selection's best validations, best first (selection.py)
+    best: list = field(default_factory=list)  # model selection's best validations, best first (`record_validation`)
     evaluations_without_improvement: int = 0  # towards `patience`
     # The run's parts up to this step, the first session and each resume: {"steps": [first, last], "seconds"} of
     # training (the steps and their saving), and "scoring_seconds" of validation beside them.
@@ -49,9 +61,38 @@ class RunState:
         """The attention implementation the first batch was trained with, which a resumed run computes with too."""
         self.attn_implementation = implementation
 
-    def record_selection(self, best: list, evaluations_without_improvement: int) -> None:
-        """Model selection's best validations, best first, and its count towards `patience` (selection.py)."""
-        self.best, self.evaluations_without_improvement = best, evaluations_without_improvement
+    def record_validation(self, metrics: dict, best_metric: str | None, eval_samples: int | None, kept: int) -> bool:
+        """Compare the validation `metrics` of this step (on `eval_samples` sentences) with the best so far by
+        `best_metric`, keeping the `kept` best; whether they are a new best."""
+        if best_metric is None:
+            return False
+        value, better = metrics[best_metric], BEST_METRICS[best_metric]
+        self._start_anew_on_other_samples(best_metric, eval_samples)
+        improved = not self.best or (value != self.best[0]["value"] and better(value, self.best[0]["value"]) == value)
+        # Sorted best first; an earlier step wins a tie (it was there first).
+        candidates = self.best + [{"step": self.step, "metric": best_metric, "value": value, "eval_samples": eval_samples}]
+        self.best = sorted(candidates, key=lambda r: r["value"], reverse=better is max)[:kept]
+        self.evaluations_without_improvement = 0 if improved else self.evaluations_without_improvement + 1
+        return improved
+
+    def _start_anew_on_other_samples(self, best_metric: str, eval_samples: int | None) -> None:
+        """BLEU or chrF on another number of validation sentences is another measure: the best so far are forgotten
+        (the loss is on the whole split, whatever `eval_samples` is). Records from before the count was kept compare."""
+        if best_metric == "loss" or not self.best:
+            return
+        before = self.best[0].get("eval_samples", eval_samples)
+        if before != eval_samples:
+            logger.info(f"`eval_samples` is {eval_samples}, the best validation {best_metric} so far (step "
+                        f"{self.best[0]['step']}) was on {before}: model selection starts a new comparison at step "
+                        f"{self.step}")
+            self.best, self.evaluations_without_improvement = [], 0
+
+    def best_steps(self) -> list[int]:
+        """The steps whose checkpoints model selection keeps."""
+        return [record["step"] for record in self.best]
+
+    def out_of_patience(self, patience: int | None) -> bool:
+        return patience is not None and self.evaluations_without_improvement >= patience
 
     def record_options(self, typed: dict) -> None:
         """The options typed with `resume` over the recorded ones, so that the next `resume` keeps them (a checkpoint
