@@ -199,6 +199,20 @@ def test_a_budget_schedule_with_a_weight_average_resumes_to_the_same_run(tmp_pat
 
 
 @pytest.mark.slow
+def test_an_epoch_budget_decays_the_rate_as_the_same_number_of_max_steps_does(tmp_path, small_task, small_run):
+    # The schedule asks the budget for the steps left once the step is counted, by the state (the epoch's batches)
+    # and by the budget: the last step of the last epoch trains at rate 0, as the last of `max_steps` does.
+    schedule = ["--lr-schedule", "linear", "--warmup-steps", "2", "--log-steps", "1", "--save-steps", "100000"]
+    epoch = _run(tmp_path, "epoch", small_task, small_run, "--num-epochs", "1", *schedule)
+    rates = [json.loads(line)["lr"] for line in (epoch / "training_log.jsonl").read_text().splitlines()
+             if "lr" in json.loads(line)]
+    steps = _run(tmp_path, "steps", small_task, small_run, "--max-steps", str(len(rates)), *schedule)
+    assert len(rates) > 4 and rates[-1] == 0.0
+    assert rates == [json.loads(line)["lr"] for line in (steps / "training_log.jsonl").read_text().splitlines()
+                     if "lr" in json.loads(line)]
+
+
+@pytest.mark.slow
 def test_a_time_limited_linear_schedule_ends_near_zero(tmp_path, small_task, small_run):
     out = _run(tmp_path, "timed", small_task, small_run, "--max-steps", "100000", "--time-limit", "0.15",
                "--lr-schedule", "linear", "--warmup-steps", "2", "--save-steps", "100000")

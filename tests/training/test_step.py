@@ -155,7 +155,8 @@ def test_two_steps_are_adams_steps_on_the_loss_per_target_token_of_the_whole_ste
 
 def test_a_step_returns_its_counts_and_leaves_the_budget_and_the_next_rate_to_the_loop(tmp_path):
     # Proves: the step writes nothing of the budget; it returns the step's tokens, the main process's clock and its
-    # stop signal, which the loop adds to the budget before `next_rate`, since a schedule over the budget reads them.
+    # stop signal, which the loop adds to the budget (and the step to the state) before `next_rate`, since a schedule
+    # over the budget reads them.
     run = make_run(tmp_path, tiny_model())
     run.budget.stop_requests.signum = signal.SIGTERM  # a stop asked of this process during the step
     done = train_step(run.components, [(collate(PAIRS), target_tokens(PAIRS))], 0, run.budget)

@@ -40,7 +40,7 @@ from .run_folder import explain_disk_full, take_folder
 from .run_state import RunState
 from .setup import Components, set_up
 from .signals import TrainingInterrupted
-from .step import next_rate, train_step
+from .step import StepDone, next_rate, train_step
 
 __all__ = ["checkpoint_due", "save_if_due", "save_run", "train"]
 
@@ -95,9 +95,7 @@ def _train_part(components: Components, state: RunState, budget: Budget) -> None
                         micro_batches[0][0], budget))
                 with compile_timing(components.compiled, micro_batches, components.accelerator.device):
                     step_done = train_step(components, micro_batches, state.step, budget, args.max_grad_norm)
-                budget.add_step(step_done.tokens, step_done.elapsed, step_done.stop_signal)
-                next_rate(components, step_done)  # after the budget has the step's clock, before the step is counted
-                state.count_step(len(micro_batches), step_done.tokens)
+                _count_step(components, state, budget, len(micro_batches), step_done)
                 if first:
                     _check_machine(components, clock)
                 _advance(bar, budget)
@@ -137,6 +135,14 @@ def checkpoint_due(step: int, saved_step: int | None, save_steps: int, *, new_be
     already_saved = step == saved_step
     periodic = step > 0 and step % save_steps == 0  # step 0 (a fine-tuned model's baseline) trained nothing
     return not already_saved and (new_best or periodic or part_over)
+
+
+def _count_step(components: Components, state: RunState, budget: Budget, batches: int, done: StepDone) -> None:
+    """The step counted by the run's state and its budget, then the next step's rate (§5.3), which a schedule that
+    decays over the budget reads from both: the steps, epochs and minutes left after this one."""
+    state.count_step(batches, done.tokens)
+    budget.add_step(done.tokens, done.elapsed, done.stop_signal)
+    next_rate(components, done)
 
 
 def _check_machine(components: Components, clock: CpuClock) -> None:

@@ -41,7 +41,7 @@ def train_step(components: Components, micro_batches: list[tuple[dict, int]], st
                max_grad_norm: float | None = None) -> StepDone:
     """Optimiser step `step + 1` on `micro_batches` (each batch with its target-token count), its losses summed into
     `components.losses`; `budget` is read, never written. The rate of the next step is `next_rate`'s, once the loop
-    has given the budget this step's clock. Call it under `attention_implementation.training_sdpa_backends`, as the
+    has counted this step in the run's state and budget. Call it under `attention_implementation.training_sdpa_backends`, as the
     training loop does for the whole run."""
     accelerator, model, strategy, guard = components.accelerator, components.model, components.strategy, components.guard
     model.train()
@@ -75,8 +75,8 @@ def train_step(components: Components, micro_batches: list[tuple[dict, int]], st
 
 
 def next_rate(components: Components, done: StepDone) -> None:
-    """The rate of the step after `done` (§5.3), set once the budget holds `done`'s clock: a schedule that decays
-    over the budget asks it for the steps left. A skipped update leaves the rate as it was."""
+    """The rate of the step after `done` (§5.3), set once the run's state and budget count `done`: a schedule that
+    decays over the budget asks it for the steps left. A skipped update leaves the rate as it was."""
     if done.updated:
         components.scheduler.step()
 
