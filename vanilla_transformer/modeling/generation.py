@@ -38,7 +38,8 @@ named. Tables name what our loops cannot do within their modes: `HAND_OVERS` (st
 passed in, output_logits and the like), for greedy search only `GREEDY_HAND_OVERS` (a static cache,
 return_dict_in_generate), and for beam search only `BEAM_HAND_OVERS` (transformers' length penalty, whose
 rules are transformers' to keep). transformers' loop ranks beams by |Y|^α: a beam call with
-length_penalty_style="gnmt" handed to it says so in a warning, once per reason. A sentence that cannot end in
+length_penalty_style="gnmt" handed to it says so in a warning, once per reason, unless the call brings its own
+search (`custom_generate`), which runs as it is. A sentence that cannot end in
 time (</s> suppressed, or `min_new_tokens` past its cap) stops at its cap unfinished, as transformers' loop
 does at max_length.
 An input longer than a learned position table (`max_position_embeddings`) is refused in one line.
