@@ -2,7 +2,8 @@
 
 Every file the package writes that must appear whole goes through this module: one file with
 `write_file_whole`, a folder's files with `staged_files` (each moved into place), a whole folder with
-`staging_folder` and `publish_folder`. What is being written is named `.vanilla-transformer-staging-*`
+`staging_folder` and `publish_folder`; a scratch folder that lives as long as its holder, with
+`temporary_folder`. What is being written is named `.vanilla-transformer-staging-*`
 INSIDE the folder it goes to, then renamed into place (`_move`, the one rename). Staging inside
 (never beside, in the parent) lets an output folder whose parent is read-only (a container's volume
 mount) be written, and keeps every rename on one file system. A process killed while writing
@@ -28,7 +29,7 @@ from pathlib import Path
 
 __all__ = [
     "REPLACED", "STAGING_PREFIX", "DiskFull", "disk_full", "disk_full_error", "publish_files", "publish_folder", "set_aside",
-    "staged_files", "staging_folder", "sweep_staging", "write_file_whole",
+    "staged_files", "staging_folder", "sweep_staging", "temporary_folder", "write_file_whole",
 ]
 
 STAGING_PREFIX = ".vanilla-transformer-staging-"
@@ -234,3 +235,11 @@ def write_file_whole(path: str | os.PathLike, content: str | bytes | Callable[[P
             raise
         raise DiskFull(f"could not write {path}: {_FULL_ERRNOS[code]}", code) from None
     return path
+
+
+def temporary_folder(parent: str | os.PathLike, prefix: str) -> tempfile.TemporaryDirectory:
+    """A new folder `parent/<prefix>...` (`parent` made if missing) for files that live as long as the returned
+    object is held: removed when it is collected or cleaned up, or when the process exits. Its files are written
+    with `write_file_whole` all the same, since they are read while it lives."""
+    Path(parent).mkdir(parents=True, exist_ok=True)
+    return tempfile.TemporaryDirectory(prefix=prefix, dir=parent)

@@ -53,7 +53,7 @@ from vanilla_transformer.inference import longest_token
 from vanilla_transformer.model_folder import load_model
 from vanilla_transformer.modeling.value_checks import MAX_NEW_TOKENS, check_decoding_options
 from vanilla_transformer.modeling.generation import DEFAULT_MAX_LENGTH_OFFSET
-from vanilla_transformer.staging import write_file_whole
+from vanilla_transformer.staging import temporary_folder, write_file_whole
 
 __all__ = ["Limits", "RequestDeadline", "build_app", "make_translate", "serve"]
 
@@ -179,8 +179,7 @@ def pages_folder() -> tempfile.TemporaryDirectory:
     keeping a copy of each; it is removed when the app stops."""
     from gradio.utils import get_upload_folder
 
-    Path(get_upload_folder()).mkdir(parents=True, exist_ok=True)
-    return tempfile.TemporaryDirectory(prefix="vanilla-transformer-app-", dir=get_upload_folder())
+    return temporary_folder(get_upload_folder(), "vanilla-transformer-app-")
 
 
 class App(gr.Blocks):
