@@ -24,5 +24,9 @@ def test_the_moving_average_follows_the_weights_and_round_trips_through_its_stat
     assert restored.updates == 1 and all(torch.equal(a, b) for a, b in zip(restored.average, average.average))
     with pytest.raises(ValueError, match="does not fit"):
         WeightAverage(torch.nn.Linear(3, 3, bias=False), 0.9).load_state_dict(average.state_dict())
+    narrow = average.state_dict()
+    narrow["average"] = {**narrow["average"], "bias": torch.zeros(1)}  # would broadcast into the bias of 3
+    with pytest.raises(ValueError, match="does not fit"):
+        WeightAverage(torch.nn.Linear(3, 3), 0.9).load_state_dict(narrow)
     with pytest.raises(ValueError, match="`decay` must be in"):
         WeightAverage(model, decay=1.0)

@@ -89,6 +89,20 @@ def test_average_names_a_truncated_weights_file(tmp_path, accelerated):
         average_checkpoints(paths)
 
 
+def test_average_refuses_checkpoints_whose_weights_differ_in_shape(tmp_path):
+    # Same names, a shape that would broadcast: refused, naming the checkpoint, never a silently wrong mean.
+    from safetensors.torch import save_file
+
+    paths = []
+    for step, weight in ((1, torch.ones(2, 3)), (2, torch.ones(1, 3))):
+        path = tmp_path / f"checkpoint-{step:08d}"
+        path.mkdir()
+        save_file({"weight": weight}, str(path / "model.safetensors"))
+        paths.append(path)
+    with pytest.raises(ValueError, match="checkpoint-00000002 holds different weights"):
+        average_checkpoints(paths)
+
+
 class LossScaler:
     """Stands for DeepSpeed's class of that name, which its optimiser states pickle (DeepSpeed is not installed here)."""
 

@@ -51,7 +51,9 @@ class WeightAverage:
         return {"decay": self.decay, "updates": self.updates, "average": dict(zip(self.names, self.average))}
 
     def load_state_dict(self, state: dict) -> None:
-        if list(state["average"]) != self.names:
+        saved = [(name, tuple(tensor.shape)) for name, tensor in state["average"].items()]
+        if saved != [(name, tuple(average.shape)) for name, average in zip(self.names, self.average)]:
+            # Shapes too: copying a tensor of another shape would broadcast, not fail.
             raise ValueError("the saved weight average does not fit this model: its parameters differ")
         self.updates = state["updates"]
         for average, saved in zip(self.average, state["average"].values()):

@@ -294,8 +294,10 @@ def average_checkpoints(checkpoints: list[str | os.PathLike]) -> dict[str, torch
     total: dict[str, torch.Tensor] = {}
     for path in checkpoints:
         weights = checkpoint_weights(path)
-        if total and weights.keys() != total.keys():
-            raise ValueError(f"{path} holds different weights from the other checkpoints; cannot average them")
+        # Shapes too: a sum of tensors of other shapes would broadcast, not fail.
+        if total and {n: t.shape for n, t in weights.items()} != {n: t.shape for n, t in total.items()}:
+            raise ValueError(f"{path} holds different weights (names or shapes) from the other checkpoints; cannot "
+                             "average them")
         for name, tensor in weights.items():
             total[name] = total.get(name, 0) + tensor.double()
     return {name: (tensor / len(checkpoints)).to(weights[name].dtype) for name, tensor in total.items()}
