@@ -1,17 +1,21 @@
 """Resuming a run through the real command, in a process of its own: what `train --resume` keeps of a run, and a
-finished run that it leaves alone."""
+finished run that it leaves alone; and the batch plan a resume through the Python API takes from the record."""
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from commands import ENV, run_cli
+from vanilla_transformer.training.arguments import TrainArguments
 from vanilla_transformer.training.checkpoints import latest_checkpoint, read_state
 from vanilla_transformer.training.logs import LOG_FILE, read_log
+from vanilla_transformer.training.resume import restore_batch_plan
 
 
 def _train_cli(*args) -> subprocess.CompletedProcess:
@@ -102,3 +106,27 @@ def test_a_resume_through_the_python_api_goes_on_with_the_batches_the_run_starte
     state = read_state(latest_checkpoint(run / "checkpoints"))
     assert latest_checkpoint(run / "checkpoints").name.endswith("4")
     assert state["run_options"]["max_tokens"] == state["options"]["max_tokens"] == 256  # not the CPU's default plan
+
+
+def _recorded(tmp_path, options: dict) -> Path:
+    """A run folder whose one checkpoint records `options`, as `train` writes them."""
+    checkpoint = tmp_path / "run" / "checkpoints" / "checkpoint-00000002"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"step": 2, "options": options}))
+    return checkpoint / "trainer_state.json"
+
+
+def test_a_resume_through_the_python_api_takes_the_recorded_batch_plan_alone_where_it_leaves_it_unset(tmp_path):
+    _recorded(tmp_path, {"max_tokens": 256, "gradient_accumulation_steps": 2, "seed": 7, "threads": 100000})
+    args = TrainArguments(output_dir=str(tmp_path / "run"), resume=True, max_steps=4)
+    restored = restore_batch_plan(args)
+    assert (restored.max_tokens, restored.gradient_accumulation_steps) == (256, 2)
+    assert restored == replace(args, max_tokens=256, gradient_accumulation_steps=2)  # the script's own seed, threads
+    assert restore_batch_plan(replace(args, max_tokens=512)).max_tokens == 512  # typed: `check_same_run` compares it
+
+
+def test_a_damaged_batch_plan_in_the_record_is_refused_in_one_line_naming_the_file(tmp_path):
+    path = _recorded(tmp_path, {"max_tokens": "abc"})
+    expected = f"`resume`: {path} records an option that is refused: `max_tokens` "
+    with pytest.raises(ValueError, match="^" + re.escape(expected)):
+        restore_batch_plan(TrainArguments(output_dir=str(tmp_path / "run"), resume=True))

@@ -35,7 +35,7 @@ from .evaluation import evaluate, report
 from .finish import finish
 from .attention_implementation import choose_attn_implementation, training_sdpa_backends
 from .lock import RunLock
-from .resume import finished_step
+from .resume import finished_step, restore_batch_plan
 from .run_folder import explain_disk_full, take_folder
 from .run_state import RunState
 from .setup import Components, set_up
@@ -54,8 +54,10 @@ def train(args: TrainArguments) -> dict:
     lock = RunLock(args.output_dir)  # one run per folder: taken by the main process for all of them
     on_main(accelerator, lambda: take_folder(lock))
     try:
-        if args.resume and on_main(accelerator, lambda: finished_step(args)) is not None:
-            return read_json(Path(args.output_dir) / RESULTS_FILE)  # the run is done: the folder stays as it is
+        if args.resume:
+            args = restore_batch_plan(args)  # on every process, before the main one sets damaged checkpoints aside
+            if on_main(accelerator, lambda: finished_step(args)) is not None:
+                return read_json(Path(args.output_dir) / RESULTS_FILE)  # the run is done: the folder stays as it is
         try:
             components, state, budget = set_up(args, accelerator, lock)
         except BaseException:

@@ -8,7 +8,7 @@ A checkpoint's records are data, checked before they are used (`RunState.read`, 
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import fields
 from pathlib import Path
 
 from accelerate.logging import get_logger
@@ -37,8 +37,8 @@ from .run_folder import CHECKPOINTS
 from .run_state import RunState
 
 __all__ = [
-    "BUDGET_OPTIONS", "check_run_config", "check_same_run", "finished_step", "restore_options", "resume_budget", "resume_step",
-    "resumed_plan",
+    "BUDGET_OPTIONS", "check_run_config", "check_same_run", "finished_step", "restore_batch_plan", "restore_options",
+    "resume_budget", "resume_step",
 ]
 
 logger = get_logger(__name__)
@@ -63,9 +63,8 @@ def finished_step(args: TrainArguments) -> int | None:
     if results.get("not_scored"):  # the final scoring was stopped: `train` scores what is missing
         return None
     # Another option given with `resume` is refused, or applied, by `train`.
-    left_to_plan = {name for name in BATCH_PLAN_OPTIONS if given.get(name) is None}  # the run's plan goes on
     if any(given.get(name) != value for name, value in (state.options or {}).items()
-           if name not in BUDGET_OPTIONS and name not in NEVER_RESTORED and name not in left_to_plan):
+           if name not in BUDGET_OPTIONS and name not in NEVER_RESTORED):
         return None
     budget = Budget(**{name: given[name] for name in BUDGET_OPTIONS}, progress=state,
                     before=sum(part["seconds"] for part in state.parts))
@@ -129,19 +128,14 @@ def check_run_config(config_file: Path, checkpoint: Path) -> None:
         check_config_sizes(config, config_file, weight_shapes([checkpoint / WEIGHTS_FILE]), checkpoint)
 
 
-def resumed_plan(args: TrainArguments, started_with: dict | None) -> TrainArguments:
-    """`args` with the batch plan the resumed run was started with (`started_with`: its `run_options`) where they leave
-    it unset (BATCH_PLAN_OPTIONS), as the command line restores it: the steps go on with the same batches on any
-    machine. A record is data: each value is checked as a typed one is."""
-    recorded = started_with or {}
-    plan = {name: recorded[name] for name in BATCH_PLAN_OPTIONS
-            if getattr(args, name) is None and recorded.get(name) is not None}
-    for name, value in plan.items():
-        try:
-            check_option(name, value)
-        except ValueError as err:
-            raise ValueError(f"`resume`: the run's checkpoint records an option that is refused: {err}") from None
-    return replace(args, **plan)
+def restore_batch_plan(args: TrainArguments) -> TrainArguments:
+    """`args` of a resume with the batch plan its run records where they leave it unset (BATCH_PLAN_OPTIONS: None
+    is "sized for this machine"), as the command line restores every option not typed (`restore_options`): the
+    steps go on with the same batches on any machine, and the run's records compare plainly with `args`."""
+    # The Python API cannot say what was typed: every option is, but a batch plan left unset.
+    given = {f.name: getattr(args, f.name) for f in fields(TrainArguments)
+             if not (f.name in BATCH_PLAN_OPTIONS and getattr(args, f.name) is None)}
+    return TrainArguments(**restore_options(args.output_dir, given))
 
 
 def restore_options(output_dir: str, given: dict) -> dict:
@@ -202,7 +196,6 @@ def check_same_run(now: dict, started_with: dict | None, output_dir: str) -> Non
         return
     defaults = TrainArguments(output_dir="")  # options newer than the checkpoint had their default
     before = {name: started_with.get(name, getattr(defaults, name)) for name in RUN_OPTIONS}
-    now = {**now, **{name: before[name] for name in BATCH_PLAN_OPTIONS if now[name] is None}}  # the run's plan goes on
     changed = [f"{name} {before[name]!r} -> {now[name]!r}" for name in RUN_OPTIONS if before[name] != now[name]]
     if changed:
         raise ValueError(

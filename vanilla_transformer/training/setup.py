@@ -40,7 +40,7 @@ from .precision import Bf16Weights, bf16_weights
 from .budget import Budget
 from .lock import RunLock
 from .logs import Losses, TrainingLog
-from .resume import resume_budget, resume_step, resumed_plan
+from .resume import resume_budget, resume_step
 from .run_folder import CHECKPOINTS, check_new_folder
 from .run_state import RunState
 from .schedule import PAPER_WARMUP_STEPS, BudgetSchedule, make_optimizer, make_scheduler, peak_scale, schedule_summary
@@ -104,8 +104,8 @@ def set_up(args: TrainArguments, accelerator, lock: RunLock | None = None) -> tu
     data, source_lang, target_lang, tokenizer, train_split, eval_splits = prepare_data(args, accelerator)
     model = _build_model(args, accelerator, tokenizer, resume_from, base, (source_lang, target_lang))
     d_model = model.config.d_model
-    resumed = RunState.read(resume_from) if resume_from is not None else None  # its batch plan goes on
-    plan = size_batches(resumed_plan(args, resumed.run_options if resumed is not None else None), accelerator, model)
+    resumed = RunState.read(resume_from) if resume_from is not None else None
+    plan = size_batches(args, accelerator, model)  # a resume's args hold its run's plan (`restore_batch_plan`)
     args = replace(args, **plan._asdict())
     # Built before `prepare` moves the model there, over the parameters that train (freeze, add_lora).
     optimizer = make_optimizer(model, accelerator.device, (args.adam_beta1, args.adam_beta2), args.adam_epsilon,
