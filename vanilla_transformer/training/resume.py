@@ -68,7 +68,7 @@ def finished_step(args: TrainArguments) -> int | None:
         return None
     budget = Budget(**{name: given[name] for name in BUDGET_OPTIONS}, progress=state,
                     before=sum(part["seconds"] for part in state.parts))
-    stopped_early = given["patience"] is not None and state.evaluations_without_improvement >= given["patience"]
+    stopped_early = state.out_of_patience(given["patience"])
     if not (budget.spent(state.step) or budget.epochs_done() or stopped_early):
         return None
     done = f"{budget.describe()}{'; stopped early by `patience`' * stopped_early}"
