@@ -87,11 +87,13 @@ def test_a_recorded_option_of_the_wrong_type_is_refused_in_one_line(run):
     ("attn_implementation", "kernels-community/flash-attn", "records the attention implementation "
      "'kernels-community/flash-attn', not one of eager, sdpa, flex_attention, flash_attention_2; it is not used"),
     ("epoch", "abc", "is damaged: its epoch is 'abc'"),
+    ("history", [{"step": 1}], "is damaged: its history holds {'step': 1}, not the record of an evaluation"),
 ])
 def test_a_recorded_state_outside_what_a_run_records_is_refused_in_one_line(name, value, expected, run):
     # The attention implementation a checkpoint records was handed to transformers, which takes a name of this form
     # for a Hub kernel to download and run (here it stopped only for want of the kernels package); an epoch that is
-    # no count failed in numpy's seeding ("unrecognized seed string").
+    # no count failed in numpy's seeding ("unrecognized seed string"); an evaluation without its split, in a KeyError
+    # once the run was validated.
     def edit(state):
         state.update({name: value})
         state["options"]["attn_implementation"] = None  # the run's own choice, then: the recorded one is used

@@ -2,6 +2,7 @@
 its own methods alone."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -76,3 +77,30 @@ def test_read_refuses_a_damaged_state_naming_its_file(tmp_path):
         RunState.read(checkpoint)
     (checkpoint / "trainer_state.json").write_text(json.dumps(WRITTEN_BEFORE))
     assert RunState.read(checkpoint).step == 12
+
+
+PART = {"steps": [0, 12], "seconds": 30.0, "scoring_seconds": 4.0}
+EVALUATION = {"step": 12, "split": "validation", "loss": 3.2, "perplexity": float("inf"), "bleu": 1.5, "translated": 4,
+              "bleu_signature": "nrefs:1|case:mixed"}
+BEST = {"step": 12, "metric": "bleu", "value": 1.5, "eval_samples": None}
+
+
+@pytest.mark.parametrize("edit, expected", [
+    ({"history": [{"step": 12}]}, "its history holds {'step': 12}, not the record of an evaluation"),
+    ({"history": [{**EVALUATION, "loss": "abc"}]}, "its history holds"),
+    ({"history": [{**EVALUATION, "final_weights": 3}]}, "its history holds"),
+    ({"best": [{**BEST, "metric": ["bleu"]}]}, "its best holds"),
+    ({"best": [{**BEST, "eval_samples": -1}]}, "its best holds"),
+    ({"parts": [{**PART, "scoring_seconds": "x"}]}, "part 1 of its parts must have scoring_seconds, a number from 0"),
+])
+def test_every_field_the_run_reads_of_a_records_evaluations_and_parts_is_checked(tmp_path, edit, expected):
+    # Each was accepted, then failed late: a history without its split raised a KeyError when the run was validated
+    # or finished, scoring seconds that are text a TypeError summing the run's parts after all its training.
+    checkpoint = tmp_path / "checkpoint-00000012"
+    checkpoint.mkdir()
+    sound = {**WRITTEN_BEFORE, "history": [EVALUATION], "best": [BEST], "parts": [PART]}
+    (checkpoint / "trainer_state.json").write_text(json.dumps(sound))
+    assert RunState.read(checkpoint).best == [BEST]  # older records without the optional fields read too
+    (checkpoint / "trainer_state.json").write_text(json.dumps({**sound, **edit}))
+    with pytest.raises(ValueError, match=r"trainer_state\.json is damaged: " + re.escape(expected)):
+        RunState.read(checkpoint)

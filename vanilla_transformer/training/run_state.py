@@ -129,8 +129,9 @@ class RunState:
 
 
 def check_state(state: dict, source: Path) -> None:
-    """A ValueError naming `source` unless a checkpoint's state holds what `RunState` holds: counts, lists, and one
-    of ATTENTION_IMPLEMENTATIONS (transformers takes another name for a Hub kernel, which it downloads and runs)."""
+    """A ValueError naming `source` unless a checkpoint's state holds what `RunState` holds: counts, lists, one
+    of ATTENTION_IMPLEMENTATIONS (transformers takes another name for a Hub kernel, which it downloads and runs),
+    parts of a run (`part_problem`) and evaluations (RECORD_FIELDS) with every field the run reads of them."""
     if not isinstance(state, dict):
         raise ValueError(f"`resume`: {source} is damaged: it is not a JSON object")
     kinds = {"step": int, "epoch": int, "batches_done": int, "train_tokens": int, "evaluations_without_improvement": int,
@@ -149,10 +150,11 @@ def check_state(state: dict, source: Path) -> None:
         problem = part_problem(part, state["step"])
         if problem:
             raise ValueError(f"`resume`: {source} is damaged: part {number} of its parts {problem}; got {part!r}")
-    for name in ("history", "best"):  # each an evaluation: its step, and for model selection its score
+    for name, record_fields in RECORD_FIELDS.items():
         for record in state.get(name, []):
-            if not isinstance(record, dict) or not _is_count(record.get("step")) or (
-                    name == "best" and not _is_number(record.get("value"))):
+            if not isinstance(record, dict) or any(
+                    not holds(record[field]) if field in record else required
+                    for field, (holds, required) in record_fields.items()):
                 raise ValueError(f"`resume`: {source} is damaged: its {name} holds {record!r}, not the record of an "
                                  "evaluation")
 
@@ -169,9 +171,15 @@ def part_problem(part, step: int) -> str | None:
     steps, seconds = part.get("steps"), part.get("seconds")
     if not (isinstance(steps, list) and len(steps) == 2 and all(map(_is_count, steps)) and steps[0] <= steps[1] <= step):
         return f"must have steps [first, last], counts with first <= last <= the checkpoint's step {step}"
-    if not (_is_number(seconds) and 0 <= seconds <= MAX_PART_SECONDS):
+    if not _is_time(seconds):
         return f"must have seconds, a number from 0 to {MAX_PART_SECONDS:,}"
+    if "scoring_seconds" in part and not _is_time(part["scoring_seconds"]):  # older parts have none
+        return f"must have scoring_seconds, a number from 0 to {MAX_PART_SECONDS:,}"
     return None
+
+
+def _is_time(value) -> bool:
+    return _is_number(value) and 0 <= value <= MAX_PART_SECONDS
 
 
 def _is_count(value) -> bool:
@@ -180,3 +188,24 @@ def _is_count(value) -> bool:
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_text(value) -> bool:
+    return isinstance(value, str)
+
+
+def _is_score(value) -> bool:
+    """A number as evaluation writes one: a perplexity may overflow to inf."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# What the run reads of each record in a checkpoint's lists of evaluations, as (test, whether every record has it):
+# the fields that evaluation (`report`) and model selection (`record_validation`) write, read again at the end.
+SCORES = ("loss", "nll", "perplexity", "bleu", "chrf", "repeating", "references_repeating", "seconds")
+RECORD_FIELDS = {
+    "history": {"step": (_is_count, True), "split": (_is_text, True), "final_weights": (_is_text, False),
+                "translated": (_is_count, False), "pairs": (_is_count, False), "bleu_signature": (_is_text, False),
+                "chrf_signature": (_is_text, False), **{name: (_is_score, False) for name in SCORES}},
+    "best": {"step": (_is_count, True), "value": (_is_number, True), "metric": (lambda value: _is_text(value) and value in BEST_METRICS, False),
+             "eval_samples": (lambda value: value is None or _is_count(value), False)},
+}
