@@ -31,7 +31,7 @@ from transformers import CompileConfig, GenerationConfig, GenerationMixin
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.decoding_kernel import choose_decoding_kernel
 from vanilla_transformer.export.marian import to_marian
-from vanilla_transformer.modeling.generation import gnmt_beam_search, greedy_search
+from vanilla_transformer.modeling.search import gnmt_beam_search, greedy_search
 from vanilla_transformer.inference import score_translations
 
 from .common import Timer, attention_kernels, encode, model_config, pairs, peak_memory_mb, summary, token_batch

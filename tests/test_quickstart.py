@@ -37,7 +37,7 @@ def test_quickstart_prints_a_summary_and_leaves_a_complete_folder(quickstart_fol
     assert 0 <= summary["repeating"] <= 8 and 0 <= summary["references_repeating"] <= 8
     for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "results.json",
                  "README.md", "modeling_vanilla_transformer.py", "configuration_vanilla_transformer.py",
-                 "generation.py", "pipeline_vanilla_transformer.py"):
+                 "generation.py", "search.py", "pipeline_vanilla_transformer.py"):
         assert (quickstart_folder / name).is_file(), name
     attention = quickstart_folder / "attention"
     assert (attention / "overview.png").is_file() and (attention / "bertviz.pt").is_file()

@@ -21,12 +21,9 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
 from vanilla_transformer.modeling import fast_generation as fast
 from vanilla_transformer.modeling import fast_modeling
-from vanilla_transformer.modeling import generation
-from vanilla_transformer.modeling.generation import (
-    CACHE_NAME,
-    gnmt_beam_search,
-    greedy_search,
-)
+from vanilla_transformer.modeling import search as loops
+from vanilla_transformer.modeling.generation import CACHE_NAME
+from vanilla_transformer.modeling.search import gnmt_beam_search, greedy_search
 from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
 aten = torch.ops.aten
@@ -209,7 +206,7 @@ class _HostWaits(TorchDispatchMode):
 
         monkeypatch.setattr(model.model.decoder, "forward", counted_forward)
         monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
-        monkeypatch.setattr(generation, "_source_mask", self.uncounted(generation._source_mask))
+        monkeypatch.setattr(loops, "_source_mask", self.uncounted(loops._source_mask))
 
     def uncounted(self, function):
         """`function`, what it waits for not counted."""
@@ -276,7 +273,7 @@ def test_a_beam_search_with_transformers_ranking_runs_in_transformers_loop(model
     if "max_new_tokens" in options:
         plain = {name: value for name, value in options.items() if name != "length_penalty_style"}  # ours
         assert torch.equal(GenerationMixin.generate(model, **batch, **plain).sequences, theirs.sequences)
-    monkeypatch.setattr(generation, "_LiveRows", None)  # every loop of ours starts with it
+    monkeypatch.setattr(loops, "_LiveRows", None)  # every loop of ours starts with it
     with caplog.at_level(logging.DEBUG, logger="vanilla_transformer.modeling.generation"):
         ours = model.generate(**batch, **options)
     assert "transformers' own generation loop serves this call: transformers' length penalty" in caplog.text
@@ -322,7 +319,7 @@ def test_one_rule_lets_finished_rows_leave_greedy_and_beam_search(monkeypatch):
         whole = model.generate(**batch, num_beams=beams, custom_generate=functools.partial(search, prune=False))
         assert torch.equal(pruned, whole)
         with monkeypatch.context() as patch:
-            patch.setattr(generation, "should_prune", lambda going_on, batch: False)  # the rule decides, in each search
+            patch.setattr(loops, "should_prune", lambda going_on, batch: False)  # the rule decides, in each search
             batch_sizes.clear()
             assert torch.equal(model.generate(**batch, num_beams=beams, custom_generate=search), whole)
             assert set(batch_sizes) == {16 * beams}
@@ -424,7 +421,7 @@ def packed_counts(monkeypatch):
             seen.append(sum(module in fast_modeling.current_packed_weights() for module in _packable(model)))
             yield
 
-    monkeypatch.setattr(generation, "packed_products", spy)
+    monkeypatch.setattr(loops, "packed_products", spy)
     return seen
 
 

@@ -22,10 +22,10 @@ from transformers.modeling_outputs import (
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling.generation import (
     CACHE_NAME,
-    gnmt_beam_search,
     resolve_cache_argument,
     paper_generation_config,
 )
+from vanilla_transformer.modeling.search import gnmt_beam_search
 
 PAD, BOS, EOS, A, B, C = range(6)  # PAD is also the decoder start token
 VOCAB = 6
@@ -317,7 +317,7 @@ def test_each_sentence_is_capped_at_its_source_length_plus_the_offset(mode):
 def test_the_length_cap_answers_for_the_sentences_still_in_the_batch():
     """Our searches apply the cap as a logits processor and ask it which sentences are at their last step;
     as finished sentences leave, `select` gives the cap of those that stay."""
-    from vanilla_transformer.modeling.generation import SourceLengthCap
+    from vanilla_transformer.modeling.search import SourceLengthCap
 
     cap = SourceLengthCap(torch.tensor([3, 1, 2]), eos_token_id=EOS)
     tokens = torch.zeros(6, 2, dtype=torch.long)  # the start token and one generated: the next is the second
@@ -381,7 +381,7 @@ def test_saved_folder_decodes_the_papers_way_without_the_package(toy_model, tmp_
     model = copy.deepcopy(toy_model)
     model.generation_config = paper_generation_config(model.config, max_length_offset=5)
     model.save_pretrained(tmp_path / "model")
-    assert (tmp_path / "model" / "generation.py").exists()
+    assert (tmp_path / "model" / "generation.py").exists() and (tmp_path / "model" / "search.py").exists()
     saved = GenerationConfig.from_pretrained(tmp_path / "model")
     assert (saved.num_beams, saved.length_penalty, saved.length_penalty_style, saved.max_length_offset) == (4, 0.6, "gnmt", 5)
     input_ids, attention_mask = padded_sources([8, 3])

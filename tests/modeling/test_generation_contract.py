@@ -12,10 +12,9 @@ from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForC
 from vanilla_transformer.modeling.generation import (
     paper_generation_config,
     choose_search,
-    gnmt_beam_search,
-    greedy_search,
     resolved_generation_config,
 )
+from vanilla_transformer.modeling.search import gnmt_beam_search, greedy_search
 
 
 @pytest.fixture(scope="module")

@@ -47,7 +47,8 @@ from torch.utils.data import Dataset
 from transformers import Pipeline
 
 from .value_checks import check_decoding_options
-from .generation import first_token_id, longest_target
+from .generation import longest_target
+from .search import first_token_id
 
 # What config.json names under `custom_pipelines` (the model's `save_pretrained` writes it), read by
 # transformers' `pipeline()`: "impl" is "<module file>.<class>" inside the model folder, "pt" the Auto

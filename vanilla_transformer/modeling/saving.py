@@ -34,6 +34,7 @@ CODE_FILES = (
     "saving.py",
     "fast_modeling.py",
     "generation.py",
+    "search.py",
     "fast_generation.py",
     "pipeline_vanilla_transformer.py",
 )
