@@ -1,10 +1,13 @@
 """A module's tests are found from its path: `vanilla_transformer/P/M.py` is tested in `tests/P/test_M.py`, and a
 package's `__init__.py` in `tests/P/test_P.py`. `COVERED_ELSEWHERE` is the one list of modules tested in another
 file, each with the file and why. An `__init__.py` that holds only its docstring has nothing to test.
+The command line's option machinery stays out of training/ (`TRAINING_IMPORTS`).
 Read from the file tree and with `ast`; nothing is imported."""
 
 import ast
 from pathlib import Path
+
+from test_code_shape import imported_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "vanilla_transformer"
@@ -39,6 +42,7 @@ COVERED_ELSEWHERE = {
     "modeling/saving.py": ("modeling/test_modeling_vanilla_transformer.py", "what makes a saved folder load"),
     "modeling/search.py": ("modeling/test_generation.py", "the loops `generate` runs, tested through it"),
     "modeling/value_checks.py": ("safety/test_hostile_folders.py", "bounds on the decoding options a folder holds"),
+    "option_checks.py": ("cli/test_options.py", "the bounds every command's numeric options keep"),
     "visualize/api.py": ("cli/test_serve.py", "the JSON endpoint `serve` answers on"),
     "visualize/app.py": ("cli/test_serve.py", "the app `serve` runs"),
     "visualize/score_drawings.py": ("visualize/test_neuron_view.py", "what the neuron view draws"),
@@ -101,3 +105,28 @@ def test_the_rule_maps_modules_and_packages():
     assert expected_test("tokenizer.py") == "test_tokenizer.py"
     assert expected_test("__init__.py") == "test_vanilla_transformer.py"
     assert expected_test("metrics/bleu_chrf/bleu_chrf.py") == "metrics/bleu_chrf/test_bleu_chrf.py"
+
+
+# The modules of cli/ that import training/, and what: `train` and `quickstart` run training (anything), and
+# options.py takes the options other commands share with `train` from their one declaration, TrainArguments.
+# The option machinery is cli/options.py's, the bounds option_checks.py's: neither is training's.
+TRAINING_IMPORTS = {
+    "cli/train.py": None,
+    "cli/quickstart.py": None,
+    "cli/options.py": {"vanilla_transformer.training.arguments", "vanilla_transformer.training.arguments.TrainArguments"},
+}
+
+
+def test_the_command_line_imports_training_only_to_train():
+    wrong = []
+    for path in sorted((PACKAGE / "cli").glob("*.py")):
+        module = str(path.relative_to(PACKAGE))
+        allowed = TRAINING_IMPORTS.get(module, set())
+        imported = {name for name in imported_modules(path) if name.startswith("vanilla_transformer.training")}
+        if allowed is not None and imported - allowed:
+            wrong.append(f"vanilla_transformer/{module} imports {', '.join(sorted(imported - allowed))}")
+    for path in sorted((PACKAGE / "training").glob("*.py")):  # and training/ never imports the command line
+        imported = sorted(name for name in imported_modules(path) if name.startswith("vanilla_transformer.cli"))
+        if imported:
+            wrong.append(f"{path.relative_to(ROOT)} imports {', '.join(imported)}")
+    assert not wrong, "imports across cli/ and training/:\n" + "\n".join(wrong)

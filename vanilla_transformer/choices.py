@@ -10,8 +10,9 @@ tests/test_choices.py fails on a list written twice.
 import ast
 from pathlib import Path
 
-__all__ = ["DEFAULT_VOCAB_SIZE", "ENGINES", "PAPER_WARMUP_STEPS", "PRESETS", "PRESET_NAMES", "PRESET_SHAPES", "QUANTIZATIONS",
-           "SERVE_LIMITS", "TOKENIZER_MODELS", "TRANSLATION_BATCH_SIZE"]
+__all__ = ["ATTENTION_IMPLEMENTATIONS", "BEST_METRICS", "DEFAULT_VOCAB_SIZE", "ENGINES", "FOLDER_TRACKERS", "PAPER_WARMUP_STEPS",
+           "PRESETS", "PRESET_NAMES", "PRESET_SHAPES", "QUANTIZATIONS", "SERVE_LIMITS", "TOKENIZER_MODELS", "TRACKERS",
+           "TRANSLATION_BATCH_SIZE"]
 
 DEFAULT_VOCAB_SIZE = 8000  # docs/tokenizer.md: the paper's 37k was for 4.5M pairs, the Bible corpora have ~29k
 PAPER_WARMUP_STEPS = 4000  # §5.3
@@ -42,6 +43,15 @@ QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "int8_float16", "
 # What decodes for `translate` and `evaluate` (--engine): the model's own generate, or CTranslate2 on an export.
 ENGINES = ("transformers", "ctranslate2")
 TRANSLATION_BATCH_SIZE = 32  # texts per batch when translating: --batch-size's default and the library's
+
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")  # transformers' names
+BEST_METRICS = {"bleu": max, "chrf": max, "loss": min}  # validation scores a checkpoint is chosen by, and which way
+# Accelerate's trackers, each with the package it needs (an optional extra of this one, pyproject.toml).
+TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "comet_ml": "comet_ml", "aim": "aim",
+            "clearml": "clearml", "dvclive": "dvclive", "swanlab": "swanlab", "trackio": "trackio"}
+# The trackers that write only under OUTPUT_DIR/runs: `resume` restores these, and says so (the others act outside
+# the run's folder, and are taken from the command line alone).
+FOLDER_TRACKERS = ("tensorboard",)
 
 # What one visitor of `serve` (and of a Space) may ask, by default: visualize/app.py's `Limits`.
 SERVE_LIMITS = {

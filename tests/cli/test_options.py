@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vanilla_transformer import cli
-from vanilla_transformer.training.arguments import BoundedOption
+from vanilla_transformer.cli.options import BoundedOption
 
 
 def _help_line(command: str, option: str) -> str:

@@ -15,19 +15,12 @@ import sys
 import pytest
 
 from vanilla_transformer import cli
+from vanilla_transformer.choices import PRESET_NAMES, TRACKERS
+from vanilla_transformer.cli.options import argparse_options
+from vanilla_transformer.cli.train import add_arguments
 from vanilla_transformer.modeling.configuration_vanilla_transformer import PRESETS
 from vanilla_transformer.tokenizer import DEFAULT_MIN_FREQUENCY
-from vanilla_transformer.training.arguments import (
-    DATA_GROUP,
-    GROUPS,
-    PRESET_NAMES,
-    RUN_OPTIONS,
-    TRACKERS,
-    TrainArguments,
-    add_arguments,
-    argparse_options,
-    option,
-)
+from vanilla_transformer.training.arguments import DATA_GROUP, GROUPS, RUN_OPTIONS, TrainArguments, option
 from vanilla_transformer.training.schedule import SCHEDULES
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainArguments)}

@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from vanilla_transformer.choices import TRACKERS
 from vanilla_transformer.cli import main
-from vanilla_transformer.training.arguments import TRACKERS
 from vanilla_transformer.training.checkpoints import list_checkpoints
 from vanilla_transformer.training.logs import LOG_FILE, Losses, TrainingLog, read_log
 

@@ -1,15 +1,19 @@
 """What several commands share: their options, declared once, and the one-line refusal of bad input.
 An option a command shares with `train` takes its default and help from TrainArguments
-(training/arguments.py, which imports no torch)."""
+(training/arguments.py, which imports no torch): `argparse_options` turns a field into the keywords of
+`add_argument`, as transformers' HfArgumentParser does, and `BoundedOption` refuses a number beyond its bound
+(option_checks.py's BOUNDS) as the command line is read."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 from typing import NoReturn
 
 from ..choices import ENGINES, TRANSLATION_BATCH_SIZE
-from ..training.arguments import BoundedOption, argparse_options
+from ..option_checks import BOUNDS, field_kind, within_bound
+from ..training.arguments import TrainArguments
 
 
 def refuse(parser: argparse.ArgumentParser, err: Exception) -> NoReturn:
@@ -17,6 +21,62 @@ def refuse(parser: argparse.ArgumentParser, err: Exception) -> NoReturn:
     (argparse's own `error`, which also prints the usage, is for arguments that are malformed.)"""
     full = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
     parser.exit(1 if full else 2, f"{parser.prog}: error: {err}\n")
+
+
+class BoundedOption(argparse.Action):
+    """Stores a numeric option's value, or refuses it in one line, exit status 2, as the command line is read:
+    "--option must be <what BOUNDS calls `bound`>; got <value>", the one form of every command's numeric bounds.
+    `high`: an upper bound besides (a function, called only when the option is given, so that --help imports
+    nothing), and `why`, what it is."""
+
+    def __init__(self, option_strings, dest, bound: str, high=None, why: str = "", **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.bound, self.high, self.why = bound, high, why
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        what = BOUNDS[self.bound, self.type][0]
+        high = self.high() if callable(self.high) else self.high
+        if high is not None:
+            what = f"{what} up to {high}{self.why}"
+        if not within_bound(self.bound, self.type, value) or (high is not None and value > high):
+            parser.exit(2, f"{parser.prog}: error: {self.option_strings[0]} must be {what}; got {value!r}\n")
+        setattr(namespace, self.dest, value)
+
+
+def boolean(text: str) -> bool:
+    """A typed true or false, as transformers' HfArgumentParser reads one."""
+    if text.lower() in ("true", "yes", "1"):
+        return True
+    if text.lower() in ("false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false; got {text!r}")
+
+
+def argparse_options(name: str, arguments: type = TrainArguments, **changes) -> dict:
+    """The keywords of `add_argument` for the field `name` (its `--kebab-case` flag aside), as `train` declares it;
+    `changes` replace some for another command (say, `default=None`, `shown_default="the model's"`)."""
+    f = next(f for f in dataclasses.fields(arguments) if f.name == name)
+    kind, _ = field_kind(arguments, f)
+    options = {"help": f.metadata["help"], "default": f.default}
+    if kind is dict:
+        options["default"] = ""  # KEY=VALUE,... as typed: the command reads it (cli/train.py's _parse_overrides)
+    elif f.default is dataclasses.MISSING:
+        options.update(required=True, default=None)
+    elif kind is bool and f.default is None:  # left out, the run chooses: --flag (true) or --flag true/false
+        options.update(type=boolean, nargs="?", const=True, metavar="true|false")
+    elif kind is bool:
+        options["action"] = "store_true"
+    elif kind is not str:
+        options["type"] = kind
+    if "bound" in f.metadata:  # refused as the command line is read, in BoundedOption's words
+        options.update(action=BoundedOption, **{key: f.metadata[key] for key in ("bound", "high", "why") if key in f.metadata})
+    options.update({key: f.metadata[key] for key in ("choices", "metavar") if key in f.metadata})
+    options.update(changes)
+    default = options["default"]  # None, False and "": the help says what leaving the option out does
+    shown = options.pop("shown_default", None if default is None or default is False or default == "" else "%(default)s")
+    if shown is not None:
+        options["help"] += f" (default: {shown})"
+    return options
 
 
 def add_data_options(
@@ -94,7 +154,7 @@ def add_device_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> N
 
 
 def add_bounded_int(p, flag: str, bound: str = "positive", high=None, why: str = "", **kwargs) -> None:
-    """An integer option that keeps `bound` (a name in training/arguments.py's BOUNDS) and `high`, checked as the
+    """An integer option that keeps `bound` (a name in option_checks.py's BOUNDS) and `high`, checked as the
     command line is read, in the words of `train`'s options; `why`: what the upper bound is."""
     p.add_argument(flag, type=int, action=BoundedOption, bound=bound, high=high, why=why, **kwargs)
 

@@ -6,8 +6,7 @@ import argparse
 from functools import partial
 
 from ..choices import PRESET_NAMES, PRESET_SHAPES
-from ..training.arguments import argparse_options
-from .options import add_threads_option, refuse
+from .options import add_threads_option, argparse_options, refuse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

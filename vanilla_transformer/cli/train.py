@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from functools import partial
 
-from ..training.arguments import add_arguments
-from .options import refuse
+from ..training.arguments import GROUPS, TrainArguments
+from .options import argparse_options, refuse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -25,8 +26,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=partial(run, p))
 
 
+def add_arguments(parser: argparse.ArgumentParser, arguments: type = TrainArguments) -> None:
+    """One option per field of `arguments` (a TrainArguments, or a subclass or copy of it), in `GROUPS`."""
+    groups = {title: parser.add_argument_group(title, description) for title, description in GROUPS.items()}
+    for f in dataclasses.fields(arguments):
+        groups[f.metadata["group"]].add_argument("--" + f.name.replace("_", "-"), **argparse_options(f.name, arguments))
+
+
 def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from ..training.arguments import TrainArguments
     from ..training.loop import train
     from ..training.resume import restore_options
     from ..training.signals import TrainingInterrupted
@@ -51,10 +58,6 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def _typed_options(argv: list[str]) -> set[str]:
     """The `train` options typed on the command line `argv` (abbreviated or not), as TrainArguments names them."""
-    import dataclasses
-
-    from ..training.arguments import TrainArguments, argparse_options
-
     parser = argparse.ArgumentParser(add_help=False)
     for f in dataclasses.fields(TrainArguments):
         parser.add_argument("--" + f.name.replace("_", "-"),

@@ -2,44 +2,43 @@
 
 Each field carries its help, its group of `train --help` and, where it has them, its choices and the
 bound it must keep (`positive`, `non-negative`, `fraction`), as transformers' `TrainingArguments` carries
-them in `field(metadata=...)`. `train`'s command line is generated from the fields (`add_arguments`), so a
+them in `field(metadata=...)`. `train`'s command line is generated from the fields (cli/train.py's `add_arguments`), so a
 default, choice or bound is written nowhere else: the command line refuses a value beyond its bound as it is
-read (`BoundedOption`, the form every command's numeric options share), and `validate` checks the bounds and
-choices from the same metadata, and the rules between options by hand. This module imports neither torch nor transformers, so
+read (cli/options.py's `BoundedOption`, the form every command's numeric options share, with the bounds of
+option_checks.py), and `validate` checks the bounds and choices from the same metadata, and the rules between
+options by hand. This module imports neither torch nor transformers, so
 that `vanilla-transformer train --help` stays instant: `validate` imports the model's checks when it runs.
 """
 
-import argparse
 import dataclasses
 import importlib.util
 import inspect
-import math
-import numbers
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..choices import DEFAULT_VOCAB_SIZE, PAPER_WARMUP_STEPS, PRESET_NAMES, PRESET_SHAPES, TOKENIZER_MODELS
+from ..choices import (
+    ATTENTION_IMPLEMENTATIONS,
+    BEST_METRICS,
+    DEFAULT_VOCAB_SIZE,
+    PAPER_WARMUP_STEPS,
+    PRESET_NAMES,
+    PRESET_SHAPES,
+    TOKENIZER_MODELS,
+    TRACKERS,
+)
 from ..file_checks import check_repo_id
-from ..threads import machine_cpus
+from ..option_checks import BOUNDS, field_kind, max_num_beams, within_bound
 from .schedule import SCHEDULES, check_schedule, schedule_summary
 
-__all__ = ["ATTENTION_IMPLEMENTATIONS", "BATCH_PLAN_OPTIONS", "CPU_MAX_TOKENS", "DEFAULT_DDP_TIMEOUT", "DEFAULT_VOCAB_SIZE", "FOLDER_TRACKERS",
-           "NEVER_RESTORED",
-           "PAPER_WARMUP_STEPS", "SCHEDULES", "TrainArguments", "add_arguments", "argparse_options", "check_option"]
+__all__ = ["BATCH_PLAN_OPTIONS", "CPU_MAX_TOKENS", "DEFAULT_DDP_TIMEOUT", "DEFAULT_VOCAB_SIZE", "NEVER_RESTORED",
+           "PAPER_WARMUP_STEPS", "SCHEDULES", "TrainArguments", "check_option"]
 
 CPU_MAX_TOKENS = 4096  # `max_tokens` off a GPU, where the paper's batch would make every step long
 # Seconds a process waits in a collective for the others: the main process learns the vocabulary and
 # tokenises a WMT-size corpus meanwhile, which outlasts NCCL's default of 10 minutes.
 DEFAULT_DDP_TIMEOUT = 3 * 60 * 60
-ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")  # transformers' names
 COMPILE_BACKENDS = ("inductor", "aot_eager")  # torch.compile's: kernels generated, or torch's own on the same graphs
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # inductor's
-BEST_METRICS = {"bleu": max, "chrf": max, "loss": min}  # validation scores a checkpoint is chosen by, and which way
-# Accelerate's trackers, each with the package it needs (an optional extra of this one, pyproject.toml).
-TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "comet_ml": "comet_ml", "aim": "aim",
-            "clearml": "clearml", "dvclive": "dvclive", "swanlab": "swanlab", "trackio": "trackio"}
 
 LORA_TARGETS = "q_proj,k_proj,v_proj,out_proj"  # the attention projections, self and cross
 TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")  # the config takes them from the tokenizer
@@ -56,9 +55,8 @@ RUN_OPTIONS = ("dataset", "dataset_config", "columns", "source_lang", "target_la
 BATCH_PLAN_OPTIONS = ("max_tokens", "gradient_accumulation_steps")
 # What acts outside the run's folder (an upload, a tracker) or names it: `resume` takes these from the command line
 # alone, never from a record in the folder, which anyone who can write there could have edited.
+# (A tracker of choices.py's FOLDER_TRACKERS, which writes only in the folder, is restored all the same.)
 NEVER_RESTORED = ("output_dir", "resume", "push_to_hub", "report_to")
-# ... except the trackers that write only under OUTPUT_DIR/runs: `resume` restores these, and says so.
-FOLDER_TRACKERS = ("tensorboard",)
 
 # The groups of `train --help`, in order, each with what it says beyond its options.
 DATA_GROUP = "data"
@@ -84,55 +82,6 @@ GROUPS = {
         "Not in the paper, which averages the last checkpoints (§6.1); fairseq's checkpoint_best and --patience.",
     OUTPUT_GROUP: None,
 }
-# The bounds a field's metadata may name, by the field's type: what an error calls it, and the test.
-BOUNDS = {
-    ("positive", int): ("a positive integer", lambda value: value >= 1),
-    ("non-negative", int): ("a non-negative integer", lambda value: value >= 0),
-    ("positive", float): ("a positive number", lambda value: value > 0),
-    ("non-negative", float): ("a non-negative number", lambda value: value >= 0),
-    ("fraction", float): ("a number in [0, 1)", lambda value: 0 <= value < 1),
-    # More threads than CPUs only wait for one another; tens of thousands fail to start and crash the process.
-    ("cpus", int): (f"a positive integer up to {machine_cpus()} (this machine's CPUs)",
-                    lambda value: 1 <= value <= machine_cpus()),
-    ("seed", int): ("an integer in [0, 2**32)", lambda value: 0 <= value < 2**32),  # what NumPy's generator takes
-    ("port", int): ("in 1..65535", lambda value: 0 < value < 65536),
-}
-
-
-def max_num_beams() -> int:
-    from ..modeling.value_checks import MAX_NUM_BEAMS  # here, not above: the model's checks bring transformers
-
-    return MAX_NUM_BEAMS
-
-
-def within_bound(bound: str, kind: type, value) -> bool:
-    """Whether `value` is a number of `kind` (a finite one, for a float) that keeps `bound`, a name in BOUNDS."""
-    if kind is float:
-        number = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    else:
-        number = isinstance(value, int) and not isinstance(value, bool)
-    return number and BOUNDS[bound, kind][1](value)
-
-
-class BoundedOption(argparse.Action):
-    """Stores a numeric option's value, or refuses it in one line, exit status 2, as the command line is read:
-    "--option must be <what BOUNDS calls `bound`>; got <value>", the one form of every command's numeric bounds.
-    `high`: an upper bound besides (a function, called only when the option is given, so that --help imports
-    nothing), and `why`, what it is."""
-
-    def __init__(self, option_strings, dest, bound: str, high=None, why: str = "", **kwargs):
-        super().__init__(option_strings, dest, **kwargs)
-        self.bound, self.high, self.why = bound, high, why
-
-    def __call__(self, parser, namespace, value, option_string=None):
-        what = BOUNDS[self.bound, self.type][0]
-        high = self.high() if callable(self.high) else self.high
-        if high is not None:
-            what = f"{what} up to {high}{self.why}"
-        if not within_bound(self.bound, self.type, value) or (high is not None and value > high):
-            parser.exit(2, f"{parser.prog}: error: {self.option_strings[0]} must be {what}; got {value!r}\n")
-        setattr(namespace, self.dest, value)
-
 
 def option(default=dataclasses.MISSING, *, group: str, help: str, **metadata):
     """A field of `TrainArguments` with what its command-line option needs: its group, help and any of
@@ -350,7 +299,7 @@ class TrainArguments:
         from ..tokenizer import MIN_VOCAB_SIZE
 
         for f in dataclasses.fields(self):
-            _check_field(f, _hint(type(self), f), getattr(self, f.name))
+            _check_field(type(self), f, getattr(self, f.name))
         if self.vocab_size < MIN_VOCAB_SIZE:  # before the data is read, not after the tokenizer's training starts
             raise ValueError(f"`vocab_size` must be at least {MIN_VOCAB_SIZE} (the 256 bytes every vocabulary starts "
                              f"with, and the special tokens); got {self.vocab_size}.")
@@ -467,7 +416,7 @@ class TrainArguments:
 def check_option(name: str, value) -> None:
     """The value of one option of `TrainArguments` (say, one a checkpoint records): its type, choices and bound."""
     f = next(f for f in dataclasses.fields(TrainArguments) if f.name == name)
-    _check_field(f, _hint(TrainArguments, f), value)
+    _check_field(TrainArguments, f, value)
 
 
 # What an error calls each type of option, and the test of a value (an int stands for a float).
@@ -480,9 +429,9 @@ OPTION_TYPES = {
 }
 
 
-def _check_field(f: dataclasses.Field, hint, value) -> None:
+def _check_field(arguments: type, f: dataclasses.Field, value) -> None:
     """A field's type, choices and bound, from its metadata: "`name` must be <what> [or None]; got <value>."."""
-    kind, optional = _kind(hint)
+    kind, optional = field_kind(arguments, f)
     if value is None and optional:
         return
     choices, bound = f.metadata.get("choices"), f.metadata.get("bound")
@@ -495,59 +444,3 @@ def _check_field(f: dataclasses.Field, hint, value) -> None:
     if bound is not None and not within_bound(bound, kind, value):
         raise ValueError(f"`{f.name}` must be {BOUNDS[bound, kind][0]}{' or None' * optional}; got {value!r}.")
 
-
-def _hint(arguments: type, f: dataclasses.Field):
-    """A field's annotation: the type itself here (no postponed annotations in this module: evaluating strings
-    for every option would slow `--help`), a string in a subclass written with them."""
-    return typing.get_type_hints(arguments)[f.name] if isinstance(f.type, str) else f.type
-
-
-def _kind(hint) -> tuple[type, bool]:
-    """(the type a field holds, whether it may be None), from `int`, `int | None` and the like."""
-    if isinstance(hint, types.UnionType):
-        kinds = [kind for kind in typing.get_args(hint) if kind is not type(None)]
-        return kinds[0], len(kinds) < len(typing.get_args(hint))
-    return hint, False
-
-
-def boolean(text: str) -> bool:
-    """A typed true or false, as transformers' HfArgumentParser reads one."""
-    if text.lower() in ("true", "yes", "1"):
-        return True
-    if text.lower() in ("false", "no", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false; got {text!r}")
-
-
-def argparse_options(name: str, arguments: type = TrainArguments, **changes) -> dict:
-    """The keywords of `add_argument` for the field `name` (its `--kebab-case` flag aside), as `train` declares it;
-    `changes` replace some for another command (say, `default=None`, `shown_default="the model's"`)."""
-    f = next(f for f in dataclasses.fields(arguments) if f.name == name)
-    kind, _ = _kind(_hint(arguments, f))
-    options = {"help": f.metadata["help"], "default": f.default}
-    if kind is dict:
-        options["default"] = ""  # KEY=VALUE,... as typed: the command reads it (cli/train.py's _parse_overrides)
-    elif f.default is dataclasses.MISSING:
-        options.update(required=True, default=None)
-    elif kind is bool and f.default is None:  # left out, the run chooses: --flag (true) or --flag true/false
-        options.update(type=boolean, nargs="?", const=True, metavar="true|false")
-    elif kind is bool:
-        options["action"] = "store_true"
-    elif kind is not str:
-        options["type"] = kind
-    if "bound" in f.metadata:  # refused as the command line is read, in BoundedOption's words
-        options.update(action=BoundedOption, **{key: f.metadata[key] for key in ("bound", "high", "why") if key in f.metadata})
-    options.update({key: f.metadata[key] for key in ("choices", "metavar") if key in f.metadata})
-    options.update(changes)
-    default = options["default"]  # None, False and "": the help says what leaving the option out does
-    shown = options.pop("shown_default", None if default is None or default is False or default == "" else "%(default)s")
-    if shown is not None:
-        options["help"] += f" (default: {shown})"
-    return options
-
-
-def add_arguments(parser: argparse.ArgumentParser, arguments: type = TrainArguments) -> None:
-    """One option per field of `arguments` (a TrainArguments, or a subclass or copy of it), in `GROUPS`."""
-    groups = {title: parser.add_argument_group(title, description) for title, description in GROUPS.items()}
-    for f in dataclasses.fields(arguments):
-        groups[f.metadata["group"]].add_argument("--" + f.name.replace("_", "-"), **argparse_options(f.name, arguments))

@@ -13,11 +13,11 @@ from pathlib import Path
 
 from accelerate.logging import get_logger
 
+from ..choices import FOLDER_TRACKERS
 from ..file_checks import read_json
 from ..hub import RESULTS_FILE
 from .arguments import (
     BATCH_PLAN_OPTIONS,
-    FOLDER_TRACKERS,
     NEVER_RESTORED,
     RUN_OPTIONS,
     TrainArguments,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from accelerate.logging import get_logger
 
-from .arguments import ATTENTION_IMPLEMENTATIONS, BEST_METRICS
+from ..choices import ATTENTION_IMPLEMENTATIONS, BEST_METRICS
 from .checkpoints import STATE_FILE, read_state
 
 __all__ = ["MAX_PART_SECONDS", "RunState", "check_state", "part_problem"]
