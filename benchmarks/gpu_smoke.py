@@ -124,7 +124,7 @@ def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: st
     components = Components(accelerator, model, optimizer, scheduler, Path("unused"), TrainArguments(output_dir="unused"),
                             compiled=compiled)
     state = RunState()
-    budget = Budget(progress=state)  # no limit: the caller says how many steps
+    budget = Budget(state=state)  # no limit: the caller says how many steps
     source = {"batches": None}
 
     def step() -> tuple[int, dict]:

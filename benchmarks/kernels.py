@@ -168,7 +168,7 @@ def ours_step(config, batch: dict, device: str, precision: str):
     batch = {name: tensor.to(accelerator.device) for name, tensor in batch.items()}
     tokens = int((batch["labels"] != -100).sum())
     state = RunState()
-    budget = Budget(progress=state)
+    budget = Budget(state=state)
 
     def step():
         with training_sdpa_backends(accelerator.device):  # as the training loop runs every step

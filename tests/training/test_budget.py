@@ -11,16 +11,16 @@ from vanilla_transformer.training.run_state import RunState
 def test_the_steps_left_are_those_of_the_first_limit():
     assert Budget().remaining_steps(10) == math.inf and not Budget().spent(10)
     assert Budget(max_steps=100).remaining_steps(40) == 60
-    progress = RunState(epoch=1, batches_done=4)
+    state = RunState(epoch=1, batches_done=4)
     # Two epochs of 10 batches, 2 per step: the second epoch has 6 batches left, 3 steps.
-    epochs = Budget(num_epochs=2, accumulation=2, epoch_batches=10, progress=progress)
+    epochs = Budget(num_epochs=2, accumulation=2, epoch_batches=10, state=state)
     assert epochs.remaining_steps(7) == 3 and not epochs.epochs_done()
-    progress.epoch = 2
+    state.epoch = 2
     assert epochs.epochs_done()
     # 10 steps timed in 60 s of a 5-minute limit: 6 s a step, 240 s left, 40 steps, less the one under way.
     timed = Budget(time_limit=5, start_step=0, elapsed=60.0)
     assert timed.remaining_steps(11) == pytest.approx(39)
-    assert Budget(max_steps=100, num_epochs=2, epoch_batches=10, progress=RunState()).remaining_steps(0) == 20
+    assert Budget(max_steps=100, num_epochs=2, epoch_batches=10, state=RunState()).remaining_steps(0) == 20
 
 
 def test_the_budget_is_spent_at_max_steps_past_the_time_limit_or_on_a_stop_signal():

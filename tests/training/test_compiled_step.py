@@ -65,7 +65,7 @@ def train(batches, mixed_precision: str, compiled: CompiledLoss | None):
     components = Components(accelerator, model, optimizer, scheduler, Path("unused"), TrainArguments(output_dir="unused"),
                             compiled=compiled)
     state = RunState()
-    budget = Budget(progress=state)
+    budget = Budget(state=state)
     losses = []
     for b in batches:
         micro_batches = [(b, int((b["labels"] != IGNORE_INDEX).sum()))]

@@ -132,8 +132,8 @@ def test_a_step_on_bf16_weights_casts_a_handful_of_times_where_autocast_casts_at
         b = batch()
         tokens = int((b["labels"] != -100).sum())
         state = RunState()
-        train_step(components, [(b, tokens)], 0, Budget(progress=state))  # Adam's state made
-        counts[forced] = count_kernels(lambda: train_step(components, [(b, tokens)], 1, Budget(progress=state)))
+        train_step(components, [(b, tokens)], 0, Budget(state=state))  # Adam's state made
+        counts[forced] = count_kernels(lambda: train_step(components, [(b, tokens)], 1, Budget(state=state)))
         losses[forced] = components.losses
     assert counts["1"].casts < counts["0"].casts / 4
     assert counts["1"]["aten._foreach_copy_"] == 2  # the copies refreshed, the gradients handed back

@@ -108,7 +108,7 @@ def make_run(tmp_path, model, mixed_precision="no"):
     state = RunState()
     components = Components(accelerator, model, optimizer, scheduler, tmp_path / "checkpoints",
                             TrainArguments(output_dir=str(tmp_path)))
-    return SimpleNamespace(components=components, state=state, budget=Budget(progress=state))
+    return SimpleNamespace(components=components, state=state, budget=Budget(state=state))
 
 
 def one_step(run, micro_batches):

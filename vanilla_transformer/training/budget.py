@@ -26,7 +26,7 @@ class Budget:
     time_limit: float | None = None
     accumulation: int = 1  # batches per optimiser step
     epoch_batches: int = 0  # batches per epoch on each process
-    progress: RunState = field(default_factory=RunState)  # the epoch and its batches done, for `num_epochs`
+    state: RunState = field(default_factory=RunState)  # the run's, read (never written) for its step and epochs done
     start_step: int = 0  # where this session began
     started: float = field(default_factory=time.perf_counter)
     elapsed: float = 0.0  # seconds trained since `started` on the main process, as of the current step (alike on every process)
@@ -53,7 +53,7 @@ class Budget:
         if self.max_steps is not None:
             left.append(self.max_steps - step)
         if self.num_epochs is not None:
-            batches = (self.num_epochs - self.progress.epoch) * self.epoch_batches - self.progress.batches_done
+            batches = (self.num_epochs - self.state.epoch) * self.epoch_batches - self.state.batches_done
             left.append(batches / self.accumulation)
         timed = step - 1 - self.start_step  # steps whose time `elapsed` (measured as step `step` began) covers
         if self.time_limit is not None and timed > 0:
@@ -72,7 +72,7 @@ class Budget:
         return self.max_steps is not None and step >= self.max_steps
 
     def epochs_done(self) -> bool:
-        return self.num_epochs is not None and self.progress.epoch >= self.num_epochs
+        return self.num_epochs is not None and self.state.epoch >= self.num_epochs
 
     def out_of_time(self) -> bool:
         return self.time_limit is not None and self.before + self.elapsed > self.time_limit * 60
@@ -81,17 +81,13 @@ class Budget:
         """Seconds of this session so far that the time limit counts: all but validating."""
         return time.perf_counter() - self.started - self.scoring
 
-    def end_part(self) -> None:
-        """Record this session's part of the run as of now (before a checkpoint, and at the end)."""
-        self.progress.end_part(self.training_seconds(), self.scoring)
-
     def describe(self) -> str:
         """The run's budget, its limits and what is spent of each: "step 6 of `max_steps` 8; 0.4 of `time_limit` 5 min"."""
         spent = []
         if self.max_steps is not None:
-            spent.append(f"step {self.progress.step} of `max_steps` {self.max_steps}")
+            spent.append(f"step {self.state.step} of `max_steps` {self.max_steps}")
         if self.num_epochs is not None:
-            spent.append(f"epoch {self.progress.epoch} of `num_epochs` {self.num_epochs}")
+            spent.append(f"epoch {self.state.epoch} of `num_epochs` {self.num_epochs}")
         if self.time_limit is not None:
             spent.append(f"{(self.before + self.elapsed) / 60:.2f} of `time_limit` {self.time_limit:g} min")
         return "; ".join(spent)

@@ -66,7 +66,7 @@ def finished_step(args: TrainArguments) -> int | None:
     if any(given.get(name) != value for name, value in (state.options or {}).items()
            if name not in BUDGET_OPTIONS and name not in NEVER_RESTORED):
         return None
-    budget = Budget(**{name: given[name] for name in BUDGET_OPTIONS}, progress=state,
+    budget = Budget(**{name: given[name] for name in BUDGET_OPTIONS}, state=state,
                     before=sum(part["seconds"] for part in state.parts))
     stopped_early = state.out_of_patience(given["patience"])
     if not (budget.spent(state.step) or budget.epochs_done() or stopped_early):

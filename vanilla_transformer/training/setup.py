@@ -116,7 +116,7 @@ def set_up(args: TrainArguments, accelerator, lock: RunLock | None = None) -> tu
     sampler = training_sampler(accelerator, train_split, state.epoch, args.max_tokens, args.seed,
                                shape_count=args.bucket_shapes, compiled=args.compile_asked())
     budget = Budget(args.max_steps, args.num_epochs, args.time_limit, args.gradient_accumulation_steps,
-                    epoch_batches=len(sampler.local_batches(state.epoch)), progress=state, start_step=state.step,
+                    epoch_batches=len(sampler.local_batches(state.epoch)), state=state, start_step=state.step,
                     before=state.begin_part())  # the run's new part begins here
     # The scheduler is not prepared: Accelerate would step it once per process, and the Noam schedule counts
     # optimiser steps. It is registered so that save_state/load_state keep it.
