@@ -524,9 +524,11 @@ def test_a_byte_order_mark_does_not_change_the_first_lines_translation(hub_tiny_
 _FULL_DISK_AT = """
 import errno, os, sys
 from vanilla_transformer.cli import main, train_tokenizer
+from vanilla_transformer.staging import DiskFull
 
-def fill_the_disk(parser, args):  # what a write to a full disk raises, naming its file as os.open does
-    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(args.output_dir, "tokenizer.json"))
+def fill_the_disk(parser, args):  # what a write to a full disk raises, naming its file
+    path = os.path.join(args.output_dir, "tokenizer.json")
+    raise {error}
 
 train_tokenizer.run = fill_the_disk
 sys.exit(main(sys.argv[1:]))
@@ -534,12 +536,18 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.slow
-def test_a_full_disk_names_the_file_that_could_not_be_written(tmp_path):
+@pytest.mark.parametrize("error, reason", [
+    ("OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)", "No space left on device"),  # as os.open raises it
+    ("OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), path)", "Disk quota exceeded"),
+    ('DiskFull(f"could not write {path}: no space left on device")', "no space left on device"),  # staging's
+])
+def test_a_full_disk_names_the_file_that_could_not_be_written(tmp_path, error, reason):
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-c", _FULL_DISK_AT, "train-tokenizer", "--output-dir", str(tmp_path / "tok")],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", _FULL_DISK_AT.format(error=error), "train-tokenizer", "--output-dir",
+                             str(tmp_path / "tok")], capture_output=True, text=True, timeout=300)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert result.stderr.strip().splitlines()[-1] == (f"vanilla-transformer train-tokenizer: error: cannot write "
-                                                      f"{tmp_path / 'tok' / 'tokenizer.json'}: No space left on device")
+    assert result.stderr.strip().splitlines()[-1] == (f"vanilla-transformer train-tokenizer: error: "
+                                                      f"{'could not' if 'DiskFull' in error else 'cannot'} write "
+                                                      f"{tmp_path / 'tok' / 'tokenizer.json'}: {reason}")

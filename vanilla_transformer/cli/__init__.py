@@ -66,11 +66,13 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail again
         return 141
     except OSError as err:
-        if sys.stdout is None or err.errno not in (errno.ENOSPC, errno.EBADF, errno.EIO):
+        if sys.stdout is None or err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EBADF, errno.EIO):
             raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         what = "the output" if err.filename is None else os.fsdecode(err.filename)  # a file, when the error names one
-        print(f"vanilla-transformer {args.command}: error: cannot write {what}: {err.strerror}", file=sys.stderr)
+        # staging's DiskFull has no strerror: its message names the file and the cause
+        message = str(err) if err.strerror is None else f"cannot write {what}: {err.strerror}"
+        print(f"vanilla-transformer {args.command}: error: {message}", file=sys.stderr)
         return 1
     except BaseException as err:
         if type(err).__name__ != "PanicException":  # the tokenizers library's panic: a BaseException from Rust
