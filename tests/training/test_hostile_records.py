@@ -56,7 +56,7 @@ def _refused_in_one_line(result, *expected):
 def test_resume_never_takes_an_option_acting_outside_the_folder_from_a_record(name, value, run):
     # A recorded push_to_hub was trusted as a typed one: nothing was said at start, an upload was tried at
     # the end. A recorded tracker was started likewise.
-    _edit_state(run, lambda state: state["options"].update({name: value}))
+    _edit_state(run, lambda state: state["recorded_options"].update({name: value}))
     result = run_cli("train", "--resume", "--output-dir", run, "--max-steps", 3)
     assert result.returncode == 0, result.stderr[-2000:]
     start = result.stderr.index("resume: the options of the run")
@@ -73,7 +73,7 @@ def test_resume_never_takes_an_option_acting_outside_the_folder_from_a_record(na
 def test_a_recorded_option_of_the_wrong_type_is_refused_in_one_line(run):
     # A seed edited to "abc" (in both records, so that they agree) ended in numpy's TypeError traceback.
     def edit(state):
-        state["options"]["seed"] = state["run_options"]["seed"] = "abc"
+        state["recorded_options"]["seed"] = state["run_options"]["seed"] = "abc"
 
     path = _edit_state(run, edit)
     result = run_cli("train", "--resume", "--output-dir", run, "--max-steps", 3)
@@ -96,7 +96,7 @@ def test_a_recorded_state_outside_what_a_run_records_is_refused_in_one_line(name
     # once the run was validated.
     def edit(state):
         state.update({name: value})
-        state["options"]["attn_implementation"] = None  # the run's own choice, then: the recorded one is used
+        state["recorded_options"]["attn_implementation"] = None  # the run's own choice, then: the recorded one is used
 
     path = _edit_state(run, edit)
     result = run_cli("train", "--resume", "--output-dir", run, "--max-steps", 3)
@@ -166,7 +166,7 @@ def test_edited_parts_of_a_run_are_refused_in_one_line_naming_the_file(parts, ex
 @pytest.mark.slow
 def test_a_recorded_thread_count_beyond_the_machines_cpus_is_refused_in_one_line(run):
     # 100,000 threads were restored, then a MemoryError traceback.
-    path = _edit_state(run, lambda state: state["options"].update(threads=100000))
+    path = _edit_state(run, lambda state: state["recorded_options"].update(threads=100000))
     result = run_cli("train", "--resume", "--output-dir", run, "--max-steps", 3)
     _refused_in_one_line(result, f"`resume`: {path} records an option that is refused: `threads` must be a positive "
                                  f"integer up to {os.cpu_count()} (this machine's CPUs) or None; got 100000.")

@@ -50,7 +50,7 @@ def test_options_typed_at_a_resume_stay_the_runs_and_a_new_validation_size_start
     assert [(r["step"], r["translated"]) for r in validations] == [(2, 2), (3, 3), (4, 3), (5, 3), (6, 3)]
     state = json.loads((out / "checkpoints" / "checkpoint-00000006" / "trainer_state.json").read_text())
     assert {record["eval_samples"] for record in state["best"]} == {3}
-    assert (state["options"]["eval_samples"], state["options"]["eval_steps"]) == (3, 1)
+    assert (state["recorded_options"]["eval_samples"], state["recorded_options"]["eval_steps"]) == (3, 1)
     events = sorted((out / "runs").rglob("events.out.tfevents.*"))
     assert len({p.parent for p in events}) >= 3, events  # a tracker's log for every part, the third's included
     card = (out / "README.md").read_text()
@@ -105,14 +105,14 @@ def test_a_resume_through_the_python_api_goes_on_with_the_batches_the_run_starte
     assert result.stderr.count("is done") == 1 and "Nothing to do" in result.stderr
     state = read_state(latest_checkpoint(run / "checkpoints"))
     assert latest_checkpoint(run / "checkpoints").name.endswith("4")
-    assert state["run_options"]["max_tokens"] == state["options"]["max_tokens"] == 256  # not the CPU's default plan
+    assert state["run_options"]["max_tokens"] == state["recorded_options"]["max_tokens"] == 256  # not the CPU's default plan
 
 
-def _recorded(tmp_path, options: dict) -> Path:
-    """A run folder whose one checkpoint records `options`, as `train` writes them."""
+def _recorded(tmp_path, options: dict, key: str = "recorded_options") -> Path:
+    """A run folder whose one checkpoint records `options` under `key`, as `train` writes them."""
     checkpoint = tmp_path / "run" / "checkpoints" / "checkpoint-00000002"
     checkpoint.mkdir(parents=True)
-    (checkpoint / "trainer_state.json").write_text(json.dumps({"step": 2, "options": options}))
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"step": 2, key: options}))
     return checkpoint / "trainer_state.json"
 
 
@@ -123,6 +123,15 @@ def test_a_resume_through_the_python_api_takes_the_recorded_batch_plan_alone_whe
     assert (restored.max_tokens, restored.gradient_accumulation_steps) == (256, 2)
     assert restored == replace(args, max_tokens=256, gradient_accumulation_steps=2)  # the script's own seed, threads
     assert restore_batch_plan(replace(args, max_tokens=512)).max_tokens == 512  # typed: `check_same_run` compares it
+
+
+@pytest.mark.parametrize("key", ["options", "run_options"])
+def test_an_older_checkpoints_record_restores_its_batch_plan_too(tmp_path, key):
+    # Older checkpoints wrote every option as `options`, and older ones still only the `run_options` that define
+    # the run: a resume that leaves the plan unset goes on with theirs, not "max_tokens 256 -> None".
+    _recorded(tmp_path, {"max_tokens": 256, "gradient_accumulation_steps": 2}, key)
+    restored = restore_batch_plan(TrainArguments(output_dir=str(tmp_path / "run"), resume=True, max_steps=4))
+    assert (restored.max_tokens, restored.gradient_accumulation_steps) == (256, 2)
 
 
 def test_a_damaged_batch_plan_in_the_record_is_refused_in_one_line_naming_the_file(tmp_path):

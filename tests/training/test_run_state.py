@@ -9,7 +9,7 @@ import torch
 from accelerate import Accelerator
 
 from vanilla_transformer.training.checkpoints import read_state, save_checkpoint
-from vanilla_transformer.training.run_state import RunState
+from vanilla_transformer.training.run_state import RunState, options_recorded_in
 
 # trainer_state.json as `train` wrote it before RunState: its dict, with "step" added by save_checkpoint.
 WRITTEN_BEFORE = {
@@ -35,7 +35,7 @@ def test_a_checkpoint_written_before_reads_back_and_is_written_again_alike(tmp_p
     assert state.attn_implementation == "sdpa" and state.run_options == WRITTEN_BEFORE["run_options"]
     saved = save_checkpoint(accelerator, tmp_path / "checkpoints", state.step, state.to_dict())
     # What it held is written again alike; model selection's records, newer, start empty.
-    assert read_state(saved) == {**WRITTEN_BEFORE, "options": None, "best": [], "evaluations_without_improvement": 0,
+    assert read_state(saved) == {**WRITTEN_BEFORE, "recorded_options": None, "best": [], "evaluations_without_improvement": 0,
                                  "parts": []}
 
 
@@ -43,6 +43,14 @@ def test_a_checkpoint_from_before_runs_recorded_their_options_and_kernel_reads_w
     older = {key: WRITTEN_BEFORE[key] for key in ("epoch", "batches_done", "train_tokens", "history", "step")}
     state = RunState.from_dict(older)
     assert state.run_options is None and state.attn_implementation is None and state.batches_done == 7
+    assert RunState.from_dict({**older, "options": {"seed": 1}}).recorded_options == {"seed": 1}  # the older name
+
+
+def test_the_options_a_record_holds_are_its_recorded_ones_else_those_of_older_names():
+    assert options_recorded_in({"recorded_options": {"seed": 1}, "run_options": {"seed": 2}}) == {"seed": 1}
+    assert options_recorded_in({"options": {"seed": 3}, "run_options": {"seed": 2}}) == {"seed": 3}
+    assert options_recorded_in({"run_options": {"seed": 2}}) == {"seed": 2}
+    assert options_recorded_in({"step": 4}) == {}
 
 
 def test_counting_a_step_moves_the_step_the_batches_and_the_tokens():
@@ -52,7 +60,7 @@ def test_counting_a_step_moves_the_step_the_batches_and_the_tokens():
 
 
 def test_an_epoch_ends_and_the_kernel_the_options_typed_at_a_resume_and_the_best_are_recorded_by_the_state_itself():
-    state = RunState(epoch=1, batches_done=7, options={"max_steps": 4, "eval_samples": 2})
+    state = RunState(epoch=1, batches_done=7, recorded_options={"max_steps": 4, "eval_samples": 2})
     state.end_epoch()
     state.record_attn_implementation("sdpa")
     state.record_options({"max_steps": 8})
@@ -61,12 +69,12 @@ def test_an_epoch_ends_and_the_kernel_the_options_typed_at_a_resume_and_the_best
     state.step = 5
     assert not state.record_validation({"loss": 1.6}, "loss", None, kept=1)
     assert (state.epoch, state.batches_done, state.attn_implementation) == (2, 0, "sdpa")
-    assert state.options == {"max_steps": 8, "eval_samples": 2}
+    assert state.recorded_options == {"max_steps": 8, "eval_samples": 2}
     assert state.best == [{"step": 4, "metric": "loss", "value": 1.5, "eval_samples": None}]
     assert (state.best_steps(), state.evaluations_without_improvement, state.out_of_patience(1)) == ([4], 1, True)
     older = RunState()  # a checkpoint from before runs recorded their options: nothing to add to
     older.record_options({"max_steps": 8})
-    assert older.options is None
+    assert older.recorded_options is None
 
 
 def test_read_refuses_a_damaged_state_naming_its_file(tmp_path):

@@ -69,7 +69,7 @@ def finish(components: Components, state: RunState, budget: Budget) -> dict:
 def _card_hyperparameters(state: RunState, args: TrainArguments, weights: dict) -> dict:
     """The run's options as it trained with them (those its checkpoints record, each resume's typed ones
     included), as the card states them; `average_last` as many checkpoints as were averaged."""
-    options = state.options if state.options is not None else asdict(args)
+    options = state.recorded_options if state.recorded_options is not None else asdict(args)
     shown = {k: v for k, v in options.items() if v is not None and k not in ("output_dir", "resume")}
     return {**shown, "average_last": len(weights["averaged_checkpoints"])}
 

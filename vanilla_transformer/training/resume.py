@@ -34,7 +34,7 @@ from .checkpoints import (
     read_state,
 )
 from .run_folder import CHECKPOINTS
-from .run_state import RunState
+from .run_state import RunState, options_recorded_in
 
 __all__ = [
     "BUDGET_OPTIONS", "check_run_config", "check_same_run", "finished_step", "restore_batch_plan", "restore_options",
@@ -63,7 +63,7 @@ def finished_step(args: TrainArguments) -> int | None:
     if results.get("not_scored"):  # the final scoring was stopped: `train` scores what is missing
         return None
     # Another option given with `resume` is refused, or applied, by `train`.
-    if any(given.get(name) != value for name, value in (state.options or {}).items()
+    if any(given.get(name) != value for name, value in (state.recorded_options or {}).items()
            if name not in BUDGET_OPTIONS and name not in NEVER_RESTORED):
         return None
     budget = Budget(**{name: given[name] for name in BUDGET_OPTIONS}, state=state,
@@ -84,7 +84,7 @@ def resume_budget(state: RunState, budget: Budget) -> None:
     earlier = ", ".join(f"steps {p['steps'][0]}-{p['steps'][1]} in {p['seconds'] / 60:.2f} min" for p in state.parts[:-1])
     logger.info(f"part {len(state.parts)} of the run, from step {state.step}{f' (before: {earlier})' if earlier else ''}; "
                 f"the budget counts every part: {budget.describe()}")
-    recorded = state.options
+    recorded = state.recorded_options
     if recorded is None:  # a checkpoint from before runs recorded their options
         return
     for name in BUDGET_OPTIONS:
@@ -107,7 +107,7 @@ def resume_step(checkpoint_root: Path, args: TrainArguments) -> int:
         logger.warning(f"`resume`: continuing from {checkpoint.name}, the newest checkpoint that reads back whole; "
                        f"the steps after {state.step} are trained again")
     check_run_config(checkpoint_root / "config.json", checkpoint)  # the run's architecture, built by every process next
-    _log_options(args.recorded_options(), state.options or {}, checkpoint / STATE_FILE, output_dir)
+    _log_options(args.recorded_options(), state.recorded_options or {}, checkpoint / STATE_FILE, output_dir)
     return state.step
 
 
@@ -146,7 +146,7 @@ def restore_options(output_dir: str, given: dict) -> dict:
     recorded, source = {}, None
     for checkpoint in reversed(list_checkpoints(Path(output_dir) / CHECKPOINTS)):
         try:  # the newest that reads; `train` says what is damaged, and sets it aside, under the folder's lock
-            recorded = read_state(checkpoint).get("options") or {}
+            recorded = options_recorded_in(read_state(checkpoint))
             source = checkpoint / STATE_FILE
             break
         except (OSError, ValueError, AttributeError):

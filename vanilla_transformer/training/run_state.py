@@ -23,7 +23,7 @@ from accelerate.logging import get_logger
 from ..choices import ATTENTION_IMPLEMENTATIONS, BEST_METRICS
 from .checkpoints import STATE_FILE, read_state
 
-__all__ = ["MAX_PART_SECONDS", "RunState", "check_state", "part_problem"]
+__all__ = ["MAX_PART_SECONDS", "RunState", "check_state", "options_recorded_in", "part_problem"]
 
 logger = get_logger(__name__)
 
@@ -38,8 +38,9 @@ class RunState:
     train_tokens: int = 0  # target tokens trained on, over all processes
     history: list = field(default_factory=list)  # every evaluation's scores
     attn_implementation: str | None = None  # the kernel chosen on the first batch: a resumed run computes alike
-    run_options: dict | None = None  # the options that define the run (`check_same_run`)
-    options: dict | None = None  # every option the run was started with: `resume` alone restores them
+    # TrainArguments' two views of the options, `run_options()` and `recorded_options()`:
+    run_options: dict | None = None  # those that define the run (`check_same_run`)
+    recorded_options: dict | None = None  # every option, as typed at the start and each resume: restored by `resume`
     best: list = field(default_factory=list)  # model selection's best validations, best first (`record_validation`)
     evaluations_without_improvement: int = 0  # towards `patience`
     # The run's parts up to this step, the first session and each resume: {"steps": [first, last], "seconds"} of
@@ -97,8 +98,8 @@ class RunState:
     def record_options(self, typed: dict) -> None:
         """The options typed with `resume` over the recorded ones, so that the next `resume` keeps them (a checkpoint
         from before runs recorded their options keeps none)."""
-        if self.options is not None:
-            self.options = {**self.options, **typed}
+        if self.recorded_options is not None:
+            self.recorded_options = {**self.recorded_options, **typed}
 
     def begin_part(self) -> float:
         """A new part of the run from this step (its first session, or a resume); the seconds of the parts before."""
@@ -116,7 +117,9 @@ class RunState:
 
     @classmethod
     def from_dict(cls, state: dict) -> RunState:
-        """From a checkpoint's state, older ones included (they may lack the newer keys: defaults stand in)."""
+        """From a checkpoint's state, older ones included (they may lack the newer keys: defaults stand in, and
+        their `options` are the recorded options)."""
+        state = {"recorded_options": state.get("options"), **state}
         return cls(**{f.name: state[f.name] for f in fields(cls) if f.name in state})
 
     @classmethod
@@ -128,6 +131,15 @@ class RunState:
 
 
 
+def options_recorded_in(state: dict) -> dict:
+    """Every option a checkpoint's state (as read, unchecked) records, for `resume` to restore: its recorded
+    options (`options` in older checkpoints, and only the `run_options` that define the run in older ones still)."""
+    for key in ("recorded_options", "options", "run_options"):
+        if state.get(key) is not None:
+            return state[key]
+    return {}
+
+
 def check_state(state: dict, source: Path) -> None:
     """A ValueError naming `source` unless a checkpoint's state holds what `RunState` holds: counts, lists, one
     of ATTENTION_IMPLEMENTATIONS (transformers takes another name for a Hub kernel, which it downloads and runs),
@@ -136,7 +148,7 @@ def check_state(state: dict, source: Path) -> None:
         raise ValueError(f"`resume`: {source} is damaged: it is not a JSON object")
     kinds = {"step": int, "epoch": int, "batches_done": int, "train_tokens": int, "evaluations_without_improvement": int,
              "history": list, "best": list, "parts": list, "run_options": (dict, type(None)),
-             "options": (dict, type(None))}
+             "recorded_options": (dict, type(None)), "options": (dict, type(None))}
     for name, kind in kinds.items():
         value = state.get(name)
         if name in state and (not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0)):

@@ -112,7 +112,7 @@ def set_up(args: TrainArguments, accelerator, lock: RunLock | None = None) -> tu
                                args.weight_decay)
     configure_deepspeed(accelerator, args)  # the batch sizes DeepSpeed asks for; nothing without DeepSpeed
     model, prepared_optimizer = prepare(accelerator, model, optimizer)
-    state = resumed if resumed is not None else RunState(run_options=args.run_options(), options=args.recorded_options())
+    state = resumed if resumed is not None else RunState(run_options=args.run_options(), recorded_options=args.recorded_options())
     sampler = training_sampler(accelerator, train_split, state.epoch, args.max_tokens, args.seed,
                                shape_count=args.bucket_shapes, compiled=args.compile_asked())
     budget = Budget(args.max_steps, args.num_epochs, args.time_limit, args.gradient_accumulation_steps,
