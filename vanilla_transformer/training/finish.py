@@ -238,7 +238,7 @@ def _final_scores(components: Components, state: RunState, args: TrainArguments,
     metrics = evaluate(components.accelerator, unwrapped, components.tokenizer, split, args,
                        translate_samples=samples, full_precision=True)
     metrics["seconds"] = round(time.perf_counter() - start, 2)
-    report(components.accelerator, state.history, step, name, metrics, components.log, weights=weights["final_weights"]["name"])
+    report(components.accelerator, state.history, step, name, metrics, components.training_log, weights=weights["final_weights"]["name"])
     return metrics
 
 

@@ -211,7 +211,7 @@ def _log(components: Components, state: RunState, budget: Budget, lr: float, bar
     bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}")
     logger.info(f"step {state.step}: loss {loss:.4f}, nll {nll:.4f}, lr {lr:.3e}, {tokens_per_second:.0f} tokens/s, "
                 f"{(budget.before + elapsed) / 60:.1f} min" + (f" (part {part}: {elapsed / 60:.1f})" if part > 1 else ""))
-    components.log.append({"step": state.step, "loss": loss, "nll": nll, "lr": lr,
+    components.training_log.append({"step": state.step, "loss": loss, "nll": nll, "lr": lr,
                       "tokens_per_second": round(tokens_per_second, 1), "elapsed": round(budget.before + elapsed, 2),
                       "part": part, "part_elapsed": round(elapsed, 2)})
     metrics = {"train/loss": loss, "train/nll": nll, "train/lr": lr, "train/tokens_per_second": tokens_per_second}
@@ -227,7 +227,7 @@ def _validate(components: Components, state: RunState, budget: Budget, args: Tra
                        components.eval_splits["validation"], args, args.eval_samples, full_precision=True)
     metrics["seconds"] = round(time.perf_counter() - start, 2)
     budget.add_scoring(metrics["seconds"])
-    report(components.accelerator, state.history, state.step, "validation", metrics, components.log)
+    report(components.accelerator, state.history, state.step, "validation", metrics, components.training_log)
     kept = args.average_last if args.average_best else 1
     improved = state.record_validation(metrics, args.best_metric, args.eval_samples, kept)
     if improved:

@@ -63,6 +63,7 @@ class Components:
     checkpoint_root: Path
     args: TrainArguments  # the options the run trains with: those given, with the batch plan
     average: WeightAverage | None = None  # `ema_decay`
+    # `set_up` sets every field below; None stands where a test or a benchmark builds only what a step needs.
     tokenizer: PreTrainedTokenizerBase | None = None
     data: DatasetDict | None = None  # the raw pairs
     source_lang: str | None = None
@@ -70,7 +71,7 @@ class Components:
     train_split: TokenizedSplit | None = None
     eval_splits: dict[str, TokenizedSplit] = field(default_factory=dict)
     sampler: TokenBatchSampler | None = None
-    log: TrainingLog | None = None  # the run's training_log.jsonl
+    training_log: TrainingLog | None = None  # the run's training_log.jsonl
     lock: RunLock | None = None  # the folder's lock, held by the main process
     compiled: CompiledLoss | None = None  # the step's forward and loss compiled (compiled.py); None: eager
     strategy: StepStrategy = field(init=False)  # what DeepSpeed, FSDP2 and fp16's scaler change in the step
@@ -138,7 +139,7 @@ def set_up(args: TrainArguments, accelerator, lock: RunLock | None = None) -> tu
     components = Components(accelerator=accelerator, model=model, optimizer=prepared_optimizer, scheduler=scheduler,
                             checkpoint_root=checkpoint_root, args=args, average=average, tokenizer=tokenizer, data=data,
                             source_lang=source_lang, target_lang=target_lang, train_split=train_split,
-                            eval_splits=eval_splits, sampler=sampler, log=_training_log(args, accelerator, state),
+                            eval_splits=eval_splits, sampler=sampler, training_log=_training_log(args, accelerator, state),
                             lock=lock, compiled=compiled_loss(args, accelerator, sampler.shapes))
     return components, state, budget
 
