@@ -158,9 +158,10 @@ def write_text_file(path: str | os.PathLike, text: str) -> None:
     path = Path(path)
     try:
         write_file_whole(path, text)
+    except DiskFull as err:  # keeps its errno: a full disk is no usage error (`refuse` exits with 1)
+        raise DiskFull(f"could not write {path}: {os.strerror(err.errno)}", err.errno) from None
     except OSError as err:
-        cause = os.strerror(err.errno) if isinstance(err, DiskFull) else err.strerror or err
-        raise OSError(f"could not write {path}: {cause}") from None
+        raise OSError(f"could not write {path}: {err.strerror or err}") from None
 
 
 def check_plain_file(path: str | os.PathLike, what: str) -> None:

@@ -90,8 +90,9 @@ def test_an_output_file_is_replaced_whole_or_left_as_it_was(tmp_path, monkeypatc
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "fdopen", FullDisk)
-    with pytest.raises(OSError, match=rf"could not write {target}: No space left on device"):
+    with pytest.raises(OSError, match=rf"could not write {target}: No space left on device") as full:
         write_text_file(target, "new and longer\n")
+    assert full.value.errno == errno.ENOSPC  # a full disk, not a usage error: the command exits with 1, not 2
     assert target.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["hyp.txt"]
 
 
