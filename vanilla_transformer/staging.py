@@ -28,14 +28,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = [
-    "REPLACED", "STAGING_PREFIX", "DiskFull", "disk_full", "disk_full_error", "publish_files", "publish_folder", "set_aside",
+    "FULL_DISK_ERRNOS", "REPLACED", "STAGING_PREFIX", "DiskFull", "disk_full", "disk_full_error", "publish_files", "publish_folder", "set_aside",
     "staged_files", "staging_folder", "sweep_staging", "temporary_folder", "write_file_whole",
 ]
 
 STAGING_PREFIX = ".vanilla-transformer-staging-"
 REPLACED = f"{STAGING_PREFIX}replaced-"  # + a folder's name: the old folder, aside while its new one is published
 _NEARLY_FULL = 1 << 20  # bytes free after a failed write below which the disk is taken to be full
-_FULL_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+# The errors of a write that found no space, and what a message calls each: every full-disk check reads them.
+FULL_DISK_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ def disk_full(err: BaseException, folder: str | os.PathLike) -> int | None:
     torch names no errno, so a failed write in a folder with (nearly) no space left counts as one."""
     seen = err
     while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in _FULL_ERRNOS:
+        if isinstance(seen, OSError) and seen.errno in FULL_DISK_ERRNOS:
             return seen.errno
         if "os error 28" in str(seen):  # safetensors (Rust) spells ENOSPC this way
             return errno.ENOSPC
@@ -141,7 +142,7 @@ def disk_full_error(err: BaseException, staging: Path, target: str | os.PathLike
     written = [p for p in staging.rglob("*") if p.is_file()] if staging.is_dir() else []
     last = max(written, key=lambda p: p.stat().st_mtime_ns, default=None)
     path = Path(target) / last.relative_to(staging) if last is not None else Path(target)
-    return DiskFull(f"could not write {path}: {_FULL_ERRNOS[code]}", code)
+    return DiskFull(f"could not write {path}: {FULL_DISK_ERRNOS[code]}", code)
 
 
 @contextmanager
@@ -233,7 +234,7 @@ def write_file_whole(path: str | os.PathLike, content: str | bytes | Callable[[P
         code = disk_full(err, path.parent) if isinstance(err, Exception) else None
         if code is None:
             raise
-        raise DiskFull(f"could not write {path}: {_FULL_ERRNOS[code]}", code) from None
+        raise DiskFull(f"could not write {path}: {FULL_DISK_ERRNOS[code]}", code) from None
     return path
 
 

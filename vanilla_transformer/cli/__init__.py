@@ -14,6 +14,7 @@ import errno
 import os
 import sys
 
+from ..staging import FULL_DISK_ERRNOS
 from . import attention, evaluate, export, push, quickstart, serve, train, train_tokenizer, translate
 
 # In the order `--help` lists them.
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail again
         return 141
     except OSError as err:
-        if sys.stdout is None or err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EBADF, errno.EIO):
+        if sys.stdout is None or err.errno not in (*FULL_DISK_ERRNOS, errno.EBADF, errno.EIO):
             raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         what = "the output" if err.filename is None else os.fsdecode(err.filename)  # a file, when the error names one

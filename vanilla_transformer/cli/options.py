@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
 from typing import NoReturn
 
 from ..choices import ENGINES, TRANSLATION_BATCH_SIZE
 from ..option_checks import BOUNDS, field_kind, within_bound
+from ..staging import FULL_DISK_ERRNOS
 from ..training.arguments import TrainArguments
 
 
 def refuse(parser: argparse.ArgumentParser, err: Exception) -> NoReturn:
     """A bad value or file: one line naming it, exit status 2; a full disk is no usage error: status 1.
     (argparse's own `error`, which also prints the usage, is for arguments that are malformed.)"""
-    full = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+    full = isinstance(err, OSError) and err.errno in FULL_DISK_ERRNOS
     parser.exit(1 if full else 2, f"{parser.prog}: error: {err}\n")
 
 

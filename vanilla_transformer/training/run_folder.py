@@ -9,13 +9,11 @@ kept (`explain_disk_full`).
 
 from __future__ import annotations
 
-import errno
-import os
 from pathlib import Path
 
 from ..file_checks import read_json
 from ..hub import DESCRIPTION_FILES
-from ..staging import DiskFull, sweep_staging
+from ..staging import FULL_DISK_ERRNOS, DiskFull, sweep_staging
 from .checkpoints import checkpoint_name, latest_checkpoint, list_checkpoints, read_state
 from .lock import RunLock
 
@@ -103,9 +101,9 @@ def _run_record(path: Path) -> bool:
 
 def explain_disk_full(err: OSError, output_dir: str) -> DiskFull | None:
     """A full disk or quota as one DiskFull that says what the run kept and how to go on; None for another error."""
-    if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+    if err.errno not in FULL_DISK_ERRNOS:
         return None
-    named = str(err) if isinstance(err, DiskFull) else f"could not write {err.filename or 'a file'}: {os.strerror(err.errno).lower()}"
+    named = str(err) if isinstance(err, DiskFull) else f"could not write {err.filename or 'a file'}: {FULL_DISK_ERRNOS[err.errno]}"
     return DiskFull(f"{named}; {_what_was_saved(output_dir)}", err.errno)
 
 
