@@ -184,3 +184,20 @@ def test_a_temporary_folder_lives_as_long_as_it_is_held(tmp_path):
     (folder / "page.html").write_text("x")
     held.cleanup()
     assert not folder.exists() and (tmp_path / "cache").is_dir()
+
+
+def test_a_write_that_fails_names_the_file_not_its_staging_name_and_keeps_the_errno(tmp_path):
+    # A parent that is a file: mkstemp's error named `.vanilla-transformer-staging-xxxxxxxx-out.txt`, a file the
+    # user never asked for and that does not exist.
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OSError) as failed:
+        write_file_whole(tmp_path / "file" / "out.txt", "text")
+    assert str(failed.value) == f"could not write {tmp_path / 'file' / 'out.txt'}: Not a directory"
+    assert failed.value.errno == errno.ENOTDIR
+
+    def fails(staging):
+        raise PermissionError(errno.EACCES, "Permission denied", str(staging))
+
+    with pytest.raises(OSError, match=rf"^could not write {tmp_path / 'out.txt'}: Permission denied$"):
+        write_file_whole(tmp_path / "out.txt", fails)
+    assert list(tmp_path.iterdir()) == [tmp_path / "file"]

@@ -14,7 +14,6 @@ from collections.abc import Iterable, Iterator
 import re
 from pathlib import Path
 
-from .staging import DiskFull, write_file_whole
 
 # A Hub repository id, user/name: how a name the user gives is told from a folder that is not there.
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -150,18 +149,6 @@ def _link_homes(folder: Path) -> list[Path]:
     if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
         homes.append(folder.parent.parent / "blobs")
     return homes
-
-
-def write_text_file(path: str | os.PathLike, text: str) -> None:
-    """`text` as `path`, written whole (`staging.write_file_whole`): a full disk or an interrupt leaves the
-    old file as it was and no partial one. An OSError names `path` and the cause."""
-    path = Path(path)
-    try:
-        write_file_whole(path, text)
-    except DiskFull as err:  # keeps its errno: a full disk is no usage error (`refuse` exits with 1)
-        raise DiskFull(f"could not write {path}: {os.strerror(err.errno)}", err.errno) from None
-    except OSError as err:
-        raise OSError(f"could not write {path}: {err.strerror or err}") from None
 
 
 def check_plain_file(path: str | os.PathLike, what: str) -> None:

@@ -208,14 +208,18 @@ def set_aside(path: Path, name: str) -> Path:
 def write_file_whole(path: str | os.PathLike, content: str | bytes | Callable[[Path], object]) -> Path:
     """Write `path` whole or not at all: `content` (text as UTF-8, bytes, or a function that writes the file
     it is given) goes to a staging file beside it, which gets the mode `open` gives and is renamed into place.
-    A failure leaves the old file as it was; a full disk is raised as DiskFull naming `path`. What a killed
-    write of `path` left beside it is removed first."""
+    A failure leaves the old file as it was; a full disk is raised as DiskFull naming `path`, another OSError as
+    one naming `path` (not its staging name) with its errno. What a killed write of `path` left beside it is
+    removed first."""
     path = Path(path)
     for left in path.parent.glob(f"{STAGING_PREFIX}{'?' * 8}-{glob.escape(path.name)}"):  # mkstemp's 8 letters
         if left.is_file():
             left.unlink(missing_ok=True)
     # The staging name ends as `path` does: writers such as matplotlib pick the format from the suffix.
-    handle, name = tempfile.mkstemp(dir=path.parent, prefix=STAGING_PREFIX, suffix=f"-{path.name}")
+    try:
+        handle, name = tempfile.mkstemp(dir=path.parent, prefix=STAGING_PREFIX, suffix=f"-{path.name}")
+    except OSError as err:
+        raise _naming(err, path) from None
     staging = Path(name)
     try:
         if callable(content):
@@ -232,10 +236,19 @@ def write_file_whole(path: str | os.PathLike, content: str | bytes | Callable[[P
     except BaseException as err:
         staging.unlink(missing_ok=True)
         code = disk_full(err, path.parent) if isinstance(err, Exception) else None
-        if code is None:
-            raise
-        raise DiskFull(f"could not write {path}: {FULL_DISK_ERRNOS[code]}", code) from None
+        if code is not None:
+            raise DiskFull(f"could not write {path}: {FULL_DISK_ERRNOS[code]}", code) from None
+        if isinstance(err, OSError):
+            raise _naming(err, path) from None
+        raise
     return path
+
+
+def _naming(err: OSError, path: Path) -> OSError:
+    """`err` as an OSError that names `path`, the file being written, and keeps its errno."""
+    named = OSError(f"could not write {path}: {err.strerror or err}")
+    named.errno = err.errno
+    return named
 
 
 def temporary_folder(parent: str | os.PathLike, prefix: str) -> tempfile.TemporaryDirectory:

@@ -13,7 +13,7 @@ next run or save in that folder removes it and touches nothing without the prefi
     hub.write_model_card (_draw_attention)   attention.png                            train, quickstart
     hub._retarget_card_file                  README.md                                push
     export.ctranslate2.export_ctranslate2    model.bin, config.json, ...              export --format ctranslate2
-    file_checks.write_text_file              --hypotheses-out, --references-out       evaluate
+    cli.evaluate (staging.write_file_whole)  --hypotheses-out, --references-out       evaluate
     visualize.explorer.save_explorer         explorer.html                            attention --html
     visualize.app.make_translate             explorer-<hash>.html (a served page)     serve
     visualize.attention_maps.save_attention_maps  <kind>_layer<N>.png, overview.png, bertviz.pt   attention
@@ -119,9 +119,9 @@ def _export(out, model_dir, variant):
 
 
 def _hypotheses(out, model_dir, variant):
-    from vanilla_transformer.file_checks import write_text_file
+    from vanilla_transformer.staging import write_file_whole
 
-    write_text_file(Path(out) / "hypotheses.txt", f"{variant} line\n" * 3)
+    write_file_whole(Path(out) / "hypotheses.txt", f"{variant} line\n" * 3)  # as evaluate writes them
 
 
 def _explorer(out, model_dir, variant):

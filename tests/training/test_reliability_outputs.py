@@ -6,7 +6,7 @@ import os
 import pytest
 
 from vanilla_transformer.cli import main
-from vanilla_transformer.file_checks import write_text_file
+from vanilla_transformer.staging import write_file_whole
 
 
 def test_train_refuses_a_finished_model_folder_as_a_new_output_dir(tmp_path, small_task, small_run, capsys):
@@ -69,7 +69,7 @@ def test_train_names_a_tokenizer_file_it_cannot_read_in_one_line(tmp_path, small
 
 def test_an_output_file_is_replaced_whole_or_left_as_it_was(tmp_path, monkeypatch):
     target = tmp_path / "hyp.txt"
-    write_text_file(target, "old\n")
+    write_file_whole(target, "old\n")
     umask = os.umask(0o022)
     os.umask(umask)
     assert target.stat().st_mode & 0o777 == 0o666 & ~umask  # the user's umask, not mkstemp's 0600
@@ -90,8 +90,8 @@ def test_an_output_file_is_replaced_whole_or_left_as_it_was(tmp_path, monkeypatc
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "fdopen", FullDisk)
-    with pytest.raises(OSError, match=rf"could not write {target}: No space left on device") as full:
-        write_text_file(target, "new and longer\n")
+    with pytest.raises(OSError, match=rf"could not write {target}: no space left on device") as full:
+        write_file_whole(target, "new and longer\n")
     assert full.value.errno == errno.ENOSPC  # a full disk, not a usage error: the command exits with 1, not 2
     assert target.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["hyp.txt"]
 

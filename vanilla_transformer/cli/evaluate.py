@@ -46,8 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import time
 
-    from ..file_checks import write_text_file
     from ..inference import score_translations
+    from ..staging import write_file_whole
     from .translators import translator
     from ..modeling.pipeline_vanilla_transformer import language_pair_mismatch
 
@@ -67,7 +67,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         scores = score_translations(hypotheses, references)
         for path, lines in ((args.hypotheses_out, hypotheses), (args.references_out, references)):
             if path:  # a temporary file renamed into place: a full disk leaves no partial file
-                write_text_file(path, "".join(line + "\n" for line in lines))
+                write_file_whole(path, "".join(line + "\n" for line in lines))
     except (OSError, ValueError, ImportError) as err:
         refuse(p, err)
     pair = f" {source_lang}->{target_lang}" if source_lang else ""
