@@ -29,7 +29,7 @@ import torch
 from transformers import CompileConfig, GenerationConfig, GenerationMixin
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer.decoding_kernel import choose_decoding_kernel
+from vanilla_transformer.onednn_decoding import choose_onednn_decoding
 from vanilla_transformer.export.marian import to_marian
 from vanilla_transformer.modeling.search import gnmt_beam_search, greedy_search
 from vanilla_transformer.inference import score_translations
@@ -49,7 +49,7 @@ GNMT = dict(length_penalty_style="gnmt")
 # on a CPU) instead of oneDNN's on the weights packed for the call, where that is faster. "transformers' loop":
 # transformers' own search loop instead of ours (it keeps rows and packs nothing). Each row undoes one more.
 # Beam search: our loop is the GNMT one (transformers' ranking runs in transformers' loop, the "ours" row).
-PLAIN = {"packed_products": False}  # not a `generate` option: `_hf_runner` turns oneDNN off around the call
+PLAIN = {"onednn_decoding": False}  # not a `generate` option: `_hf_runner` turns oneDNN off around the call
 ROWS_STAY = {"greedy": functools.partial(greedy_search, prune=False),
              "beam4": functools.partial(gnmt_beam_search, prune=False)}
 ABLATIONS = {
@@ -141,7 +141,7 @@ def run(tokenizer, sizes, device: str, threads: int, sentences: int, max_new_tok
             loss = train_briefly(ours.to(device), tokenizer, steps, target_tokens=8192)
             weights = f"{steps} training steps, loss {loss:.2f}"
         ours.cpu().eval()
-        choose_decoding_kernel(ours)  # the kernel the package's load_model chooses for it on this CPU
+        choose_onednn_decoding(ours)  # the kernel the package's load_model chooses for it on this CPU
         marian = to_marian(ours).eval()
         entry = {"weights": weights, "train_steps": steps, "train_loss": loss, "modes": {}}
 
@@ -212,7 +212,7 @@ def _hf_runner(model, batches, device, max_new_tokens, eos, pad):
     def generate(options, subset=None):
         outputs = []
         options = dict(options)
-        packed = options.pop("packed_products", True)  # see PLAIN
+        packed = options.pop("onednn_decoding", True)  # see PLAIN
         with torch.no_grad(), contextlib.nullcontext() if packed else _without_onednn():
             for batch in subset or batches:
                 batch = {k: v.to(device) for k, v in batch.items()}

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .adapter_files import ADAPTER_CONFIG, check_adapter_files, merge_adapter
-from .decoding_kernel import choose_decoding_kernel
+from .onednn_decoding import choose_onednn_decoding
 from .file_checks import REPO_ID, check_inside, check_plain_pickle, check_weights_file, parse_json, read_json
 from .folder_fields import (
     CONFIG_FILE,
@@ -88,7 +88,7 @@ def load_model(name_or_path: str | os.PathLike, device: str | None = None):
         raise ValueError(f"cannot load the model {name_or_path!r}: {err}") from err
     check_tokenizer_fits(tokenizer, model.config, name_or_path)
     model = model.to(device or default_device()).eval()
-    choose_decoding_kernel(model)  # timed here, once, not inside generate
+    choose_onednn_decoding(model)  # timed here, once, not inside generate
     return model, tokenizer
 
 

@@ -1,5 +1,5 @@
 """Decoding: transformers' own cache in every mode (a returned one continues a generation); the fast
-paths (finished sentences leaving the batch, the self-attention-only beam reordering, the decoder's
+paths (done sentences leaving the batch, the self-attention-only beam reordering, the decoder's
 products on packed weights) change no output against transformers' own loops."""
 
 import contextlib
@@ -296,8 +296,8 @@ def test_the_pruning_searches_are_what_generate_runs(model_and_batch, monkeypatc
     assert batch_sizes[0] == 4 * len(SENTENCES) and batch_sizes[-1] < 4 * len(SENTENCES)
 
 
-def test_one_rule_lets_finished_rows_leave_greedy_and_beam_search(monkeypatch):
-    """`fast.should_prune`, the rule of both searches: finished rows (in beam search, the rows of done
+def test_one_rule_lets_done_rows_leave_greedy_and_beam_search(monkeypatch):
+    """`fast.should_prune`, the rule of both searches: done rows (in beam search, the rows of done
     sentences) leave at once; rows that stay change no output."""
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
@@ -319,7 +319,7 @@ def test_one_rule_lets_finished_rows_leave_greedy_and_beam_search(monkeypatch):
         whole = model.generate(**batch, num_beams=beams, custom_generate=functools.partial(search, prune=False))
         assert torch.equal(pruned, whole)
         with monkeypatch.context() as patch:
-            patch.setattr(loops, "should_prune", lambda going_on, batch: False)  # the rule decides, in each search
+            patch.setattr(loops, "should_prune", lambda not_done, batch: False)  # the rule decides, in each search
             batch_sizes.clear()
             assert torch.equal(model.generate(**batch, num_beams=beams, custom_generate=search), whole)
             assert set(batch_sizes) == {16 * beams}
@@ -413,15 +413,15 @@ def _packable(model) -> list:
 def packed_counts(monkeypatch):
     """For each search loop: how many of the model's linear maps it ran on packed weights."""
     seen = []
-    packed_products = fast.packed_products
+    onednn_decoding_weights = fast.onednn_decoding_weights
 
     @contextlib.contextmanager
     def spy(model, rows):
-        with packed_products(model, rows):
+        with onednn_decoding_weights(model, rows):
             seen.append(sum(module in fast_modeling.current_packed_weights() for module in _packable(model)))
             yield
 
-    monkeypatch.setattr(loops, "packed_products", spy)
+    monkeypatch.setattr(loops, "onednn_decoding_weights", spy)
     return seen
 
 

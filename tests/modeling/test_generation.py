@@ -316,7 +316,7 @@ def test_each_sentence_is_capped_at_its_source_length_plus_the_offset(mode):
 
 def test_the_length_cap_answers_for_the_sentences_still_in_the_batch():
     """Our searches apply the cap as a logits processor and ask it which sentences are at their last step;
-    as finished sentences leave, `select` gives the cap of those that stay."""
+    as done sentences leave, `select` gives the cap of those that stay."""
     from vanilla_transformer.modeling.search import SourceLengthCap
 
     cap = SourceLengthCap(torch.tensor([3, 1, 2]), eos_token_id=EOS)

@@ -709,3 +709,17 @@ def test_the_code_files_import_one_another_in_one_direction_and_all_are_shipped(
     assert len(source.splitlines()) < 600  # the paper's path, read in one sitting
     shipped = {path.name for path in folder.glob("*.py")} - {"__init__.py"}
     assert set(CODE_FILES) == shipped
+
+
+def test_the_model_file_and_the_design_name_every_file_that_ships_with_it():
+    """The model file's docstring (read in a saved folder, where docs/ is not) and docs/design.md's layout each
+    name every code file a folder holds, one line a file."""
+    from pathlib import Path
+
+    import vanilla_transformer.modeling.modeling_vanilla_transformer as modeling
+
+    design = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text(encoding="utf-8")
+    named = {line.split()[0] for line in modeling.__doc__.splitlines() if line.startswith("    ") and line.split()}
+    assert set(CODE_FILES) - {"modeling_vanilla_transformer.py"} <= named, "missing from the model file's docstring"
+    listed = {line.split()[0] for line in design.splitlines() if line.startswith("        ") and line.split()}
+    assert set(CODE_FILES) <= listed, "missing from design.md's package layout"

@@ -3,11 +3,11 @@ each chosen by `generate` in one place. `fast_paths=False` in the config (the on
 chooses the model's loss) turns them off.
 
     plain                                       drop-in (here)
-    the decoder's linear maps and lm_head       packed_products: the same products on oneDNN, each weight packed
-      (§3.2.2, §3.3, §3.4) on torch's default     once per call, where the model's `onednn_decoding` asks for it
-      fp32 kernel (MKL on a CPU)                  (set at load to the shapes timed faster:
-                                                  decoding_kernel.py in the package)
-    every row computed until the last ends      should_prune: finished sentences leave our search loops' batch
+    the decoder's linear maps and lm_head       onednn_decoding_weights: the same products on oneDNN, each
+      (§3.2.2, §3.3, §3.4) on torch's default     weight packed once per call, where the model's
+      fp32 kernel (MKL on a CPU)                  `onednn_decoding` asks for it (set at load to the shapes
+                                                  timed faster: onednn_decoding.py in the package)
+    every row computed until the last is done   should_prune: done sentences leave our search loops' batch
 
 The model's linear maps are built as PackableLinear (fast_modeling.py) for this.
 
@@ -53,22 +53,23 @@ def worth_packing(model, linear: nn.Linear, rows: int) -> bool:
     )
 
 
-def packed_products(model, rows: int):
-    """While one of our search loops runs over `rows` rows: each PackableLinear of the decoder, and the output
-    projection, that is `worth_packing` runs on its weight packed for oneDNN (the weights cannot change
-    meanwhile; the packed copies are memory for the call). The packing is this call's own: other threads
-    decoding with the same model, under autocast or not, see none of it, and nothing is stored on the model."""
+def onednn_decoding_weights(model, rows: int):
+    """The model's `onednn_decoding` for one call of our search loops over `rows` rows: while it lasts, each
+    PackableLinear of the decoder, and the output projection, that is `worth_packing` runs on its weight packed for
+    oneDNN (the weights cannot change meanwhile; the packed copies are memory for the call). The packing is this
+    call's own: other threads decoding with the same model, under autocast or not, see none of it, and nothing is
+    stored on the model."""
     modules = [*model.get_decoder().modules(), model.get_output_embeddings()]
     return packed_weights({module: pack_weight(module.weight) for module in modules
                            if isinstance(module, PackableLinear) and worth_packing(model, module, rows)})
 
 
-def should_prune(going_on: int, batch: int) -> bool:
-    """The one rule by which finished rows leave the batch of our searches (greedy and beam): at once,
-    when fewer than the `batch` rows (or, in beam search, sentences) are `going_on`. Gathering the rows
-    that stay costs no more than computing finished rows for a step or two, and beam search gathers its
+def should_prune(not_done: int, batch: int) -> bool:
+    """The one rule by which done rows (in beam search, done sentences) leave the batch of our searches: at
+    once, when fewer than the `batch` rows (or sentences) are `not_done`. Gathering the rows that stay costs no
+    more than computing done rows for a step or two, and beam search gathers its
     self-attention cache at every step anyway (to reorder its beams)."""
-    return going_on < batch
+    return not_done < batch
 
 
-__all__ = ["packed_products", "should_prune", "worth_packing"]
+__all__ = ["onednn_decoding_weights", "should_prune", "worth_packing"]

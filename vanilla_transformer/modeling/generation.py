@@ -2,15 +2,16 @@
 
 This file serves a `generate` call: our two options, §6.1's length cap, the call's options resolved and the
 loop that serves it. The loops themselves, greedy search and the paper's beam search with the GNMT length
-penalty (`GNMTRanking`), are in search.py.
+penalty (`GNMTRanking`), are in search.py, whose docstring says what *finished* (a hypothesis) and *done* (a
+sentence) mean here too.
 
 Two generation-config attributes select the paper's behaviour (GenerationConfig keeps unknown
 attributes and saves them in generation_config.json; they can also be passed to `generate`):
 
     length_penalty_style: "gnmt" runs `gnmt_beam_search` (search.py) for beam search; "transformers" (the
-        default when unset) hands beam search to transformers' own loop, with its ranking and stopping
-        rules. Greedy search and sampling are unaffected by a length penalty. Set both attributes with
-        `paper_generation_config`: set on a generation config derived from the model config
+        default when unset) hands beam search to transformers' own loop, with its ranking and its rule
+        for when a sentence is done. Greedy search and sampling are unaffected by a length penalty. Set both
+        attributes with `paper_generation_config`: set on a generation config derived from the model config
         (`_from_model_config`), transformers drops them when it loads the saved folder.
     max_length_offset: when the call sets neither `max_new_tokens` nor `max_length` (as arguments or
         in a `generation_config` argument), sentence i may generate at most
@@ -242,7 +243,7 @@ GREEDY_HAND_OVERS = (
     ("static cache", lambda model, kwargs, config: config.cache_implementation in ALL_STATIC_CACHE_IMPLEMENTATIONS),
     ("return_dict_in_generate", lambda model, kwargs, config: bool(config.return_dict_in_generate)),
 )
-# Beam search only: transformers' ranking and stopping rules are transformers' own, run by its loop.
+# Beam search only: transformers' ranking and its rule for when a sentence is done are its own, run by its loop.
 BEAM_HAND_OVERS = (
     ("transformers' length penalty", lambda model, kwargs, config: config.length_penalty_style != "gnmt"),
 )
@@ -259,7 +260,7 @@ def choose_search(model, kwargs, config: GenerationConfig):
     for reason, applies in HAND_OVERS + OUR_MODES[mode]:
         if applies(model, kwargs, config):
             return None, reason
-    # finished sentences leave the batch in both
+    # done sentences leave the batch in both
     return (greedy_search if mode == GenerationMode.GREEDY_SEARCH else gnmt_beam_search), None
 
 

@@ -7,16 +7,23 @@ numbers (§) refer to the paper. Shapes: B batch, T target length, S source leng
 Dh = d_model / H. Masks are made by transformers' mask functions, in the form the model's
 attention function takes (`attn_implementation`).
 
-What is not the paper lives in the files beside this one, each called here in one line:
+What is not the paper lives in the files beside this one, each named here in one line (every file that ships with
+it; a test keeps the list whole):
 
     configuration_vanilla_transformer.py  the hyperparameters and the paper's presets
     attention.py                          §3.2's attention, the paper's own
     attention_variants.py                 attention beyond the paper, chosen when a layer is built
     input_checks.py                       the checks of the models' forward inputs; the cache's two names
+    value_checks.py                       the checks of the decoding options and of finite numbers
     saving.py                             what a saved folder needs to load anywhere
     fast_modeling.py                      the speed-ups it is built with (`fast_paths`): the loss with its
                                           gradient in closed form, linear maps that decoding can pack
-    generation.py                         decoding (§6.1)
+    generation.py                         decoding (§6.1): our options, the source-length cap, which loop serves
+                                          a call
+    search.py                             the loops generation.py runs: greedy search and the paper's beam search
+    fast_generation.py                    decoding's speed-ups: oneDNN decoding (the model's `onednn_decoding`),
+                                          done sentences leaving the batch
+    pipeline_vanilla_transformer.py       the `translation` pipeline a saved folder records in its config.json
 
 The files import one another in one direction, this one on top: none of them imports it.
 

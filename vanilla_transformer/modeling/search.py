@@ -1,5 +1,9 @@
 """Our loops: greedy search and the paper's beam search (§6.1), run inside transformers' `generate`.
 
+Words: a hypothesis (in greedy search, a row) is *finished* once it emits </s>, meets a stopping criterion or
+reaches its sentence's cap; a sentence (in greedy search, a row) is *done* once its search is over, and done ones
+leave the batch.
+
 The beam search ranks as the paper does, with the length penalty of Wu et al. 2016 (GNMT), which the paper
 cites: a finished hypothesis Y is ranked by
 
@@ -10,8 +14,8 @@ instead, a different function of length; both are available (transformers' in it
 
 §6.1's length cap is a logits processor (`SourceLengthCap`): generation.py builds one for each call from the
 source; our loops apply it, ask it which sentences are at their last step and keep the caps of the sentences
-that stay in the batch. A sentence that cannot end in time (</s> suppressed, or `min_new_tokens` past its cap)
-stops at its cap unfinished, as transformers' loop does at max_length.
+that stay in the batch. A hypothesis that cannot emit </s> in time (</s> suppressed, or `min_new_tokens` past its
+cap) is finished at its cap without it, as transformers' loop finishes one at max_length.
 
 The search runs inside transformers' `generate` as a `custom_generate` callable (a documented
 argument of `generate`: "perform the usual input preparation steps, then call the provided callable
@@ -52,7 +56,7 @@ from transformers.generation import (
 from transformers.masking_utils import create_bidirectional_mask
 
 from .input_checks import CACHE_NAME
-from .fast_generation import packed_products, should_prune
+from .fast_generation import onednn_decoding_weights, should_prune
 
 
 def gnmt_length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Tensor | float:
@@ -61,9 +65,9 @@ def gnmt_length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Ten
 
 
 def _force_eos(scores: torch.Tensor, last_step: torch.Tensor, eos: int) -> torch.Tensor:
-    """Rows at their last allowed step may only end: every token but </s> gets -inf (§6.1's cap). Where
+    """Rows at their last allowed step may only emit </s>: every other token gets -inf (§6.1's cap). Where
     </s> is ruled out (min_new_tokens past the cap, a suppressed </s>) the row is left as it is: the
-    search ends it at the cap unfinished, as transformers' loop does at max_length."""
+    search finishes it at the cap without </s>, as transformers' loop does at max_length."""
     last_step = last_step & (scores[:, eos] > float("-inf"))
     others = torch.ones(scores.size(-1), dtype=torch.bool, device=scores.device)
     others[eos] = False
@@ -77,7 +81,7 @@ class SourceLengthCap(LogitsProcessor):
     set to -inf and </s> keeps its own score, as in fairseq. Rows are sentences repeated
     `rows // len(max_new_tokens)` times (beams or return sequences), as `generate` lays them out.
     transformers' loops apply it as any logits processor; ours too, and ask it which sentences are at
-    their last step and, as finished sentences leave the batch, for the cap of those that stay.
+    their last step and, as done sentences leave the batch, for the cap of those that stay.
     `shortest` (default: the smallest cap, read from the device once) may be any lower bound of the caps:
     before it no sentence is at its last step, which the host then knows without asking the device.
     """
@@ -94,7 +98,7 @@ class SourceLengthCap(LogitsProcessor):
         return input_ids.size(1) - self.prompt_length + 1 >= self.max_new_tokens.to(input_ids.device)
 
     def select(self, sentences: torch.Tensor) -> SourceLengthCap:
-        """The cap of `sentences` alone (their places in the batch): for a batch that finished sentences leave."""
+        """The cap of `sentences` alone (their places in the batch): for a batch that done sentences leave."""
         return SourceLengthCap(self.max_new_tokens[sentences.to(self.max_new_tokens.device)], self.eos_token_id,
                                self.prompt_length, self.shortest)
 
@@ -106,7 +110,7 @@ class SourceLengthCap(LogitsProcessor):
 
 
 # Logits processors that treat every row on its own, from its tokens, and our length cap, which selects
-# the rows that stay: with only these, finished sentences can leave the batch without changing a score.
+# the rows that stay: with only these, done sentences can leave the batch without changing a score.
 ROW_WISE_PROCESSORS = (
     ForcedBOSTokenLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
@@ -124,7 +128,7 @@ ROW_WISE_PROCESSORS = (
 
 def _with_one_length_cap(logits_processor, sentences: int, eos: int, prompt_length: int, device) -> LogitsProcessorList:
     """The processors with one SourceLengthCap, last (where transformers' loop has the one `generate`
-    adds): the tightest of those given, or, without one, a cap that never ends a sentence."""
+    adds): the tightest of those given, or, without one, a cap that never finishes a hypothesis."""
     never = torch.iinfo(torch.int64).max
     limit, shortest = torch.full((sentences,), never, device=device), never
     for processor in logits_processor:
@@ -142,14 +146,14 @@ def first_token_id(token_id) -> int:
 
 
 def _padding(generation_config) -> int:
-    """What our searches put after a sentence's end: the padding token, or </s> where the model has none."""
+    """What our searches put after a finished hypothesis: the padding token, or </s> where the model has none."""
     pad = generation_config.pad_token_id
     return pad if pad is not None else first_token_id(generation_config.eos_token_id)
 
 
 class _LiveRows:
     """The decoder's side of our searches: the rows still in the batch (`rows_per_sentence` a sentence),
-    their cache, encoder output and logits processors, run one step at a time; finished sentences leave.
+    their cache, encoder output and logits processors, run one step at a time; done sentences leave.
     `output_attentions` and `output_hidden_states` go to the decoder. The encoder has run: each step calls
     the decoder (`get_decoder()`) alone."""
 
@@ -164,7 +168,7 @@ class _LiveRows:
         eos = first_token_id(generation_config.eos_token_id)
         self.processors = _with_one_length_cap(logits_processor, rows // rows_per_sentence, eos, prompt_length,
                                                input_ids.device)
-        self.project = model.get_output_embeddings()  # §3.4's lm_head, looked up once (packed_products may pack it)
+        self.project = model.get_output_embeddings()  # §3.4's lm_head, looked up once (oneDNN decoding may pack it)
 
     @property
     def cap(self) -> SourceLengthCap:
@@ -232,27 +236,27 @@ def _rows_of(sentences: torch.Tensor, rows_per_sentence: int) -> torch.Tensor:
     return (sentences[:, None] * rows_per_sentence + within).view(-1)
 
 
-def _unfinished_count(finished: torch.Tensor) -> int:
-    """How many rows (or sentences) have not `finished`: the step's one wait for the device."""
-    return finished.numel() - int(finished.sum())
+def _not_done_count(done: torch.Tensor) -> int:
+    """How many rows (or sentences) are not `done`: the step's one wait for the device."""
+    return done.numel() - int(done.sum())
 
 
-def _staying_and_leaving(finished: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The places of the `count` that go on and of those that `finished`, each in order, found on the device
+def _staying_and_leaving(done: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The places of the `count` not done and of those `done`, each in order, found on the device
     (a mask's `nonzero` or boolean indexing would wait for it again); only when some leave."""
-    places = torch.sort(finished.byte(), stable=True).indices
+    places = torch.sort(done.byte(), stable=True).indices
     return places[:count], places[count:]
 
 
 def greedy_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True, **model_kwargs):
-    """Greedy decoding in which finished sentences leave the batch (`should_prune`); a `custom_generate`
-    callable.
+    """Greedy decoding in which done rows leave the batch (`should_prune`); a `custom_generate`
+    callable. A row is done once its hypothesis is finished.
 
     Returns what transformers' greedy search returns, token for token: each row its argmax tokens,
-    padded after it ends, up to the step the last row ended. Rows stay in place (as in transformers,
-    fed padding once finished) under the conditions of `gnmt_beam_search`. As there, the host waits for the
-    device once a step (how many rows go on); the decoder's products run on packed weights where that is
-    faster (`packed_products`). Our `generate` uses it for
+    padded after it finishes, up to the step the last row finished. Rows stay in place (as in transformers,
+    fed padding once done) under the conditions of `gnmt_beam_search`. As there, the host waits for the
+    device once a step (how many rows are not done); the decoder's products run on packed weights where that is
+    faster (`onednn_decoding_weights`). Our `generate` uses it for
     plain greedy decoding without per-step outputs or a static cache (with one, transformers' loop
     compiles the step).
     """
@@ -264,33 +268,33 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     sequences = input_ids.new_full((rows, generation_config.max_length), pad)
     active = torch.arange(rows, device=input_ids.device)  # the rows in the batch, by their index in the input
     tokens = input_ids  # theirs so far
-    finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
-    with packed_products(model, rows):
+    done = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
+    with onednn_decoding_weights(model, rows):
         while True:
             _, logits = live.step(tokens)
             scores = live.process(tokens, logits)
-            at_cap = live.cap.last_step(tokens)  # stops with this token, </s> or not (where </s> is ruled out)
-            next_tokens = torch.where(finished, pad, scores.argmax(dim=-1))  # finished rows are fed padding
+            last_step = live.cap.last_step(tokens)  # finishes with this token, </s> or not (where </s> is ruled out)
+            next_tokens = torch.where(done, pad, scores.argmax(dim=-1))  # done rows are fed padding
             tokens = torch.cat((tokens, next_tokens[:, None]), dim=1)
-            finished |= stopping_criteria(tokens, scores) | at_cap
-            count = _unfinished_count(finished)
+            done |= stopping_criteria(tokens, scores) | last_step
+            count = _not_done_count(done)
             if count == 0:
                 sequences[active, : tokens.size(1)] = tokens
                 return sequences[:, : tokens.size(1)]
-            if prune and should_prune(count, finished.numel()):
-                staying, leaving = _staying_and_leaving(finished, count)
+            if prune and should_prune(count, done.numel()):
+                staying, leaving = _staying_and_leaving(done, count)
                 sequences[active[leaving], : tokens.size(1)] = tokens[leaving]
                 live.keep(staying)
-                tokens, active, finished = tokens[staying], active[staying], finished[staying]
+                tokens, active, done = tokens[staying], active[staying], done[staying]
 
 
 class GNMTRanking:
     """The paper's ranking (§6.1): log P / lp(|Y|), lp = ((5 + |Y|) / 6)^α, `num_return_sequences`
     finished hypotheses kept per sentence.
 
-    Stopping rule, exact for α >= 0 and α < 0 alike: a live hypothesis can only lose log-probability,
-    so its best possible final score is max(log P / lp(L + 1), log P / lp(L_max)), lp being monotone in
-    length (L its length, L_max the sentence's cap). A sentence is done when the worst kept hypothesis
+    When a sentence is done, exactly for α >= 0 and α < 0 alike: a live hypothesis can only lose
+    log-probability, so its best possible score is max(log P / lp(L + 1), log P / lp(L_max)), lp being monotone
+    in length (L its length, L_max the sentence's cap). A sentence is done when the worst kept hypothesis
     is at least that bound for its best live hypothesis; `early_stopping` is not used. A kept place
     left empty scores -inf, which only the bound of a sentence with no live hypothesis (-inf too)
     reaches: it is done.
@@ -317,7 +321,7 @@ class _Candidates(NamedTuple):
     tokens: torch.Tensor  # (sentences * 2K, length)
     origins: torch.Tensor  # (sentences * 2K, length - prompt): the rows the tokens were generated from
     rows: torch.Tensor  # (sentences * 2K,): the rows they extend, in the batch now
-    stops: torch.Tensor  # (sentences, 2K): ends (</s>, a stopping criterion, the sentence's cap)
+    finishes: torch.Tensor  # (sentences, 2K): finished (</s>, a stopping criterion, the sentence's cap)
 
 
 class _Finished(NamedTuple):
@@ -332,7 +336,7 @@ class _Hypotheses:
     """Beam search's hypotheses: per row of the batch a live one (tokens, origins, log P), per sentence
     its `ranking.num_kept` best finished ones (`GNMTRanking`) and whether it is done; `active`: the sentences
     in the batch. Finished hypotheses are kept on the device, in tables of the longest output (`max_length`
-    tokens), padded with `fill`, so that a step never waits for the device to tell which ended. A beam that may
+    tokens), padded with `fill`, so that a step never waits for the device to tell which finished. A beam that may
     not be extended scores -inf."""
 
     def __init__(self, input_ids, generation_config):
@@ -352,7 +356,7 @@ class _Hypotheses:
         self.kept_tokens = input_ids.new_full((batch, kept, max_length), self.fill)
         self.kept_origins = input_ids.new_full((batch, kept, max_length - self.prompt_length), -1)
         self.kept_lengths = input_ids.new_zeros(batch, kept)
-        self.completed = torch.zeros(batch, dtype=torch.bool, device=device)  # per sentence: no more to search
+        self.done = torch.zeros(batch, dtype=torch.bool, device=device)  # per sentence: its search is over
 
     def candidates(self, log_probs: torch.Tensor, stopping_criteria, last_step: torch.Tensor) -> _Candidates:
         """Extend every live hypothesis by every token; keep the 2K best per sentence by log P (all have the
@@ -364,21 +368,21 @@ class _Hypotheses:
         position = torch.arange(sentences, device=scores.device)[:, None]  # (sentences, 1): their places in the batch now
         rows = (parent + position * beams).view(-1)
         tokens = torch.cat((self.tokens[rows], (index % vocab).view(-1, 1)), dim=1)
-        # in the input's batch (rows leave as sentences finish), as transformers numbers beam_indices
+        # in the input's batch (rows leave as sentences are done), as transformers numbers beam_indices
         origins = torch.cat((self.origins[rows], (parent + self.active[:, None] * beams).view(-1, 1)), dim=1)
-        # A candidate at its sentence's cap stops, as one at max_length does.
-        stops = stopping_criteria(tokens, None).view(sentences, 2 * beams) | last_step[:, None]
-        return _Candidates(scores, tokens, origins, rows, stops)
+        # A candidate at its sentence's cap finishes, as one at max_length does.
+        finishes = stopping_criteria(tokens, None).view(sentences, 2 * beams) | last_step[:, None]
+        return _Candidates(scores, tokens, origins, rows, finishes)
 
     def finish(self, candidates: _Candidates) -> None:
-        """Candidates that end among the K best of a sentence still searching are finished hypotheses,
+        """Candidates that finish among the K best of a sentence not done are finished hypotheses,
         scored by the ranking; a sentence keeps its `ranking.num_kept` best (the earlier first among equals)."""
         beams, active = self.beams, self.active
         length = candidates.tokens.size(1)
-        final_scores = candidates.scores[:, :beams] / self.ranking.penalty(length - self.prompt_length)
-        final = candidates.stops[:, :beams] & (candidates.scores[:, :beams] > float("-inf"))  # -inf never finishes
-        final &= ~self.completed[active][:, None]
-        scores = torch.cat((self.kept_scores[active], final_scores.masked_fill(~final, float("-inf"))), dim=1)
+        ranked = candidates.scores[:, :beams] / self.ranking.penalty(length - self.prompt_length)
+        finished = candidates.finishes[:, :beams] & (candidates.scores[:, :beams] > float("-inf"))  # -inf never does
+        finished &= ~self.done[active][:, None]
+        scores = torch.cat((self.kept_scores[active], ranked.masked_fill(~finished, float("-inf"))), dim=1)
         scores, order = scores.sort(dim=1, descending=True, stable=True)
         order = order[:, : self.ranking.num_kept]
         self.kept_scores[active] = scores[:, : self.ranking.num_kept]
@@ -397,9 +401,9 @@ class _Hypotheses:
         return both.gather(1, order[:, :, None].expand(-1, -1, both.size(-1)))
 
     def live_on(self, candidates: _Candidates) -> torch.Tensor:
-        """The K best candidates that did not stop are the live hypotheses (those that stopped score -inf,
+        """The K best candidates that did not finish are the live hypotheses (those that finished score -inf,
         and live on only if fewer than K did not); returns the rows they extend."""
-        ranked = candidates.scores.masked_fill(candidates.stops, float("-inf"))
+        ranked = candidates.scores.masked_fill(candidates.finishes, float("-inf"))
         self.scores, live = ranked.topk(self.beams, dim=1)
         position = torch.arange(live.size(0), device=live.device)[:, None]
         selected = (live + position * 2 * self.beams).view(-1)
@@ -413,8 +417,8 @@ class _Hypotheses:
         active = self.active
         worst_kept = self.kept_scores[active, -1]  # -inf until `ranking.num_kept` are kept
         beaten = self.ranking.is_done(self.scores[:, 0], length, max_new, worst_kept)
-        self.completed[active] |= (length >= max_new) | beaten
-        return self.completed[active]
+        self.done[active] |= (length >= max_new) | beaten
+        return self.done[active]
 
     def keep(self, staying: torch.Tensor) -> None:
         """Only the sentences `staying` (their places in the batch) stay in the batch."""
@@ -484,15 +488,15 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     `input_ids` is (batch * beams, 1), the decoder start token.
 
     Each step (as fairseq and transformers): run the decoder on the live rows; extend every live
-    hypothesis by every token and keep the 2K best candidates per sentence by log P; candidates that end
-    (</s>, a stopping criterion such as max_length, the sentence's cap) among the best K are finished and
-    scored by the ranking; the best K that did not end live on; sentences whose finished hypotheses no
-    live one can beat are done. The host waits for the device once a step, for the number of sentences
-    going on (`_unfinished_count`); everything else stays on the device. The decoder's products run on packed
-    weights where that is faster (`packed_products`).
+    hypothesis by every token and keep the 2K best candidates per sentence by log P; candidates that finish
+    (</s>, a stopping criterion such as max_length, the sentence's cap) among the best K are kept as finished
+    hypotheses, scored by the ranking; the best K that did not finish live on; sentences whose finished hypotheses
+    no live one can beat are done. The host waits for the device once a step, for the number of sentences
+    not done (`_not_done_count`); everything else stays on the device. The decoder's products run on packed
+    weights where that is faster (`onednn_decoding_weights`).
 
     Done sentences leave the batch (as in fairseq's generator, by the rule of `should_prune`): their
-    rows are no longer computed, and the search ends when the last sentence is done. Outputs and scores
+    rows are no longer computed, and the search returns when the last sentence is done. Outputs and scores
     are those of the full batch. Rows stay in place (done sentences are then ignored) with
     `return_dict_in_generate` (the returned cache, as transformers returns it, and any per-step outputs
     hold every row), with a static cache, with a logits processor that is not known to treat rows on their
@@ -508,10 +512,10 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     longest = generation_config.max_length - prompt_length  # transformers' max_length, under the sentences' caps
 
     count = -1
-    with packed_products(model, input_ids.size(0)):
+    with onednn_decoding_weights(model, input_ids.size(0)):
         while count != 0:
             parents, done = _beam_step(live, hypotheses, steps, stopping_criteria, longest)
-            count = _unfinished_count(done)
+            count = _not_done_count(done)
             if prune and 0 < count and should_prune(count, done.numel()):  # in the gather that reorders the beams
                 staying, _ = _staying_and_leaving(done, count)
                 live.keep(staying, self_attention_rows=parents[_rows_of(staying, beams)])
@@ -525,8 +529,9 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
 
 
 def _beam_step(live: _LiveRows, hypotheses: _Hypotheses, steps: _StepOutputs, stopping_criteria, longest: int):
-    """One step of the search: the live hypotheses extended by every token, those of the best candidates that end
-    finished, the best that do not live on. Returns the row each live hypothesis comes from, and the sentences done."""
+    """One step of the search: the live hypotheses extended by every token, those of the best candidates that
+    finish kept as finished hypotheses, the best that do not live on. Returns the row each live hypothesis comes
+    from, and the sentences done."""
     outputs, logits = live.step(hypotheses.tokens)
     log_probs = live.process(hypotheses.tokens, logits.log_softmax(dim=-1))
     steps.record(log_probs, outputs)

@@ -1,10 +1,12 @@
-"""Which kernel our decoding loops run the decoder's products on, chosen once, when a model is loaded.
+"""The model's `onednn_decoding`, chosen once, when a model is loaded: which of the decoder's products our decoding
+loops run on oneDNN with packed weights (fast_generation.py's `onednn_decoding_weights`) instead of torch's kernel.
 
 torch's float32 linear and oneDNN on a packed weight give the same numbers; which is faster depends on the
-CPU and on the shape (MKL can win narrow products), so `choose_decoding_kernel` times both on each of the model's own
-decoder shapes and sets the model's `onednn_decoding` to those oneDNN wins, which the saved folder's code reads (fast_generation.py)
-and which a user of a saved folder without this package may set by hand. `model_folder.load_model` calls it: the
-choice is the package's, so it stays out of modeling/, whose files ship with every folder.
+CPU and on the shape (MKL can win narrow products), so `choose_onednn_decoding` times both on each of the model's
+own decoder shapes and sets the model's `onednn_decoding` to those oneDNN wins, which the saved folder's code reads
+(fast_generation.py) and which a user of a saved folder without this package may set by hand. The attribute is set
+at load and never saved. `model_folder.load_model` calls it: the choice is the package's, so it stays out of
+modeling/, whose files ship with every folder.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch.nn.functional as F
 from .choices import TRANSLATION_BATCH_SIZE
 from .modeling.fast_modeling import ONEDNN_LINEAR, PackableLinear, onednn_linear, pack_weight
 
-__all__ = ["choose_decoding_kernel", "onednn_is_faster"]
+__all__ = ["choose_onednn_decoding", "onednn_is_faster"]
 
 MARGIN = 0.05  # oneDNN replaces torch's kernel only when it is at least this much faster
 ROUNDS = 5  # timings of each kernel, interleaved; the fastest of each counts
@@ -47,7 +49,7 @@ def onednn_is_faster(shapes, rows: int = TRANSLATION_BATCH_SIZE) -> bool:
     return seconds[1] < (1 - MARGIN) * seconds[0]
 
 
-def choose_decoding_kernel(model):
+def choose_onednn_decoding(model):
     """Set `model.onednn_decoding` to the (in, out) shapes of its decoder's products that oneDNN computes faster
     here (MKL can win the narrow ones while oneDNN wins the output projection), where our loops can use it at all
     (fast paths on, oneDNN present and enabled, float32 weights on the CPU); False where none. Return it.

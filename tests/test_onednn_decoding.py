@@ -1,4 +1,4 @@
-"""The decoding kernel is chosen when the package loads a model, from a timing of both kernels on its own
+"""The model's `onednn_decoding` is chosen when the package loads a model, from a timing of both kernels on its own
 decoder shapes, and never where our loops could not use oneDNN."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import time
 import pytest
 import torch
 
-from vanilla_transformer import decoding_kernel
-from vanilla_transformer.decoding_kernel import choose_decoding_kernel, onednn_is_faster
+from vanilla_transformer import onednn_decoding
+from vanilla_transformer.onednn_decoding import choose_onednn_decoding, onednn_is_faster
 from vanilla_transformer.modeling import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
-pytestmark = pytest.mark.skipif(not decoding_kernel.ONEDNN_LINEAR, reason="torch without oneDNN's packed linear")
+pytestmark = pytest.mark.skipif(not onednn_decoding.ONEDNN_LINEAR, reason="torch without oneDNN's packed linear")
 
 
 def _model(**overrides):
@@ -30,21 +30,21 @@ def _slowed(kernel):
 @pytest.mark.parametrize("slow_one, onednn_faster", [("onednn_linear", False), ("F", True)])
 def test_the_faster_kernel_is_timed_on_the_shapes(monkeypatch, slow_one, onednn_faster):
     if slow_one == "F":
-        monkeypatch.setattr(decoding_kernel.F, "linear", _slowed(torch.nn.functional.linear))
+        monkeypatch.setattr(onednn_decoding.F, "linear", _slowed(torch.nn.functional.linear))
     else:
-        monkeypatch.setattr(decoding_kernel, "onednn_linear", _slowed(decoding_kernel.onednn_linear))
+        monkeypatch.setattr(onednn_decoding, "onednn_linear", _slowed(onednn_decoding.onednn_linear))
     assert onednn_is_faster([(16, 32), (32, 64)], rows=4) is onednn_faster
 
 
 @pytest.mark.parametrize("faster", [True, False])
 def test_the_model_is_given_what_the_timing_says_for_its_decoder_shapes(monkeypatch, faster):
     timed = []
-    monkeypatch.setattr(decoding_kernel, "onednn_is_faster", lambda shapes: timed.extend(shapes) or faster)
+    monkeypatch.setattr(onednn_decoding, "onednn_is_faster", lambda shapes: timed.extend(shapes) or faster)
     model = _model()
     assert model.onednn_decoding is False  # built, not loaded by the package: torch's own kernel
     d_model, d_ff, vocab = model.config.d_model, model.config.d_ff, model.config.vocab_size
     shapes = {(d_model, d_model), (d_model, d_ff), (d_ff, d_model), (d_model, vocab)}
-    chosen = choose_decoding_kernel(model)
+    chosen = choose_onednn_decoding(model)
     assert chosen == model.onednn_decoding == (shapes if faster else False)
     assert set(timed) == shapes and len(timed) == len(shapes)  # each shape timed once, on its own
 
@@ -58,22 +58,22 @@ def test_only_the_shapes_timed_faster_are_packed(monkeypatch):
     model = VanillaTransformerForConditionalGeneration(config).eval()
     head = model.get_output_embeddings()
     wide = (head.in_features, head.out_features)
-    monkeypatch.setattr(decoding_kernel, "onednn_is_faster", lambda shapes: shapes == [wide])
-    assert choose_decoding_kernel(model) == {wide}
+    monkeypatch.setattr(onednn_decoding, "onednn_is_faster", lambda shapes: shapes == [wide])
+    assert choose_onednn_decoding(model) == {wide}
     packed = [m for m in (*model.get_decoder().modules(), head)
-              if isinstance(m, decoding_kernel.PackableLinear) and fast_generation.worth_packing(model, m, rows=4)]
+              if isinstance(m, onednn_decoding.PackableLinear) and fast_generation.worth_packing(model, m, rows=4)]
     assert packed == [head]
 
 
 @pytest.mark.parametrize("unusable", ["fast_paths", "bf16", "mkldnn"])
 def test_nothing_is_timed_where_our_loops_cannot_use_onednn(monkeypatch, unusable):
-    monkeypatch.setattr(decoding_kernel, "onednn_is_faster", lambda shapes: pytest.fail("timed"))
+    monkeypatch.setattr(onednn_decoding, "onednn_is_faster", lambda shapes: pytest.fail("timed"))
     model = _model(fast_paths=unusable != "fast_paths")
     if unusable == "bf16":
         model = model.to(torch.bfloat16)
     if unusable == "mkldnn":
         monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
-    assert choose_decoding_kernel(model) is False and model.onednn_decoding is False
+    assert choose_onednn_decoding(model) is False and model.onednn_decoding is False
 
 
 @pytest.mark.slow
@@ -81,7 +81,7 @@ def test_a_model_loaded_by_the_package_decodes_on_the_kernel_timed_faster(hub_ti
     from vanilla_transformer.model_folder import load_model
 
     for faster in (True, False):
-        monkeypatch.setattr(decoding_kernel, "onednn_is_faster", lambda shapes, faster=faster: faster)
+        monkeypatch.setattr(onednn_decoding, "onednn_is_faster", lambda shapes, faster=faster: faster)
         model, _ = load_model(hub_tiny_folder, "cpu")
         assert bool(model.onednn_decoding) is faster
 
@@ -89,11 +89,11 @@ def test_a_model_loaded_by_the_package_decodes_on_the_kernel_timed_faster(hub_ti
 def test_another_model_is_left_as_it_is(monkeypatch):
     from transformers import MarianConfig, MarianMTModel
 
-    monkeypatch.setattr(decoding_kernel, "onednn_is_faster", lambda shapes: pytest.fail("timed"))
+    monkeypatch.setattr(onednn_decoding, "onednn_is_faster", lambda shapes: pytest.fail("timed"))
     config = MarianConfig(vocab_size=64, pad_token_id=0, decoder_start_token_id=0, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
                           decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32)
     marian = MarianMTModel(config)
-    assert choose_decoding_kernel(marian) is False and not hasattr(marian, "onednn_decoding")
+    assert choose_onednn_decoding(marian) is False and not hasattr(marian, "onednn_decoding")
 
 
 def test_onednn_is_chosen_only_where_timed_faster_by_the_margin(monkeypatch):
@@ -107,9 +107,9 @@ def test_onednn_is_chosen_only_where_timed_faster_by_the_margin(monkeypatch):
             return kernel(*args)
         return run
 
-    monkeypatch.setattr(decoding_kernel.time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(decoding_kernel.F, "linear", timed("torch", torch.nn.functional.linear))
-    monkeypatch.setattr(decoding_kernel, "onednn_linear", timed("onednn", decoding_kernel.onednn_linear))
+    monkeypatch.setattr(onednn_decoding.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(onednn_decoding.F, "linear", timed("torch", torch.nn.functional.linear))
+    monkeypatch.setattr(onednn_decoding, "onednn_linear", timed("onednn", onednn_decoding.onednn_linear))
     for torch_s, onednn_s, faster in ((10.0, 5.0, True), (10.0, 9.8, False), (10.0, 12.0, False)):
         durations.update(torch=torch_s, onednn=onednn_s)
         assert onednn_is_faster([(8, 16)], rows=3) is faster
