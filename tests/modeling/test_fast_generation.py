@@ -365,14 +365,19 @@ def test_a_saved_folder_uses_transformers_cache_without_the_package(hub_tiny_fol
     assert sequences == expected
 
 
-def test_a_cache_of_the_wrong_kind_or_under_two_names_is_refused_clearly(model_and_batch):
+def test_a_cache_of_the_wrong_kind_is_refused_clearly_and_two_names_resolve_as_peft_needs(model_and_batch):
     model, batch = model_and_batch
     start = batch["input_ids"][:, :1] * 0
     with pytest.raises(ValueError, match=r"`cache` \(`past_key_values`\) must be an EncoderDecoderCache"):
         model(**batch, decoder_input_ids=start, past_key_values=DynamicCache())
-    both = {name: EncoderDecoderCache(DynamicCache(), DynamicCache()) for name in ("cache", "past_key_values")}
-    with pytest.raises(ValueError, match="Pass the cache as `cache` or as `past_key_values`"):
-        model(**batch, decoder_input_ids=start, **both)
+    # Both names at once (PEFT's prefix tuning in transformers' loop): an empty `cache` gives way to
+    # `past_key_values`, the prefix; a `cache` that holds tokens goes on, as transformers' own models take it.
+    prefix, empty = (EncoderDecoderCache(DynamicCache(), DynamicCache()) for _ in range(2))
+    out = model(**batch, decoder_input_ids=start, cache=empty, past_key_values=prefix, use_cache=True)
+    assert getattr(out, CACHE_NAME) is prefix and prefix.get_seq_length() == 1 and empty.get_seq_length() == 0
+    fresh = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    out = model(**batch, decoder_input_ids=start, cache=prefix, past_key_values=fresh, use_cache=True)
+    assert getattr(out, CACHE_NAME) is prefix and prefix.get_seq_length() == 2 and fresh.get_seq_length() == 0
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

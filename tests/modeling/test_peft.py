@@ -1,5 +1,5 @@
-"""PEFT on the model: LoRA, IA3, prompt tuning and prefix tuning each train, save, reload and (where the
-method allows) merge back into the weights."""
+"""PEFT on the model: LoRA, IA3, prompt tuning and prefix tuning each train, save, reload, decode with their
+adapter and (where the method allows) merge back into the weights."""
 
 import copy
 
@@ -68,7 +68,25 @@ def test_peft_method_trains_saves_reloads_and_merges(method, hub_tiny_model, bat
     reloaded = PeftModel.from_pretrained(copy.deepcopy(base), tmp_path)
     torch.testing.assert_close(eval_logits(reloaded, batch), trained, atol=1e-5, rtol=1e-5)
 
+    # It decodes with its adapter as its forward scores: greedy search's tokens are the forward's argmax step by step
+    # (prefix tuning's prefix reaches transformers' loop as `past_key_values` beside its `cache`); beam search runs.
+    inputs = {name: batch[name] for name in ("input_ids", "attention_mask")}
+    with torch.no_grad():
+        greedy = reloaded.generate(**inputs, num_beams=1, max_new_tokens=5, min_new_tokens=5)
+        assert torch.equal(greedy, _greedy_by_forward(reloaded, inputs, 5, base.config))
+        assert reloaded.generate(**inputs, num_beams=4, max_new_tokens=5).size(0) == inputs["input_ids"].size(0)
+
     if method in MERGEABLE:
         merged = reloaded.merge_and_unload()
         assert type(merged) is type(base) and not any("lora" in n or "ia3" in n for n, _ in merged.named_parameters())
         torch.testing.assert_close(eval_logits(merged, batch), trained, atol=1e-4, rtol=1e-4)
+
+
+def _greedy_by_forward(model, inputs, steps: int, config) -> torch.Tensor:
+    """Greedy search by hand: the whole forward on the tokens so far, its argmax appended, </s> held back."""
+    decoded = torch.full((inputs["input_ids"].size(0), 1), config.decoder_start_token_id)
+    for _ in range(steps):
+        logits = model(**inputs, decoder_input_ids=decoded).logits[:, -1]
+        logits[:, config.eos_token_id] = -float("inf")
+        decoded = torch.cat([decoded, logits.argmax(-1, keepdim=True)], dim=1)
+    return decoded

@@ -13,7 +13,7 @@ import os
 import warnings
 
 import torch
-from transformers.cache_utils import EncoderDecoderCache
+from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
 # transformers 5.24 renamed the cache `past_key_values` to `cache` in generate's model arguments and in
@@ -42,9 +42,13 @@ def check_fits_in_memory(config) -> None:
 
 def resolve_cache_argument(cache=None, past_key_values=None):
     """The cache passed under either name (`cache` since transformers 5.24, `past_key_values` before); the old
-    name warns where the installed transformers has the new one, as its own models do."""
+    name warns where the installed transformers has the new one, as its own models do.
+
+    Both at once is PEFT's prefix tuning in transformers' loop: PEFT passes its prefix as `past_key_values` at every
+    step beside the loop's `cache`. The prefix takes the place of the first step's empty cache, as it did while the
+    two had one name; from then on the cache that holds it goes on (`cache` wins, transformers' own rule)."""
     if cache is not None and past_key_values is not None:
-        raise ValueError("Pass the cache as `cache` or as `past_key_values` (its name before transformers 5.24), not both.")
+        return past_key_values if isinstance(cache, Cache) and cache.get_seq_length() == 0 else cache
     if past_key_values is not None and CACHE_NAME == "cache" and not torch.compiler.is_compiling():
         warnings.warn("`past_key_values` is deprecated and will be removed in version 5.40.0 for `forward`. "
                       "Use `cache` instead.", FutureWarning, stacklevel=3)
