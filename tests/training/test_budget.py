@@ -13,7 +13,7 @@ def test_the_steps_left_are_those_of_the_first_limit():
     assert Budget(max_steps=100).remaining_steps(40) == 60
     state = RunState(epoch=1, batches_done=4)
     # Two epochs of 10 batches, 2 per step: the second epoch has 6 batches left, 3 steps.
-    epochs = Budget(num_epochs=2, accumulation=2, epoch_batches=10, state=state)
+    epochs = Budget(num_epochs=2, gradient_accumulation_steps=2, epoch_batches=10, state=state)
     assert epochs.remaining_steps(7) == 3 and not epochs.epochs_done()
     state.epoch = 2
     assert epochs.epochs_done()

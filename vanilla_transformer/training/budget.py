@@ -24,7 +24,7 @@ class Budget:
     max_steps: int | None = None
     num_epochs: int | None = None
     time_limit: float | None = None
-    accumulation: int = 1  # batches per optimiser step
+    gradient_accumulation_steps: int = 1  # batches per optimiser step
     epoch_batches: int = 0  # batches per epoch on each process
     state: RunState = field(default_factory=RunState)  # the run's, read (never written) for its step and epochs done
     start_step: int = 0  # where this session began
@@ -54,7 +54,7 @@ class Budget:
             left.append(self.max_steps - step)
         if self.num_epochs is not None:
             batches = (self.num_epochs - self.state.epoch) * self.epoch_batches - self.state.batches_done
-            left.append(batches / self.accumulation)
+            left.append(batches / self.gradient_accumulation_steps)
         timed = step - 1 - self.start_step  # steps whose time `elapsed` (measured as step `step` began) covers
         if self.time_limit is not None and timed > 0:
             left.append((self.time_limit * 60 - self.before - self.elapsed) / (self.elapsed / timed) - 1)

@@ -100,10 +100,10 @@ def set_up(args: TrainArguments, accelerator, lock: RunLock | None = None) -> tu
                          "shards of the weights; train without it, or with DDP")
     logger.info(use_threads(args.threads))  # before the data is read and tokenised: that computes too
     checkpoint_root = Path(args.output_dir) / CHECKPOINTS
-    resume_from, base = _starting_point(args, accelerator, checkpoint_root)
+    resume_from, base_folder = _starting_point(args, accelerator, checkpoint_root)
     set_seed(args.seed)  # the same initial weights on every process
     data, source_lang, target_lang, tokenizer, train_split, eval_splits = prepare_data(args, accelerator)
-    model = _build_model(args, accelerator, tokenizer, resume_from, base, (source_lang, target_lang))
+    model = _build_model(args, accelerator, tokenizer, resume_from, base_folder, (source_lang, target_lang))
     d_model = model.config.d_model
     resumed = RunState.read(resume_from) if resume_from is not None else None
     plan = size_batches(args, accelerator, model)  # a resume's args hold its run's plan (`restore_batch_plan`)
@@ -116,9 +116,9 @@ def set_up(args: TrainArguments, accelerator, lock: RunLock | None = None) -> tu
     state = resumed if resumed is not None else RunState(run_options=args.run_options(), recorded_options=args.recorded_options())
     sampler = training_sampler(accelerator, train_split, state.epoch, args.max_tokens, args.seed,
                                shape_count=args.bucket_shapes, compiled=args.compile_asked())
-    budget = Budget(args.max_steps, args.num_epochs, args.time_limit, args.gradient_accumulation_steps,
-                    epoch_batches=len(sampler.local_batches(state.epoch)), state=state, start_step=state.step,
-                    before=state.begin_part())  # the run's new part begins here
+    budget = Budget(max_steps=args.max_steps, num_epochs=args.num_epochs, time_limit=args.time_limit, state=state,
+                    gradient_accumulation_steps=args.gradient_accumulation_steps, start_step=state.step,
+                    epoch_batches=len(sampler.local_batches(state.epoch)), before=state.begin_part())  # a new part
     # The scheduler is not prepared: Accelerate would step it once per process, and the Noam schedule counts
     # optimiser steps. It is registered so that save_state/load_state keep it.
     scale = args.lr_scale if args.lr is None else peak_scale(args.lr, d_model, args.warmup_steps)
@@ -176,10 +176,11 @@ def _starting_point(args: TrainArguments, accelerator, checkpoint_root: Path) ->
     return None, check_model_folder(folder, needs_tokenizer=False)
 
 
-def _build_model(args: TrainArguments, accelerator, tokenizer, resume_from: Path | None, base, langs: tuple[str, str]):
-    """The model to train, its objective and attention set, its language pair recorded, its config saved. `base`:
+def _build_model(args: TrainArguments, accelerator, tokenizer, resume_from: Path | None, base_folder,
+                 langs: tuple[str, str]):
+    """The model to train, its objective and attention set, its language pair recorded, its config saved. `base_folder`:
     the model folder it fine-tunes, past the gate (`_starting_point`), or None."""
-    model = _load_model(args, tokenizer, resume_from, base)
+    model = _load_model(args, tokenizer, resume_from, base_folder)
     model.config.label_smoothing = args.label_smoothing  # the model's own loss is the run's objective (§5.4)
     if args.attn_implementation:  # refused before the first step (a missing kernel package, for one)
         set_attn_implementation(model, args.attn_implementation)
@@ -197,12 +198,12 @@ def _build_model(args: TrainArguments, accelerator, tokenizer, resume_from: Path
     return model
 
 
-def _load_model(args: TrainArguments, tokenizer, resume_from: Path | None, base: CheckedFolder | None):
+def _load_model(args: TrainArguments, tokenizer, resume_from: Path | None, base_folder: CheckedFolder | None):
     config_file = Path(args.output_dir) / CHECKPOINTS / "config.json"
     if resume_from is not None:  # the architecture of the run being resumed; its weights come with load_state
         return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_json_file(config_file))
-    if base is not None:
-        model = base.load(**args.config_overrides)
+    if base_folder is not None:
+        model = base_folder.load(**args.config_overrides)
         if len(tokenizer) > model.config.vocab_size:
             raise ValueError(
                 f"the tokenizer has {len(tokenizer)} tokens but the model {args.model_name_or_path} only "
