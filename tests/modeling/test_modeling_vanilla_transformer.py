@@ -239,6 +239,20 @@ def test_generate_returns_every_attention():
         assert all(w is not None for w in self_attn + cross_attn)
 
 
+def test_the_decoder_starts_from_the_configs_start_token_in_the_loss_and_in_decoding():
+    # Marian's default start is the padding token, as ours is: a config that names another start must be read,
+    # where labels are shifted for the loss and where generation begins.
+    model = make_model(decoder_start_token_id=BOS)
+    input_ids, attention_mask, decoder_input_ids = batch()
+    labels = decoder_input_ids.roll(-1, dims=1)
+    shifted = model.prepare_decoder_input_ids_from_labels(labels=labels)
+    assert (shifted[:, 0] == BOS).all() and torch.equal(shifted[:, 1:], labels[:, :-1])
+    logits = model(input_ids, attention_mask=attention_mask, decoder_input_ids=shifted).logits
+    expected = torch.nn.functional.cross_entropy(logits.view(-1, VOCAB), labels.view(-1))
+    torch.testing.assert_close(model(input_ids, attention_mask=attention_mask, labels=labels).loss, expected)
+    generated = model.generate(input_ids, attention_mask=attention_mask, num_beams=1, max_new_tokens=3)
+    assert (generated[:, 0] == BOS).all()
+
 def test_labels_give_loss_and_shifted_decoder_inputs():
     model = make_model()
     input_ids, attention_mask, decoder_input_ids = batch()
