@@ -210,7 +210,7 @@ def write_file_whole(path: str | os.PathLike, content: str | bytes | Callable[[P
     it is given) goes to a staging file beside it, which gets the mode `open` gives and is renamed into place.
     A failure leaves the old file as it was; a full disk is raised as DiskFull naming `path`, another OSError as
     one naming `path` (not its staging name) with its errno. What a killed write of `path` left beside it is
-    removed first."""
+    removed first, so `path` has one writer at a time (threads that may write the same file hold a lock)."""
     path = Path(path)
     for left in path.parent.glob(f"{STAGING_PREFIX}{'?' * 8}-{glob.escape(path.name)}"):  # mkstemp's 8 letters
         if left.is_file():

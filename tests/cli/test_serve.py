@@ -343,3 +343,23 @@ def test_the_apps_limits_come_from_serves_options_then_the_environment_then_the_
             main(["serve", "--model", "m", *argv])
         assert stop.value.code == 2
         assert capsys.readouterr().err == f"vanilla-transformer serve: error: {message}\n"
+
+
+def test_two_requests_for_the_same_sentence_at_once_both_get_their_page(hub_tiny_model, tmp_path, monkeypatch):
+    # Both write explorer-<hash of the page>.html, and a write first removes what an earlier one of that file left:
+    # without one writer at a time, the second removed the first's staging file before its rename.
+    pytest.importorskip("gradio")
+    from vanilla_transformer import staging
+    from vanilla_transformer.visualize.app import Limits, make_translate
+
+    real_move = staging._move
+
+    def slow_move(source, destination):  # widens the moment between a page's write and its rename
+        time.sleep(0.5)
+        real_move(source, destination)
+
+    monkeypatch.setattr(staging, "_move", slow_move)
+    translate = make_translate(*hub_tiny_model, Limits(max_new_tokens=5), tmp_path)
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda _: translate("Jesus wept.", 1, 0.6, 0), range(2)))
+    assert answers[0] == answers[1] and Path(answers[0][2]).is_file()

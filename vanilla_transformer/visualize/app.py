@@ -113,6 +113,7 @@ def make_translate(model, tokenizer, limits: Limits, pages: str | os.PathLike | 
     (translation, the explorer in a frame, the explorer's file, written under `pages`, which keeps the newest
     `KEPT_PAGES`). A request beyond `limits` is a gr.Error naming the limit. `slots`: held while translating."""
     offset, slots = _length_offset(model), slots or threading.Semaphore(limits.max_concurrent)
+    writing = threading.Lock()  # see _write_page
     longest_text = limits.max_input_tokens * longest_token(tokenizer)
 
     def translate(sentence: str, num_beams: float, length_penalty: float, max_new_tokens: float):
@@ -148,15 +149,23 @@ def make_translate(model, tokenizer, limits: Limits, pages: str | os.PathLike | 
             raise _refuse(str(err).replace("`text`", "The sentence")) from None
         page = explorer_html(record)
         # `pages` itself, not its name: a TemporaryDirectory lives as long as this function refers to it
-        folder = pages.name if isinstance(pages, tempfile.TemporaryDirectory) else pages
-        path = Path(folder) / f"explorer-{hashlib.sha1(page.encode()).hexdigest()[:12]}.html"
-        write_file_whole(path, page)  # whole or not at all: the page is served from there
-        _keep_newest(Path(folder), KEPT_PAGES)
+        path = _write_page(Path(pages.name if isinstance(pages, tempfile.TemporaryDirectory) else pages), page, writing)
         frame = (f'<iframe title="Attention explorer" sandbox="allow-scripts" srcdoc="{html.escape(page)}" '
                  'style="width: 100%; height: 1000px; border: 0"></iframe>')
         return record.translation, frame, str(path)
 
     return translate
+
+
+def _write_page(folder: Path, page: str, writing: threading.Lock) -> Path:
+    """`page` as explorer-<its hash>.html in `folder`, whole (it is served from there), the newest KEPT_PAGES kept.
+    One at a time (`writing`): two requests for the same sentence write the same file, and a write removes what an
+    earlier write of that file left half done."""
+    path = folder / f"explorer-{hashlib.sha1(page.encode()).hexdigest()[:12]}.html"
+    with writing:
+        write_file_whole(path, page)
+        _keep_newest(folder, KEPT_PAGES)
+    return path
 
 
 def _refuse(message: str) -> gr.Error:
