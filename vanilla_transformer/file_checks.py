@@ -14,6 +14,8 @@ from collections.abc import Iterable, Iterator
 import re
 from pathlib import Path
 
+from .errors import BadInput
+
 
 # A Hub repository id, user/name: how a name the user gives is told from a folder that is not there.
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -39,7 +41,7 @@ def utf8_lines(lines: Iterable[bytes], name: str) -> Iterator[str]:
         try:
             yield raw.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError as err:
-            raise ValueError(
+            raise BadInput(
                 f"{name}, line {number}: byte {raw[err.start]:#04x} at column {err.start + 1} is not UTF-8; "
                 "save the file as UTF-8"
             ) from None
@@ -53,8 +55,8 @@ def bounded_lines(lines: Iterable[bytes], name: str, max_bytes: int = MAX_LINE_B
         return
     for number, raw in enumerate(iter(lambda: lines.readline(max_bytes + 1), b""), 1):
         if len(raw) > max_bytes and not raw.endswith(b"\n"):
-            raise ValueError(f"{name}, line {number}: no line end in its first {max_bytes:,} bytes; give a text file "
-                             "with one text per line")
+            raise BadInput(f"{name}, line {number}: no line end in its first {max_bytes:,} bytes; give a text file "
+                           "with one text per line")
         yield raw
 
 
@@ -62,13 +64,13 @@ def read_json(path: str | os.PathLike, max_bytes: int | None = None):
     """A JSON file we wrote, or a ValueError naming it and where it stops being JSON; one of more than
     `max_bytes` bytes is refused before it is read (a parser holds the whole file, and many times its size)."""
     if max_bytes is not None and (size := Path(path).stat().st_size) > max_bytes:
-        raise ValueError(f"{path} is {size:,} bytes, more than such a file holds (at most {max_bytes:,}); it is not read")
+        raise BadInput(f"{path} is {size:,} bytes, more than such a file holds (at most {max_bytes:,}); it is not read")
     try:
         return parse_json(Path(path).read_text(encoding="utf-8"), path)
     except UnicodeDecodeError as err:
-        raise ValueError(f"{path} is damaged: byte {err.start} is not UTF-8") from None
+        raise BadInput(f"{path} is damaged: byte {err.start} is not UTF-8") from None
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is damaged: not valid JSON ({err})") from None
+        raise BadInput(f"{path} is damaged: not valid JSON ({err})") from None
 
 
 def parse_json(text: str | bytes, name):
@@ -77,7 +79,7 @@ def parse_json(text: str | bytes, name):
     try:
         return json.loads(text)
     except RecursionError:
-        raise ValueError(f"{name} is damaged: its values nest deeper than a JSON parser follows") from None
+        raise BadInput(f"{name} is damaged: its values nest deeper than a JSON parser follows") from None
 
 
 def check_weights_file(path: str | os.PathLike) -> None:
@@ -94,10 +96,10 @@ def check_weights_file(path: str | os.PathLike) -> None:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
         if bad is not None:
-            raise ValueError(f"the CRC of {bad} does not match")
+            raise BadInput(f"the CRC of {bad} does not match")
     except (SafetensorError, zipfile.BadZipFile, ValueError, OSError, EOFError) as err:
         size = path.stat().st_size if path.exists() else 0
-        raise ValueError(f"{path} is damaged (truncated or corrupt; {size:,} bytes): {err}") from None
+        raise BadInput(f"{path} is damaged (truncated or corrupt; {size:,} bytes): {err}") from None
 
 
 def check_plain_pickle(path: str | os.PathLike, allowed=()):
@@ -116,13 +118,13 @@ def check_plain_pickle(path: str | os.PathLike, allowed=()):
             return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as err:
         if _unpickling_reason(err).startswith("Unsupported operand"):
-            raise ValueError(f"{path} is written with pickle instructions that cannot be read without running the file "
-                             f"({_unpickling_reason(err)}; torch.save writes protocol 2); it is not read") from None
-        raise ValueError(f"{path} holds more than tensors and plain values, so reading it could run code from the "
-                         f"file; it is not read ({_unpickling_reason(err)})") from None
+            raise BadInput(f"{path} is written with pickle instructions that cannot be read without running the file "
+                           f"({_unpickling_reason(err)}; torch.save writes protocol 2); it is not read") from None
+        raise BadInput(f"{path} holds more than tensors and plain values, so reading it could run code from the "
+                       f"file; it is not read ({_unpickling_reason(err)})") from None
     except Exception as err:  # noqa: BLE001 -- whatever else stops torch (a zip that is no torch archive): unreadable
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ValueError(f"{path} is not a torch.save file that can be read; it is not read ({reason})") from None
+        raise BadInput(f"{path} is not a torch.save file that can be read; it is not read ({reason})") from None
 
 
 def _unpickling_reason(err: Exception) -> str:
@@ -138,7 +140,7 @@ def check_inside(path: Path) -> None:
     """A ValueError unless a file of a model folder that is a link points inside the folder: a folder someone
     hands you reads nothing from elsewhere on the machine."""
     if path.is_symlink() and not any(path.resolve().is_relative_to(home) for home in _link_homes(path.parent)):
-        raise ValueError(f"{path} is a link to {path.resolve()}, outside the model folder; it is not read")
+        raise BadInput(f"{path} is a link to {path.resolve()}, outside the model folder; it is not read")
 
 
 def _link_homes(folder: Path) -> list[Path]:
@@ -156,8 +158,8 @@ def check_plain_file(path: str | os.PathLike, what: str) -> None:
     a ValueError saying so, `what` naming the option and path."""
     path = Path(path)
     if path.is_symlink() or (path.exists() and not path.is_file()):
-        raise ValueError(f"{what} is a link or a device, which the file written would replace; give the name of a "
-                         "plain file")
+        raise BadInput(f"{what} is a link or a device, which the file written would replace; give the name of a "
+                       "plain file")
 
 
 def check_output_file(option: str, path: str | None) -> None:
@@ -167,12 +169,12 @@ def check_output_file(option: str, path: str | None) -> None:
         return
     folder = Path(path).parent
     if Path(path).is_dir():
-        raise ValueError(f"{option} {path} is a folder; give the name of a file to write")
+        raise BadInput(f"{option} {path} is a folder; give the name of a file to write")
     check_plain_file(path, f"{option} {path}")
     if not folder.is_dir():
-        raise ValueError(f"{option} {path}: there is no folder {folder} to write it in")
+        raise BadInput(f"{option} {path}: there is no folder {folder} to write it in")
     if not os.access(folder, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
-        raise ValueError(f"{option} {path}: not allowed to write there")
+        raise BadInput(f"{option} {path}: not allowed to write there")
 
 
 def check_outputs_apart(outputs: dict[str, str | None], inputs: Iterable[str | os.PathLike]) -> None:
@@ -185,18 +187,18 @@ def check_outputs_apart(outputs: dict[str, str | None], inputs: Iterable[str | o
             continue
         target = Path(path).expanduser().resolve()
         if target in seen:
-            raise ValueError(f"{option} {path} is also the file of {seen[target]}; give each output its own file")
+            raise BadInput(f"{option} {path} is also the file of {seen[target]}; give each output its own file")
         seen[target] = option
         for source in resolved_inputs:
             if target == source or source in target.parents:
-                raise ValueError(f"{option} {path} is an input of this command ({source}); writing there would "
-                                 "destroy it: give another file")
+                raise BadInput(f"{option} {path} is an input of this command ({source}); writing there would "
+                               "destroy it: give another file")
 
 
 def check_repo_id(repo_id) -> str:
     """A Hub model id must read "user-or-org/name"."""
     if not isinstance(repo_id, str) or not REPO_ID.match(repo_id) or "--" in repo_id or ".." in repo_id:
-        raise ValueError(
+        raise BadInput(
             f"`repo_id` must look like 'user-or-org/model-name' (letters, digits, '-', '_', '.'; one '/'); "
             f"got {repo_id!r}"
         )

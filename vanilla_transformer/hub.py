@@ -26,6 +26,7 @@ import os
 import re
 from pathlib import Path
 
+from .errors import BadInput
 from .file_checks import check_repo_id, read_json
 from .folder_fields import MAX_JSON_BYTES
 from .model_folder import WEIGHT_FILES, check_model_files
@@ -111,7 +112,7 @@ def _check_save_arguments(output_dir: Path, results, repo_id: str | None, exampl
     if repo_id is not None:
         check_repo_id(repo_id)
     if example is not None and (not isinstance(example, str) or not example.strip()):
-        raise ValueError(f"`example` must be a sentence to draw the attention of; got an empty or blank {example!r}")
+        raise BadInput(f"`example` must be a sentence to draw the attention of; got an empty or blank {example!r}")
 
 
 def save_model_files(model, tokenizer, output_dir: str | os.PathLike) -> Path:
@@ -270,7 +271,7 @@ def check_hub_folder(folder: str | os.PathLike) -> Path:
         if not (folder / _code_file(reference)).is_file():
             missing.append(_code_file(reference))
     if missing:
-        raise ValueError(
+        raise BadInput(
             f"{folder} is not a complete model folder; missing: {', '.join(dict.fromkeys(missing))}. "
             "Write it with `save_for_hub` (or `vanilla-transformer train`)."
         )
@@ -298,7 +299,7 @@ def push_folder(
     check_repo_id(repo_id)
     folder = check_hub_folder(folder)
     if token is None and huggingface_hub.get_token() is None:
-        raise ValueError(
+        raise BadInput(
             "No Hugging Face token: set HF_TOKEN, run `hf auth login`, or pass `token=`. "
             "Nothing was uploaded."
         )

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .adapter_files import ADAPTER_CONFIG, check_adapter_files, merge_adapter
+from .errors import BadInput
 from .onednn_decoding import choose_onednn_decoding
 from .file_checks import REPO_ID, check_inside, check_plain_pickle, check_weights_file, parse_json, read_json
 from .folder_fields import (
@@ -85,7 +86,7 @@ def load_model(name_or_path: str | os.PathLike, device: str | None = None):
         tokenizer = load_tokenizer(checked.folder)
         model = checked.load()  # the package's own classes: no remote code
     except OSError as err:
-        raise ValueError(f"cannot load the model {name_or_path!r}: {err}") from err
+        raise BadInput(f"cannot load the model {name_or_path!r}: {err}") from err
     check_tokenizer_fits(tokenizer, model.config, name_or_path)
     model = model.to(device or default_device()).eval()
     choose_onednn_decoding(model)  # timed here, once, not inside generate
@@ -104,8 +105,8 @@ def local_folder(name_or_path: str | os.PathLike) -> Path:
     try:
         return Path(snapshot_download(str(name_or_path), allow_patterns=HUB_FILES))
     except OSError as err:
-        raise ValueError(f"cannot load the model {name_or_path!r}: not a model folder, and not reachable on the Hub "
-                         f"({' '.join(str(err).split())[:300]})") from err
+        raise BadInput(f"cannot load the model {name_or_path!r}: not a model folder, and not reachable on the Hub "
+                       f"({' '.join(str(err).split())[:300]})") from err
 
 
 class CheckedFolder(NamedTuple):
@@ -132,7 +133,7 @@ class CheckedFolder(NamedTuple):
         wrong = {kind.replace("_", " "): sorted(map(str, info.get(kind) or ())) for kind in kinds if info.get(kind)}
         if wrong:
             found = "; ".join(f"{kind}: {', '.join(keys[:4])}" + (" ..." if len(keys) > 4 else "") for kind, keys in wrong.items())
-            raise ValueError(f"the weights in {self.folder} do not fit this version's model: {found}")
+            raise BadInput(f"the weights in {self.folder} do not fit this version's model: {found}")
         return model
 
 
@@ -177,7 +178,7 @@ def _check_complete(folder: Path, needs_tokenizer: bool) -> None:
     if needs_tokenizer and not (folder / "tokenizer.json").is_file():
         missing.append("tokenizer (tokenizer.json)")
     if missing:
-        raise ValueError(f"model folder {folder} lacks {', '.join(missing)}; give a folder written by training or save_for_hub")
+        raise BadInput(f"model folder {folder} lacks {', '.join(missing)}; give a folder written by training or save_for_hub")
 
 
 def _context(config, generation) -> Context:
@@ -193,11 +194,11 @@ def _check_fields(path: Path, data, context: Context, table: str | None = None) 
     """A ValueError naming `path` and the first field out of its bound (`folder_fields.FIELDS[table]`, by default
     the table of the file's name)."""
     if not isinstance(data, dict):
-        raise ValueError(f"{path} does not hold settings (a JSON object)")
+        raise BadInput(f"{path} does not hold settings (a JSON object)")
     found = field_problems(table or path.name, data, context)
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise ValueError(f"{path}: {found[0]}{more}. Put back the {path.name} saved with the model")
+        raise BadInput(f"{path}: {found[0]}{more}. Put back the {path.name} saved with the model")
 
 
 def check_generation_file(path: Path, generation, context: Context) -> None:
@@ -210,11 +211,11 @@ def check_generation_file(path: Path, generation, context: Context) -> None:
     from .modeling.value_checks import check_decoding_options
 
     if not isinstance(generation, dict):
-        raise ValueError(f"{path} does not hold decoding settings (a JSON object)")
+        raise BadInput(f"{path} does not hold decoding settings (a JSON object)")
     try:
         check_decoding_options(**{name: generation.get(name) for name in ("num_beams", "length_penalty", "max_new_tokens")})
     except ValueError as err:
-        raise ValueError(f"{path}: {err} Put back the generation_config.json saved with the model") from None
+        raise BadInput(f"{path}: {err} Put back the generation_config.json saved with the model") from None
     _check_fields(path, generation, context)
     try:
         with warnings.catch_warnings():
@@ -222,7 +223,7 @@ def check_generation_file(path: Path, generation, context: Context) -> None:
             GenerationConfig(**generation).validate()
     except (TypeError, ValueError) as err:
         reason = " ".join(str(err).split())
-        raise ValueError(f"{path}: {reason[:300]}. Put back the generation_config.json saved with the model") from None
+        raise BadInput(f"{path}: {reason[:300]}. Put back the generation_config.json saved with the model") from None
 
 
 def load_tokenizer(name_or_path: str | os.PathLike):
@@ -241,7 +242,7 @@ def load_tokenizer(name_or_path: str | os.PathLike):
     except Exception as err:  # tokenizers raises plain Exception ("Model missing. at line 1 column 1214")
         where = folder / "tokenizer.json" if folder.is_dir() else f"the tokenizer of {name_or_path}"
         cause = f"it lacks the key {err}" if isinstance(err, KeyError) else err
-        raise ValueError(f"{where} is not a tokenizer file this version can read: {cause}") from None
+        raise BadInput(f"{where} is not a tokenizer file this version can read: {cause}") from None
 
 
 def check_tokenizer_fits(tokenizer, config, name_or_path) -> None:
@@ -255,8 +256,8 @@ def check_tokenizer_fits(tokenizer, config, name_or_path) -> None:
         if ours is not None and ours != theirs:
             problems.append(f"the config's {name} is {ours} and the tokenizer's {theirs}")
     if problems:
-        raise ValueError(f"the tokenizer in {name_or_path} is not the model's: {'; '.join(problems)}. "
-                         "Put the tokenizer.json the model was trained with beside it")
+        raise BadInput(f"the tokenizer in {name_or_path} is not the model's: {'; '.join(problems)}. "
+                       "Put the tokenizer.json the model was trained with beside it")
 
 
 def _check_adapter(folder: Path, config) -> bool:
@@ -267,15 +268,15 @@ def _check_adapter(folder: Path, config) -> bool:
     if not check_adapter_files(folder, config):
         return False
     if importlib.util.find_spec("peft") is None:
-        raise ValueError(f"{folder / ADAPTER_CONFIG} is a LoRA adapter saved with the model, which needs the peft "
-                         "package: pip install 'vanilla-transformer[peft]'")
+        raise BadInput(f"{folder / ADAPTER_CONFIG} is a LoRA adapter saved with the model, which needs the peft "
+                       "package: pip install 'vanilla-transformer[peft]'")
     return True
 
 
 def _check_model_type(path: Path, config) -> None:
     """Without a `model_type`, transformers would take the folder's code for the model and ask whether to run it."""
     if not isinstance(config, dict) or not config.get("model_type"):
-        raise ValueError(f"{path} does not describe a model: it names no `model_type`")
+        raise BadInput(f"{path} does not describe a model: it names no `model_type`")
 
 
 def check_config_fits_weights(folder: Path, config) -> None:
@@ -312,7 +313,7 @@ def _read_config(folder: Path, settings):
     try:
         return AutoConfig.from_pretrained(folder, trust_remote_code=False)
     except (TypeError, ValueError, KeyError) as err:
-        raise ValueError(f"{config_file} does not describe a model: {err}") from None
+        raise BadInput(f"{config_file} does not describe a model: {err}") from None
 
 
 def _meta_tensors(config, config_file: Path, ours: bool) -> dict:
@@ -323,9 +324,9 @@ def _meta_tensors(config, config_file: Path, ours: bool) -> dict:
         with torch.device("meta"):
             return AutoModelForSeq2SeqLM.from_config(config, trust_remote_code=False).state_dict(keep_vars=True)
     except (TypeError, ValueError, KeyError) as err:
-        raise ValueError(f"{config_file} does not describe a model: {err}" if ours else
-                         f"{config_file} describes a {config.model_type!r} model, which is not a translation "
-                         "(sequence-to-sequence) model transformers knows") from None
+        raise BadInput(f"{config_file} does not describe a model: {err}" if ours else
+                       f"{config_file} describes a {config.model_type!r} model, which is not a translation "
+                       "(sequence-to-sequence) model transformers knows") from None
 
 
 def _check_tensors_fit(folder: Path, config_file: Path, files: list[str], saved: dict, tensors: dict) -> None:
@@ -344,8 +345,8 @@ def _check_tensors_fit(folder: Path, config_file: Path, files: list[str], saved:
     problems += [f"the weights have {key}, which the config has no place for" for key in extra]
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise ValueError(f"{config_file} does not fit the weights in {folder}: {problems[0]}{more} (was config.json "
-                         "edited?). Put back the config.json saved with these weights")
+        raise BadInput(f"{config_file} does not fit the weights in {folder}: {problems[0]}{more} (was config.json "
+                       "edited?). Put back the config.json saved with these weights")
 
 
 def weight_shapes(files: list[Path]) -> dict[str, tuple[tuple[int, ...], Path]]:
@@ -382,8 +383,8 @@ def check_config_sizes(config, config_file: Path, shapes: dict[str, tuple[tuple[
             problems.append(f"{key} is {list(shapes[key][0])} in {shapes[key][1].name} and {sizes} by the config")
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise ValueError(f"{config_file} does not fit the weights in {folder}: {problems[0]}{more} (was config.json "
-                         "edited?). Put back the config.json saved with these weights")
+        raise BadInput(f"{config_file} does not fit the weights in {folder}: {problems[0]}{more} (was config.json "
+                       "edited?). Put back the config.json saved with these weights")
 
 
 def _layers(keys) -> set[str]:
@@ -395,8 +396,8 @@ def _refuse_changed_weights(folder: Path, files: list[str], lacking: list[str], 
     """The same layers on both sides, but a tensor missing or added: the weights file is the one changed."""
     problems = [f"they lack {key}" for key in lacking] + [f"they have {key}, which the model has no place for" for key in extra]
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-    raise ValueError(f"the weights in {folder} ({', '.join(files)}) are not those config.json describes: "
-                     f"{problems[0]}{more}. Put back the weights file saved with this config.json")
+    raise BadInput(f"the weights in {folder} ({', '.join(files)}) are not those config.json describes: "
+                   f"{problems[0]}{more}. Put back the weights file saved with this config.json")
 
 
 def check_model_files(folder: str | os.PathLike) -> None:
@@ -410,7 +411,7 @@ def check_model_files(folder: str | os.PathLike) -> None:
                 named = sorted(set(read_json(index, MAX_INDEX_BYTES)["weight_map"].values()))
                 for name in named:
                     if Path(name).is_absolute() or ".." in Path(name).parts:
-                        raise ValueError(f"{index} names {name!r}, outside the model folder; its weights are not read")
+                        raise BadInput(f"{index} names {name!r}, outside the model folder; its weights are not read")
                 shards += named
         for name in shards:
             check_inside(folder / name)
@@ -419,7 +420,7 @@ def check_model_files(folder: str | os.PathLike) -> None:
                 if not name.endswith(".safetensors"):
                     check_plain_pickle(folder / name)
     except ValueError as err:
-        raise ValueError(f"{err}. Copy the model folder again, or save the model again.") from None
+        raise BadInput(f"{err}. Copy the model folder again, or save the model again.") from None
 
 
 def max_tokenizer_bytes(vocab_size: int) -> int:
@@ -437,9 +438,9 @@ def check_tokenizer_files(folder: str | Path, vocab_size) -> None:
     for name in TOKENIZER_FILES:
         path = folder / name
         if path.is_file() and path.stat().st_size > max_tokenizer_bytes(vocab_size):
-            raise ValueError(f"{path} is {path.stat().st_size:,} bytes, more than a tokenizer of the model's "
-                             f"{vocab_size:,} tokens needs (at most {max_tokenizer_bytes(vocab_size):,}); it is not read. "
-                             "Put the tokenizer the model was trained with beside it")
+            raise BadInput(f"{path} is {path.stat().st_size:,} bytes, more than a tokenizer of the model's "
+                           f"{vocab_size:,} tokens needs (at most {max_tokenizer_bytes(vocab_size):,}); it is not read. "
+                           "Put the tokenizer the model was trained with beside it")
     path = folder / "tokenizer.json"
     if not path.is_file():
         return
@@ -451,14 +452,14 @@ def check_tokenizer_files(folder: str | Path, vocab_size) -> None:
         return
     added = tokenizer.get("added_tokens")
     if isinstance(added, list) and len(added) > vocab_size:
-        raise ValueError(f"{path} adds {len(added):,} tokens to a model of {vocab_size:,}; it is not read. "
-                         "Put the tokenizer the model was trained with beside it")
+        raise BadInput(f"{path} adds {len(added):,} tokens to a model of {vocab_size:,}; it is not read. "
+                       "Put the tokenizer the model was trained with beside it")
     for part in ("normalizer", "pre_tokenizer"):
         for pattern in _patterns(tokenizer.get(part)):
             if _REPEATED_GROUP.search(pattern):
-                raise ValueError(f"{path}: its {part} matches the regular expression {pattern[:80]!r}, whose repeated "
-                                 "group can take the matcher for ever; it is not read. Put the tokenizer the model was "
-                                 "trained with beside it")
+                raise BadInput(f"{path}: its {part} matches the regular expression {pattern[:80]!r}, whose repeated "
+                               "group can take the matcher for ever; it is not read. Put the tokenizer the model was "
+                               "trained with beside it")
 
 
 def _patterns(part) -> list[str]:
@@ -480,7 +481,7 @@ def check_export_folder(folder: str | os.PathLike) -> dict:
     missing = [name for name in ("model.bin", "tokenizer.json", OPTIONS_FILE) if not (folder / name).is_file()]
     if missing:
         model = folder if (folder / CONFIG_FILE).is_file() else "MODEL"  # a model folder: export it elsewhere
-        raise ValueError(
+        raise BadInput(
             f"`model` {folder} is not a CTranslate2 export (it lacks {', '.join(missing)}); write one with "
             f"`vanilla-transformer export --model {model} --format ctranslate2 --output-dir {folder.name}-ct2`"
         )
@@ -492,8 +493,8 @@ def check_export_folder(folder: str | os.PathLike) -> dict:
     _check_fields(folder / OPTIONS_FILE, options, context)
     wrong = sorted(set(options) ^ set(FIELDS[OPTIONS_FILE]))
     if wrong:
-        raise ValueError(f"{folder / OPTIONS_FILE}: the export writes exactly {', '.join(FIELDS[OPTIONS_FILE])}; "
-                         f"{', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not as the export writes them")
+        raise BadInput(f"{folder / OPTIONS_FILE}: the export writes exactly {', '.join(FIELDS[OPTIONS_FILE])}; "
+                       f"{', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not as the export writes them")
     if (folder / CONFIG_FILE).is_file():
         _check_export_config(folder / CONFIG_FILE, context)
     check_tokenizer_files(folder, context.vocab_size)

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from .choices import PRESET_NAMES
+from .errors import BadInput
 from .metrics import repeated_phrase
 from .staging import write_file_whole
 from .training.arguments import TrainArguments
@@ -57,14 +58,14 @@ def training_arguments(
 ) -> TrainArguments:
     """What the quickstart trains: the model and schedule of `preset` for a budget of `minutes`."""
     if preset not in PRESET_SETTINGS:
-        raise ValueError(f"`preset` must be one of {', '.join(map(repr, PRESET_SETTINGS))}; got {preset!r}.")
+        raise BadInput(f"`preset` must be one of {', '.join(map(repr, PRESET_SETTINGS))}; got {preset!r}.")
     settings = dict(PRESET_SETTINGS[preset])
     reserve = settings.pop("reserve_minutes")
     if not minutes > reserve:  # NaN too
-        raise ValueError(f"`minutes` must be more than {reserve} for preset {preset!r} (the time scoring and saving "
-                         f"take); got {minutes}.")
+        raise BadInput(f"`minutes` must be more than {reserve} for preset {preset!r} (the time scoring and saving "
+                       f"take); got {minutes}.")
     if test_samples is not None and not test_samples >= 1:  # the summary reports the test split's scores
-        raise ValueError(f"`test_samples` must be a positive integer or None; got {test_samples!r}.")
+        raise BadInput(f"`test_samples` must be a positive integer or None; got {test_samples!r}.")
     return TrainArguments(
         output_dir=str(output_dir),
         dataset=CORPUS,
@@ -125,8 +126,8 @@ def quickstart(
     started = time.perf_counter()
     output_dir = Path(output_dir)
     if (output_dir / SUMMARY_FILE).exists():  # not this job's: train refuses a folder that holds a finished one
-        raise ValueError(f"{output_dir} holds {SUMMARY_FILE}, which the quickstart's summary would replace; give "
-                         "another output folder")
+        raise BadInput(f"{output_dir} holds {SUMMARY_FILE}, which the quickstart's summary would replace; give "
+                       "another output folder")
     on_gpu = torch.cuda.is_available()
     args = training_arguments(output_dir, minutes, preset or ("base" if on_gpu else "small"), seed, test_samples, threads)
     results = train(args)

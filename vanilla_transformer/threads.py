@@ -19,6 +19,8 @@ import os
 import time
 from pathlib import Path
 
+from .errors import BadInput
+
 __all__ = ["CpuClock", "default_threads", "environment_number", "load_average", "machine_cpus", "oversubscription",
            "quota_cpus", "use_threads"]
 
@@ -39,7 +41,7 @@ def environment_number(name: str, default: int, maximum: int | None = None) -> i
         return default
     if not text.isdigit() or int(text) < 1 or (maximum is not None and int(text) > maximum):
         at_most = f" of at most {maximum}" if maximum is not None else ""
-        raise ValueError(f"the environment variable {name} must be a positive whole number{at_most}; got {text!r}")
+        raise BadInput(f"the environment variable {name} must be a positive whole number{at_most}; got {text!r}")
     return int(text)
 
 
@@ -86,7 +88,7 @@ def use_threads(threads: int | None, option: str = "--threads") -> str:
     bound on --threads (option_checks.py's BOUNDS)."""
     cpus = machine_cpus()
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= cpus):
-        raise ValueError(f"{option} must be a positive integer up to {cpus} (this machine's CPUs); got {threads!r}")
+        raise BadInput(f"{option} must be a positive integer up to {cpus} (this machine's CPUs); got {threads!r}")
     import torch
 
     why = option

@@ -40,6 +40,7 @@ from transformers import PreTrainedTokenizerFast
 
 from .choices import DEFAULT_VOCAB_SIZE, TOKENIZER_MODELS
 from .corpora import iter_texts
+from .errors import BadInput
 from .file_checks import utf8_lines
 from .staging import staged_files, sweep_staging
 
@@ -98,7 +99,7 @@ def read_text_files(paths: Sequence[str | os.PathLike]) -> Iterator[str]:
     """Yield the lines (without line ends) of UTF-8 plain text files, failing early on an unreadable one."""
     paths = [Path(p) for p in paths]
     if not paths:
-        raise ValueError("text_files is empty: give at least one file")
+        raise BadInput("text_files is empty: give at least one file")
     for path in paths:
         if not path.is_file():
             raise FileNotFoundError(f"text file not found: {path}")
@@ -172,7 +173,7 @@ def train_tokenizer(
     seen, cut = [0], [0]
     tokenizer.train_from_iterator(_count_texts(texts, seen, cut), trainer)
     if seen[0] == 0:
-        raise ValueError("no text to learn from: the data set or text files are empty")
+        raise BadInput("no text to learn from: the data set or text files are empty")
     if cut[0]:
         logger.warning(f"{cut[0]:,} of {seen[0]:,} texts are longer than {MAX_TRAINING_LINE:,} characters: the tokenizer "
                        f"learnt from the first {MAX_TRAINING_LINE:,} of each")
@@ -189,14 +190,14 @@ def _check_training_arguments(texts, vocab_size: int, min_frequency: int, model_
     """train_tokenizer's arguments, refused before any text is read."""
     smallest = len(_BYTE_ALPHABET) + special_count
     if vocab_size < smallest:
-        raise ValueError(
+        raise BadInput(
             f"vocab_size={vocab_size} is smaller than the byte alphabet ({len(_BYTE_ALPHABET)}) "
             f"plus the special tokens ({special_count}); use at least {smallest}"
         )
     if model_type not in MODEL_TYPES:
-        raise ValueError(f"model_type must be one of {', '.join(MODEL_TYPES)}; got {model_type!r}")
+        raise BadInput(f"model_type must be one of {', '.join(MODEL_TYPES)}; got {model_type!r}")
     if min_frequency < 1:
-        raise ValueError(f"min_frequency must be at least 1, got {min_frequency}")
+        raise BadInput(f"min_frequency must be at least 1, got {min_frequency}")
     if isinstance(texts, (str, bytes)):
         raise TypeError("texts must be an iterable of strings or a data set, not a single string")
 
@@ -216,13 +217,13 @@ def check_appends_eos(tokenizer, name: str) -> None:
     labels without it never learns to stop. `name` says where the tokenizer came from (a folder, an option)."""
     eos = tokenizer.eos_token_id
     if eos is None:
-        raise ValueError(f"{name}: the tokenizer has no end-of-sequence token; give one that appends </s> to every "
-                         "sentence (train-tokenizer writes one)")
+        raise BadInput(f"{name}: the tokenizer has no end-of-sequence token; give one that appends </s> to every "
+                       "sentence (train-tokenizer writes one)")
     ids = tokenizer("A sentence.")["input_ids"]
     if not ids or ids[-1] != eos:
-        raise ValueError(f"{name}: the tokenizer does not append {tokenizer.eos_token} to an encoded sentence, so a "
-                         "model could never learn to stop; give one whose post-processor appends it "
-                         "(train-tokenizer writes one)")
+        raise BadInput(f"{name}: the tokenizer does not append {tokenizer.eos_token} to an encoded sentence, so a "
+                       "model could never learn to stop; give one whose post-processor appends it "
+                       "(train-tokenizer writes one)")
 
 
 def save_tokenizer_files(tokenizer: PreTrainedTokenizerFast, folder: str | os.PathLike) -> None:

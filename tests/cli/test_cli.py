@@ -45,6 +45,17 @@ def test_translate_from_arguments_and_from_a_file(hub_tiny_folder, tmp_path, cap
     assert len(from_arguments) == 2
 
 
+
+def test_a_bugs_value_error_while_translating_is_no_usage_error(hub_tiny_folder, monkeypatch):
+    # Only a check's BadInput is refused in one line (exit status 2); any other ValueError keeps its traceback.
+    def translate_with_a_bug(*args, **kwargs):
+        raise ValueError("a bug inside generate")
+
+    monkeypatch.setattr("vanilla_transformer.inference.translate_texts", translate_with_a_bug)
+    with pytest.raises(ValueError, match="a bug inside generate") as raised:
+        main(["translate", "--model", str(hub_tiny_folder), *GREEDY, LINES[0]])
+    assert type(raised.value) is ValueError
+
 @pytest.mark.slow
 def test_evaluate_prints_the_numbers_of_the_sacrebleu_command_line(hub_tiny_folder, tmp_path, capsys):
     hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"

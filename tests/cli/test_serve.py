@@ -363,3 +363,15 @@ def test_two_requests_for_the_same_sentence_at_once_both_get_their_page(hub_tiny
     with ThreadPoolExecutor(2) as pool:
         answers = list(pool.map(lambda _: translate("Jesus wept.", 1, 0.6, 0), range(2)))
     assert answers[0] == answers[1] and Path(answers[0][2]).is_file()
+
+
+def test_app_py_imports_the_package_by_name_as_a_space_runs_it_alone():
+    # A Space runs app.py as a script, outside the package: a relative import there fails at start
+    # (test_browser.py starts one; this says why at once).
+    import ast
+
+    from vanilla_transformer.visualize import app
+
+    tree = ast.parse(Path(app.__file__).read_text(encoding="utf-8"))
+    relative = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level > 0]
+    assert not relative, f"relative imports in app.py at lines {relative}"

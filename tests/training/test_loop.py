@@ -345,6 +345,18 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, s
     assert not (out / "model.safetensors").exists()  # no final folder from a broken run
 
 
+
+def test_a_bugs_value_error_while_training_is_no_usage_error(tmp_path, small_task, small_run, monkeypatch):
+    # Only a check's BadInput is refused in one line (exit status 2): any other ValueError raised while training
+    # is a bug's, and keeps its traceback instead of being blamed on the options.
+    def step_with_a_bug(*args, **kwargs):
+        raise ValueError("a bug inside the step")
+
+    monkeypatch.setattr("vanilla_transformer.training.loop.train_step", step_with_a_bug)
+    with pytest.raises(ValueError, match="a bug inside the step") as raised:
+        main(["train", "--dataset", str(small_task), "--output-dir", str(tmp_path / "out"), *small_run, "--max-steps", "2"])
+    assert type(raised.value) is ValueError
+
 def test_tensorboard_without_the_package_is_a_clear_error(tmp_path):
     from accelerate.utils import is_tensorboard_available
 

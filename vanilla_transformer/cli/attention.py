@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
+from ..errors import BadInput
 from .options import add_decoding_options, add_model_option, add_threads_option, decoding_options, refuse, apply_threads_option
 
 
@@ -51,7 +52,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             written.append(save_explorer(record, args.html))
         if args.output_dir or not args.html:
             written += save_attention_maps(record, args.output_dir or "attention")
-    except (OSError, ValueError) as err:
+    except (OSError, BadInput) as err:
         refuse(p, err)
     print(f"{record.source}\n-> {record.translation}")
     print(f"{len(written)} files written:", " ".join(str(path) for path in written))

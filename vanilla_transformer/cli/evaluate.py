@@ -6,6 +6,7 @@ import argparse
 import sys
 from functools import partial
 
+from ..errors import BadInput
 from .options import (
     add_bounded_int,
     add_data_options,
@@ -68,7 +69,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         for path, lines in ((args.hypotheses_out, hypotheses), (args.references_out, references)):
             if path:  # a temporary file renamed into place: a full disk leaves no partial file
                 write_file_whole(path, "".join(line + "\n" for line in lines))
-    except (OSError, ValueError, ImportError) as err:
+    except (OSError, BadInput, ImportError) as err:
         refuse(p, err)
     pair = f" {source_lang}->{target_lang}" if source_lang else ""
     threads = f"{args.threads} CPU thread{'s' * (args.threads != 1)}"
@@ -85,16 +86,16 @@ def _evaluation_pairs(args: argparse.Namespace) -> tuple[str, str | None, str | 
     else the --split of --dataset, else of the data set the model records."""
     if args.source_file or args.reference_file:
         if not (args.source_file and args.reference_file):
-            raise ValueError("--source-file and --reference-file go together: give both")
+            raise BadInput("--source-file and --reference-file go together: give both")
         if args.dataset:
-            raise ValueError("give --dataset or --source-file and --reference-file, not both")
+            raise BadInput("give --dataset or --source-file and --reference-file, not both")
         if args.split:
-            raise ValueError("--split picks a split of --dataset; --source-file and --reference-file are scored whole")
+            raise BadInput("--split picks a split of --dataset; --source-file and --reference-file are scored whole")
         sides = [list(read_lines(path, option)) for path, option in ((args.source_file, "--source-file"),
                                                                      (args.reference_file, "--reference-file"))]
         if len(sides[0]) != len(sides[1]):
-            raise ValueError(f"--source-file {args.source_file} has {len(sides[0])} lines and --reference-file "
-                             f"{args.reference_file} {len(sides[1])}; they must translate each other line by line")
+            raise BadInput(f"--source-file {args.source_file} has {len(sides[0])} lines and --reference-file "
+                           f"{args.reference_file} {len(sides[1])}; they must translate each other line by line")
         return f"{args.source_file} against {args.reference_file}", args.source_lang, args.target_lang, \
             list(zip(*sides))
     from ..corpora import SPLIT_NAMES, load_translation_dataset, resolve_languages, text_pairs
@@ -109,7 +110,7 @@ def _evaluation_pairs(args: argparse.Namespace) -> tuple[str, str | None, str | 
     asked = args.split or "test"
     split = next((name for name, names in SPLIT_NAMES.items() if asked in names), asked)
     if split not in data:
-        raise ValueError(f"--split {asked!r} is not in {dataset}; it has {', '.join(data)}")
+        raise BadInput(f"--split {asked!r} is not in {dataset}; it has {', '.join(data)}")
     source_lang, target_lang = resolve_languages(data[split], source_lang, target_lang)
     return f"{dataset} {asked}", source_lang, target_lang, \
         list(zip(*text_pairs(data[split], source_lang, target_lang)))
@@ -127,12 +128,12 @@ def _recorded_data(model: str, source_lang: str | None, target_lang: str | None)
     # through the gate, as every model folder: a damaged or hostile one is refused before its records are read
     config = check_model_folder(local_folder(model)).config.to_dict()
     if not config.get("dataset_name"):
-        raise ValueError(f"--dataset: {model} records no data set (its config.json has no dataset_name); name one with "
-                         "--dataset, or give --source-file and --reference-file")
+        raise BadInput(f"--dataset: {model} records no data set (its config.json has no dataset_name); name one with "
+                       "--dataset, or give --source-file and --reference-file")
     dataset = config["dataset_name"]
     if os.path.isabs(dataset) and not (os.path.exists(dataset) or glob.glob(glob.escape(dataset) + ".*")):
-        raise ValueError(f"--dataset: {model} records the data set {dataset}, which is not on this machine; give its "
-                         "path here with --dataset, or give --source-file and --reference-file")
+        raise BadInput(f"--dataset: {model} records the data set {dataset}, which is not on this machine; give its "
+                       "path here with --dataset, or give --source-file and --reference-file")
     recorded = {name: config.get(name) if isinstance(config.get(name), str) else None
                 for name in ("dataset_config", "dataset_columns")}
     return dataset, source_lang or config.get("source_lang"), target_lang or config.get("target_lang"), recorded
@@ -158,7 +159,7 @@ def _complete_pairs(args: argparse.Namespace, pairs: list[tuple[str, str]], what
               file=sys.stderr)
     pairs = [pair for pair in pairs if all(text and text.strip() for text in pair)][: args.max_samples]
     if not pairs:
-        raise ValueError(f"{what} has no pair with text on both sides")
+        raise BadInput(f"{what} has no pair with text on both sides")
     sources, references = map(list, zip(*pairs))
     # sacrebleu reads one segment per line: a newline inside a reference would shift every line after it.
     return sources, [" ".join(text.splitlines()) for text in references]

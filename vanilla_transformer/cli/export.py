@@ -6,6 +6,7 @@ import argparse
 from functools import partial
 
 from ..choices import QUANTIZATIONS
+from ..errors import BadInput
 from .options import add_model_option, add_threads_option, refuse, apply_threads_option
 
 
@@ -39,7 +40,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         apply_threads_option(args)
         model, tokenizer = load_model(args.model, "cpu")
         folder = export_ctranslate2(model, tokenizer, args.output_dir, args.quantization)
-    except (OSError, ValueError, ImportError) as err:
+    except (OSError, BadInput, ImportError) as err:
         refuse(p, err)
     size = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
     print(f"exported {args.model} to {folder} ({args.quantization} weights, {size:.1f} MB); try it with\n"

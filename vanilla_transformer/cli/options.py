@@ -11,6 +11,7 @@ import dataclasses
 from typing import NoReturn
 
 from ..choices import ENGINES, TRANSLATION_BATCH_SIZE
+from ..errors import BadInput, as_bad_input
 from ..option_checks import BOUNDS, field_kind, within_bound
 from ..staging import FULL_DISK_ERRNOS
 from ..training.arguments import TrainArguments
@@ -181,20 +182,21 @@ def decoding_options(args: argparse.Namespace) -> dict:
 
     batches = {"batch_size": args.batch_size} if hasattr(args, "batch_size") else {}
     decoding = {name: getattr(args, name) for name in ("num_beams", "length_penalty", "max_new_tokens")}
-    check_decoding_options(**decoding, names={name: "--" + name.replace("_", "-") for name in decoding})
+    with as_bad_input():  # the model's own check
+        check_decoding_options(**decoding, names={name: "--" + name.replace("_", "-") for name in decoding})
     if getattr(args, "device", None) is not None and getattr(args, "engine", "transformers") != "ctranslate2":
         check_device(args.device)  # CTranslate2 names the devices it takes itself
     return {**batches, **decoding}
 
 
 def check_device(device: str) -> None:
-    """--device names a device this machine has, or a ValueError says which it has."""
+    """--device names a device this machine has, or a BadInput says which it has."""
     import torch
 
     try:
         kind = torch.device(device).type
     except RuntimeError:
-        raise ValueError(f"--device {device!r} is not a device; expected cpu, cuda, cuda:N or mps") from None
+        raise BadInput(f"--device {device!r} is not a device; expected cpu, cuda, cuda:N or mps") from None
     available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
     if not available.get(kind, True):
-        raise ValueError(f"--device {device}: this machine has no {kind.upper()} device; use --device cpu")
+        raise BadInput(f"--device {device}: this machine has no {kind.upper()} device; use --device cpu")

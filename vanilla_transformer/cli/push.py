@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
+from ..errors import BadInput
 from .options import refuse
 
 
@@ -27,7 +28,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     try:
         url = push_folder(args.folder, args.repo_id, private=args.private)
-    except (OSError, ValueError) as err:
+    except (OSError, BadInput) as err:
         refuse(p, err)
     print(f"uploaded {args.folder} to {url}")
     return 0

@@ -6,6 +6,7 @@ import argparse
 from functools import partial
 
 from ..choices import PRESET_NAMES, PRESET_SHAPES
+from ..errors import BadInput
 from .options import add_threads_option, argparse_options, refuse
 
 
@@ -35,6 +36,6 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     try:  # bad input is a usage error: one clear line, exit status 2
         quickstart(args.output_dir, args.minutes, args.preset, args.seed, args.test_samples, args.threads)
-    except (OSError, ValueError) as err:
+    except (OSError, BadInput) as err:
         refuse(p, err)
     return 0

@@ -7,6 +7,7 @@ import sys
 from functools import partial
 
 from ..choices import SERVE_LIMITS
+from ..errors import BadInput
 from .options import NEW_TOKENS_BOUND, add_bounded_int, add_device_option, add_model_option, add_threads_option, refuse, apply_threads_option
 
 
@@ -53,6 +54,6 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         limits = Limits.from_environment(**{name: getattr(args, name) for name in SERVE_LIMITS})
         print(apply_threads_option(args), file=sys.stderr)
         serve(args.model, args.host, args.port, args.device, limits)
-    except (OSError, ValueError, ImportError) as err:
+    except (OSError, BadInput, ImportError) as err:
         refuse(p, err)
     return 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import sys
 
+from ..errors import BadInput
+
 
 def batches_of(texts, size: int):
     """(line number of the first, list of up to `size` texts) for each batch of an iterable of texts."""
@@ -64,9 +66,9 @@ def read_lines(path: str, option: str):
         try:
             file = open(path, "rb")
         except OSError as err:
-            raise ValueError(f"{option} {path}: {err.strerror or err}") from None
+            raise BadInput(f"{option} {path}: {err.strerror or err}") from None
         return _lines_of(file, path)
-    closed = ValueError("standard input is closed; give the texts as arguments or with --input-file")
+    closed = BadInput("standard input is closed; give the texts as arguments or with --input-file")
     if sys.stdin is None or sys.stdin.closed:  # started with it closed (`<&-`)
         raise closed
 

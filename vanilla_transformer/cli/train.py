@@ -7,6 +7,7 @@ import dataclasses
 import sys
 from functools import partial
 
+from ..errors import BadInput
 from ..training.arguments import GROUPS, TrainArguments
 from .options import argparse_options, refuse
 
@@ -45,7 +46,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             given = _typed_options(args.argv)
             options = restore_options(args.output_dir, {k: v for k, v in options.items() if k in given})
         train(TrainArguments(**options))
-    except (OSError, ValueError) as err:
+    except (OSError, BadInput) as err:
         refuse(p, err)
     except FloatingPointError as err:
         print(f"vanilla-transformer train: error: {err}", file=sys.stderr)

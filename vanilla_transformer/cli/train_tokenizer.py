@@ -6,6 +6,7 @@ import argparse
 from functools import partial
 
 from ..choices import TOKENIZER_MODELS
+from ..errors import BadInput
 from .options import add_bounded_int, add_data_options, add_vocab_size, refuse
 
 
@@ -56,7 +57,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             output_dir=args.output_dir,
             model_type=args.model_type,
         )
-    except (OSError, ValueError) as err:
+    except (OSError, BadInput) as err:
         refuse(p, err)
     seconds = time.perf_counter() - start
     lengths = ", ".join(  # of the texts as the tokenizer learnt from them: a long line cut
@@ -76,8 +77,8 @@ def _check_no_model(output_dir: str) -> None:
 
     weights = [name for name in WEIGHT_FILES if (Path(output_dir) / name).exists()]
     if weights:
-        raise ValueError(f"--output-dir {output_dir} holds a trained model ({', '.join(weights)}) whose tokenizer a new "
-                         "vocabulary would replace; give another --output-dir")
+        raise BadInput(f"--output-dir {output_dir} holds a trained model ({', '.join(weights)}) whose tokenizer a new "
+                       "vocabulary would replace; give another --output-dir")
 
 
 def _texts_by_language(args: argparse.Namespace) -> dict[str, list[str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
+from ..errors import BadInput
 from ..option_checks import max_num_beams
 from .options import add_bounded_int, add_decoding_options, add_model_option, add_threads_option, decoding_options, refuse, apply_threads_option
 from .streams import batches_as_they_come, batches_of, read_lines
@@ -43,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         if args.texts and args.input_file:
-            raise ValueError("give texts as arguments or --input-file, not both")
+            raise BadInput("give texts as arguments or --input-file, not both")
         options = decoding_options(args)  # bad options fail before reading the input
         _check_nbest_options(args)
         apply_threads_option(args)
@@ -52,7 +53,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
         translate = translator(args.model, args.engine, args.device, args.threads, options,
                                nbest=args.nbest, with_scores=args.with_scores)[0]
-    except (OSError, ValueError, ImportError) as err:
+    except (OSError, BadInput, ImportError) as err:
         refuse(p, err)
     stdin = not args.texts and args.input_file in (None, "-")
     # A file is read LENGTH_WINDOW batches at a time, which are sorted by length: little padding in each batch.
@@ -65,7 +66,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def _check_nbest_options(args: argparse.Namespace) -> None:
     if (args.nbest > 1 or args.with_scores) and args.engine == "ctranslate2":
-        raise ValueError("--nbest and --with-scores are for --engine transformers; CTranslate2 gives one translation")
+        raise BadInput("--nbest and --with-scores are for --engine transformers; CTranslate2 gives one translation")
 
 
 def _translated_batches(p: argparse.ArgumentParser, batches, translate):
@@ -77,6 +78,6 @@ def _translated_batches(p: argparse.ArgumentParser, batches, translate):
             translations = translate(batch, first_line=first_line)
         except StopIteration:
             return
-        except (OSError, ValueError, ImportError) as err:
+        except (OSError, BadInput, ImportError) as err:
             refuse(p, err)
         yield translations

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 import datasets
 import pyarrow.compute as pc
 
+from ..errors import BadInput
+
 __all__ = ["iter_texts", "language_keys", "resolve_languages", "text_pairs"]
 
 # Columns that are never a language side in the plain-column layout.
@@ -30,7 +32,7 @@ def language_keys(dataset: datasets.Dataset) -> list[str]:
             return list(feature.languages)
         if isinstance(feature, dict):
             return list(feature)
-        raise ValueError(f"the 'translation' column has an unsupported type: {feature}")
+        raise BadInput(f"the 'translation' column has an unsupported type: {feature}")
     return [
         name
         for name, feature in features.items()
@@ -46,8 +48,8 @@ def _check_text_column(dataset: datasets.Dataset, arg: str, lang: str) -> None:
         return
     for index, value in enumerate(dataset[lang]):
         if not isinstance(value, str) and value is not None:
-            raise ValueError(f"{arg}={lang!r}: the column must hold text, and row {index + 1} holds "
-                             f"{type(value).__name__} {json.dumps(value)[:80]}")
+            raise BadInput(f"{arg}={lang!r}: the column must hold text, and row {index + 1} holds "
+                           f"{type(value).__name__} {json.dumps(value)[:80]}")
 
 
 def resolve_languages(
@@ -62,14 +64,14 @@ def resolve_languages(
     for arg, lang in (("source_lang", source_lang), ("target_lang", target_lang)):
         if lang is not None and lang not in keys:
             _check_text_column(dataset, arg, lang)
-            raise ValueError(f"{arg}={lang!r} is not in the data set; its language keys are {keys}")
+            raise BadInput(f"{arg}={lang!r} is not in the data set; its language keys are {keys}")
     if source_lang is None or target_lang is None:
         if len(keys) != 2:
-            raise ValueError(f"cannot infer the language pair from keys {keys}; pass source_lang and target_lang")
+            raise BadInput(f"cannot infer the language pair from keys {keys}; pass source_lang and target_lang")
         source_lang = source_lang or next(k for k in keys if k != target_lang)
         target_lang = target_lang or next(k for k in keys if k != source_lang)
     if source_lang == target_lang:
-        raise ValueError(f"source_lang and target_lang are both {source_lang!r}")
+        raise BadInput(f"source_lang and target_lang are both {source_lang!r}")
     return source_lang, target_lang
 
 
@@ -112,7 +114,7 @@ def iter_texts(
     if isinstance(dataset, datasets.DatasetDict):
         missing = [s for s in splits if s not in dataset]
         if missing:
-            raise ValueError(f"splits {missing} not in the data set; it has {list(dataset)}")
+            raise BadInput(f"splits {missing} not in the data set; it has {list(dataset)}")
         parts = [dataset[s] for s in splits]
     else:
         parts = [dataset]
@@ -121,6 +123,6 @@ def iter_texts(
         wanted = list(languages) if languages else keys
         absent = [lang for lang in wanted if lang not in keys]
         if absent:
-            raise ValueError(f"language keys {absent} are not in the data set; it has {keys}")
+            raise BadInput(f"language keys {absent} are not in the data set; it has {keys}")
         for lang in wanted:
             yield from (text for text in _side(part, lang) if text is not None)

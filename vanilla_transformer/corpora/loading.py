@@ -31,6 +31,7 @@ from pathlib import Path
 
 import datasets
 
+from ..errors import BadInput
 from .embedded import EMBEDDED_CORPORA
 from .languages import _to_translation_layout, language_keys, resolve_languages
 from .local_files import (
@@ -59,7 +60,7 @@ def _load_raw(
     name = str(name_or_path)
     path = Path(name).expanduser()
     if columns and not (path.is_file() or (path.is_dir() and _split_files(path))):
-        raise ValueError(f"--columns names the columns of headerless .tsv/.csv files; {name} is none")
+        raise BadInput(f"--columns names the columns of headerless .tsv/.csv files; {name} is none")
     if name in EMBEDDED_CORPORA:
         return _load_files(_split_files(EMBEDDED_CORPORA[name].path))
     if path.is_dir():
@@ -67,7 +68,7 @@ def _load_raw(
             try:
                 loaded = datasets.load_from_disk(str(path))
             except Exception as err:  # datasets raises many types here (IndexError on an empty save)
-                raise ValueError(f"could not load the save_to_disk folder {path}: {err!r}") from err
+                raise BadInput(f"could not load the save_to_disk folder {path}: {err!r}") from err
             return loaded if isinstance(loaded, datasets.DatasetDict) else datasets.DatasetDict(train=loaded)
         return _load_folder(path, source_lang, target_lang, columns)
     if path.is_file():
@@ -75,7 +76,7 @@ def _load_raw(
             prefix, _, _ = (path.name[: -len(".gz")] if path.name.lower().endswith(".gz") else path.name).rpartition(".")
             side = f"; for plain parallel text give the files' prefix, {path.parent / prefix}" \
                 if prefix and _text_language(path, prefix) else ""
-            raise ValueError(f"{path}: unknown file type; expected one of {sorted(_BUILDERS)} (optionally .gz){side}")
+            raise BadInput(f"{path}: unknown file type; expected one of {sorted(_BUILDERS)} (optionally .gz){side}")
         return _load_files({"train": path}, columns)
     pair = _text_pair(path, source_lang, target_lang) if path.name and path.parent.is_dir() else None
     if pair:
@@ -124,20 +125,20 @@ def load_translation_dataset(
     does not exist and ValueError for an empty split or an unreadable file.
     """
     if source_lang is not None and source_lang == target_lang:
-        raise ValueError(f"--source-lang and --target-lang are both {source_lang!r}: a translation needs two languages")
+        raise BadInput(f"--source-lang and --target-lang are both {source_lang!r}: a translation needs two languages")
     if str(name_or_path) in EMBEDDED_CORPORA:
         corpus = EMBEDDED_CORPORA[str(name_or_path)]
         source_lang, target_lang = source_lang or corpus.source_lang, target_lang or corpus.target_lang
     dataset = _load_raw(name_or_path, config_name, source_lang, target_lang, _column_names(columns))
     for split, data in dataset.items():
         if len(data) == 0:
-            raise ValueError(f"the {split!r} split of {name_or_path} has no rows")
+            raise BadInput(f"the {split!r} split of {name_or_path} has no rows")
         # With a language named, check (and complete) the pair; otherwise keep every language key.
         chosen = list(resolve_languages(data, source_lang, target_lang)) if source_lang or target_lang else None
         if "translation" not in data.column_names:
             chosen = chosen or language_keys(data)
             if not chosen:
-                raise ValueError(
+                raise BadInput(
                     f"the {split!r} split of {name_or_path} has no 'translation' column and no text columns; "
                     f"columns are {data.column_names}"
                 )
@@ -151,6 +152,6 @@ def _column_names(columns: str | None) -> list[str] | None:
         return None
     names = [name.strip() for name in columns.split(",")]
     if len(names) < 2 or not all(names) or len(set(names)) < len(names):
-        raise ValueError(f"--columns must name each column of the file once, in order, separated by commas (e.g. "
-                         f"en,fr or id,en,fr); got {columns!r}")
+        raise BadInput(f"--columns must name each column of the file once, in order, separated by commas (e.g. "
+                       f"en,fr or id,en,fr); got {columns!r}")
     return names

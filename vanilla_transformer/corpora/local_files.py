@@ -19,6 +19,7 @@ from pathlib import Path
 import datasets
 import pyarrow
 
+from ..errors import BadInput
 from ..file_checks import utf8_lines
 from .languages import _METADATA_COLUMNS
 
@@ -60,7 +61,7 @@ def _is_blank(path: Path) -> bool:
         with opener(path, "rb") as f:
             return not f.read(1 << 16).strip()
     except OSError as err:  # e.g. a .gz that is not gzip
-        raise ValueError(f"could not read {path}: {err}") from err
+        raise BadInput(f"could not read {path}: {err}") from err
 
 
 @contextmanager
@@ -79,14 +80,14 @@ def _load_files(files: dict[str, Path], columns: list[str] | None = None) -> dat
     """Read one file per split; all files must share a format. `columns` names the columns of headerless .csv/.tsv files."""
     builders = {_BUILDERS[_file_suffix(path)][0] for path in files.values()}
     if len(builders) > 1:
-        raise ValueError(f"split files must share one format, got {sorted(str(p) for p in files.values())}")
+        raise BadInput(f"split files must share one format, got {sorted(str(p) for p in files.values())}")
     first = next(iter(files.values()))
     builder, options = _BUILDERS[_file_suffix(first)]
     if columns and builder != "csv":
-        raise ValueError(f"--columns names the columns of headerless .tsv/.csv files; {first} names its own")
+        raise BadInput(f"--columns names the columns of headerless .tsv/.csv files; {first} names its own")
     for split, path in files.items():
         if _is_blank(path):
-            raise ValueError(f"{path} is empty: the {split!r} split has no rows")
+            raise BadInput(f"{path} is empty: the {split!r} split has no rows")
         if builder == "csv":
             _check_header(path, options, columns)
     if columns:
@@ -96,14 +97,14 @@ def _load_files(files: dict[str, Path], columns: list[str] | None = None) -> dat
         with _no_download_count():
             loaded = datasets.load_dataset(builder, data_files={s: str(p) for s, p in files.items()}, **options)
     except StopIteration:  # what the json builder raises on a compressed file with no rows
-        raise ValueError(f"a data file in {names} has no rows") from None
+        raise BadInput(f"a data file in {names} has no rows") from None
     except (OSError, ValueError, datasets.exceptions.DatasetGenerationError) as err:
-        raise ValueError(_first_bad_line(files.values()) or f"could not read {names} as {builder}: {err}") from err
+        raise BadInput(_first_bad_line(files.values()) or f"could not read {names} as {builder}: {err}") from err
     for split, data in loaded.items():
         try:  # Arrow's JSON reader lets bytes that are not UTF-8 through; reading the row would fail later
             data.data.table.validate(full=True)
         except pyarrow.ArrowInvalid as err:
-            raise ValueError(_first_bad_line([files[split]]) or f"could not read {files[split]}: {err}") from None
+            raise BadInput(_first_bad_line([files[split]]) or f"could not read {files[split]}: {err}") from None
         if isinstance(data.features.get("translation"), _UNTYPED_JSON):
             loaded[split] = _same_languages_in_every_row(data, files[split])
     return loaded
@@ -117,16 +118,16 @@ def _check_header(path: Path, options: dict, columns: list[str] | None = None) -
     row = next(csv.reader([first], **options))
     if columns:
         if row == columns:
-            raise ValueError(f"{path}: the first row names the columns already ({' | '.join(row)}); leave out --columns")
+            raise BadInput(f"{path}: the first row names the columns already ({' | '.join(row)}); leave out --columns")
         if len(row) != len(columns):
-            raise ValueError(f"--columns names {len(columns)} columns ({','.join(columns)}) and the first row of {path} "
-                             f"has {len(row)}")
+            raise BadInput(f"--columns names {len(columns)} columns ({','.join(columns)}) and the first row of {path} "
+                           f"has {len(row)}")
         return
     names = [name for name in row if name not in _METADATA_COLUMNS]
     if not all(_LANGUAGE_KEY.fullmatch(name) for name in names):
         separator = "<TAB>" if options.get("delimiter") == "\t" else ","
         shown = " | ".join(names)
-        raise ValueError(
+        raise BadInput(
             f"{path}: the first row ({shown[:100]}{'...' * (len(shown) > 100)}) does not name the languages; a .tsv/.csv file "
             f"needs a header row such as 'en{separator}fr', or --columns en,fr naming its columns (or give plain text "
             "files train.en and train.fr)"
@@ -176,7 +177,7 @@ def _same_languages_in_every_row(data: datasets.Dataset, path: Path) -> datasets
         missing = [lang for lang in languages if not isinstance(row, dict) or lang not in row]
         if missing:
             where = f"line {_line_of_row(path, index)}" if _is_json_lines(path) else f"row {index + 1}"
-            raise ValueError(
+            raise BadInput(
                 f"{path}, {where}: the translation has no {' or '.join(map(repr, missing))} text; every pair needs "
                 f"the languages of the others ({', '.join(languages)}): {json.dumps(row, ensure_ascii=False)[:200]}"
             )
@@ -199,7 +200,7 @@ def _split_files(folder: Path) -> dict[str, Path]:
     for split, names in SPLIT_NAMES.items():
         found = sorted(p for name in names for p in folder.glob(f"{name}.*") if _file_suffix(p) in _BUILDERS)
         if len(found) > 1:
-            raise ValueError(f"{folder} has several files for the {split!r} split: {[p.name for p in found]}")
+            raise BadInput(f"{folder} has several files for the {split!r} split: {[p.name for p in found]}")
         if found:
             files[split] = found[0]
     return files
@@ -220,19 +221,19 @@ def _text_pair(prefix: Path, source_lang: str | None, target_lang: str | None) -
         lang = _text_language(path, prefix.name)
         if lang and path.is_file():
             if lang in found:
-                raise ValueError(f"{prefix.parent} has both {found[lang].name} and {path.name}; keep one")
+                raise BadInput(f"{prefix.parent} has both {found[lang].name} and {path.name}; keep one")
             found[lang] = path
     if not found:
         return None
     named = [lang for lang in (source_lang, target_lang) if lang]
     for option, lang in (("--source-lang", source_lang), ("--target-lang", target_lang)):
         if lang and lang not in found:
-            raise ValueError(f"{option} {lang}: there is no file {prefix}.{lang}; the plain text files of {prefix} "
-                             f"are for {', '.join(found)}")
+            raise BadInput(f"{option} {lang}: there is no file {prefix}.{lang}; the plain text files of {prefix} "
+                           f"are for {', '.join(found)}")
     others = [lang for lang in found if lang not in named]
     if not named or len(named) == 1 and len(others) != 1:
-        raise ValueError(f"{', '.join(p.name for p in found.values())} hold plain text: say which language is the "
-                         f"source and which the target with --source-lang and --target-lang")
+        raise BadInput(f"{', '.join(p.name for p in found.values())} hold plain text: say which language is the "
+                       f"source and which the target with --source-lang and --target-lang")
     source, target = (source_lang, target_lang) if len(named) == 2 else \
         (source_lang or others[0], target_lang or others[0])
     return {source: found[source], target: found[target]}
@@ -246,8 +247,8 @@ def _load_text_pairs(pairs: dict[str, dict[str, Path]]) -> datasets.DatasetDict:
         features = datasets.Features({"translation": {lang: datasets.Value("string") for lang in files}})
         sides = [list(_lines(source)), list(_lines(target))]
         if len(sides[0]) != len(sides[1]):
-            raise ValueError(f"{source} has {len(sides[0])} lines and {target} {len(sides[1])}: the two sides of "
-                             "a pair must hold one sentence a line, in the same order")
+            raise BadInput(f"{source} has {len(sides[0])} lines and {target} {len(sides[1])}: the two sides of "
+                           "a pair must hold one sentence a line, in the same order")
         rows = [{source_lang: s, target_lang: t} for s, t in zip(*sides)]
         loaded[split] = datasets.Dataset.from_dict({"translation": rows}, features=features)
     return loaded
@@ -260,12 +261,12 @@ def _load_folder(folder: Path, source_lang: str | None, target_lang: str | None,
     if files:
         return _load_files(files, columns)
     if columns:
-        raise ValueError(f"--columns names the columns of headerless .tsv/.csv files; {folder} has none")
+        raise BadInput(f"--columns names the columns of headerless .tsv/.csv files; {folder} has none")
     pairs = {}
     for split, names in SPLIT_NAMES.items():
         found = {name: pair for name in names if (pair := _text_pair(folder / name, source_lang, target_lang))}
         if len(found) > 1:
-            raise ValueError(f"{folder} has several files for the {split!r} split: {', '.join(f'{n}.*' for n in found)}")
+            raise BadInput(f"{folder} has several files for the {split!r} split: {', '.join(f'{n}.*' for n in found)}")
         if found:
             pairs[split] = next(iter(found.values()))
     if not pairs:

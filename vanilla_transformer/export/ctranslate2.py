@@ -46,6 +46,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import BadInput
 from ..modeling.generation import DEFAULT_MAX_LENGTH_OFFSET
 from ..modeling.value_checks import MAX_NEW_TOKENS
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_encoding
@@ -75,12 +76,12 @@ def import_ctranslate2():
 def _check_exportable(model, tokenizer, quantization: str) -> list[str]:
     """Refuse what CTranslate2 cannot compute; return the vocabulary in id order."""
     if not isinstance(model, VanillaTransformerForConditionalGeneration):
-        raise ValueError(f"`model` must be a VanillaTransformerForConditionalGeneration; got {type(model).__name__}.")
+        raise BadInput(f"`model` must be a VanillaTransformerForConditionalGeneration; got {type(model).__name__}.")
     if quantization not in QUANTIZATIONS:
-        raise ValueError(f"`quantization` must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}.")
+        raise BadInput(f"`quantization` must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}.")
     config = model.config
     if config.attention_score not in QUERIES_SCALES:
-        raise ValueError(
+        raise BadInput(
             f"CTranslate2 cannot express `attention_score`={config.attention_score!r} (it has learned score "
             f"parameters); only {' and '.join(map(repr, QUERIES_SCALES))} export."
         )
@@ -88,17 +89,17 @@ def _check_exportable(model, tokenizer, quantization: str) -> list[str]:
     for name, default in (("attention_normalization", "softmax"), ("local_attention", "none"),
                           ("attention_hardness", "soft")):
         if getattr(config, name, default) != default:
-            raise ValueError(f"CTranslate2 cannot express `{name}`={getattr(config, name)!r}; only {default!r} exports.")
+            raise BadInput(f"CTranslate2 cannot express `{name}`={getattr(config, name)!r}; only {default!r} exports.")
     vocab = tokenizer.get_vocab()
     tokens = sorted(vocab, key=vocab.get)
     if [vocab[token] for token in tokens] != list(range(len(tokens))) or len(tokens) != config.vocab_size:
-        raise ValueError(
+        raise BadInput(
             f"the tokenizer's vocabulary ({len(tokens)} tokens, ids {min(vocab.values())}..{max(vocab.values())}) "
             f"must number the model's {config.vocab_size} embedding rows 0..{config.vocab_size - 1}: CTranslate2 "
             "names every row by its token. Export the model with the tokenizer it was trained with."
         )
     if tokenizer.unk_token not in vocab:
-        raise ValueError("the tokenizer needs an unknown token in its vocabulary (CTranslate2 would append one).")
+        raise BadInput("the tokenizer needs an unknown token in its vocabulary (CTranslate2 would append one).")
     return tokens
 
 
@@ -216,7 +217,7 @@ def export_ctranslate2(model, tokenizer, output_dir: str | os.PathLike, quantiza
     output_dir = Path(output_dir)
     sweep_staging(output_dir)  # what an interrupted export left
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
-        raise ValueError(f"`output_dir` {output_dir} already exists and is not an empty folder; choose a new one.")
+        raise BadInput(f"`output_dir` {output_dir} already exists and is not an empty folder; choose a new one.")
     tokens = _check_exportable(model, tokenizer, quantization)
     spec = _spec(model, tokens, tokenizer.unk_token)
 
@@ -300,16 +301,16 @@ class CTranslate2Translator:
         device = device or ("cuda" if ctranslate2.get_cuda_device_count() else "cpu")
         kind, _, index = device.partition(":")
         if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
-            raise ValueError(f"`device` must be cpu, cuda or cuda:N for CTranslate2; got {device!r}")
+            raise BadInput(f"`device` must be cpu, cuda or cuda:N for CTranslate2; got {device!r}")
         try:
             self.translator = ctranslate2.Translator(str(folder), device=kind, device_index=int(index or 0),
                                                      intra_threads=threads)
         except RuntimeError as err:  # a damaged model.bin or config.json; a CUDA error names itself
-            raise ValueError(f"`model` {folder}: CTranslate2 cannot load it: {err}") from None
+            raise BadInput(f"`model` {folder}: CTranslate2 cannot load it: {err}") from None
         try:
             self.tokenizer = _plain_tokenizer(Tokenizer.from_file(str(folder / "tokenizer.json")))
         except Exception as err:  # tokenizers raises plain Exception ("Model missing. at line 1 column 2")
-            raise ValueError(f"{folder / 'tokenizer.json'} is not a tokenizer file this version can read: {err}") from None
+            raise BadInput(f"{folder / 'tokenizer.json'} is not a tokenizer file this version can read: {err}") from None
         # The most characters one token stands for: a longer text is cut before tokenising, as our pipeline cuts.
         self.token_characters = max(map(len, self.tokenizer.decode_batch(
             [[i] for i in range(self.tokenizer.get_vocab_size())], skip_special_tokens=False)))
@@ -332,8 +333,8 @@ class CTranslate2Translator:
         """One batch: the output ids of each source, without </s>."""
         ceiling = self.options["max_decoding_length"]  # the position table's, or the model's stored max_new_tokens
         if max_new_tokens is not None and max_new_tokens > ceiling:
-            raise ValueError(f"`max_new_tokens` must be at most {ceiling} for this export (the longest output its "
-                             f"model decodes); got {max_new_tokens}")
+            raise BadInput(f"`max_new_tokens` must be at most {ceiling} for this export (the longest output its "
+                           f"model decodes); got {max_new_tokens}")
         options = dict(self.options)
         offset = options.pop("max_length_offset")
         longest = max(map(len, sources))
@@ -344,8 +345,8 @@ class CTranslate2Translator:
         try:
             results = self.translator.translate_batch(sources, **options)
         except RuntimeError as err:  # a length past the position table the export stores ("No position encodings")
-            raise ValueError(f"{self.folder / OPTIONS_FILE}: CTranslate2 cannot decode with these options: "
-                             f"{str(err).splitlines()[0]}. Export the model again") from None
+            raise BadInput(f"{self.folder / OPTIONS_FILE}: CTranslate2 cannot decode with these options: "
+                           f"{str(err).splitlines()[0]}. Export the model again") from None
         return [[self.tokenizer.token_to_id(token) for token in result.hypotheses[0]] for result in results]
 
     def translate(self, texts: list[str], *, batch_size: int = TRANSLATION_BATCH_SIZE, first_line: int = 1, **options) -> list[str]:

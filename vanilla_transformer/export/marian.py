@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from transformers import MarianConfig, MarianMTModel
 
+from ..errors import BadInput
 from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
@@ -86,11 +87,11 @@ def _check_convertible(config: VanillaTransformerConfig) -> None:
     }
     for name, value in required.items():
         if getattr(config, name) != value:
-            raise ValueError(
+            raise BadInput(
                 f"MarianMTModel cannot express `{name}`={getattr(config, name)!r}; only {value!r} converts."
             )
     if config.activation not in ("relu", "gelu"):
-        raise ValueError(f"MarianMTModel cannot express `activation`={config.activation!r}; use 'relu' or 'gelu'.")
+        raise BadInput(f"MarianMTModel cannot express `activation`={config.activation!r}; use 'relu' or 'gelu'.")
 
 
 def marian_config(config: VanillaTransformerConfig) -> MarianConfig:
@@ -125,7 +126,7 @@ def marian_config(config: VanillaTransformerConfig) -> MarianConfig:
 def to_marian(model: VanillaTransformerForConditionalGeneration) -> MarianMTModel:
     """A `MarianMTModel` computing the same function as `model` (fp32, eval mode)."""
     if not isinstance(model, VanillaTransformerForConditionalGeneration):
-        raise ValueError(f"`model` must be a VanillaTransformerForConditionalGeneration; got {type(model).__name__}.")
+        raise BadInput(f"`model` must be a VanillaTransformerForConditionalGeneration; got {type(model).__name__}.")
     config = model.config
     marian = MarianMTModel(marian_config(config))
     marian_from_paper = paper_from_marian_permutation(config.d_model).argsort()
@@ -139,7 +140,7 @@ def to_marian(model: VanillaTransformerForConditionalGeneration) -> MarianMTMode
 def from_marian(marian: MarianMTModel) -> VanillaTransformerForConditionalGeneration:
     """Our model computing the same function as `marian` (fp32, eval mode)."""
     if not isinstance(marian, MarianMTModel):
-        raise ValueError(f"`marian` must be a MarianMTModel; got {type(marian).__name__}.")
+        raise BadInput(f"`marian` must be a MarianMTModel; got {type(marian).__name__}.")
     mc = marian.config
     checks = {
         "encoder_attention_heads == decoder_attention_heads": mc.encoder_attention_heads == mc.decoder_attention_heads,
@@ -153,7 +154,7 @@ def from_marian(marian: MarianMTModel) -> VanillaTransformerForConditionalGenera
     }
     for condition, holds in checks.items():
         if not holds:
-            raise ValueError(f"This MarianMTModel has no equivalent here: it needs {condition}.")
+            raise BadInput(f"This MarianMTModel has no equivalent here: it needs {condition}.")
     config = VanillaTransformerConfig(
         vocab_size=mc.vocab_size,
         d_model=mc.d_model,

@@ -26,6 +26,7 @@ from ..choices import (
     TOKENIZER_MODELS,
     TRACKERS,
 )
+from ..errors import BadInput, as_bad_input
 from ..file_checks import check_repo_id
 from ..option_checks import BOUNDS, field_kind, max_num_beams, within_bound
 from .schedule import SCHEDULES, check_schedule, schedule_summary
@@ -301,48 +302,49 @@ class TrainArguments:
         for f in dataclasses.fields(self):
             _check_field(type(self), f, getattr(self, f.name))
         if self.vocab_size < MIN_VOCAB_SIZE:  # before the data is read, not after the tokenizer's training starts
-            raise ValueError(f"`vocab_size` must be at least {MIN_VOCAB_SIZE} (the 256 bytes every vocabulary starts "
-                             f"with, and the special tokens); got {self.vocab_size}.")
+            raise BadInput(f"`vocab_size` must be at least {MIN_VOCAB_SIZE} (the 256 bytes every vocabulary starts "
+                           f"with, and the special tokens); got {self.vocab_size}.")
         self._validate_config_overrides()
         if self.max_steps is None and self.num_epochs is None and self.time_limit is None:
-            raise ValueError("give at least one of `max_steps`, `num_epochs` and `time_limit`, or training never ends.")
+            raise BadInput("give at least one of `max_steps`, `num_epochs` and `time_limit`, or training never ends.")
         if self.average_last > self.keep_checkpoints:
-            raise ValueError(
+            raise BadInput(
                 f"`average_last` ({self.average_last}) cannot exceed `keep_checkpoints` ({self.keep_checkpoints}): "
                 "older checkpoints are deleted."
             )
         max_tokens = self.max_tokens or CPU_MAX_TOKENS  # a GPU's default is never below `max_length`
         if max_tokens < self.max_length:
-            raise ValueError(f"`max_tokens` ({max_tokens}) must be at least `max_length` ({self.max_length}).")
+            raise BadInput(f"`max_tokens` ({max_tokens}) must be at least `max_length` ({self.max_length}).")
         check_schedule(self.warmup_steps, self.lr_scale, self.lr_schedule, names=("warmup_steps", "lr_scale", "lr_schedule"))
         if self.lr is not None and self.lr_scale != 1.0:
-            raise ValueError("`lr` and `lr_scale` both set the peak learning rate: give one of them.")
+            raise BadInput("`lr` and `lr_scale` both set the peak learning rate: give one of them.")
         if self.model_name_or_path is not None and self.preset != type(self).preset:  # the class holds the default
-            raise ValueError(f"`preset` {self.preset!r} builds a new model, and `model_name_or_path` fine-tunes a saved "
-                             "one with its own architecture: give one of them.")
+            raise BadInput(f"`preset` {self.preset!r} builds a new model, and `model_name_or_path` fine-tunes a saved "
+                           "one with its own architecture: give one of them.")
         if self.lora_rank is not None:
             self._validate_lora()
         if self.ema_decay is not None and not (is_finite_number(self.ema_decay) and 0 < self.ema_decay < 1):
-            raise ValueError(f"`ema_decay` must be a number in (0, 1), e.g. 0.999, or None; got {self.ema_decay!r}.")
+            raise BadInput(f"`ema_decay` must be a number in (0, 1), e.g. 0.999, or None; got {self.ema_decay!r}.")
         self._validate_selection()
         self._validate_compile()
         if self.report_to is not None and importlib.util.find_spec(TRACKERS[self.report_to]) is None:
-            raise ValueError(f"`report_to` {self.report_to} needs the {TRACKERS[self.report_to]} package: "
-                             f"pip install 'vanilla-transformer[{self.report_to}]'")
+            raise BadInput(f"`report_to` {self.report_to} needs the {TRACKERS[self.report_to]} package: "
+                           f"pip install 'vanilla-transformer[{self.report_to}]'")
         if self.push_to_hub is not None:
             check_repo_id(self.push_to_hub)  # before hours of training, not after
-        check_probability("label_smoothing", self.label_smoothing)
-        check_decoding_options(num_beams=self.num_beams, length_penalty=self.length_penalty)
+        with as_bad_input():  # the model's own checks
+            check_probability("label_smoothing", self.label_smoothing)
+            check_decoding_options(num_beams=self.num_beams, length_penalty=self.length_penalty)
 
     def _validate_lora(self) -> None:
         if importlib.util.find_spec("peft") is None:
-            raise ValueError("`lora_rank` needs the peft package: pip install 'vanilla-transformer[peft]'")
+            raise BadInput("`lora_rank` needs the peft package: pip install 'vanilla-transformer[peft]'")
         if self.freeze_encoder or self.freeze_embeddings:
-            raise ValueError("`lora_rank` already trains the adapters alone: leave out `freeze_encoder` and "
-                             "`freeze_embeddings`.")
+            raise BadInput("`lora_rank` already trains the adapters alone: leave out `freeze_encoder` and "
+                           "`freeze_embeddings`.")
         if not all(name.strip() for name in self.lora_target_modules.split(",")):
-            raise ValueError(f"`lora_target_modules` must be layer names separated by commas, e.g. {LORA_TARGETS}; "
-                             f"got {self.lora_target_modules!r}.")
+            raise BadInput(f"`lora_target_modules` must be layer names separated by commas, e.g. {LORA_TARGETS}; "
+                           f"got {self.lora_target_modules!r}.")
 
     def run_options(self) -> dict:
         """The options that define the run (RUN_OPTIONS), local paths made absolute, as its checkpoints record them: a
@@ -365,22 +367,22 @@ class TrainArguments:
 
     def _validate_compile(self) -> None:
         if self.torch_compile is False and (self.torch_compile_backend or self.torch_compile_mode):
-            raise ValueError("`torch_compile_backend` and `torch_compile_mode` are for a compiled step, and "
-                             "`torch_compile` false leaves it eager: give one or the other.")
+            raise BadInput("`torch_compile_backend` and `torch_compile_mode` are for a compiled step, and "
+                           "`torch_compile` false leaves it eager: give one or the other.")
         if self.torch_compile_mode is not None and self.torch_compile_backend == "aot_eager":
-            raise ValueError("`torch_compile_mode` is inductor's: leave it out with `torch_compile_backend` aot_eager.")
+            raise BadInput("`torch_compile_mode` is inductor's: leave it out with `torch_compile_backend` aot_eager.")
         if self.compile_asked() and self.bucket_shapes == 0:
-            raise ValueError("`torch_compile` needs bucket shapes: without them a compiled step compiles again for "
-                             "every batch length; give `bucket_shapes` a positive number, or leave it out (16).")
+            raise BadInput("`torch_compile` needs bucket shapes: without them a compiled step compiles again for "
+                           "every batch length; give `bucket_shapes` a positive number, or leave it out (16).")
 
     def _validate_selection(self) -> None:
         """The model-selection options need a score to select by."""
         for name in ("patience", "average_best"):
             if getattr(self, name) and self.best_metric is None:
-                raise ValueError(f"`{name}` needs `best_metric` (bleu, chrf or loss) to tell better from worse.")
+                raise BadInput(f"`{name}` needs `best_metric` (bleu, chrf or loss) to tell better from worse.")
         if self.best_metric in ("bleu", "chrf") and not self.eval_samples:
-            raise ValueError(f"`best_metric` {self.best_metric} needs validation translations: give `eval_samples` "
-                             "a positive number, or choose `best_metric` loss.")
+            raise BadInput(f"`best_metric` {self.best_metric} needs validation translations: give `eval_samples` "
+                           "a positive number, or choose `best_metric` loss.")
 
     def _validate_config_overrides(self) -> None:
         """Before hours of data preparation: known fields with values the config accepts."""
@@ -391,26 +393,25 @@ class TrainArguments:
                  if name not in ("kwargs", *TOKENIZER_FIELDS, *DATA_FIELDS)]
         from_tokenizer = sorted(set(self.config_overrides) & set(TOKENIZER_FIELDS))
         if from_tokenizer:
-            raise ValueError(
+            raise BadInput(
                 f"`config_overrides`: {', '.join(from_tokenizer)} come(s) from the tokenizer (its size and special "
                 "tokens); choose the size of a new tokenizer with `vocab_size` (--vocab-size), or give a `tokenizer`"
             )
         from_data = sorted(set(self.config_overrides) & set(DATA_FIELDS))
         if from_data:
-            raise ValueError(f"`config_overrides`: {', '.join(from_data)} come(s) from the data: set `dataset`, "
-                             "`source_lang` and `target_lang` instead")
+            raise BadInput(f"`config_overrides`: {', '.join(from_data)} come(s) from the data: set `dataset`, "
+                           "`source_lang` and `target_lang` instead")
         unknown = sorted(set(self.config_overrides) - set(known))
         if unknown:
-            raise ValueError(f"`config_overrides`: unknown config fields {unknown}; the fields are {', '.join(known)}")
+            raise BadInput(f"`config_overrides`: unknown config fields {unknown}; the fields are {', '.join(known)}")
         if self.model_name_or_path is None:
-            try:
+            with as_bad_input("`config_overrides`: "):
                 config = VanillaTransformerConfig.from_preset(self.preset, **self.config_overrides)
-            except ValueError as err:
-                raise ValueError(f"`config_overrides`: {err}") from None
-            check_attn_implementation(config, self.attn_implementation)
+            with as_bad_input():
+                check_attn_implementation(config, self.attn_implementation)
             if self.lora_rank is not None and self.lora_rank > config.d_model:  # each layer adapted has d_model on a side
-                raise ValueError(f"`lora_rank` must be at most d_model ({config.d_model}), the width of the layers it "
-                                 f"adapts; got {self.lora_rank}.")
+                raise BadInput(f"`lora_rank` must be at most d_model ({config.d_model}), the width of the layers it "
+                               f"adapts; got {self.lora_rank}.")
 
 
 def check_option(name: str, value) -> None:
@@ -437,10 +438,10 @@ def _check_field(arguments: type, f: dataclasses.Field, value) -> None:
     choices, bound = f.metadata.get("choices"), f.metadata.get("bound")
     what, holds = OPTION_TYPES.get(kind, (None, lambda value: True))
     if choices is None and bound is None and not holds(value):  # choices and bounds say what they take themselves
-        raise ValueError(f"`{f.name}` must be {what}{' or None' * optional}; got {value!r}.")
+        raise BadInput(f"`{f.name}` must be {what}{' or None' * optional}; got {value!r}.")
     if choices is not None and value not in choices:
-        raise ValueError(f"`{f.name}` must be one of {', '.join(map(repr, choices))}{' or None' * optional}; "
-                         f"got {value!r}.")
+        raise BadInput(f"`{f.name}` must be one of {', '.join(map(repr, choices))}{' or None' * optional}; "
+                       f"got {value!r}.")
     if bound is not None and not within_bound(bound, kind, value):
-        raise ValueError(f"`{f.name}` must be {BOUNDS[bound, kind][0]}{' or None' * optional}; got {value!r}.")
+        raise BadInput(f"`{f.name}` must be {BOUNDS[bound, kind][0]}{' or None' * optional}; got {value!r}.")
 

@@ -22,6 +22,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import DistributedType
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ..errors import BadInput
 from . import criterion
 
 __all__ = ["TIMING_SHARE", "TRAINING_SDPA_BACKENDS", "attn_implementation_choice", "choose_attn_implementation",
@@ -139,7 +140,7 @@ def set_attn_implementation(model, implementation: str) -> None:
     try:
         model.set_attn_implementation(implementation)
     except (ValueError, ImportError) as err:
-        raise ValueError(f"`attn_implementation` {implementation!r} cannot run this model: {err}") from None
+        raise BadInput(f"`attn_implementation` {implementation!r} cannot run this model: {err}") from None
 
 
 def attn_implementation_choice(chosen: str, seconds: dict[str, float]) -> str:

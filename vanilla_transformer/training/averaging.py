@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import BadInput
+
 __all__ = ["WeightAverage"]
 
 
@@ -24,7 +26,7 @@ class WeightAverage:
 
     def __init__(self, model: torch.nn.Module, decay: float):
         if not 0 < decay < 1:
-            raise ValueError(f"`decay` must be in (0, 1), e.g. 0.999; got {decay!r}.")
+            raise BadInput(f"`decay` must be in (0, 1), e.g. 0.999; got {decay!r}.")
         self.decay = decay
         self.updates = 0
         self.names = [name for name, _ in self._parameters(model)]
@@ -54,7 +56,7 @@ class WeightAverage:
         saved = [(name, tuple(tensor.shape)) for name, tensor in state["average"].items()]
         if saved != [(name, tuple(average.shape)) for name, average in zip(self.names, self.average)]:
             # Shapes too: copying a tensor of another shape would broadcast, not fail.
-            raise ValueError("the saved weight average does not fit this model: its parameters differ")
+            raise BadInput("the saved weight average does not fit this model: its parameters differ")
         self.updates = state["updates"]
         for average, saved in zip(self.average, state["average"].values()):
             average.copy_(saved)

@@ -14,6 +14,7 @@ import torch
 from accelerate.logging import get_logger
 from accelerate.utils import DistributedType
 
+from ..errors import BadInput
 from .arguments import CPU_MAX_TOKENS, TrainArguments
 from .data import TokenBatchSampler, TokenizedSplit, bucket_shapes
 
@@ -41,9 +42,9 @@ def gpu_batch(memory: int, config, parameters: int, processes: int, max_length: 
                  + 12 * config.vocab_size)
     fits = int((0.8 * memory - 20 * parameters) / (2 * per_token))
     if fits < max_length:
-        raise ValueError(f"a batch of `max_length` ({max_length}) tokens does not fit the device's "
-                         f"{memory / 2**30:.1f} GiB beside the model's {parameters:,} parameters; lower `max_length` "
-                         "or give `max_tokens`")
+        raise BadInput(f"a batch of `max_length` ({max_length}) tokens does not fit the device's "
+                       f"{memory / 2**30:.1f} GiB beside the model's {parameters:,} parameters; lower `max_length` "
+                       "or give `max_tokens`")
     if accumulation is None:
         accumulation = -(-PAPER_STEP_TOKENS // (processes * fits))  # rounded up
     wanted = -(-PAPER_STEP_TOKENS // (processes * accumulation))

@@ -45,6 +45,7 @@ import torch
 from accelerate.logging import get_logger
 from safetensors.torch import load_file
 
+from ..errors import BadInput
 from ..file_checks import check_plain_pickle, check_weights_file, read_json
 from ..staging import STAGING_PREFIX, disk_full_error, publish_files, publish_folder, set_aside, write_file_whole
 
@@ -125,7 +126,7 @@ def checkpoint_layout(checkpoint: str | os.PathLike) -> str:
     """Which engine's layout the checkpoint's model is saved in: a key of LAYOUTS; ValueError when none."""
     checkpoint = Path(checkpoint)
     if (checkpoint / FSDP_SHARDED_FOLDER).is_dir():
-        raise ValueError(
+        raise BadInput(
             f"{checkpoint / FSDP_SHARDED_FOLDER} is an FSDP SHARDED_STATE_DICT checkpoint, which is not read: torch reads "
             "its .metadata with pickle, which could run code from the file. Train FSDP with fsdp_state_dict_type "
             "FULL_STATE_DICT (accelerate_configs/fsdp_8gpu.yaml)"
@@ -133,7 +134,7 @@ def checkpoint_layout(checkpoint: str | os.PathLike) -> str:
     for layout, (weights, _) in LAYOUTS.items():
         if (checkpoint / weights).is_file():
             return layout
-    raise ValueError(f"{checkpoint} holds no model weights ({', '.join(weights for weights, _ in LAYOUTS.values())} are missing)")
+    raise BadInput(f"{checkpoint} holds no model weights ({', '.join(weights for weights, _ in LAYOUTS.values())} are missing)")
 
 
 def verify_checkpoint(checkpoint: str | os.PathLike) -> None:
@@ -143,15 +144,15 @@ def verify_checkpoint(checkpoint: str | os.PathLike) -> None:
     checked, read as tensors and plain values without running anything from them)."""
     checkpoint = Path(checkpoint)
     if not (checkpoint / STATE_FILE).is_file():
-        raise ValueError(f"{checkpoint / STATE_FILE} is missing")
+        raise BadInput(f"{checkpoint / STATE_FILE} is missing")
     layout = checkpoint_layout(checkpoint)
     for name in LAYOUTS[layout]:
         if not (checkpoint / name).is_file():
-            raise ValueError(f"{checkpoint / name} is missing")
+            raise BadInput(f"{checkpoint / name} is missing")
     state = read_state(checkpoint)
     step = int(_NAME.match(checkpoint.name).group(1))
     if not isinstance(state, dict) or state.get("step") != step:
-        raise ValueError(f"{checkpoint / STATE_FILE} is damaged: it does not hold the state of step {step}")
+        raise BadInput(f"{checkpoint / STATE_FILE} is damaged: it does not hold the state of step {step}")
     for path in sorted(checkpoint.iterdir()):
         if path.suffix in (".safetensors", ".bin", ".pkl", ".pt"):
             check_weights_file(path)
@@ -188,10 +189,10 @@ def _verify_deepspeed_files(checkpoint: Path) -> None:
     and DEEPSPEED_CLASSES (DeepSpeed unpickles them with weights_only=False)."""
     tag = (checkpoint / "latest").read_text().strip()
     if tag != DEEPSPEED_FOLDER:
-        raise ValueError(f"{checkpoint / 'latest'} names {tag!r}, not this checkpoint's {DEEPSPEED_FOLDER!r}")
+        raise BadInput(f"{checkpoint / 'latest'} names {tag!r}, not this checkpoint's {DEEPSPEED_FOLDER!r}")
     files = sorted((checkpoint / DEEPSPEED_FOLDER).glob("*.pt"))
     if not any(path.name.endswith("optim_states.pt") for path in files):
-        raise ValueError(f"{checkpoint / DEEPSPEED_FOLDER} holds no optimiser states (*optim_states.pt)")
+        raise BadInput(f"{checkpoint / DEEPSPEED_FOLDER} holds no optimiser states (*optim_states.pt)")
     for path in files:
         check_weights_file(path)
         check_plain_pickle(path, DEEPSPEED_STAND_INS)
@@ -213,7 +214,7 @@ def newest_sound_checkpoint(root: str | os.PathLike) -> tuple[Path, list[str]]:
             aside = set_aside(damaged, DAMAGED_PREFIX + damaged.name)
             messages.append(f"{problem}; the checkpoint is set aside as {aside.name}")
         return checkpoint, messages
-    raise ValueError(
+    raise BadInput(
         f"no checkpoint in {root} can be read: {'; '.join(problem for _, problem in problems) or 'there are none'}. "
         "Restore the checkpoints from a copy, or train from the start in a new output folder."
     )
@@ -290,14 +291,14 @@ def average_checkpoints(checkpoints: list[str | os.PathLike]) -> dict[str, torch
     own dtypes.
     """
     if not checkpoints:
-        raise ValueError("no checkpoints to average")
+        raise BadInput("no checkpoints to average")
     total: dict[str, torch.Tensor] = {}
     for path in checkpoints:
         weights = checkpoint_weights(path)
         # Shapes too: a sum of tensors of other shapes would broadcast, not fail.
         if total and {n: t.shape for n, t in weights.items()} != {n: t.shape for n, t in total.items()}:
-            raise ValueError(f"{path} holds different weights (names or shapes) from the other checkpoints; cannot "
-                             "average them")
+            raise BadInput(f"{path} holds different weights (names or shapes) from the other checkpoints; cannot "
+                           "average them")
         for name, tensor in weights.items():
             total[name] = total.get(name, 0) + tensor.double()
     return {name: (tensor / len(checkpoints)).to(weights[name].dtype) for name, tensor in total.items()}

@@ -18,6 +18,7 @@ import torch
 from accelerate.logging import get_logger
 from accelerate.utils import DistributedType
 
+from ..errors import BadInput
 from . import criterion
 
 __all__ = ["CompiledLoss", "compile_timing", "compiled_loss"]
@@ -65,8 +66,8 @@ def compiled_loss(args, accelerator, shapes: list | None) -> CompiledLoss | None
     if not args.compile_asked():
         return None
     if accelerator.distributed_type == DistributedType.DEEPSPEED:
-        raise ValueError("`torch_compile` is not supported under DeepSpeed, whose engine runs the forward itself; "
-                         "train without it, or with DDP or FSDP")
+        raise BadInput("`torch_compile` is not supported under DeepSpeed, whose engine runs the forward itself; "
+                       "train without it, or with DDP or FSDP")
     why = "asked" + ("" if accelerator.distributed_type == DistributedType.NO else
                      f"; under {accelerator.distributed_type.value}, tested on CPU processes with DDP alone")
     compiled = CompiledLoss(len(shapes), args.torch_compile_backend or "inductor", args.torch_compile_mode)

@@ -26,6 +26,8 @@ import datasets
 import numpy as np
 import torch
 
+from ..errors import BadInput
+
 __all__ = ["PadCollator", "PrefetchedBatches", "TokenBatchSampler", "TokenizedSplit", "bucket_shapes",
            "tokenization_workers", "tokenize_pairs"]
 
@@ -41,7 +43,7 @@ def tokenization_workers(pairs: int) -> int | None:
     if os.environ.get(NUM_PROC_ENV):
         text = os.environ[NUM_PROC_ENV].strip()
         if not text.isdigit():
-            raise ValueError(f"{NUM_PROC_ENV} must be a whole number of processes (1: this process only); got {text!r}.")
+            raise BadInput(f"{NUM_PROC_ENV} must be a whole number of processes (1: this process only); got {text!r}.")
         workers = int(text)
     else:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -162,7 +164,7 @@ def tokenize_pairs(
     data set's files and a later run with the same tokenizer and options reads it back instead.
     """
     if max_length < 2:
-        raise ValueError(f"`max_length` must be at least 2 (a token and </s>); got {max_length!r}.")
+        raise BadInput(f"`max_length` must be at least 2 (a token and </s>); got {max_length!r}.")
 
     encode = pair_encoder(tokenizer, source_lang, target_lang, max_length, truncate, keep_references)
     if num_proc == "auto":
@@ -180,7 +182,7 @@ def tokenize_pairs(
     kept = encoded.select(np.flatnonzero(keep)).remove_columns(["min_length", "raw_length"])
     split = TokenizedSplit(kept, len(encoded), int(empty.sum()), int(too_long.sum()))
     if len(kept) == 0:
-        raise ValueError(
+        raise BadInput(
             f"no pairs left in the {name} split: {split.describe(name, max_length, truncate)}. Check the "
             f"language keys ({source_lang!r}, {target_lang!r}), `max_length`, or pass `truncate`."
         )
@@ -194,9 +196,9 @@ def bucket_shapes(lengths, max_tokens: int, count: int) -> list[tuple[int, int]]
     last full (an epoch's pairs of a length are the same every epoch). The longest length is the data's longest."""
     values, counts = np.unique(np.asarray(lengths, dtype=np.int64), return_counts=True)
     if values.size == 0 or count < 1:
-        raise ValueError("bucket shapes need at least one length and one bucket")
+        raise BadInput("bucket shapes need at least one length and one bucket")
     if max_tokens < values[-1]:
-        raise ValueError(f"`max_tokens` ({max_tokens}) must be at least the longest sequence ({values[-1]} tokens).")
+        raise BadInput(f"`max_tokens` ({max_tokens}) must be at least the longest sequence ({values[-1]} tokens).")
     pairs, tokens = np.concatenate([[0], np.cumsum(counts)]), np.concatenate([[0], np.cumsum(counts * values)])
 
     def padding(first, last):  # of the pairs with lengths values[first..last] (first an array) padded to values[last]
@@ -240,7 +242,7 @@ class PadCollator:
         for shape in self.shapes:
             if shape[0] >= rows and shape[1] >= longest:
                 return shape
-        raise ValueError(f"a batch of {rows} rows of up to {longest} tokens fits none of the shapes {self.shapes}")
+        raise BadInput(f"a batch of {rows} rows of up to {longest} tokens fits none of the shapes {self.shapes}")
 
     def __call__(self, columns: dict[str, list]) -> dict[str, torch.Tensor]:
         """`columns` is what `dataset[indices]` returns: {"input_ids": [[...], ...], "labels": [[...], ...]}."""
@@ -296,15 +298,15 @@ class TokenBatchSampler:
     ):
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if self.lengths.size == 0:
-            raise ValueError("cannot batch an empty data set")
+            raise BadInput("cannot batch an empty data set")
         longest = int(self.lengths.max())
         if max_tokens < longest:
-            raise ValueError(f"`max_tokens` ({max_tokens}) must be at least the longest sequence ({longest} tokens).")
+            raise BadInput(f"`max_tokens` ({max_tokens}) must be at least the longest sequence ({longest} tokens).")
         if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank {rank} is not in [0, {num_replicas}).")
+            raise BadInput(f"rank {rank} is not in [0, {num_replicas}).")
         if shapes and (not shuffle or shapes[-1][1] < longest):
-            raise ValueError(f"bucket shapes are for training batches up to the longest sequence ({longest} tokens); "
-                             f"got {shapes} for {'training' if shuffle else 'evaluation'}")
+            raise BadInput(f"bucket shapes are for training batches up to the longest sequence ({longest} tokens); "
+                           f"got {shapes} for {'training' if shuffle else 'evaluation'}")
         self.max_tokens, self.shuffle, self.seed, self.shapes = max_tokens, shuffle, seed, shapes
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch, self.start = 0, 0
@@ -325,7 +327,7 @@ class TokenBatchSampler:
         if self.shuffle:
             rng.shuffle(batches)
             if len(batches) < self.num_replicas:
-                raise ValueError(
+                raise BadInput(
                     f"{len(batches)} batch(es) of at most {self.max_tokens} tokens cannot feed {self.num_replicas} "
                     "processes; lower `max_tokens` or use fewer processes."
                 )

@@ -26,6 +26,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import DistributedType
 
+from ..errors import BadInput
 from .arguments import DEFAULT_DDP_TIMEOUT
 from ..threads import environment_number
 
@@ -124,7 +125,7 @@ def check_strategy_has_devices(strategy: str | None) -> None:
 
     if strategy != "FSDP" or not (_flag("ACCELERATE_USE_CPU") or not torch.accelerator.is_available()):
         return
-    raise ValueError(
+    raise BadInput(
         "FSDP was asked for (ACCELERATE_USE_FSDP), but this launch has no GPU to shard the model on "
         + ("(ACCELERATE_USE_CPU is set). " if _flag("ACCELERATE_USE_CPU") else "(torch finds no accelerator). ")
         + "On CPU train with DDP instead: ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ..."
@@ -138,13 +139,13 @@ def check_world_size(accelerator) -> None:
         return
     if accelerator.distributed_type.name == "DEEPSPEED" and accelerator.device.type == "cpu":
         # Accelerate (1.15) joins DeepSpeed's processes only on an accelerator; with `--cpu` it runs DDP instead.
-        raise ValueError(
+        raise BadInput(
             f"the launcher started {launched} DeepSpeed processes (WORLD_SIZE={launched}) but Accelerate runs each "
             "alone: it starts DeepSpeed's process group only on GPUs (or other accelerators), not on a CPU. "
             "Fix: on a machine without GPUs train with DDP: ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu "
             "--num_processes N ... (no ZeRO sharding); run DeepSpeed on a GPU machine."
         )
-    raise ValueError(
+    raise BadInput(
         f"the launcher started {launched} processes (WORLD_SIZE={launched}) but Accelerate runs "
         f"{accelerator.num_processes} ({accelerator.distributed_type.name} on {accelerator.device.type}): "
         "each process would train alone and they would race on the output folder. "
@@ -217,7 +218,7 @@ def configure_deepspeed(accelerator, args) -> None:
         return
     config = accelerator.state.deepspeed_plugin.deepspeed_config
     if args.gradient_accumulation_steps not in (None, 1):  # None: left unset, so one batch per micro-step
-        raise ValueError(
+        raise BadInput(
             f"`gradient_accumulation_steps` {args.gradient_accumulation_steps} is not supported under DeepSpeed yet; "
             "use 1 and raise `max_tokens`, or use DDP/FSDP"
         )
@@ -232,7 +233,7 @@ def configure_deepspeed(accelerator, args) -> None:
         if given == "auto":
             config[key] = value
         elif key != "gradient_clipping" and given != value:
-            raise ValueError(
+            raise BadInput(
                 f"the DeepSpeed config sets {key}={given!r}; this loop's batches are token-budgeted (one batch of "
                 f"at most `max_tokens` tokens per micro-step), so it must be {value} or 'auto'"
             )
@@ -259,7 +260,7 @@ def on_main(accelerator, decide) -> int | None:
         failed, answer = accelerator.reduce(torch.tensor(sent, device=accelerator.device), "sum").tolist()
         answer = None if answer == -1 else answer
         if failed and error is None:
-            error = ValueError("the main process refused to start this run; its error says why")
+            error = BadInput("the main process refused to start this run; its error says why")
     if error is not None:
         raise error
     return answer

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from accelerate.logging import get_logger
 
+from ..errors import BadInput
 from ..model_card import adapter_card
 from ..staging import publish_files, publish_folder, staging_folder
 from .run_folder import ADAPTER_DIR
@@ -48,13 +49,13 @@ def add_lora(model, rank: int, alpha: float, dropout: float, target_modules: lis
               if name.rsplit(".", 1)[-1] in target_modules and isinstance(module, torch.nn.Linear)}
     narrowest = min(widths, key=widths.get, default=None)
     if narrowest is not None and rank > widths[narrowest]:  # before PEFT allocates adapters wider than the layers
-        raise ValueError(f"`lora_rank` must be at most {widths[narrowest]}, the width of {narrowest}; got {rank}.")
+        raise BadInput(f"`lora_rank` must be at most {widths[narrowest]}, the width of {narrowest}; got {rank}.")
     config = LoraConfig(task_type=TaskType.SEQ_2_SEQ_LM, r=rank, lora_alpha=alpha, lora_dropout=dropout,
                         target_modules=target_modules)
     try:
         model = get_peft_model(model, config)
     except ValueError as err:  # no layer of that name
-        raise ValueError(f"`lora_target_modules`: {err}") from None
+        raise BadInput(f"`lora_target_modules`: {err}") from None
     trained, total = model.get_nb_trainable_parameters()
     logger.info(f"LoRA rank {rank}, alpha {alpha} on {', '.join(target_modules)}: {trained:,} of {total:,} "
                 "parameters train")
@@ -71,8 +72,8 @@ def save_adapter(model, output_dir: str | os.PathLike, base: str | None) -> Path
     folder = Path(output_dir) / ADAPTER_DIR
     foreign = sorted(entry.name for entry in folder.iterdir() if entry.name not in ADAPTER_FILES) if folder.is_dir() else []
     if foreign:  # an earlier finish's adapter is replaced whole: never with files a user put beside it
-        raise ValueError(f"{folder} holds {', '.join(foreign)}, which no run wrote there; move them out, then run the "
-                         "same command with --resume to save the adapter")
+        raise BadInput(f"{folder} holds {', '.join(foreign)}, which no run wrote there; move them out, then run the "
+                       "same command with --resume to save the adapter")
     if base is not None:  # None: a model trained from a preset, which no folder holds
         model.peft_config["default"].base_model_name_or_path = str(Path(base).resolve()) if Path(base).is_dir() else base
     lora = model.peft_config["default"]

@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 from accelerate.utils import DistributedType
 
+from ..errors import BadInput
+
 __all__ = ["BF16_CPU_FLAGS", "BF16_WEIGHTS_VARIABLE", "CPU_BF16_VARIABLE", "Bf16Weights", "bf16_weights",
            "cpu_computes_bf16", "cpu_flags"]
 
@@ -64,7 +66,7 @@ def cpu_computes_bf16(flags: set[str] | None = None) -> bool:
 def _forced(variable: str) -> bool | None:
     forced = os.environ.get(variable, "").strip()
     if forced and forced not in ("0", "1"):
-        raise ValueError(f"{variable} must be 0 or 1 (or unset); got {forced!r}.")
+        raise BadInput(f"{variable} must be 0 or 1 (or unset); got {forced!r}.")
     return None if not forced else forced == "1"
 
 

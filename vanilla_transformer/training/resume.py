@@ -14,6 +14,7 @@ from pathlib import Path
 from accelerate.logging import get_logger
 
 from ..choices import FOLDER_TRACKERS
+from ..errors import BadInput
 from ..file_checks import read_json
 from ..hub import RESULTS_FILE
 from .arguments import (
@@ -119,11 +120,11 @@ def check_run_config(config_file: Path, checkpoint: Path) -> None:
 
     config = read_json(config_file)
     if not isinstance(config, dict):
-        raise ValueError(f"{config_file} does not describe a model (a JSON object)")
+        raise BadInput(f"{config_file} does not describe a model (a JSON object)")
     try:
         config = VanillaTransformerConfig.from_dict(config)
     except (TypeError, ValueError, KeyError) as err:
-        raise ValueError(f"{config_file} does not describe a model: {err}") from None
+        raise BadInput(f"{config_file} does not describe a model: {err}") from None
     if checkpoint_layout(checkpoint) == "DDP":  # the other layouts are pickles, read by their engines' own checks
         check_config_sizes(config, config_file, weight_shapes([checkpoint / WEIGHTS_FILE]), checkpoint)
 
@@ -152,7 +153,7 @@ def restore_options(output_dir: str, given: dict) -> dict:
         except (OSError, ValueError, AttributeError):
             continue
     if not isinstance(recorded, dict):
-        raise ValueError(f"`resume`: {source} is damaged: its options are not a JSON object")
+        raise BadInput(f"`resume`: {source} is damaged: its options are not a JSON object")
     known = {f.name for f in fields(TrainArguments)}  # an option since removed is dropped
     restored = {name: value for name, value in recorded.items()
                 if name in known and name not in NEVER_RESTORED and name not in given}
@@ -162,7 +163,7 @@ def restore_options(output_dir: str, given: dict) -> dict:
         try:
             check_option(name, value)
         except ValueError as err:
-            raise ValueError(f"`resume`: {source} records an option that is refused: {err}") from None
+            raise BadInput(f"`resume`: {source} records an option that is refused: {err}") from None
     return {**restored, **given}
 
 
@@ -198,7 +199,7 @@ def check_same_run(now: dict, started_with: dict | None, output_dir: str) -> Non
     before = {name: started_with.get(name, getattr(defaults, name)) for name in RUN_OPTIONS}
     changed = [f"{name} {before[name]!r} -> {now[name]!r}" for name in RUN_OPTIONS if before[name] != now[name]]
     if changed:
-        raise ValueError(
+        raise BadInput(
             f"`resume`: the run in {output_dir} was started with other options: {'; '.join(changed)}. "
             "Resume it with the options it was started with, or train into a new `output_dir`."
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import BadInput
 from ..file_checks import read_json
 from ..hub import DESCRIPTION_FILES
 from ..staging import FULL_DISK_ERRNOS, DiskFull, sweep_staging
@@ -39,20 +40,20 @@ def check_new_folder(output_dir: str, checkpoint_root: Path, lora_rank: int | No
     """Without `resume`: refuse an `output_dir` that holds an earlier run, a finished model, a card or a file the run
     would write over (a LoRA run, of `lora_rank`, writes its adapter too)."""
     if list_checkpoints(checkpoint_root):
-        raise ValueError(
+        raise BadInput(
             f"{output_dir} holds checkpoints of an earlier run; pass `resume` to continue it, or pick a new `output_dir`"
         )
     model_files = [name for name in MODEL_FILES if (Path(output_dir) / name).exists()]
     if model_files:  # a finished model (from the Hub, or a run whose checkpoints were removed): never replaced
-        raise ValueError(
+        raise BadInput(
             f"{output_dir} holds a model ({', '.join(model_files)}) that a new run would replace; pass `resume` "
             f"to continue its run (it needs its {CHECKPOINTS}/ folder), `model_name_or_path {output_dir}` "
             "to fine-tune it into another `output_dir`, or pick another `output_dir`"
         )
     cards = [name for name in DESCRIPTION_FILES if (Path(output_dir) / name).exists()]
     if cards:  # not this run's: the finished model's card and scores would replace them
-        raise ValueError(f"{output_dir} holds {', '.join(cards)}, which the finished model's card and scores would "
-                         "replace; pick another `output_dir`, or move them")
+        raise BadInput(f"{output_dir} holds {', '.join(cards)}, which the finished model's card and scores would "
+                       "replace; pick another `output_dir`, or move them")
     check_nothing_to_replace(Path(output_dir), lora_rank)
 
 
@@ -75,8 +76,8 @@ def check_nothing_to_replace(folder: Path, lora_rank: int | None) -> None:
     found = [f"{name}/" if (folder / name).is_dir() else name for name in found]
     if found:
         more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
-        raise ValueError(f"{folder} holds {', '.join(found[:3])}{more}, which a new run would write over or delete; "
-                         "pick another `output_dir`, or move them")
+        raise BadInput(f"{folder} holds {', '.join(found[:3])}{more}, which a new run would write over or delete; "
+                       "pick another `output_dir`, or move them")
 
 
 def _not_run_records(checkpoints: Path) -> list[str]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from accelerate.logging import get_logger
 
 from ..choices import ATTENTION_IMPLEMENTATIONS, BEST_METRICS
+from ..errors import BadInput
 from .checkpoints import STATE_FILE, read_state
 
 __all__ = ["MAX_PART_SECONDS", "RunState", "check_state", "options_recorded_in", "part_problem"]
@@ -145,30 +146,30 @@ def check_state(state: dict, source: Path) -> None:
     of ATTENTION_IMPLEMENTATIONS (transformers takes another name for a Hub kernel, which it downloads and runs),
     parts of a run (`part_problem`) and evaluations (RECORD_FIELDS) with every field the run reads of them."""
     if not isinstance(state, dict):
-        raise ValueError(f"`resume`: {source} is damaged: it is not a JSON object")
+        raise BadInput(f"`resume`: {source} is damaged: it is not a JSON object")
     kinds = {"step": int, "epoch": int, "batches_done": int, "train_tokens": int, "evaluations_without_improvement": int,
              "history": list, "best": list, "parts": list, "run_options": (dict, type(None)),
              "recorded_options": (dict, type(None)), "options": (dict, type(None))}
     for name, kind in kinds.items():
         value = state.get(name)
         if name in state and (not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0)):
-            raise ValueError(f"`resume`: {source} is damaged: its {name} is {value!r}")
+            raise BadInput(f"`resume`: {source} is damaged: its {name} is {value!r}")
     if not isinstance(state.get("step"), int):
-        raise ValueError(f"`resume`: {source} is damaged: it records no step")
+        raise BadInput(f"`resume`: {source} is damaged: it records no step")
     if state.get("attn_implementation") not in (None, *ATTENTION_IMPLEMENTATIONS):
-        raise ValueError(f"`resume`: {source} records the attention implementation {state['attn_implementation']!r}, "
-                         f"not one of {', '.join(ATTENTION_IMPLEMENTATIONS)}; it is not used")
+        raise BadInput(f"`resume`: {source} records the attention implementation {state['attn_implementation']!r}, "
+                       f"not one of {', '.join(ATTENTION_IMPLEMENTATIONS)}; it is not used")
     for number, part in enumerate(state.get("parts", []), 1):
         problem = part_problem(part, state["step"])
         if problem:
-            raise ValueError(f"`resume`: {source} is damaged: part {number} of its parts {problem}; got {part!r}")
+            raise BadInput(f"`resume`: {source} is damaged: part {number} of its parts {problem}; got {part!r}")
     for name, record_fields in RECORD_FIELDS.items():
         for record in state.get(name, []):
             if not isinstance(record, dict) or any(
                     not holds(record[field]) if field in record else required
                     for field, (holds, required) in record_fields.items()):
-                raise ValueError(f"`resume`: {source} is damaged: its {name} holds {record!r}, not the record of an "
-                                 "evaluation")
+                raise BadInput(f"`resume`: {source} is damaged: its {name} holds {record!r}, not the record of an "
+                               "evaluation")
 
 
 # A part of a run longer than this is an edited record, not a session: a year.

@@ -24,6 +24,7 @@ import math
 from typing import TYPE_CHECKING, Callable
 
 from ..choices import PAPER_WARMUP_STEPS
+from ..errors import BadInput
 
 if TYPE_CHECKING:
     import torch
@@ -39,11 +40,11 @@ def check_schedule(warmup_steps, scale, schedule, names=("warmup_steps", "scale"
     from ..modeling.value_checks import is_finite_number  # the modeling package brings transformers
 
     if not isinstance(warmup_steps, int) or warmup_steps < 1:
-        raise ValueError(f"`{names[0]}` must be a positive integer; got {warmup_steps!r}.")
+        raise BadInput(f"`{names[0]}` must be a positive integer; got {warmup_steps!r}.")
     if not (is_finite_number(scale) and scale > 0):
-        raise ValueError(f"`{names[1]}` must be a positive number; got {scale!r}.")
+        raise BadInput(f"`{names[1]}` must be a positive number; got {scale!r}.")
     if schedule not in SCHEDULES:
-        raise ValueError(f"`{names[2]}` must be one of {', '.join(map(repr, SCHEDULES))}; got {schedule!r}.")
+        raise BadInput(f"`{names[2]}` must be one of {', '.join(map(repr, SCHEDULES))}; got {schedule!r}.")
 
 
 def noam_rate(step: int, d_model: int, warmup_steps: int = PAPER_WARMUP_STEPS, scale: float = 1.0) -> float:
@@ -142,7 +143,7 @@ def schedule_summary(name: str) -> str:
 
 def _budget_schedule(optimizer, d_model, warmup_steps, scale, remaining_steps, name: str, decay) -> BudgetSchedule:
     if remaining_steps is None:
-        raise ValueError(f"the {name!r} schedule decays to zero at the end of the budget: give `remaining_steps`.")
+        raise BadInput(f"the {name!r} schedule decays to zero at the end of the budget: give `remaining_steps`.")
     peak = noam_rate(warmup_steps, d_model, warmup_steps, scale)
     return BudgetSchedule(optimizer, peak, warmup_steps, decay, remaining_steps)
 

@@ -20,6 +20,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedTokenizerBase
 
 from ..corpora import recorded_name
+from ..errors import BadInput
 from ..model_folder import CheckedFolder, check_model_folder
 from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 from ..modeling.modeling_vanilla_transformer import (
@@ -96,8 +97,8 @@ def set_up(args: TrainArguments, accelerator, lock: RunLock | None = None) -> tu
     """On every process: where to resume from, the data, tokenizer, model, optimiser and schedule, built once (in
     `Components`, with the options the run trains with: those given, with `size_batches`' plan); its state; its budget."""
     if accelerator.distributed_type == DistributedType.FSDP and args.ema_decay is not None:
-        raise ValueError("`ema_decay` is not supported under FSDP: the moving average would hold each process's "
-                         "shards of the weights; train without it, or with DDP")
+        raise BadInput("`ema_decay` is not supported under FSDP: the moving average would hold each process's "
+                       "shards of the weights; train without it, or with DDP")
     logger.info(use_threads(args.threads))  # before the data is read and tokenised: that computes too
     checkpoint_root = Path(args.output_dir) / CHECKPOINTS
     resume_from, base_folder = _starting_point(args, accelerator, checkpoint_root)
@@ -171,8 +172,8 @@ def _starting_point(args: TrainArguments, accelerator, checkpoint_root: Path) ->
     if not folder.is_dir():
         raise FileNotFoundError(f"`model_name_or_path`: no saved model folder at {args.model_name_or_path}")
     if args.tokenizer is None and not (folder / "tokenizer.json").is_file():  # a new tokenizer's ids are not the model's
-        raise ValueError(f"`model_name_or_path` {args.model_name_or_path} holds no tokenizer.json: give the `tokenizer` "
-                         "the model was trained with")
+        raise BadInput(f"`model_name_or_path` {args.model_name_or_path} holds no tokenizer.json: give the `tokenizer` "
+                       "the model was trained with")
     return None, check_model_folder(folder, needs_tokenizer=False)
 
 
@@ -205,7 +206,7 @@ def _load_model(args: TrainArguments, tokenizer, resume_from: Path | None, base_
     if base_folder is not None:
         model = base_folder.load(**args.config_overrides)
         if len(tokenizer) > model.config.vocab_size:
-            raise ValueError(
+            raise BadInput(
                 f"the tokenizer has {len(tokenizer)} tokens but the model {args.model_name_or_path} only "
                 f"{model.config.vocab_size}; fine-tune with the model's own tokenizer"
             )
@@ -225,8 +226,8 @@ def _check_max_length(max_length: int, config) -> None:
     """`max_length` within every length the model reads: a longer pair would fail at its batch, on every resume."""
     for name, bound in config.sequence_bounds().items():
         if max_length > bound:
-            raise ValueError(f"`max_length` ({max_length}) is over the model's {name} ({bound}), the longest "
-                             f"sequence it reads: give a `max_length` of at most {bound}.")
+            raise BadInput(f"`max_length` ({max_length}) is over the model's {name} ({bound}), the longest "
+                           f"sequence it reads: give a `max_length` of at most {bound}.")
 
 
 def _record_language_pair(config, source_lang: str, target_lang: str, dataset: str) -> None:

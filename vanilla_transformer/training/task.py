@@ -14,6 +14,7 @@ from pathlib import Path
 from accelerate.logging import get_logger
 
 from ..corpora import load_translation_dataset, resolve_languages
+from ..errors import BadInput
 from ..file_checks import read_json
 from ..model_folder import load_tokenizer
 from ..staging import write_file_whole
@@ -61,13 +62,13 @@ def load_splits(args: TrainArguments):
         columns=args.columns,
     )
     if "train" not in data:
-        raise ValueError(f"{args.dataset} has no 'train' split; its splits are {list(data)}")
+        raise BadInput(f"{args.dataset} has no 'train' split; its splits are {list(data)}")
     source_lang, target_lang = resolve_languages(data["train"], args.source_lang, args.target_lang)
     if "validation" not in data:
         # Hold out a small, seeded slice of the training data so that there is something to validate on.
         size = min(1000, max(1, len(data["train"]) // 50))
         if len(data["train"]) < 2:
-            raise ValueError(f"{args.dataset} has no 'validation' split and too few pairs to hold some out")
+            raise BadInput(f"{args.dataset} has no 'validation' split and too few pairs to hold some out")
         held = data["train"].train_test_split(test_size=size, seed=args.seed)
         data["train"], data["validation"] = held["train"], held["test"]
         logger.info(f"no validation split: {size} training pairs held out for validation (seed {args.seed})")
@@ -129,7 +130,7 @@ def _keep_own_tokenizer(output_dir: str, resuming: bool, options: dict) -> bool:
     if not changed:
         return True
     if resuming:
-        raise ValueError(
+        raise BadInput(
             f"`resume`: the tokenizer of the run in {output_dir} was trained with other options: "
             f"{'; '.join(changed)}. Resume it with the options it was started with, or train into a new `output_dir`."
         )

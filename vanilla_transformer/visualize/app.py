@@ -49,6 +49,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from vanilla_transformer.visualize.attention_maps import check_attention_support
 from vanilla_transformer.visualize.explorer import explorer_html, explorer_record
 from vanilla_transformer.choices import SERVE_LIMITS
+from vanilla_transformer.errors import BadInput
 from vanilla_transformer.inference import longest_token
 from vanilla_transformer.model_folder import load_model
 from vanilla_transformer.modeling.value_checks import MAX_NEW_TOKENS, check_decoding_options
@@ -80,11 +81,11 @@ class Limits:
     def __post_init__(self):
         for name, value in dataclasses.asdict(self).items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"--{name.replace('_', '-')} ({ENVIRONMENT_PREFIX}{name.upper()}) must be a whole "
-                                 f"number of at least 1; got {value!r}")
+                raise BadInput(f"--{name.replace('_', '-')} ({ENVIRONMENT_PREFIX}{name.upper()}) must be a whole "
+                               f"number of at least 1; got {value!r}")
         if self.max_new_tokens > MAX_NEW_TOKENS:  # what generate accepts
-            raise ValueError(f"--max-new-tokens ({ENVIRONMENT_PREFIX}MAX_NEW_TOKENS) must be at most {MAX_NEW_TOKENS}; "
-                             f"got {self.max_new_tokens}")
+            raise BadInput(f"--max-new-tokens ({ENVIRONMENT_PREFIX}MAX_NEW_TOKENS) must be at most {MAX_NEW_TOKENS}; "
+                           f"got {self.max_new_tokens}")
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ, **given: int | None) -> Limits:

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import BadInput, as_bad_input
 from ..modeling.generation import DEFAULT_MAX_LENGTH_OFFSET
 from ..modeling.pipeline_vanilla_transformer import longest_source, readable_pieces, teacher_forced_attentions
 from ..staging import staged_files, sweep_staging
@@ -93,7 +94,7 @@ class AttentionRecord:
 
     def weights(self, kind: str) -> torch.Tensor:
         if kind not in KINDS:
-            raise ValueError(f"`kind` must be one of {', '.join(KINDS)}; got {kind!r}")
+            raise BadInput(f"`kind` must be one of {', '.join(KINDS)}; got {kind!r}")
         return getattr(self, f"{kind}_attention")
 
     @property
@@ -154,10 +155,11 @@ def decoding_settings(model, num_beams=None, length_penalty=None, max_new_tokens
 
 
 def check_attention_support(model) -> None:
-    """Refuse, with `teacher_forced_attentions`' ValueError, a model that computes no attention weights
+    """Refuse, with `teacher_forced_attentions`' message, a model that computes no attention weights
     (a Marian folder loads with transformers' fused "sdpa" attention), by a one-token pass: milliseconds."""
     ids = torch.full((1, 2), model.config.decoder_start_token_id, device=next(model.parameters()).device)
-    teacher_forced_attentions(model, ids[:, :1], ids)
+    with as_bad_input():
+        teacher_forced_attentions(model, ids[:, :1], ids)
 
 
 @torch.no_grad()
@@ -173,13 +175,13 @@ def collect_attentions(
     if not isinstance(text, str):
         raise TypeError(f"`text` must be a string; got {type(text).__name__}")
     if not text.strip():
-        raise ValueError("`text` is empty: give a sentence to translate.")
+        raise BadInput("`text` is empty: give a sentence to translate.")
     model.eval()
     device = next(model.parameters()).device
     input_ids = tokenizer(text, return_tensors="pt")["input_ids"].to(device)
     limit = longest_source(model, tokenizer)
     if input_ids.size(1) > limit:
-        raise ValueError(f"`text` is {input_ids.size(1)} tokens long; the model reads at most {limit}. Give one sentence.")
+        raise BadInput(f"`text` is {input_ids.size(1)} tokens long; the model reads at most {limit}. Give one sentence.")
     check_attention_support(model)
     options = {"num_beams": num_beams, "max_new_tokens": max_new_tokens, "length_penalty": length_penalty}
     generate_kwargs = {key: value for key, value in options.items() if value is not None}  # None: the model's
@@ -292,7 +294,7 @@ def plot_layer(
     """
     weights = record.weights(kind)
     if not 0 <= layer < weights.size(0):
-        raise ValueError(f"`layer` must be in 0..{weights.size(0) - 1} for {KINDS[kind]}; got {layer}")
+        raise BadInput(f"`layer` must be in 0..{weights.size(0) - 1} for {KINDS[kind]}; got {layer}")
     plt = _pyplot()
     rows, keys = record.axes(kind)
     heads = weights.size(1)
@@ -344,15 +346,15 @@ def plot_models(records: dict[str, AttentionRecord], path: str | os.PathLike, ki
     pattern looks sharper. Each model's own translation gives its panel's rows.
     """
     if not records:
-        raise ValueError("`records` is empty: give at least one model's AttentionRecord.")
+        raise BadInput("`records` is empty: give at least one model's AttentionRecord.")
     sources = {record.source for record in records.values()}
     if len(sources) > 1:
-        raise ValueError(f"the records translate different sentences ({len(sources)}); compare models on one sentence.")
+        raise BadInput(f"the records translate different sentences ({len(sources)}); compare models on one sentence.")
     means = {}
     for name, record in records.items():
         weights = record.weights(kind)
         if not -weights.size(0) <= layer < weights.size(0):
-            raise ValueError(f"`layer` must be in {-weights.size(0)}..{weights.size(0) - 1} for {name}; got {layer}")
+            raise BadInput(f"`layer` must be in {-weights.size(0)}..{weights.size(0) - 1} for {name}; got {layer}")
         means[name] = weights[layer].mean(0)
     plt = _pyplot()
     grid_rows, grid_columns = math.ceil(len(records) / min(len(records), 3)), min(len(records), 3)

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import BadInput
 from ..file_checks import check_plain_file
 from ..staging import write_file_whole
 from .attention_maps import DECODER_ROWS, KINDS, AttentionRecord, collect_attentions
@@ -199,9 +200,9 @@ def html_path(path: str | os.PathLike, name: str = "path") -> Path:
     """`path` if it can take a page (an .html file name, not a folder), else a ValueError naming `name`."""
     path = Path(path)
     if path.is_dir():
-        raise ValueError(f"`{name}` is a folder; give a file name such as {str(path / 'explorer.html')!r}")
+        raise BadInput(f"`{name}` is a folder; give a file name such as {str(path / 'explorer.html')!r}")
     if path.suffix.lower() not in (".html", ".htm"):
-        raise ValueError(f"`{name}` must name an .html file; got {str(path)!r}")
+        raise BadInput(f"`{name}` must name an .html file; got {str(path)!r}")
     check_plain_file(path, f"`{name}` {str(path)!r}")
     return path
 

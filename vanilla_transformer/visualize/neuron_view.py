@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import BadInput
 from ..modeling.attention_variants import predicted_position
 from ..modeling.attention import additive_mask
 from .score_drawings import SCORE_DRAWINGS
@@ -81,7 +82,7 @@ def _blocks(model, kind: str):
 def _block(model, kind: str, layer: int):
     blocks = _blocks(model, kind)
     if not -len(blocks) <= layer < len(blocks):
-        raise ValueError(f"`layer` must be in [0, {len(blocks)}) for {kind} attention; got {layer}.")
+        raise BadInput(f"`layer` must be in [0, {len(blocks)}) for {kind} attention; got {layer}.")
     return blocks[layer]
 
 
@@ -170,14 +171,14 @@ def neuron_view(model, input_ids, attention_mask, decoder_input_ids, kind: str, 
                 row: int = 0) -> NeuronView:
     """The neuron view of sentence `row` of the batch. The model runs in evaluation mode."""
     if kind not in ATTENTION_OUTPUTS:
-        raise ValueError(f"`kind` must be one of {', '.join(map(repr, ATTENTION_OUTPUTS))}; got {kind!r}.")
+        raise BadInput(f"`kind` must be one of {', '.join(map(repr, ATTENTION_OUTPUTS))}; got {kind!r}.")
     block = _block(model, kind, layer)
     if not 0 <= head < block.num_heads:
-        raise ValueError(f"`head` must be in [0, {block.num_heads}); got {head}.")
+        raise BadInput(f"`head` must be in [0, {block.num_heads}); got {head}.")
     out, captured = _capture(model, input_ids, attention_mask, decoder_input_ids, {"block": block})
     queries = captured[("block", "q")].size(1)
     if not 0 <= query < queries:
-        raise ValueError(f"`query` must be in [0, {queries}); got {query}.")
+        raise BadInput(f"`query` must be in [0, {queries}); got {query}.")
     weights = getattr(out, ATTENTION_OUTPUTS[kind])[layer][row]  # (H, T, S)
     numbers = _block_tensors(block, captured, "block", weights, row)
     q_vector = numbers["queries"][head, query]
