@@ -139,3 +139,6 @@ def test_a_damaged_batch_plan_in_the_record_is_refused_in_one_line_naming_the_fi
     expected = f"`resume`: {path} records an option that is refused: `max_tokens` "
     with pytest.raises(ValueError, match="^" + re.escape(expected)):
         restore_batch_plan(TrainArguments(output_dir=str(tmp_path / "run"), resume=True))
+    # A plan given whole (typed, or restored by the command line with every option not typed) reads no record.
+    whole = TrainArguments(output_dir=str(tmp_path / "run"), resume=True, max_tokens=512, gradient_accumulation_steps=1)
+    assert restore_batch_plan(whole) is whole

@@ -133,6 +133,8 @@ def restore_batch_plan(args: TrainArguments) -> TrainArguments:
     """`args` of a resume with the batch plan its run records where they leave it unset (BATCH_PLAN_OPTIONS: None
     is "sized for this machine"), as the command line restores every option not typed (`restore_options`): the
     steps go on with the same batches on any machine, and the run's records compare plainly with `args`."""
+    if all(getattr(args, name) is not None for name in BATCH_PLAN_OPTIONS):
+        return args  # given, or restored with the other options the command line's user did not type
     # The Python API cannot say what was typed: every option is, but a batch plan left unset.
     given = {f.name: getattr(args, f.name) for f in fields(TrainArguments)
              if not (f.name in BATCH_PLAN_OPTIONS and getattr(args, f.name) is None)}
