@@ -1,7 +1,7 @@
 """`BadInput`: what every check of the package raises on an option, file or folder that is not what was expected.
 
 It is a ValueError, as transformers raises for bad arguments, so that code catching ValueError still catches it.
-The command line refuses a `BadInput` in one line naming what was wrong (exit status 2, cli/options.py's `refuse`)
+The command line refuses a `BadInput` in one line naming what was wrong (exit status 2, cli/__init__.py's `main`)
 and lets any other exception, a bug's, show its traceback. The model's own files (modeling/, which ship with saved
 models and import nothing of the package) raise plain ValueError: where a user's input reaches their checks, the
 caller reads their refusal `as_bad_input`.

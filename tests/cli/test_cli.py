@@ -56,6 +56,27 @@ def test_a_bugs_value_error_while_translating_is_no_usage_error(hub_tiny_folder,
         main(["translate", "--model", str(hub_tiny_folder), *GREEDY, LINES[0]])
     assert type(raised.value) is ValueError
 
+
+@pytest.mark.parametrize("error, status, line", [
+    (PermissionError(13, os.strerror(13), "out/tokenizer.json"), 1, "out/tokenizer.json: Permission denied"),  # the machine's
+    (FileNotFoundError("no such file or folder: data.tsv"), 2, "no such file or folder: data.tsv"),  # a path given
+    (ImportError("CTranslate2 is not installed: pip install ctranslate2"), 2, "CTranslate2 is not installed: pip "
+     "install ctranslate2"),
+])
+def test_how_every_command_ends_on_an_error_is_one_table_in_main(error, status, line, monkeypatch, capsys):
+    from vanilla_transformer.cli import train_tokenizer
+
+    def run_that_fails(args):
+        raise error
+
+    monkeypatch.setattr(train_tokenizer, "run", run_that_fails)
+    try:
+        code = main(["train-tokenizer", "--output-dir", "out"])
+    except SystemExit as usage_error:  # bad input ends as argparse's own usage errors do
+        code = usage_error.code
+    assert code == status
+    assert capsys.readouterr().err == f"vanilla-transformer train-tokenizer: error: {line}\n"
+
 @pytest.mark.slow
 def test_evaluate_prints_the_numbers_of_the_sacrebleu_command_line(hub_tiny_folder, tmp_path, capsys):
     hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
@@ -537,7 +558,7 @@ import errno, os, sys
 from vanilla_transformer.cli import main, train_tokenizer
 from vanilla_transformer.staging import DiskFull
 
-def fill_the_disk(parser, args):  # what a write to a full disk raises, naming its file
+def fill_the_disk(args):  # what a write to a full disk raises, naming its file
     path = os.path.join(args.output_dir, "tokenizer.json")
     raise {error}
 

@@ -215,6 +215,7 @@ def test_attention_that_cannot_write_its_maps_leaves_no_folder_behind(hub_tiny_f
     result = subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", "attention", "--model", str(hub_tiny_folder),
                              "--output-dir", str(maps), "--num-beams", "1", "Jesus wept."], capture_output=True,
                             text=True, timeout=300, preexec_fn=limited, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    # The machine's error (a limit on file size), not a usage error: status 1, as a full disk's.
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert result.stderr.splitlines()[-1].startswith("vanilla-transformer attention: error: ")
     assert not maps.exists()

@@ -5,6 +5,12 @@ heavy imports happen inside the runners so that `vanilla-transformer --help` sta
 options are generated from the fields of `TrainArguments` (training/arguments.py, which imports no
 torch); an option other commands share with it takes its default and help from there, and one several
 other commands take is declared once (options.py). The texts a command reads come through streams.py.
+
+How a command ends is `main`'s alone, one table for all: a check's `BadInput`, a path that is not what it names and
+an optional package not installed are usage errors, one line and status 2 (as argparse's own); any other OSError
+is the machine's (a full disk, a failing device, a permission), one line and status 1; Ctrl-C 130, a closed pipe
+141; `train` adds its run's own ends (a stop signal, 128 + its number; a loss that is not finite, 1). Any other
+exception is a bug's and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -14,8 +20,12 @@ import errno
 import os
 import sys
 
+from ..errors import BadInput
 from ..staging import FULL_DISK_ERRNOS
 from . import attention, evaluate, export, push, quickstart, serve, train, train_tokenizer, translate
+
+# A path given that is not what it names, or a folder another run holds: refused as bad input is.
+PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError)
 
 # In the order `--help` lists them.
 COMMANDS = (train_tokenizer, train, translate, evaluate, export, attention, serve, push, quickstart)
@@ -64,16 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vanilla-transformer {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader left (`| head`): stop quietly, as other command-line tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail again
+        _silence_standard_output()
         return 141
-    except OSError as err:
-        if sys.stdout is None or err.errno not in (*FULL_DISK_ERRNOS, errno.EBADF, errno.EIO):
-            raise
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        what = "the output" if err.filename is None else os.fsdecode(err.filename)  # a file, when the error names one
-        # staging's DiskFull has no strerror: its message names the file and the cause
-        message = str(err) if err.strerror is None else f"cannot write {what}: {err.strerror}"
-        print(f"vanilla-transformer {args.command}: error: {message}", file=sys.stderr)
+    except (BadInput, ImportError, *PATH_ERRORS) as err:  # a usage error, as argparse's own: status 2
+        parser.exit(2, f"vanilla-transformer {args.command}: error: {err}\n")
+    except OSError as err:  # the machine's: a full disk, a failing device, a permission
+        print(f"vanilla-transformer {args.command}: error: {_machine_error(err)}", file=sys.stderr)
         return 1
     except BaseException as err:
         if type(err).__name__ != "PanicException":  # the tokenizers library's panic: a BaseException from Rust
@@ -84,3 +90,17 @@ def main(argv: list[str] | None = None) -> int:
               "put the tokenizer the model was trained with beside it", file=sys.stderr)
         return 2
 
+
+def _machine_error(err: OSError) -> str:
+    """The one line of an OSError that is not the user's, naming its file where it has one."""
+    if err.strerror is None:  # raised with a message of its own (staging's DiskFull names the file and the cause)
+        return str(err)
+    if err.errno in (*FULL_DISK_ERRNOS, errno.EBADF, errno.EIO) and sys.stdout is not None:
+        _silence_standard_output()  # it may be the output that failed: Python's flush at exit would fail again
+        what = "the output" if err.filename is None else os.fsdecode(err.filename)
+        return f"cannot write {what}: {err.strerror}"
+    return str(err) if err.filename is None else f"{os.fsdecode(err.filename)}: {err.strerror}"
+
+
+def _silence_standard_output() -> None:
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from functools import partial
 
-from ..errors import BadInput
-from .options import add_decoding_options, add_model_option, add_threads_option, decoding_options, refuse, apply_threads_option
+from .options import add_decoding_options, add_model_option, add_threads_option, decoding_options, apply_threads_option
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -27,33 +25,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--html", metavar="FILE", help="write the interactive explorer to this .html file")
     add_decoding_options(p, batches=False)
     add_threads_option(p)
-    p.set_defaults(func=partial(run, p))
+    p.set_defaults(func=run)
 
 
-def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     import signal
 
     from ..visualize.attention_maps import BERTVIZ_NOTE, collect_attentions, save_attention_maps
     from ..model_folder import load_model
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: the staging folder is removed
-    try:
-        options = decoding_options(args)
-        if args.html:
-            from ..visualize.explorer import explorer_record, html_path, save_explorer
+    options = decoding_options(args)
+    if args.html:
+        from ..visualize.explorer import explorer_record, html_path, save_explorer
 
-            html_path(args.html, "--html")  # before a translation that may take a while
-        apply_threads_option(args)
-        model, tokenizer = load_model(args.model, args.device)
-        collect = explorer_record if args.html else collect_attentions  # the neuron view's numbers for the page alone
-        record = collect(model, tokenizer, args.text, **options)
-        written = []
-        if args.html:
-            written.append(save_explorer(record, args.html))
-        if args.output_dir or not args.html:
-            written += save_attention_maps(record, args.output_dir or "attention")
-    except (OSError, BadInput) as err:
-        refuse(p, err)
+        html_path(args.html, "--html")  # before a translation that may take a while
+    apply_threads_option(args)
+    model, tokenizer = load_model(args.model, args.device)
+    collect = explorer_record if args.html else collect_attentions  # the neuron view's numbers for the page alone
+    record = collect(model, tokenizer, args.text, **options)
+    written = []
+    if args.html:
+        written.append(save_explorer(record, args.html))
+    if args.output_dir or not args.html:
+        written += save_attention_maps(record, args.output_dir or "attention")
     print(f"{record.source}\n-> {record.translation}")
     print(f"{len(written)} files written:", " ".join(str(path) for path in written))
     if any(path.name == "bertviz.pt" for path in written):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from functools import partial
 
 from ..errors import BadInput
 from .options import (
@@ -14,7 +13,6 @@ from .options import (
     add_model_option,
     add_threads_option,
     decoding_options,
-    refuse,
     apply_threads_option,
 )
 from .streams import read_lines
@@ -41,10 +39,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     files.add_argument("--references-out", help="write the references here, one per line")
     add_decoding_options(p)
     add_threads_option(p)
-    p.set_defaults(func=partial(run, p))
+    p.set_defaults(func=run)
 
 
-def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     import time
 
     from ..inference import score_translations
@@ -52,25 +50,22 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .translators import translator
     from ..modeling.pipeline_vanilla_transformer import language_pair_mismatch
 
-    try:
-        options = decoding_options(args)  # bad options fail before the data set is read
-        _check_evaluation_options(args)
-        apply_threads_option(args)
-        what, source_lang, target_lang, pairs = _evaluation_pairs(args)
-        sources, references = _complete_pairs(args, pairs, what)
-        translate, config = translator(args.model, args.engine, args.device, args.threads, options)
-        mismatch = config is not None and source_lang and language_pair_mismatch(config, source_lang, target_lang)
-        if mismatch:
-            print(f"warning: {mismatch}; scoring {what} ({source_lang}->{target_lang}) anyway", file=sys.stderr)
-        start = time.perf_counter()
-        hypotheses = translate(sources)
-        seconds = time.perf_counter() - start
-        scores = score_translations(hypotheses, references)
-        for path, lines in ((args.hypotheses_out, hypotheses), (args.references_out, references)):
-            if path:  # a temporary file renamed into place: a full disk leaves no partial file
-                write_file_whole(path, "".join(line + "\n" for line in lines))
-    except (OSError, BadInput, ImportError) as err:
-        refuse(p, err)
+    options = decoding_options(args)  # bad options fail before the data set is read
+    _check_evaluation_options(args)
+    apply_threads_option(args)
+    what, source_lang, target_lang, pairs = _evaluation_pairs(args)
+    sources, references = _complete_pairs(args, pairs, what)
+    translate, config = translator(args.model, args.engine, args.device, args.threads, options)
+    mismatch = config is not None and source_lang and language_pair_mismatch(config, source_lang, target_lang)
+    if mismatch:
+        print(f"warning: {mismatch}; scoring {what} ({source_lang}->{target_lang}) anyway", file=sys.stderr)
+    start = time.perf_counter()
+    hypotheses = translate(sources)
+    seconds = time.perf_counter() - start
+    scores = score_translations(hypotheses, references)
+    for path, lines in ((args.hypotheses_out, hypotheses), (args.references_out, references)):
+        if path:  # a temporary file renamed into place: a full disk leaves no partial file
+            write_file_whole(path, "".join(line + "\n" for line in lines))
     pair = f" {source_lang}->{target_lang}" if source_lang else ""
     threads = f"{args.threads} CPU thread{'s' * (args.threads != 1)}"
     print(f"{what}{pair}: {len(sources)} segments translated in {seconds:.1f} s on {threads} ({args.engine})")

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from functools import partial
 
 from ..choices import QUANTIZATIONS
-from ..errors import BadInput
-from .options import add_model_option, add_threads_option, refuse, apply_threads_option
+from .options import add_model_option, add_threads_option, apply_threads_option
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -27,21 +25,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "are for GPUs (CTranslate2 converts on loading where a type is not supported) (default: %(default)s)",
     )
     add_threads_option(p)
-    p.set_defaults(func=partial(run, p))
+    p.set_defaults(func=run)
 
 
-def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     import shlex
 
     from ..export.ctranslate2 import export_ctranslate2
     from ..model_folder import load_model
 
-    try:
-        apply_threads_option(args)
-        model, tokenizer = load_model(args.model, "cpu")
-        folder = export_ctranslate2(model, tokenizer, args.output_dir, args.quantization)
-    except (OSError, BadInput, ImportError) as err:
-        refuse(p, err)
+    apply_threads_option(args)
+    model, tokenizer = load_model(args.model, "cpu")
+    folder = export_ctranslate2(model, tokenizer, args.output_dir, args.quantization)
     size = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
     print(f"exported {args.model} to {folder} ({args.quantization} weights, {size:.1f} MB); try it with\n"
           f"  vanilla-transformer translate --engine ctranslate2 --model {shlex.quote(str(folder))} \"Jesus wept.\"")

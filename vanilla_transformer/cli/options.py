@@ -1,4 +1,4 @@
-"""What several commands share: their options, declared once, and the one-line refusal of bad input.
+"""What several commands share: their options, declared once.
 An option a command shares with `train` takes its default and help from TrainArguments
 (training/arguments.py, which imports no torch): `argparse_options` turns a field into the keywords of
 `add_argument`, as transformers' HfArgumentParser does, and `BoundedOption` refuses a number beyond its bound
@@ -8,20 +8,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import NoReturn
 
 from ..choices import ENGINES, TRANSLATION_BATCH_SIZE
 from ..errors import BadInput, as_bad_input
 from ..option_checks import BOUNDS, field_kind, within_bound
-from ..staging import FULL_DISK_ERRNOS
 from ..training.arguments import TrainArguments
-
-
-def refuse(parser: argparse.ArgumentParser, err: Exception) -> NoReturn:
-    """A bad value or file: one line naming it, exit status 2; a full disk is no usage error: status 1.
-    (argparse's own `error`, which also prints the usage, is for arguments that are malformed.)"""
-    full = isinstance(err, OSError) and err.errno in FULL_DISK_ERRNOS
-    parser.exit(1 if full else 2, f"{parser.prog}: error: {err}\n")
 
 
 class BoundedOption(argparse.Action):

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from functools import partial
 
-from ..errors import BadInput
-from .options import refuse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -20,15 +17,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--folder", required=True, help="the model folder")
     p.add_argument("--repo-id", required=True, help="Hub repository, user-or-org/name (created if missing)")
     p.add_argument("--private", action="store_true", help="create the repository as private")
-    p.set_defaults(func=partial(run, p))
+    p.set_defaults(func=run)
 
 
-def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from ..hub import push_folder
 
-    try:
-        url = push_folder(args.folder, args.repo_id, private=args.private)
-    except (OSError, BadInput) as err:
-        refuse(p, err)
+    url = push_folder(args.folder, args.repo_id, private=args.private)
     print(f"uploaded {args.folder} to {url}")
     return 0

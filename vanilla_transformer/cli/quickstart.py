@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from functools import partial
 
 from ..choices import PRESET_NAMES, PRESET_SHAPES
-from ..errors import BadInput
-from .options import add_threads_option, argparse_options, refuse
+from .options import add_threads_option, argparse_options
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,14 +26,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--test-samples", **argparse_options("test_samples", help="score only the first N test pairs",
                                                          shown_default="all 634", bound="positive"))
     add_threads_option(p)
-    p.set_defaults(func=partial(run, p))
+    p.set_defaults(func=run)
 
 
-def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from ..quickstart import quickstart
 
-    try:  # bad input is a usage error: one clear line, exit status 2
-        quickstart(args.output_dir, args.minutes, args.preset, args.seed, args.test_samples, args.threads)
-    except (OSError, BadInput) as err:
-        refuse(p, err)
+    quickstart(args.output_dir, args.minutes, args.preset, args.seed, args.test_samples, args.threads)
     return 0

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from functools import partial
 
 from ..choices import SERVE_LIMITS
-from ..errors import BadInput
-from .options import NEW_TOKENS_BOUND, add_bounded_int, add_device_option, add_model_option, add_threads_option, refuse, apply_threads_option
+from .options import NEW_TOKENS_BOUND, add_bounded_int, add_device_option, add_model_option, add_threads_option, apply_threads_option
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -44,16 +42,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         bound = NEW_TOKENS_BOUND if name == "max_new_tokens" else {}
         add_bounded_int(limits, "--" + name.replace("_", "-"), **bound,
                         metavar="SECONDS" if name == "request_timeout" else "N", help=f"{helps[name]} ({default})")
-    p.set_defaults(func=partial(run, p))
+    p.set_defaults(func=run)
 
 
-def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    try:
-        from ..visualize.app import Limits, serve
+def run(args: argparse.Namespace) -> int:
+    from ..visualize.app import Limits, serve
 
-        limits = Limits.from_environment(**{name: getattr(args, name) for name in SERVE_LIMITS})
-        print(apply_threads_option(args), file=sys.stderr)
-        serve(args.model, args.host, args.port, args.device, limits)
-    except (OSError, BadInput, ImportError) as err:
-        refuse(p, err)
+    limits = Limits.from_environment(**{name: getattr(args, name) for name in SERVE_LIMITS})
+    print(apply_threads_option(args), file=sys.stderr)
+    serve(args.model, args.host, args.port, args.device, limits)
     return 0

@@ -7,9 +7,8 @@ import dataclasses
 import sys
 from functools import partial
 
-from ..errors import BadInput
 from ..training.arguments import GROUPS, TrainArguments
-from .options import argparse_options, refuse
+from .options import argparse_options
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,14 +40,12 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "argv")}
     options["config_overrides"] = _parse_overrides(p, args.config_overrides)
-    try:  # bad input is a usage error: one clear line, exit status 2
+    try:
         if args.resume:  # the options not typed are the run's own
             given = _typed_options(args.argv)
             options = restore_options(args.output_dir, {k: v for k, v in options.items() if k in given})
         train(TrainArguments(**options))
-    except (OSError, BadInput) as err:
-        refuse(p, err)
-    except FloatingPointError as err:
+    except FloatingPointError as err:  # the loss became NaN: the last good checkpoint is kept
         print(f"vanilla-transformer train: error: {err}", file=sys.stderr)
         return 1
     except TrainingInterrupted as err:  # SIGINT/SIGTERM: the last step is saved; one line, 128 + signal

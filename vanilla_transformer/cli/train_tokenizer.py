@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from functools import partial
 
 from ..choices import TOKENIZER_MODELS
 from ..errors import BadInput
-from .options import add_bounded_int, add_data_options, add_vocab_size, refuse
+from .options import add_bounded_int, add_data_options, add_vocab_size
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -37,28 +36,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="folder to write tokenizer.json and tokenizer_config.json into (the --output-dir of a later `train` is "
         "fine; a folder that holds a trained model, whose tokenizer this would replace, is refused)",
     )
-    p.set_defaults(func=partial(run, p))
+    p.set_defaults(func=run)
 
 
-def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     import time
 
     from ..tokenizer import train_tokenizer, training_texts
 
-    try:  # bad input is a usage error: one clear line, exit status 2, nothing written
-        _check_no_model(args.output_dir)
-        sides = _texts_by_language(args)
-        start = time.perf_counter()
-        tokenizer = train_tokenizer(
-            [text for texts in sides.values() for text in texts],
-            vocab_size=args.vocab_size,
-            min_frequency=args.min_frequency,
-            special_tokens=args.special_tokens,
-            output_dir=args.output_dir,
-            model_type=args.model_type,
-        )
-    except (OSError, BadInput) as err:
-        refuse(p, err)
+    _check_no_model(args.output_dir)
+    sides = _texts_by_language(args)
+    start = time.perf_counter()
+    tokenizer = train_tokenizer(
+        [text for texts in sides.values() for text in texts],
+        vocab_size=args.vocab_size,
+        min_frequency=args.min_frequency,
+        special_tokens=args.special_tokens,
+        output_dir=args.output_dir,
+        model_type=args.model_type,
+    )
     seconds = time.perf_counter() - start
     lengths = ", ".join(  # of the texts as the tokenizer learnt from them: a long line cut
         f"{lang} {sum(map(len, tokenizer(training_texts(texts), add_special_tokens=False)['input_ids'])) / max(len(texts), 1):.1f}"

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from functools import partial
 
 from ..errors import BadInput
 from ..option_checks import max_num_beams
-from .options import add_bounded_int, add_decoding_options, add_model_option, add_threads_option, decoding_options, refuse, apply_threads_option
+from .options import add_bounded_int, add_decoding_options, add_model_option, add_threads_option, decoding_options, apply_threads_option
 from .streams import batches_as_they_come, batches_of, read_lines
 
 
@@ -38,29 +37,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "log-probability the search ranks it by (beam search's divided by its length penalty)")
     add_decoding_options(p)
     add_threads_option(p)
-    p.set_defaults(func=partial(run, p))
+    p.set_defaults(func=run)
 
 
-def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    try:
-        if args.texts and args.input_file:
-            raise BadInput("give texts as arguments or --input-file, not both")
-        options = decoding_options(args)  # bad options fail before reading the input
-        _check_nbest_options(args)
-        apply_threads_option(args)
-        texts = args.texts or read_lines(args.input_file or "-", "--input-file")
-        from .translators import translator
+def run(args: argparse.Namespace) -> int:
+    if args.texts and args.input_file:
+        raise BadInput("give texts as arguments or --input-file, not both")
+    options = decoding_options(args)  # bad options fail before reading the input
+    _check_nbest_options(args)
+    apply_threads_option(args)
+    texts = args.texts or read_lines(args.input_file or "-", "--input-file")
+    from .translators import translator
 
-        translate = translator(args.model, args.engine, args.device, args.threads, options,
-                               nbest=args.nbest, with_scores=args.with_scores)[0]
-    except (OSError, BadInput, ImportError) as err:
-        refuse(p, err)
+    translate = translator(args.model, args.engine, args.device, args.threads, options,
+                           nbest=args.nbest, with_scores=args.with_scores)[0]
     stdin = not args.texts and args.input_file in (None, "-")
     # A file is read LENGTH_WINDOW batches at a time, which are sorted by length: little padding in each batch.
     batches = batches_as_they_come(texts, args.batch_size) if stdin else batches_of(texts, args.batch_size * LENGTH_WINDOW)
-    # Batch by batch, each written as it is done: a pipe sees lines at once, an interrupt keeps them.
-    for translations in _translated_batches(p, batches, translate):
-        print("\n".join(translations), flush=True)
+    # Batch by batch, each written as it is done: a pipe sees lines at once, an interrupt keeps them. A bad line
+    # met on the way (one that is not UTF-8) is refused once the lines before it are out.
+    for first_line, batch in batches:
+        print("\n".join(translate(batch, first_line=first_line)), flush=True)
     return 0
 
 
@@ -68,16 +65,3 @@ def _check_nbest_options(args: argparse.Namespace) -> None:
     if (args.nbest > 1 or args.with_scores) and args.engine == "ctranslate2":
         raise BadInput("--nbest and --with-scores are for --engine transformers; CTranslate2 gives one translation")
 
-
-def _translated_batches(p: argparse.ArgumentParser, batches, translate):
-    """The translations of each batch; bad input met on the way (a line that is not UTF-8) is refused as if
-    met first. (Writing them is the caller's: a full disk or a closed pipe is no input error.)"""
-    while True:
-        try:
-            first_line, batch = next(batches)
-            translations = translate(batch, first_line=first_line)
-        except StopIteration:
-            return
-        except (OSError, BadInput, ImportError) as err:
-            refuse(p, err)
-        yield translations
