@@ -51,7 +51,7 @@ def onednn_is_faster(shapes, rows: int = TRANSLATION_BATCH_SIZE) -> bool:
 
 def choose_onednn_decoding(model):
     """Set `model.onednn_decoding` to the (in, out) shapes of its decoder's products that oneDNN computes faster
-    here (MKL can win the narrow ones while oneDNN wins the output projection), where our loops can use it at all
+    here (MKL can win the narrow ones while oneDNN wins the output projection), where search.py's loops can use it at all
     (fast paths on, oneDNN present and enabled, float32 weights on the CPU); False where none. Return it.
     Another model (a Marian one, say) is left as it is: False."""
     if not hasattr(model, "onednn_decoding"):

@@ -7,7 +7,7 @@ chooses the model's loss) turns them off.
       (§3.2.2, §3.3, §3.4) on torch's default     weight packed once per call, where the model's
       fp32 kernel (MKL on a CPU)                  `onednn_decoding` asks for it (set at load to the shapes
                                                   timed faster: onednn_decoding.py in the package)
-    every row computed until the last is done   should_prune: done sentences leave our search loops' batch
+    every row computed until the last is done   should_prune: done sentences leave search.py's loops' batch
 
 The model's linear maps are built as PackableLinear (fast_modeling.py) for this.
 
@@ -36,7 +36,7 @@ def _asked(onednn_decoding, linear: nn.Linear) -> bool:
 
 
 def worth_packing(model, linear: nn.Linear, rows: int) -> bool:
-    """Whether our search loops run `linear`'s product for `rows` rows on oneDNN: asked for (the model's
+    """Whether search.py's loops run `linear`'s product for `rows` rows on oneDNN: asked for (the model's
     `onednn_decoding`: True for every product, or the (in, out) shapes to pack), the switch on, oneDNN present and
     enabled, no autocast (which would run the product in its own dtype), a float32 weight on the CPU (not
     offloaded) and more than one row (one sentence does not win the packing back)."""
@@ -54,7 +54,7 @@ def worth_packing(model, linear: nn.Linear, rows: int) -> bool:
 
 
 def onednn_decoding_weights(model, rows: int):
-    """The model's `onednn_decoding` for one call of our search loops over `rows` rows: while it lasts, each
+    """The model's `onednn_decoding` for one call of search.py's loops over `rows` rows: while it lasts, each
     PackableLinear of the decoder, and the output projection, that is `worth_packing` runs on its weight packed for
     oneDNN (the weights cannot change meanwhile; the packed copies are memory for the call). The packing is this
     call's own: other threads decoding with the same model, under autocast or not, see none of it, and nothing is
@@ -65,7 +65,7 @@ def onednn_decoding_weights(model, rows: int):
 
 
 def should_prune(not_done: int, batch: int) -> bool:
-    """The one rule by which done rows (in beam search, done sentences) leave the batch of our searches: at
+    """The one rule by which done rows (in beam search, done sentences) leave the batch of search.py's loops: at
     once, when fewer than the `batch` rows (or sentences) are `not_done`. Gathering the rows that stay costs no
     more than computing done rows for a step or two, and beam search gathers its
     self-attention cache at every step anyway (to reorder its beams)."""

@@ -177,7 +177,7 @@ def current_packed_weights() -> types.MappingProxyType:
 
 class PackableLinear(nn.Linear):
     """nn.Linear, the model's linear maps (§3.2.2's projections, §3.3's W_1 and W_2, §3.4's output
-    projection), whose product our search loops may run on oneDNN with the weight packed for one `generate`
+    projection), whose product search.py's loops may run on oneDNN with the weight packed for one `generate`
     call (fast_generation's `onednn_decoding_weights`, through `packed_weights`, which makes `packed_forward` its forward
     for the call). Elsewhere, in training always, nn.Linear's own forward runs."""
 

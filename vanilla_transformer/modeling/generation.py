@@ -1,7 +1,7 @@
 """Decoding as the paper does it (§6.1): beam size 4, length penalty α = 0.6, output capped at input length + 50.
 
-This file serves a `generate` call: our two options, §6.1's length cap, the call's options resolved and the
-loop that serves it. The loops themselves, greedy search and the paper's beam search with the GNMT length
+This file serves a `generate` call: the two options this model adds, §6.1's length cap, the call's options
+resolved and the loop that serves it. The loops themselves, greedy search and the paper's beam search with the GNMT length
 penalty (`GNMTRanking`), are in search.py, whose docstring says what *finished* (a hypothesis) and *done* (a
 sentence) mean here too.
 
@@ -29,9 +29,9 @@ replaces the cap, store `max_new_tokens`, or lower `max_length_offset`.
 
 Which loop serves a request (`choose_search`): transformers decides its mode, from the call's options
 resolved with GenerationConfig's public methods (`resolved_generation_config`, then its
-`get_generation_mode`); our loops (search.py, passed to `generate` as `custom_generate`) serve greedy and
+`get_generation_mode`); the loops of search.py (passed to `generate` as `custom_generate`) serve greedy and
 beam search, and every other mode (sampling, beam groups, constraints, contrastive search, assisted
-generation, DoLa, ...) goes to transformers' own loop, named. Tables name what our loops cannot do
+generation, DoLa, ...) goes to transformers' own loop, named. Tables name what search.py's loops cannot do
 within their modes: `HAND_OVERS` (streamers, a cache passed in, output_logits and the like), for greedy
 search only `GREEDY_HAND_OVERS` (a static cache, return_dict_in_generate), and for beam search only
 `BEAM_HAND_OVERS` (transformers' length penalty, whose rules are transformers' to keep). transformers'
@@ -62,14 +62,14 @@ logger = logging.get_logger(__name__)
 
 LENGTH_PENALTY_STYLES = ("gnmt", "transformers")
 DEFAULT_MAX_LENGTH_OFFSET = 50  # §6.1: "maximum output length to input length + 50"
-OUR_OPTIONS = {"length_penalty_style": "transformers", "max_length_offset": DEFAULT_MAX_LENGTH_OFFSET}  # and defaults
+ADDED_OPTIONS = {"length_penalty_style": "transformers", "max_length_offset": DEFAULT_MAX_LENGTH_OFFSET}  # what this model adds to GenerationConfig, with their defaults
 
 
 def paper_generation_config(model_config, **overrides) -> GenerationConfig:
     """The paper's decoding settings (§6.1) for a model: `model.generation_config = paper_generation_config(model.config)`.
 
     A new GenerationConfig rather than edits to `model.generation_config`: that one is derived from
-    the model config, and transformers drops unknown attributes such as ours when it loads a
+    the model config, and transformers drops unknown attributes such as these when it loads a
     generation config marked as derived (`_from_model_config`).
     """
     settings = dict(num_beams=4, length_penalty=0.6, length_penalty_style="gnmt",
@@ -79,11 +79,11 @@ def paper_generation_config(model_config, **overrides) -> GenerationConfig:
     return GenerationConfig(**{**settings, **overrides})
 
 
-def paper_generate(model, base_generate, inputs=None, generation_config=None, logits_processor=None, **kwargs):
+def generate_with_paper_options(model, base_generate, inputs=None, generation_config=None, logits_processor=None, **kwargs):
     """`generate` with the two attributes described at the top of this file; everything else is transformers'.
 
     `base_generate` is transformers' `GenerationMixin.generate` bound to `model`. In steps: the call's options
-    resolved once and checked (ours taken out of the call), the source-length cap added unless the call sets a
+    resolved once and checked (the added ones taken out of the call), the source-length cap added unless the call sets a
     length, the loop chosen (`choose_search`). The cache is transformers' own (an `EncoderDecoderCache` of
     `DynamicCache`s unless the call brings one or names another), so a returned one continues a generation.
     """
@@ -92,7 +92,7 @@ def paper_generate(model, base_generate, inputs=None, generation_config=None, lo
         kwargs[CACHE_NAME] = cache
     resolved = resolved_generation_config(model, generation_config, kwargs)
     _check_options(resolved)
-    for name in OUR_OPTIONS:  # not model inputs
+    for name in ADDED_OPTIONS:  # not model inputs
         kwargs.pop(name, None)
     source = _source(inputs, kwargs)
     _check_source_fits(model, source)
@@ -190,8 +190,8 @@ def _with_longest_output(model, cap: SourceLengthCap, kwargs, generation_config)
 def _with_option(kwargs, generation_config, name: str, value):
     """`name` set to `value` for the call: in its arguments, or on a copy of its config (transformers warns about a
     config and generation kwargs together). The call's config is returned. Set so: the longest output, and no
-    chunked prefill (`prefill_chunk_size`), which transformers' loop runs with `position_ids` our forward does not
-    take; the decoder's prompt is read whole, as our loops read it."""
+    chunked prefill (`prefill_chunk_size`), which transformers' loop runs with `position_ids` the model's forward does not
+    take; the decoder's prompt is read whole, as search.py's loops read it."""
     if generation_config is None:
         kwargs[name] = value
         return None
@@ -209,13 +209,13 @@ def resolved_generation_config(model, generation_config, kwargs) -> GenerationCo
     if generation_config is not None:
         config.update(**{name: value for name, value in generation_config.to_dict().items() if value is not None})
     config.update(**kwargs)
-    for name, default in OUR_OPTIONS.items():
+    for name, default in ADDED_OPTIONS.items():
         given = (kwargs.get(name), getattr(generation_config, name, None), getattr(model.generation_config, name, None))
         setattr(config, name, next((value for value in given if value is not None), default))
     return config
 
 
-# Requests in a mode our loops serve (greedy and beam search) that they still cannot: the first rule that holds
+# Requests in a mode search.py's loops serve (greedy and beam search) that they still cannot: the first rule that holds
 # hands the call to transformers' own loop, by name. Which mode a request is, transformers decides.
 HAND_OVERS = (
     ("custom_generate given", lambda model, kwargs, config: kwargs.get("custom_generate") is not None),
@@ -247,17 +247,17 @@ GREEDY_HAND_OVERS = (
 BEAM_HAND_OVERS = (
     ("transformers' length penalty", lambda model, kwargs, config: config.length_penalty_style != "gnmt"),
 )
-OUR_MODES = {GenerationMode.GREEDY_SEARCH: GREEDY_HAND_OVERS, GenerationMode.BEAM_SEARCH: BEAM_HAND_OVERS}
+CUSTOM_LOOP_MODES = {GenerationMode.GREEDY_SEARCH: GREEDY_HAND_OVERS, GenerationMode.BEAM_SEARCH: BEAM_HAND_OVERS}
 
 
 def choose_search(model, kwargs, config: GenerationConfig):
-    """The loop that serves a `generate` request: (our search, None), or (None, the reason it goes to
+    """The loop that serves a `generate` request: (search.py's loop, None), or (None, the reason it goes to
     transformers' own loop: the mode's name, or the rule's). `config`: the call's options, resolved
-    (`resolved_generation_config`); our beam search serves the paper's ranking (`length_penalty_style="gnmt"`)."""
+    (`resolved_generation_config`); search.py's beam search serves the paper's ranking (`length_penalty_style="gnmt"`)."""
     mode = config.get_generation_mode(kwargs.get("assistant_model"))
-    if mode not in OUR_MODES:
+    if mode not in CUSTOM_LOOP_MODES:
         return None, mode.value
-    for reason, applies in HAND_OVERS + OUR_MODES[mode]:
+    for reason, applies in HAND_OVERS + CUSTOM_LOOP_MODES[mode]:
         if applies(model, kwargs, config):
             return None, reason
     # done sentences leave the batch in both
@@ -267,7 +267,7 @@ def choose_search(model, kwargs, config: GenerationConfig):
 __all__ = [
     "choose_search",
     "longest_target",
-    "paper_generate",
+    "generate_with_paper_options",
     "paper_generation_config",
     "resolved_generation_config",
 ]

@@ -71,7 +71,7 @@ from .attention_variants import (
 )
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .fast_modeling import ClosedFormCrossEntropy, FusedMultiHeadAttention, linear_class  # speed-ups (`fast_paths`)
-from .generation import paper_generate  # decoding (§6.1)
+from .generation import generate_with_paper_options  # decoding (§6.1)
 from .saving import CustomCodeMixin
 
 
@@ -515,7 +515,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def generate(self, inputs=None, generation_config=None, logits_processor=None, **kwargs):
         """transformers' `generate`, with the paper's decoding (§6.1) available: GNMT length penalty
         (`length_penalty_style="gnmt"`) and outputs capped at source length + `max_length_offset`."""
-        return paper_generate(self, super().generate, inputs, generation_config, logits_processor, **kwargs)
+        return generate_with_paper_options(self, super().generate, inputs, generation_config, logits_processor, **kwargs)
 
     def prepare_inputs_for_generation(self, *args, tokenizer=None, assistant_tokenizer=None, assistant_model=None,
                                       **kwargs):

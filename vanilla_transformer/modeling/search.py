@@ -13,7 +13,7 @@ where |Y| counts the generated tokens including </s>. transformers' beam search 
 instead, a different function of length; both are available (transformers' in its own loop).
 
 §6.1's length cap is a logits processor (`SourceLengthCap`): generation.py builds one for each call from the
-source; our loops apply it, ask it which sentences are at their last step and keep the caps of the sentences
+source; these loops apply it, ask it which sentences are at their last step and keep the caps of the sentences
 that stay in the batch. A hypothesis that cannot emit </s> in time (</s> suppressed, or `min_new_tokens` past its
 cap) is finished at its cap without it, as transformers' loop finishes one at max_length.
 
@@ -140,19 +140,19 @@ def _with_one_length_cap(logits_processor, sentences: int, eos: int, prompt_leng
 
 
 def first_token_id(token_id) -> int:
-    """One id from a setting that may hold several (`eos_token_id` can be a list): the first. The </s> our searches
+    """One id from a setting that may hold several (`eos_token_id` can be a list): the first. The </s> these searches
     and the cap force, and the pipeline's."""
     return token_id[0] if isinstance(token_id, (list, tuple)) else token_id
 
 
 def _padding(generation_config) -> int:
-    """What our searches put after a finished hypothesis: the padding token, or </s> where the model has none."""
+    """What the searches put after a finished hypothesis: the padding token, or </s> where the model has none."""
     pad = generation_config.pad_token_id
     return pad if pad is not None else first_token_id(generation_config.eos_token_id)
 
 
 class _LiveRows:
-    """The decoder's side of our searches: the rows still in the batch (`rows_per_sentence` a sentence),
+    """The decoder's side of these searches: the rows still in the batch (`rows_per_sentence` a sentence),
     their cache, encoder output and logits processors, run one step at a time; done sentences leave.
     `output_attentions` and `output_hidden_states` go to the decoder. The encoder has run: each step calls
     the decoder (`get_decoder()`) alone."""
@@ -192,7 +192,7 @@ class _LiveRows:
 
     def process(self, tokens: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """The logits processors in turn, the length cap last, as LogitsProcessorList calls them (which also reads
-        each one's signature at every step, for arguments our loops do not have)."""
+        each one's signature at every step, for arguments these loops do not have)."""
         for processor in self.processors:
             scores = processor(tokens, scores)
         return scores
