@@ -16,9 +16,10 @@ TESTS = ROOT / "tests"
 # module (under vanilla_transformer/) -> (test file under tests/, why it is tested there)
 COVERED_ELSEWHERE = {
     "__init__.py": ("cli/test_cli.py", "its lazy imports keep `--help` free of torch"),
-    "adapter_files.py": ("safety/test_hostile_adapters.py", "adapters are files users hand us"),
-    "file_checks.py": ("test_model_folder.py", "reads the files a model folder holds"),
-    "folder_fields.py": ("test_model_folder.py", "the table the folder's gate checks against"),
+    "checks/adapters.py": ("safety/test_hostile_adapters.py", "adapters are files users hand us"),
+    "checks/files.py": ("test_model_folder.py", "reads the files a model folder holds"),
+    "checks/folder_fields.py": ("test_model_folder.py", "the table the folder's gate checks against"),
+    "checks/options.py": ("cli/test_options.py", "the bounds every command's numeric options keep"),
     "cli/__main__.py": ("cli/test_cli.py", "`python -m vanilla_transformer.cli` is how the tests run commands"),
     "cli/attention.py": ("cli/test_cli.py", "a command of its own, run end to end"),
     "cli/evaluate.py": ("cli/test_cli.py", "a command of its own, run end to end"),
@@ -42,7 +43,6 @@ COVERED_ELSEWHERE = {
     "modeling/saving.py": ("modeling/test_modeling_vanilla_transformer.py", "what makes a saved folder load"),
     "modeling/search.py": ("modeling/test_generation.py", "the loops `generate` runs, tested through it"),
     "modeling/value_checks.py": ("safety/test_hostile_folders.py", "bounds on the decoding options a folder holds"),
-    "option_checks.py": ("cli/test_options.py", "the bounds every command's numeric options keep"),
     "visualize/api.py": ("cli/test_serve.py", "the JSON endpoint `serve` answers on"),
     "visualize/app.py": ("cli/test_serve.py", "the app `serve` runs"),
     "visualize/score_drawings.py": ("visualize/test_neuron_view.py", "what the neuron view draws"),
@@ -109,7 +109,7 @@ def test_the_rule_maps_modules_and_packages():
 
 # The modules of cli/ that import training/, and what: `train` and `quickstart` run training (anything), and
 # options.py takes the options other commands share with `train` from their one declaration, TrainArguments.
-# The option machinery is cli/options.py's, the bounds option_checks.py's: neither is training's.
+# The option machinery is cli/options.py's, the bounds checks/options.py's: neither is training's.
 TRAINING_IMPORTS = {
     "cli/train.py": None,
     "cli/quickstart.py": None,

@@ -9,7 +9,7 @@ import pytest
 import safetensors
 from safetensors.torch import save_model
 
-from vanilla_transformer.folder_fields import (
+from vanilla_transformer.checks.folder_fields import (
     CONFIG_FILE,
     CTRANSLATE2_CONFIG,
     FIELDS,
@@ -49,7 +49,7 @@ BOOKKEEPING = {"transformers_version", "_from_model_config", "architectures", "a
 
 def test_the_docs_table_is_the_one_the_code_checks_against():
     assert (PACKAGE.parent / "docs" / "folder-fields.md").read_text() == fields_table(), \
-        "regenerate: python -c \"from vanilla_transformer.folder_fields import fields_table; print(fields_table(), end='')\" > docs/folder-fields.md"
+        "regenerate: python -c \"from vanilla_transformer.checks.folder_fields import fields_table; print(fields_table(), end='')\" > docs/folder-fields.md"
 
 
 def test_the_config_rows_are_the_fields_the_configuration_validates():
@@ -104,7 +104,7 @@ def test_the_saved_decoding_defaults_pass():
 
 
 def test_a_settings_file_past_its_bound_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
-    from vanilla_transformer.file_checks import read_json
+    from vanilla_transformer.checks.files import read_json
 
     path = tmp_path / "config.json"
     path.write_text('{"model_type": "vanilla_transformer"' + " " * 2_000_000 + "}")

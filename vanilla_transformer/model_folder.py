@@ -26,11 +26,11 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .adapter_files import ADAPTER_CONFIG, check_adapter_files, merge_adapter
+from .checks.adapters import ADAPTER_CONFIG, check_adapter_files, merge_adapter
 from .errors import BadInput
 from .onednn_decoding import choose_onednn_decoding
-from .file_checks import REPO_ID, check_inside, check_plain_pickle, check_weights_file, parse_json, read_json
-from .folder_fields import (
+from .checks.files import REPO_ID, check_inside, check_plain_pickle, check_weights_file, parse_json, read_json
+from .checks.folder_fields import (
     CONFIG_FILE,
     CTRANSLATE2_CONFIG,
     GENERATION_FILE,

@@ -41,7 +41,7 @@ from transformers import PreTrainedTokenizerFast
 from .choices import DEFAULT_VOCAB_SIZE, TOKENIZER_MODELS
 from .corpora import iter_texts
 from .errors import BadInput
-from .file_checks import utf8_lines
+from .checks.files import utf8_lines
 from .staging import staged_files, sweep_staging
 
 __all__ = [

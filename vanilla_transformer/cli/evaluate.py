@@ -136,7 +136,7 @@ def _recorded_data(model: str, source_lang: str | None, target_lang: str | None)
 
 def _check_evaluation_options(args: argparse.Namespace) -> None:
     """The output files, before the translating."""
-    from ..file_checks import check_output_file, check_outputs_apart
+    from ..checks.files import check_output_file, check_outputs_apart
 
     check_output_file("--hypotheses-out", args.hypotheses_out)
     check_output_file("--references-out", args.references_out)

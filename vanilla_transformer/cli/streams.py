@@ -60,7 +60,7 @@ def batches_as_they_come(texts, size: int):
 def read_lines(path: str, option: str):
     """The lines of a file or of standard input ("-"), read as they are used; a file that cannot be opened
     fails here, before the model is loaded, in an error naming `option`."""
-    from ..file_checks import utf8_lines
+    from ..checks.files import utf8_lines
 
     if path != "-":
         try:
@@ -84,7 +84,7 @@ def read_lines(path: str, option: str):
 
 
 def _lines_of(file, path: str):
-    from ..file_checks import utf8_lines
+    from ..checks.files import utf8_lines
 
     with file:
         yield from utf8_lines(file, path)

@@ -20,7 +20,7 @@ import datasets
 import pyarrow
 
 from ..errors import BadInput
-from ..file_checks import utf8_lines
+from ..checks.files import utf8_lines
 from .languages import _METADATA_COLUMNS
 
 __all__ = ["SPLITS", "SPLIT_NAMES"]

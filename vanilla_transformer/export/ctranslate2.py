@@ -51,7 +51,7 @@ from ..modeling.generation import DEFAULT_MAX_LENGTH_OFFSET
 from ..modeling.value_checks import MAX_NEW_TOKENS
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_encoding
 from ..choices import QUANTIZATIONS, TRANSLATION_BATCH_SIZE
-from ..folder_fields import OPTIONS_FILE
+from ..checks.folder_fields import OPTIONS_FILE
 from ..inference import cut_texts
 from ..model_folder import check_export_folder
 from ..modeling.pipeline_vanilla_transformer import longest_source

@@ -46,7 +46,7 @@ from accelerate.logging import get_logger
 from safetensors.torch import load_file
 
 from ..errors import BadInput
-from ..file_checks import check_plain_pickle, check_weights_file, read_json
+from ..checks.files import check_plain_pickle, check_weights_file, read_json
 from ..staging import STAGING_PREFIX, disk_full_error, publish_files, publish_folder, set_aside, write_file_whole
 
 __all__ = [

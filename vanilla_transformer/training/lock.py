@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..file_checks import read_json
+from ..checks.files import read_json
 
 try:
     import fcntl

@@ -22,7 +22,7 @@ import torch
 from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
-from ..file_checks import read_json
+from ..checks.files import read_json
 from ..threads import CpuClock, load_average, oversubscription
 from ..hub import RESULTS_FILE
 from .arguments import TrainArguments

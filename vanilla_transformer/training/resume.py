@@ -15,7 +15,7 @@ from accelerate.logging import get_logger
 
 from ..choices import FOLDER_TRACKERS
 from ..errors import BadInput
-from ..file_checks import read_json
+from ..checks.files import read_json
 from ..hub import RESULTS_FILE
 from .arguments import (
     BATCH_PLAN_OPTIONS,

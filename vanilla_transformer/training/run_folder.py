@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import BadInput
-from ..file_checks import read_json
+from ..checks.files import read_json
 from ..hub import DESCRIPTION_FILES
 from ..staging import FULL_DISK_ERRNOS, DiskFull, sweep_staging
 from .checkpoints import checkpoint_name, latest_checkpoint, list_checkpoints, read_state

@@ -22,7 +22,7 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from ..file_checks import parse_json
+from ..checks.files import parse_json
 from ..modeling.value_checks import check_decoding_options
 
 __all__ = ["ROUTE", "Batcher", "Refused", "json_route", "parse_request"]

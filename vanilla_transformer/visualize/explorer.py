@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from ..errors import BadInput
-from ..file_checks import check_plain_file
+from ..checks.files import check_plain_file
 from ..staging import write_file_whole
 from .attention_maps import DECODER_ROWS, KINDS, AttentionRecord, collect_attentions
 from .neuron_view import Neurons, NeuronTensors, neuron_tensors

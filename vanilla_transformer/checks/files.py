@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 import re
 from pathlib import Path
 
-from .errors import BadInput
+from ..errors import BadInput
 
 
 # A Hub repository id, user/name: how a name the user gives is told from a folder that is not there.

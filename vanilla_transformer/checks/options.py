@@ -12,7 +12,7 @@ import numbers
 import types
 import typing
 
-from .threads import machine_cpus
+from ..threads import machine_cpus
 
 __all__ = ["BOUNDS", "field_kind", "max_num_beams", "within_bound"]
 
@@ -32,7 +32,7 @@ BOUNDS = {
 
 
 def max_num_beams() -> int:
-    from .modeling.value_checks import MAX_NUM_BEAMS  # here, not above: the model's checks bring transformers
+    from ..modeling.value_checks import MAX_NUM_BEAMS  # here, not above: the model's checks bring transformers
 
     return MAX_NUM_BEAMS
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-from .modeling.configuration_vanilla_transformer import (
+from ..modeling.configuration_vanilla_transformer import (
     CHOICES,
     FLAGS,
     MAX_SIZE,
@@ -20,8 +20,8 @@ from .modeling.configuration_vanilla_transformer import (
     SIZE_FIELDS,
     TOKEN_IDS,
 )
-from .modeling.generation import LENGTH_PENALTY_STYLES
-from .modeling.value_checks import MAX_LENGTH_PENALTY, MAX_NEW_TOKENS, MAX_NUM_BEAMS, is_finite_number
+from ..modeling.generation import LENGTH_PENALTY_STYLES
+from ..modeling.value_checks import MAX_LENGTH_PENALTY, MAX_NEW_TOKENS, MAX_NUM_BEAMS, is_finite_number
 
 __all__ = ["CONFIG_FILE", "CTRANSLATE2_CONFIG", "Context", "FIELDS", "Field", "GENERATION_FILE", "MAX_JSON_BYTES",
            "MAX_POSITIONS", "OPTIONS_FILE", "TOKENIZER_CONFIG", "field_problems", "fields_table"]
@@ -311,7 +311,7 @@ def fields_table() -> str:
     lines = ["# The fields of a model folder", "",
              "Every field of a model folder's JSON files that the package reads, and the bound it is checked against "
              "before anything is built from the folder (`vanilla_transformer/model_folder.py`).", "",
-             "This page is generated from `vanilla_transformer/folder_fields.py` by `fields_table()`; "
+             "This page is generated from `vanilla_transformer/checks/folder_fields.py` by `fields_table()`; "
              "`tests/test_model_folder.py` holds this file to it.", "",
              "What is read at all:", "",
              f"- a settings file below, when it is at most {MAX_JSON_BYTES:,} bytes;",

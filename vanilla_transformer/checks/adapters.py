@@ -14,7 +14,7 @@ import math
 import os
 from pathlib import Path
 
-from .errors import BadInput
+from ..errors import BadInput
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "BEYOND_LOW_RANK", "MAX_ADAPTER_CONFIG_BYTES", "check_adapter_files", "merge_adapter"]
 
@@ -29,7 +29,7 @@ BEYOND_LOW_RANK = ("modules_to_save", "layer_replication", "rank_pattern", "alph
 def check_adapter_files(folder: str | os.PathLike, config) -> bool:
     """Whether `folder` holds an adapter to apply (False: none), or a ValueError naming the file and field that does
     not fit the model `config` describes (its layers' widths) or this folder."""
-    from .file_checks import check_inside, read_json
+    from .files import check_inside, read_json
 
     folder = Path(folder)
     weights = [name for name in (ADAPTER_WEIGHTS, "adapter_model.bin") if (folder / name).exists()]
@@ -116,7 +116,7 @@ def _check_adapter_weights(path: Path, rank: int, adapted: dict[str, tuple[int, 
     """Every tensor in the adapter's safetensors header is the A or B matrix of an adapted layer, of its shape."""
     from safetensors import safe_open
 
-    from .file_checks import check_weights_file
+    from .files import check_weights_file
 
     check_weights_file(path)
     with safe_open(str(path), framework="pt") as weights:  # the header alone: nothing is loaded
