@@ -35,7 +35,7 @@ def test_the_loop_adds_each_step_and_each_validation_to_the_budget():
     budget.add_step(tokens=50, elapsed=61.0, stop_signal=15)
     budget.add_scoring(2.5)
     budget.add_scoring(1.0)
-    assert (budget.session_tokens, budget.elapsed, budget.stop_signal, budget.scoring) == (150, 61.0, 15, 3.5)
+    assert (budget.part_tokens, budget.elapsed, budget.stop_signal, budget.scoring) == (150, 61.0, 15, 3.5)
     assert budget.out_of_time() and budget.spent(0)
 
 

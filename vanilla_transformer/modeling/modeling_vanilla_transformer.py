@@ -230,7 +230,7 @@ class Stack(nn.Module):
         self.layers = nn.ModuleList(layers)
         # Pre-norm leaves the residual stream unnormalised; the stack's output needs one more LayerNorm.
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
-        self.local = local_attention_masks(config)  # Luong's local attention: None for the paper's
+        self.local_windows = local_attention_masks(config)  # Luong's local attention: None for the paper's
 
     def get_input_embeddings(self):
         return self.embeddings.embed_tokens
@@ -271,7 +271,7 @@ class VanillaTransformerEncoder(Stack):
         """`return_dict=False` returns the output's `to_tuple()`, as transformers' encoders do."""
         x = self.embeddings(input_ids, inputs_embeds)  # (B, S, d_model)
         # Padding hidden (B, 1, S, S), in the form the attention function takes; local attention: ±D only.
-        window = None if self.local is None else self.local.self_attention()
+        window = None if self.local_windows is None else self.local_windows.self_attention()
         mask = create_bidirectional_mask(self.config, x, attention_mask, and_mask_function=window)
         x, hidden_states, attentions = self.run_layers(
             x, self.layers, mask, output_attentions=output_attentions, output_hidden_states=output_hidden_states
@@ -295,7 +295,7 @@ class VanillaTransformerDecoder(Stack):
         check_cache_and_checkpointing(cache, self.training and torch.is_grad_enabled() and self.layers[0].gradient_checkpointing)
         past_length = cache.get_seq_length() if cache is not None else 0
         x = self.embeddings(input_ids, inputs_embeds, past_length)  # (B, T, d_model)
-        self_window, cross_window = (None, None) if self.local is None else self.local.decoder_windows(
+        self_window, cross_window = (None, None) if self.local_windows is None else self.local_windows.decoder_windows(
             encoder_attention_mask, encoder_hidden_states, past_length)
         self_cache = None if cache is None else cache.self_attention_cache
         # §3.2.3: query t (position past_length + t) sees the keys up to its own position (B, 1, T, keys), as one

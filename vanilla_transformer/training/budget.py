@@ -1,4 +1,4 @@
-"""When the steps end: the `Budget` across the parts of a run (its first session and each resume).
+"""When the steps end: the `Budget` across the parts of a run (the first and each resume).
 
 A run stops at its first limit, `max_steps`, `num_epochs` or `time_limit` (minutes), or after the step under way
 when SIGINT or SIGTERM comes (signals.py). The limits are the run's: the steps and the minutes of every part count.
@@ -18,8 +18,9 @@ __all__ = ["Budget"]
 
 @dataclass
 class Budget:
-    """When the steps end (`max_steps`, `num_epochs`, `time_limit` in minutes, a stop signal) and this session's clock.
-    The limits are the run's: the steps and the minutes of every part of it count (`before`: the earlier parts')."""
+    """When the steps end (`max_steps`, `num_epochs`, `time_limit` in minutes, a stop signal), and the clock of this
+    part of the run. The limits are the run's: the steps and the minutes of every part count (`before`: the earlier
+    parts')."""
 
     max_steps: int | None = None
     num_epochs: int | None = None
@@ -27,11 +28,11 @@ class Budget:
     gradient_accumulation_steps: int = 1  # batches per optimiser step
     epoch_batches: int = 0  # batches per epoch on each process
     state: RunState = field(default_factory=RunState)  # the run's, read (never written) for its step and epochs done
-    start_step: int = 0  # where this session began
+    start_step: int = 0  # where this part of the run began
     started: float = field(default_factory=time.perf_counter)
     elapsed: float = 0.0  # seconds trained since `started` on the main process, as of the current step (alike on every process)
-    scoring: float = 0.0  # seconds of this session spent validating: timed beside the budget, never counted in it
-    session_tokens: int = 0  # target tokens trained on in this session, for tokens per second
+    scoring: float = 0.0  # seconds of this part spent validating: timed beside the budget, never counted in it
+    part_tokens: int = 0  # target tokens trained on in this part, for tokens per second
     before: float = 0.0  # seconds of the run's earlier parts (RunState.parts), which the time limit counts too
     stop_requests: StopRequests = field(default_factory=StopRequests)  # entered by the loop while it trains
     stop_signal: int = 0  # SIGINT or SIGTERM received by the main process (alike on every process)
@@ -39,7 +40,7 @@ class Budget:
     def add_step(self, tokens: int, elapsed: float, stop_signal: int) -> None:
         """A step done: its target tokens, and the main process's clock as it began and its stop signal (alike on
         every process)."""
-        self.session_tokens += tokens
+        self.part_tokens += tokens
         self.elapsed, self.stop_signal = elapsed, stop_signal
 
     def add_scoring(self, seconds: float) -> None:
@@ -48,7 +49,7 @@ class Budget:
 
     def remaining_steps(self, step: int) -> float:
         """The optimiser steps left after `step`, to the first limit (the time limit at the mean time of a step so
-        far in this session). What a `BudgetSchedule` decays over."""
+        far in this part). What a `BudgetSchedule` decays over."""
         left = [math.inf]
         if self.max_steps is not None:
             left.append(self.max_steps - step)
@@ -78,7 +79,7 @@ class Budget:
         return self.time_limit is not None and self.before + self.elapsed > self.time_limit * 60
 
     def training_seconds(self) -> float:
-        """Seconds of this session so far that the time limit counts: all but validating."""
+        """Seconds of this part so far that the time limit counts: all but validating."""
         return time.perf_counter() - self.started - self.scoring
 
     def describe(self) -> str:

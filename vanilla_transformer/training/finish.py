@@ -47,7 +47,7 @@ def finish(components: Components, state: RunState, budget: Budget) -> dict:
         if accelerator.is_main_process:
             save_model_files(unwrapped, components.tokenizer, args.output_dir)
             logger.info(f"saved the model and tokenizer to {args.output_dir}")
-        results = _final_results(components, state, args, unwrapped, weights, elapsed, budget.session_tokens, stops)
+        results = _final_results(components, state, args, unwrapped, weights, elapsed, budget.part_tokens, stops)
         if accelerator.is_main_process:
             write_results(args.output_dir, results)
             write_model_card(
@@ -169,17 +169,17 @@ def _compare_weight_average(components: Components, args: TrainArguments, model)
 
 
 def _final_results(components: Components, state: RunState, args: TrainArguments, unwrapped, weights: dict,
-                   elapsed: float, session_tokens: int, stops: StopScoring) -> dict:
+                   elapsed: float, part_tokens: int, stops: StopScoring) -> dict:
     """Validation and test scores of the final weights, with the run's numbers, flat as results.json holds them."""
     epoch_batches = max(len(components.sampler.local_batches(state.epoch)), 1)
     results = {
         "steps": state.step,
         "epochs": state.epoch + state.batches_done / epoch_batches,
         "train_tokens": state.train_tokens,
-        # The run's training time, every part of it (the first session and each resume), and each part's share.
+        # The run's training time, every part of it (the first and each resume), and each part's share.
         "train_minutes": round(sum(part["seconds"] for part in state.parts) / 60, 2),
         "parts": state.parts,
-        "tokens_per_second": round(session_tokens / elapsed, 1) if elapsed else None,  # this part's
+        "tokens_per_second": round(part_tokens / elapsed, 1) if elapsed else None,  # this part's
         "mixed_precision": components.accelerator.mixed_precision,
         "scored_precision": "fp32",  # the final scores, as `vanilla-transformer evaluate` computes them
         "attn_implementation": state.attn_implementation,

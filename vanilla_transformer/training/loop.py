@@ -90,7 +90,7 @@ def _train_part(components: Components, state: RunState, budget: Budget) -> None
             saved_step = save_if_due(components, state, budget, saved_step, new_best=new_best)
         with bar:  # closed on the way out, so that a failure's one line comes after the bar, not before
             for micro_batches in steps:
-                if first := state.step == budget.start_step:  # the first step of this session
+                if first := state.step == budget.start_step:  # the first step of this part of the run
                     clock = CpuClock()
                     state.record_attn_implementation(choose_attn_implementation(
                         components.accelerator, components.model, args.attn_implementation or state.attn_implementation,
@@ -206,7 +206,7 @@ def _log(components: Components, state: RunState, budget: Budget, lr: float, bar
     the training log, the trackers and the bar."""
     loss, nll = components.losses.read(state.step)
     elapsed = budget.training_seconds()  # this part's; the run's adds the earlier parts'
-    tokens_per_second = budget.session_tokens / elapsed
+    tokens_per_second = budget.part_tokens / elapsed
     part = len(state.parts)
     bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}")
     logger.info(f"step {state.step}: loss {loss:.4f}, nll {nll:.4f}, lr {lr:.3e}, {tokens_per_second:.0f} tokens/s, "

@@ -44,7 +44,7 @@ class RunState:
     recorded_options: dict | None = None  # every option, as typed at the start and each resume: restored by `resume`
     best: list = field(default_factory=list)  # model selection's best validations, best first (`record_validation`)
     evaluations_without_improvement: int = 0  # towards `patience`
-    # The run's parts up to this step, the first session and each resume: {"steps": [first, last], "seconds"} of
+    # The run's parts up to this step, the first and each resume: {"steps": [first, last], "seconds"} of
     # training (the steps and their saving), and "scoring_seconds" of validation beside them.
     parts: list = field(default_factory=list)
 
@@ -103,7 +103,7 @@ class RunState:
             self.recorded_options = {**self.recorded_options, **typed}
 
     def begin_part(self) -> float:
-        """A new part of the run from this step (its first session, or a resume); the seconds of the parts before."""
+        """A new part of the run from this step (its first, or a resume); the seconds of the parts before."""
         before = sum(part["seconds"] for part in self.parts)
         self.parts.append({"steps": [self.step, self.step], "seconds": 0.0, "scoring_seconds": 0.0})
         return before
@@ -172,7 +172,7 @@ def check_state(state: dict, source: Path) -> None:
                                "evaluation")
 
 
-# A part of a run longer than this is an edited record, not a session: a year.
+# A part of a run longer than this is an edited record, not one that trained: a year.
 MAX_PART_SECONDS = 366 * 24 * 3600
 
 
