@@ -12,11 +12,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["BadInput", "as_bad_input"]
+__all__ = ["BadInput", "MissingPackage", "as_bad_input"]
 
 
 class BadInput(ValueError):
     """An option, file or folder refused by a check; the message names it and says what was expected."""
+
+
+class MissingPackage(BadInput, ImportError):
+    """A feature asked for needs an optional package that is not installed; the message says how to install it. An
+    ImportError too, as Python raises for a module that is not there (any other ImportError is a bug's)."""
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .checks.adapters import ADAPTER_CONFIG, check_adapter_files, merge_adapter
-from .errors import BadInput
+from .errors import BadInput, MissingPackage
 from .onednn_decoding import choose_onednn_decoding
 from .checks.files import REPO_ID, check_inside, check_plain_pickle, check_weights_file, parse_json, read_json
 from .checks.folder_fields import (
@@ -268,7 +268,7 @@ def _check_adapter(folder: Path, config) -> bool:
     if not check_adapter_files(folder, config):
         return False
     if importlib.util.find_spec("peft") is None:
-        raise BadInput(f"{folder / ADAPTER_CONFIG} is a LoRA adapter saved with the model, which needs the peft "
+        raise MissingPackage(f"{folder / ADAPTER_CONFIG} is a LoRA adapter saved with the model, which needs the peft "
                        "package: pip install 'vanilla-transformer[peft]'")
     return True
 

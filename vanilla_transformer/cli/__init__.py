@@ -6,8 +6,9 @@ options are generated from the fields of `TrainArguments` (training/arguments.py
 torch); an option other commands share with it takes its default and help from there, and one several
 other commands take is declared once (options.py). The texts a command reads come through streams.py.
 
-How a command ends is `main`'s alone, one table for all: a check's `BadInput`, a path that is not what it names and
-an optional package not installed are usage errors, one line and status 2 (as argparse's own); any other OSError
+How a command ends is `main`'s alone, one table for all: a check's `BadInput` (an optional package not installed,
+`MissingPackage`, among them) and a path that is not what it names are usage errors, one line and status 2 (as
+argparse's own); any other OSError
 is the machine's (a full disk, a failing device, a permission), one line and status 1; Ctrl-C 130, a closed pipe
 141; `train` adds its run's own ends (a stop signal, 128 + its number; a loss that is not finite, 1). Any other
 exception is a bug's and keeps its traceback.
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader left (`| head`): stop quietly, as other command-line tools do
         _silence_standard_output()
         return 141
-    except (BadInput, ImportError, *PATH_ERRORS) as err:  # a usage error, as argparse's own: status 2
+    except (BadInput, *PATH_ERRORS) as err:  # a usage error, as argparse's own: status 2
         parser.exit(2, f"vanilla-transformer {args.command}: error: {err}\n")
     except OSError as err:  # the machine's: a full disk, a failing device, a permission
         print(f"vanilla-transformer {args.command}: error: {_machine_error(err)}", file=sys.stderr)

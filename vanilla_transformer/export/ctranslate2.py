@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import BadInput
+from ..errors import BadInput, MissingPackage
 from ..modeling.generation import DEFAULT_MAX_LENGTH_OFFSET
 from ..modeling.value_checks import MAX_NEW_TOKENS
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_encoding
@@ -65,11 +65,11 @@ INSTALL_HINT = "pip install 'vanilla-transformer[ctranslate2]' (or pip install '
 
 
 def import_ctranslate2():
-    """The ctranslate2 module, or an ImportError saying how to install it (it is an optional extra)."""
+    """The ctranslate2 module, or a MissingPackage saying how to install it (it is an optional extra)."""
     try:
         import ctranslate2
     except ImportError as err:
-        raise ImportError(f"CTranslate2 is not installed: {INSTALL_HINT}") from err
+        raise MissingPackage(f"CTranslate2 is not installed: {INSTALL_HINT}") from err
     return ctranslate2
 
 

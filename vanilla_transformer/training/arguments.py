@@ -26,7 +26,7 @@ from ..choices import (
     TOKENIZER_MODELS,
     TRACKERS,
 )
-from ..errors import BadInput, as_bad_input
+from ..errors import BadInput, MissingPackage, as_bad_input
 from ..checks.files import check_repo_id
 from ..checks.options import BOUNDS, field_kind, max_num_beams, within_bound
 from .schedule import SCHEDULES, check_schedule, schedule_summary
@@ -328,7 +328,7 @@ class TrainArguments:
         self._validate_selection()
         self._validate_compile()
         if self.report_to is not None and importlib.util.find_spec(TRACKERS[self.report_to]) is None:
-            raise BadInput(f"`report_to` {self.report_to} needs the {TRACKERS[self.report_to]} package: "
+            raise MissingPackage(f"`report_to` {self.report_to} needs the {TRACKERS[self.report_to]} package: "
                            f"pip install 'vanilla-transformer[{self.report_to}]'")
         if self.push_to_hub is not None:
             check_repo_id(self.push_to_hub)  # before hours of training, not after
@@ -338,7 +338,7 @@ class TrainArguments:
 
     def _validate_lora(self) -> None:
         if importlib.util.find_spec("peft") is None:
-            raise BadInput("`lora_rank` needs the peft package: pip install 'vanilla-transformer[peft]'")
+            raise MissingPackage("`lora_rank` needs the peft package: pip install 'vanilla-transformer[peft]'")
         if self.freeze_encoder or self.freeze_embeddings:
             raise BadInput("`lora_rank` already trains the adapters alone: leave out `freeze_encoder` and "
                            "`freeze_embeddings`.")

@@ -42,7 +42,9 @@ from pathlib import Path
 try:
     import gradio as gr
 except ImportError as err:  # an optional dependency
-    raise ImportError("the web app needs Gradio: pip install 'vanilla-transformer[serve]'") from err
+    from vanilla_transformer.errors import MissingPackage
+
+    raise MissingPackage("the web app needs Gradio: pip install 'vanilla-transformer[serve]'") from err
 import h11  # uvicorn's, which Gradio serves with
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
