@@ -44,6 +44,27 @@ def _assert_set_aside(root, older, file_name, message):
     assert "\n" not in problems[0] and (root / "damaged-checkpoint-00000002").is_dir()
 
 
+
+@pytest.mark.parametrize("file_name", ["model.safetensors", "optimizer.bin"])
+def test_a_file_the_machine_cannot_read_now_sets_no_checkpoint_aside(run_root, monkeypatch, file_name):
+    # A permission or a failing disk says nothing of the file: the error goes up as it is and every checkpoint stays.
+    import errno
+    import os
+
+    _, root, older, newer = run_root
+    real_open = open
+
+    def open_that_fails(path, *args, **kwargs):
+        if str(path) == str(newer / file_name):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", open_that_fails)
+    monkeypatch.setattr("safetensors.safe_open", lambda path, **kwargs: open_that_fails(path, "rb"))
+    with pytest.raises(PermissionError):
+        newest_sound_checkpoint(root)
+    assert sorted(path.name for path in root.iterdir()) == ["checkpoint-00000001", "checkpoint-00000002"]
+
 def test_a_crafted_optimizer_state_is_refused_and_resume_falls_back(tmp_path, run_root):
     accelerator, root, older, newer = run_root
     marker = tmp_path / "ran"

@@ -7,6 +7,7 @@ as a codec, Arrow or safetensors error that names neither the file nor the line.
 from __future__ import annotations
 
 import codecs
+import errno
 import json
 import os
 import zipfile
@@ -20,12 +21,15 @@ from ..errors import BadInput
 # A Hub repository id, user/name: how a name the user gives is told from a folder that is not there.
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
-__all__ = ["MAX_LINE_BYTES", "REPO_ID", "bounded_lines", "check_inside", "check_output_file", "check_plain_file",
-           "check_plain_pickle", "check_repo_id", "check_weights_file", "parse_json", "read_json", "utf8_lines"]
+__all__ = ["MACHINE_ERRNOS", "MAX_LINE_BYTES", "REPO_ID", "bounded_lines", "check_inside", "check_output_file", "check_plain_file",
+           "check_plain_pickle", "check_repo_id", "check_weights_file", "parse_json", "raise_machine_error", "read_json",
+           "utf8_lines"]
 
 # The most bytes one line of text is read to: far past any sentence (translate cuts a long one to what the model
 # reads), it bounds the memory a file without line ends (/dev/zero, a binary file) takes before it is refused.
 MAX_LINE_BYTES = 16 * 1024 * 1024
+# An OSError of these is the machine's, not the file's: a file that cannot be read now is not damaged for it.
+MACHINE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EIO, errno.ENOMEM, errno.EMFILE, errno.ENFILE)
 
 
 def utf8_lines(lines: Iterable[bytes], name: str) -> Iterator[str]:
@@ -98,8 +102,16 @@ def check_weights_file(path: str | os.PathLike) -> None:
         if bad is not None:
             raise BadInput(f"the CRC of {bad} does not match")
     except (SafetensorError, zipfile.BadZipFile, ValueError, OSError, EOFError) as err:
+        raise_machine_error(err)
         size = path.stat().st_size if path.exists() else 0
         raise BadInput(f"{path} is damaged (truncated or corrupt; {size:,} bytes): {err}") from None
+
+
+def raise_machine_error(err: Exception) -> None:
+    """Raise `err` as it is where it is the machine's (a permission, a failing disk, no memory or file handles
+    left), which says nothing of the file: a checkpoint that cannot be read now is not set aside as damaged."""
+    if isinstance(err, OSError) and err.errno in MACHINE_ERRNOS:
+        raise err
 
 
 def check_plain_pickle(path: str | os.PathLike, allowed=()):
@@ -123,6 +135,7 @@ def check_plain_pickle(path: str | os.PathLike, allowed=()):
         raise BadInput(f"{path} holds more than tensors and plain values, so reading it could run code from the "
                        f"file; it is not read ({_unpickling_reason(err)})") from None
     except Exception as err:  # noqa: BLE001 -- whatever else stops torch (a zip that is no torch archive): unreadable
+        raise_machine_error(err)
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise BadInput(f"{path} is not a torch.save file that can be read; it is not read ({reason})") from None
 
