@@ -219,7 +219,7 @@ def run(device: str, precision: str, quick: bool, rows: int | None = None, lengt
     rows, length = rows or (8 if quick else 64), length or (16 if quick else 32)
     batch = synthetic_batch(config.vocab_size, rows, length, config.pad_token_id)
     step = ours_step(config, batch, device, precision)
-    ours = "ours, bf16 weights" if step.components.weights is not None else "ours"
+    ours = "ours, bf16 weights" if step.components.bf16_weights is not None else "ours"
     counts = {ours: count_step(step), "marian": count_step(marian_step(config, batch, device, precision))}
     return {"shape": "tiny" if quick else "base", "device": device, "precision": precision, "rows": rows,
             "length": length, "target_tokens": int((batch["labels"] != -100).sum()), "counts": counts}

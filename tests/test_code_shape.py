@@ -107,5 +107,5 @@ def test_the_package_imports_its_own_names_by_their_own_names():
 def test_the_import_rule_finds_renames_of_our_names_alone(tmp_path):
     source = tmp_path / "example.py"
     source.write_text("import numpy as np\nfrom torch.nn import functional as F\nfrom ..threads import use_threads as set_threads\n"
-                      "from vanilla_transformer.metrics import load as load_metric\nfrom .generation import generate_with_paper_options\n")
+                      "from vanilla_transformer.metrics import load as load_metric\nfrom .generation import generate_with_added_options\n")
     assert renamed_imports(source) == [(3, "use_threads", "set_threads"), (4, "load", "load_metric")]

@@ -77,7 +77,7 @@ def bf16_step_components(monkeypatch, forced: str | None, **overrides):
 @pytest.mark.parametrize("forced, on", [(None, False), ("1", True), ("0", False)])
 def test_bf16_weights_are_a_gpu_s_default_and_the_environment_decides_anywhere(monkeypatch, forced, on):
     components = bf16_step_components(monkeypatch, forced)
-    assert (components.weights is not None) is on  # this is a CPU: off unless asked for
+    assert (components.bf16_weights is not None) is on  # this is a CPU: off unless asked for
     monkeypatch.setenv(precision.BF16_WEIGHTS_VARIABLE, "yes")
     with pytest.raises(ValueError, match=r"^VANILLA_TRANSFORMER_BF16_WEIGHTS must be 0 or 1 \(or unset\); got 'yes'\.$"):
         precision.bf16_weights(components.accelerator, components.model)
@@ -95,12 +95,12 @@ def test_bf16_weights_give_the_fp32_parameters_gradients_as_close_to_fp32_s_as_a
         net = components.model
         own = {name: p for name, p in net.named_parameters()}
         for _ in range(2):
-            if components.weights is None:
+            if components.bf16_weights is None:
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
                     loss_value, _ = criterion.batch_loss(net, batch())
                 loss_value.backward()
                 continue
-            with components.weights.swapped():
+            with components.bf16_weights.swapped():
                 assert all(p.dtype == torch.bfloat16 for p in net.parameters())
                 assert net.lm_head.weight is net.model.shared.weight
                 loss_value, _ = criterion.batch_loss(net, batch())

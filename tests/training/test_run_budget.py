@@ -111,7 +111,7 @@ def test_the_time_limit_counts_the_earlier_parts_of_the_run():
     budget.elapsed = 5.5
     assert budget.out_of_time() and budget.spent(13)
     state.step = 13
-    state.end_part(5.5, 2.25)
+    state.record_part(5.5, 2.25)
     assert state.parts[-1] == {"steps": [10, 13], "seconds": 5.5, "scoring_seconds": 2.25}
     assert "1.01 of `time_limit` 1 min" in budget.describe()
 

@@ -79,7 +79,7 @@ def paper_generation_config(model_config, **overrides) -> GenerationConfig:
     return GenerationConfig(**{**settings, **overrides})
 
 
-def generate_with_paper_options(model, base_generate, inputs=None, generation_config=None, logits_processor=None, **kwargs):
+def generate_with_added_options(model, base_generate, inputs=None, generation_config=None, logits_processor=None, **kwargs):
     """`generate` with the two attributes described at the top of this file; everything else is transformers'.
 
     `base_generate` is transformers' `GenerationMixin.generate` bound to `model`. In steps: the call's options
@@ -267,7 +267,7 @@ def choose_search(model, kwargs, config: GenerationConfig):
 __all__ = [
     "choose_search",
     "longest_target",
-    "generate_with_paper_options",
+    "generate_with_added_options",
     "paper_generation_config",
     "resolved_generation_config",
 ]

@@ -18,8 +18,8 @@ it; a test keeps the list whole):
     saving.py                             what a saved folder needs to load anywhere
     fast_modeling.py                      the speed-ups it is built with (`fast_paths`): the loss with its
                                           gradient in closed form, linear maps that decoding can pack
-    generation.py                         decoding (§6.1): our options, the source-length cap, which loop serves
-                                          a call
+    generation.py                         decoding (§6.1): the options the model adds, the source-length cap,
+                                          which loop serves a call
     search.py                             the loops generation.py runs: greedy search and the paper's beam search
     fast_generation.py                    decoding's speed-ups: oneDNN decoding (the model's `onednn_decoding`),
                                           done sentences leaving the batch
@@ -71,7 +71,7 @@ from .attention_variants import (
 )
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .fast_modeling import ClosedFormCrossEntropy, FusedMultiHeadAttention, linear_class  # speed-ups (`fast_paths`)
-from .generation import generate_with_paper_options  # decoding (§6.1)
+from .generation import generate_with_added_options  # decoding (§6.1)
 from .saving import CustomCodeMixin
 
 
@@ -515,7 +515,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def generate(self, inputs=None, generation_config=None, logits_processor=None, **kwargs):
         """transformers' `generate`, with the paper's decoding (§6.1) available: GNMT length penalty
         (`length_penalty_style="gnmt"`) and outputs capped at source length + `max_length_offset`."""
-        return generate_with_paper_options(self, super().generate, inputs, generation_config, logits_processor, **kwargs)
+        return generate_with_added_options(self, super().generate, inputs, generation_config, logits_processor, **kwargs)
 
     def prepare_inputs_for_generation(self, *args, tokenizer=None, assistant_tokenizer=None, assistant_model=None,
                                       **kwargs):

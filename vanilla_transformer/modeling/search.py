@@ -1,4 +1,4 @@
-"""Our loops: greedy search and the paper's beam search (§6.1), run inside transformers' `generate`.
+"""The model's own decoding loops: greedy search and the paper's beam search (§6.1), inside transformers' `generate`.
 
 Words: a hypothesis (in greedy search, a row) is *finished* once it emits </s>, meets a stopping criterion or
 reaches its sentence's cap; a sentence (in greedy search, a row) is *done* once its search is over, and done ones

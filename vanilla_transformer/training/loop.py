@@ -125,7 +125,7 @@ def save_if_due(components: Components, state: RunState, budget: Budget, saved_s
     returns the step of its newest checkpoint then."""
     if not checkpoint_due(state.step, saved_step, components.args.save_steps, new_best=new_best, part_over=part_over):
         return saved_step
-    state.end_part(budget.training_seconds(), budget.scoring)  # the checkpoint records the run's time up to it
+    state.record_part(budget.training_seconds(), budget.scoring)  # the checkpoint records the run's time up to it
     save_run(components, state, components.args.keep_checkpoints)
     return state.step
 

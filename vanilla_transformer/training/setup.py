@@ -78,14 +78,14 @@ class Components:
     strategy: StepStrategy = field(init=False)  # what DeepSpeed, FSDP2 and fp16's scaler change in the step
     losses: Losses = field(init=False)  # the step's losses, summed on the device
     guard: NonFiniteGuard = field(init=False)  # what becomes of a step that is not finite
-    weights: Bf16Weights | None = field(init=False)  # bf16 copies the step trains on (precision.py); None: autocast
+    bf16_weights: Bf16Weights | None = field(init=False)  # bf16 copies the step trains on; None: autocast
 
     def __post_init__(self):
         self.strategy = StepStrategy(self.accelerator, self.optimizer)
         self.losses = Losses(self.accelerator, self.checkpoint_root)
         self.guard = NonFiniteGuard(self.strategy, self.optimizer, self.losses)
-        self.weights = bf16_weights(self.accelerator, self.accelerator.unwrap_model(self.model))
-        if self.weights is not None:
+        self.bf16_weights = bf16_weights(self.accelerator, self.accelerator.unwrap_model(self.model))
+        if self.bf16_weights is not None:
             logger.info("bf16 weights: forward and backward on bf16 copies, Adam on the fp32 weights (no autocast)")
 
     def unwrap_model(self) -> None:

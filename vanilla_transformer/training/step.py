@@ -48,8 +48,8 @@ def train_step(components: Components, micro_batches: list[tuple[dict, int]], st
     counts = StepCounts(accelerator, sum(n for _, n in micro_batches), budget)  # over every process, not waited for
     step_loss, step_nll = (torch.zeros((), dtype=torch.float64, device=accelerator.device) for _ in range(2))
     # bf16 copies of the weights (precision.Bf16Weights), or autocast casting them at every use
-    copies = components.weights.swapped if components.weights is not None else nullcontext
-    autocast = nullcontext if components.weights is not None else accelerator.autocast
+    copies = components.bf16_weights.swapped if components.bf16_weights is not None else nullcontext
+    autocast = nullcontext if components.bf16_weights is not None else accelerator.autocast
     batch_loss = components.compiled or criterion.batch_loss  # compiled.py's graphs, one per batch shape, or eager
     for i, (batch, _) in enumerate(micro_batches):
         with strategy.accumulating(model, last=i == len(micro_batches) - 1), copies():
