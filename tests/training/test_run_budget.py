@@ -103,12 +103,12 @@ def test_a_run_stopped_twice_and_resumed_counts_one_budget_in_its_bar_log_result
 
 def test_the_time_limit_counts_the_earlier_parts_of_the_run():
     state = RunState(step=10, parts=[{"steps": [0, 6], "seconds": 40.0}, {"steps": [6, 10], "seconds": 15.0}])
-    budget = Budget(time_limit=1.0, state=state, start_step=10, before=state.begin_part())
-    assert budget.before == 55.0 and state.parts[-1] == {"steps": [10, 10], "seconds": 0.0, "scoring_seconds": 0.0}
-    budget.elapsed = 4.0
+    budget = Budget(time_limit=1.0, state=state, start_step=10, earlier_seconds=state.begin_part())
+    assert budget.earlier_seconds == 55.0 and state.parts[-1] == {"steps": [10, 10], "seconds": 0.0, "scoring_seconds": 0.0}
+    budget.elapsed_seconds = 4.0
     assert not budget.out_of_time() and not budget.spent(10)
     assert budget.remaining_steps(13) == pytest.approx((60 - 55 - 4) / (4 / 2) - 1)
-    budget.elapsed = 5.5
+    budget.elapsed_seconds = 5.5
     assert budget.out_of_time() and budget.spent(13)
     state.step = 13
     state.record_part(5.5, 2.25)

@@ -162,7 +162,7 @@ def test_a_step_returns_its_counts_and_leaves_the_budget_and_the_next_rate_to_th
     done = train_step(run.components, [(collate(PAIRS), target_tokens(PAIRS))], 0, run.budget)
     assert (done.tokens, done.stop_signal, done.updated) == (target_tokens(PAIRS), signal.SIGTERM, True)
     assert done.lr == pytest.approx(noam_rate(1, D_MODEL, WARMUP), rel=1e-12) and done.elapsed >= 0
-    assert (run.budget.elapsed, run.budget.stop_signal, run.budget.part_tokens) == (0.0, 0, 0)
+    assert (run.budget.elapsed_seconds, run.budget.stop_signal, run.budget.part_tokens) == (0.0, 0, 0)
     assert run.components.scheduler.get_last_lr()[0] == pytest.approx(noam_rate(1, D_MODEL, WARMUP), rel=1e-12)
     next_rate(run.components, done)
     assert run.components.scheduler.get_last_lr()[0] == pytest.approx(noam_rate(2, D_MODEL, WARMUP), rel=1e-12)

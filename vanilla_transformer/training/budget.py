@@ -19,8 +19,8 @@ __all__ = ["Budget"]
 @dataclass
 class Budget:
     """When the steps end (`max_steps`, `num_epochs`, `time_limit` in minutes, a stop signal), and the clock of this
-    part of the run. The limits are the run's: the steps and the minutes of every part count (`before`: the earlier
-    parts')."""
+    part of the run. The limits are the run's: the steps and the minutes of every part count (`earlier_seconds`: the
+    earlier parts')."""
 
     max_steps: int | None = None
     num_epochs: int | None = None
@@ -30,10 +30,11 @@ class Budget:
     state: RunState = field(default_factory=RunState)  # the run's, read (never written) for its step and epochs done
     start_step: int = 0  # where this part of the run began
     started: float = field(default_factory=time.perf_counter)
-    elapsed: float = 0.0  # seconds trained since `started` on the main process, as of the current step (alike on every process)
-    scoring: float = 0.0  # seconds of this part spent validating: timed beside the budget, never counted in it
+    # trained since `started` on the main process, as of the current step (alike on every process)
+    elapsed_seconds: float = 0.0
+    scoring_seconds: float = 0.0  # of this part spent validating: timed beside the budget, never counted in it
     part_tokens: int = 0  # target tokens trained on in this part, for tokens per second
-    before: float = 0.0  # seconds of the run's earlier parts (RunState.parts), which the time limit counts too
+    earlier_seconds: float = 0.0  # of the run's earlier parts (RunState.parts), which the time limit counts too
     stop_requests: StopRequests = field(default_factory=StopRequests)  # entered by the loop while it trains
     stop_signal: int = 0  # SIGINT or SIGTERM received by the main process (alike on every process)
 
@@ -41,11 +42,11 @@ class Budget:
         """A step done: its target tokens, and the main process's clock as it began and its stop signal (alike on
         every process)."""
         self.part_tokens += tokens
-        self.elapsed, self.stop_signal = elapsed, stop_signal
+        self.elapsed_seconds, self.stop_signal = elapsed, stop_signal
 
     def add_scoring(self, seconds: float) -> None:
         """Seconds spent validating, which the time limit does not count."""
-        self.scoring += seconds
+        self.scoring_seconds += seconds
 
     def remaining_steps(self, step: int) -> float:
         """The optimiser steps left after `step`, to the first limit (the time limit at the mean time of a step so
@@ -56,9 +57,10 @@ class Budget:
         if self.num_epochs is not None:
             batches = (self.num_epochs - self.state.epoch) * self.epoch_batches - self.state.batches_done
             left.append(batches / self.gradient_accumulation_steps)
-        timed = step - 1 - self.start_step  # steps whose time `elapsed` (measured as step `step` began) covers
+        timed = step - 1 - self.start_step  # steps whose time `elapsed_seconds` (measured as step `step` began) covers
         if self.time_limit is not None and timed > 0:
-            left.append((self.time_limit * 60 - self.before - self.elapsed) / (self.elapsed / timed) - 1)
+            seconds_left = self.time_limit * 60 - self.earlier_seconds - self.elapsed_seconds
+            left.append(seconds_left / (self.elapsed_seconds / timed) - 1)
         return min(left)
 
     def seconds_left(self, step_seconds: float) -> float:
@@ -66,7 +68,7 @@ class Budget:
         steps, whichever ends first."""
         left = self.remaining_steps(self.start_step) * step_seconds
         if self.time_limit is not None:
-            left = min(left, self.time_limit * 60 - self.before - (time.perf_counter() - self.started))
+            left = min(left, self.time_limit * 60 - self.earlier_seconds - (time.perf_counter() - self.started))
         return left
 
     def steps_done(self, step: int) -> bool:
@@ -76,11 +78,11 @@ class Budget:
         return self.num_epochs is not None and self.state.epoch >= self.num_epochs
 
     def out_of_time(self) -> bool:
-        return self.time_limit is not None and self.before + self.elapsed > self.time_limit * 60
+        return self.time_limit is not None and self.earlier_seconds + self.elapsed_seconds > self.time_limit * 60
 
     def training_seconds(self) -> float:
         """Seconds of this part so far that the time limit counts: all but validating."""
-        return time.perf_counter() - self.started - self.scoring
+        return time.perf_counter() - self.started - self.scoring_seconds
 
     def describe(self) -> str:
         """The run's budget, its limits and what is spent of each: "step 6 of `max_steps` 8; 0.4 of `time_limit` 5 min"."""
@@ -90,7 +92,8 @@ class Budget:
         if self.num_epochs is not None:
             spent.append(f"epoch {self.state.epoch} of `num_epochs` {self.num_epochs}")
         if self.time_limit is not None:
-            spent.append(f"{(self.before + self.elapsed) / 60:.2f} of `time_limit` {self.time_limit:g} min")
+            minutes = (self.earlier_seconds + self.elapsed_seconds) / 60
+            spent.append(f"{minutes:.2f} of `time_limit` {self.time_limit:g} min")
         return "; ".join(spent)
 
     def spent(self, step: int) -> bool:

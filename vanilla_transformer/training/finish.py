@@ -38,7 +38,7 @@ def finish(components: Components, state: RunState, budget: Budget) -> dict:
     saved before anything else. Then the final scores (results.json), the model card and the upload,
     none of which can take the saved model with it. `resume` on a finished run comes here at once."""
     accelerator, args = components.accelerator, components.args
-    state.record_part(budget.training_seconds(), budget.scoring)  # this part's training time, not its final scores
+    state.record_part(budget.training_seconds(), budget.scoring_seconds)  # this part's training time, not its final scores
     elapsed = budget.training_seconds()
     # A stop asked for after the last step, or while saving, skips the scores; the model is saved whole first.
     with StopScoring(budget.requested_signal()) as stops:

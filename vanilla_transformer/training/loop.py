@@ -125,7 +125,7 @@ def save_if_due(components: Components, state: RunState, budget: Budget, saved_s
     returns the step of its newest checkpoint then."""
     if not checkpoint_due(state.step, saved_step, components.args.save_steps, new_best=new_best, part_over=part_over):
         return saved_step
-    state.record_part(budget.training_seconds(), budget.scoring)  # the checkpoint records the run's time up to it
+    state.record_part(budget.training_seconds(), budget.scoring_seconds)  # the checkpoint records the run's time up to it
     save_run(components, state, components.args.keep_checkpoints)
     return state.step
 
@@ -188,7 +188,7 @@ def _progress_bar(state: RunState, budget: Budget, enabled: bool):
     reads true. The count includes the earlier parts of a resumed run; the bar's own clock is this part's."""
     desc = "training" if len(state.parts) < 2 else f"training (part {len(state.parts)})"
     if budget.time_limit is not None:
-        return tqdm(total=budget.time_limit, initial=min(budget.before / 60, budget.time_limit), unit="min",
+        return tqdm(total=budget.time_limit, initial=min(budget.earlier_seconds / 60, budget.time_limit), unit="min",
                     disable=not enabled, desc=desc,
                     bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} min [{elapsed}<{remaining}{postfix}]")
     return tqdm(total=budget.max_steps, initial=state.step, disable=not enabled, desc=desc)
@@ -198,22 +198,23 @@ def _advance(bar, budget: Budget) -> None:
     if budget.time_limit is None:
         bar.update(1)
     else:  # the run's minutes, as the step measured them
-        bar.update(min((budget.before + budget.elapsed) / 60, budget.time_limit) - bar.n)
+        bar.update(min((budget.earlier_seconds + budget.elapsed_seconds) / 60, budget.time_limit) - bar.n)
 
 
 def _log(components: Components, state: RunState, budget: Budget, lr: float, bar) -> None:
     """The losses since the last log (the one wait for the device that logging costs): a plain line, a record in
     the training log, the trackers and the bar."""
     loss, nll = components.losses.read(state.step)
-    elapsed = budget.training_seconds()  # this part's; the run's adds the earlier parts'
+    elapsed = budget.training_seconds()  # this part's
+    run_seconds = budget.earlier_seconds + elapsed  # the run's: every part
     tokens_per_second = budget.part_tokens / elapsed
     part = len(state.parts)
     bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}")
     logger.info(f"step {state.step}: loss {loss:.4f}, nll {nll:.4f}, lr {lr:.3e}, {tokens_per_second:.0f} tokens/s, "
-                f"{(budget.before + elapsed) / 60:.1f} min" + (f" (part {part}: {elapsed / 60:.1f})" if part > 1 else ""))
+                f"{run_seconds / 60:.1f} min" + (f" (part {part}: {elapsed / 60:.1f})" if part > 1 else ""))
     components.training_log.append({"step": state.step, "loss": loss, "nll": nll, "lr": lr,
-                      "tokens_per_second": round(tokens_per_second, 1), "elapsed": round(budget.before + elapsed, 2),
-                      "part": part, "part_elapsed": round(elapsed, 2)})
+                                    "tokens_per_second": round(tokens_per_second, 1), "elapsed": round(run_seconds, 2),
+                                    "part": part, "part_elapsed": round(elapsed, 2)})
     metrics = {"train/loss": loss, "train/nll": nll, "train/lr": lr, "train/tokens_per_second": tokens_per_second}
     components.accelerator.log(metrics, step=state.step)
 

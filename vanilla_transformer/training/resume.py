@@ -68,7 +68,7 @@ def finished_step(args: TrainArguments) -> int | None:
            if name not in BUDGET_OPTIONS and name not in NEVER_RESTORED):
         return None
     budget = Budget(**{name: given[name] for name in BUDGET_OPTIONS}, state=state,
-                    before=sum(part["seconds"] for part in state.parts))
+                    earlier_seconds=sum(part["seconds"] for part in state.parts))
     stopped_early = state.out_of_patience(given["patience"])
     if not (budget.spent(state.step) or budget.epochs_done() or stopped_early):
         return None

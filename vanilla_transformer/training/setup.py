@@ -119,7 +119,7 @@ def set_up(args: TrainArguments, accelerator, lock: RunLock | None = None) -> tu
                                shape_count=args.bucket_shapes, compiled=args.compile_asked())
     budget = Budget(max_steps=args.max_steps, num_epochs=args.num_epochs, time_limit=args.time_limit, state=state,
                     gradient_accumulation_steps=args.gradient_accumulation_steps, start_step=state.step,
-                    epoch_batches=len(sampler.local_batches(state.epoch)), before=state.begin_part())  # a new part
+                    epoch_batches=len(sampler.local_batches(state.epoch)), earlier_seconds=state.begin_part())  # a new part
     # The scheduler is not prepared: Accelerate would step it once per process, and the Noam schedule counts
     # optimiser steps. It is registered so that save_state/load_state keep it.
     scale = args.lr_scale if args.lr is None else peak_scale(args.lr, d_model, args.warmup_steps)
