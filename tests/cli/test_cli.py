@@ -1,5 +1,6 @@
 """The translate, evaluate, attention and push commands, run on the tiny Hub folder."""
 
+import errno
 import json
 import os
 import shutil
@@ -60,18 +61,24 @@ def test_a_bugs_value_error_while_translating_is_no_usage_error(hub_tiny_folder,
 
 @pytest.mark.parametrize("error, status, line", [
     (PermissionError(13, os.strerror(13), "out/tokenizer.json"), 1, "out/tokenizer.json: Permission denied"),  # the machine's
+    (OSError(errno.EIO, os.strerror(errno.EIO), "data/train.tsv"), 1, "data/train.tsv: Input/output error"),  # a read too
+    (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "out/vocab.json"), 1, "cannot write out/vocab.json: No space left "
+     "on device"),
+    (OSError(errno.EIO, os.strerror(errno.EIO)), 1, "the standard input or output failed: Input/output error"),
     (FileNotFoundError("no such file or folder: data.tsv"), 2, "no such file or folder: data.tsv"),  # a path given
     (MissingPackage("CTranslate2 is not installed: pip install ctranslate2"), 2, "CTranslate2 is not installed: pip "
      "install ctranslate2"),  # an optional package
     (ImportError("cannot import name 'x' from 'y'"), None, None),  # a bug's: its traceback
 ])
 def test_how_every_command_ends_on_an_error_is_one_table_in_main(error, status, line, monkeypatch, capsys):
+    from vanilla_transformer import cli
     from vanilla_transformer.cli import train_tokenizer
 
     def run_that_fails(args):
         raise error
 
     monkeypatch.setattr(train_tokenizer, "run", run_that_fails)
+    monkeypatch.setattr(cli, "_silence_standard_output", lambda: None)  # pytest's own output stays
     if status is None:
         with pytest.raises(type(error)):
             main(["train-tokenizer", "--output-dir", "out"])

@@ -8,9 +8,8 @@ other commands take is declared once (options.py). The texts a command reads com
 
 How a command ends is `main`'s alone, one table for all: a check's `BadInput` (an optional package not installed,
 `MissingPackage`, among them) and a path that is not what it names are usage errors, one line and status 2 (as
-argparse's own); any other OSError
-is the machine's (a full disk, a failing device, a permission), one line and status 1; Ctrl-C 130, a closed pipe
-141; `train` adds its run's own ends (a stop signal, 128 + its number; a loss that is not finite, 1). Any other
+argparse's own); any other OSError is the machine's (a full disk, a failing device, a permission), one line and
+status 1; Ctrl-C 130, a closed pipe 141; `train` adds its run's own ends (a stop signal, 128 + its number; a loss that is not finite, 1). Any other
 exception is a bug's and keeps its traceback.
 """
 
@@ -93,14 +92,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _machine_error(err: OSError) -> str:
-    """The one line of an OSError that is not the user's, naming its file where it has one."""
+    """The one line of an OSError that is not the user's, naming its file where it has one; only a full disk or
+    quota is said to be a failed write (a failing device fails reads too)."""
     if err.strerror is None:  # raised with a message of its own (staging's DiskFull names the file and the cause)
         return str(err)
     if err.errno in (*FULL_DISK_ERRNOS, errno.EBADF, errno.EIO) and sys.stdout is not None:
         _silence_standard_output()  # it may be the output that failed: Python's flush at exit would fail again
-        what = "the output" if err.filename is None else os.fsdecode(err.filename)
-        return f"cannot write {what}: {err.strerror}"
-    return str(err) if err.filename is None else f"{os.fsdecode(err.filename)}: {err.strerror}"
+    full = err.errno in FULL_DISK_ERRNOS
+    if err.filename is not None:
+        return f"{'cannot write ' if full else ''}{os.fsdecode(err.filename)}: {err.strerror}"
+    if full:
+        return f"cannot write the output: {err.strerror}"
+    if err.errno in (errno.EBADF, errno.EIO):  # no file named: one of the standard streams
+        return f"the standard input or output failed: {err.strerror}"
+    return str(err)
 
 
 def _silence_standard_output() -> None:
