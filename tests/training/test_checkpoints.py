@@ -1,11 +1,15 @@
+import errno
 import logging
+import os
 import struct
 import zipfile
+from types import SimpleNamespace
 
 import pytest
 import torch
 from accelerate import Accelerator
 
+from vanilla_transformer.staging import STAGING_PREFIX
 from vanilla_transformer.training.checkpoints import (
     average_checkpoints,
     checkpoint_layout,
@@ -25,6 +29,34 @@ def accelerated():
     accelerator = Accelerator(cpu=True)
     model, optimizer = accelerator.prepare(model, optimizer)
     return accelerator, model
+
+
+class SecondProcess:
+    """The second of two processes, whose own part of a save fails (its disk errs) while the main one's goes on."""
+
+    is_main_process, num_processes, device = False, 2, torch.device("cpu")
+
+    def reduce(self, tensor, reduction):  # the main process, which made the staging folder, sent nothing
+        return tensor
+
+    def register_save_state_pre_hook(self, hook):
+        return SimpleNamespace(remove=lambda: None)
+
+    def save_state(self, folder):
+        raise OSError(errno.EIO, os.strerror(errno.EIO), f"{folder}/random_states_1.pkl")
+
+    def wait_for_everyone(self):
+        pass
+
+
+def test_a_process_whose_save_fails_leaves_the_main_processs_staging_folder_alone(tmp_path):
+    # The main process made the folder and may still be writing into it: it alone removes it.
+    staging = tmp_path / f"{STAGING_PREFIX}checkpoint-00000001"
+    staging.mkdir()
+    (staging / "model.safetensors").write_bytes(b"the main process's, being written")
+    with pytest.raises(OSError, match="random_states_1.pkl"):
+        save_checkpoint(SecondProcess(), tmp_path, 1, {})
+    assert (staging / "model.safetensors").read_bytes() == b"the main process's, being written"
 
 
 def test_save_keeps_the_last_k_and_finds_the_newest_complete_one(tmp_path, accelerated):

@@ -178,6 +178,38 @@ def test_the_other_processes_wait_for_a_long_data_preparation_as_long_as_ddp_tim
     assert json.loads((tmp_path / "long" / "results.json").read_text())["steps"] == 1
 
 
+
+FULL_DISK_AT_THE_FIRST_SAVE = """
+import sys
+from vanilla_transformer import cli, staging
+from vanilla_transformer.training import checkpoints
+
+
+def publish_on_a_full_disk(folder, final):  # the main process's rename of the run's first checkpoint
+    raise staging.DiskFull(f"could not write {final}: no space left on device")
+
+
+checkpoints.publish_folder = publish_on_a_full_disk
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_save_that_fails_on_the_main_process_stops_every_process_at_once(tmp_path, small_task, small_run):
+    # Proves: where the main process cannot publish a checkpoint, the other process stops by itself with one line
+    # instead of waiting at the next barrier. (On one machine the launcher would end it once the main process
+    # failed; on another machine nothing would, before `--ddp-timeout`.)
+    script = tmp_path / "full_disk.py"
+    script.write_text(FULL_DISK_AT_THE_FIRST_SAVE)
+    command = [*LAUNCH, "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--main_process_port",
+               str(free_port()), str(script), "train", "--output-dir", str(tmp_path / "run"), "--dataset", str(small_task),
+               *small_run, "--max-steps", "2", "--save-steps", "1", "--ddp-timeout", "600"]
+    code, output = finish(start(command, environment(ACCELERATE_USE_CPU="1"), tmp_path / "run.log"), timeout=300)
+    assert code != 0
+    assert "train: error: could not write" in output and "no space left on device" in output, output[-3000:]
+    assert "train: error: the main process could not save checkpoint-00000001; its error says why" in output, output[-3000:]
+    assert "Traceback" not in output.split("no space left on device")[0], output[-3000:]
+
 @pytest.mark.slow
 def test_two_processes_match_one_process_with_the_same_global_batch_and_resume_to_it(two_processes, tmp_path):
     run, args, env = two_processes, two_processes.args, two_processes.env

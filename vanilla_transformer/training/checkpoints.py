@@ -48,6 +48,7 @@ from safetensors.torch import load_file
 from ..errors import BadInput
 from ..checks.files import check_plain_pickle, check_weights_file, read_json
 from ..staging import STAGING_PREFIX, disk_full_error, publish_files, publish_folder, set_aside, write_file_whole
+from .distributed import on_main
 
 __all__ = [
     "STATE_FILE",
@@ -246,42 +247,51 @@ def save_checkpoint(accelerator, root: str | os.PathLike, step: int, state: dict
     """Save the full training state of every process as `root/checkpoint-<step>`, then keep the newest
     `keep_checkpoints` and those of the steps in `protect`.
 
-    Call on every process (each saves its own RNG state); the main process renames and prunes.
+    Call on every process (each saves its own RNG state); the main process renames and prunes, and where that fails
+    (a full disk, the folder's lock lost) every process stops with it (`on_main`), none left waiting for it.
     """
     root = Path(root)
     final = checkpoint_path(root, step)
     staging = root / f"{STAGING_PREFIX}{final.name}"
-    if accelerator.is_main_process:
+
+    def make_staging():
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(staging, ignore_errors=True)  # left over from a run that died while saving
         staging.mkdir()
-    accelerator.wait_for_everyone()
+
+    def publish():
+        (staging / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2))
+        publish_files(staging)
+        # by one rename: the checkpoint appears complete or not at all (the same step saved before goes first)
+        publish_folder(staging, final)
+        if keep_checkpoints is not None:
+            _prune(root, keep_checkpoints, {checkpoint_path(root, s) for s in protect})
+
     hook = accelerator.register_save_state_pre_hook(drop_tied_copies)
     try:
+        on_main(accelerator, make_staging, f"save {final.name}")
         accelerator.save_state(str(staging))
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            (staging / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2))
-            publish_files(staging)
-            # by one rename: the checkpoint appears complete or not at all (the same step saved before goes first)
-            publish_folder(staging, final)
-            if keep_checkpoints is not None:
-                kept = {checkpoint_path(root, s) for s in protect}
-                for old in list_checkpoints(root)[:-keep_checkpoints]:
-                    if old.is_symlink():  # a copy elsewhere, linked in: not this run's to delete
-                        logger.warning(f"{old} is a link to {old.resolve()}: not pruned, left alone")
-                    elif old not in kept:
-                        shutil.rmtree(old)
+        accelerator.wait_for_everyone()  # every process's files are in the folder before it is published
+        on_main(accelerator, publish, f"save {final.name}")
     except Exception as err:
         full = disk_full_error(err, staging, final)
-        shutil.rmtree(staging, ignore_errors=True)
+        if accelerator.is_main_process:  # the staging folder is the main process's: the others never remove it
+            shutil.rmtree(staging, ignore_errors=True)
         if full is None:
             raise
         raise full from None
     finally:
         hook.remove()
-    accelerator.wait_for_everyone()
     return final
+
+
+def _prune(root: Path, keep_checkpoints: int, kept: set[Path]) -> None:
+    """Remove all but the newest `keep_checkpoints` checkpoints in `root`, and those `kept`."""
+    for old in list_checkpoints(root)[:-keep_checkpoints]:
+        if old.is_symlink():  # a copy elsewhere, linked in: not this run's to delete
+            logger.warning(f"{old} is a link to {old.resolve()}: not pruned, left alone")
+        elif old not in kept:
+            shutil.rmtree(old)
 
 
 def average_checkpoints(checkpoints: list[str | os.PathLike]) -> dict[str, torch.Tensor]:

@@ -244,9 +244,15 @@ def configure_deepspeed(accelerator, args) -> None:
     )
 
 
-def on_main(accelerator, decide) -> int | None:
+# What the other processes raise when the main process's work failed: an error of its kind, so that the command line
+# ends every process alike (a usage error, the machine's, or a bug's), none left waiting for the main one.
+FORWARDED_ERRORS = (BadInput, OSError, RuntimeError)
+
+
+def on_main(accelerator, decide, doing: str = "start this run") -> int | None:
     """Run `decide()`, which returns an int or None, on the main process only, before the other processes
-    can race it; every process gets the answer, or stops with the main process's error."""
+    can race it; every process gets the answer, or stops: the main process with its error, the others with one of
+    its kind, "the main process could not <doing>; its error says why"."""
     answer, error = None, None
     if accelerator.is_main_process:
         try:
@@ -254,13 +260,15 @@ def on_main(accelerator, decide) -> int | None:
         except Exception as err:
             error = err
     # [failed, answer] as a tensor reduction, as the step's own (torch's broadcast_object_list left the gloo
-    # processes hanging at exit)
+    # processes hanging at exit); failed: 1 + the index of the error's kind in FORWARDED_ERRORS
     if accelerator.num_processes > 1:
-        sent = [int(error is not None), -1 if answer is None else answer] if accelerator.is_main_process else [0, 0]
+        kind = 0 if error is None else 1 + next((i for i, forwarded in enumerate(FORWARDED_ERRORS)
+                                                 if isinstance(error, forwarded)), len(FORWARDED_ERRORS) - 1)
+        sent = [kind, -1 if answer is None else answer] if accelerator.is_main_process else [0, 0]
         failed, answer = accelerator.reduce(torch.tensor(sent, device=accelerator.device), "sum").tolist()
         answer = None if answer == -1 else answer
         if failed and error is None:
-            error = BadInput("the main process refused to start this run; its error says why")
+            error = FORWARDED_ERRORS[failed - 1](f"the main process could not {doing}; its error says why")
     if error is not None:
         raise error
     return answer
