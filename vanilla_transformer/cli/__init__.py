@@ -61,7 +61,6 @@ def _check_text_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else list(argv)  # `train --resume` tells typed options from defaults
     _check_text_arguments(parser, args)
     from transformers.utils import logging as transformers_logging
 

@@ -65,7 +65,9 @@ def argparse_options(name: str, arguments: type = TrainArguments, **changes) -> 
     options.update({key: f.metadata[key] for key in ("choices", "metavar") if key in f.metadata})
     options.update(changes)
     default = options["default"]  # None, False and "": the help says what leaving the option out does
-    shown = options.pop("shown_default", None if default is None or default is False or default == "" else "%(default)s")
+    # The value itself, not argparse's %(default)s: `train` leaves an option out of the namespace when not typed.
+    shown = None if default is None or default is False or default == "" else str(default).replace("%", "%%")
+    shown = options.pop("shown_default", shown)
     if shown is not None:
         options["help"] += f" (default: {shown})"
     return options

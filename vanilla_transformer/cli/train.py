@@ -27,10 +27,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser, arguments: type = TrainArguments) -> None:
-    """One option per field of `arguments` (a TrainArguments, or a subclass or copy of it), in `GROUPS`."""
+    """One option per field of `arguments` (a TrainArguments, or a subclass or copy of it), in `GROUPS`. An option
+    left out stays out of the namespace (its help still shows the default): the dataclass fills it in, and `resume`
+    tells the options typed from those it restores by that alone."""
     groups = {title: parser.add_argument_group(title, description) for title, description in GROUPS.items()}
     for f in dataclasses.fields(arguments):
-        groups[f.metadata["group"]].add_argument("--" + f.name.replace("_", "-"), **argparse_options(f.name, arguments))
+        options = {**argparse_options(f.name, arguments), "default": argparse.SUPPRESS}
+        groups[f.metadata["group"]].add_argument("--" + f.name.replace("_", "-"), **options)
 
 
 def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -38,12 +41,12 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..training.resume import restore_options
     from ..training.signals import TrainingInterrupted
 
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "argv")}
-    options["config_overrides"] = _parse_overrides(p, args.config_overrides)
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "func")}  # the options typed
+    if "config_overrides" in options:
+        options["config_overrides"] = _parse_overrides(p, options["config_overrides"])
     try:
-        if args.resume:  # the options not typed are the run's own
-            given = _typed_options(args.argv)
-            options = restore_options(args.output_dir, {k: v for k, v in options.items() if k in given})
+        if options.get("resume"):  # the options not typed are the run's own
+            options = restore_options(args.output_dir, options)
         train(TrainArguments(**options))
     except FloatingPointError as err:  # the loss became NaN: the last good checkpoint is kept
         print(f"vanilla-transformer train: error: {err}", file=sys.stderr)
@@ -52,15 +55,6 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(f"vanilla-transformer train: {err}", file=sys.stderr)
         return err.exit_code
     return 0
-
-
-def _typed_options(argv: list[str]) -> set[str]:
-    """The `train` options typed on the command line `argv` (abbreviated or not), as TrainArguments names them."""
-    parser = argparse.ArgumentParser(add_help=False)
-    for f in dataclasses.fields(TrainArguments):
-        parser.add_argument("--" + f.name.replace("_", "-"),
-                            **argparse_options(f.name, default=argparse.SUPPRESS, required=False))
-    return set(vars(parser.parse_known_args(argv)[0]))
 
 
 def _parse_overrides(p: argparse.ArgumentParser, text: str) -> dict:
