@@ -50,9 +50,7 @@ COVERED_ELSEWHERE = {
     "training/compiled.py": ("training/test_compiled_step.py", "the compiled step"),
     "training/criterion.py": ("training/test_data.py", "the loss of the batches it is given"),
     "training/evaluation.py": ("training/test_step.py", "scores the model the step trains"),
-    "training/lock.py": ("training/test_stale_lock.py", "the lock on a run's folder"),
     "training/logs.py": ("training/test_selection_and_logs.py", "the run's logs"),
-    "training/signals.py": ("training/test_reliability_outputs.py", "a stop signal saves a checkpoint"),
     "training/strategy.py": ("training/test_step.py", "a step that is not finite"),
     "training/task.py": ("training/test_data.py", "the splits and the tokenised pairs"),
 }

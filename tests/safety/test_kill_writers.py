@@ -221,7 +221,7 @@ def _adapter(out, model_dir, variant):
 
 def _next_run(out, model_dir, variant):
     """What a training run does first in its folder: lock it and sweep it and its checkpoints/."""
-    from vanilla_transformer.training.lock import RunLock
+    from vanilla_transformer.training.run_folder import RunLock
     from vanilla_transformer.training.run_folder import take_folder
 
     lock = RunLock(out)

@@ -130,7 +130,7 @@ def test_a_signal_during_training_saves_a_checkpoint_and_exits_with_one_line(tmp
     import signal
 
     from vanilla_transformer.training.checkpoints import latest_checkpoint, read_state, verify_checkpoint
-    from vanilla_transformer.training.lock import LOCK_FILE
+    from vanilla_transformer.training.run_folder import LOCK_FILE
 
     signum = getattr(signal, name)
     out, code, stderr = _train_then_signal(tmp_path, small_task, small_run, signum)

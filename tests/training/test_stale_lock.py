@@ -17,7 +17,7 @@ from commands import CLI, ENV, run_cli
 # A run as `train` takes its folder, that forks a worker (a data loader's, a pool's) which inherits the lock's file.
 HOLDER = """
 import os, sys, time
-from vanilla_transformer.training.lock import RunLock
+from vanilla_transformer.training.run_folder import RunLock
 RunLock(sys.argv[1]).acquire()
 if os.fork() == 0:
     time.sleep(120)
@@ -101,7 +101,7 @@ def test_a_run_whose_lock_is_removed_stops_before_its_next_checkpoint(tmp_path, 
 
 @pytest.mark.parametrize("content", ["[1, 2]", '"x"', '{"pid": ', "\u00ff", " " * ((1 << 20) + 1) + "{}"])
 def test_a_lock_file_holding_no_record_is_taken_over_as_one_with_no_holder(tmp_path, content):
-    from vanilla_transformer.training.lock import LOCK_FILE, RunLock
+    from vanilla_transformer.training.run_folder import LOCK_FILE, RunLock
 
     (tmp_path / LOCK_FILE).write_text(content, encoding="latin-1")  # left by no run of ours, or damaged: unlocked
     lock = RunLock(tmp_path)

@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser, arguments: type = TrainArgume
 def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..training.loop import train
     from ..training.resume import restore_options
-    from ..training.signals import TrainingInterrupted
+    from ..training.budget import TrainingInterrupted
 
     options = {k: v for k, v in vars(args).items() if k not in ("command", "func")}  # the options typed
     if "config_overrides" in options:

@@ -22,9 +22,8 @@ from .arguments import TrainArguments
 from .checkpoints import average_checkpoints, checkpoint_name, checkpoint_path, list_checkpoints
 from .distributed import end_training
 from .evaluation import evaluate, full_model, load_weights, report
-from .budget import Budget
+from .budget import Budget, ScoringInterrupted, StopScoring
 from .run_state import RunState
-from .signals import ScoringInterrupted, StopScoring
 from .finetuning import save_adapter
 from .setup import Components
 

@@ -26,7 +26,7 @@ from ..checks.files import read_json
 from ..threads import CpuClock, load_average, oversubscription
 from ..hub import RESULTS_FILE
 from .arguments import TrainArguments
-from .budget import Budget
+from .budget import Budget, TrainingInterrupted
 from .checkpoints import save_checkpoint
 from .compiled import compile_timing
 from .data import PadCollator, PrefetchedBatches
@@ -34,12 +34,10 @@ from .distributed import default_mixed_precision, on_main, start_accelerator
 from .evaluation import evaluate, report
 from .finish import finish
 from .attention_implementation import choose_attn_implementation, training_sdpa_backends
-from .lock import RunLock
 from .resume import finished_step, restore_batch_plan
-from .run_folder import explain_disk_full, take_folder
+from .run_folder import RunLock, explain_disk_full, take_folder
 from .run_state import RunState
 from .setup import Components, set_up
-from .signals import TrainingInterrupted
 from .step import StepDone, next_rate, train_step
 
 __all__ = ["checkpoint_due", "save_if_due", "save_run", "train"]

@@ -34,17 +34,16 @@ from .checkpoints import checkpoint_path, save_run_config
 from .compiled import CompiledLoss, compiled_loss
 from .data import TokenBatchSampler, TokenizedSplit
 from .distributed import configure_deepspeed, on_main
-from .strategy import NonFiniteGuard, StepStrategy
 from .finetuning import add_lora, freeze
 from .attention_implementation import set_attn_implementation
 from .precision import Bf16Weights, bf16_weights
 from .budget import Budget
-from .lock import RunLock
 from .logs import Losses, TrainingLog
 from .resume import resume_budget, resume_step
-from .run_folder import CHECKPOINTS, check_new_folder
+from .run_folder import CHECKPOINTS, RunLock, check_new_folder
 from .run_state import RunState
 from .schedule import PAPER_WARMUP_STEPS, BudgetSchedule, make_optimizer, make_scheduler, peak_scale, schedule_summary
+from .strategy import NonFiniteGuard, StepStrategy
 from .task import prepare_data
 
 __all__ = ["Components", "prepare", "set_up"]
