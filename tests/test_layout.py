@@ -19,7 +19,7 @@ COVERED_ELSEWHERE = {
     "checks/adapters.py": ("safety/test_hostile_adapters.py", "adapters are files users hand us"),
     "checks/files.py": ("test_model_folder.py", "reads the files a model folder holds"),
     "checks/folder_fields.py": ("test_model_folder.py", "the table the folder's gate checks against"),
-    "checks/options.py": ("cli/test_options.py", "the bounds every command's numeric options keep"),
+    "checks/bounds.py": ("cli/test_options.py", "the bounds every command's numeric options keep"),
     "cli/__main__.py": ("cli/test_cli.py", "`python -m vanilla_transformer.cli` is how the tests run commands"),
     "cli/attention.py": ("cli/test_cli.py", "a command of its own, run end to end"),
     "cli/evaluate.py": ("cli/test_cli.py", "a command of its own, run end to end"),
@@ -107,7 +107,7 @@ def test_the_rule_maps_modules_and_packages():
 
 # The modules of cli/ that import training/, and what: `train` and `quickstart` run training (anything), and
 # options.py takes the options other commands share with `train` from their one declaration, TrainArguments.
-# The option machinery is cli/options.py's, the bounds checks/options.py's: neither is training's.
+# The option machinery is cli/options.py's, the bounds checks/bounds.py's: neither is training's.
 TRAINING_IMPORTS = {
     "cli/train.py": None,
     "cli/quickstart.py": None,

@@ -85,7 +85,7 @@ def default_threads() -> tuple[int, str]:
 def use_threads(threads: int | None, option: str = "--threads") -> str:
     """Set torch's threads to `threads` (default: `default_threads`) and return the line that says so;
     ValueError for a number below 1 or above the machine's CPUs, naming `option` in the words of the command line's
-    bound on --threads (checks/options.py's BOUNDS)."""
+    bound on --threads (checks/bounds.py's BOUNDS)."""
     cpus = machine_cpus()
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= cpus):
         raise BadInput(f"{option} must be a positive integer up to {cpus} (this machine's CPUs); got {threads!r}")

@@ -31,8 +31,8 @@ def test_the_budget_is_spent_at_max_steps_past_the_time_limit_or_on_a_stop_signa
 
 def test_the_loop_adds_each_step_and_each_validation_to_the_budget():
     budget = Budget(time_limit=1)
-    budget.add_step(tokens=100, elapsed=30.0, stop_signal=0)
-    budget.add_step(tokens=50, elapsed=61.0, stop_signal=15)
+    budget.add_step(tokens=100, elapsed_seconds=30.0, stop_signal=0)
+    budget.add_step(tokens=50, elapsed_seconds=61.0, stop_signal=15)
     budget.add_scoring(2.5)
     budget.add_scoring(1.0)
     assert (budget.part_tokens, budget.elapsed_seconds, budget.stop_signal, budget.scoring_seconds) == (150, 61.0, 15, 3.5)

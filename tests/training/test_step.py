@@ -116,7 +116,7 @@ def one_step(run, micro_batches):
     losses read as logging reads them: (the step's target tokens, loss, NLL per token, learning rate)."""
     counted = [(b, int((b["labels"] != IGNORE_INDEX).sum())) for b in micro_batches]
     done = train_step(run.components, counted, run.state.step, run.budget)
-    run.budget.add_step(done.tokens, done.elapsed, done.stop_signal)
+    run.budget.add_step(done.tokens, done.elapsed_seconds, done.stop_signal)
     next_rate(run.components, done)
     run.state.count_step(len(micro_batches), done.tokens)
     return (done.tokens, *run.components.losses.read(run.state.step), done.lr)
@@ -161,7 +161,7 @@ def test_a_step_returns_its_counts_and_leaves_the_budget_and_the_next_rate_to_th
     run.budget.stop_requests.signum = signal.SIGTERM  # a stop asked of this process during the step
     done = train_step(run.components, [(collate(PAIRS), target_tokens(PAIRS))], 0, run.budget)
     assert (done.tokens, done.stop_signal, done.updated) == (target_tokens(PAIRS), signal.SIGTERM, True)
-    assert done.lr == pytest.approx(noam_rate(1, D_MODEL, WARMUP), rel=1e-12) and done.elapsed >= 0
+    assert done.lr == pytest.approx(noam_rate(1, D_MODEL, WARMUP), rel=1e-12) and done.elapsed_seconds >= 0
     assert (run.budget.elapsed_seconds, run.budget.stop_signal, run.budget.part_tokens) == (0.0, 0, 0)
     assert run.components.scheduler.get_last_lr()[0] == pytest.approx(noam_rate(1, D_MODEL, WARMUP), rel=1e-12)
     next_rate(run.components, done)

@@ -2,7 +2,7 @@
 An option a command shares with `train` takes its default and help from TrainArguments
 (training/arguments.py, which imports no torch): `argparse_options` turns a field into the keywords of
 `add_argument`, as transformers' HfArgumentParser does, and `BoundedOption` refuses a number beyond its bound
-(checks/options.py's BOUNDS) as the command line is read."""
+(checks/bounds.py's BOUNDS) as the command line is read."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import dataclasses
 
 from ..choices import ENGINES, TRANSLATION_BATCH_SIZE
 from ..errors import BadInput, as_bad_input
-from ..checks.options import BOUNDS, field_kind, within_bound
+from ..checks.bounds import BOUNDS, field_kind, within_bound
 from ..training.arguments import TrainArguments
 
 
@@ -148,7 +148,7 @@ def add_device_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> N
 
 
 def add_bounded_int(p, flag: str, bound: str = "positive", high=None, why: str = "", **kwargs) -> None:
-    """An integer option that keeps `bound` (a name in checks/options.py's BOUNDS) and `high`, checked as the
+    """An integer option that keeps `bound` (a name in checks/bounds.py's BOUNDS) and `high`, checked as the
     command line is read, in the words of `train`'s options; `why`: what the upper bound is."""
     p.add_argument(flag, type=int, action=BoundedOption, bound=bound, high=high, why=why, **kwargs)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import BadInput
-from ..checks.options import max_num_beams
+from ..checks.bounds import max_num_beams
 from .options import add_bounded_int, add_decoding_options, add_model_option, add_threads_option, decoding_options, apply_threads_option
 from .streams import batches_as_they_come, batches_of, read_lines
 

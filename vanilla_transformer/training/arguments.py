@@ -5,7 +5,7 @@ bound it must keep (`positive`, `non-negative`, `fraction`), as transformers' `T
 them in `field(metadata=...)`. `train`'s command line is generated from the fields (cli/train.py's `add_arguments`), so a
 default, choice or bound is written nowhere else: the command line refuses a value beyond its bound as it is
 read (cli/options.py's `BoundedOption`, the form every command's numeric options share, with the bounds of
-checks/options.py), and `validate` checks the bounds and choices from the same metadata, and the rules between
+checks/bounds.py), and `validate` checks the bounds and choices from the same metadata, and the rules between
 options by hand. This module imports neither torch nor transformers, so
 that `vanilla-transformer train --help` stays instant: `validate` imports the model's checks when it runs.
 """
@@ -28,7 +28,7 @@ from ..choices import (
 )
 from ..errors import BadInput, MissingPackage, as_bad_input
 from ..checks.files import check_repo_id
-from ..checks.options import BOUNDS, field_kind, max_num_beams, within_bound
+from ..checks.bounds import BOUNDS, field_kind, max_num_beams, within_bound
 from .schedule import SCHEDULES, check_schedule, schedule_summary
 
 __all__ = ["BATCH_PLAN_OPTIONS", "CPU_MAX_TOKENS", "DEFAULT_DDP_TIMEOUT", "DEFAULT_VOCAB_SIZE", "NEVER_RESTORED",

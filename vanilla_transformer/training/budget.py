@@ -134,11 +134,11 @@ class Budget:
     stop_requests: StopRequests = field(default_factory=StopRequests)  # entered by the loop while it trains
     stop_signal: int = 0  # SIGINT or SIGTERM received by the main process (alike on every process)
 
-    def add_step(self, tokens: int, elapsed: float, stop_signal: int) -> None:
+    def add_step(self, tokens: int, elapsed_seconds: float, stop_signal: int) -> None:
         """A step done: its target tokens, and the main process's clock as it began and its stop signal (alike on
         every process)."""
         self.part_tokens += tokens
-        self.elapsed_seconds, self.stop_signal = elapsed, stop_signal
+        self.elapsed_seconds, self.stop_signal = elapsed_seconds, stop_signal
 
     def add_scoring(self, seconds: float) -> None:
         """Seconds spent validating, which the time limit does not count."""

@@ -141,7 +141,7 @@ def _count_step(components: Components, state: RunState, budget: Budget, batches
     """The step counted by the run's state and its budget, then the next step's rate (§5.3), which a schedule that
     decays over the budget reads from both: the steps, epochs and minutes left after this one."""
     state.count_step(batches, done.tokens)
-    budget.add_step(done.tokens, done.elapsed, done.stop_signal)
+    budget.add_step(done.tokens, done.elapsed_seconds, done.stop_signal)
     next_rate(components, done)
 
 

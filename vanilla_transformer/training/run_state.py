@@ -108,10 +108,10 @@ class RunState:
         self.parts.append({"steps": [self.step, self.step], "seconds": 0.0, "scoring_seconds": 0.0})
         return before
 
-    def record_part(self, seconds: float, scoring: float = 0.0) -> None:
-        """The current part as of this step: `seconds` of training so far, and `scoring` of validation."""
+    def record_part(self, seconds: float, scoring_seconds: float = 0.0) -> None:
+        """The current part as of this step: `seconds` of training so far, and `scoring_seconds` of validation."""
         self.parts[-1] = {"steps": [self.parts[-1]["steps"][0], self.step], "seconds": round(seconds, 2),
-                          "scoring_seconds": round(scoring, 2)}
+                          "scoring_seconds": round(scoring_seconds, 2)}
 
     def to_dict(self) -> dict:
         return asdict(self)

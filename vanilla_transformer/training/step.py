@@ -32,7 +32,7 @@ class StepDone(NamedTuple):
 
     tokens: int  # target tokens over all processes
     lr: float  # the learning rate it used
-    elapsed: float  # the main process's training seconds as the step began (alike on every process)
+    elapsed_seconds: float  # the main process's training seconds as the step began (alike on every process)
     stop_signal: int  # SIGINT or SIGTERM received by the main process (alike on every process)
     updated: bool  # False where fp16's scaler skipped the update, whose gradients overflowed
 
@@ -65,13 +65,13 @@ def train_step(components: Components, micro_batches: list[tuple[dict, int]], st
     guard.before_update(step_loss, norm, step)
     lr = components.scheduler.get_last_lr()[0]
     components.optimizer.step()  # Adam (§5.3)
-    total_tokens, elapsed, stop_signal = counts.read()
+    total_tokens, elapsed_seconds, stop_signal = counts.read()
     updated = not accelerator.optimizer_step_was_skipped  # fp16's scaler skips a step whose gradients overflowed
     if updated and components.average is not None:
         components.average.update_parameters(accelerator.unwrap_model(model))
     components.optimizer.zero_grad(set_to_none=True)
     components.losses.add_tokens(total_tokens)
-    return StepDone(total_tokens, lr, elapsed, stop_signal, updated)
+    return StepDone(total_tokens, lr, elapsed_seconds, stop_signal, updated)
 
 
 def next_rate(components: Components, done: StepDone) -> None:
