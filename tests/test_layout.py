@@ -17,8 +17,8 @@ TESTS = ROOT / "tests"
 COVERED_ELSEWHERE = {
     "__init__.py": ("cli/test_cli.py", "its lazy imports keep `--help` free of torch"),
     "checks/adapters.py": ("safety/test_hostile_adapters.py", "adapters are files users hand us"),
-    "checks/files.py": ("test_model_folder.py", "reads the files a model folder holds"),
-    "checks/folder_fields.py": ("test_model_folder.py", "the table the folder's gate checks against"),
+    "checks/files.py": ("checks/test_model_folder.py", "reads the files a model folder holds"),
+    "checks/folder_fields.py": ("checks/test_model_folder.py", "the table the folder's gate checks against"),
     "checks/bounds.py": ("cli/test_options.py", "the bounds every command's numeric options keep"),
     "cli/__main__.py": ("cli/test_cli.py", "`python -m vanilla_transformer.cli` is how the tests run commands"),
     "cli/attention.py": ("cli/test_cli.py", "a command of its own, run end to end"),

@@ -29,7 +29,7 @@ from pathlib import Path
 from .errors import BadInput
 from .checks.files import check_repo_id, read_json
 from .checks.folder_fields import MAX_JSON_BYTES
-from .model_folder import WEIGHT_FILES, check_model_files
+from .checks.model_folder import WEIGHT_FILES, check_model_files
 from .staging import staged_files, sweep_staging, write_file_whole
 from .modeling.pipeline_vanilla_transformer import longest_source
 from .tokenizer import save_tokenizer_files

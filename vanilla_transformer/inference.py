@@ -1,6 +1,6 @@
 """Translate and score with a saved model: the code behind `vanilla-transformer translate` and `evaluate`.
 
-    model, tokenizer = load_model("path/to/folder")           # model_folder.py: the folder checked, then loaded
+    model, tokenizer = load_model("path/to/folder")           # checks/model_folder.py: checked, then loaded
     translations = translate_texts(model, tokenizer, ["Jesus wept."], num_beams=4)
     [[(best, score), (second, _)]] = translate_nbest(model, tokenizer, ["Jesus wept."], nbest=2)
     scores = score_translations(translations, references)    # sacrebleu BLEU and chrF, with signatures

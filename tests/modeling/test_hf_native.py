@@ -466,7 +466,7 @@ def test_weights_that_do_not_fit_are_refused_not_left_random(hub_tiny_model, tmp
     them, naming the tensors they lack, instead of transformers' warning and randomly initialised k_proj / v_proj."""
     from safetensors.torch import load_file, save_file
 
-    from vanilla_transformer.model_folder import check_model_folder
+    from vanilla_transformer.checks.model_folder import check_model_folder
 
     model, _ = hub_tiny_model
     model.save_pretrained(tmp_path)

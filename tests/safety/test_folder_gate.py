@@ -1,4 +1,4 @@
-"""Every command that reads a model folder refuses a hostile one through the same gate (model_folder.py), with
+"""Every command that reads a model folder refuses a hostile one through the same gate (checks/model_folder.py), with
 the same one line naming the file and the bound, before anything is built: translate, evaluate, attention,
 export, serve and `train --model-name-or-path`. The cases: decoding that could never end (positions and a
 length offset in the billions, the end token suppressed or banned), settings files too large to parse, an unknown

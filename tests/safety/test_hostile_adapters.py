@@ -54,7 +54,7 @@ def _hostile(adapted, tmp_path, **changes):
 @pytest.mark.slow
 def test_an_adapter_saved_with_the_folder_is_merged_and_exports(adapted, tmp_path):
     # transformers applied it unmerged: `export` ended in KeyError 'model.encoder.layers.0.self_attn.q_proj.weight'.
-    from vanilla_transformer.model_folder import check_model_folder
+    from vanilla_transformer.checks.model_folder import check_model_folder
 
     folder, merged = adapted
     with pytest.warns(UserWarning, match="applying the LoRA adapter saved in"):

@@ -132,7 +132,7 @@ def test_a_model_folder_with_crafted_pickled_weights_is_refused_in_one_line(comm
 
 
 def test_train_from_a_model_folder_with_crafted_pickled_weights_is_refused_by_the_loader_it_uses(crafted_folder, tmp_path):
-    from vanilla_transformer.model_folder import check_model_folder  # `train --model-name-or-path` loads through it
+    from vanilla_transformer.checks.model_folder import check_model_folder  # `train --model-name-or-path` loads through it
 
     with pytest.raises(ValueError, match="pytorch_model.bin holds more than tensors and plain values") as refused:
         check_model_folder(crafted_folder, needs_tokenizer=False).load()

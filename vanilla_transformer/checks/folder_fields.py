@@ -1,6 +1,6 @@
 """Every field of a model folder's JSON files that the package reads, with its kind, its bound and its meaning.
 
-`FIELDS` is the one table: `model_folder.py` checks a folder's files against it before anything is built from
+`FIELDS` is the one table: model_folder.py checks a folder's files against it before anything is built from
 them, and docs/folder-fields.md is `fields_table()` (a test holds the file to it). A check takes the value and
 what the folder says elsewhere (`Context`: the vocabulary, the end token) and returns what the value must be, or
 None. config.json's fields are checked by the configuration class itself, which names each; their rows are made
@@ -310,9 +310,9 @@ def fields_table() -> str:
     """docs/folder-fields.md: one table per file, every field with its kind, bound and meaning."""
     lines = ["# The fields of a model folder", "",
              "Every field of a model folder's JSON files that the package reads, and the bound it is checked against "
-             "before anything is built from the folder (`vanilla_transformer/model_folder.py`).", "",
+             "before anything is built from the folder (`vanilla_transformer/checks/model_folder.py`).", "",
              "This page is generated from `vanilla_transformer/checks/folder_fields.py` by `fields_table()`; "
-             "`tests/test_model_folder.py` holds this file to it.", "",
+             "`tests/checks/test_model_folder.py` holds this file to it.", "",
              "What is read at all:", "",
              f"- a settings file below, when it is at most {MAX_JSON_BYTES:,} bytes;",
              "- a tokenizer file, when it is at most 1 MiB plus 1 KiB per token of the vocabulary;",

@@ -69,7 +69,7 @@ def _check_no_model(output_dir: str) -> None:
     """A trained model's tokenizer is part of the model: train-tokenizer never replaces it."""
     from pathlib import Path
 
-    from ..model_folder import WEIGHT_FILES
+    from ..checks.model_folder import WEIGHT_FILES
 
     weights = [name for name in WEIGHT_FILES if (Path(output_dir) / name).exists()]
     if weights:

@@ -53,7 +53,7 @@ from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditi
 from ..choices import QUANTIZATIONS, TRANSLATION_BATCH_SIZE
 from ..checks.folder_fields import OPTIONS_FILE
 from ..inference import cut_texts
-from ..model_folder import check_export_folder
+from ..checks.model_folder import check_export_folder
 from ..modeling.pipeline_vanilla_transformer import longest_source
 from ..staging import staged_files, sweep_staging
 

@@ -115,7 +115,7 @@ def resume_step(checkpoint_root: Path, args: TrainArguments) -> int:
 def check_run_config(config_file: Path, checkpoint: Path) -> None:
     """The run's config.json against the sizes of the checkpoint's weights, from their header, before a model of the
     config's size is built (an edited d_ff of millions would be allocated, then fail on loading)."""
-    from ..model_folder import check_config_sizes, weight_shapes
+    from ..checks.model_folder import check_config_sizes, weight_shapes
     from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 
     config = read_json(config_file)

@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..corpora import recorded_name
 from ..errors import BadInput
-from ..model_folder import CheckedFolder, check_model_folder
+from ..checks.model_folder import CheckedFolder, check_model_folder
 from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 from ..modeling.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,

@@ -16,7 +16,7 @@ from accelerate.logging import get_logger
 from ..corpora import load_translation_dataset, resolve_languages
 from ..errors import BadInput
 from ..checks.files import read_json
-from ..model_folder import load_tokenizer
+from ..checks.model_folder import load_tokenizer
 from ..staging import write_file_whole
 from ..tokenizer import check_appends_eos, train_tokenizer
 from .arguments import TrainArguments

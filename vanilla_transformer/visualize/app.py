@@ -53,7 +53,7 @@ from vanilla_transformer.visualize.explorer import explorer_html, explorer_recor
 from vanilla_transformer.choices import SERVE_LIMITS
 from vanilla_transformer.errors import BadInput
 from vanilla_transformer.inference import longest_token
-from vanilla_transformer.model_folder import load_model
+from vanilla_transformer.checks.model_folder import load_model
 from vanilla_transformer.modeling.value_checks import MAX_NEW_TOKENS, check_decoding_options
 from vanilla_transformer.modeling.generation import DEFAULT_MAX_LENGTH_OFFSET
 from vanilla_transformer.staging import temporary_folder, write_file_whole

@@ -26,11 +26,11 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .checks.adapters import ADAPTER_CONFIG, check_adapter_files, merge_adapter
-from .errors import BadInput, MissingPackage
-from .onednn_decoding import choose_onednn_decoding
-from .checks.files import REPO_ID, check_inside, check_plain_pickle, check_weights_file, parse_json, read_json
-from .checks.folder_fields import (
+from .adapters import ADAPTER_CONFIG, check_adapter_files, merge_adapter
+from ..errors import BadInput, MissingPackage
+from ..onednn_decoding import choose_onednn_decoding
+from .files import REPO_ID, check_inside, check_plain_pickle, check_weights_file, parse_json, read_json
+from .folder_fields import (
     CONFIG_FILE,
     CTRANSLATE2_CONFIG,
     GENERATION_FILE,
@@ -208,7 +208,7 @@ def check_generation_file(path: Path, generation, context: Context) -> None:
     `GenerationConfig.validate` takes them. `generation`: what `path` holds, as read."""
     from transformers import GenerationConfig
 
-    from .modeling.value_checks import check_decoding_options
+    from ..modeling.value_checks import check_decoding_options
 
     if not isinstance(generation, dict):
         raise BadInput(f"{path} does not hold decoding settings (a JSON object)")
@@ -283,7 +283,7 @@ def check_config_fits_weights(folder: Path, config) -> None:
     """Raise ValueError naming config.json and what its `config` contradicts (an edited model_type, d_model,
     vocab_size or layer count), before transformers' own report and RuntimeError. What the config gives comes from
     a model built on the meta device: no memory, no weights."""
-    from .modeling.configuration_vanilla_transformer import VanillaTransformerConfig
+    from ..modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 
     config_file = folder / CONFIG_FILE
     ours = config.model_type == VanillaTransformerConfig.model_type

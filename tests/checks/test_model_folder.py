@@ -21,7 +21,7 @@ from vanilla_transformer.checks.folder_fields import (
     fields_table,
 )
 from vanilla_transformer.modeling import configuration_vanilla_transformer as configuration
-from vanilla_transformer.model_folder import check_config_fits_weights
+from vanilla_transformer.checks.model_folder import check_config_fits_weights
 from vanilla_transformer.modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
@@ -42,7 +42,7 @@ def test_each_weights_file_is_opened_once(tmp_path, monkeypatch):
 
 # --- the fields table: every field the package reads, checked, and listed in docs/folder-fields.md ---
 
-PACKAGE = Path(__file__).parents[1] / "vanilla_transformer"
+PACKAGE = Path(__file__).parents[2] / "vanilla_transformer"
 BOOKKEEPING = {"transformers_version", "_from_model_config", "architectures", "auto_map", "custom_pipelines", "dtype",
                "is_encoder_decoder"}  # written by transformers for itself; no decoding or building reads them from a folder
 
@@ -118,7 +118,7 @@ def test_a_settings_file_past_its_bound_is_refused_before_it_is_parsed(tmp_path,
 
 
 def test_a_model_is_built_only_from_a_folder_past_the_gate(tmp_path, monkeypatch):
-    from vanilla_transformer import model_folder
+    from vanilla_transformer.checks import model_folder
 
     VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=64)).save_pretrained(tmp_path)
     checked = model_folder.check_model_folder(tmp_path, needs_tokenizer=False)
