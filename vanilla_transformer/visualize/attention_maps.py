@@ -169,20 +169,21 @@ def collect_attentions(
 ) -> AttentionRecord:
     """Translate `text` and return the attention weights of every layer and head behind the translation.
 
-    A text longer than the model reads is refused (a heat map of a truncated text would mislead), and
-    so is a model that computes no weights, before it translates.
+    A model that computes no weights is refused, and so is a text longer than the model reads (a heat map of a
+    truncated text would mislead), before it translates.
     """
     if not isinstance(text, str):
         raise TypeError(f"`text` must be a string; got {type(text).__name__}")
     if not text.strip():
         raise BadInput("`text` is empty: give a sentence to translate.")
     model.eval()
+    settings = decoding_settings(model, num_beams, length_penalty, max_new_tokens)  # what the map says it decoded with
+    check_attention_support(model)
     device = next(model.parameters()).device
     input_ids = tokenizer(text, return_tensors="pt")["input_ids"].to(device)
     limit = longest_source(model, tokenizer)
     if input_ids.size(1) > limit:
         raise BadInput(f"`text` is {input_ids.size(1)} tokens long; the model reads at most {limit}. Give one sentence.")
-    check_attention_support(model)
     options = {"num_beams": num_beams, "max_new_tokens": max_new_tokens, "length_penalty": length_penalty}
     generate_kwargs = {key: value for key, value in options.items() if value is not None}  # None: the model's
     output_ids = model.generate(input_ids=input_ids, **generate_kwargs)
@@ -202,7 +203,7 @@ def collect_attentions(
         cross_attention=weights["cross_attention"],
         special_ids=sorted(tokenizer.all_special_ids),
         model=str(getattr(model, "name_or_path", "") or ""),
-        settings=decoding_settings(model, num_beams, length_penalty, max_new_tokens),
+        settings=settings,
     )
 
 
