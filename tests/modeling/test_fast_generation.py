@@ -196,7 +196,7 @@ class _HostWaits(TorchDispatchMode):
         forward, tolist = self.uncounted(model.model.decoder.forward), torch.Tensor.tolist
 
         def counted_forward(*args, **kwargs):
-            self.rows.append(args[0].size(0))  # the decoder's input ids, as our loops pass them
+            self.rows.append(kwargs["input_ids"].size(0))  # the decoder's input ids, as our loops pass them
             self.before.append(self.count)
             return forward(*args, **kwargs)
 
@@ -288,7 +288,7 @@ def test_the_pruning_searches_are_what_generate_runs(model_and_batch, monkeypatc
     model, batch = model_and_batch
     batch_sizes = []
     forward = model.model.decoder.forward  # our loops run the decoder and project the last position themselves
-    monkeypatch.setattr(model.model.decoder, "forward", lambda *a, **k: batch_sizes.append(a[0].size(0)) or forward(*a, **k))
+    monkeypatch.setattr(model.model.decoder, "forward", lambda **k: batch_sizes.append(k["input_ids"].size(0)) or forward(**k))
     model.generate(**batch, num_beams=1)
     assert batch_sizes[0] == len(SENTENCES) and batch_sizes[-1] < len(SENTENCES)
     batch_sizes.clear()
@@ -311,7 +311,7 @@ def test_one_rule_lets_done_rows_leave_greedy_and_beam_search(monkeypatch):
                  max_length_offset=2)
     batch_sizes = []
     forward = model.model.decoder.forward  # our loops run the decoder and project the last position themselves
-    monkeypatch.setattr(model.model.decoder, "forward", lambda *a, **k: batch_sizes.append(a[0].size(0)) or forward(*a, **k))
+    monkeypatch.setattr(model.model.decoder, "forward", lambda **k: batch_sizes.append(k["input_ids"].size(0)) or forward(**k))
     for search, beams in ((greedy_search, 1), (gnmt_beam_search, 2)):
         batch_sizes.clear()
         pruned = model.generate(**batch, num_beams=beams, custom_generate=search)

@@ -461,7 +461,8 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         if encoder_outputs is None:
             check_encoder_inputs(input_ids, inputs_embeds, attention_mask, config.vocab_size)
             encoder_outputs = self.encoder(
-                input_ids, attention_mask, output_attentions, output_hidden_states, inputs_embeds=inputs_embeds
+                input_ids=input_ids, attention_mask=attention_mask, output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states, inputs_embeds=inputs_embeds,
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
@@ -472,8 +473,10 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
         decoder_outputs = self.decoder(
-            decoder_input_ids, encoder_last_hidden_state, attention_mask, decoder_attention_mask, cache, output_attentions,
-            output_hidden_states, decoder_inputs_embeds,
+            input_ids=decoder_input_ids, encoder_hidden_states=encoder_last_hidden_state,
+            encoder_attention_mask=attention_mask, attention_mask=decoder_attention_mask, cache=cache,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+            inputs_embeds=decoder_inputs_embeds,
         )
         output = Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,  # (B, T, d_model)
@@ -541,8 +544,10 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
             use_cache = False  # as transformers' seq2seq models: scoring makes no cache (a passed one is still read)
         outputs = self.model(
-            input_ids, attention_mask, decoder_input_ids, decoder_attention_mask, encoder_outputs, cache, inputs_embeds,
-            decoder_inputs_embeds, use_cache, output_attentions, output_hidden_states, return_dict=True,
+            input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs, cache=cache,
+            inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
             past_key_values=past_key_values,
         )
         logits = self.lm_head(outputs.last_hidden_state)  # §3.4: the pre-softmax projection, (B, T, vocab)

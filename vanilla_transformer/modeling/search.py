@@ -186,7 +186,8 @@ class _LiveRows:
         """Run the decoder on the rows' tokens so far (the last alone where the cache holds the others): its
         outputs and the logits of the next token."""
         new = tokens[:, -1:] if self.cache is not None and self.cache.get_seq_length() else tokens
-        outputs = self.decoder(new, self.encoder_hidden_states, self.attention_mask, cache=self.cache,
+        outputs = self.decoder(input_ids=new, encoder_hidden_states=self.encoder_hidden_states,
+                               encoder_attention_mask=self.attention_mask, cache=self.cache,
                                output_attentions=self.output_attentions, output_hidden_states=self.output_hidden_states)
         return outputs, self.project(outputs.last_hidden_state[:, -1]).float()  # §3.4, last position only
 
