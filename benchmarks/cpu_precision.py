@@ -181,7 +181,7 @@ def markdown(report: dict) -> str:
 
 
 def _cpu_model() -> tuple[str, list[str]]:
-    from vanilla_transformer.training.precision import BF16_CPU_FLAGS, cpu_flags
+    from vanilla_transformer.training.compute import BF16_CPU_FLAGS, cpu_flags
 
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), "unknown")

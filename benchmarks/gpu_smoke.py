@@ -99,15 +99,14 @@ def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: st
     """A callable that runs one training step as `train` runs it: the next of `batches` (index lists into
     `split`, again and again) from `PrefetchedBatches`, padded to `shapes`, then `train_step`; it returns the
     step's target tokens and its batch. The Accelerator is made here, with `mixed_precision`, on `device`;
-    `compile_mode`: the step compiled as `train --torch-compile-mode` compiles it (training/compiled.py), once per
+    `compile_mode`: the step compiled as `train --torch-compile-mode` compiles it (training/compute.py), once per
     batch shape, each shape's first step timed as `train` times it (the callable's `compiled.seconds`)."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
     from vanilla_transformer.training.budget import Budget
-    from vanilla_transformer.training.compiled import CompiledLoss, compile_timing
+    from vanilla_transformer.training.compute import CompiledLoss, compile_timing, training_sdpa_backends
     from vanilla_transformer.training.data import PadCollator, PrefetchedBatches
-    from vanilla_transformer.training.attention_implementation import training_sdpa_backends
     from vanilla_transformer.training.run_state import RunState
     from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
     from vanilla_transformer.training.arguments import TrainArguments
@@ -268,7 +267,7 @@ def preset_batches(preset: str, tokenizer, pairs: list, device: str, max_tokens:
     `pairs` in batches padded to `buckets` shapes: (config, max_tokens, split, index lists, shapes, batches on
     `device`)."""
     from vanilla_transformer.training.data import PadCollator
-    from vanilla_transformer.training.batch_plan import gpu_batch
+    from vanilla_transformer.training.task import gpu_batch
 
     probe = _model(preset, tokenizer, dropout=0.1)
     config, parameters = probe.config, sum(p.numel() for p in probe.parameters())

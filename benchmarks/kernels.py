@@ -14,7 +14,7 @@ every machine of the same torch: a CPU measures what a GPU would launch.
 
 One step is what the training loop runs: ours through `train_step` (training/step.py) with the loop's Adam
 (training/schedule.py's `make_optimizer`, fused where torch has the kernel) and its Accelerator's autocast, or
-its bf16 weights (training/precision.py's `Bf16Weights`: a one-process bf16 run's default on a GPU, chosen for
+its bf16 weights (training/compute.py's `Bf16Weights`: a one-process bf16 run's default on a GPU, chosen for
 the CPU with `--bf16-weights 1`);
 MarianMTModel of the same shape (export/marian.py's `marian_config`) on the same batch, its forward,
 backward and torch's fused AdamW under the same autocast. Both on sdpa. Each is counted on its second step
@@ -149,7 +149,7 @@ def ours_step(config, batch: dict, device: str, precision: str):
 
     from vanilla_transformer import VanillaTransformerForConditionalGeneration
     from vanilla_transformer.training.budget import Budget
-    from vanilla_transformer.training.attention_implementation import training_sdpa_backends
+    from vanilla_transformer.training.compute import training_sdpa_backends
     from vanilla_transformer.training.run_state import RunState
     from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
     from vanilla_transformer.training.arguments import TrainArguments
@@ -211,7 +211,7 @@ def count_step(step) -> KernelCount:
 
 def run(device: str, precision: str, quick: bool, rows: int | None = None, length: int | None = None,
         bf16_weights: str | None = None) -> dict:
-    from vanilla_transformer.training.precision import BF16_WEIGHTS_VARIABLE
+    from vanilla_transformer.training.compute import BF16_WEIGHTS_VARIABLE
 
     if bf16_weights is not None:  # read by the loop's Components when it is built
         os.environ[BF16_WEIGHTS_VARIABLE] = bf16_weights

@@ -6,7 +6,7 @@ loop and transformers' Trainer use it) on a fixed token batch of real en-es pair
 runs in its own process, so that its peak resident memory (CPU) is its own, and contenders
 alternate (ABBA...) so that a change in machine load hits both.
 
-Precision as the training loop takes it (vanilla_transformer/training/precision.py): on a CPU every size runs in
+Precision as the training loop takes it (vanilla_transformer/training/compute.py): on a CPU every size runs in
 fp32 and, where the CPU multiplies bf16 in hardware, again under bf16 autocast, both contenders alike; on a
 GPU, bf16 autocast. Ours runs on the attention implementation the training loop chooses (`fastest_attn_implementation`:
 the fastest on this batch here, forward and backward; on a GPU, sdpa kept off cuDNN as `training_sdpa_backends`
@@ -29,7 +29,7 @@ import tempfile
 
 import torch
 
-from vanilla_transformer.training.attention_implementation import training_sdpa_backends
+from vanilla_transformer.training.compute import training_sdpa_backends
 
 from .common import (Timer, attention_kernels, by_length, model_config, operator_profile, pairs, peak_rss_mb,
                      reset_peak_rss, summary, token_batch)
@@ -42,7 +42,7 @@ PROFILED_STEPS = 3
 def precisions(device: str) -> list[str]:
     """The precisions the training loop would take here: bf16 autocast on a GPU; fp32 on a CPU, and bf16
     autocast too where it multiplies bf16 in hardware."""
-    from vanilla_transformer.training.precision import cpu_computes_bf16
+    from vanilla_transformer.training.compute import cpu_computes_bf16
 
     if torch.device(device).type == "cuda":
         return ["bf16"]
@@ -131,7 +131,7 @@ def worker(spec: dict) -> dict:
 def _choose_attention(model, batch: dict, device: str, bf16: bool) -> dict[str, float]:
     from accelerate import Accelerator
 
-    from vanilla_transformer.training.attention_implementation import fastest_attn_implementation
+    from vanilla_transformer.training.compute import fastest_attn_implementation
 
     accelerator = Accelerator(cpu=torch.device(device).type == "cpu", mixed_precision="bf16" if bf16 else "no")
     return fastest_attn_implementation(accelerator, model, batch, lambda m, b: m(**b).loss)

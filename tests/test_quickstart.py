@@ -8,7 +8,7 @@ import pytest
 from vanilla_transformer.cli import main
 from vanilla_transformer.metrics import repeated_phrase
 from vanilla_transformer.quickstart import format_summary, training_arguments
-from vanilla_transformer.training.precision import cpu_computes_bf16
+from vanilla_transformer.training.compute import cpu_computes_bf16
 
 
 @pytest.fixture(scope="module")

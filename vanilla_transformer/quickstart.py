@@ -81,7 +81,7 @@ def training_arguments(
         keep_checkpoints=5,
         average_last=1,  # §6.1 averages the last 5 checkpoints of a 100k-step run; a short run has no good old ones
         lr_schedule="linear",  # to zero at the end of the time limit
-        mixed_precision=None,  # bf16 where the device multiplies it in hardware (training/precision.py), else fp32
+        mixed_precision=None,  # bf16 where the device multiplies it in hardware (training/compute.py), else fp32
         **settings,
     )
 

@@ -16,8 +16,7 @@ import pytest
 
 from vanilla_transformer.modeling.configuration_vanilla_transformer import PRESETS
 from vanilla_transformer.quickstart import PRESET_SETTINGS
-from vanilla_transformer.training.attention_implementation import MARGIN
-from vanilla_transformer.training.precision import cpu_computes_bf16
+from vanilla_transformer.training.compute import MARGIN, cpu_computes_bf16
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # every test starts a benchmark process

@@ -160,7 +160,7 @@ def test_training_attention_keeps_sdpa_off_cudnn_in_bf16_training():
     # Proves: under `training_sdpa_backends` (the training loop runs under it, its steps included), bf16 forward and backward
     # passes on batches of two shapes run sdpa on flash or memory-efficient kernels, never cuDNN's, whose plan for
     # each new shape costs milliseconds of host time per call (docs/design.md).
-    from vanilla_transformer.training.attention_implementation import training_sdpa_backends
+    from vanilla_transformer.training.compute import training_sdpa_backends
 
     model, kernels = make_model(), set()
     for batch in (make_batch(), {name: tensor[:, :-3] for name, tensor in make_batch().items()}):

@@ -1,4 +1,4 @@
-"""The compiled training step (`--torch-compile`, training/compiled.py) against the eager one, on a CPU.
+"""The compiled training step (`--torch-compile`, training/compute.py) against the eager one, on a CPU.
 
 The step is compiled for two bucket shapes at most. inductor generates and builds C++ kernels for every graph, slow
 on a CPU (benchmarks/results/), so one test compiles with it (one shape) and the others with aot_eager:
@@ -21,10 +21,9 @@ from accelerate.state import AcceleratorState
 from vanilla_transformer.modeling.configuration_vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.training.arguments import TrainArguments
-from vanilla_transformer.training.compiled import CompiledLoss, compile_timing
+from vanilla_transformer.training.compute import BF16_WEIGHTS_VARIABLE, Bf16Weights, CompiledLoss, compile_timing
 from vanilla_transformer.training.data import IGNORE_INDEX, PadCollator
 from vanilla_transformer.training import criterion
-from vanilla_transformer.training.precision import BF16_WEIGHTS_VARIABLE, Bf16Weights
 from vanilla_transformer.training.budget import Budget
 from vanilla_transformer.training.run_state import RunState
 from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
@@ -99,7 +98,7 @@ def test_the_step_compiled_by_inductor_trains_as_the_eager_one_in_fp32():
 
 @pytest.mark.parametrize("bf16_weights", ["0", "1"], ids=["autocast", "bf16-weights"])
 def test_the_compiled_step_trains_as_the_eager_one_in_bf16(monkeypatch, bf16_weights):
-    # Proves: under bf16 autocast, and on precision.py's bf16 copies of the weights, the compiled forward and its
+    # Proves: under bf16 autocast, and on compute.py's bf16 copies of the weights, the compiled forward and its
     # backward give the eager step's losses and weights within bf16's rounding, over both bucket shapes.
     monkeypatch.setenv(BF16_WEIGHTS_VARIABLE, bf16_weights)
     batches = [batch(SHORT), batch(LONG), batch(SHORT), batch(LONG)]

@@ -4,8 +4,10 @@ import datasets
 import numpy as np
 import pytest
 import torch
+from accelerate import Accelerator
 
 from vanilla_transformer.tokenizer import train_tokenizer
+from vanilla_transformer.training.arguments import CPU_MAX_TOKENS, TrainArguments
 from vanilla_transformer.training.data import (
     PadCollator,
     PrefetchedBatches,
@@ -17,6 +19,7 @@ from vanilla_transformer.training.data import (
 )
 from vanilla_transformer.modeling.modeling_vanilla_transformer import LabelSmoothedCrossEntropy
 from vanilla_transformer.training.data import IGNORE_INDEX
+from vanilla_transformer.training.task import BatchPlan, size_batches
 
 
 @pytest.fixture(scope="module")
@@ -287,7 +290,7 @@ GIB = 2**30
 ])
 def test_a_gpus_batch_is_the_papers_step_within_its_memory(preset, memory, processes, accumulation, expected):
     from vanilla_transformer import VanillaTransformerConfig
-    from vanilla_transformer.training.batch_plan import gpu_batch
+    from vanilla_transformer.training.task import gpu_batch
 
     config = VanillaTransformerConfig.from_preset(preset, vocab_size=8000)
     parameters = {"base": 60_000_000, "big": 210_000_000}[preset]
@@ -296,3 +299,17 @@ def test_a_gpus_batch_is_the_papers_step_within_its_memory(preset, memory, proce
     assert max_tokens * steps * processes >= 25_000 or accumulation is not None
     with pytest.raises(ValueError, match="a batch of `max_length` \\(256\\) tokens does not fit the device's 1.0 GiB"):
         gpu_batch(GIB, config, parameters, 1, 256)
+
+
+# The batch plan, which `set_up` returns beside the options as the user typed them (task.py).
+
+@pytest.mark.parametrize(("typed", "planned"), [
+    ({}, (CPU_MAX_TOKENS, 1)),
+    ({"max_tokens": 512}, (512, 1)),
+    ({"gradient_accumulation_steps": 3}, (CPU_MAX_TOKENS, 3)),
+], ids=["nothing typed", "max_tokens", "gradient_accumulation_steps"])
+def test_the_batch_plan_is_returned_and_the_options_stay_as_typed(tmp_path, typed, planned):
+    args = TrainArguments(output_dir=str(tmp_path), **typed)
+    assert size_batches(args, Accelerator(cpu=True), model=None) == BatchPlan(*planned)
+    assert (args.max_tokens, args.gradient_accumulation_steps) == (typed.get("max_tokens"),
+                                                                   typed.get("gradient_accumulation_steps"))

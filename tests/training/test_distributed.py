@@ -353,7 +353,7 @@ def test_mixed_precision_defaults_to_bf16_where_the_hardware_has_it(
     # Proves: without --mixed-precision a run on a GPU trains in bf16 autocast (fp16, which Accelerate pairs
     # with a loss scaler, on a GPU without bf16), a CPU run in bf16 only where the CPU multiplies bf16 in
     # hardware (else fp32), and a launcher's own setting is kept. The CPU's flags are faked, not the machine's.
-    from vanilla_transformer.training import precision
+    from vanilla_transformer.training import compute
     from vanilla_transformer.training.distributed import default_mixed_precision
 
     monkeypatch.setenv("ACCELERATE_USE_CPU", "1") if use_cpu else monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
@@ -362,5 +362,5 @@ def test_mixed_precision_defaults_to_bf16_where_the_hardware_has_it(
         monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launcher)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
-    monkeypatch.setenv(precision.CPU_BF16_VARIABLE, "1" if cpu_bf16 else "0")  # the CPU's answer, faked
+    monkeypatch.setenv(compute.CPU_BF16_VARIABLE, "1" if cpu_bf16 else "0")  # the CPU's answer, faked
     assert default_mixed_precision() == expected

@@ -1,4 +1,5 @@
-"""The distributed side of a training run: start Accelerate, refuse launches that cannot work, say what runs.
+"""The distributed side of a training run: start Accelerate, refuse launches that cannot work, say what runs; what
+the step does differently under each distributed strategy, and with a step that is not finite.
 
 `start_accelerator(**kwargs)` is `Accelerator(**kwargs)` with a timeout for collectives (`ddp_timeout`),
 TF32 for fp32 products on a GPU, and three additions, all before the run writes anything (the output
@@ -15,11 +16,24 @@ folder, its lock, the tokenizer):
 - One line on the main process says what runs: the distributed type, the world size, the machines
   and processes per machine, the mixed precision and the device type; then each process logs its
   own rank and device.
+
+`StepStrategy` names, once, where DeepSpeed, FSDP2 and fp16's loss scaler change §5's step: DeepSpeed clips and
+updates the weights inside its own backward; FSDP2's gradient norm is a DTensor; fp16's scaler skips
+the update of a step whose gradients overflowed, and fused Adam can skip one on the device
+(`found_inf`, as the scaler uses it) without the host waiting for it.
+
+`NonFiniteGuard` is the rule for a step whose loss or gradients are not finite: it leaves the weights
+and Adam's state as they were, its number is recorded on the device, and the next read of the losses
+(logging, every checkpoint) stops the run, before any checkpoint after it. Where the optimiser cannot
+skip on the device (DeepSpeed updates inside backward; a non-fused Adam; FSDP2's DTensors), the guard
+waits for the device before the update instead and stops the run at once.
 """
 
 from __future__ import annotations
 
+import math
 import os
+from contextlib import nullcontext
 
 import torch
 from accelerate import Accelerator
@@ -32,6 +46,8 @@ from ..threads import environment_number
 
 __all__ = [
     "DEFAULT_DDP_TIMEOUT",
+    "NonFiniteGuard",
+    "StepStrategy",
     "configure_deepspeed",
     "default_mixed_precision",
     "check_strategy_has_devices",
@@ -74,12 +90,12 @@ def launched_world_size() -> int | None:
 def default_mixed_precision() -> str | None:
     """`mixed_precision` when the run does not say: None (Accelerate's choice) under a launcher that set one
     (`accelerate launch`, its config), else bf16 autocast on a GPU that has it, fp16 (with Accelerate's loss
-    scaler) on one that does not, and on a CPU bf16 where it multiplies bf16 in hardware (precision.py), else none."""
+    scaler) on one that does not, and on a CPU bf16 where it multiplies bf16 in hardware (compute.py), else none."""
     if os.environ.get("ACCELERATE_MIXED_PRECISION"):
         return None
     import torch
 
-    from .precision import cpu_computes_bf16
+    from .compute import cpu_computes_bf16
 
     if _flag("ACCELERATE_USE_CPU") or not torch.cuda.is_available():
         return "bf16" if cpu_computes_bf16() else None
@@ -272,3 +288,64 @@ def on_main(accelerator, decide, doing: str = "start this run") -> int | None:
     if error is not None:
         raise error
     return answer
+
+
+# The step under each strategy
+
+
+class StepStrategy:
+    """The accelerator's distributed strategy (DDP, FSDP2, DeepSpeed) and precision as §5's step meets them."""
+
+    def __init__(self, accelerator, optimizer):
+        self.accelerator = accelerator
+        self.deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
+        fsdp = accelerator.distributed_type == DistributedType.FSDP  # its parameters are DTensors: checked on the host
+        self.scales_loss = accelerator.scaler is not None  # fp16: the scaler finds overflows and skips those steps
+        self.skips_on_device = getattr(optimizer.optimizer, "_step_supports_amp_scaling", False) and not fsdp
+
+    def accumulating(self, model, last: bool):
+        """Gradients of every micro-batch but the step's last stay local: they are all-reduced once per step."""
+        return nullcontext() if last else self.accelerator.no_sync(model)
+
+    def clip_grad_norm(self, model, max_norm: float | None) -> torch.Tensor | None:
+        """Clip the gradients to `max_norm` (0 or None: only measure them); their norm, or None under DeepSpeed,
+        which clips inside its own step."""
+        if self.deepspeed:
+            return None
+        norm = self.accelerator.clip_grad_norm_(model.parameters(), max_norm or math.inf)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor
+
+
+class NonFiniteGuard:
+    """A step that is not finite leaves the weights as they were, and the run stops at the next read of the losses."""
+
+    def __init__(self, strategy: StepStrategy, optimizer, losses):
+        self.strategy, self.optimizer, self.losses = strategy, optimizer, losses
+
+    def before_backward(self, loss: torch.Tensor, step: int) -> None:
+        """Under DeepSpeed, whose engine updates inside backward: stop every process now, before any update,
+        when this micro-batch's loss is not finite on any of them."""
+        if not self.strategy.deepspeed:
+            return
+        bad = self.strategy.accelerator.reduce((~torch.isfinite(loss.detach())).float().reshape(1), "sum")
+        if bad.item():
+            self.optimizer.zero_grad(set_to_none=True)
+            self.losses.mark_bad(torch.tensor(True, device=loss.device), step)
+            self.losses.add(loss.detach().double())  # the message names it
+            self.losses.check_finite(step)
+
+    def before_update(self, step_loss: torch.Tensor, norm: torch.Tensor | None, step: int) -> None:
+        """Record the step as bad when its loss or its (all-reduced, so alike on every process) gradient norm is
+        not finite, and have the optimiser skip it: on the device where it can, else on the host now."""
+        bad = ~torch.isfinite(step_loss)
+        skip = None if norm is None or self.strategy.scales_loss else ~torch.isfinite(norm)
+        if skip is not None:
+            bad |= skip
+        self.losses.mark_bad(bad, step)
+        if skip is None:
+            return
+        if self.strategy.skips_on_device:
+            self.optimizer.optimizer.found_inf = skip.float()
+        elif skip.item():
+            self.optimizer.zero_grad(set_to_none=True)
+            self.losses.check_finite(step)

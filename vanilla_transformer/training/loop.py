@@ -28,12 +28,11 @@ from ..hub import RESULTS_FILE
 from .arguments import TrainArguments
 from .budget import Budget, TrainingInterrupted
 from .checkpoints import save_checkpoint
-from .compiled import compile_timing
+from .compute import choose_attn_implementation, compile_timing, training_sdpa_backends
 from .data import PadCollator, PrefetchedBatches
 from .distributed import default_mixed_precision, on_main, start_accelerator
 from .evaluation import evaluate, report
 from .finish import finish
-from .attention_implementation import choose_attn_implementation, training_sdpa_backends
 from .resume import finished_step, restore_batch_plan
 from .run_folder import RunLock, explain_disk_full, take_folder
 from .run_state import RunState

@@ -28,23 +28,18 @@ from ..modeling.modeling_vanilla_transformer import (
 )
 from ..threads import use_threads
 from .arguments import TrainArguments
-from .averaging import WeightAverage
-from .batch_plan import size_batches, training_sampler
-from .checkpoints import checkpoint_path, save_run_config
-from .compiled import CompiledLoss, compiled_loss
+from .checkpoints import WeightAverage, checkpoint_path, save_run_config
+from .compute import Bf16Weights, CompiledLoss, bf16_weights, compiled_loss, set_attn_implementation
 from .data import TokenBatchSampler, TokenizedSplit
-from .distributed import configure_deepspeed, on_main
-from .finetuning import add_lora, freeze
-from .attention_implementation import set_attn_implementation
-from .precision import Bf16Weights, bf16_weights
+from .distributed import NonFiniteGuard, StepStrategy, configure_deepspeed, on_main
 from .budget import Budget
+from .finetuning import add_lora, freeze
 from .logs import Losses, TrainingLog
 from .resume import resume_budget, resume_step
 from .run_folder import CHECKPOINTS, RunLock, check_new_folder
 from .run_state import RunState
 from .schedule import PAPER_WARMUP_STEPS, BudgetSchedule, make_optimizer, make_scheduler, peak_scale, schedule_summary
-from .strategy import NonFiniteGuard, StepStrategy
-from .task import prepare_data
+from .task import prepare_data, size_batches, training_sampler
 
 __all__ = ["Components", "prepare", "set_up"]
 
@@ -73,7 +68,7 @@ class Components:
     sampler: TokenBatchSampler | None = None
     training_log: TrainingLog | None = None  # the run's training_log.jsonl
     lock: RunLock | None = None  # the folder's lock, held by the main process
-    compiled: CompiledLoss | None = None  # the step's forward and loss compiled (compiled.py); None: eager
+    compiled: CompiledLoss | None = None  # the step's forward and loss compiled (compute.py); None: eager
     strategy: StepStrategy = field(init=False)  # what DeepSpeed, FSDP2 and fp16's scaler change in the step
     losses: Losses = field(init=False)  # the step's losses, summed on the device
     guard: NonFiniteGuard = field(init=False)  # what becomes of a step that is not finite

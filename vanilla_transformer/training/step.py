@@ -6,7 +6,7 @@ non-padding target tokens and divides by the number of those tokens in the whole
 process; Adam and the learning rate's schedule are §5.3's (schedule.py).
 
 Except where the guard against a non-finite step must look (DeepSpeed, FSDP2, an Adam that is not fused:
-strategy.py), the host never waits for the device within a step: the step's counts are one reduction whose result the
+distributed.py's `NonFiniteGuard`), the host never waits for the device within a step: the step's counts are one reduction whose result the
 host reads only once the step's work is queued behind it, and the losses are summed on the device and
 read (logs.py's `Losses.read`) every `log_steps` and before every checkpoint.
 """
@@ -41,16 +41,16 @@ def train_step(components: Components, micro_batches: list[tuple[dict, int]], st
                max_grad_norm: float | None = None) -> StepDone:
     """Optimiser step `step + 1` on `micro_batches` (each batch with its target-token count), its losses summed into
     `components.losses`; `budget` is read, never written. The rate of the next step is `next_rate`'s, once the loop
-    has counted this step in the run's state and budget. Call it under `attention_implementation.training_sdpa_backends`, as the
+    has counted this step in the run's state and budget. Call it under `compute.training_sdpa_backends`, as the
     training loop does for the whole run."""
     accelerator, model, strategy, guard = components.accelerator, components.model, components.strategy, components.guard
     model.train()
     counts = StepCounts(accelerator, sum(n for _, n in micro_batches), budget)  # over every process, not waited for
     step_loss, step_nll = (torch.zeros((), dtype=torch.float64, device=accelerator.device) for _ in range(2))
-    # bf16 copies of the weights (precision.Bf16Weights), or autocast casting them at every use
+    # bf16 copies of the weights (compute.Bf16Weights), or autocast casting them at every use
     copies = components.bf16_weights.swapped if components.bf16_weights is not None else nullcontext
     autocast = nullcontext if components.bf16_weights is not None else accelerator.autocast
-    batch_loss = components.compiled or criterion.batch_loss  # compiled.py's graphs, one per batch shape, or eager
+    batch_loss = components.compiled or criterion.batch_loss  # compute.py's compiled graphs, one per batch shape, or eager
     for i, (batch, _) in enumerate(micro_batches):
         with strategy.accumulating(model, last=i == len(micro_batches) - 1), copies():
             with autocast():
