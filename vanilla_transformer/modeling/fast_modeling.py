@@ -1,9 +1,10 @@
-"""The model's speed-ups, chosen when it is built unless `config.fast_paths` is False:
+"""The model's speed-ups, chosen when it is built (modeling_vanilla_transformer.py's `attention_class` and
+`linear_class`) unless `config.fast_paths` is False:
 
 - §5.4's label-smoothed cross-entropy with its gradient in closed form (`ClosedFormCrossEntropy`), the same numbers as
   `LabelSmoothedCrossEntropy` (modeling_vanilla_transformer.py) with less memory and time;
-- the linear maps as `PackableLinear` (`linear_class`): nn.Linear, whose weights decoding can pack for
-  oneDNN's kernels (fast_generation.py says when), its `packed_forward` swapped in for that call alone;
+- the linear maps as `PackableLinear`: nn.Linear, whose weights decoding can pack for oneDNN's kernels
+  (fast_generation.py says when), its `packed_forward` swapped in for that call alone;
 - attention's projections of one input as one product while training (`FusedMultiHeadAttention`, attention.py's
   `MultiHeadAttention` with `fused_linear`).
 
@@ -211,12 +212,6 @@ def fused_linear(x: torch.Tensor, linears) -> tuple[torch.Tensor, ...]:
     return torch.nn.functional.linear(x, weight, bias).split([linear.out_features for linear in linears], dim=-1)
 
 
-def linear_class(config):
-    """The class of the model's linear maps, chosen when it is built: PackableLinear where oneDNN can take
-    them, nn.Linear where the switch is off or torch has no oneDNN kernels."""
-    return PackableLinear if config.fast_paths and ONEDNN_LINEAR else nn.Linear
-
-
 class FusedMultiHeadAttention(MultiHeadAttention):
     """MultiHeadAttention (the same parameters, names and numbers) whose projections of one input are one product
     while gradients are on (`fused_linear`): W^Q, W^K and W^V of self-attention, W^K and W^V of
@@ -238,7 +233,6 @@ __all__ = [
     "FusedMultiHeadAttention",
     "PackableLinear",
     "current_packed_weights",
-    "linear_class",
     "onednn_linear",
     "pack_weight",
     "fused_linear",

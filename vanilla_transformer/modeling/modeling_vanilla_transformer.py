@@ -70,7 +70,12 @@ from .attention_variants import (
     variant_attention_class,
 )
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .fast_modeling import ClosedFormCrossEntropy, FusedMultiHeadAttention, linear_class  # speed-ups (`fast_paths`)
+from .fast_modeling import (  # speed-ups (`fast_paths`)
+    ONEDNN_LINEAR,
+    ClosedFormCrossEntropy,
+    FusedMultiHeadAttention,
+    PackableLinear,
+)
 from .generation import generate_with_added_options  # decoding (§6.1)
 from .saving import CustomCodeMixin
 
@@ -84,6 +89,12 @@ def attention_class(config: VanillaTransformerConfig):
     """§3.2.2's MultiHeadAttention (with `fast_paths`, its twin that projects one input in one product), or the
     attention beyond the paper that the config names (chosen once, when a layer is built)."""
     return variant_attention_class(config) or (FusedMultiHeadAttention if config.fast_paths else MultiHeadAttention)
+
+
+def linear_class(config: VanillaTransformerConfig):
+    """nn.Linear (with `fast_paths`, its twin PackableLinear where torch has oneDNN's kernels: the same layer, whose
+    weights decoding can pack), chosen once, when a layer is built."""
+    return PackableLinear if config.fast_paths and ONEDNN_LINEAR else nn.Linear
 
 
 def local_attention_masks(config: VanillaTransformerConfig):
