@@ -44,14 +44,14 @@ def finish(components: Components, state: RunState, budget: Budget) -> dict:
         unwrapped, weights = _final_weights(components, state, args)
         unwrapped.generation_config = paper_generation_config(unwrapped.config)
         if accelerator.is_main_process:
-            save_model_files(unwrapped, components.tokenizer, args.output_dir)
+            save_model_files(unwrapped, components.task.tokenizer, args.output_dir)
             logger.info(f"saved the model and tokenizer to {args.output_dir}")
         results = _final_results(components, state, args, unwrapped, weights, elapsed, budget.part_tokens, stops)
         if accelerator.is_main_process:
             write_results(args.output_dir, results)
             write_model_card(
-                unwrapped, components.tokenizer, args.output_dir, results, dataset=args.dataset,
-                source_lang=components.source_lang, target_lang=components.target_lang,
+                unwrapped, components.task.tokenizer, args.output_dir, results, dataset=args.dataset,
+                source_lang=components.task.source_lang, target_lang=components.task.target_lang,
                 hyperparameters=_card_hyperparameters(state, args, weights),
                 example=_card_example(components, args.max_length),
             )
@@ -76,9 +76,9 @@ def _card_hyperparameters(state: RunState, args: TrainArguments, weights: dict) 
 def _card_example(components: Components, max_length: int) -> str | None:
     """The sentence whose attention the model card shows: the first validation source that the model
     reads whole (at most `max_length` tokens; a held-out split may start with a very long one)."""
-    for row in islice(components.data["validation"], 200):
-        text = (row["translation"] or {}).get(components.source_lang)
-        if text and text.strip() and len(components.tokenizer(text)["input_ids"]) <= max_length:
+    for row in islice(components.task.data["validation"], 200):
+        text = (row["translation"] or {}).get(components.task.source_lang)
+        if text and text.strip() and len(components.task.tokenizer(text)["input_ids"]) <= max_length:
             return text
     return None
 
@@ -151,7 +151,7 @@ def _chosen_checkpoints(components: Components, state: RunState, args: TrainArgu
 def _compare_weight_average(components: Components, args: TrainArguments, model) -> dict:
     """Validation perplexity of the weights as they are and of the moving average; the better one stays in `model`."""
     def perplexity() -> float:  # in fp32, as the final scores
-        return evaluate(components.accelerator, model, components.tokenizer, components.eval_splits["validation"], args, 0,
+        return evaluate(components.accelerator, model, components.task.tokenizer, components.task.eval_splits["validation"], args, 0,
                         full_precision=True)["perplexity"]
 
     kept = {name: p.detach().clone() for name, p in model.state_dict().items()}
@@ -184,8 +184,8 @@ def _final_results(components: Components, state: RunState, args: TrainArguments
         "attn_implementation": state.attn_implementation,
         "compiled_step": components.compiled.record() if components.compiled is not None else None,  # this part's compiling
         **weights,
-        "source_lang": components.source_lang,
-        "target_lang": components.target_lang,
+        "source_lang": components.task.source_lang,
+        "target_lang": components.task.target_lang,
         "dataset": args.dataset,
         "columns": args.columns,
         "decoding": {"num_beams": args.num_beams, "length_penalty": args.length_penalty, "max_new_tokens": "input length + 50"},
@@ -214,7 +214,7 @@ def _final_splits(components: Components, args: TrainArguments) -> dict:
     """The splits the final weights are scored on, each with the pairs translated (None: all). The test split,
     unless `test_samples` is 0, on `test_samples`; the validation split on its own `eval_samples`, or, as the
     headline where there is no test split, on `test_samples`."""
-    test = "test" in components.eval_splits and args.test_samples != 0
+    test = "test" in components.task.eval_splits and args.test_samples != 0
     splits = {"validation": args.eval_samples if test or args.test_samples == 0 else args.test_samples}
     return {**splits, "test": args.test_samples} if test else splits
 
@@ -223,7 +223,7 @@ def _final_scores(components: Components, state: RunState, args: TrainArguments,
                   name: str, samples: int | None) -> dict:
     """The scores of split `name` on the final weights; a validation of the same weights on as many pairs during
     training stands for them, never computed twice."""
-    step, split = weights["final_weights"]["step"], components.eval_splits[name]
+    step, split = weights["final_weights"]["step"], components.task.eval_splits[name]
     count = len(split.dataset) if samples is None else min(samples, len(split.dataset))
     as_trained = (weights["averaged_checkpoints"] == [checkpoint_path(components.checkpoint_root, step).name]
                   and not (weights["weight_average"] or {}).get("used"))
@@ -234,7 +234,7 @@ def _final_scores(components: Components, state: RunState, args: TrainArguments,
                     "training, the same weights on the same pairs")
         return {k: v for k, v in earlier[-1].items() if k not in ("step", "split")}
     start = time.perf_counter()
-    metrics = evaluate(components.accelerator, unwrapped, components.tokenizer, split, args,
+    metrics = evaluate(components.accelerator, unwrapped, components.task.tokenizer, split, args,
                        translate_samples=samples, full_precision=True)
     metrics["seconds"] = round(time.perf_counter() - start, 2)
     report(components.accelerator, state.history, step, name, metrics, components.training_log, weights=weights["final_weights"]["name"])

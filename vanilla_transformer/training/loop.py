@@ -167,10 +167,10 @@ def _steps(components: Components, state: RunState, budget: Budget, args: TrainA
     """The micro-batches of each step, epoch after epoch from where `state` is, until the budget is spent.
 
     Batches come ready (PrefetchedBatches): the host never waits for the device to make them."""
-    collate = PadCollator(components.tokenizer.pad_token_id, components.sampler.shapes)
+    collate = PadCollator(components.task.tokenizer.pad_token_id, components.sampler.shapes)
     while not budget.spent(state.step) and not budget.epochs_done():
         components.sampler.set_epoch(state.epoch, state.batches_done)
-        with PrefetchedBatches(components.train_split, components.sampler, collate,
+        with PrefetchedBatches(components.task.train_split, components.sampler, collate,
                                components.accelerator.device) as batches:
             while micro_batches := list(islice(batches, args.gradient_accumulation_steps)):
                 yield micro_batches
@@ -221,8 +221,8 @@ def _validate(components: Components, state: RunState, budget: Budget, args: Tra
     Its time is the budget's `scoring`, beside the training time that the time limit counts."""
     start = time.perf_counter()
     # In fp32, as the final scores: the best is chosen on the numbers reported for it.
-    metrics = evaluate(components.accelerator, components.model, components.tokenizer,
-                       components.eval_splits["validation"], args, args.eval_samples, full_precision=True)
+    metrics = evaluate(components.accelerator, components.model, components.task.tokenizer,
+                       components.task.eval_splits["validation"], args, args.eval_samples, full_precision=True)
     metrics["seconds"] = round(time.perf_counter() - start, 2)
     budget.add_scoring(metrics["seconds"])
     report(components.accelerator, state.history, state.step, "validation", metrics, components.training_log)

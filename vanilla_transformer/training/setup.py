@@ -15,9 +15,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import DistributedType, set_seed
-from datasets import DatasetDict
 from torch.optim.lr_scheduler import LambdaLR
-from transformers import PreTrainedTokenizerBase
 
 from ..corpora import recorded_name
 from ..errors import BadInput
@@ -30,7 +28,7 @@ from ..threads import use_threads
 from .arguments import TrainArguments
 from .checkpoints import WeightAverage, checkpoint_path, save_run_config
 from .compute import Bf16Weights, CompiledLoss, bf16_weights, compiled_loss, set_attn_implementation
-from .data import TokenBatchSampler, TokenizedSplit
+from .data import TokenBatchSampler
 from .distributed import NonFiniteGuard, StepStrategy, configure_deepspeed, on_main
 from .budget import Budget
 from .finetuning import add_lora, freeze
@@ -39,7 +37,7 @@ from .resume import resume_budget, resume_step
 from .run_folder import CHECKPOINTS, RunLock, check_new_folder
 from .run_state import RunState
 from .schedule import PAPER_WARMUP_STEPS, BudgetSchedule, make_optimizer, make_scheduler, peak_scale, schedule_summary
-from .task import prepare_data, size_batches, training_sampler
+from .task import TaskInputs, prepare_data, size_batches, training_sampler
 
 __all__ = ["Components", "prepare", "set_up"]
 
@@ -59,12 +57,7 @@ class Components:
     args: TrainArguments  # the options the run trains with: those given, with the batch plan
     average: WeightAverage | None = None  # `ema_decay`
     # `set_up` sets every field below; None stands where a test or a benchmark builds only what a step needs.
-    tokenizer: PreTrainedTokenizerBase | None = None
-    data: DatasetDict | None = None  # the raw pairs
-    source_lang: str | None = None
-    target_lang: str | None = None
-    train_split: TokenizedSplit | None = None
-    eval_splits: dict[str, TokenizedSplit] = field(default_factory=dict)
+    task: TaskInputs | None = None  # the pairs, the language pair, the tokenizer, the tokenised splits
     sampler: TokenBatchSampler | None = None
     training_log: TrainingLog | None = None  # the run's training_log.jsonl
     lock: RunLock | None = None  # the folder's lock, held by the main process
@@ -97,8 +90,9 @@ def set_up(args: TrainArguments, accelerator, lock: RunLock | None = None) -> tu
     checkpoint_root = Path(args.output_dir) / CHECKPOINTS
     resume_from, base_folder = _starting_point(args, accelerator, checkpoint_root)
     set_seed(args.seed)  # the same initial weights on every process
-    data, source_lang, target_lang, tokenizer, train_split, eval_splits = prepare_data(args, accelerator)
-    model = _build_model(args, accelerator, tokenizer, resume_from, base_folder, (source_lang, target_lang))
+    task = prepare_data(args, accelerator)
+    languages = (task.source_lang, task.target_lang)
+    model = _build_model(args, accelerator, task.tokenizer, resume_from, base_folder, languages)
     d_model = model.config.d_model
     resumed = RunState.read(resume_from) if resume_from is not None else None
     plan = size_batches(args, accelerator, model)  # a resume's args hold its run's plan (`restore_batch_plan`)
@@ -109,7 +103,7 @@ def set_up(args: TrainArguments, accelerator, lock: RunLock | None = None) -> tu
     configure_deepspeed(accelerator, args)  # the batch sizes DeepSpeed asks for; nothing without DeepSpeed
     model, prepared_optimizer = prepare(accelerator, model, optimizer)
     state = resumed if resumed is not None else RunState(run_options=args.run_options(), recorded_options=args.recorded_options())
-    sampler = training_sampler(accelerator, train_split, state.epoch, args.max_tokens, args.seed,
+    sampler = training_sampler(accelerator, task.train_split, state.epoch, args.max_tokens, args.seed,
                                shape_count=args.bucket_shapes, compiled=args.compile_asked())
     budget = Budget(max_steps=args.max_steps, num_epochs=args.num_epochs, time_limit=args.time_limit, state=state,
                     gradient_accumulation_steps=args.gradient_accumulation_steps, start_step=state.step,
@@ -132,9 +126,8 @@ def set_up(args: TrainArguments, accelerator, lock: RunLock | None = None) -> tu
     if accelerator.is_main_process:
         accelerator.init_trackers("train", config={k: v for k, v in asdict(args).items() if not isinstance(v, dict)})
     components = Components(accelerator=accelerator, model=model, optimizer=prepared_optimizer, scheduler=scheduler,
-                            checkpoint_root=checkpoint_root, args=args, average=average, tokenizer=tokenizer, data=data,
-                            source_lang=source_lang, target_lang=target_lang, train_split=train_split,
-                            eval_splits=eval_splits, sampler=sampler, training_log=_training_log(args, accelerator, state),
+                            checkpoint_root=checkpoint_root, args=args, average=average, task=task, sampler=sampler,
+                            training_log=_training_log(args, accelerator, state),
                             lock=lock, compiled=compiled_loss(args, accelerator, sampler.shapes))
     return components, state, budget
 

@@ -16,12 +16,15 @@ target tokens. Given `max_tokens`, a run takes it; on a GPU without it, the pape
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 from accelerate.logging import get_logger
 from accelerate.utils import DistributedType
+from datasets import DatasetDict
+from transformers import PreTrainedTokenizerBase
 
 from ..corpora import load_translation_dataset, resolve_languages
 from ..errors import BadInput
@@ -33,13 +36,26 @@ from .arguments import CPU_MAX_TOKENS, TrainArguments
 from .data import TokenBatchSampler, TokenizedSplit, bucket_shapes, tokenize_pairs
 from .run_folder import CHECKPOINTS, TOKENIZER_OPTIONS
 
-__all__ = ["GPU_BUCKETS", "PAPER_STEP_TOKENS", "BatchPlan", "gpu_batch", "load_splits", "prepare_data",
+__all__ = ["GPU_BUCKETS", "PAPER_STEP_TOKENS", "BatchPlan", "TaskInputs", "gpu_batch", "load_splits", "prepare_data",
            "prepare_tokenizer", "size_batches", "training_sampler"]
 
 logger = get_logger(__name__)
 
 
-def prepare_data(args: TrainArguments, accelerator):
+@dataclass(frozen=True)
+class TaskInputs:
+    """What the task reads once, on every process: the raw pairs, the language pair, the tokenizer and the tokenised
+    splits."""
+
+    data: DatasetDict  # the raw pairs, by split
+    source_lang: str
+    target_lang: str
+    tokenizer: PreTrainedTokenizerBase
+    train_split: TokenizedSplit
+    eval_splits: dict[str, TokenizedSplit]  # "validation", and "test" where the data has one
+
+
+def prepare_data(args: TrainArguments, accelerator) -> TaskInputs:
     """The raw splits, the language pair, the tokenizer, and the tokenised training and evaluation splits."""
     # Each machine's first process reads the data and fills the map cache on its own disk before the others
     # read them; the tokenizer, in output_dir (which every machine shares), is learnt by the main process alone.
@@ -63,7 +79,7 @@ def prepare_data(args: TrainArguments, accelerator):
         logger.info(split.describe(name, args.max_length, True))
     if "test" not in eval_splits:
         logger.info("no test split: the final model is scored on validation only")
-    return data, source_lang, target_lang, tokenizer, train_split, eval_splits
+    return TaskInputs(data, source_lang, target_lang, tokenizer, train_split, eval_splits)
 
 
 def load_splits(args: TrainArguments):
