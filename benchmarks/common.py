@@ -68,7 +68,7 @@ def token_batch(tokenizer, source: list[str], target: list[str], target_tokens: 
 
 def by_length(tokenizer, source: list[str], target: list[str]) -> tuple[list[str], list[str]]:
     """The pairs sorted by (target, source) token count: consecutive pairs then have similar lengths,
-    as in the batches the training loop makes (§5.1, training/data.py), with little padding."""
+    as in the batches the training loop makes (§5.1, training/batches.py), with little padding."""
     target_lengths = [len(ids) for ids in tokenizer(target)["input_ids"]]
     source_lengths = [len(ids) for ids in tokenizer(source)["input_ids"]]
     order = sorted(range(len(source)), key=lambda i: (target_lengths[i], source_lengths[i]))

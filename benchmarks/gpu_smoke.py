@@ -83,7 +83,8 @@ def token_batches(pairs: list, max_tokens: int, buckets: int):
     sampler's order) and their bucket shapes (`buckets` of them; None for batches as long as their longest pair)."""
     import datasets
 
-    from vanilla_transformer.training.data import TokenBatchSampler, TokenizedSplit, bucket_shapes
+    from vanilla_transformer.training.batches import TokenBatchSampler, bucket_shapes
+    from vanilla_transformer.training.task import TokenizedSplit
 
     rows = {"input_ids": [s for s, _ in pairs], "labels": [t for _, t in pairs],
             "length": [max(len(s), len(t)) for s, t in pairs]}
@@ -106,7 +107,7 @@ def loop_step(model, split, batches: list, shapes, pad_token_id: int, device: st
 
     from vanilla_transformer.training.budget import Budget
     from vanilla_transformer.training.compute import CompiledLoss, compile_timing, training_sdpa_backends
-    from vanilla_transformer.training.data import PadCollator, PrefetchedBatches
+    from vanilla_transformer.training.batches import PadCollator, PrefetchedBatches
     from vanilla_transformer.training.run_state import RunState
     from vanilla_transformer.training.schedule import make_optimizer, make_scheduler
     from vanilla_transformer.training.arguments import TrainArguments
@@ -197,7 +198,7 @@ def _model(preset: str, tokenizer, **overrides):
 
 def synchronisations(tokenizer, device: str, steps: int) -> dict:
     """Synchronisations per step of the loop's bf16 step and of a bare step of the same model and batch."""
-    from vanilla_transformer.training.data import PadCollator
+    from vanilla_transformer.training.batches import PadCollator
 
     pairs = _pairs(tokenizer, 400)
     split, batches, shapes = token_batches(pairs, 2048, buckets=0)
@@ -266,8 +267,8 @@ def preset_batches(preset: str, tokenizer, pairs: list, device: str, max_tokens:
     """`preset`'s config, its batch's tokens (on a GPU by default the training loop's: `gpu_batch`), and one epoch of
     `pairs` in batches padded to `buckets` shapes: (config, max_tokens, split, index lists, shapes, batches on
     `device`)."""
-    from vanilla_transformer.training.data import PadCollator
-    from vanilla_transformer.training.task import gpu_batch
+    from vanilla_transformer.training.batches import PadCollator
+    from vanilla_transformer.training.batches import gpu_batch
 
     probe = _model(preset, tokenizer, dropout=0.1)
     config, parameters = probe.config, sum(p.numel() for p in probe.parameters())

@@ -47,10 +47,9 @@ COVERED_ELSEWHERE = {
     "visualize/app.py": ("cli/test_serve.py", "the app `serve` runs"),
     "visualize/score_drawings.py": ("visualize/test_neuron_view.py", "what the neuron view draws"),
     # training/: a module tested with the part of the run it serves.
-    "training/criterion.py": ("training/test_data.py", "the loss of the batches it is given"),
+    "training/criterion.py": ("training/test_batches.py", "the loss of the batches it is given"),
     "training/evaluation.py": ("training/test_step.py", "scores the model the step trains"),
     "training/logs.py": ("training/test_selection_and_logs.py", "the run's logs"),
-    "training/task.py": ("training/test_data.py", "the splits and the tokenised pairs"),
 }
 
 

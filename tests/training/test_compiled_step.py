@@ -22,7 +22,7 @@ from vanilla_transformer.modeling.configuration_vanilla_transformer import Vanil
 from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.training.arguments import TrainArguments
 from vanilla_transformer.training.compute import BF16_WEIGHTS_VARIABLE, Bf16Weights, CompiledLoss, compile_timing
-from vanilla_transformer.training.data import IGNORE_INDEX, PadCollator
+from vanilla_transformer.training.batches import IGNORE_INDEX, PadCollator
 from vanilla_transformer.training import criterion
 from vanilla_transformer.training.budget import Budget
 from vanilla_transformer.training.run_state import RunState

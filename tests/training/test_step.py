@@ -24,7 +24,8 @@ from vanilla_transformer.modeling.modeling_vanilla_transformer import (
 )
 from vanilla_transformer.training.arguments import TrainArguments
 from vanilla_transformer.training.budget import Budget
-from vanilla_transformer.training.data import IGNORE_INDEX, PadCollator, TokenizedSplit
+from vanilla_transformer.training.batches import IGNORE_INDEX, PadCollator
+from vanilla_transformer.training.task import TokenizedSplit
 from vanilla_transformer.training.evaluation import evaluate
 from vanilla_transformer.training.run_state import RunState
 from vanilla_transformer.training.setup import Components, prepare

@@ -52,7 +52,7 @@ RUN_OPTIONS = ("dataset", "dataset_config", "columns", "source_lang", "target_la
                # ... and these: the parameters the optimiser holds, and how they are grouped
                "weight_decay", "freeze_encoder", "freeze_embeddings", "lora_rank", "lora_alpha", "lora_dropout",
                "lora_target_modules")
-# Left unset (None), these are chosen by the batch plan (task.size_batches), and a resumed run keeps its own.
+# Left unset (None), these are chosen by the batch plan (batches.size_batches), and a resumed run keeps its own.
 BATCH_PLAN_OPTIONS = ("max_tokens", "gradient_accumulation_steps")
 # What acts outside the run's folder (an upload, a tracker) or names it: `resume` takes these from the command line
 # alone, never from a record in the folder, which anyone who can write there could have edited.

@@ -30,7 +30,7 @@ The compiled step (`torch_compile`): the model's forward and §5.4's loss as one
 `torch.compile` captures `criterion.batch_loss` (the forward and the loss, under the step's autocast or on the bf16
 weights, whichever the step runs with); AOTAutograd derives the backward from the same graph, so backward is compiled
 too. The graphs are static (`dynamic=False`): one per batch shape, which the bucket shapes
-(`bucket_shapes`, data.py) keep to a few. Dynamo's limit of recompilations is raised to the number of shapes and
+(`bucket_shapes`, batches.py) keep to a few. Dynamo's limit of recompilations is raised to the number of shapes and
 reaching it is an error, never a silent fall back to eager. The optimiser, the gradient reduction and the checks of
 distributed.py's `NonFiniteGuard` stay eager. Each shape's first step compiles: its time is logged and summed
 (`CompiledLoss.seconds`, results.json's `compiled_step`); being wall-clock time of the run, `time_limit` counts it as

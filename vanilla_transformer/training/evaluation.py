@@ -19,7 +19,8 @@ from ..modeling.generation import paper_generation_config
 from ..modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from . import criterion
 from .arguments import TrainArguments
-from .data import PadCollator, PrefetchedBatches, TokenBatchSampler, TokenizedSplit
+from .batches import PadCollator, PrefetchedBatches, TokenBatchSampler
+from .task import TokenizedSplit
 
 __all__ = ["evaluate", "full_model", "load_weights", "report", "translate_split"]
 

@@ -29,7 +29,7 @@ from .arguments import TrainArguments
 from .budget import Budget, TrainingInterrupted
 from .checkpoints import save_checkpoint
 from .compute import choose_attn_implementation, compile_timing, training_sdpa_backends
-from .data import PadCollator, PrefetchedBatches
+from .batches import PadCollator, PrefetchedBatches
 from .distributed import default_mixed_precision, on_main, start_accelerator
 from .evaluation import evaluate, report
 from .finish import finish

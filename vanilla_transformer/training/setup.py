@@ -28,7 +28,7 @@ from ..threads import use_threads
 from .arguments import TrainArguments
 from .checkpoints import WeightAverage, checkpoint_path, save_run_config
 from .compute import Bf16Weights, CompiledLoss, bf16_weights, compiled_loss, set_attn_implementation
-from .data import TokenBatchSampler
+from .batches import TokenBatchSampler, size_batches, training_sampler
 from .distributed import NonFiniteGuard, StepStrategy, configure_deepspeed, on_main
 from .budget import Budget
 from .finetuning import add_lora, freeze
@@ -37,7 +37,7 @@ from .resume import resume_budget, resume_step
 from .run_folder import CHECKPOINTS, RunLock, check_new_folder
 from .run_state import RunState
 from .schedule import PAPER_WARMUP_STEPS, BudgetSchedule, make_optimizer, make_scheduler, peak_scale, schedule_summary
-from .task import TaskInputs, prepare_data, size_batches, training_sampler
+from .task import TaskInputs, prepare_data
 
 __all__ = ["Components", "prepare", "set_up"]
 

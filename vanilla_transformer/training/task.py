@@ -1,28 +1,26 @@
-"""The translation task's inputs, as fairseq's task loads them: the splits, the tokenizer, the tokenised pairs, and
-the batches they are cut into.
+"""The translation task's inputs, as fairseq's task loads them: the splits, the tokenizer, the tokenised pairs.
 
 `prepare_data` reads the splits (holding out a validation slice where there is none), takes the tokenizer
 and tokenises the pairs. The tokenizer is the one given (`tokenizer`), else the one already in `output_dir`
 while it is what these options would train (`_keep_own_tokenizer`: the options it was learnt from are
 recorded in checkpoints/tokenizer_options.json), else the model's (`model_name_or_path`), else a new one.
 
-The batches: how many tokens each holds and how many make an optimiser step (`size_batches`), and the sampler that
-cuts the training split into them (`training_sampler`). §5.1 trains on batches of about 25,000 source and 25,000
-target tokens. Given `max_tokens`, a run takes it; on a GPU without it, the paper's step sized to the device's memory
-(`gpu_batch`); elsewhere CPU_MAX_TOKENS, one batch a step. The plan is returned, and the run's options take it
-(`set_up`): nothing here changes the options given.
+Tokenising drops what cannot be trained on: a pair with an empty side, and one longer than `max_length` tokens on
+either side unless `truncate` cuts it (`tokenize_pairs`); a large split is tokenised by several processes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
-import torch
+import datasets
+import numpy as np
 from accelerate.logging import get_logger
-from accelerate.utils import DistributedType
 from datasets import DatasetDict
 from transformers import PreTrainedTokenizerBase
 
@@ -32,14 +30,16 @@ from ..checks.files import read_json
 from ..checks.model_folder import load_tokenizer
 from ..staging import write_file_whole
 from ..tokenizer import check_appends_eos, train_tokenizer
-from .arguments import CPU_MAX_TOKENS, TrainArguments
-from .data import TokenBatchSampler, TokenizedSplit, bucket_shapes, tokenize_pairs
+from .arguments import TrainArguments
 from .run_folder import CHECKPOINTS, TOKENIZER_OPTIONS
 
-__all__ = ["GPU_BUCKETS", "PAPER_STEP_TOKENS", "BatchPlan", "TaskInputs", "gpu_batch", "load_splits", "prepare_data",
-           "prepare_tokenizer", "size_batches", "training_sampler"]
+__all__ = ["TaskInputs", "TokenizedSplit", "encode_texts", "load_splits", "prepare_data", "prepare_tokenizer",
+           "tokenization_workers", "tokenize_pairs"]
 
 logger = get_logger(__name__)
+
+PAIRS_PER_WORKER = 200_000  # below this a worker process costs more (start, pickling the tokenizer) than it saves
+NUM_PROC_ENV = "VANILLA_TRANSFORMER_NUM_PROC"  # set to override how many processes tokenise a large split
 
 
 @dataclass(frozen=True)
@@ -166,83 +166,157 @@ def _keep_own_tokenizer(output_dir: str, resuming: bool, options: dict) -> bool:
     return False
 
 
-# The batches
-
-PAPER_STEP_TOKENS = 25_000  # §5.1: "approximately 25000 source tokens and 25000 target tokens" per batch
-GPU_BUCKETS = 16  # batch shapes on a GPU by default: each is one compilation of a compiled step
+# The tokenised pairs
 
 
-def gpu_batch(memory: int, config, parameters: int, processes: int, max_length: int,
-              accumulation: int | None = None) -> tuple[int, int]:
-    """(max_tokens, gradient_accumulation_steps) of about the paper's 25000 tokens per optimiser step over
-    `processes`, each batch fitting a device of `memory` bytes beside the model's `parameters`: with
-    `accumulation` given, the batch it needs (within what fits); else the fewest batches whose largest fits.
-
-    The estimate is coarse and errs towards less: 20 bytes a parameter (fp32 weights, gradients, Adam's two
-    moments, autocast's bf16 copies), and per token of a batch what a layer keeps for backward in bf16
-    autocast (about 30 d_model + 5 d_ff bytes, more in the decoder, which also attends to the source) and the
-    output layer's logits with their fp32 log-softmax and gradients (12 bytes a vocabulary entry), doubled for
-    the allocator's fragments and temporaries, within 80% of the memory."""
-    d, d_ff = config.d_model, config.d_ff
-    per_token = (config.encoder_layers * (30 * d + 5 * d_ff) + config.decoder_layers * (44 * d + 5 * d_ff)
-                 + 12 * config.vocab_size)
-    fits = int((0.8 * memory - 20 * parameters) / (2 * per_token))
-    if fits < max_length:
-        raise BadInput(f"a batch of `max_length` ({max_length}) tokens does not fit the device's "
-                       f"{memory / 2**30:.1f} GiB beside the model's {parameters:,} parameters; lower `max_length` "
-                       "or give `max_tokens`")
-    if accumulation is None:
-        accumulation = -(-PAPER_STEP_TOKENS // (processes * fits))  # rounded up
-    wanted = -(-PAPER_STEP_TOKENS // (processes * accumulation))
-    return max(min(wanted, fits), max_length), accumulation
-
-
-class BatchPlan(NamedTuple):
-    """The batches of every optimiser step: `max_tokens` tokens each, `gradient_accumulation_steps` of them a process."""
-
-    max_tokens: int
-    gradient_accumulation_steps: int
-
-
-def size_batches(args: TrainArguments, accelerator, model) -> BatchPlan:
-    """`max_tokens` and `gradient_accumulation_steps`, those given or, where left unset, on a GPU the paper's batch
-    sized to its memory (`gpu_batch`), elsewhere CPU_MAX_TOKENS and one batch per step; one line says what was chosen."""
-    accumulation = args.gradient_accumulation_steps
-    if args.max_tokens is not None or accelerator.distributed_type == DistributedType.DEEPSPEED:
-        accumulation = accumulation or 1  # DeepSpeed: one batch a step
-    if args.max_tokens is not None:
-        return BatchPlan(args.max_tokens, accumulation)
-    processes = accelerator.num_processes
-    if accelerator.device.type == "cuda":
-        memory = torch.cuda.get_device_properties(accelerator.device).total_memory
-        parameters = sum(p.numel() for p in model.parameters())
-        plan = BatchPlan(*gpu_batch(memory, model.config, parameters, processes, args.max_length, accumulation))
-        why = (f"the paper's ~{PAPER_STEP_TOKENS} per step, sized to the GPU's {memory / 2**30:.1f} GiB and "
-               f"{parameters:,} parameters")
+def tokenization_workers(pairs: int) -> int | None:
+    """How many processes `Dataset.map` tokenises `pairs` pairs with: None (this process) for small splits, else
+    one per PAIRS_PER_WORKER pairs up to the CPUs this process may use; `VANILLA_TRANSFORMER_NUM_PROC` overrides.
+    Every process of a run computes the same number, which the map cache's file names depend on."""
+    if os.environ.get(NUM_PROC_ENV):
+        text = os.environ[NUM_PROC_ENV].strip()
+        if not text.isdigit():
+            raise BadInput(f"{NUM_PROC_ENV} must be a whole number of processes (1: this process only); got {text!r}.")
+        workers = int(text)
     else:
-        plan, why = BatchPlan(CPU_MAX_TOKENS, accumulation or 1), "the default off a GPU"
-    step_tokens = plan.max_tokens * plan.gradient_accumulation_steps * processes
-    logger.info(f"batch: {plan.max_tokens} tokens x {plan.gradient_accumulation_steps} batch(es) x {processes} "
-                f"process(es) = {step_tokens} tokens per optimiser step ({why}; --max-tokens and "
-                "--gradient-accumulation-steps choose them)")
-    return plan
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        workers = min(cpus, pairs // PAIRS_PER_WORKER)
+    return workers if workers > 1 else None
 
 
-def training_sampler(accelerator, split: TokenizedSplit, epoch: int, max_tokens: int, seed: int, *,
-                     shape_count: int | None, compiled: bool) -> TokenBatchSampler:
-    """The training batches of at most `max_tokens` tokens, shuffled by `seed`, padded to `shape_count` shapes (by
-    default GPU_BUCKETS on a GPU or for a `compiled` step, none elsewhere); one line says the shapes and the padding
-    they waste beside that of batches as long as their longest pair."""
-    count = shape_count
-    if count is None:
-        count = GPU_BUCKETS if accelerator.device.type == "cuda" or compiled else 0
-    shapes = bucket_shapes(split.lengths, max_tokens, count) if count else None
-    shard = dict(seed=seed, num_replicas=accelerator.num_processes, rank=accelerator.process_index)
-    sampler = TokenBatchSampler(split.lengths, max_tokens, shapes=shapes, **shard)
-    if shapes is None:
-        logger.info(f"batches: each as long as its longest pair; {sampler.padding(epoch):.1%} of their slots pad")
-    else:
-        plain = TokenBatchSampler(split.lengths, max_tokens, **shard).padding(epoch)
-        logger.info(f"batches: {len(shapes)} shapes (rows x length: {', '.join(f'{r}x{n}' for r, n in shapes)}); "
-                    f"{sampler.padding(epoch):.1%} of their slots pad (as long as their longest pair: {plain:.1%})")
-    return sampler
+def encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
+    """`tokenizer(texts)["input_ids"]`, from the Rust tokenizer directly where that gives the same ids (a backend
+    that neither truncates nor pads on its own), without transformers' wrapping, which costs time on large corpora."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.truncation is not None or backend.padding is not None:
+        return tokenizer(texts)["input_ids"]
+    return [encoding.ids for encoding in backend.encode_batch(texts)]
+
+
+def map_fingerprint(dataset: datasets.Dataset, tokenizer, **options) -> str | None:
+    """The map cache's key for tokenising `dataset` with `tokenizer` and `options`: what the result depends on
+    (the data, the tokenizer's vocabulary and rules, the options, this module's code), not how the tokenizer
+    object came to be. `Dataset.map` hashes the pickled tokenizer otherwise, and a tokenizer just trained
+    pickles differently from the same one loaded from its file: the run after the one that trained it tokenised
+    2M pairs again (benchmarks/big_corpus.py). None (let `datasets` hash) for a tokenizer without a backend, or
+    where this module's source cannot be read."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        code = inspect.getsource(tokenize_pairs) + inspect.getsource(encode_texts) + inspect.getsource(blank_to_empty)
+    except OSError:  # installed without sources
+        return None
+    described = {
+        "data": dataset._fingerprint,
+        "tokenizer": [type(tokenizer).__name__, backend.to_str(), tokenizer.all_special_tokens],
+        "options": options,
+        "code": code,
+    }
+    return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def column(dataset: datasets.Dataset, name: str) -> np.ndarray:
+    """A whole numeric column as a NumPy array, read through Arrow: `np.asarray(dataset[name])` converts it
+    row by row, most of the wait before the first step on a large corpus (benchmarks/big_corpus.py)."""
+    return dataset.with_format("arrow")[name].to_numpy()
+
+
+@dataclass
+class TokenizedSplit:
+    """A split ready for training, with what was left out of it and why."""
+
+    dataset: datasets.Dataset  # columns: input_ids, labels, length
+    total: int  # pairs before filtering
+    empty: int  # pairs with a side that is empty or only white space (it tokenises to </s> alone)
+    too_long: int  # pairs with a side over max_length (dropped, or truncated when truncate=True)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Each pair's longer side, in tokens: what batches are built from."""
+        return column(self.dataset, "length")
+
+    def describe(self, name: str, max_length: int, truncate: bool) -> str:
+        kept = len(self.dataset)
+        action = "truncated" if truncate else "dropped"
+        return (
+            f"{name}: {kept:,} of {self.total:,} pairs kept; {self.empty:,} dropped with an empty or blank side, "
+            f"{self.too_long:,} {action} for a side over {max_length} tokens"
+        )
+
+
+def blank_to_empty(text: str | None) -> str:
+    """"" for a missing text or one of white space only, which then tokenises to </s> alone: an empty side."""
+    return text if text and text.strip() else ""
+
+
+def pair_encoder(tokenizer, source_lang: str, target_lang: str, max_length: int, truncate: bool,
+                 keep_references: bool):
+    """The batched `Dataset.map` function of `tokenize_pairs`: both sides encoded, with their lengths."""
+
+    def encode(batch):
+        pairs = batch["translation"]
+        # A blank side would otherwise be a pair teaching that a space translates to a sentence, or to nothing.
+        sources = [blank_to_empty((p or {}).get(source_lang)) for p in pairs]
+        targets = [blank_to_empty((p or {}).get(target_lang)) for p in pairs]
+        raw_src, raw_tgt = encode_texts(tokenizer, sources), encode_texts(tokenizer, targets)
+        options = dict(truncation=True, max_length=max_length)
+        src = tokenizer(sources, **options)["input_ids"] if truncate else raw_src
+        tgt = tokenizer(targets, **options)["input_ids"] if truncate else raw_tgt
+        references = {"reference": targets} if keep_references else {}
+        return {
+            **references,
+            "input_ids": src,
+            "labels": tgt,
+            "length": [max(len(s), len(t)) for s, t in zip(src, tgt)],
+            "min_length": [min(len(s), len(t)) for s, t in zip(src, tgt)],
+            "raw_length": [max(len(s), len(t)) for s, t in zip(raw_src, raw_tgt)],
+        }
+
+    return encode
+
+
+def tokenize_pairs(
+    dataset: datasets.Dataset,
+    tokenizer,
+    source_lang: str,
+    target_lang: str,
+    max_length: int,
+    truncate: bool = False,
+    name: str = "split",
+    keep_references: bool = False,
+    num_proc: int | None | str = "auto",
+) -> TokenizedSplit:
+    """Tokenise the `translation` column with `Dataset.map` (batched; cached on disk for file-backed data).
+
+    Both sides are encoded with the one joint tokenizer, which appends </s>. A pair whose
+    source or target is empty or only white space is dropped (and counted); a pair with a side longer than `max_length` tokens
+    is dropped, or cut to `max_length` (keeping </s>) when `truncate`. `keep_references` keeps
+    the target text in a `reference` column, to score translations against. `num_proc` processes
+    tokenise ("auto": `tokenization_workers`); for file-backed data the result is cached next to the
+    data set's files and a later run with the same tokenizer and options reads it back instead.
+    """
+    if max_length < 2:
+        raise BadInput(f"`max_length` must be at least 2 (a token and </s>); got {max_length!r}.")
+
+    encode = pair_encoder(tokenizer, source_lang, target_lang, max_length, truncate, keep_references)
+    if num_proc == "auto":
+        num_proc = tokenization_workers(len(dataset))
+    options = dict(source_lang=source_lang, target_lang=target_lang, max_length=max_length, truncate=truncate,
+                   keep_references=keep_references)
+    encoded = dataset.map(
+        encode, batched=True, remove_columns=dataset.column_names, num_proc=num_proc, desc=f"tokenising {name}",
+        new_fingerprint=map_fingerprint(dataset, tokenizer, **options),
+    )
+    min_length, raw_length = column(encoded, "min_length"), column(encoded, "raw_length")
+    empty = min_length <= 1  # nothing but </s>
+    too_long = ~empty & (raw_length > max_length)
+    keep = ~empty if truncate else ~empty & ~too_long
+    kept = encoded.select(np.flatnonzero(keep)).remove_columns(["min_length", "raw_length"])
+    split = TokenizedSplit(kept, len(encoded), int(empty.sum()), int(too_long.sum()))
+    if len(kept) == 0:
+        raise BadInput(
+            f"no pairs left in the {name} split: {split.describe(name, max_length, truncate)}. Check the "
+            f"language keys ({source_lang!r}, {target_lang!r}), `max_length`, or pass `truncate`."
+        )
+    return split
