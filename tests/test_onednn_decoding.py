@@ -78,7 +78,7 @@ def test_nothing_is_timed_where_our_loops_cannot_use_onednn(monkeypatch, unusabl
 
 @pytest.mark.slow
 def test_a_model_loaded_by_the_package_decodes_on_the_kernel_timed_faster(hub_tiny_folder, monkeypatch):
-    from vanilla_transformer.checks.model_folder import load_model
+    from vanilla_transformer.inference import load_model
 
     for faster in (True, False):
         monkeypatch.setattr(onednn_decoding, "onednn_is_faster", lambda shapes, faster=faster: faster)

@@ -1,28 +1,103 @@
-"""Translate and score with a saved model: the code behind `vanilla-transformer translate` and `evaluate`.
+"""Load a saved model, translate and score with it: the code behind `vanilla-transformer translate` and `evaluate`.
 
-    model, tokenizer = load_model("path/to/folder")           # checks/model_folder.py: checked, then loaded
+    model, tokenizer = load_model("path/to/folder")           # checked by checks/model_folder.py, then loaded
     translations = translate_texts(model, tokenizer, ["Jesus wept."], num_beams=4)
     [[(best, score), (second, _)]] = translate_nbest(model, tokenizer, ["Jesus wept."], nbest=2)
     scores = score_translations(translations, references)    # sacrebleu BLEU and chrF, with signatures
 
-Translation goes through the same `TranslationPipeline` that ships with saved models, so the command
-line, the pipeline and the Hub give the same outputs.
+A folder (or a Hub id's files) goes through the gate of checks/model_folder.py before anything is built from it,
+and is loaded with the package's own classes, never code from the folder. Translation goes through the same
+`TranslationPipeline` that ships with saved models, so the command line, the pipeline and the Hub give the same
+outputs.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 import weakref
+from pathlib import Path
 
 import torch
 
+from .checks.files import REPO_ID, read_json
+from .checks.model_folder import check_model_folder, check_tokenizer_fits
 from .choices import TRANSLATION_BATCH_SIZE
+from .errors import BadInput
 from .modeling.pipeline_vanilla_transformer import (
     TranslationPipeline,
     longest_source,
 )
+from .onednn_decoding import choose_onednn_decoding
 
-__all__ = ["bounded_texts", "cut_texts", "longest_token", "score_translations", "translate_nbest", "translate_texts"]
+__all__ = ["bounded_texts", "cut_texts", "default_device", "load_model", "load_tokenizer", "local_folder",
+           "longest_token", "score_translations", "translate_nbest", "translate_texts"]
+
+# What loading a Hub repository reads: its settings, tokenizer, weights (and shards) and adapter; never its code.
+HUB_FILES = ["*.json", "*.safetensors", "*.bin"]
+
+
+def default_device() -> str:
+    """The first GPU when there is one, else the CPU."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def load_model(name_or_path: str | os.PathLike, device: str | None = None):
+    """Load a model folder (or Hub id) and its tokenizer, in eval mode on `device` (default: GPU if present).
+
+    The folder (a Hub repository's files, downloaded or from the cache) goes through the gate first
+    (`check_model_folder`), so that a missing piece or a field out of bounds gets one clear line instead of a stack
+    trace, a hang or a translation that never ends.
+    """
+    checked = check_model_folder(local_folder(name_or_path))
+    try:
+        tokenizer = load_tokenizer(checked.folder)
+        model = checked.load()  # the package's own classes: no remote code
+    except OSError as err:
+        raise BadInput(f"cannot load the model {name_or_path!r}: {err}") from err
+    check_tokenizer_fits(tokenizer, model.config, name_or_path)
+    model = model.to(device or default_device()).eval()
+    choose_onednn_decoding(model)  # timed here, once, not inside generate
+    return model, tokenizer
+
+
+def local_folder(name_or_path: str | os.PathLike) -> Path:
+    """A model folder, or a Hub id's: the files of the repository that loading reads, downloaded into the Hub's
+    cache (or found there), so that the gate checks them as it checks any folder before anything reads them."""
+    from huggingface_hub import snapshot_download
+
+    if Path(name_or_path).is_dir():
+        return Path(name_or_path)
+    if not REPO_ID.match(str(name_or_path)):
+        raise FileNotFoundError(f"{name_or_path}: neither a folder nor a Hub id (user/name)")
+    try:
+        return Path(snapshot_download(str(name_or_path), allow_patterns=HUB_FILES))
+    except OSError as err:
+        raise BadInput(f"cannot load the model {name_or_path!r}: not a model folder, and not reachable on the Hub "
+                       f"({' '.join(str(err).split())[:300]})") from err
+
+
+def load_tokenizer(name_or_path: str | os.PathLike):
+    """`AutoTokenizer.from_pretrained`, with a tokenizer.json the tokenizers library cannot read (a key missing,
+    another format) named in a ValueError instead of its bare `Exception`."""
+    from transformers import AutoTokenizer
+
+    folder = Path(name_or_path)
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if folder.is_dir() and (folder / name).is_file():
+            read_json(folder / name)  # a damaged one is named, not blamed on tokenizer.json
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)  # never a question, never code
+    except OSError:
+        raise
+    except Exception as err:  # tokenizers raises plain Exception ("Model missing. at line 1 column 1214")
+        where = folder / "tokenizer.json" if folder.is_dir() else f"the tokenizer of {name_or_path}"
+        cause = f"it lacks the key {err}" if isinstance(err, KeyError) else err
+        raise BadInput(f"{where} is not a tokenizer file this version can read: {cause}") from None
 
 
 def translate_texts(

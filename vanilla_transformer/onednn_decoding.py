@@ -5,7 +5,7 @@ torch's float32 linear and oneDNN on a packed weight give the same numbers; whic
 CPU and on the shape (MKL can win narrow products), so `choose_onednn_decoding` times both on each of the model's
 own decoder shapes and sets the model's `onednn_decoding` to those oneDNN wins, which the saved folder's code reads
 (fast_generation.py) and which a user of a saved folder without this package may set by hand. The attribute is set
-at load and never saved. `checks.model_folder.load_model` calls it: the choice is the package's, so it stays out of
+at load and never saved. inference.py's `load_model` calls it: the choice is the package's, so it stays out of
 modeling/, whose files ship with every folder.
 """
 

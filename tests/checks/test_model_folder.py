@@ -118,6 +118,7 @@ def test_a_settings_file_past_its_bound_is_refused_before_it_is_parsed(tmp_path,
 
 
 def test_a_model_is_built_only_from_a_folder_past_the_gate(tmp_path, monkeypatch):
+    from vanilla_transformer import inference
     from vanilla_transformer.checks import model_folder
 
     VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=64)).save_pretrained(tmp_path)
@@ -128,9 +129,9 @@ def test_a_model_is_built_only_from_a_folder_past_the_gate(tmp_path, monkeypatch
     def gate(folder, **kwargs):
         raise ValueError(f"gate ran on {folder}")
 
-    monkeypatch.setattr(model_folder, "check_model_folder", gate)
+    monkeypatch.setattr(inference, "check_model_folder", gate)
     with pytest.raises(ValueError, match="gate ran"):
-        model_folder.load_model(tmp_path)
+        inference.load_model(tmp_path)
     model = checked.load(dropout=0.25)  # overrides still reach the config
     assert model.config.dropout == 0.25
     assert not any(hasattr(model_folder, name) for name in ("load_checked", "load_pretrained", "_load_weights"))

@@ -487,7 +487,7 @@ def _deliberate_bug(*args, **kwargs):
     (["evaluate", "--model", "{folder}", "--source-file", "{lines}", "--reference-file", "{lines}"],
      "vanilla_transformer.cli.translators.translator"),
     (["attention", "--model", "{folder}", "Jesus wept.", "--output-dir", "{maps}"],
-     "vanilla_transformer.checks.model_folder.load_model"),
+     "vanilla_transformer.inference.load_model"),
 ])
 def test_a_type_error_in_the_code_is_a_traceback_not_a_refused_input(argv, function, hub_tiny_folder, tmp_path,
                                                                       monkeypatch):

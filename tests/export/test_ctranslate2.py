@@ -14,8 +14,7 @@ from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForC
 from vanilla_transformer.cli import main
 from vanilla_transformer.corpora import load_translation_dataset, text_pairs
 from vanilla_transformer.export.ctranslate2 import CTranslate2Translator, export_ctranslate2
-from vanilla_transformer.inference import translate_texts
-from vanilla_transformer.checks.model_folder import load_model
+from vanilla_transformer.inference import load_model, translate_texts
 
 MAX_NEW_TOKENS = 24
 # CTranslate2's beam search, in our generate: |Y|^α and stopping once 4 hypotheses have ended.

@@ -215,7 +215,7 @@ LONGER_LINE = " ".join([LONG_LINE] * 2)
 def test_attention_on_a_long_sentence_draws_pictures_of_bounded_size(hub_tiny_folder, tmp_path):
     from PIL import Image
 
-    from vanilla_transformer.checks.model_folder import load_tokenizer
+    from vanilla_transformer.inference import load_tokenizer
 
     result = run_cli("attention", "--model", hub_tiny_folder, "--output-dir", tmp_path, "--num-beams", 1,
                      "--max-new-tokens", 60, LONGER_LINE)
@@ -325,7 +325,7 @@ def test_a_model_saved_from_a_folder_keeps_no_auto_map_entry_whose_code_it_lacks
     import shutil
 
     from vanilla_transformer.hub import check_hub_folder, save_model_files
-    from vanilla_transformer.checks.model_folder import load_model
+    from vanilla_transformer.inference import load_model
 
     base = shutil.copytree(hub_tiny_folder, tmp_path / "base")
     config = json.loads((base / "config.json").read_text())

@@ -153,7 +153,7 @@ def test_a_model_folder_with_another_tokenizer_is_refused_in_one_line(hub_tiny_f
     import shutil
 
     from vanilla_transformer.cli import main
-    from vanilla_transformer.checks.model_folder import load_model
+    from vanilla_transformer.inference import load_model
     from vanilla_transformer.tokenizer import train_tokenizer
 
     load_model(hub_tiny_folder, "cpu")  # its own tokenizer fits

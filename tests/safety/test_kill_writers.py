@@ -63,7 +63,7 @@ FOREIGN = ("notes.txt", ".staging-mine", f"x{STAGING_PREFIX}y")  # a user's file
 
 def _model(model_dir):
     from vanilla_transformer import VanillaTransformerForConditionalGeneration
-    from vanilla_transformer.checks.model_folder import load_tokenizer
+    from vanilla_transformer.inference import load_tokenizer
 
     return VanillaTransformerForConditionalGeneration.from_pretrained(model_dir), load_tokenizer(model_dir)
 

@@ -15,7 +15,7 @@ from vanilla_transformer.visualize.attention_maps import (
     save_attention_maps,
 )
 from vanilla_transformer.modeling.generation import paper_generation_config
-from vanilla_transformer.checks.model_folder import load_model
+from vanilla_transformer.inference import load_model
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,11 @@
 
     checked = check_model_folder("runs/en-es")       # a ValueError naming the file and the bound, or a CheckedFolder
     model = checked.load()                           # the model, built only from a folder that passed
-    model, tokenizer = load_model("runs/en-es")      # both, checked then loaded with the package's own classes
     check_export_folder("runs/en-es-ct2")            # a CTranslate2 export's files
 
-translate, evaluate, attention, export, serve and `train --model-name-or-path` load a folder through here, so
-each refuses a hostile one with the same line. What is checked, in order: the files a folder needs are there and
+translate, evaluate, attention, export, serve and `train --model-name-or-path` load a folder through here
+(inference.py's `load_model` and `load_tokenizer` for the commands), so each refuses a hostile one with the same
+line. What is checked, in order: the files a folder needs are there and
 none is a link out of it; each settings file is small enough to read (`MAX_JSON_BYTES`) and every field it holds
 that the package reads is of its kind and within its bound (`folder_fields.FIELDS`, the table of
 docs/folder-fields.md); the tokenizer files fit the vocabulary and hold no pattern that backtracks without end;
@@ -28,8 +28,7 @@ import torch
 
 from .adapters import ADAPTER_CONFIG, check_adapter_files, merge_adapter
 from ..errors import BadInput, MissingPackage
-from ..onednn_decoding import choose_onednn_decoding
-from .files import REPO_ID, check_inside, check_plain_pickle, check_weights_file, parse_json, read_json
+from .files import check_inside, check_plain_pickle, check_weights_file, parse_json, read_json
 from .folder_fields import (
     CONFIG_FILE,
     CTRANSLATE2_CONFIG,
@@ -44,16 +43,13 @@ from .folder_fields import (
 
 __all__ = ["MAX_INDEX_BYTES", "TOKENIZER_FILES", "WEIGHT_FILES", "CheckedFolder", "check_config_fits_weights",
            "check_config_sizes", "check_export_folder", "check_generation_file", "check_model_files",
-           "check_model_folder", "check_tokenizer_files", "check_tokenizer_fits", "default_device", "load_model",
-           "load_tokenizer", "local_folder", "max_tokenizer_bytes", "weight_shapes"]
+           "check_model_folder", "check_tokenizer_files", "check_tokenizer_fits", "max_tokenizer_bytes", "weight_shapes"]
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 # A shard index names every tensor once, in tens of bytes each: far past any model's, far below a slow parse.
 MAX_INDEX_BYTES = 16 << 20
 VOCABULARY_FILE = "shared_vocabulary.json"  # a CTranslate2 export's tokens, in id order
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-# What loading a Hub repository reads: its settings, tokenizer, weights (and shards) and adapter; never its code.
-HUB_FILES = ["*.json", "*.safetensors", "*.bin"]
 
 # A token's entry in tokenizer.json (its string, id, merges, score) takes tens of bytes; a kilobyte each, with a
 # megabyte for the rest, is far past any tokenizer's own and far below what takes minutes to parse.
@@ -63,50 +59,6 @@ _BYTES_BESIDES = 1 << 20
 # A group holding a quantifier or a choice, itself repeated: `(a+)+`, `(\w+\s?)*`, `(a|aa)+`. Matching it can
 # backtrack exponentially, and the regex engine's retry limit is a panic in the tokenizers library, not an error.
 _REPEATED_GROUP = re.compile(r"\((?:[^()\\]|\\.)*(?:[+*|]|\{\d+,\d*\})(?:[^()\\]|\\.)*\)(?:[+*]|\{\d+,\d*\})")
-
-
-def default_device() -> str:
-    """The first GPU when there is one, else the CPU."""
-    if torch.cuda.is_available():
-        return "cuda"
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
-
-
-def load_model(name_or_path: str | os.PathLike, device: str | None = None):
-    """Load a model folder (or Hub id) and its tokenizer, in eval mode on `device` (default: GPU if present).
-
-    The folder (a Hub repository's files, downloaded or from the cache) goes through the gate first
-    (`check_model_folder`), so that a missing piece or a field out of bounds gets one clear line instead of a stack
-    trace, a hang or a translation that never ends.
-    """
-    checked = check_model_folder(local_folder(name_or_path))
-    try:
-        tokenizer = load_tokenizer(checked.folder)
-        model = checked.load()  # the package's own classes: no remote code
-    except OSError as err:
-        raise BadInput(f"cannot load the model {name_or_path!r}: {err}") from err
-    check_tokenizer_fits(tokenizer, model.config, name_or_path)
-    model = model.to(device or default_device()).eval()
-    choose_onednn_decoding(model)  # timed here, once, not inside generate
-    return model, tokenizer
-
-
-def local_folder(name_or_path: str | os.PathLike) -> Path:
-    """A model folder, or a Hub id's: the files of the repository that loading reads, downloaded into the Hub's
-    cache (or found there), so that the gate checks them as it checks any folder before anything reads them."""
-    from huggingface_hub import snapshot_download
-
-    if Path(name_or_path).is_dir():
-        return Path(name_or_path)
-    if not REPO_ID.match(str(name_or_path)):
-        raise FileNotFoundError(f"{name_or_path}: neither a folder nor a Hub id (user/name)")
-    try:
-        return Path(snapshot_download(str(name_or_path), allow_patterns=HUB_FILES))
-    except OSError as err:
-        raise BadInput(f"cannot load the model {name_or_path!r}: not a model folder, and not reachable on the Hub "
-                       f"({' '.join(str(err).split())[:300]})") from err
 
 
 class CheckedFolder(NamedTuple):
@@ -224,25 +176,6 @@ def check_generation_file(path: Path, generation, context: Context) -> None:
     except (TypeError, ValueError) as err:
         reason = " ".join(str(err).split())
         raise BadInput(f"{path}: {reason[:300]}. Put back the generation_config.json saved with the model") from None
-
-
-def load_tokenizer(name_or_path: str | os.PathLike):
-    """`AutoTokenizer.from_pretrained`, with a tokenizer.json the tokenizers library cannot read (a key missing,
-    another format) named in a ValueError instead of its bare `Exception`."""
-    from transformers import AutoTokenizer
-
-    folder = Path(name_or_path)
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        if folder.is_dir() and (folder / name).is_file():
-            read_json(folder / name)  # a damaged one is named, not blamed on tokenizer.json
-    try:
-        return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)  # never a question, never code
-    except OSError:
-        raise
-    except Exception as err:  # tokenizers raises plain Exception ("Model missing. at line 1 column 1214")
-        where = folder / "tokenizer.json" if folder.is_dir() else f"the tokenizer of {name_or_path}"
-        cause = f"it lacks the key {err}" if isinstance(err, KeyError) else err
-        raise BadInput(f"{where} is not a tokenizer file this version can read: {cause}") from None
 
 
 def check_tokenizer_fits(tokenizer, config, name_or_path) -> None:

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     import signal
 
     from ..visualize.attention_maps import BERTVIZ_NOTE, collect_attentions, save_attention_maps
-    from ..checks.model_folder import load_model
+    from ..inference import load_model
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: the staging folder is removed
     options = decoding_options(args)

@@ -118,7 +118,8 @@ def _recorded_data(model: str, source_lang: str | None, target_lang: str | None)
     import glob
     import os
 
-    from ..checks.model_folder import check_model_folder, local_folder
+    from ..checks.model_folder import check_model_folder
+    from ..inference import local_folder
 
     # through the gate, as every model folder: a damaged or hostile one is refused before its records are read
     config = check_model_folder(local_folder(model)).config.to_dict()

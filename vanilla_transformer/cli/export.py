@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     import shlex
 
     from ..export.ctranslate2 import export_ctranslate2
-    from ..checks.model_folder import load_model
+    from ..inference import load_model
 
     apply_threads_option(args)
     model, tokenizer = load_model(args.model, "cpu")

@@ -12,8 +12,7 @@ def translator(model: str, engine: str, device: str | None, threads: int | None,
     `translate_texts`); with `nbest` above 1 or `with_scores`, each text's output is its N best translations
     on N lines, each after the text's index (from 0, counted from `first_line`) and a tab, and its score and
     a tab with `with_scores`."""
-    from ..inference import translate_nbest, translate_texts  # here, as every command's heavy imports
-    from ..checks.model_folder import load_model
+    from ..inference import load_model, translate_nbest, translate_texts  # here, as every command's heavy imports
 
     if nbest > 1 or with_scores:
         loaded, tokenizer = load_model(model, device)

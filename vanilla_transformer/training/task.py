@@ -27,7 +27,7 @@ from transformers import PreTrainedTokenizerBase
 from ..corpora import load_translation_dataset, resolve_languages
 from ..errors import BadInput
 from ..checks.files import read_json
-from ..checks.model_folder import load_tokenizer
+from ..inference import load_tokenizer
 from ..staging import write_file_whole
 from ..tokenizer import check_appends_eos, train_tokenizer
 from .arguments import TrainArguments

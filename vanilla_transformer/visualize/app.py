@@ -52,8 +52,7 @@ from vanilla_transformer.visualize.attention_maps import check_attention_support
 from vanilla_transformer.visualize.explorer import explorer_html, explorer_record
 from vanilla_transformer.choices import SERVE_LIMITS
 from vanilla_transformer.errors import BadInput
-from vanilla_transformer.inference import longest_token
-from vanilla_transformer.checks.model_folder import load_model
+from vanilla_transformer.inference import load_model, longest_token
 from vanilla_transformer.modeling.value_checks import MAX_NEW_TOKENS, check_decoding_options
 from vanilla_transformer.modeling.generation import DEFAULT_MAX_LENGTH_OFFSET
 from vanilla_transformer.staging import temporary_folder, write_file_whole
