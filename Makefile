@@ -21,7 +21,7 @@ TRANSFORMERS_TESTS = tests/modeling tests/export tests/test_hub.py tests/model_c
 ACCELERATE_TESTS = tests/training/test_distributed.py tests/training/test_accelerate_configs.py tests/training/test_checkpoints.py
 # The versions a run resolved, printed before its tests (the README's tested range is held to them: tests/test_readme.py).
 VERSIONS = import importlib.metadata as m, platform; print('python', platform.python_version(), '|', ' | '.join(f'{p} {m.version(p)}' for p in ('torch', 'transformers', 'accelerate', 'datasets', 'tokenizers', 'peft', 'huggingface_hub')))
-GPU_TESTS = tests/gpu/test_gpu.py tests/modeling/test_fast_generation.py::test_greedy_search_with_a_static_cache_compiles_the_decoder_step_into_one_graph
+GPU_TESTS = tests/gpu/test_gpu.py tests/modeling/test_search.py::test_greedy_search_with_a_static_cache_compiles_the_decoder_step_into_one_graph
 BIN = $(VENV)/bin
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 TRANSFORMERS_OLDEST := $(shell sed -n 's/^ *"transformers>=\([0-9.]*\),.*/\1/p' pyproject.toml)

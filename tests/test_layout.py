@@ -41,7 +41,6 @@ COVERED_ELSEWHERE = {
                                                       "the config is read by the model it builds"),
     "modeling/input_checks.py": ("modeling/test_modeling_vanilla_transformer.py", "the checks of the forward's inputs"),
     "modeling/saving.py": ("modeling/test_modeling_vanilla_transformer.py", "what makes a saved folder load"),
-    "modeling/search.py": ("modeling/test_generation.py", "the loops `generate` runs, tested through it"),
     "modeling/value_checks.py": ("safety/test_hostile_folders.py", "bounds on the decoding options a folder holds"),
     "visualize/api.py": ("cli/test_serve.py", "the JSON endpoint `serve` answers on"),
     "visualize/app.py": ("cli/test_serve.py", "the app `serve` runs"),

@@ -170,7 +170,7 @@ def test_readme_names_the_classes_print_model_shows_by_default_and_plain(tmp_pat
     paragraph = section[section.index("**What a loaded model runs.**"):].split("\n\n")[0]
     named = set(re.findall(r"`([A-Z]\w*)`", paragraph))
     assert named == default ^ plain, "the README names exactly the classes the default and plain models differ by"
-    assert {"FusedMultiHeadAttention", "PackableLinear", "ClosedFormCrossEntropy"} <= default - plain
+    assert {"FusedMultiHeadAttention", "ClosedFormCrossEntropy"} <= default - plain
     assert "(`sdpa`)" in paragraph and 'fast_paths=False, attn_implementation="eager"' in paragraph
     ours = {name for name in plain if not hasattr(torch.nn, name)}
     unnamed = sorted(name for name in ours if f"`{name}`" not in section)

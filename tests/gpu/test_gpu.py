@@ -1,7 +1,7 @@
 """The GPU tests: mixed precision, padding in fp16, the fused attention kernels, fused Adam,
 `generate` against the CPU's (equal, or equally scored where kernels break a near-tie), the synchronisations
 of a training step, and the training command (bf16 by default, beam-search evaluation) on a CUDA device. `make test-gpu` runs them (with the compiled
-static-cache test of tests/modeling/test_fast_generation.py); without CUDA they are skipped.
+static-cache test of tests/modeling/test_search.py); without CUDA they are skipped.
 
 To exercise their logic where there is no GPU, point them at another device:
 

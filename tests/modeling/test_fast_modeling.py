@@ -15,6 +15,7 @@ from vanilla_transformer.modeling import fast_modeling as fast
 from vanilla_transformer.modeling.attention import MultiHeadAttention
 from vanilla_transformer.modeling.fast_modeling import FusedMultiHeadAttention
 from vanilla_transformer.modeling.modeling_vanilla_transformer import LabelSmoothedCrossEntropy
+from vanilla_transformer.modeling.saving import CODE_FILES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ is not an installed package
 from benchmarks.kernels import count_kernels  # noqa: E402
@@ -213,50 +214,6 @@ def test_fused_attention_leaves_peft_s_lora_layers_to_run_their_own_forward():
     torch.testing.assert_close(outputs[0], outputs[1])
 
 
-class NoLookUp:
-    """Stands in for the packed weights' context variable: any read of it fails."""
-
-    def get(self):
-        raise AssertionError("the packed weights were looked up")
-
-    set = reset = get
-
-
-def test_training_never_looks_up_packed_weights(monkeypatch):
-    """Outside a search that packs them, the linear maps are nn.Linear's forward itself: a training step, forward
-    and backward, never reads the packed weights' context."""
-    model = make_model().train()
-    linears = [module for module in model.modules() if isinstance(module, fast.PackableLinear)]
-    assert linears or not fast.ONEDNN_LINEAR
-    assert all(type(module).forward is torch.nn.Linear.forward and "forward" not in vars(module) for module in linears)
-    monkeypatch.setattr(fast, "_PACKED", NoLookUp())
-    model(**batch()).loss.backward()
-    with torch.no_grad():  # evaluation, and transformers' own loops, alike
-        model.eval()(**batch())
-
-
-def test_packing_swaps_the_packed_forward_in_for_the_calls_that_pack_and_gives_nn_linear_s_numbers():
-    """`packed_weights` makes `packed_forward` the map's forward while a call (or several) packs it, and nn.Linear's
-    forward returns after the last; the product is nn.Linear's, and a copy made meanwhile is plain."""
-    import copy
-
-    if not fast.ONEDNN_LINEAR:
-        pytest.skip("this torch build has no oneDNN linear kernels: nothing is packed")
-    torch.manual_seed(0)
-    linear, x = fast.PackableLinear(24, 40), torch.randn(8, 24)
-    expected = F.linear(x, linear.weight, linear.bias)
-    with torch.no_grad(), fast.packed_weights({linear: fast.pack_weight(linear.weight)}):
-        assert linear.forward == linear.packed_forward
-        with fast.packed_weights({linear: fast.pack_weight(linear.weight)}):  # a second caller of a shared model
-            torch.testing.assert_close(linear(x), expected, rtol=1e-5, atol=1e-5)
-        assert linear.forward == linear.packed_forward  # the first still packs it
-        torch.testing.assert_close(linear(x), expected, rtol=1e-5, atol=1e-5)
-        assert "forward" not in vars(copy.deepcopy(linear))
-    assert "forward" not in vars(linear) and not fast._PACKING
-    with torch.no_grad():
-        assert torch.equal(linear(x), expected)
-
-
 def test_the_papers_attention_file_holds_no_speed_up():
     """The fused twin lives in fast_modeling.py; attention.py, the paper's §3.2, imports no fast_* file."""
     import vanilla_transformer.modeling.attention as attention
@@ -264,3 +221,15 @@ def test_the_papers_attention_file_holds_no_speed_up():
     source = Path(attention.__file__).read_text()
     assert FusedMultiHeadAttention.__module__ == fast.__name__
     assert "FusedMultiHeadAttention" not in vars(attention) and "fast_" not in source.split('"""', 2)[2]
+
+
+def test_the_model_is_built_of_plain_linear_maps_and_the_files_that_ship_hold_no_onednn_op():
+    """The model's linear maps are nn.Linear with the switch on or off; no file a saved folder ships names a oneDNN
+    op or the package's oneDNN decoding (onednn_decoding.py, tested in tests/test_onednn_decoding.py)."""
+    for switch in (True, False):
+        model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=40, fast_paths=switch))
+        assert {type(module) for module in model.modules() if isinstance(module, torch.nn.Linear)} == {torch.nn.Linear}
+    modeling = Path(fast.__file__).parent
+    for name in CODE_FILES:
+        text = (modeling / name).read_text(encoding="utf-8")
+        assert not any(word in text for word in ("mkldnn", "PackedLinear", "packed_weights")), name

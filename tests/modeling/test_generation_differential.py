@@ -13,7 +13,7 @@ on the same sentences, greedy and with num_beams=3, the argument set to the vali
 
 Our paper generation config is neutralised: transformers' length penalty style and an explicit
 `max_new_tokens` (the source + 50 cap applies only when the call names no length). The returned cache is
-not compared here (tests/modeling/test_fast_generation.py compares it with transformers' loop's).
+not compared here (tests/modeling/test_search.py compares it with transformers' loop's).
 
 `python tests/modeling/test_generation_differential.py` prints the table of every argument with its result.
 """

@@ -21,7 +21,7 @@ from vanilla_transformer import (
     VanillaTransformerConfig,
     VanillaTransformerForConditionalGeneration,
 )
-from vanilla_transformer.modeling import fast_modeling
+from vanilla_transformer.onednn_decoding import OnednnDecoding, current_packed_weights
 
 SENTENCES = ["In the beginning God created the heavens and the earth.", "Jesus wept.", "And God said, Let there be light."]
 # Each caller: its options, and the autocast dtype it decodes under (None: float32). Greedy without scores and
@@ -51,7 +51,7 @@ def shared(own_model, monkeypatch):
     """The model, a batch of three sentences, and oneDNN asked for in decoding (which kernel is faster depends on
     the machine), so that each search over several rows packs its weights."""
     model, tokenizer = own_model
-    monkeypatch.setattr(model, "onednn_decoding", True)
+    monkeypatch.setattr(model, "decoding_context", OnednnDecoding())
     return model, tokenizer(SENTENCES, return_tensors="pt", padding=True)
 
 
@@ -123,7 +123,7 @@ def test_a_caller_paused_inside_a_linear_map_while_another_decodes_whole_keeps_i
     solo = {caller: decode(model, batch, caller) for caller in CALLERS}
     a_inside, b_packed, a_done, b_paused_again, c_done = (threading.Event() for _ in range(5))
 
-    def pause_a(module, args):  # a forward pre-hook: inside the PackableLinear's call, before its product
+    def pause_a(module, args):  # a forward pre-hook: inside the linear map's call, before its product
         if threading.current_thread().name == "a" and not a_inside.is_set():
             a_inside.set()
             assert b_packed.wait(TIMEOUT)
@@ -133,7 +133,7 @@ def test_a_caller_paused_inside_a_linear_map_while_another_decodes_whole_keeps_i
     def pause_b(input_ids, scores):  # a logits processor: inside B's search loop, its weights packed
         steps.append(len(steps))
         if len(steps) == 1:
-            assert fast_modeling.current_packed_weights(), "B's search packs its weights"
+            assert current_packed_weights(), "B's search packs its weights"
             b_packed.set()
             assert a_done.wait(TIMEOUT)
         elif len(steps) == 2:
@@ -155,7 +155,7 @@ def test_a_caller_paused_inside_a_linear_map_while_another_decodes_whole_keeps_i
     assert_same(results["a"], solo["greedy, bf16 autocast"], "a")
     assert_same(results["b"], solo["beam 4"], "b")
     assert_same(results["c"], solo["greedy"], "c")
-    assert not fast_modeling.current_packed_weights()  # nothing left packed in the test's own thread
+    assert not current_packed_weights()  # nothing left packed in the test's own thread
 
 
 def test_the_model_is_copied_pickled_and_saved_while_it_decodes(shared):
@@ -167,7 +167,7 @@ def test_the_model_is_copied_pickled_and_saved_while_it_decodes(shared):
 
     def copy_now(input_ids, scores):
         if not made:
-            assert fast_modeling.current_packed_weights(), "the search packs its weights"
+            assert current_packed_weights(), "the search packs its weights"
             made["copy"] = copy.deepcopy(model)
             made["pickle"] = pickle.dumps(model)
             torch.save(model, buffer := io.BytesIO())

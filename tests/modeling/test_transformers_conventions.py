@@ -175,7 +175,7 @@ def test_the_id_check_reads_values_only_from_cpu_tensors():
         check_ids("input_ids", torch.tensor([1, 40], device="meta"), VOCAB)  # shapes are still checked
 
 
-# A cache that `generate` returns continues a generation: tests/modeling/test_fast_generation.py.
+# A cache that `generate` returns continues a generation: tests/modeling/test_search.py.
 
 
 @pytest.mark.parametrize("tied", [True, False])

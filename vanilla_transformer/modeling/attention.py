@@ -66,8 +66,7 @@ class MultiHeadAttention(nn.Module):
     output. The attention function is the model's `attn_implementation`: "eager" (the function above),
     "sdpa", "flex_attention" or "flash_attention_2" (transformers' kernels of the same)."""
 
-    def __init__(self, config, layer_idx: int | None = None, is_cross_attention=False, is_causal=False,
-                 linear=nn.Linear):
+    def __init__(self, config, layer_idx: int | None = None, is_cross_attention=False, is_causal=False):
         super().__init__()
         self.config = config  # a VanillaTransformerConfig; `attn_implementation` is read from it
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
@@ -75,11 +74,11 @@ class MultiHeadAttention(nn.Module):
         self.is_causal = is_causal  # §3.2.3's look-ahead mask; transformers' fused kernels read it
         self.scaling = 1.0 if config.attention_score == "dot" else self.head_dim**-0.5  # Luong's dot: unscaled
         self.dropout = config.attention_dropout
-        d_model = config.d_model  # `linear`: the class of the projections, which the model file chooses
-        self.q_proj = linear(d_model, d_model)  # W^Q of all heads
-        self.k_proj = linear(d_model, d_model)  # W^K
-        self.v_proj = linear(d_model, d_model)  # W^V
-        self.out_proj = linear(d_model, d_model)  # W^O
+        d_model = config.d_model
+        self.q_proj = nn.Linear(d_model, d_model)  # W^Q of all heads
+        self.k_proj = nn.Linear(d_model, d_model)  # W^K
+        self.v_proj = nn.Linear(d_model, d_model)  # W^V
+        self.out_proj = nn.Linear(d_model, d_model)  # W^O
         for projection in (self.q_proj, self.k_proj, self.v_proj):
             projection.is_attention_input = True  # initialised as fairseq does (see _init_weights)
 

@@ -39,8 +39,8 @@ class ExplicitAttention(MultiHeadAttention):
     the score (`score`, the scaled dot product here; the classes below override it), the mask, the
     normalization (softmax, ReLU or sparsemax) or hard attention, and local-p's window."""
 
-    def __init__(self, config, layer_idx=None, is_cross_attention=False, is_causal=False, linear=nn.Linear):
-        super().__init__(config, layer_idx, is_cross_attention, is_causal, linear)
+    def __init__(self, config, layer_idx=None, is_cross_attention=False, is_causal=False):
+        super().__init__(config, layer_idx, is_cross_attention, is_causal)
         self.normalize = NORMALIZATIONS[config.attention_normalization]
         self.hard = config.attention_hardness == "hard"
         # local-p predicts where to look in the source; in self-attention the aligned position is the query's own.

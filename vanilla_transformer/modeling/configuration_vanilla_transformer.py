@@ -139,10 +139,10 @@ class VanillaTransformerConfig(PretrainedConfig):
         dataset_config / dataset_columns: what else reads that data set again (a Hub configuration, the
             column names of a headerless .tsv/.csv, comma-separated), written by training; None when not needed.
         fast_paths: True (the default) builds the model with its speed-ups, which give the plain path's
-            numbers with less work: the smoothed cross-entropy with its gradient in closed form
-            (fast_modeling.py), and in decoding the decoder's products and the output
-            projection on oneDNN, where it is faster (fast_generation.py). False builds
-            and decodes on the plain paper path.
+            numbers with less work: the smoothed cross-entropy with its gradient in closed form and
+            attention's projections of one input as one product in training (fast_modeling.py), done
+            sentences leaving the batch in decoding (search.py), and the package's oneDNN decoding where it
+            loads the model. False builds and decodes on the plain paper path.
             Read when the model is built (and by `generate`).
     """
 

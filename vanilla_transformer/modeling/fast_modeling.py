@@ -1,26 +1,19 @@
-"""The model's speed-ups, chosen when it is built (modeling_vanilla_transformer.py's `attention_class` and
-`linear_class`) unless `config.fast_paths` is False:
+"""The model's speed-ups, chosen when it is built (modeling_vanilla_transformer.py's `attention_class` and its
+criterion) unless `config.fast_paths` is False:
 
 - §5.4's label-smoothed cross-entropy with its gradient in closed form (`ClosedFormCrossEntropy`), the same numbers as
   `LabelSmoothedCrossEntropy` (modeling_vanilla_transformer.py) with less memory and time;
-- the linear maps as `PackableLinear`: nn.Linear, whose weights decoding can pack for oneDNN's kernels
-  (fast_generation.py says when), its `packed_forward` swapped in for that call alone;
 - attention's projections of one input as one product while training (`FusedMultiHeadAttention`, attention.py's
   `MultiHeadAttention` with `fused_linear`).
 
-tests/modeling/test_fast_modeling.py and test_fast_generation.py compare them with the plain path, and
+tests/modeling/test_fast_modeling.py compares them with the plain path, and
 benchmarks/ says what they save.
 
-This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only the standard
-library, torch and attention.py beside it (and looks up two of torch's own oneDNN ops by name, see below).
+This file ships with saved models and is loaded with `trust_remote_code=True`: it imports only torch and
+attention.py beside it.
 """
 
 from __future__ import annotations
-
-import contextlib
-import contextvars
-import threading
-import types
 
 import torch
 from torch import nn
@@ -116,96 +109,13 @@ class ClosedFormCrossEntropy(nn.Module):
         return _SmoothedCrossEntropy.apply(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), epsilon)
 
 
-# A decoding step multiplies a few rows (one per sentence or beam) by every weight matrix of the decoder and by
-# the output projection. In float32 on a CPU torch runs these products on MKL; oneDNN, also inside torch, can
-# take each weight laid out ("packed") for its kernels once per `generate` call (the weights cannot change
-# meanwhile). The ops are those torch.compile uses when it freezes weights on a CPU; their names are private,
-# so they are looked up, and without them nothing is packed. benchmarks/ reports what it saves.
-ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and all(
-    hasattr(torch.ops.mkldnn, name) for name in ("_reorder_linear_weight", "_linear_pointwise")
-)
-
-
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` laid out for oneDNN's kernels (`onednn_linear`'s `packed`)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-
-
-def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias) -> torch.Tensor:
-    """nn.Linear's product on oneDNN, with the weight packed by `pack_weight`."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-
-# The packed weights of the `generate` call running in this thread (or asyncio task), {PackableLinear: weight}:
-# held per call, never on the module, so that other callers of a shared model, and copies of it, see none of them.
-_PACKED = contextvars.ContextVar("packed_weights", default=types.MappingProxyType({}))
-# How many calls pack each PackableLinear now: its `forward` is `packed_forward` while one does.
-_PACKING: dict = {}
-_PACKING_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def packed_weights(weights: dict):
-    """While it lasts, and in this thread (or task) only, each PackableLinear in `weights` runs its product on
-    oneDNN with the packed weight given for it. Meanwhile their `forward` is `packed_forward`, which finds this
-    call's weight; outside every call that packs them they are nn.Linear, with nothing to look up."""
-    token = _PACKED.set(types.MappingProxyType(weights))
-    _count_packing(weights, 1)
-    try:
-        yield
-    finally:
-        _count_packing(weights, -1)
-        _PACKED.reset(token)
-
-
-def _count_packing(modules, step: int) -> None:
-    """Swap `packed_forward` in for the first call that packs a module, and out after the last."""
-    with _PACKING_LOCK:
-        for module in modules:
-            count = _PACKING.pop(module, 0) + step
-            if count:
-                _PACKING[module] = count
-            if count == step == 1:  # the first call that packs it
-                module.forward = module.packed_forward
-            elif not count:  # the last one has ended
-                del module.forward
-
-
-def current_packed_weights() -> types.MappingProxyType:
-    """The packed weights this thread (or task) decodes with now: {PackableLinear: weight}, empty outside a call."""
-    return _PACKED.get()
-
-
-class PackableLinear(nn.Linear):
-    """nn.Linear, the model's linear maps (§3.2.2's projections, §3.3's W_1 and W_2, §3.4's output
-    projection), whose product search.py's loops may run on oneDNN with the weight packed for one `generate`
-    call (fast_generation's `onednn_decoding_weights`, through `packed_weights`, which makes `packed_forward` its forward
-    for the call). Elsewhere, in training always, nn.Linear's own forward runs."""
-
-    def packed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The product on this call's packed weight; nn.Linear's where gradients are on, under autocast, in
-        another thread's call (which packs nothing of its own) or while compiling."""
-        if torch.compiler.is_compiling():  # a compiled step packs nothing (and traces no context variable)
-            return super().forward(x)
-        packed = current_packed_weights().get(self)  # read once: this call's own, whatever other threads do meanwhile
-        if packed is None or torch.is_grad_enabled() or x.dtype != torch.float32:
-            return super().forward(x)
-        return onednn_linear(x, packed, self.bias)
-
-    def __getstate__(self):
-        """A copy (deepcopy, pickle, torch.save) made while a call packs this map is a plain one."""
-        state = super().__getstate__()
-        state.pop("forward", None)
-        return state
-
-
 def fused_linear(x: torch.Tensor, linears) -> tuple[torch.Tensor, ...]:
     """Each of `linears` (nn.Linear of the same input width) applied to `x`, as one product with their weights and
     biases concatenated: one matrix product forward and two backward instead of one and two for each, and under
     autocast one cast of the concatenation instead of one per weight. The parameters stay the modules' own (the
     concatenation is made at every call, a copy of the weights), so their names, and what loads and saves them,
     do not change. Modules of another class (PEFT's LoRA layers, quantized ones) each run their own forward."""
-    if any(type(linear) not in (nn.Linear, PackableLinear) or linear.bias is None for linear in linears):
+    if any(type(linear) is not nn.Linear or linear.bias is None for linear in linears):
         return tuple(linear(x) for linear in linears)
     weight = torch.cat([linear.weight for linear in linears])
     bias = torch.cat([linear.bias for linear in linears])
@@ -216,7 +126,7 @@ class FusedMultiHeadAttention(MultiHeadAttention):
     """MultiHeadAttention (the same parameters, names and numbers) whose projections of one input are one product
     while gradients are on (`fused_linear`): W^Q, W^K and W^V of self-attention, W^K and W^V of
     attention over the encoder output. Fewer, larger products and casts per training step; decoding keeps one
-    product per projection, which it can run on packed weights (fast_generation). Chosen when a layer is built,
+    product per projection, which the package's oneDNN decoding can run on packed weights. Chosen when a layer is built,
     with `config.fast_paths`."""
 
     def projections(self, hidden_states, source):
@@ -227,14 +137,4 @@ class FusedMultiHeadAttention(MultiHeadAttention):
         return self._heads(self.q_proj, hidden_states), *map(self._split_heads, fused_linear(source, (self.k_proj, self.v_proj)))
 
 
-__all__ = [
-    "ONEDNN_LINEAR",
-    "ClosedFormCrossEntropy",
-    "FusedMultiHeadAttention",
-    "PackableLinear",
-    "current_packed_weights",
-    "onednn_linear",
-    "pack_weight",
-    "fused_linear",
-    "packed_weights",
-]
+__all__ = ["ClosedFormCrossEntropy", "FusedMultiHeadAttention", "fused_linear"]

@@ -17,11 +17,10 @@ it; a test keeps the list whole):
     value_checks.py                       the checks of the decoding options and of finite numbers
     saving.py                             what a saved folder needs to load anywhere
     fast_modeling.py                      the speed-ups it is built with (`fast_paths`): the loss with its
-                                          gradient in closed form, linear maps that decoding can pack
+                                          gradient in closed form, attention's projections fused in training
     generation.py                         decoding (§6.1): the options the model adds, the source-length cap,
                                           which loop serves a call
-    search.py                             the loops generation.py runs: greedy search and the paper's beam search
-    fast_generation.py                    decoding's speed-ups: oneDNN decoding (the model's `onednn_decoding`),
+    search.py                             the loops generation.py runs: greedy search and the paper's beam search,
                                           done sentences leaving the batch
     pipeline_vanilla_transformer.py       the `translation` pipeline a saved folder records in its config.json
 
@@ -70,12 +69,7 @@ from .attention_variants import (
     variant_attention_class,
 )
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .fast_modeling import (  # speed-ups (`fast_paths`)
-    ONEDNN_LINEAR,
-    ClosedFormCrossEntropy,
-    FusedMultiHeadAttention,
-    PackableLinear,
-)
+from .fast_modeling import ClosedFormCrossEntropy, FusedMultiHeadAttention  # speed-ups (`fast_paths`)
 from .generation import generate_with_added_options  # decoding (§6.1)
 from .saving import CustomCodeMixin
 
@@ -91,12 +85,6 @@ def attention_class(config: VanillaTransformerConfig):
     return variant_attention_class(config) or (FusedMultiHeadAttention if config.fast_paths else MultiHeadAttention)
 
 
-def linear_class(config: VanillaTransformerConfig):
-    """nn.Linear (with `fast_paths`, its twin PackableLinear where torch has oneDNN's kernels: the same layer, whose
-    weights decoding can pack), chosen once, when a layer is built."""
-    return PackableLinear if config.fast_paths and ONEDNN_LINEAR else nn.Linear
-
-
 def local_attention_masks(config: VanillaTransformerConfig):
     """Luong's local attention, None for the paper's: mask functions that hide keys beyond ±D."""
     return LocalAttentionMasks(config) if config.local_attention != "none" else None
@@ -107,8 +95,7 @@ class FeedForward(nn.Module):
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__()
-        linear = linear_class(config)
-        self.fc1, self.fc2 = linear(config.d_model, config.d_ff), linear(config.d_ff, config.d_model)  # W_1, W_2
+        self.fc1, self.fc2 = nn.Linear(config.d_model, config.d_ff), nn.Linear(config.d_ff, config.d_model)  # W_1, W_2
         self.activation = F.relu if config.activation == "relu" else F.gelu
 
     def forward(self, x):
@@ -144,7 +131,7 @@ class EncoderLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__()
-        self.self_attn = attention_class(config)(config, linear=linear_class(config))
+        self.self_attn = attention_class(config)(config)
         self.self_attn_residual = Residual(config)
         self.feed_forward = FeedForward(config)
         self.feed_forward_residual = Residual(config)
@@ -162,10 +149,10 @@ class DecoderLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: VanillaTransformerConfig, layer_idx: int):
         super().__init__()
-        attention, linear = attention_class(config), linear_class(config)
-        self.self_attn = attention(config, layer_idx=layer_idx, is_causal=True, linear=linear)
+        attention = attention_class(config)
+        self.self_attn = attention(config, layer_idx=layer_idx, is_causal=True)
         self.self_attn_residual = Residual(config)
-        self.cross_attn = attention(config, layer_idx=layer_idx, is_cross_attention=True, linear=linear)
+        self.cross_attn = attention(config, layer_idx=layer_idx, is_cross_attention=True)
         self.cross_attn_residual = Residual(config)
         self.feed_forward = FeedForward(config)
         self.feed_forward_residual = Residual(config)
@@ -507,15 +494,15 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     `AutoModelForSeq2SeqLM`. Given `labels`, returns the (optionally label-smoothed, §5.4) loss."""
 
     accepts_loss_kwargs = True  # `Trainer` passes `num_items_in_batch`
-    # Our decoding loops' products on oneDNN, weights packed per call (fast_generation.py): True for all, or the
-    # (in, out) shapes to pack. Which kernel is faster depends on the CPU and the shape, so whoever loads the model
-    # sets it (the package's load_model times both per shape); off, torch's own.
-    onednn_decoding = False
+    # None, or the context search.py's loops run each call in, called with the model and the rows the call decodes:
+    # the package's load_model sets it where it times oneDNN's kernels faster than torch's (onednn_decoding.py there).
+    # Set when a model is loaded, never saved.
+    decoding_context = None
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
-        self.lm_head = linear_class(config)(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         # §5.4's loss, or with `fast_paths` its twin of the same numbers (gradient in closed form)
         self.criterion = ClosedFormCrossEntropy() if config.fast_paths else LabelSmoothedCrossEntropy()
         if config.tie_word_embeddings:  # §3.4: one matrix for both embeddings and the pre-softmax projection

@@ -35,7 +35,6 @@ CODE_FILES = (
     "fast_modeling.py",
     "generation.py",
     "search.py",
-    "fast_generation.py",
     "pipeline_vanilla_transformer.py",
 )
 

@@ -34,6 +34,7 @@ standard library, torch, the public API of transformers and the files beside it.
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -56,7 +57,6 @@ from transformers.generation import (
 from transformers.masking_utils import create_bidirectional_mask
 
 from .input_checks import CACHE_NAME
-from .fast_generation import onednn_decoding_weights, should_prune
 
 
 def gnmt_length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Tensor | float:
@@ -249,6 +249,21 @@ def _staying_and_leaving(done: torch.Tensor, count: int) -> tuple[torch.Tensor, 
     return places[:count], places[count:]
 
 
+def should_prune(not_done: int, batch: int) -> bool:
+    """The one rule by which done rows (in beam search, done sentences) leave the batch of our loops: at once, when
+    fewer than the `batch` rows (or sentences) are `not_done`. Gathering the rows that stay costs no more than
+    computing done rows for a step or two, and beam search gathers its self-attention cache at every step anyway (to
+    reorder its beams)."""
+    return not_done < batch
+
+
+def decoding_context(model, rows: int):
+    """The context one call of our loops over `rows` rows runs in: the model's `decoding_context` (set where the
+    package loads the model: its oneDNN decoding), or none."""
+    hook = getattr(model, "decoding_context", None)
+    return contextlib.nullcontext() if hook is None else hook(model, rows)
+
+
 def greedy_search(model, input_ids, logits_processor, stopping_criteria, generation_config, prune=True, **model_kwargs):
     """Greedy decoding in which done rows leave the batch (`should_prune`); a `custom_generate`
     callable. A row is done once its hypothesis is finished.
@@ -256,8 +271,8 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     Returns what transformers' greedy search returns, token for token: each row its argmax tokens,
     padded after it finishes, up to the step the last row finished. Rows stay in place (as in transformers,
     fed padding once done) under the conditions of `gnmt_beam_search`. As there, the host waits for the
-    device once a step (how many rows are not done); the decoder's products run on packed weights where that is
-    faster (`onednn_decoding_weights`). Our `generate` uses it for
+    device once a step (how many rows are not done); each call runs in the model's `decoding_context`
+    (`decoding_context`). Our `generate` uses it for
     plain greedy decoding without per-step outputs or a static cache (with one, transformers' loop
     compiles the step).
     """
@@ -270,7 +285,7 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     active = torch.arange(rows, device=input_ids.device)  # the rows in the batch, by their index in the input
     tokens = input_ids  # theirs so far
     done = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
-    with onednn_decoding_weights(model, rows):
+    with decoding_context(model, rows):
         while True:
             _, logits = live.step(tokens)
             scores = live.process(tokens, logits)
@@ -493,8 +508,8 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     (</s>, a stopping criterion such as max_length, the sentence's cap) among the best K are kept as finished
     hypotheses, scored by the ranking; the best K that did not finish live on; sentences whose finished hypotheses
     no live one can beat are done. The host waits for the device once a step, for the number of sentences
-    not done (`_not_done_count`); everything else stays on the device. The decoder's products run on packed
-    weights where that is faster (`onednn_decoding_weights`).
+    not done (`_not_done_count`); everything else stays on the device. The call runs in the model's
+    `decoding_context` (`decoding_context`).
 
     Done sentences leave the batch (as in fairseq's generator, by the rule of `should_prune`): their
     rows are no longer computed, and the search returns when the last sentence is done. Outputs and scores
@@ -513,7 +528,7 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     longest = generation_config.max_length - prompt_length  # transformers' max_length, under the sentences' caps
 
     count = -1
-    with onednn_decoding_weights(model, input_ids.size(0)):
+    with decoding_context(model, input_ids.size(0)):
         while count != 0:
             parents, done = _beam_step(live, hypotheses, steps, stopping_criteria, longest)
             count = _not_done_count(done)

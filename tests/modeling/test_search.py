@@ -1,15 +1,11 @@
-"""Decoding: transformers' own cache in every mode (a returned one continues a generation); the fast
-paths (done sentences leaving the batch, the self-attention-only beam reordering, the decoder's
-products on packed weights) change no output against transformers' own loops."""
+"""Our decoding loops (search.py): transformers' own cache in every mode (a returned one continues a generation);
+done sentences leaving the batch and the self-attention-only beam reordering change no output against transformers'
+own loops. The decoder's products on oneDNN, the package's, are tested in tests/test_onednn_decoding.py."""
 
-import contextlib
 import functools
 import inspect
 import json
 import logging
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -19,12 +15,9 @@ from transformers import CompileConfig, GenerationMixin
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-from vanilla_transformer.modeling import fast_generation as fast
-from vanilla_transformer.modeling import fast_modeling
 from vanilla_transformer.modeling import search as loops
 from vanilla_transformer.modeling.generation import CACHE_NAME
 from vanilla_transformer.modeling.search import gnmt_beam_search, greedy_search
-from vanilla_transformer.modeling.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
 aten = torch.ops.aten
 
@@ -297,11 +290,11 @@ def test_the_pruning_searches_are_what_generate_runs(model_and_batch, monkeypatc
 
 
 def test_one_rule_lets_done_rows_leave_greedy_and_beam_search(monkeypatch):
-    """`fast.should_prune`, the rule of both searches: done rows (in beam search, the rows of done
+    """`loops.should_prune`, the rule of both searches: done rows (in beam search, the rows of done
     sentences) leave at once; rows that stay change no output."""
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
-    assert [fast.should_prune(16 - finished, 16) for finished in (0, 1, 16)] == [False, True, True]
+    assert [loops.should_prune(16 - finished, 16) for finished in (0, 1, 16)] == [False, True, True]
     torch.manual_seed(0)
     model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=40, dropout=0.0)).eval()
     # Random weights run every sentence to its cap (source length 1 to 16, + 2): one sentence ends per
@@ -409,147 +402,3 @@ def test_greedy_search_with_a_static_cache_compiles_the_decoder_step_into_one_gr
         model.to("cpu")
         torch._dynamo.reset()
 
-
-def _packable(model) -> list:
-    return [module for module in model.modules() if isinstance(module, fast.PackableLinear)]
-
-
-@pytest.fixture
-def packed_counts(monkeypatch):
-    """For each search loop: how many of the model's linear maps it ran on packed weights."""
-    seen = []
-    onednn_decoding_weights = fast.onednn_decoding_weights
-
-    @contextlib.contextmanager
-    def spy(model, rows):
-        with onednn_decoding_weights(model, rows):
-            seen.append(sum(module in fast_modeling.current_packed_weights() for module in _packable(model)))
-            yield
-
-    monkeypatch.setattr(loops, "onednn_decoding_weights", spy)
-    return seen
-
-
-@pytest.fixture
-def onednn_faster(monkeypatch):
-    """oneDNN asked for in decoding (the model's `onednn_decoding`; which kernel is faster depends on the machine)."""
-    if not fast.ONEDNN_LINEAR:
-        pytest.skip("this torch build has no oneDNN linear kernels: nothing is packed")
-    monkeypatch.setattr(VanillaTransformerForConditionalGeneration, "onednn_decoding", True)
-
-
-def test_a_packed_linear_map_gives_the_numbers_of_nn_linear(onednn_faster):
-    """A linear map on oneDNN with its weight packed: nn.Linear's numbers, each row independent of the others
-    (rows leave the batch); nn.Linear itself with gradients on and when not packed."""
-    torch.manual_seed(0)
-    linear, x = fast.PackableLinear(24, 40), torch.randn(40, 24)
-    expected = torch.nn.functional.linear(x, linear.weight, linear.bias)
-    with torch.no_grad(), fast_modeling.packed_weights({linear: fast_modeling.pack_weight(linear.weight)}):
-        with torch.profiler.profile() as profile:
-            packed = linear(x)
-        assert "mkldnn::_linear_pointwise" in {event.key for event in profile.key_averages()}
-        torch.testing.assert_close(packed, expected, rtol=1e-5, atol=1e-5)
-        for rows in (1, 3, 17):
-            assert torch.equal(linear(x[:rows]), packed[:rows])
-        torch.testing.assert_close(linear(x[:5, None]), expected[:5, None], rtol=1e-5, atol=1e-5)  # (B, 1, d)
-        with torch.enable_grad():
-            assert linear(x).grad_fn is not None  # with gradients: nn.Linear's own product
-    with torch.no_grad():
-        assert torch.equal(linear(x), expected)
-
-
-@pytest.mark.parametrize("mode", ["greedy", "beam, GNMT"])
-def test_generate_packs_the_decoder_and_the_projection_and_decodes_what_the_plain_path_decodes(
-    model_and_batch, mode, monkeypatch, packed_counts, onednn_faster
-):
-    model, batch = model_and_batch
-    # Greedy search asked for per-step scores runs in transformers' loop, which packs nothing.
-    options = dict(MODES[mode], **({} if mode == "greedy" else dict(return_dict_in_generate=True, output_scores=True)))
-    with monkeypatch.context() as patch:
-        patch.setattr(torch.backends.mkldnn, "enabled", False)  # torch's own switch
-        plain = _generate(model, batch, **options)
-    assert packed_counts == [0]
-    packed = _generate(model, batch, **options)
-    # Every linear map of the decoder (4 per attention, 2 in the FFN) and the output projection.
-    assert packed_counts[1:] == [len(model.model.decoder.layers) * 10 + 1]
-    assert not fast_modeling.current_packed_weights()  # only while the loop runs
-    if mode == "greedy":
-        assert torch.equal(packed, plain)
-        return
-    assert torch.equal(packed.sequences, plain.sequences)
-    for a, b in zip(packed.scores, plain.scores):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-
-
-def test_a_search_that_fails_leaves_nothing_packed(model_and_batch, onednn_faster):
-    model, batch = model_and_batch
-
-    def fail(input_ids, scores):
-        assert any(module in fast_modeling.current_packed_weights() for module in _packable(model))
-        raise RuntimeError("a processor failed")
-
-    with pytest.raises(RuntimeError, match="a processor failed"):
-        model.generate(**batch, num_beams=1, logits_processor=[fail])
-    assert not fast_modeling.current_packed_weights()
-
-
-def test_what_is_worth_packing(model_and_batch, monkeypatch, packed_counts, onednn_faster):
-    """Asked for, more than one row, oneDNN on, no autocast, float32 weights of the CPU, and the switch on."""
-    model, batch = model_and_batch
-    lm_head = model.get_output_embeddings()
-    assert fast.worth_packing(model, lm_head, rows=2)
-    assert not fast.worth_packing(model, lm_head, rows=1)  # one sentence: not worth packing
-    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast runs the product in its own dtype
-        assert not fast.worth_packing(model, lm_head, rows=2)
-    assert not fast.worth_packing(model, torch.nn.Linear(4, 4, dtype=torch.bfloat16), rows=2)
-    assert not fast.worth_packing(model, torch.nn.Linear(4, 4, device="meta"), rows=2)  # offloaded
-    with monkeypatch.context() as patch:
-        patch.setattr(model.config, "fast_paths", False, raising=False)  # ours
-        assert not fast.worth_packing(model, lm_head, rows=2)
-    with monkeypatch.context() as patch:
-        patch.setattr(model, "onednn_decoding", False)  # the default
-        assert not fast.worth_packing(model, lm_head, rows=2)
-    one = {name: value[:1] for name, value in batch.items()}
-    model.generate(**one, num_beams=1)
-    model.generate(**one, num_beams=2, length_penalty_style="gnmt")  # two rows: packed
-    assert packed_counts[0] == 0 and packed_counts[1] > 0
-
-
-@pytest.mark.slow
-def test_generate_times_no_kernel_and_packs_only_where_asked():
-    """Which kernel decodes is the model's `onednn_decoding`, set before `generate` (torch's own by default), not
-    timed inside it: in a fresh process a default model packs no weight, not even to time a kernel, and the same
-    model asked for oneDNN packs them and decodes the same tokens."""
-    if not fast.ONEDNN_LINEAR:
-        pytest.skip("this torch build has no oneDNN linear kernels: nothing is packed")
-    code = textwrap.dedent("""
-        import torch
-        from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-        from vanilla_transformer.modeling import fast_generation
-
-        packed = []
-        pack_weight = fast_generation.pack_weight
-        fast_generation.pack_weight = lambda weight: packed.append(weight.shape) or pack_weight(weight)
-        torch.manual_seed(0)
-        model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=40)).eval()
-        source = torch.randint(4, 40, (3, 6), generator=torch.Generator().manual_seed(0))
-        outputs = [model.generate(source, num_beams=beams, max_new_tokens=5) for beams in (1, 4)]
-        print(len(packed))
-        model.onednn_decoding = True
-        same = [torch.equal(model.generate(source, num_beams=beams, max_new_tokens=5), out)
-                for beams, out in zip((1, 4), outputs)]
-        print(len(packed) > 0, all(same))
-        """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["0", "True", "True"]
-
-
-def test_fast_paths_false_builds_plain_linear_maps():
-    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-
-    for switch in (True, False):
-        model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=40, fast_paths=switch))
-        linear_types = {type(module) for module in model.modules() if isinstance(module, torch.nn.Linear)}
-        expected = fast.PackableLinear if switch and fast.ONEDNN_LINEAR else torch.nn.Linear
-        assert linear_types == {expected}
