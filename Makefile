@@ -17,7 +17,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PIN ?=
 TESTS ?=
-TRANSFORMERS_TESTS = tests/modeling tests/export tests/test_hub.py tests/model_card tests/test_tokenizer.py tests/metrics
+TRANSFORMERS_TESTS = tests/modeling tests/test_onednn_decoding.py tests/export tests/test_hub.py tests/model_card tests/test_tokenizer.py tests/metrics
 ACCELERATE_TESTS = tests/training/test_distributed.py tests/training/test_accelerate_configs.py tests/training/test_checkpoints.py
 # The versions a run resolved, printed before its tests (the README's tested range is held to them: tests/test_readme.py).
 VERSIONS = import importlib.metadata as m, platform; print('python', platform.python_version(), '|', ' | '.join(f'{p} {m.version(p)}' for p in ('torch', 'transformers', 'accelerate', 'datasets', 'tokenizers', 'peft', 'huggingface_hub')))
