@@ -153,7 +153,7 @@ def _linear_maps(model) -> list:
 def packed_counts(monkeypatch):
     """For each call of our loops: how many of the model's linear maps it ran on packed weights."""
     seen = []
-    context = loops.decoding_context
+    context = loops.call_context
 
     @contextlib.contextmanager
     def spy(model, rows):
@@ -161,7 +161,7 @@ def packed_counts(monkeypatch):
             seen.append(sum(module in current_packed_weights() for module in _linear_maps(model)))
             yield
 
-    monkeypatch.setattr(loops, "decoding_context", spy)
+    monkeypatch.setattr(loops, "call_context", spy)
     return seen
 
 

@@ -257,7 +257,7 @@ def should_prune(not_done: int, batch: int) -> bool:
     return not_done < batch
 
 
-def decoding_context(model, rows: int):
+def call_context(model, rows: int):
     """The context one call of our loops over `rows` rows runs in: the model's `decoding_context` (set where the
     package loads the model: its oneDNN decoding), or none."""
     hook = getattr(model, "decoding_context", None)
@@ -272,7 +272,7 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     padded after it finishes, up to the step the last row finished. Rows stay in place (as in transformers,
     fed padding once done) under the conditions of `gnmt_beam_search`. As there, the host waits for the
     device once a step (how many rows are not done); each call runs in the model's `decoding_context`
-    (`decoding_context`). Our `generate` uses it for
+    (`call_context`). Our `generate` uses it for
     plain greedy decoding without per-step outputs or a static cache (with one, transformers' loop
     compiles the step).
     """
@@ -285,7 +285,7 @@ def greedy_search(model, input_ids, logits_processor, stopping_criteria, generat
     active = torch.arange(rows, device=input_ids.device)  # the rows in the batch, by their index in the input
     tokens = input_ids  # theirs so far
     done = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
-    with decoding_context(model, rows):
+    with call_context(model, rows):
         while True:
             _, logits = live.step(tokens)
             scores = live.process(tokens, logits)
@@ -509,7 +509,7 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     hypotheses, scored by the ranking; the best K that did not finish live on; sentences whose finished hypotheses
     no live one can beat are done. The host waits for the device once a step, for the number of sentences
     not done (`_not_done_count`); everything else stays on the device. The call runs in the model's
-    `decoding_context` (`decoding_context`).
+    `decoding_context` (`call_context`).
 
     Done sentences leave the batch (as in fairseq's generator, by the rule of `should_prune`): their
     rows are no longer computed, and the search returns when the last sentence is done. Outputs and scores
@@ -528,7 +528,7 @@ def gnmt_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     longest = generation_config.max_length - prompt_length  # transformers' max_length, under the sentences' caps
 
     count = -1
-    with decoding_context(model, input_ids.size(0)):
+    with call_context(model, input_ids.size(0)):
         while count != 0:
             parents, done = _beam_step(live, hypotheses, steps, stopping_criteria, longest)
             count = _not_done_count(done)

@@ -56,7 +56,7 @@ __all__ = [
     "WeightAverage",
     "average_checkpoints",
     "checkpoint_layout",
-    "checkpoint_name",
+    "checkpoint_step",
     "checkpoint_path",
     "checkpoint_weights",
     "drop_tied_copies",
@@ -101,7 +101,7 @@ def checkpoint_path(root: str | os.PathLike, step: int) -> Path:
     return Path(root) / f"checkpoint-{step:08d}"
 
 
-def checkpoint_name(name: str) -> int | None:
+def checkpoint_step(name: str) -> int | None:
     """The step a checkpoint's folder name gives (checkpoint-00000042: 42), or None for another name."""
     match = _NAME.match(name)
     return int(match.group(1)) if match else None

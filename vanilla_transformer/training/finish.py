@@ -19,7 +19,7 @@ from accelerate.logging import get_logger
 from ..hub import RESULTS_FILE, save_model_files, write_model_card, write_results
 from ..modeling.generation import paper_generation_config
 from .arguments import TrainArguments
-from .checkpoints import average_checkpoints, checkpoint_name, checkpoint_path, list_checkpoints
+from .checkpoints import average_checkpoints, checkpoint_step, checkpoint_path, list_checkpoints
 from .distributed import end_training
 from .evaluation import evaluate, full_model, load_weights, report
 from .budget import Budget, ScoringInterrupted, StopScoring
@@ -140,7 +140,7 @@ def _chosen_checkpoints(components: Components, state: RunState, args: TrainArgu
                        "the final weights are the last checkpoints'")
     checkpoints = list_checkpoints(components.checkpoint_root)
     # a fine-tuning's baseline (step 0) trained nothing: it is final only as the best, or where nothing else was saved
-    trained = [p for p in checkpoints if checkpoint_name(p.name) != 0] or checkpoints
+    trained = [p for p in checkpoints if checkpoint_step(p.name) != 0] or checkpoints
     chosen = trained[-args.average_last :]
     if len(chosen) < args.average_last:
         logger.warning(f"`average_last` is {args.average_last}, but the run has {len(chosen)} checkpoint(s): the "

@@ -35,7 +35,7 @@ from ..errors import BadInput
 from ..checks.files import read_json
 from ..hub import DESCRIPTION_FILES
 from ..staging import FULL_DISK_ERRNOS, DiskFull, sweep_staging
-from .checkpoints import checkpoint_name, latest_checkpoint, list_checkpoints, read_state
+from .checkpoints import checkpoint_step, latest_checkpoint, list_checkpoints, read_state
 
 try:
     import fcntl
@@ -116,7 +116,7 @@ def _not_run_records(checkpoints: Path) -> list[str]:
     if not checkpoints.is_dir():
         return []
     return sorted(f"{CHECKPOINTS}/{entry.name}" for entry in checkpoints.iterdir()
-                  if checkpoint_name(entry.name) is not None
+                  if checkpoint_step(entry.name) is not None
                   or (entry.name in ("config.json", TOKENIZER_OPTIONS) and not _run_record(entry)))
 
 
