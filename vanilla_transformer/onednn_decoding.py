@@ -110,6 +110,13 @@ class PackedLinear(nn.Linear):
         return (object.__new__, (nn.Linear,), *rest)
 
 
+def decoding_linears(model) -> list[nn.Linear]:
+    """The maps oneDNN decoding may pack: the decoder's nn.Linear (or PackedLinear, while a call packs it) and the
+    output projection."""
+    modules = (*model.get_decoder().modules(), model.get_output_embeddings())
+    return [module for module in modules if type(module) in (nn.Linear, PackedLinear)]
+
+
 class OnednnDecoding:
     """A model's `decoding_context`: the shapes (in, out) of its linear maps that decode on oneDNN (None: every
     shape). Called by search.py's loops once a call, with the model and the rows the call decodes."""
@@ -120,9 +127,8 @@ class OnednnDecoding:
     def __call__(self, model, rows: int):
         """While it lasts, each nn.Linear of the decoder, and the output projection, that is `worth_packing` runs on
         its weight packed for oneDNN (the packed copies are memory for the call alone)."""
-        modules = [*model.get_decoder().modules(), model.get_output_embeddings()]
-        return packed_weights({module: pack_weight(module.weight) for module in modules
-                               if type(module) in (nn.Linear, PackedLinear) and self.worth_packing(model, module, rows)})
+        return packed_weights({module: pack_weight(module.weight) for module in decoding_linears(model)
+                               if self.worth_packing(model, module, rows)})
 
     def worth_packing(self, model, linear: nn.Linear, rows: int) -> bool:
         """Whether `linear`'s product for `rows` rows runs on oneDNN: one of the shapes, the model's `fast_paths` on,
@@ -177,8 +183,7 @@ def choose_onednn_decoding(model) -> OnednnDecoding | None:
     head = model.get_output_embeddings()
     usable = (model.config.fast_paths and ONEDNN_LINEAR and torch.backends.mkldnn.enabled
               and head.weight.device.type == "cpu" and head.weight.dtype == torch.float32)
-    linears = [m for m in (*model.get_decoder().modules(), head) if type(m) is nn.Linear]
-    shapes = sorted({(m.in_features, m.out_features) for m in linears}) if usable else []
+    shapes = sorted({(m.in_features, m.out_features) for m in decoding_linears(model)}) if usable else []
     faster = [shape for shape in shapes if onednn_is_faster([shape])]
     model.decoding_context = OnednnDecoding(faster) if faster else None
     return model.decoding_context
